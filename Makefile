@@ -1,0 +1,35 @@
+# spanguard: everything a developer or CI runs goes through these targets.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-unit lint bench clean
+
+install: $(STAMP)
+
+# Re-install when the dependency list changes; a fresh clone gets everything from PyPI.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e ".[dev,rocksdb]"
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+test-unit: install
+	$(BIN)/pytest -q -m "not kafka"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/python bench/bench_core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

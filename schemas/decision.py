@@ -1,0 +1,142 @@
+"""The wire contracts spanguard writes: detections (every decision) and kill signals.
+
+`Decision` is what the core emits, what `spanguard replay` prints one per line and what goes to
+the `spanguard-detections` topic; `KillSignal` is what agents read on `agent-kill-signals`.
+Both have a JSON Schema beside this file, and tests validate what the code writes against them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+import jsonschema
+
+__all__ = [
+    "DECISION_SCHEMA_VERSION",
+    "KILL_SIGNAL_SCHEMA_VERSION",
+    "AgentIdentity",
+    "Decision",
+    "KillSignal",
+    "validate",
+]
+
+DECISION_SCHEMA_VERSION = 1
+KILL_SIGNAL_SCHEMA_VERSION = 1
+
+Rule = Literal["tool_loop", "token_budget"]
+Action = Literal["kill", "downgrade"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    service: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One guard decision on one trace."""
+
+    trace_id: str  # 32 lowercase hex
+    span_id: str  # 16 lowercase hex: the span whose observation tripped the rule
+    rule: Rule
+    action: Action
+    reason: str
+    agent: AgentIdentity
+    detected_at: str  # ISO 8601, UTC
+    tool_name: str | None = None
+    args_hash: str | None = None
+    hits: int | None = None
+    window: int | None = None  # the configured window size
+    steps: int | None = None  # calls in the window when it tripped
+    tokens: int | None = None
+    token_budget: int | None = None
+    autonomous: bool = False
+    system_message: str | None = None
+    tool_arguments: Any = None  # only with policy record_arguments: true
+    schema_version: int = DECISION_SCHEMA_VERSION
+    decision_id: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.decision_id:
+            # Deterministic, so a decision replayed after a crash carries the same id.
+            digest = hashlib.sha256(f"{self.trace_id}:{self.rule}:{self.action}".encode())
+            object.__setattr__(self, "decision_id", digest.hexdigest()[:32])
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        if record["tool_arguments"] is None:
+            del record["tool_arguments"]
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Decision:
+        values = dict(record)
+        values["agent"] = AgentIdentity(**values["agent"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class KillSignal:
+    """What an agent's killswitch reads: kill, or downgrade with a system message."""
+
+    signal_id: str
+    trace_id: str
+    kind: Action
+    rule: Rule
+    reason: str
+    evidence: dict[str, Any]
+    agent: AgentIdentity
+    detected_at: str
+    system_message: str | None = None
+    schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
+
+    @classmethod
+    def from_decision(cls, decision: Decision) -> KillSignal:
+        evidence: dict[str, Any] = {"span_id": decision.span_id}
+        for name in ("tool_name", "args_hash", "hits", "window", "steps", "tokens", "token_budget"):
+            value = getattr(decision, name)
+            if value is not None:
+                evidence[name] = value
+        return cls(
+            signal_id=decision.decision_id,
+            trace_id=decision.trace_id,
+            kind=decision.action,
+            rule=decision.rule,
+            reason=decision.reason,
+            evidence=evidence,
+            agent=decision.agent,
+            detected_at=decision.detected_at,
+            system_message=decision.system_message,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> KillSignal:
+        values = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
+        values["agent"] = AgentIdentity(**values["agent"])
+        return cls(**values)
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    text = resources.files("spanguard.schemas").joinpath(f"{name}.schema.json").read_text()
+    return jsonschema.Draft202012Validator(json.loads(text))
+
+
+def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]) -> None:
+    """Raise jsonschema.ValidationError when `record` breaks the named contract."""
+    _validator(schema).validate(record)

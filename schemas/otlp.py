@@ -1,0 +1,179 @@
+"""OTLP trace decoding: protobuf requests, OTLP/JSON lines, and attribute values.
+
+Two wire forms reach spanguard:
+- `ExportTraceServiceRequest` protobuf bytes, what the Collector's kafka exporter writes with
+  `encoding: otlp_proto` (and what `.pb` / `.binpb` files hold);
+- OTLP/JSON, one request a line, as the Collector's file exporter writes it. OTLP/JSON differs
+  from protobuf's canonical JSON mapping: trace and span ids are lowercase hex, not base64
+  (int64 values as strings and enums as integers are accepted by the protobuf parser as is).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+
+__all__ = [
+    "ExportTraceServiceRequest",
+    "OtlpDecodeError",
+    "any_value_to_python",
+    "decode_json_line",
+    "decode_protobuf",
+    "iter_json_lines",
+    "split_by_trace",
+    "trace_ids",
+]
+
+_HEX_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+class OtlpDecodeError(ValueError):
+    """The input is not a valid OTLP trace export request; the message says why."""
+
+
+def decode_protobuf(data: bytes) -> ExportTraceServiceRequest:
+    """Parse `ExportTraceServiceRequest` bytes; raise OtlpDecodeError on anything else."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise OtlpDecodeError(f"expected bytes, got {type(data).__name__}")
+    try:
+        request = ExportTraceServiceRequest.FromString(bytes(data))
+    except DecodeError as exc:
+        raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    _check_ids(request)
+    return request
+
+
+def decode_json_line(line: str | bytes) -> ExportTraceServiceRequest:
+    """Parse one OTLP/JSON request (hex ids) into the protobuf request."""
+    try:
+        document = json.loads(line)
+    except ValueError as exc:
+        raise OtlpDecodeError(f"not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise OtlpDecodeError("an OTLP/JSON request is an object with resourceSpans")
+    try:
+        for resource_spans in document.get("resourceSpans") or ():
+            for scope_spans in resource_spans.get("scopeSpans") or ():
+                for span in scope_spans.get("spans") or ():
+                    _hex_ids_to_base64(span)
+                    for link in span.get("links") or ():
+                        _hex_ids_to_base64(link)
+        request = json_format.ParseDict(
+            document, ExportTraceServiceRequest(), ignore_unknown_fields=True
+        )
+    except (AttributeError, TypeError, ValueError, json_format.ParseError) as exc:
+        raise OtlpDecodeError(f"not an OTLP/JSON trace request: {exc}") from None
+    _check_ids(request)
+    return request
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A line of an OTLP/JSON file that could not be decoded."""
+
+    line_number: int
+    reason: str
+
+
+def iter_json_lines(
+    lines: Iterable[str | bytes],
+) -> Iterator[ExportTraceServiceRequest | BadLine]:
+    """Decode OTLP/JSON lines; a broken line yields a BadLine (with its number) and is skipped."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield decode_json_line(line)
+        except OtlpDecodeError as exc:
+            yield BadLine(number, str(exc))
+
+
+def _hex_ids_to_base64(obj: dict[str, Any]) -> None:
+    for field in _HEX_ID_FIELDS:
+        value = obj.get(field)
+        if not value:
+            continue
+        if not isinstance(value, str):
+            raise ValueError(f"{field} must be a hex string, got {type(value).__name__}")
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            raise ValueError(f"{field} {value!r} is not hex") from None
+        obj[field] = base64.b64encode(raw).decode("ascii")
+
+
+def _check_ids(request: ExportTraceServiceRequest) -> None:
+    # A span without a 16-byte trace id cannot be keyed or killed: the request is malformed.
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if len(span.trace_id) != 16:
+                    raise OtlpDecodeError(
+                        f"span {span.name!r} has a {len(span.trace_id)}-byte trace id"
+                        " (OTLP requires 16 bytes)"
+                    )
+                if len(span.span_id) != 8:
+                    raise OtlpDecodeError(
+                        f"span {span.name!r} has a {len(span.span_id)}-byte span id"
+                        " (OTLP requires 8 bytes)"
+                    )
+
+
+def any_value_to_python(value: AnyValue) -> Any:
+    """An OTLP AnyValue as plain Python (kvlist -> dict, array -> list, bytes -> base64 str)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "kvlist_value":
+        return {kv.key: any_value_to_python(kv.value) for kv in value.kvlist_value.values}
+    if kind == "array_value":
+        return [any_value_to_python(item) for item in value.array_value.values]
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    return getattr(value, kind)
+
+
+def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceServiceRequest]:
+    """Split a request into one request per trace id (hex), keeping resource and scope.
+
+    The worker re-keys messages that hold several traces (or come without the trace-id key)
+    so that each trace's state lives in exactly one partition.
+    """
+    parts: dict[str, ExportTraceServiceRequest] = {}
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            by_trace: dict[str, list] = {}
+            for span in scope_spans.spans:
+                by_trace.setdefault(span.trace_id.hex(), []).append(span)
+            for trace_id, spans in by_trace.items():
+                part = parts.get(trace_id)
+                if part is None:
+                    part = parts[trace_id] = ExportTraceServiceRequest()
+                target = part.resource_spans.add(
+                    resource=resource_spans.resource, schema_url=resource_spans.schema_url
+                )
+                scope_part: ScopeSpans = target.scope_spans.add(
+                    scope=scope_spans.scope, schema_url=scope_spans.schema_url
+                )
+                scope_part.spans.extend(spans)
+    return parts
+
+
+def trace_ids(request: ExportTraceServiceRequest) -> set[str]:
+    """The hex trace ids a request holds."""
+    return {
+        span.trace_id.hex()
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    }
+

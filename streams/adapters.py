@@ -1,0 +1,376 @@
+"""Convention adapters: one OTLP span in, at most one guard event out.
+
+Every instrumentation names the same facts differently. The names below were checked against
+each convention's own source (the version read is given per convention):
+
+- OTel GenAI semantic conventions v1.41 and the semantic-conventions-genai repo
+  (model/gen-ai/registry.yaml, spans.yaml): `gen_ai.operation.name` (`execute_tool`, `chat`,
+  `text_completion`, `generate_content`, `invoke_agent`), `gen_ai.tool.name`,
+  `gen_ai.tool.call.id`, `gen_ai.tool.call.arguments` (type `any`: a JSON string or a
+  structured value, opt-in), `gen_ai.usage.input_tokens` / `output_tokens` (cache and
+  reasoning tokens are already inside them), deprecated `gen_ai.usage.prompt_tokens` /
+  `completion_tokens`, `gen_ai.agent.name`.
+- The seed's form: span name exactly `execute_tool` with no operation name.
+- OpenInference semconv 0.1.27+ (python/openinference-semantic-conventions):
+  `openinference.span.kind` (`TOOL`, `LLM`, `AGENT`), `tool.name`, `tool.id`, `input.value`
+  (the call's arguments), `llm.token_count.prompt` / `completion`. Its `tool.parameters` is the
+  tool's parameter *schema*, never the arguments: it is ignored on OpenInference spans.
+- Traceloop / OpenLLMetry (semconv_ai, langchain callback_handler, sdk decorators):
+  `traceloop.span.kind` (`tool`, `agent`, `workflow`), `traceloop.entity.name`,
+  `traceloop.entity.input`: for LangChain a JSON wrapper `{"input_str", "tags", "metadata",
+  "inputs", "kwargs"}` whose `metadata` changes every step (we use `inputs`, else `input_str`,
+  a Python repr); for decorated functions `{"args": [...], "kwargs": {...}}`. LLM spans carry
+  `llm.request.type` (`chat`, `completion`) and the deprecated usage names.
+- Google ADK (src/google/adk/telemetry/tracing.py): `gcp.vertex.agent.tool_call_args` (JSON
+  string), `gen_ai.tool.call.id` = `'<not specified>'` when unknown (a placeholder, no id),
+  `gen_ai.tool.name` = `'(merged tools)'` on a span that repeats parallel calls already seen.
+- pydantic-ai (_tool_manager.py, _instrumentation.py): tool spans `execute_tool {name}`
+  (instrumentation version >= 3, no operation name) or `running tool` (version <= 2) with
+  `gen_ai.tool.name`; arguments in `gen_ai.tool.call.arguments` or `tool_arguments`; agent
+  spans carry `gen_ai.aggregated_usage.*`.
+- strands-agents (src/strands/telemetry/tracer.py): `execute_tool {name}` spans with the
+  arguments in a `gen_ai.tool.message` event's `content`; older releases: `Tool: {name}` spans
+  with `tool.name` and the actual arguments in `tool.parameters`; `invoke_agent` totals.
+
+Span kind is never used: tool spans come as INTERNAL or CLIENT depending on the library.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from spanguard.schemas.otlp import any_value_to_python
+
+__all__ = [
+    "MISSING",
+    "ResourceInfo",
+    "TokenUsage",
+    "ToolCall",
+    "adapt_span",
+    "decode_arguments",
+    "resource_info",
+]
+
+# Attribute names, grouped by what they tell.
+OPERATION: Final = "gen_ai.operation.name"
+OPENINFERENCE_KIND: Final = "openinference.span.kind"
+TRACELOOP_KIND: Final = "traceloop.span.kind"
+TRACELOOP_REQUEST_TYPE: Final = "llm.request.type"
+AGENT_NAME: Final = "gen_ai.agent.name"
+SERVICE_NAME: Final = "service.name"
+
+TOOL_NAME_KEYS: Final = ("gen_ai.tool.name", "tool.name", "traceloop.entity.name")
+CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id")
+# First present wins; `tool.parameters` is only read off non-OpenInference spans.
+ARGUMENT_KEYS: Final = (
+    "gen_ai.tool.call.arguments",
+    "gcp.vertex.agent.tool_call_args",
+    "input.value",
+    "traceloop.entity.input",
+    "tool_arguments",
+    "tool.parameters",
+)
+INPUT_TOKEN_KEYS: Final = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.prompt_tokens",
+    "llm.token_count.prompt",
+)
+OUTPUT_TOKEN_KEYS: Final = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
+AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
+
+INFERENCE_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
+AGENT_OPERATIONS: Final = frozenset({"invoke_agent", "invoke_workflow"})
+TRACELOOP_LLM_TYPES: Final = frozenset({"chat", "completion"})
+# Ids that instrumentations write when they have none; merging calls on them would hide loops.
+PLACEHOLDER_CALL_IDS: Final = frozenset(
+    {"", "<not specified>", "none", "null", "undefined", "unknown", "n/a"}
+)
+ADK_MERGED_TOOLS: Final = "(merged tools)"
+STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
+MAX_REPR_CHARS: Final = 65_536
+
+WANTED_KEYS: Final = frozenset(
+    {
+        OPERATION,
+        OPENINFERENCE_KIND,
+        TRACELOOP_KIND,
+        TRACELOOP_REQUEST_TYPE,
+        AGENT_NAME,
+        *TOOL_NAME_KEYS,
+        *CALL_ID_KEYS,
+        *ARGUMENT_KEYS,
+        *INPUT_TOKEN_KEYS,
+        *OUTPUT_TOKEN_KEYS,
+        AGGREGATE_INPUT_KEY,
+        AGGREGATE_OUTPUT_KEY,
+    }
+)
+
+
+class _Missing:
+    """The arguments were not recorded (content capture off): not the same as `{}`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Final = _Missing()
+
+
+@dataclass(slots=True)
+class ResourceInfo:
+    """What a span's resource tells: the service and any attributes the policy matches on."""
+
+    service: str
+    agent_name: str | None
+    match_attributes: dict[str, str]
+
+
+@dataclass(slots=True)
+class ToolCall:
+    span_id: str
+    tool_name: str
+    arguments: Any  # decoded JSON-like value, or MISSING
+    call_id: str | None
+    agent_name: str | None
+    match_attributes: dict[str, str] | None
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    span_id: str
+    tokens: int
+    aggregate: bool  # an agent span's total, which repeats its inference spans
+    agent_name: str | None
+    match_attributes: dict[str, str] | None
+
+
+def resource_info(resource_attributes: Any, match_keys: frozenset[str]) -> ResourceInfo:
+    service = "unknown_service"
+    agent_name = None
+    matched: dict[str, str] = {}
+    for kv in resource_attributes:
+        key = kv.key
+        if key == SERVICE_NAME:
+            service = _text(kv.value)
+        elif key == AGENT_NAME:
+            agent_name = _text(kv.value)
+        if key in match_keys:
+            matched[key] = _text(kv.value)
+    return ResourceInfo(service, agent_name, matched)
+
+
+def adapt_span(span: Span, match_keys: frozenset[str] = frozenset()) -> ToolCall | TokenUsage | None:
+    """Map one span to a ToolCall, a TokenUsage, or None (nothing the rules count)."""
+    found: dict[str, AnyValue] = {}
+    for kv in span.attributes:
+        key = kv.key
+        if key in WANTED_KEYS or key in match_keys:
+            found[key] = kv.value
+    if not found and span.name != "execute_tool":
+        return None
+
+    operation = _text(found[OPERATION]) if OPERATION in found else None
+    oi_kind = _text(found[OPENINFERENCE_KIND]) if OPENINFERENCE_KIND in found else None
+    tl_kind = _text(found[TRACELOOP_KIND]) if TRACELOOP_KIND in found else None
+    match_attributes = (
+        {key: _text(found[key]) for key in match_keys if key in found} if match_keys else None
+    )
+    agent_name = _text(found[AGENT_NAME]) if AGENT_NAME in found else None
+
+    if _is_tool_span(span, found, operation, oi_kind, tl_kind):
+        tool_name = _first_text(found, TOOL_NAME_KEYS) or "unknown"
+        if tool_name == ADK_MERGED_TOOLS:
+            return None
+        return ToolCall(
+            span_id=span.span_id.hex(),
+            tool_name=tool_name,
+            arguments=_arguments(span, found, oi_kind),
+            call_id=_call_id(found),
+            agent_name=agent_name,
+            match_attributes=match_attributes,
+        )
+
+    inference = (
+        operation in INFERENCE_OPERATIONS
+        or oi_kind == "LLM"
+        or (
+            TRACELOOP_REQUEST_TYPE in found
+            and _text(found[TRACELOOP_REQUEST_TYPE]) in TRACELOOP_LLM_TYPES
+        )
+    )
+    tokens = _tokens(found, INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS)
+    if tokens is None and not inference:
+        tokens = _tokens(found, (AGGREGATE_INPUT_KEY,), (AGGREGATE_OUTPUT_KEY,))
+    if tokens is None:
+        return None
+    # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
+    return TokenUsage(
+        span_id=span.span_id.hex(),
+        tokens=tokens,
+        aggregate=not inference,
+        agent_name=agent_name,
+        match_attributes=match_attributes,
+    )
+
+
+def _is_tool_span(
+    span: Span,
+    found: dict[str, AnyValue],
+    operation: str | None,
+    oi_kind: str | None,
+    tl_kind: str | None,
+) -> bool:
+    if operation is not None:
+        return operation == "execute_tool"
+    if oi_kind is not None:
+        return oi_kind == "TOOL"
+    if tl_kind is not None:
+        return tl_kind == "tool"
+    name = span.name
+    if name == "execute_tool":
+        return True
+    # pydantic-ai and strands name their tool spans but set no operation name.
+    if "gen_ai.tool.name" in found:
+        return name.startswith("execute_tool ") or name == "running tool"
+    return "tool.name" in found and name.startswith("Tool: ")
+
+
+def _arguments(span: Span, found: dict[str, AnyValue], oi_kind: str | None) -> Any:
+    for key in ARGUMENT_KEYS:
+        value = found.get(key)
+        if value is None:
+            continue
+        if key == "tool.parameters" and oi_kind is not None:
+            continue  # OpenInference: the parameter schema, the same for every call
+        if key == "traceloop.entity.input":
+            return _traceloop_arguments(value)
+        return _decode_value(value)
+    for event in span.events:
+        for kv in event.attributes:
+            if kv.key == "gen_ai.tool.call.arguments" or (
+                kv.key == "content" and event.name == STRANDS_TOOL_EVENT
+            ):
+                return _decode_value(kv.value)
+    return MISSING
+
+
+def _traceloop_arguments(value: AnyValue) -> Any:
+    wrapper = _decode_value(value)
+    if not isinstance(wrapper, dict):
+        return wrapper
+    if "input_str" in wrapper or "inputs" in wrapper:
+        inputs = wrapper.get("inputs")
+        if inputs:
+            return inputs
+        input_str = wrapper.get("input_str")
+        return MISSING if input_str is None else decode_arguments(input_str, python_repr=True)
+    return wrapper  # the decorators' {"args": [...], "kwargs": {...}}: stable as it is
+
+
+def _decode_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return decode_arguments(value.string_value)
+    if kind is None:
+        return MISSING
+    return any_value_to_python(value)
+
+
+def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
+    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else `{"_raw": text}`."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if python_repr and len(text) <= MAX_REPR_CHARS:
+        try:
+            return _jsonable(ast.literal_eval(text))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return {"_raw": text}
+
+
+def _jsonable(value: Any) -> Any:
+    # Python literals hold tuples, sets and bytes, which JSON has not: give them a JSON shape.
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_jsonable(item) for item in value), key=repr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, complex):
+        return str(value)
+    return value
+
+
+def _call_id(found: dict[str, AnyValue]) -> str | None:
+    for key in CALL_ID_KEYS:
+        value = found.get(key)
+        if value is not None:
+            text = _text(value)
+            if text.strip().lower() not in PLACEHOLDER_CALL_IDS:
+                return text
+    return None
+
+
+def _tokens(
+    found: dict[str, AnyValue], input_keys: tuple[str, ...], output_keys: tuple[str, ...]
+) -> int | None:
+    tokens_in = _first_int(found, input_keys)
+    tokens_out = _first_int(found, output_keys)
+    if tokens_in is None and tokens_out is None:
+        return None
+    return (tokens_in or 0) + (tokens_out or 0)
+
+
+def _first_int(found: dict[str, AnyValue], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = found.get(key)
+        if value is None:
+            continue
+        kind = value.WhichOneof("value")
+        if kind == "int_value":
+            return max(value.int_value, 0)
+        if kind == "double_value":
+            return max(int(value.double_value), 0)
+        if kind == "string_value" and value.string_value.strip().isdigit():
+            return int(value.string_value)
+    return None
+
+
+def _first_text(found: dict[str, AnyValue], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = found.get(key)
+        if value is not None:
+            text = _text(value)
+            if text:
+                return text
+    return None
+
+
+def _text(value: AnyValue) -> str:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind is None:
+        return ""
+    python = any_value_to_python(value)
+    if isinstance(python, bool):
+        return "true" if python else "false"
+    return python if isinstance(python, str) else json.dumps(python, sort_keys=True)

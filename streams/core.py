@@ -1,0 +1,384 @@
+"""The detection core: OTLP requests in, guard decisions out. Pure Python, no I/O.
+
+The Faust worker, `spanguard replay`, the in-process SpanProcessor and the benchmarks all run
+this module; only where the per-trace state lives differs (a dict here, a Faust table there).
+
+Rules (see DESIGN.md):
+- tool_loop: a sliding window of the last `window` tool calls per trace, keyed by
+  (tool_name, args_hash); a key seen `threshold` times in the window trips it.
+- token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
+  aggregate and are only used for a trace that has no inference usage); crossing the budget
+  trips it on the span that crossed it. A budget is a hard cap: it always kills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.policy import AgentPolicy, Policy
+from spanguard.streams.adapters import (
+    AGENT_NAME,
+    MISSING,
+    SERVICE_NAME,
+    ResourceInfo,
+    TokenUsage,
+    ToolCall,
+    adapt_span,
+    resource_info,
+)
+
+__all__ = ["Guard", "GuardStats", "TraceState", "args_hash", "canonicalize"]
+
+log = logging.getLogger("spanguard.core")
+
+TOOL_LOOP = "tool_loop"
+TOKEN_BUDGET = "token_budget"
+# How many recent span ids and call ids a trace remembers to drop redeliveries and partial
+# spans: bounded, so a long trace costs the same memory as a short one.
+MIN_RECENT_IDS = 64
+
+CAPTURE_HINT = (
+    "turn on argument capture in the instrumentation (for OTel GenAI instrumentations"
+    " OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true) or set `missing_args: name_only`"
+    " in the policy to key such calls on the tool name alone"
+)
+
+
+def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
+    """`value` without the volatile keys, at every depth (keys that change, intent that does not)."""
+    if isinstance(value, dict):
+        return {
+            key: canonicalize(item, volatile_keys)
+            for key, item in value.items()
+            if key not in volatile_keys
+        }
+    if isinstance(value, list):
+        return [canonicalize(item, volatile_keys) for item in value]
+    return value
+
+
+def args_hash(arguments: Any, volatile_keys: frozenset[str]) -> str:
+    """sha256 of the canonical JSON (sorted keys, volatile keys removed), first 16 hex chars.
+
+    The JSON text is json.dumps(..., sort_keys=True) with its default separators, so the hash
+    equals the seed detector's for the same arguments.
+    """
+    canonical = json.dumps(canonicalize(arguments, volatile_keys), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class TraceState:
+    """What the guard remembers of one trace: hashes and counts, never raw arguments."""
+
+    service: str = "unknown_service"
+    agent_name: str | None = None
+    window: deque[tuple[str, str | None]] = field(default_factory=deque)
+    counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    recent_span_ids: dict[str, None] = field(default_factory=dict)
+    recent_call_ids: dict[str, None] = field(default_factory=dict)
+    inference_tokens: int | None = None
+    aggregate_tokens: int = 0
+    fired: set[str] = field(default_factory=set)  # "<rule>:<action>" already sent
+    last_seen: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "service": self.service,
+            "agent_name": self.agent_name,
+            "window": [list(key) for key in self.window],
+            "recent_span_ids": list(self.recent_span_ids),
+            "recent_call_ids": list(self.recent_call_ids),
+            "inference_tokens": self.inference_tokens,
+            "aggregate_tokens": self.aggregate_tokens,
+            "fired": sorted(self.fired),
+            "last_seen": self.last_seen,
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> TraceState:
+        window = deque((tool, digest) for tool, digest in record["window"])
+        return cls(
+            service=record["service"],
+            agent_name=record["agent_name"],
+            window=window,
+            counts=dict(Counter(window)),
+            recent_span_ids=dict.fromkeys(record["recent_span_ids"]),
+            recent_call_ids=dict.fromkeys(record["recent_call_ids"]),
+            inference_tokens=record["inference_tokens"],
+            aggregate_tokens=record["aggregate_tokens"],
+            fired=set(record["fired"]),
+            last_seen=record["last_seen"],
+        )
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TraceState:
+        return cls.from_dict(json.loads(data))
+
+    def restart_window(self) -> None:
+        self.window.clear()
+        self.counts.clear()
+
+
+@dataclass
+class GuardStats:
+    """Counters the worker exports on /metrics and replay prints in its summary."""
+
+    spans: int = 0
+    tool_calls: int = 0
+    token_events: int = 0
+    duplicate_spans: int = 0
+    repeated_call_ids: int = 0
+    missing_arguments: int = 0
+    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+def _remember(recent: dict[str, None], key: str, limit: int) -> None:
+    recent[key] = None
+    if len(recent) > limit:
+        del recent[next(iter(recent))]
+
+
+def _now_iso(clock: Callable[[], float]) -> str:
+    return datetime.fromtimestamp(clock(), UTC).isoformat(timespec="milliseconds")
+
+
+class Guard:
+    """Runs the rules over OTLP requests, keeping per-trace state in `states`.
+
+    `states` is any mutable mapping from hex trace id to TraceState (a dict by default; the
+    worker passes a view of its Faust table). Each trace touched by a request is written back
+    once per request, so a changelog-backed mapping logs one update per trace and message.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        states: MutableMapping[str, TraceState] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy or Policy()
+        self.states: MutableMapping[str, TraceState] = {} if states is None else states
+        self.clock = clock
+        self.stats = GuardStats()
+        self._match_keys = self.policy.match_keys
+        self._warned_services: set[str] = set()
+
+    def process(self, request: ExportTraceServiceRequest) -> list[Decision]:
+        """Observe every span of `request` in order; return the decisions taken."""
+        decisions: list[Decision] = []
+        touched: dict[str, TraceState] = {}
+        match_keys = self._match_keys
+        stats = self.stats
+        for resource_spans in request.resource_spans:
+            resource: ResourceInfo | None = None
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    stats.spans += 1
+                    event = adapt_span(span, match_keys)
+                    if event is None:
+                        continue
+                    if resource is None:
+                        resource = resource_info(resource_spans.resource.attributes, match_keys)
+                    trace_id = span.trace_id.hex()
+                    state = touched.get(trace_id)
+                    if state is None:
+                        state = touched[trace_id] = self._load(trace_id, resource)
+                    decision = self.observe(trace_id, state, event, resource)
+                    if decision is not None:
+                        decisions.append(decision)
+        for trace_id, state in touched.items():
+            self.states[trace_id] = state
+        return decisions
+
+    def observe(
+        self,
+        trace_id: str,
+        state: TraceState,
+        event: ToolCall | TokenUsage,
+        resource: ResourceInfo,
+    ) -> Decision | None:
+        """Apply one event to one trace's state (mutated in place)."""
+        state.last_seen = self.clock()
+        if event.agent_name and not state.agent_name:
+            state.agent_name = event.agent_name
+        policy = self._policy_for(state, event, resource)
+        limit = max(MIN_RECENT_IDS, 4 * policy.window)
+        if event.span_id in state.recent_span_ids:
+            self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
+            return None
+        _remember(state.recent_span_ids, event.span_id, limit)
+        if isinstance(event, ToolCall):
+            if event.call_id is not None:
+                if event.call_id in state.recent_call_ids:
+                    self.stats.repeated_call_ids += 1  # a partial span of a call already counted
+                    return None
+                _remember(state.recent_call_ids, event.call_id, limit)
+            return self._on_tool_call(trace_id, state, event, policy)
+        return self._on_tokens(trace_id, state, event, policy)
+
+    def evict_idle(self, ttl_seconds: float) -> int:
+        """Forget traces not seen for `ttl_seconds`; return how many were evicted."""
+        cutoff = self.clock() - ttl_seconds
+        idle = [trace_id for trace_id, state in self.states.items() if state.last_seen < cutoff]
+        for trace_id in idle:
+            del self.states[trace_id]
+        return len(idle)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    def _on_tool_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
+    ) -> Decision | None:
+        if f"{TOOL_LOOP}:kill" in state.fired:
+            return None  # killed already: one kill per trace and rule
+        if call.arguments is MISSING:
+            if policy.missing_args == "skip":
+                self.stats.missing_arguments += 1
+                self._warn_missing_arguments(state.service)
+                return None
+            digest = None
+        else:
+            digest = args_hash(call.arguments, policy.volatile_keys)
+        self.stats.tool_calls += 1
+        key = (call.tool_name, digest)
+        window, counts = state.window, state.counts
+        window.append(key)
+        counts[key] = counts.get(key, 0) + 1
+        while len(window) > policy.window:
+            oldest = window.popleft()
+            remaining = counts[oldest] - 1
+            if remaining:
+                counts[oldest] = remaining
+            else:
+                del counts[oldest]
+        hits = counts[key]
+        if hits < policy.threshold:
+            return None
+
+        steps = len(window)
+        reason = f"{call.tool_name} called {hits}x in last {steps} steps"
+        if digest is None:
+            reason += " (arguments not recorded: keyed on the tool name alone)"
+        if policy.action == "downgrade" and f"{TOOL_LOOP}:downgrade" not in state.fired:
+            action = "downgrade"
+            what = "with the same arguments" if digest is not None else "in a row"
+            system_message = (
+                f"You called {call.tool_name} {hits} times {what}; the tool returns the same"
+                " result. Try a different approach or stop and report what you found."
+            )
+        else:
+            action, system_message = "kill", None
+        state.fired.add(f"{TOOL_LOOP}:{action}")
+        state.restart_window()  # after a downgrade the agent gets a fresh window
+        return self._decide(
+            trace_id,
+            state,
+            policy,
+            span_id=call.span_id,
+            rule=TOOL_LOOP,
+            action=action,
+            reason=reason,
+            tool_name=call.tool_name,
+            args_hash=digest,
+            hits=hits,
+            window=policy.window,
+            steps=steps,
+            system_message=system_message,
+            tool_arguments=call.arguments if policy.record_arguments and digest else None,
+        )
+
+    def _on_tokens(
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Decision | None:
+        self.stats.token_events += 1
+        if usage.aggregate:
+            # Nested agents' aggregates overlap; the largest stands for the trace.
+            state.aggregate_tokens = max(state.aggregate_tokens, usage.tokens)
+        else:
+            state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
+        budget = policy.token_budget
+        if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
+            return None
+        used = state.inference_tokens if state.inference_tokens is not None else (
+            state.aggregate_tokens
+        )
+        if used <= budget:
+            return None
+        state.fired.add(f"{TOKEN_BUDGET}:kill")
+        return self._decide(
+            trace_id,
+            state,
+            policy,
+            span_id=usage.span_id,
+            rule=TOKEN_BUDGET,
+            action="kill",
+            reason=f"{used} tokens used, over the budget of {budget}",
+            tokens=used,
+            token_budget=budget,
+        )
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _decide(self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any) -> Decision:
+        decision = Decision(
+            trace_id=trace_id,
+            agent=AgentIdentity(state.service, state.agent_name),
+            detected_at=_now_iso(self.clock),
+            autonomous=policy.autonomous,
+            **fields,
+        )
+        self.stats.decisions[(decision.rule, decision.action)] += 1
+        return decision
+
+    def _load(self, trace_id: str, resource: ResourceInfo) -> TraceState:
+        state = self.states.get(trace_id)
+        if state is None:
+            state = TraceState(service=resource.service, agent_name=resource.agent_name)
+        return state
+
+    def _policy_for(
+        self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo
+    ) -> AgentPolicy:
+        if not self.policy.rules:
+            return self.policy.defaults
+        attributes = dict(resource.match_attributes)
+        if event.match_attributes:
+            attributes.update(event.match_attributes)
+        # The agent's name is often only on its invoke_agent span: remember it for the trace.
+        if state.agent_name is not None:
+            attributes.setdefault(AGENT_NAME, state.agent_name)
+        attributes.setdefault(SERVICE_NAME, state.service)
+        return self.policy.for_attributes(attributes)
+
+    def _warn_missing_arguments(self, service: str) -> None:
+        if service in self._warned_services:
+            return
+        self._warned_services.add(service)
+        log.warning(
+            "tool spans of service %r carry no arguments (content capture is off), so they are"
+            " not counted for tool_loop; %s",
+            service,
+            CAPTURE_HINT,
+        )
+
+
+def decisions_for(requests: Iterable[ExportTraceServiceRequest], policy: Policy | None = None) -> list[Decision]:
+    """Run a fresh Guard over `requests` in order (a convenience for tests and replay)."""
+    guard = Guard(policy)
+    return [decision for request in requests for decision in guard.process(request)]

@@ -1,0 +1,107 @@
+"""Spans made by the real OpenTelemetry SDK and encoded by the real OTLP encoder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Tracer
+
+Attributes = Mapping[str, Any]
+
+
+class AgentRecorder:
+    """One instrumented 'agent process': a TracerProvider with an in-memory exporter."""
+
+    def __init__(self, service: str = "support-bot", **resource: Any) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service, **resource}))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer: Tracer = self.provider.get_tracer("spanguard-tests")
+
+    @contextmanager
+    def agent(self, name: str = "support-agent") -> Iterator[Any]:
+        with self.tracer.start_as_current_span(
+            f"invoke_agent {name}",
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name},
+        ) as span:
+            yield span
+
+    def tool(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        call_id: str | None = None,
+        attributes: Attributes | None = None,
+        span_name: str | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        events: Sequence[tuple[str, Attributes]] = (),
+    ) -> ReadableSpan:
+        """An OTel GenAI execute_tool span (arguments JSON-encoded unless None)."""
+        attrs: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        if arguments is not None:
+            attrs["gen_ai.tool.call.arguments"] = (
+                arguments if isinstance(arguments, str) else json.dumps(arguments)
+            )
+        if call_id is not None:
+            attrs["gen_ai.tool.call.id"] = call_id
+        if attributes is not None:
+            attrs = dict(attributes)
+        return self.span(span_name or f"execute_tool {name}", attrs, kind=kind, events=events)
+
+    def chat(self, input_tokens: int, output_tokens: int, **extra: Any) -> ReadableSpan:
+        attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": input_tokens,
+            "gen_ai.usage.output_tokens": output_tokens,
+            **extra,
+        }
+        return self.span("chat gpt-4o", attrs, kind=SpanKind.CLIENT)
+
+    def span(
+        self,
+        name: str,
+        attributes: Attributes,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        events: Sequence[tuple[str, Attributes]] = (),
+    ) -> ReadableSpan:
+        with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
+            for event_name, event_attributes in events:
+                span.add_event(event_name, event_attributes)
+        return self.exporter.get_finished_spans()[-1]
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def drain(self) -> list[ReadableSpan]:
+        spans = self.finished()
+        self.exporter.clear()
+        return spans
+
+
+def encode(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
+    """The real OTLP protobuf request the SDK's exporter would send."""
+    return encode_spans(spans)
+
+
+def one_request_per_span(spans: Sequence[ReadableSpan]) -> list[ExportTraceServiceRequest]:
+    return [encode([span]) for span in spans]
+
+
+def trace_id_of(span: ReadableSpan) -> str:
+    return format(span.context.trace_id, "032x")
+
+
+def span_id_of(span: ReadableSpan) -> str:
+    return format(span.context.span_id, "016x")
