@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -28,7 +26,7 @@ __all__ = [
     "any_value_to_python",
     "decode_json_line",
     "decode_protobuf",
-    "iter_json_lines",
+    "encode_json_line",
     "split_by_trace",
     "trace_ids",
 ]
@@ -76,25 +74,22 @@ def decode_json_line(line: str | bytes) -> ExportTraceServiceRequest:
     return request
 
 
-@dataclass(frozen=True, slots=True)
-class BadLine:
-    """A line of an OTLP/JSON file that could not be decoded."""
+def encode_json_line(request: ExportTraceServiceRequest) -> str:
+    """One request as an OTLP/JSON line (hex ids), as the Collector's file exporter writes it."""
+    document = json_format.MessageToDict(request)
+    for resource_spans in document.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                _base64_ids_to_hex(span)
+                for link in span.get("links", ()):
+                    _base64_ids_to_hex(link)
+    return json.dumps(document, separators=(",", ":"))
 
-    line_number: int
-    reason: str
 
-
-def iter_json_lines(
-    lines: Iterable[str | bytes],
-) -> Iterator[ExportTraceServiceRequest | BadLine]:
-    """Decode OTLP/JSON lines; a broken line yields a BadLine (with its number) and is skipped."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield decode_json_line(line)
-        except OtlpDecodeError as exc:
-            yield BadLine(number, str(exc))
+def _base64_ids_to_hex(obj: dict[str, Any]) -> None:
+    for field in _HEX_ID_FIELDS:
+        if obj.get(field):
+            obj[field] = base64.b64decode(obj[field]).hex()
 
 
 def _hex_ids_to_base64(obj: dict[str, Any]) -> None:
@@ -176,4 +171,3 @@ def trace_ids(request: ExportTraceServiceRequest) -> set[str]:
         for scope_spans in resource_spans.scope_spans
         for span in scope_spans.spans
     }
-

@@ -303,9 +303,22 @@ wait_ready() {  # wait_ready PID
   done
   print_log_tail
   # Don't leave a half-started broker behind for the next `up` to trip over.
-  kill -KILL "$pid" 2>/dev/null || true
+  stop_pid "$pid"
   rm -f "$PID_FILE"
-  die "broker did not answer on 127.0.0.1:$KAFKA_PORT within ${KAFKA_START_TIMEOUT:-60}s (killed it)"
+  die "broker did not answer on 127.0.0.1:$KAFKA_PORT within ${KAFKA_START_TIMEOUT:-60}s (stopped it)"
+}
+
+# SIGTERM first: after a SIGKILL the next start stalls ~10 s (DUPLICATE_BROKER_REGISTRATION
+# until the old registration's broker.session.timeout.ms expires).
+stop_pid() {  # stop_pid PID
+  local pid=$1 deadline=$((SECONDS + ${KAFKA_STOP_TIMEOUT:-30}))
+  kill -TERM "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "broker (pid $pid) ignored SIGTERM for ${KAFKA_STOP_TIMEOUT:-30}s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  fi
 }
 
 cmd_up() {
@@ -323,6 +336,9 @@ cmd_up() {
   rm -f "$PID_FILE"
   need_java
   local p
+  if kafka_answers "$KAFKA_PORT"; then
+    die "a Kafka broker not started from $DATA_DIR (or whose pid file is gone) already answers on 127.0.0.1:$KAFKA_PORT"
+  fi
   for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
     ! port_open "$p" || die "port $p on 127.0.0.1 is already in use by another process (set KAFKA_PORT / KAFKA_CONTROLLER_PORT)"
   done
@@ -358,14 +374,7 @@ cmd_down() {
     shift
   done
   if pid=$(broker_pid); then
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + ${KAFKA_STOP_TIMEOUT:-30}))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
-      say "broker (pid $pid) ignored SIGTERM for ${KAFKA_STOP_TIMEOUT:-30}s; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    fi
+    stop_pid "$pid"
     say "stopped (pid $pid)"
   else
     say "not running"

@@ -173,7 +173,9 @@ def resource_info(resource_attributes: Any, match_keys: frozenset[str]) -> Resou
     return ResourceInfo(service, agent_name, matched)
 
 
-def adapt_span(span: Span, match_keys: frozenset[str] = frozenset()) -> ToolCall | TokenUsage | None:
+def adapt_span(
+    span: Span, match_keys: frozenset[str] = frozenset()
+) -> ToolCall | TokenUsage | None:
     """Map one span to a ToolCall, a TokenUsage, or None (nothing the rules count)."""
     found: dict[str, AnyValue] = {}
     for kv in span.attributes:
@@ -291,7 +293,7 @@ def _decode_value(value: AnyValue) -> Any:
 
 
 def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
-    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else `{"_raw": text}`."""
+    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else {"_raw": text}."""
     try:
         return json.loads(text)
     except ValueError:

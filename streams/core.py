@@ -56,7 +56,7 @@ CAPTURE_HINT = (
 
 
 def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
-    """`value` without the volatile keys, at every depth (keys that change, intent that does not)."""
+    """`value` without the volatile keys, at every depth: they change, the intent does not."""
     if isinstance(value, dict):
         return {
             key: canonicalize(item, volatile_keys)
@@ -315,8 +315,10 @@ class Guard:
         budget = policy.token_budget
         if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
             return None
-        used = state.inference_tokens if state.inference_tokens is not None else (
-            state.aggregate_tokens
+        used = (
+            state.inference_tokens
+            if state.inference_tokens is not None
+            else (state.aggregate_tokens)
         )
         if used <= budget:
             return None
@@ -335,7 +337,9 @@ class Guard:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _decide(self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any) -> Decision:
+    def _decide(
+        self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
+    ) -> Decision:
         decision = Decision(
             trace_id=trace_id,
             agent=AgentIdentity(state.service, state.agent_name),
@@ -378,7 +382,9 @@ class Guard:
         )
 
 
-def decisions_for(requests: Iterable[ExportTraceServiceRequest], policy: Policy | None = None) -> list[Decision]:
+def decisions_for(
+    requests: Iterable[ExportTraceServiceRequest], policy: Policy | None = None
+) -> list[Decision]:
     """Run a fresh Guard over `requests` in order (a convenience for tests and replay)."""
     guard = Guard(policy)
     return [decision for request in requests for decision in guard.process(request)]

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from spanguard.schemas.otlp import (
-    BadLine,
     ExportTraceServiceRequest,
     OtlpDecodeError,
+    decode_json_line,
     decode_protobuf,
-    iter_json_lines,
 )
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
@@ -88,21 +87,15 @@ def _read_inputs(
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
         try:
-            sizes: list[int] = []
-
-            def measured(lines: IO[bytes]) -> Iterator[bytes]:
-                for line in lines:
-                    sizes.append(len(line))
-                    yield line
-
-            for item in iter_json_lines(measured(handle)):
-                nbytes = sum(sizes)
-                sizes.clear()
-                if isinstance(item, BadLine):
-                    errors.write(f"{path}:{item.line_number}: skipped: {item.reason}\n")
-                    yield None, nbytes
-                else:
-                    yield item, nbytes
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    yield None, len(line)
+                    continue
+                try:
+                    yield decode_json_line(line), len(line)
+                except OtlpDecodeError as exc:
+                    errors.write(f"{path}:{number}: skipped: {exc}\n")
+                    yield None, len(line)
         finally:
             if handle is not stdin:
                 handle.close()
@@ -136,7 +129,9 @@ def replay(
         progress.close()
         out.flush()
     stats = guard.stats
-    by_rule = ", ".join(f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items()))
+    by_rule = ", ".join(
+        f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
+    )
     err.write(
         f"replay: {requests:,} requests, {stats.spans:,} spans, {stats.tool_calls:,} tool calls,"
         f" {sum(stats.decisions.values())} decisions ({by_rule or 'none'}),"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -19,21 +19,35 @@ Attributes = Mapping[str, Any]
 
 
 class AgentRecorder:
-    """One instrumented 'agent process': a TracerProvider with an in-memory exporter."""
+    """One agent run: a TracerProvider with an in-memory exporter and an open root span.
 
-    def __init__(self, service: str = "support-bot", **resource: Any) -> None:
+    Every span made through it belongs to the run's trace, under its `invoke_agent` root span,
+    which ends (and is exported, last, as in real runs) on `finish()`.
+    """
+
+    def __init__(
+        self, service: str = "support-bot", agent_name: str = "agent", **resource: Any
+    ) -> None:
         self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service, **resource}))
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": service, **resource})
+        )
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer: Tracer = self.provider.get_tracer("spanguard-tests")
+        self.root = self.tracer.start_span(
+            f"invoke_agent {agent_name}",
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent_name},
+        )
+        self._context = trace.set_span_in_context(self.root)
 
-    @contextmanager
-    def agent(self, name: str = "support-agent") -> Iterator[Any]:
-        with self.tracer.start_as_current_span(
-            f"invoke_agent {name}",
-            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name},
-        ) as span:
-            yield span
+    def finish(self, **root_attributes: Any) -> ReadableSpan:
+        self.root.set_attributes(root_attributes)
+        self.root.end()
+        return self.exporter.get_finished_spans()[-1]
+
+    @property
+    def trace_id(self) -> str:
+        return format(self.root.get_span_context().trace_id, "032x")
 
     def tool(
         self,
@@ -76,18 +90,15 @@ class AgentRecorder:
         kind: SpanKind = SpanKind.INTERNAL,
         events: Sequence[tuple[str, Attributes]] = (),
     ) -> ReadableSpan:
-        with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
+        with self.tracer.start_as_current_span(
+            name, context=self._context, kind=kind, attributes=attributes
+        ) as span:
             for event_name, event_attributes in events:
                 span.add_event(event_name, event_attributes)
         return self.exporter.get_finished_spans()[-1]
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
-
-    def drain(self) -> list[ReadableSpan]:
-        spans = self.finished()
-        self.exporter.clear()
-        return spans
 
 
 def encode(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:

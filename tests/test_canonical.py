@@ -1,0 +1,67 @@
+"""Canonical argument hashing: stable across key order and volatile keys, distinct otherwise."""
+
+import hashlib
+import json
+
+from spanguard.schemas.policy import DEFAULT_VOLATILE_KEYS
+from spanguard.streams.adapters import decode_arguments
+from spanguard.streams.core import args_hash, canonicalize
+
+VOLATILE = DEFAULT_VOLATILE_KEYS
+
+
+def test_key_order_does_not_change_the_hash():
+    assert args_hash({"a": 1, "b": {"c": 2, "d": 3}}, VOLATILE) == args_hash(
+        {"b": {"d": 3, "c": 2}, "a": 1}, VOLATILE
+    )
+
+
+def test_volatile_keys_are_removed_at_every_depth():
+    first = {"query": "refund policy", "timestamp": 1, "opts": {"nonce": "x", "k": 5}}
+    second = {"query": "refund policy", "timestamp": 2, "opts": {"nonce": "y", "k": 5}}
+    assert args_hash(first, VOLATILE) == args_hash(second, VOLATILE)
+    assert canonicalize(first, VOLATILE) == {"query": "refund policy", "opts": {"k": 5}}
+
+
+def test_volatile_keys_inside_lists_of_objects():
+    first = {"items": [{"id": 1, "request_id": "r1"}, {"id": 2, "_ts": 9}]}
+    second = {"items": [{"id": 1, "request_id": "r2"}, {"id": 2, "_ts": 10}]}
+    assert args_hash(first, VOLATILE) == args_hash(second, VOLATILE)
+
+
+def test_list_order_and_values_matter():
+    assert args_hash({"q": [1, 2]}, VOLATILE) != args_hash({"q": [2, 1]}, VOLATILE)
+    assert args_hash({"query": "refund"}, VOLATILE) != args_hash({"query": "refunds"}, VOLATILE)
+
+
+def test_a_policy_volatile_key_only_strips_when_configured():
+    first, second = {"title": "t", "created_at": 1}, {"title": "t", "created_at": 2}
+    assert args_hash(first, VOLATILE) != args_hash(second, VOLATILE)
+    extended = VOLATILE | {"created_at"}
+    assert args_hash(first, extended) == args_hash(second, extended)
+
+
+def test_hash_is_sixteen_hex_chars_equal_to_the_seed_algorithm():
+    arguments = {"query": "refund policy", "page": 1, "timestamp": 5}
+    seed_json = json.dumps({"query": "refund policy", "page": 1}, sort_keys=True)
+    assert args_hash(arguments, VOLATILE) == hashlib.sha256(seed_json.encode()).hexdigest()[:16]
+
+
+def test_non_json_arguments_hash_as_raw():
+    assert decode_arguments("refund policy") == {"_raw": "refund policy"}
+    assert decode_arguments('{"q": 1}') == {"q": 1}
+    assert args_hash(decode_arguments("not json"), VOLATILE) == args_hash(
+        {"_raw": "not json"}, VOLATILE
+    )
+
+
+def test_python_repr_is_parsed_safely_only_when_asked():
+    assert decode_arguments("{'query': 'refund', 'k': (1, 2)}", python_repr=True) == {
+        "query": "refund",
+        "k": [1, 2],
+    }
+    # Not a literal: never evaluated, kept raw.
+    assert decode_arguments("__import__('os').getcwd()", python_repr=True) == {
+        "_raw": "__import__('os').getcwd()"
+    }
+    assert decode_arguments("{'a': 1}") == {"_raw": "{'a': 1}"}

@@ -1,0 +1,285 @@
+"""Each convention's tool and inference spans, made by the real SDK, through the same core."""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
+from opentelemetry.trace import SpanKind
+from spans import AgentRecorder, encode, one_request_per_span, span_id_of
+
+from spanguard.schemas.policy import Policy
+from spanguard.streams.adapters import MISSING, TokenUsage, ToolCall, adapt_span
+from spanguard.streams.core import Guard
+
+REFUND = {"query": "refund policy"}
+
+
+def decisions(spans, policy: Policy | None = None):
+    guard = Guard(policy)
+    return [d for request in one_request_per_span(spans) for d in guard.process(request)]
+
+
+def adapted(span):
+    (proto,) = encode([span]).resource_spans[0].scope_spans[0].spans
+    return adapt_span(proto)
+
+
+def test_otel_genai_json_string_arguments_and_client_kind():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("search_docs", REFUND, kind=SpanKind.CLIENT)
+    result = decisions(agent.finished())
+    assert [(d.tool_name, d.hits) for d in result] == [("search_docs", 4)]
+
+
+def test_otel_genai_structured_arguments_kvlist():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool(
+            "search_docs",
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs"},
+        )
+    request = encode(agent.finished())
+    spans = request.resource_spans[0].scope_spans[0].spans
+    for index, span in enumerate(spans):
+        # The SDK only makes primitive attributes; structured values come from other SDKs.
+        pairs = [("query", "refund policy"), ("page", 1), ("nonce", f"n{index}")]
+        if index % 2:
+            pairs.reverse()
+        kvlist = KeyValueList(
+            values=[
+                KeyValue(
+                    key=k,
+                    value=AnyValue(string_value=v) if isinstance(v, str) else AnyValue(int_value=v),
+                )
+                for k, v in pairs
+            ]
+        )
+        span.attributes.add(key="gen_ai.tool.call.arguments", value=AnyValue(kvlist_value=kvlist))
+    call = adapt_span(spans[0])
+    assert isinstance(call, ToolCall) and call.arguments == {
+        "query": "refund policy",
+        "page": 1,
+        "nonce": "n0",
+    }
+    result = Guard().process(request)
+    assert [d.span_id for d in result] == [spans[3].span_id.hex()]
+
+
+def test_seed_form_span_named_execute_tool_without_operation_name():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.span(
+            "execute_tool",
+            {"gen_ai.tool.name": "search_docs", "gen_ai.tool.call.arguments": json.dumps(REFUND)},
+        )
+    assert len(decisions(agent.finished())) == 1
+
+
+def test_span_name_alone_is_not_a_tool_span():
+    agent = AgentRecorder()
+    for name in ("search_docs", "search_docs.tool", "execute_tool search_docs"):
+        agent.span(name, {"q": "refund"})
+    assert all(adapted(span) is None for span in agent.finished())
+
+
+def test_openinference_tool_spans_use_input_value_not_tool_parameters():
+    agent = AgentRecorder()
+    schema = json.dumps({"type": "object", "properties": {"query": {"type": "string"}}})
+    for step in range(4):
+        agent.span(
+            "search_docs",
+            {
+                "openinference.span.kind": "TOOL",
+                "tool.name": "search_docs",
+                "tool.parameters": schema,
+                "input.value": json.dumps({"query": f"q{step}"}),
+                "input.mime_type": "application/json",
+            },
+        )
+    assert decisions(agent.finished()) == []  # four different queries
+
+
+def test_openinference_without_input_value_is_missing_arguments_not_the_schema():
+    agent = AgentRecorder()
+    for _ in range(80):
+        agent.span(
+            "search_web",
+            {
+                "openinference.span.kind": "TOOL",
+                "tool.name": "search_web",
+                "tool.parameters": '{"query": "string"}',
+            },
+        )
+    assert adapted(agent.finished()[0]).arguments is MISSING
+    assert decisions(agent.finished()) == []
+
+
+def test_openinference_tool_id_and_llm_tokens():
+    agent = AgentRecorder()
+    for _ in range(3):
+        agent.span(
+            "search_docs",
+            {
+                "openinference.span.kind": "TOOL",
+                "tool.name": "search_docs",
+                "tool.id": "call_1",
+                "input.value": json.dumps(REFUND),
+            },
+        )
+    agent.span(
+        "ChatOpenAI",
+        {
+            "openinference.span.kind": "LLM",
+            "llm.token_count.prompt": 70,
+            "llm.token_count.completion": 30,
+            "llm.token_count.total": 100,
+        },
+    )
+    guard = Guard(Policy.from_mapping({"defaults": {"token_budget": 99}}))
+    result = [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)]
+    assert [(d.rule, d.tokens) for d in result] == [("token_budget", 100)]
+    assert guard.stats.repeated_call_ids == 2
+
+
+def traceloop_langchain_input(step: int, inputs, input_str: str) -> str:
+    return json.dumps(
+        {
+            "input_str": input_str,
+            "tags": [],
+            "metadata": {"langgraph_step": step, "run_id": f"r{step}"},  # changes every step
+            "inputs": inputs,
+            "kwargs": {"name": "search_docs"},
+        }
+    )
+
+
+def test_traceloop_langchain_uses_inputs_not_the_wrapper():
+    agent = AgentRecorder()
+    for step in range(4):
+        agent.span(
+            "search_docs.tool",
+            {
+                "traceloop.span.kind": "tool",
+                "traceloop.entity.name": "search_docs",
+                "traceloop.entity.input": traceloop_langchain_input(step, REFUND, str(REFUND)),
+            },
+        )
+    (decision,) = decisions(agent.finished())
+    assert decision.tool_name == "search_docs"
+
+
+def test_traceloop_langchain_input_str_is_a_python_repr():
+    agent = AgentRecorder()
+    agent.span(
+        "search_docs.tool",
+        {
+            "traceloop.span.kind": "tool",
+            "traceloop.entity.name": "search_docs",
+            "traceloop.entity.input": traceloop_langchain_input(
+                0, None, str({"query": "refund", "k": 3})
+            ),
+        },
+    )
+    agent.span(
+        "lookup.tool",
+        {
+            "traceloop.span.kind": "tool",
+            "traceloop.entity.name": "lookup",
+            "traceloop.entity.input": traceloop_langchain_input(0, None, "plain text query"),
+        },
+    )
+    repr_call, text_call = (adapted(span) for span in agent.finished())
+    assert repr_call.arguments == {"query": "refund", "k": 3}
+    assert text_call.arguments == {"_raw": "plain text query"}
+
+
+def test_traceloop_decorated_tool_and_llm_span_tokens():
+    agent = AgentRecorder()
+    payload = json.dumps({"args": ["refund policy"], "kwargs": {}})
+    for _ in range(4):
+        agent.span(
+            "search_docs.tool",
+            {
+                "traceloop.span.kind": "tool",
+                "traceloop.entity.name": "search_docs",
+                "traceloop.entity.input": payload,
+            },
+        )
+    agent.span(
+        "openai.chat",
+        {
+            "llm.request.type": "chat",
+            "gen_ai.usage.prompt_tokens": 10,
+            "gen_ai.usage.completion_tokens": 5,
+            "llm.usage.total_tokens": 15,
+        },
+        kind=SpanKind.CLIENT,
+    )
+    usage = adapted(agent.finished()[-1])
+    assert isinstance(usage, TokenUsage) and usage.tokens == 15 and not usage.aggregate
+    assert len(decisions(agent.finished())) == 1
+
+
+def test_google_adk_arguments_and_placeholder_call_ids():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.span(
+            "execute_tool search_docs",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.id": "<not specified>",
+                "gcp.vertex.agent.tool_call_args": json.dumps(REFUND),
+            },
+        )
+    agent.span(
+        "execute_tool (merged tools)",
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "(merged tools)",
+            "gcp.vertex.agent.tool_call_args": "N/A",
+        },
+    )
+    assert adapted(agent.finished()[0]).call_id is None
+    assert adapted(agent.finished()[-1]) is None
+    assert len(decisions(agent.finished())) == 1
+
+
+def test_pydantic_ai_tool_spans_without_operation_name():
+    agent = AgentRecorder()
+    for _ in range(2):  # instrumentation version >= 3
+        agent.span(
+            "execute_tool search_docs",
+            {"gen_ai.tool.name": "search_docs", "gen_ai.tool.call.arguments": json.dumps(REFUND)},
+        )
+    for _ in range(2):  # instrumentation version <= 2
+        agent.span(
+            "running tool",
+            {"gen_ai.tool.name": "search_docs", "tool_arguments": json.dumps(REFUND)},
+        )
+    result = decisions(agent.finished())
+    assert [(d.tool_name, d.hits) for d in result] == [("search_docs", 4)]
+
+
+def test_strands_arguments_in_span_events_and_old_tool_parameters():
+    agent = AgentRecorder()
+    for _ in range(2):
+        agent.span(
+            "execute_tool search_docs",
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs"},
+            events=[
+                (
+                    "gen_ai.tool.message",
+                    {"role": "tool", "content": json.dumps(REFUND), "id": "tooluse_1x"},
+                )
+            ],
+        )
+    for _ in range(2):  # older strands: "Tool: {name}" with the actual input in tool.parameters
+        agent.span(
+            "Tool: search_docs", {"tool.name": "search_docs", "tool.parameters": json.dumps(REFUND)}
+        )
+    assert adapted(agent.finished()[0]).arguments == REFUND
+    (decision,) = decisions(agent.finished())
+    assert decision.span_id == span_id_of(agent.finished()[3])

@@ -1,0 +1,312 @@
+"""The rules over spans made by the real SDK and encoded by the real OTLP encoder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from spans import AgentRecorder, encode, one_request_per_span, span_id_of, trace_id_of
+
+from spanguard.schemas.decision import KillSignal, validate
+from spanguard.schemas.policy import Policy
+from spanguard.streams.core import Guard
+
+REFUND = {"query": "refund policy"}
+
+
+def run(guard: Guard, spans) -> list:
+    """Feed spans one request each, in order, as a stream would deliver them."""
+    return [d for request in one_request_per_span(spans) for d in guard.process(request)]
+
+
+def tool_spans(recorder: AgentRecorder):
+    return [
+        s
+        for s in recorder.finished()
+        if s.attributes.get("gen_ai.operation.name") == "execute_tool"
+    ]
+
+
+def test_research_agent_with_80_distinct_calls_never_trips():
+    agent = AgentRecorder("research-assistant")
+    for step in range(80):
+        agent.chat(500, 50)
+        agent.tool(["search_web", "fetch_pdf", "summarize"][step % 3], {"q": f"topic {step}"})
+    agent.finish()
+    guard = Guard()
+    assert run(guard, agent.finished()) == []
+    assert guard.stats.tool_calls == 80
+
+
+def test_flaky_index_agent_trips_on_its_fourth_identical_call():
+    agent = AgentRecorder("support-bot", "support")
+    for step in range(7):
+        agent.chat(300, 40)
+        agent.tool("search_docs", {**REFUND, "timestamp": step})
+    agent.finish()
+    guard = Guard()
+    decisions = run(guard, agent.finished())
+    assert len(decisions) == 1  # the loop goes on to 7 calls: still one kill
+    decision = decisions[0]
+    fourth = tool_spans(agent)[3]
+    assert decision.span_id == span_id_of(fourth)
+    assert decision.trace_id == trace_id_of(fourth)
+    assert (decision.rule, decision.action, decision.hits, decision.window) == (
+        "tool_loop",
+        "kill",
+        4,
+        10,
+    )
+    assert decision.reason == "search_docs called 4x in last 4 steps"
+    assert decision.agent.service == "support-bot"
+    validate(decision.to_dict(), "detection")
+    validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
+
+
+def test_oscillation_trips_on_the_fourth_a():
+    agent = AgentRecorder()
+    for step in range(8):
+        if step % 2 == 0:
+            agent.tool("search_docs", REFUND)
+        else:
+            agent.tool("read_page", {"url": "https://kb/refunds"})
+    decisions = run(Guard(), agent.finished())
+    assert len(decisions) == 1
+    assert decisions[0].span_id == span_id_of(agent.finished()[6])  # A's 4th is the 7th call
+    assert decisions[0].reason == "search_docs called 4x in last 7 steps"
+
+
+def test_three_repeats_in_a_window_are_exploration_not_a_loop():
+    agent = AgentRecorder()
+    for step in range(30):
+        agent.tool("search_docs", {"query": f"q{step // 3}"})  # each query tried three times
+    assert run(Guard(), agent.finished()) == []
+
+
+def test_streaming_partial_spans_of_one_call_count_once():
+    agent = AgentRecorder()
+    for call in range(3):
+        for _partial in range(4):
+            agent.tool("search_docs", REFUND, call_id=f"call_{call}")
+    guard = Guard()
+    assert run(guard, agent.finished()) == []
+    assert guard.stats.repeated_call_ids == 9
+    agent.tool("search_docs", REFUND, call_id="call_3")
+    assert len(run(guard, agent.finished()[-1:])) == 1
+
+
+def test_placeholder_call_ids_are_no_ids():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("search_docs", REFUND, call_id="<not specified>")
+    assert len(run(Guard(), agent.finished())) == 1
+
+
+def test_duplicate_deliveries_are_not_recounted():
+    agent = AgentRecorder()
+    for _ in range(3):
+        agent.tool("search_docs", REFUND)
+    request = encode(agent.finished())
+    guard = Guard()
+    for _ in range(3):  # an exporter retry and a Kafka redelivery of the same batch
+        assert guard.process(request) == []
+    assert guard.stats.duplicate_spans == 6
+    agent.tool("search_docs", REFUND)
+    assert len(run(guard, agent.finished()[-1:])) == 1
+
+
+BACKOFF_POLICY = Policy.from_mapping(
+    {"agents": [{"match": {"service.name": "poller"}, "loop": {"window": 20, "threshold": 4}}]}
+)
+
+
+def backoff_agent(service: str) -> AgentRecorder:
+    """Calls, waits longer each time (a distinct wait call per step), calls again."""
+    agent = AgentRecorder(service)
+    for attempt in range(6):
+        agent.tool("get_job_status", {"job": "j-42"})
+        for pause in range(attempt + 2):
+            agent.tool("sleep", {"seconds": 2**attempt, "i": pause})
+    return agent
+
+
+def test_backoff_loop_escapes_window_10_and_is_caught_by_the_window_20_override():
+    assert run(Guard(BACKOFF_POLICY), backoff_agent("other").finished()) == []
+    decisions = run(Guard(BACKOFF_POLICY), backoff_agent("poller").finished())
+    assert [(d.tool_name, d.hits, d.window) for d in decisions] == [("get_job_status", 4, 20)]
+
+
+def test_per_agent_volatile_keys_are_added_to_the_defaults():
+    policy = Policy.from_mapping(
+        {
+            "agents": [
+                {"match": {"gen_ai.agent.name": "ticket-bot"}, "volatile_keys": ["created_at"]}
+            ]
+        }
+    )
+    for name, expected in (("ticket-bot", 1), ("other-bot", 0)):
+        # The agent's name on the resource: known from the trace's first span on.
+        agent = AgentRecorder("helpdesk", name, **{"gen_ai.agent.name": name})
+        for step in range(5):
+            agent.tool("create_ticket", {"title": "refund", "created_at": step})
+        assert len(run(Guard(policy), agent.finished())) == expected, name
+
+
+def test_agent_name_learned_from_an_earlier_span_of_the_trace():
+    policy = Policy.from_mapping(
+        {
+            "agents": [
+                {"match": {"gen_ai.agent.name": "ticket-bot"}, "volatile_keys": ["created_at"]}
+            ]
+        }
+    )
+    agent = AgentRecorder("helpdesk", "ticket-bot")
+    # One span says who the agent is (here a chat span); later tool spans do not.
+    agent.chat(10, 10, **{"gen_ai.agent.name": "ticket-bot"})
+    for step in range(4):
+        agent.tool("create_ticket", {"title": "refund", "created_at": step})
+    decisions = run(Guard(policy), agent.finished())
+    assert [(d.tool_name, d.agent.name) for d in decisions] == [("create_ticket", "ticket-bot")]
+
+
+def test_token_budget_trips_on_the_span_that_crossed_it():
+    policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
+    agent = AgentRecorder()
+    for _ in range(5):
+        agent.chat(300, 100)  # 400 per call: crosses 1000 on the 3rd
+    agent.finish(**{"gen_ai.usage.input_tokens": 1500, "gen_ai.usage.output_tokens": 500})
+    decisions = run(Guard(policy), agent.finished())
+    assert len(decisions) == 1
+    chats = [s for s in agent.finished() if s.name.startswith("chat")]
+    assert decisions[0].span_id == span_id_of(chats[2])
+    assert (decisions[0].rule, decisions[0].action, decisions[0].tokens) == (
+        "token_budget",
+        "kill",
+        1200,
+    )
+
+
+def test_agent_aggregates_and_cache_tokens_are_not_double_counted():
+    policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
+    agent = AgentRecorder()
+    agent.chat(400, 100, **{"gen_ai.usage.cache_read.input_tokens": 300})
+    # The agent span repeats the aggregate, under either name.
+    agent.finish(**{"gen_ai.usage.input_tokens": 400, "gen_ai.aggregated_usage.output_tokens": 100})
+    guard = Guard(policy)
+    assert run(guard, agent.finished()) == []  # 500, not 800 nor 1000
+    assert guard.states[agent.trace_id].inference_tokens == 500
+
+
+def test_agent_usage_is_the_fallback_when_no_inference_span_has_usage():
+    policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
+    agent = AgentRecorder()
+    agent.tool("search_docs", REFUND)
+    agent.finish(
+        **{
+            "gen_ai.aggregated_usage.input_tokens": 900,
+            "gen_ai.aggregated_usage.output_tokens": 200,
+        }
+    )
+    decisions = run(Guard(policy), agent.finished())
+    assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1100)]
+
+
+def test_downgrade_then_kill():
+    policy = Policy.from_mapping({"defaults": {"action": "downgrade"}})
+    agent = AgentRecorder()
+    for _ in range(12):
+        agent.tool("search_docs", REFUND)
+    decisions = run(Guard(policy), agent.finished())
+    assert [d.action for d in decisions] == ["downgrade", "kill"]
+    downgrade, kill = decisions
+    assert downgrade.system_message == (
+        "You called search_docs 4 times with the same arguments; the tool returns the same"
+        " result. Try a different approach or stop and report what you found."
+    )
+    # The window restarts after the downgrade: the kill comes at the 4th call after it.
+    assert kill.span_id == span_id_of(agent.finished()[7])
+    assert kill.system_message is None
+    signal = KillSignal.from_decision(downgrade).to_dict()
+    validate(signal, "kill-signal")
+    assert signal["kind"] == "downgrade" and signal["evidence"]["hits"] == 4
+
+
+@pytest.mark.parametrize("missing_args", ["skip", "name_only"])
+def test_tool_spans_without_arguments(missing_args, caplog):
+    policy = Policy.from_mapping({"defaults": {"missing_args": missing_args}})
+    agent = AgentRecorder("research-assistant")
+    for _ in range(80):
+        agent.tool("search_web", None)  # content capture off: no arguments recorded
+    guard = Guard(policy)
+    decisions = run(guard, agent.finished())
+    if missing_args == "skip":
+        assert decisions == []
+        assert guard.stats.missing_arguments == 80
+        warnings = [r for r in caplog.records if "missing_args: name_only" in r.getMessage()]
+        assert len(warnings) == 1  # once per service, naming the setting
+    else:
+        assert len(decisions) == 1
+        assert decisions[0].args_hash is None
+        assert "keyed on the tool name alone" in decisions[0].reason
+
+
+def test_state_holds_hashes_not_raw_arguments():
+    agent = AgentRecorder()
+    secret = "4111-1111-1111-1111"
+    for _ in range(3):
+        agent.tool("charge_card", {"card": secret})
+    guard = Guard()
+    run(guard, agent.finished())
+    (state,) = guard.states.values()
+    assert secret not in json.dumps(state.to_dict())
+    assert len(state.window) == 3
+
+
+def test_state_is_bounded_by_the_window():
+    agent = AgentRecorder()
+    for step in range(500):
+        agent.tool("search_web", {"q": step})
+    guard = Guard()
+    run(guard, agent.finished())
+    (state,) = guard.states.values()
+    assert len(state.window) == 10
+    assert len(state.recent_span_ids) <= 64
+
+
+def test_state_survives_serialization_mid_loop():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("search_docs", REFUND)
+    spans = agent.finished()
+    first = Guard()
+    run(first, spans[:2])
+    restored = Guard(states={k: type(v).from_bytes(v.to_bytes()) for k, v in first.states.items()})
+    assert run(restored, spans[:2]) == []  # redelivered: not recounted
+    assert len(run(restored, spans[2:])) == 1
+
+
+def test_idle_traces_are_evicted():
+    now = [1000.0]
+    guard = Guard(clock=lambda: now[0])
+    agent = AgentRecorder()
+    agent.tool("search_docs", REFUND)
+    run(guard, agent.finished())
+    now[0] += 3599
+    assert guard.evict_idle(3600) == 0
+    now[0] += 2
+    assert guard.evict_idle(3600) == 1
+    assert not guard.states
+
+
+def test_mixed_traces_in_one_request_keep_separate_state():
+    loopers = [AgentRecorder() for _ in range(2)]
+    spans = []
+    for _ in range(4):
+        for agent in loopers:
+            agent.tool("search_docs", REFUND)
+    for agent in loopers:
+        spans.extend(agent.finished())
+    decisions = Guard().process(encode(spans))
+    assert sorted(d.trace_id for d in decisions) == sorted(
+        trace_id_of(agent.finished()[0]) for agent in loopers
+    )
