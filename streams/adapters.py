@@ -39,16 +39,17 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from spanguard.schemas.otlp import any_value_to_python
 
 __all__ = [
     "MISSING",
+    "WANTED_KEYS",
     "ResourceInfo",
     "TokenUsage",
     "ToolCall",
@@ -100,6 +101,9 @@ ADK_MERGED_TOOLS: Final = "(merged tools)"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 MAX_REPR_CHARS: Final = 65_536
 
+USAGE_KEYS: Final = frozenset(
+    {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
+)
 WANTED_KEYS: Final = frozenset(
     {
         OPERATION,
@@ -116,6 +120,11 @@ WANTED_KEYS: Final = frozenset(
         AGGREGATE_OUTPUT_KEY,
     }
 )
+
+
+# A span's or resource's attributes in the request view: a map from key to AnyValue.
+# Index it only with keys known to be present (indexing a missing key inserts it).
+AttributeMap = Mapping[str, AnyValue]
 
 
 class _Missing:
@@ -141,7 +150,7 @@ class ResourceInfo:
 
 @dataclass(slots=True)
 class ToolCall:
-    span_id: str
+    span_id: bytes  # raw 8 bytes; hex only when a decision is written
     tool_name: str
     arguments: Any  # decoded JSON-like value, or MISSING
     call_id: str | None
@@ -151,77 +160,79 @@ class ToolCall:
 
 @dataclass(slots=True)
 class TokenUsage:
-    span_id: str
+    span_id: bytes  # raw 8 bytes; hex only when a decision is written
     tokens: int
     aggregate: bool  # an agent span's total, which repeats its inference spans
     agent_name: str | None
     match_attributes: dict[str, str] | None
 
 
-def resource_info(resource_attributes: Any, match_keys: frozenset[str]) -> ResourceInfo:
-    service = "unknown_service"
-    agent_name = None
-    matched: dict[str, str] = {}
-    for kv in resource_attributes:
-        key = kv.key
-        if key == SERVICE_NAME:
-            service = _text(kv.value)
-        elif key == AGENT_NAME:
-            agent_name = _text(kv.value)
-        if key in match_keys:
-            matched[key] = _text(kv.value)
-    return ResourceInfo(service, agent_name, matched)
+def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
+    """The service, agent name and matched attributes of a resource's attribute map."""
+    service = attributes.get(SERVICE_NAME)
+    agent_name = attributes.get(AGENT_NAME)
+    matched = {}
+    for key in match_keys:
+        value = attributes.get(key)
+        if value is not None:
+            matched[key] = _text(value)
+    return ResourceInfo(
+        _text(service) if service is not None else "unknown_service",
+        _text(agent_name) if agent_name is not None else None,
+        matched,
+    )
 
 
-def adapt_span(
-    span: Span, match_keys: frozenset[str] = frozenset()
-) -> ToolCall | TokenUsage | None:
-    """Map one span to a ToolCall, a TokenUsage, or None (nothing the rules count)."""
-    found: dict[str, AnyValue] = {}
-    for kv in span.attributes:
-        key = kv.key
-        if key in WANTED_KEYS or key in match_keys:
-            found[key] = kv.value
-    if not found and span.name != "execute_tool":
+def adapt_span(span: Any, wanted: frozenset[str] = WANTED_KEYS) -> ToolCall | TokenUsage | None:
+    """Map one span of a request view to a ToolCall, a TokenUsage, or None.
+
+    `wanted` is WANTED_KEYS plus the policy's match keys. The span's attributes are a map
+    (see schemas/otlp_view.py): one pass in C finds which wanted keys are present, and only
+    those values are read.
+    """
+    attributes: AttributeMap = span.attributes
+    present = wanted.intersection(attributes)
+    if not present and span.name != "execute_tool":
         return None
 
-    operation = _text(found[OPERATION]) if OPERATION in found else None
-    oi_kind = _text(found[OPENINFERENCE_KIND]) if OPENINFERENCE_KIND in found else None
-    tl_kind = _text(found[TRACELOOP_KIND]) if TRACELOOP_KIND in found else None
-    match_attributes = (
-        {key: _text(found[key]) for key in match_keys if key in found} if match_keys else None
-    )
-    agent_name = _text(found[AGENT_NAME]) if AGENT_NAME in found else None
+    operation = attributes[OPERATION].string_value if OPERATION in present else None
+    oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
+    tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    match_keys = present - WANTED_KEYS
+    match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
+    agent_name = _text(attributes[AGENT_NAME]) if AGENT_NAME in present else None
 
-    if _is_tool_span(span, found, operation, oi_kind, tl_kind):
-        tool_name = _first_text(found, TOOL_NAME_KEYS) or "unknown"
+    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind):
+        tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
         return ToolCall(
-            span_id=span.span_id.hex(),
+            span_id=span.span_id,
             tool_name=tool_name,
-            arguments=_arguments(span, found, oi_kind),
-            call_id=_call_id(found),
+            arguments=_arguments(span, attributes, present, oi_kind),
+            call_id=_call_id(attributes, present),
             agent_name=agent_name,
             match_attributes=match_attributes,
         )
 
+    if present.isdisjoint(USAGE_KEYS):
+        return None
     inference = (
         operation in INFERENCE_OPERATIONS
         or oi_kind == "LLM"
         or (
-            TRACELOOP_REQUEST_TYPE in found
-            and _text(found[TRACELOOP_REQUEST_TYPE]) in TRACELOOP_LLM_TYPES
+            TRACELOOP_REQUEST_TYPE in present
+            and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
         )
     )
-    tokens = _tokens(found, INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS)
+    tokens = _tokens(attributes, present, INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS)
     if tokens is None and not inference:
-        tokens = _tokens(found, (AGGREGATE_INPUT_KEY,), (AGGREGATE_OUTPUT_KEY,))
+        tokens = _tokens(attributes, present, (AGGREGATE_INPUT_KEY,), (AGGREGATE_OUTPUT_KEY,))
     if tokens is None:
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
     return TokenUsage(
-        span_id=span.span_id.hex(),
+        span_id=span.span_id,
         tokens=tokens,
         aggregate=not inference,
         agent_name=agent_name,
@@ -230,8 +241,8 @@ def adapt_span(
 
 
 def _is_tool_span(
-    span: Span,
-    found: dict[str, AnyValue],
+    name: str,
+    present: set[str],
     operation: str | None,
     oi_kind: str | None,
     tl_kind: str | None,
@@ -242,20 +253,19 @@ def _is_tool_span(
         return oi_kind == "TOOL"
     if tl_kind is not None:
         return tl_kind == "tool"
-    name = span.name
     if name == "execute_tool":
         return True
     # pydantic-ai and strands name their tool spans but set no operation name.
-    if "gen_ai.tool.name" in found:
+    if "gen_ai.tool.name" in present:
         return name.startswith("execute_tool ") or name == "running tool"
-    return "tool.name" in found and name.startswith("Tool: ")
+    return "tool.name" in present and name.startswith("Tool: ")
 
 
-def _arguments(span: Span, found: dict[str, AnyValue], oi_kind: str | None) -> Any:
+def _arguments(span: Any, attributes: AttributeMap, present: set[str], oi_kind: str | None) -> Any:
     for key in ARGUMENT_KEYS:
-        value = found.get(key)
-        if value is None:
+        if key not in present:
             continue
+        value = attributes[key]
         if key == "tool.parameters" and oi_kind is not None:
             continue  # OpenInference: the parameter schema, the same for every call
         if key == "traceloop.entity.input":
@@ -321,31 +331,33 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _call_id(found: dict[str, AnyValue]) -> str | None:
+def _call_id(attributes: AttributeMap, present: set[str]) -> str | None:
     for key in CALL_ID_KEYS:
-        value = found.get(key)
-        if value is not None:
-            text = _text(value)
+        if key in present:
+            text = _text(attributes[key])
             if text.strip().lower() not in PLACEHOLDER_CALL_IDS:
                 return text
     return None
 
 
 def _tokens(
-    found: dict[str, AnyValue], input_keys: tuple[str, ...], output_keys: tuple[str, ...]
+    attributes: AttributeMap,
+    present: set[str],
+    input_keys: tuple[str, ...],
+    output_keys: tuple[str, ...],
 ) -> int | None:
-    tokens_in = _first_int(found, input_keys)
-    tokens_out = _first_int(found, output_keys)
+    tokens_in = _first_int(attributes, present, input_keys)
+    tokens_out = _first_int(attributes, present, output_keys)
     if tokens_in is None and tokens_out is None:
         return None
     return (tokens_in or 0) + (tokens_out or 0)
 
 
-def _first_int(found: dict[str, AnyValue], keys: tuple[str, ...]) -> int | None:
+def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> int | None:
     for key in keys:
-        value = found.get(key)
-        if value is None:
+        if key not in present:
             continue
+        value = attributes[key]
         kind = value.WhichOneof("value")
         if kind == "int_value":
             return max(value.int_value, 0)
@@ -356,11 +368,10 @@ def _first_int(found: dict[str, AnyValue], keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def _first_text(found: dict[str, AnyValue], keys: tuple[str, ...]) -> str | None:
+def _first_text(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> str | None:
     for key in keys:
-        value = found.get(key)
-        if value is not None:
-            text = _text(value)
+        if key in present:
+            text = _text(attributes[key])
             if text:
                 return text
     return None

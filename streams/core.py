@@ -17,20 +17,24 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.otlp import OtlpDecodeError
+from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 from spanguard.streams.adapters import (
     AGENT_NAME,
     MISSING,
     SERVICE_NAME,
+    WANTED_KEYS,
     ResourceInfo,
     TokenUsage,
     ToolCall,
@@ -46,7 +50,7 @@ TOOL_LOOP = "tool_loop"
 TOKEN_BUDGET = "token_budget"
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
-MIN_RECENT_IDS = 64
+MIN_RECENT_IDS = 32
 
 CAPTURE_HINT = (
     "turn on argument capture in the instrumentation (for OTel GenAI instrumentations"
@@ -55,16 +59,25 @@ CAPTURE_HINT = (
 )
 
 
+_CONTAINERS = (dict, list)
+
+
 def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
     """`value` without the volatile keys, at every depth: they change, the intent does not."""
-    if isinstance(value, dict):
+    # Scalars are tested inline: most arguments are flat, and a call per value costs more
+    # than the whole comparison.
+    kind = type(value)
+    if kind is dict:
         return {
-            key: canonicalize(item, volatile_keys)
+            key: item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
             for key, item in value.items()
             if key not in volatile_keys
         }
-    if isinstance(value, list):
-        return [canonicalize(item, volatile_keys) for item in value]
+    if kind is list:
+        return [
+            item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
+            for item in value
+        ]
     return value
 
 
@@ -86,8 +99,9 @@ class TraceState:
     agent_name: str | None = None
     window: deque[tuple[str, str | None]] = field(default_factory=deque)
     counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
-    recent_span_ids: dict[str, None] = field(default_factory=dict)
-    recent_call_ids: dict[str, None] = field(default_factory=dict)
+    # Oldest first; OrderedDict drops its oldest entry in O(1), a dict does not.
+    recent_span_ids: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # raw ids
+    recent_call_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[str] = field(default_factory=set)  # "<rule>:<action>" already sent
@@ -98,7 +112,7 @@ class TraceState:
             "service": self.service,
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
-            "recent_span_ids": list(self.recent_span_ids),
+            "recent_span_ids": [span_id.hex() for span_id in self.recent_span_ids],
             "recent_call_ids": list(self.recent_call_ids),
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
@@ -114,8 +128,8 @@ class TraceState:
             agent_name=record["agent_name"],
             window=window,
             counts=dict(Counter(window)),
-            recent_span_ids=dict.fromkeys(record["recent_span_ids"]),
-            recent_call_ids=dict.fromkeys(record["recent_call_ids"]),
+            recent_span_ids=OrderedDict.fromkeys(map(bytes.fromhex, record["recent_span_ids"])),
+            recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
             inference_tokens=record["inference_tokens"],
             aggregate_tokens=record["aggregate_tokens"],
             fired=set(record["fired"]),
@@ -144,13 +158,14 @@ class GuardStats:
     duplicate_spans: int = 0
     repeated_call_ids: int = 0
     missing_arguments: int = 0
+    malformed_spans: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
-def _remember(recent: dict[str, None], key: str, limit: int) -> None:
+def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
     recent[key] = None
     if len(recent) > limit:
-        del recent[next(iter(recent))]
+        recent.popitem(last=False)
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -177,32 +192,62 @@ class Guard:
         self.clock = clock
         self.stats = GuardStats()
         self._match_keys = self.policy.match_keys
+        self._defaults = self.policy.defaults
+        # The same object as WANTED_KEYS when nothing is added: adapt_span tests identity.
+        self._wanted = WANTED_KEYS | self._match_keys if self._match_keys else WANTED_KEYS
         self._warned_services: set[str] = set()
 
-    def process(self, request: ExportTraceServiceRequest) -> list[Decision]:
-        """Observe every span of `request` in order; return the decisions taken."""
+    def process(self, request: ExportTraceServiceRequest | bytes) -> list[Decision]:
+        """Observe every span of `request` in order; return the decisions taken.
+
+        `request` is an ExportTraceServiceRequest or its protobuf bytes (the hot path: bytes
+        are parsed once, straight into the lean view of schemas/otlp_view.py). Bytes that are
+        not a request raise OtlpDecodeError; spans whose trace id is not 16 bytes are skipped
+        and counted in stats.malformed_spans.
+        """
+        if isinstance(request, ExportTraceServiceRequest):
+            view = view_of(request)
+        else:
+            try:
+                view = parse_view(request)
+            except DecodeError as exc:
+                raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
-        match_keys = self._match_keys
+        wanted, match_keys = self._wanted, self._match_keys
         stats = self.stats
-        for resource_spans in request.resource_spans:
-            resource: ResourceInfo | None = None
+        no_rules = not self.policy.rules
+        for resource_spans in view.resource_spans:
+            resource: ResourceInfo | None = None  # read only when an event needs it
             for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    stats.spans += 1
-                    event = adapt_span(span, match_keys)
+                spans = scope_spans.spans
+                stats.spans += len(spans)
+                for span in spans:
+                    event = adapt_span(span, wanted)
                     if event is None:
                         continue
-                    if resource is None:
-                        resource = resource_info(resource_spans.resource.attributes, match_keys)
-                    trace_id = span.trace_id.hex()
+                    raw_trace_id = span.trace_id
+                    if len(raw_trace_id) != 16 or len(event.span_id) != 8:
+                        stats.malformed_spans += 1
+                        continue
+                    trace_id = raw_trace_id.hex()
                     state = touched.get(trace_id)
                     if state is None:
-                        state = touched[trace_id] = self._load(trace_id, resource)
+                        state = self.states.get(trace_id)
+                        if state is None or not no_rules:
+                            if resource is None:
+                                resource = resource_info(
+                                    resource_spans.resource.attributes, match_keys
+                                )
+                            if state is None:
+                                state = TraceState(resource.service, resource.agent_name)
+                        touched[trace_id] = state
                     decision = self.observe(trace_id, state, event, resource)
                     if decision is not None:
                         decisions.append(decision)
+        now = self.clock()
         for trace_id, state in touched.items():
+            state.last_seen = now
             self.states[trace_id] = state
         return decisions
 
@@ -211,13 +256,14 @@ class Guard:
         trace_id: str,
         state: TraceState,
         event: ToolCall | TokenUsage,
-        resource: ResourceInfo,
+        resource: ResourceInfo | None = None,
     ) -> Decision | None:
-        """Apply one event to one trace's state (mutated in place)."""
-        state.last_seen = self.clock()
+        """Apply one event to one trace's state (mutated in place).
+
+        `resource` is needed only by a policy with per-agent rules."""
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
-        policy = self._policy_for(state, event, resource)
+        policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
         limit = max(MIN_RECENT_IDS, 4 * policy.window)
         if event.span_id in state.recent_span_ids:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
@@ -290,7 +336,7 @@ class Guard:
             trace_id,
             state,
             policy,
-            span_id=call.span_id,
+            span_id=call.span_id.hex(),
             rule=TOOL_LOOP,
             action=action,
             reason=reason,
@@ -327,7 +373,7 @@ class Guard:
             trace_id,
             state,
             policy,
-            span_id=usage.span_id,
+            span_id=usage.span_id.hex(),
             rule=TOKEN_BUDGET,
             action="kill",
             reason=f"{used} tokens used, over the budget of {budget}",
@@ -350,18 +396,12 @@ class Guard:
         self.stats.decisions[(decision.rule, decision.action)] += 1
         return decision
 
-    def _load(self, trace_id: str, resource: ResourceInfo) -> TraceState:
-        state = self.states.get(trace_id)
-        if state is None:
-            state = TraceState(service=resource.service, agent_name=resource.agent_name)
-        return state
-
     def _policy_for(
-        self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo
+        self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None
     ) -> AgentPolicy:
         if not self.policy.rules:
             return self.policy.defaults
-        attributes = dict(resource.match_attributes)
+        attributes = dict(resource.match_attributes) if resource is not None else {}
         if event.match_attributes:
             attributes.update(event.match_attributes)
         # The agent's name is often only on its invoke_agent span: remember it for the trace.

@@ -8,6 +8,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValu
 from opentelemetry.trace import SpanKind
 from spans import AgentRecorder, encode, one_request_per_span, span_id_of
 
+from spanguard.schemas.otlp_view import view_of
 from spanguard.schemas.policy import Policy
 from spanguard.streams.adapters import MISSING, TokenUsage, ToolCall, adapt_span
 from spanguard.streams.core import Guard
@@ -21,7 +22,7 @@ def decisions(spans, policy: Policy | None = None):
 
 
 def adapted(span):
-    (proto,) = encode([span]).resource_spans[0].scope_spans[0].spans
+    (proto,) = view_of(encode([span])).resource_spans[0].scope_spans[0].spans
     return adapt_span(proto)
 
 
@@ -57,7 +58,7 @@ def test_otel_genai_structured_arguments_kvlist():
             ]
         )
         span.attributes.add(key="gen_ai.tool.call.arguments", value=AnyValue(kvlist_value=kvlist))
-    call = adapt_span(spans[0])
+    call = adapt_span(view_of(request).resource_spans[0].scope_spans[0].spans[0])
     assert isinstance(call, ToolCall) and call.arguments == {
         "query": "refund policy",
         "page": 1,
