@@ -1,0 +1,27 @@
+"""What an agent process imports to obey spanguard's decisions.
+
+- `SignalBook` / `AgentKilled`: the kills and downgrades each trace was told about; the agent's
+  `check()` before each tool call raises `AgentKilled` or returns a downgrade message.
+- `GuardingSpanProcessor`: in-process mode, the detection core as an OpenTelemetry
+  SpanProcessor (needs the `inprocess` extra: opentelemetry-sdk and the OTLP proto encoder).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
+
+if TYPE_CHECKING:
+    from spanguard.killswitch.processor import GuardingSpanProcessor
+
+__all__ = ["AgentKilled", "GuardingSpanProcessor", "SignalBook", "current_trace_id"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: an agent that only reads Kafka signals needs no OTel SDK.
+    if name == "GuardingSpanProcessor":
+        from spanguard.killswitch.processor import GuardingSpanProcessor
+
+        return GuardingSpanProcessor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ import sys
 
 from spanguard import __version__
 from spanguard.schemas.policy import Policy, PolicyError
+from spanguard.streams.settings import SettingsError
 
 EXIT_USAGE = 2
 
@@ -25,6 +26,55 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     except ReplayInputError as exc:
         print(f"spanguard replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    return 0
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per worker setting; unset flags fall back to SPANGUARD_* variables."""
+    from dataclasses import fields
+
+    from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
+
+    for spec in fields(WorkerSettings):
+        kind = type(spec.default) if spec.default is not None else str
+        env = ENV_PREFIX + spec.name.upper()
+        parser.add_argument(
+            "--" + spec.name.replace("_", "-"),
+            dest=spec.name,
+            type=kind,
+            default=None,
+            metavar=spec.name.split("_")[-1].upper() if spec.name != "bootstrap" else "HOST:PORT",
+            help=f"{spec.metadata.get('help', '')} (${env}; default {spec.default})",
+        )
+
+
+def _settings(args: argparse.Namespace):
+    from spanguard.streams.settings import WorkerSettings
+
+    return WorkerSettings.from_sources(vars(args))
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from spanguard.streams.worker import run_worker
+
+    settings = _settings(args)
+    policy = _load_policy(settings.policy)  # a bad policy stops here, before Kafka
+    return run_worker(settings, policy)
+
+
+def _cmd_topics_create(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from spanguard.streams.topics import create_topics
+
+    settings = _settings(args)
+    try:
+        outcomes = create_topics(settings)
+    except KafkaException as exc:
+        print(f"spanguard topics create: {exc}", file=sys.stderr)
+        return 1
+    for name, outcome in outcomes.items():
+        print(f"{name}: {outcome}")
     return 0
 
 
@@ -48,6 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("paths", nargs="+", metavar="PATH", help="input files, - for stdin")
     replay.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
     replay.set_defaults(handler=_cmd_replay)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run the streaming guard: OTLP spans from Kafka in, kill signals out",
+        description="Consume OTLP spans from Kafka, keep per-trace state, publish decisions.",
+    )
+    _add_settings_flags(worker)
+    worker.set_defaults(handler=_cmd_worker)
+
+    topics = commands.add_parser("topics", help="manage the Kafka topics spanguard uses")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    create = topic_commands.add_parser(
+        "create", help="create the input, output, dead-letter and state topics"
+    )
+    _add_settings_flags(create)
+    create.set_defaults(handler=_cmd_topics_create)
     return parser
 
 
@@ -62,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except PolicyError as exc:
         print(f"spanguard: bad policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SettingsError as exc:
+        print(f"spanguard: bad setting: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

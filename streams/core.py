@@ -206,12 +206,15 @@ class Guard:
         and counted in stats.malformed_spans.
         """
         if isinstance(request, ExportTraceServiceRequest):
-            view = view_of(request)
-        else:
-            try:
-                view = parse_view(request)
-            except DecodeError as exc:
-                raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+            return self.process_view(view_of(request))
+        try:
+            view = parse_view(request)
+        except DecodeError as exc:
+            raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+        return self.process_view(view)
+
+    def process_view(self, view: Any) -> list[Decision]:
+        """`process` for a request already parsed as a view (schemas/otlp_view.py)."""
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
         wanted, match_keys = self._wanted, self._match_keys

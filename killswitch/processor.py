@@ -1,0 +1,267 @@
+"""In-process mode: the detection core as an OpenTelemetry SpanProcessor around an exporter's.
+
+    provider.add_span_processor(GuardingSpanProcessor(BatchSpanProcessor(OTLPSpanExporter())))
+
+Every ended span is encoded with the SDK's own OTLP encoder and run through one shared `Guard`,
+the very core the Kafka worker runs, so the rules and their results are the same in both
+placements. A decision is delivered into a `SignalBook` (the agent's next `check()` raises
+`AgentKilled` or returns the downgrade message, exactly as a signal from Kafka would), handed to
+`on_decision`, and recorded as a short `spanguard.decision` span in the same trace, so it
+reaches the backend next to the span that tripped it.
+
+What the seed's sketch gets wrong: `on_end` receives a `ReadableSpan`, read-only once ended; it
+has no `set_attribute` (AttributeError with SDK 1.45), so the sketch's "mark the span" line
+raises inside `span.end()`, in the agent's own code, and its `inner.on_end` is never reached:
+the span is lost to the exporter. Here nothing raised by the guard escapes `on_end`, the
+wrapped processor always gets the span, and the decision travels as a span of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    SpanKind,
+    Tracer,
+    TracerProvider,
+)
+
+from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
+from spanguard.schemas.decision import Decision, KillSignal
+from spanguard.schemas.policy import Policy
+from spanguard.streams.adapters import WANTED_KEYS
+from spanguard.streams.core import Guard, TraceState
+
+__all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
+
+log = logging.getLogger("spanguard.killswitch")
+
+DECISION_SPAN_NAME = "spanguard.decision"
+INSTRUMENTATION_SCOPE = "spanguard.killswitch"
+# The adapters' own early exit (adapt_span): a span with none of these attributes and another
+# name is no guard event. Testing it before encoding keeps HTTP/DB spans nearly free.
+SEED_TOOL_SPAN_NAME = "execute_tool"
+# Decision fields that become `spanguard.<name>` attributes; raw tool arguments never do.
+DECISION_ATTRIBUTES = (
+    "rule",
+    "action",
+    "reason",
+    "tool_name",
+    "args_hash",
+    "hits",
+    "window",
+    "steps",
+    "tokens",
+    "token_budget",
+    "decision_id",
+)
+MAX_LOGGED_ERRORS = 10
+
+
+class _BoundedStates(OrderedDict[str, TraceState]):
+    """The Guard's per-trace state, least recently written first, capped at `limit` traces.
+
+    The Guard writes a trace's state back (and sets its last_seen) after each request, so
+    moving it to the end on write keeps the order that of last_seen: expiring idle traces
+    only looks at the front, and the cap drops the trace idle the longest.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, trace_id: str, state: TraceState) -> None:
+        super().__setitem__(trace_id, state)
+        self.move_to_end(trace_id)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+    def expire(self, cutoff: float) -> int:
+        expired = 0
+        while self:
+            trace_id, state = next(iter(self.items()))
+            if state.last_seen >= cutoff:
+                break
+            del self[trace_id]
+            expired += 1
+        return expired
+
+
+class GuardingSpanProcessor(SpanProcessor):
+    """Forwards every call to `inner` and runs each ended span through the detection core.
+
+    - `policy`: the guard policy (defaults when None).
+    - `on_decision`: called with each Decision; its exceptions are logged, never raised.
+    - `signals`: the SignalBook the agent's `check()` reads (a new one when None; pass the
+      Kafka KillSwitch's to have both placements feed one book).
+    - `tracer_provider`: where `spanguard.decision` spans are made; the global provider when
+      None (looked up at the first decision, so it may be set after this processor is built).
+    - `ttl_seconds`, `max_traces`: a trace's state is dropped when its root span ends, after
+      `ttl_seconds` without spans (a root that never ends here, e.g. under a remote parent),
+      or when `max_traces` traces are open, the idlest first.
+    """
+
+    def __init__(
+        self,
+        inner: SpanProcessor,
+        policy: Policy | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+        signals: SignalBook | None = None,
+        ttl_seconds: float = 3600,
+        max_traces: int = DEFAULT_MAX_TRACES,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_traces < 1:
+            raise ValueError("max_traces must be at least 1")
+        self.inner = inner
+        self.on_decision = on_decision
+        self.signals = signals if signals is not None else SignalBook(max_traces)
+        self.ttl_seconds = ttl_seconds
+        self._states = _BoundedStates(max_traces)
+        self.guard = Guard(policy, states=self._states, clock=clock)
+        self._wanted = WANTED_KEYS | self.guard.policy.match_keys
+        # One Guard for every agent thread of the process: its state is not thread-safe.
+        self._lock = threading.Lock()
+        self._tracer_provider = tracer_provider
+        self._tracer: Tracer | None = None
+        self._warned_no_provider = False
+        self.errors = 0
+
+    # -- SpanProcessor -------------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: context_api.Context | None = None) -> None:
+        self.inner.on_start(span, parent_context=parent_context)
+
+    def _on_ending(self, span: Span) -> None:
+        self.inner._on_ending(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        # Runs inside the agent's span.end(): whatever fails here must not reach the agent,
+        # and the wrapped processor must get the span all the same.
+        try:
+            if not self._is_own(span):
+                self._observe(span)
+        except Exception:
+            self._log_error("guarding an ended span failed; the span is exported as usual")
+        try:
+            self.inner.on_end(span)
+        except Exception:
+            self._log_error("the wrapped span processor failed in on_end")
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    # -- the agent's side ----------------------------------------------------------------
+
+    def check(self, trace_id: str | None = None) -> str | None:
+        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one)."""
+        trace_id = trace_id if trace_id is not None else current_trace_id()
+        if trace_id is None:
+            return None
+        return self.signals.check(trace_id)
+
+    # -- internals -----------------------------------------------------------------------
+
+    @staticmethod
+    def _is_own(span: ReadableSpan) -> bool:
+        # Our decision spans pass through this very processor: feeding them back to the guard
+        # would be noise at best.
+        scope = span.instrumentation_scope
+        return span.name == DECISION_SPAN_NAME or (
+            scope is not None and scope.name == INSTRUMENTATION_SCOPE
+        )
+
+    def _observe(self, span: ReadableSpan) -> None:
+        span_context = span.context
+        if span_context is None:
+            return
+        attributes = span.attributes or {}
+        relevant = span.name == SEED_TOOL_SPAN_NAME or not self._wanted.isdisjoint(attributes)
+        # Encoding is pure and per span: done outside the lock, so threads only queue for the
+        # core itself.
+        data = encode_spans([span]).SerializeToString() if relevant else None
+        is_root = span.parent is None
+        if data is None and not is_root:
+            return  # nothing for the core: no lock taken
+        with self._lock:
+            decisions = self.guard.process(data) if data is not None else []
+            if is_root:
+                # The trace is over in this process: its state goes with it.
+                self._states.pop(format(span_context.trace_id, "032x"), None)
+            if self._states:
+                self._states.expire(self.guard.clock() - self.ttl_seconds)
+        for decision in decisions:
+            self._act(decision, span)
+
+    def _act(self, decision: Decision, span: ReadableSpan) -> None:
+        # Each step on its own: a failing callback must not stop the kill nor the record.
+        try:
+            self.signals.deliver(KillSignal.from_decision(decision))
+        except Exception:
+            self._log_error("delivering a decision to the signal book failed")
+        if self.on_decision is not None:
+            try:
+                self.on_decision(decision)
+            except Exception:
+                self._log_error("the on_decision callback raised")
+        try:
+            self._record(decision, span)
+        except Exception:
+            self._log_error("recording a decision span failed")
+
+    def _record(self, decision: Decision, span: ReadableSpan) -> None:
+        """Emit `spanguard.decision` as a child of the span that tripped the rule."""
+        tracer = self._decision_tracer()
+        if tracer is None:
+            return
+        parent = trace.set_span_in_context(NonRecordingSpan(span.context))
+        attributes = {
+            f"spanguard.{name}": value
+            for name in DECISION_ATTRIBUTES
+            if (value := getattr(decision, name)) is not None
+        }
+        attributes["spanguard.agent.service"] = decision.agent.service
+        if decision.agent.name is not None:
+            attributes["spanguard.agent.name"] = decision.agent.name
+        tracer.start_span(
+            DECISION_SPAN_NAME, context=parent, kind=SpanKind.INTERNAL, attributes=attributes
+        ).end()
+
+    def _decision_tracer(self) -> Tracer | None:
+        if self._tracer is not None:
+            return self._tracer
+        provider = self._tracer_provider or trace.get_tracer_provider()
+        if isinstance(provider, ProxyTracerProvider | NoOpTracerProvider):
+            # No global provider set (yet): a span made there goes nowhere. Not cached, so
+            # decisions are recorded as soon as the application sets one.
+            if not self._warned_no_provider:
+                self._warned_no_provider = True
+                log.warning(
+                    "spanguard decisions are not recorded as spans: pass tracer_provider= to"
+                    " GuardingSpanProcessor or set the global tracer provider"
+                )
+            return None
+        self._tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
+        return self._tracer
+
+    def _log_error(self, what: str) -> None:
+        # A persistent fault would log on every span: the first few in full, then 1 in 1000.
+        self.errors += 1
+        if self.errors <= MAX_LOGGED_ERRORS or self.errors % 1000 == 0:
+            log.exception("%s (error %d)", what, self.errors)

@@ -1,0 +1,141 @@
+"""The agent side of a kill signal: a book of what each trace was told, and `AgentKilled`.
+
+Both ways a signal can reach an agent process feed the same `SignalBook`: the in-process
+`GuardingSpanProcessor` delivers its own decisions, and the Kafka `KillSwitch` delivers what it
+reads from `agent-kill-signals`. The agent calls `check()` before each tool call; a signal that
+arrived in between is never lost, because it is recorded here rather than raised at delivery.
+
+Delivery and checks come from any thread (a consumer thread, the SDK's span-ending thread, the
+agent's threads) and from asyncio code: the book takes a plain `threading.Lock` for a few dict
+operations and never blocks on I/O, so a check from an event loop costs microseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from spanguard.schemas.decision import KillSignal
+
+__all__ = ["DEFAULT_MAX_TRACES", "AgentKilled", "SignalBook", "current_trace_id"]
+
+DEFAULT_MAX_TRACES = 10_000
+
+
+class AgentKilled(Exception):
+    """Raised by `check()` in an agent whose trace was killed; carries the signal."""
+
+    def __init__(self, signal: KillSignal) -> None:
+        super().__init__(f"spanguard killed trace {signal.trace_id}: {signal.reason}")
+        self.signal = signal
+        self.trace_id = signal.trace_id
+        self.reason = signal.reason
+
+    def __reduce__(self) -> tuple[type[AgentKilled], tuple[KillSignal]]:
+        # The default reduce would call AgentKilled(message): keep it picklable (multiprocessing).
+        return (type(self), (self.signal,))
+
+
+@dataclass(slots=True)
+class _TraceSignals:
+    """What one trace has been told, and what its agent has not read yet."""
+
+    signal_ids: set[str] = field(default_factory=set)
+    kill: KillSignal | None = None
+    unread_messages: deque[str] = field(default_factory=deque)
+
+
+class SignalBook:
+    """Kill and downgrade signals per trace, read by the agent's `check()`.
+
+    - `deliver(signal)` records a signal; a signal id already recorded for its trace is ignored
+      (Kafka redelivery, a worker replaying after a crash) and `deliver` returns False.
+    - `check(trace_id)` raises `AgentKilled` once a kill is recorded for the trace, on that
+      check and every later one: an agent that swallows the exception cannot carry on calling
+      tools. A downgrade's system message is returned exactly once; otherwise None.
+
+    Memory is bounded: beyond `max_traces` traces the least recently touched is forgotten.
+    """
+
+    def __init__(self, max_traces: int = DEFAULT_MAX_TRACES) -> None:
+        if max_traces < 1:
+            raise ValueError("max_traces must be at least 1")
+        self.max_traces = max_traces
+        self._lock = threading.Lock()
+        self._traces: OrderedDict[str, _TraceSignals] = OrderedDict()
+        self.delivered = 0
+        self.duplicates = 0
+
+    def deliver(self, signal: KillSignal) -> bool:
+        """Record `signal` for its trace; False when this signal id was already recorded."""
+        trace_id = signal.trace_id.lower()
+        with self._lock:
+            entry = self._traces.get(trace_id)
+            if entry is None:
+                entry = self._traces[trace_id] = _TraceSignals()
+                while len(self._traces) > self.max_traces:
+                    self._traces.popitem(last=False)
+            else:
+                self._traces.move_to_end(trace_id)
+            if signal.signal_id in entry.signal_ids:
+                self.duplicates += 1
+                return False
+            entry.signal_ids.add(signal.signal_id)
+            self.delivered += 1
+            if signal.kind == "kill":
+                if entry.kill is None:  # the first kill's reason is the one the agent sees
+                    entry.kill = signal
+            else:
+                entry.unread_messages.append(signal.system_message or _fallback_message(signal))
+            return True
+
+    def check(self, trace_id: str) -> str | None:
+        """Raise AgentKilled if `trace_id` is killed; else a downgrade message not yet read."""
+        with self._lock:
+            entry = self._traces.get(trace_id.lower())
+            if entry is None:
+                return None
+            # An agent that keeps checking keeps its entry: a killed trace must stay killed.
+            self._traces.move_to_end(trace_id.lower())
+            kill = entry.kill
+            if kill is None:
+                return entry.unread_messages.popleft() if entry.unread_messages else None
+        raise AgentKilled(kill)
+
+    def is_killed(self, trace_id: str) -> bool:
+        with self._lock:
+            entry = self._traces.get(trace_id.lower())
+            return entry is not None and entry.kill is not None
+
+    def forget(self, trace_id: str) -> None:
+        with self._lock:
+            self._traces.pop(trace_id.lower(), None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._traces)
+
+
+def _fallback_message(signal: KillSignal) -> str:
+    # The schema asks a downgrade to carry its message; a signal without one still says why.
+    return (
+        f"spanguard: {signal.reason}. Try a different approach or stop and report what you found."
+    )
+
+
+def current_trace_id() -> str | None:
+    """The 32-hex trace id of the current OpenTelemetry span, or None outside any span.
+
+    OpenTelemetry keeps the current span in a contextvar, so this is right per thread and per
+    asyncio task. The API is imported here, not at module level: the Kafka killswitch must not
+    require it of an agent that registers its traces explicitly.
+    """
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return format(context.trace_id, "032x")

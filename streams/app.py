@@ -1,0 +1,138 @@
+"""The Faust app: topics, the per-trace state table, and the agent that wires them to the core.
+
+No rule logic lives here: each message goes through streams/pipeline.py (routing) and
+streams/core.py (rules); this module only reads topics, keeps the table and sends results.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+from prometheus_client import CollectorRegistry, start_http_server
+
+from spanguard.schemas.decision import KillSignal
+from spanguard.schemas.policy import Policy
+from spanguard.streams.core import Guard
+from spanguard.streams.metrics import WorkerMetrics
+from spanguard.streams.pipeline import Outcome, SpanPipeline
+from spanguard.streams.settings import WorkerSettings
+from spanguard.streams.state import SerializedStates
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("spanguard.worker")
+
+# Dead letters carry where they came from, so an operator can find and replay them.
+HEADER_REASON = "spanguard.reason"
+HEADER_TOPIC = "spanguard.source.topic"
+HEADER_PARTITION = "spanguard.source.partition"
+HEADER_OFFSET = "spanguard.source.offset"
+
+
+def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.App:
+    policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store=settings.store_url,
+        datadir=settings.data_dir,
+        web_enabled=False,  # /metrics is served by prometheus_client
+        stream_recovery_delay=settings.recovery_delay,
+        broker_commit_interval=settings.commit_interval,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        producer_acks=-1,
+    )
+    raw = {
+        "key_type": bytes,
+        "value_type": bytes,
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+    }
+    # One agent reads the Collector's topic and the repartition topic: both are keyed by trace
+    # id and have the same partition count, so a trace's state lives in one partition.
+    spans_in = app.topic(settings.input_topic, settings.repartition_topic, **raw)
+    repartition_out = app.topic(settings.repartition_topic, **raw)
+    kill_signals = app.topic(settings.kill_topic, **raw)
+    detections = app.topic(settings.detections_topic, **raw)
+    dead_letters = app.topic(settings.dead_letter_topic, **raw)
+
+    # use_partitioner: changelog writes go to murmur2(trace id), the partition the trace's
+    # messages come from, which also lets the TTL timer delete keys outside a stream event.
+    table = app.Table(
+        settings.table_name,
+        default=None,
+        partitions=settings.partitions,
+        use_partitioner=True,
+        schema=faust.Schema(**raw),
+    )
+    guard = Guard(policy, states=SerializedStates(table))
+    pipeline = SpanPipeline(guard)
+    app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table}  # type: ignore[attr-defined]
+
+    async def publish(outcome: Outcome, message: Any) -> None:
+        for trace_id, part in outcome.repartition:
+            await repartition_out.send(key=trace_id.encode(), value=part)
+        for decision in outcome.decisions:
+            key = decision.trace_id.encode()
+            await detections.send(key=key, value=decision.to_json().encode())
+            await kill_signals.send(
+                key=key, value=KillSignal.from_decision(decision).to_json().encode()
+            )
+            log.warning(
+                "decision",
+                extra={
+                    "trace_id": decision.trace_id,
+                    "rule": decision.rule,
+                    "action": decision.action,
+                    "reason": decision.reason,
+                    "service": decision.agent.service,
+                },
+            )
+        if outcome.dead_letter is not None:
+            log.warning(
+                "dead letter",
+                extra={
+                    "reason": outcome.dead_letter,
+                    "topic": message.topic,
+                    "partition": message.partition,
+                    "offset": message.offset,
+                },
+            )
+            await dead_letters.send(
+                key=message.key,
+                value=message.value,
+                headers=[
+                    (HEADER_REASON, outcome.dead_letter.encode()),
+                    (HEADER_TOPIC, message.topic.encode()),
+                    (HEADER_PARTITION, str(message.partition).encode()),
+                    (HEADER_OFFSET, str(message.offset).encode()),
+                ],
+            )
+
+    @app.agent(spans_in, name="guard-spans")
+    async def guard_spans(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            await publish(pipeline.handle(message.key, message.value), message)
+
+    @app.timer(interval=min(60.0, settings.state_ttl / 4))
+    async def evict_idle_traces() -> None:
+        evicted = guard.evict_idle(settings.state_ttl)
+        if evicted:
+            log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
+
+    @app.task
+    async def serve_metrics() -> None:
+        registry = CollectorRegistry()
+        registry.register(WorkerMetrics(guard, pipeline, lambda: len(table)))
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+        log.info(
+            "metrics",
+            extra={"url": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"},
+        )
+
+    return app

@@ -1,0 +1,64 @@
+"""Prometheus metrics, read from the guard's own counters at scrape time (no hot-path cost)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from spanguard.streams.core import Guard
+from spanguard.streams.pipeline import SpanPipeline
+
+__all__ = ["WorkerMetrics"]
+
+
+class WorkerMetrics(Collector):
+    def __init__(
+        self, guard: Guard, pipeline: SpanPipeline, active_traces: Callable[[], int]
+    ) -> None:
+        self.guard = guard
+        self.pipeline = pipeline
+        self.active_traces = active_traces
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.guard.stats
+        pipeline = self.pipeline
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(f"spanguard_{name}", doc, value=value)
+
+        yield counter("messages", "Kafka messages consumed", pipeline.messages)
+        yield counter(
+            "messages_repartitioned",
+            "messages split and re-keyed by trace id",
+            pipeline.repartitioned,
+        )
+        yield counter(
+            "dead_letters", "messages sent to the dead-letter topic", pipeline.dead_letters
+        )
+        yield counter("spans", "spans received", stats.spans)
+        yield counter("tool_calls_observed", "tool calls counted by tool_loop", stats.tool_calls)
+        yield counter(
+            "tool_spans_without_arguments",
+            "tool spans skipped because their arguments were not recorded (missing_args: skip)",
+            stats.missing_arguments,
+        )
+        repeats = CounterMetricFamily(
+            "spanguard_repeats_ignored", "spans not recounted", labels=["why"]
+        )
+        repeats.add_metric(["same_span_id"], stats.duplicate_spans)
+        repeats.add_metric(["same_call_id"], stats.repeated_call_ids)
+        yield repeats
+        yield counter("malformed_spans", "spans with invalid ids, skipped", stats.malformed_spans)
+        decisions = CounterMetricFamily(
+            "spanguard_decisions", "decisions taken", labels=["rule", "action"]
+        )
+        for (rule, action), count in sorted(stats.decisions.items()):
+            decisions.add_metric([rule, action], count)
+        yield decisions
+        yield GaugeMetricFamily(
+            "spanguard_active_traces",
+            "traces with state on this worker",
+            value=self.active_traces(),
+        )

@@ -1,0 +1,87 @@
+"""What the worker does with one Kafka message, without Kafka: route, detect, or dead-letter.
+
+The Faust agent in streams/app.py feeds each message here and sends what comes back; keeping
+this Faust-free lets the tests and the benchmarks drive the same routing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from spanguard.schemas.decision import Decision
+from spanguard.schemas.otlp import OtlpDecodeError, decode_protobuf, split_by_trace
+from spanguard.schemas.otlp_view import parse_view
+from spanguard.streams.core import Guard
+
+__all__ = ["Outcome", "SpanPipeline"]
+
+log = logging.getLogger("spanguard.pipeline")
+
+
+@dataclass
+class Outcome:
+    """Exactly one of: decisions taken (possibly none), parts to re-key, or a dead letter."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    repartition: list[tuple[str, bytes]] = field(default_factory=list)  # (trace id, request)
+    dead_letter: str | None = None  # the reason
+
+
+class SpanPipeline:
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.messages = 0
+        self.repartitioned = 0
+        self.dead_letters = 0
+
+    def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
+        """One message of the input (or repartition) topic.
+
+        A message keyed by the hex trace id of the single trace it holds (what the Collector's
+        kafka exporter writes with partition_traces_by_id) is run through the core. Any other
+        message is split by trace and handed back for re-keying, so a trace's state lives in
+        exactly one partition. Anything that is not an OTLP request is a dead letter.
+        """
+        self.messages += 1
+        if not value:
+            return self._dead("empty message: expected an OTLP ExportTraceServiceRequest")
+        if not isinstance(value, bytes):
+            return self._dead(f"message value is {type(value).__name__}, not bytes")
+        try:
+            view = parse_view(value)
+        except DecodeError as exc:
+            return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
+
+        trace_ids: set[bytes] = set()
+        for resource_spans in view.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    trace_ids.add(span.trace_id)
+        bad = [trace_id for trace_id in trace_ids if len(trace_id) != 16]
+        if bad:
+            return self._dead(f"a span has a {len(bad[0])}-byte trace id (OTLP requires 16 bytes)")
+        if not trace_ids:
+            return Outcome()
+
+        if len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode():
+            try:
+                return Outcome(decisions=self.guard.process_view(view))
+            except Exception as exc:  # a bug must cost one message, never the partition
+                log.exception("detection failed on a message; sent to the dead-letter topic")
+                return self._dead(f"internal error in detection: {type(exc).__name__}: {exc}")
+
+        try:
+            parts = split_by_trace(decode_protobuf(value))
+        except OtlpDecodeError as exc:
+            return self._dead(str(exc))
+        self.repartitioned += 1
+        return Outcome(
+            repartition=[(trace_id, part.SerializeToString()) for trace_id, part in parts.items()]
+        )
+
+    def _dead(self, reason: str) -> Outcome:
+        self.dead_letters += 1
+        return Outcome(dead_letter=reason)
