@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench clean
+.PHONY: install test test-unit lint bench bench-pipeline kafka-up kafka-down topics worker clean
 
 install: $(STAMP)
 
@@ -17,9 +17,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev,rocksdb]"
 	@touch $(STAMP)
 
-test: install
+# The tests need the real broker: started here (idempotent; the jars are cached outside the
+# repo, under ~/.cache/spanguard) and left running for the next run; `make kafka-down` stops it.
+test: install kafka-up
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+kafka-up:
+	scripts/kafka.sh up
+
+kafka-down:
+	scripts/kafka.sh down
+
+topics: install kafka-up
+	$(BIN)/spanguard topics create
+
+worker: install kafka-up topics
+	$(BIN)/spanguard worker
 
 test-unit: install
 	$(BIN)/pytest -q -m "not kafka"
@@ -30,6 +44,9 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/bench_core.py
+
+bench-pipeline: install kafka-up
+	$(BIN)/python bench/bench_pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -41,6 +41,8 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
         web_enabled=False,  # /metrics is served by prometheus_client
         stream_recovery_delay=settings.recovery_delay,
         broker_commit_interval=settings.commit_interval,
+        broker_session_timeout=settings.session_timeout,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout / 3),
         consumer_auto_offset_reset="earliest",
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
@@ -67,7 +69,8 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
         default=None,
         partitions=settings.partitions,
         use_partitioner=True,
-        schema=faust.Schema(**raw),
+        key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
+        value_type=bytes,
     )
     guard = Guard(policy, states=SerializedStates(table))
     pipeline = SpanPipeline(guard)

@@ -56,6 +56,10 @@ class WorkerSettings:
     recovery_delay: float = field(
         default=0.0, metadata={"help": "seconds to wait after a rebalance before table recovery"}
     )
+    session_timeout: float = field(
+        default=30.0,
+        metadata={"help": "seconds before a silent worker's partitions move to another worker"},
+    )
     commit_interval: float = field(default=1.0, metadata={"help": "seconds between offset commits"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
 
@@ -68,6 +72,8 @@ class WorkerSettings:
         for name in ("partitions", "replication_factor"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
+        if self.session_timeout < 6:
+            raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
 

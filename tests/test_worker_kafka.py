@@ -1,0 +1,224 @@
+"""The streaming worker against a real Kafka broker, with spans from the real SDK.
+
+Spans are made by the OpenTelemetry SDK, encoded by its OTLP encoder and produced with
+confluent-kafka the way the Collector's kafka exporter writes them (key = hex trace id).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from spans import AgentRecorder, encode, span_id_of
+
+from spanguard.schemas.decision import validate
+
+pytestmark = pytest.mark.kafka
+
+REFUND = {"query": "refund policy"}
+DEADLINE = 20.0  # seconds from produce to kill signal; typically well under one second
+
+POLICY = """
+agents:
+  - match: {service.name: support-downgrade}
+    action: downgrade
+"""
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    ensure_broker()
+    data = tmp_path_factory.mktemp("worker")
+    policy = data / "policy.yaml"
+    policy.write_text(POLICY)
+    topics = Topics()
+    process = WorkerProcess(topics, data, policy=policy).start()
+    collector = Collector(topics.kills, topics.detections, topics.dead_letters, topics.repartition)
+    yield process, collector
+    collector.close()
+    assert process.stop() == 0, process.log_tail()  # SIGTERM: a clean exit
+
+
+def send_spans(topic: str, agent: AgentRecorder, spans=None, key: bytes | None = b"trace") -> None:
+    """One message per span, keyed by the trace id (what partition_traces_by_id writes)."""
+    out = producer()
+    for span in spans if spans is not None else agent.finished():
+        message_key = agent.trace_id.encode() if key == b"trace" else key
+        out.produce(topic, key=message_key, value=encode([span]).SerializeToString())
+    assert out.flush(10) == 0
+
+
+def kills_for(collector: Collector, topics: Topics, trace_id: str) -> list[dict]:
+    return collector.json_from(topics.kills, trace_id)
+
+
+def test_looping_trace_gets_one_kill_with_evidence(worker):
+    process, collector = worker
+    topics = process.topics
+    agent = AgentRecorder("support-bot", "support")
+    for step in range(10):  # the loop goes on after the threshold: still one kill
+        agent.tool("search_docs", {**REFUND, "timestamp": step})
+    send_spans(topics.input, agent)
+    collector.wait(lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), timeout=DEADLINE)
+    process.wait_for("spanguard_tool_calls_observed_total", 4)
+    time.sleep(1.0)  # time for a duplicate to show up, were there one
+    (signal_record,) = kills_for(collector, topics, agent.trace_id)
+    validate(signal_record, "kill-signal")
+    assert signal_record["kind"] == "kill" and signal_record["rule"] == "tool_loop"
+    assert signal_record["trace_id"] == agent.trace_id
+    assert signal_record["reason"] == "search_docs called 4x in last 4 steps"
+    assert signal_record["evidence"]["span_id"] == span_id_of(agent.finished()[3])
+    assert signal_record["evidence"]["tool_name"] == "search_docs"
+    assert signal_record["evidence"]["hits"] == 4 and signal_record["evidence"]["window"] == 10
+    (detection,) = collector.json_from(topics.detections, agent.trace_id)
+    validate(detection, "detection")
+    assert detection["decision_id"] == signal_record["signal_id"]
+
+
+def test_legitimate_traces_get_no_kill(worker):
+    process, collector = worker
+    topics = process.topics
+    research = AgentRecorder("research-assistant", "researcher")
+    for step in range(80):
+        research.chat(400, 40)
+        research.tool(["search_web", "fetch_pdf", "summarize"][step % 3], {"q": f"topic {step}"})
+    research.finish()
+    before = (process.metrics() or {}).get("spanguard_spans_total", 0)
+    send_spans(topics.input, research)
+    process.wait_for("spanguard_spans_total", before + len(research.finished()))
+    time.sleep(0.5)
+    assert kills_for(collector, topics, research.trace_id) == []
+    assert collector.json_from(topics.detections, research.trace_id) == []
+
+
+def test_downgrade_then_kill(worker):
+    process, collector = worker
+    topics = process.topics
+    agent = AgentRecorder("support-downgrade")
+    for _ in range(8):
+        agent.tool("search_docs", REFUND)
+    send_spans(topics.input, agent)
+    collector.wait(
+        lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), count=2, timeout=DEADLINE
+    )
+    signals = kills_for(collector, topics, agent.trace_id)
+    assert [s["kind"] for s in signals] == ["downgrade", "kill"]
+    assert signals[0]["system_message"].startswith("You called search_docs 4 times")
+    assert signals[1]["evidence"]["span_id"] == span_id_of(agent.finished()[7])
+    for record in signals:
+        validate(record, "kill-signal")
+
+
+def test_unkeyed_mixed_message_is_repartitioned(worker):
+    process, collector = worker
+    topics = process.topics
+    first, second, calm = AgentRecorder("svc-a"), AgentRecorder("svc-b"), AgentRecorder("svc-c")
+    for step in range(4):
+        first.tool("search_docs", REFUND)
+        second.tool("lookup", {"id": 7})
+        calm.tool("lookup", {"id": step})
+    mixed = encode(first.finished() + second.finished() + calm.finished()).SerializeToString()
+    out = producer()
+    out.produce(topics.input, key=None, value=mixed)
+    assert out.flush(10) == 0
+    for agent in (first, second):
+        collector.wait(
+            lambda m, a=agent: m["topic"] == topics.kills and m["key"] == a.trace_id.encode(),
+            timeout=DEADLINE,
+        )
+    # Each trace was re-keyed into the repartition topic exactly once, with its spans only.
+    rekeyed = collector.wait(
+        lambda m: m["topic"] == topics.repartition
+        and m["key"] in {a.trace_id.encode() for a in (first, second, calm)},
+        count=3,
+    )
+    assert sorted(m["key"] for m in rekeyed) == sorted(a.trace_id.encode() for a in (first, second, calm))
+    assert kills_for(collector, topics, calm.trace_id) == []
+    assert (process.metrics() or {})["spanguard_messages_repartitioned_total"] >= 1
+
+
+def test_poison_message_goes_to_dead_letters_and_the_partition_keeps_going(worker):
+    process, collector = worker
+    topics = process.topics
+    agent = AgentRecorder("support-bot")
+    for _ in range(4):
+        agent.tool("search_docs", REFUND)
+    out = producer()
+    poison = b"\x0a\xff\xff\xff\xff\x0f garbage"
+    # Same key as the looping trace: same partition, right before its spans.
+    out.produce(topics.input, key=agent.trace_id.encode(), value=poison)
+    assert out.flush(10) == 0
+    send_spans(topics.input, agent)
+    (dead,) = collector.wait(lambda m: m["topic"] == topics.dead_letters and m["value"] == poison)
+    assert dead["key"] == agent.trace_id.encode()
+    assert dead["headers"]["spanguard.reason"].startswith(b"not an OTLP ExportTraceServiceRequest")
+    assert dead["headers"]["spanguard.source.topic"] == topics.input.encode()
+    assert int(dead["headers"]["spanguard.source.offset"]) >= 0
+    collector.wait(lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), timeout=DEADLINE)
+    assert (process.metrics() or {})["spanguard_dead_letters_total"] >= 1
+
+
+def test_metrics_endpoint_speaks_prometheus(worker):
+    process, _ = worker
+    values = process.metrics()
+    assert values is not None
+    for name in (
+        "spanguard_spans_total",
+        "spanguard_tool_calls_observed_total",
+        "spanguard_dead_letters_total",
+        "spanguard_active_traces",
+    ):
+        assert name in values
+    assert values["spanguard_active_traces"] >= 1
+
+
+def test_crash_recovery_from_the_changelog(tmp_path):
+    ensure_broker()
+    topics = Topics()
+    collector = Collector(topics.kills)
+    worker = WorkerProcess(topics, tmp_path).start()
+    try:
+        resumed, killed = AgentRecorder("support-bot"), AgentRecorder("support-bot")
+        for _ in range(4):
+            resumed.tool("search_docs", REFUND)
+            killed.tool("lookup_order", {"order": 42})
+        send_spans(topics.input, resumed, resumed.finished()[:2])
+        send_spans(topics.input, killed)
+        collector.wait(lambda m: m["key"] == killed.trace_id.encode(), timeout=DEADLINE)
+        worker.wait_for("spanguard_tool_calls_observed_total", 6)
+        time.sleep(2.5)  # past the commit interval (1 s): offsets and changelog are written
+        worker.stop(signal.SIGKILL)
+
+        worker = WorkerProcess(topics, tmp_path).start()
+        killed.tool("lookup_order", {"order": 42})  # the loop goes on after the restart
+        send_spans(topics.input, resumed, resumed.finished()[2:])
+        send_spans(topics.input, killed, killed.finished()[4:])
+        (kill,) = collector.wait(lambda m: m["key"] == resumed.trace_id.encode(), timeout=DEADLINE)
+        record = json.loads(kill["value"])
+        # The 4th call tripped: the first two were recovered from the changelog.
+        assert record["evidence"]["hits"] == 4
+        assert record["evidence"]["span_id"] == span_id_of(resumed.finished()[3])
+        worker.wait_for("spanguard_spans_total", 3)
+        time.sleep(1.5)
+        assert len(kills_for(collector, topics, killed.trace_id)) == 1  # not killed twice
+    finally:
+        collector.close()
+        worker.stop()
+
+
+def test_bad_policy_stops_the_worker_before_kafka(tmp_path: Path):
+    import subprocess
+    import sys
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("defaults:\n  action: explode\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "worker", "--policy", str(policy)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "defaults.action" in result.stderr
