@@ -8,6 +8,7 @@ Both have a JSON Schema beside this file, and tests validate what the code write
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -22,6 +23,9 @@ __all__ = [
     "AgentIdentity",
     "Decision",
     "KillSignal",
+    "canonical_json",
+    "sign",
+    "signature_valid",
     "validate",
 ]
 
@@ -129,6 +133,27 @@ class KillSignal:
         values = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
         values["agent"] = AgentIdentity(**values["agent"])
         return cls(**values)
+
+
+def canonical_json(record: dict[str, Any]) -> bytes:
+    """The bytes a signature covers: the record without `signature`, keys sorted, compact."""
+    unsigned = {key: value for key, value in record.items() if key != "signature"}
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sign(record: dict[str, Any], key: bytes) -> dict[str, Any]:
+    """`record` with an HMAC-SHA256 `signature` (hex) over its canonical JSON."""
+    signature = hmac.new(key, canonical_json(record), hashlib.sha256).hexdigest()
+    return {**record, "signature": signature}
+
+
+def signature_valid(record: dict[str, Any], key: bytes) -> bool:
+    """Whether `record` carries a signature made with `key` over exactly its other fields."""
+    signature = record.get("signature")
+    if not isinstance(signature, str):
+        return False
+    expected = hmac.new(key, canonical_json(record), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(signature, expected)
 
 
 @cache

@@ -36,6 +36,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
 
     for spec in fields(WorkerSettings):
+        if spec.metadata.get("flag") is False:
+            continue  # secrets: never on a command line, where `ps` shows them
         kind = type(spec.default) if spec.default is not None else str
         env = ENV_PREFIX + spec.name.upper()
         parser.add_argument(

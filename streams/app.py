@@ -6,13 +6,14 @@ streams/core.py (rules); this module only reads topics, keeps the table and send
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import faust
 from prometheus_client import CollectorRegistry, start_http_server
 
-from spanguard.schemas.decision import KillSignal
+from spanguard.schemas.decision import KillSignal, sign
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
 from spanguard.streams.metrics import WorkerMetrics
@@ -73,6 +74,7 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
         value_type=bytes,
     )
     guard = Guard(policy, states=SerializedStates(table))
+    signing_key = settings.signing_key_bytes()
     pipeline = SpanPipeline(guard)
     app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table}  # type: ignore[attr-defined]
 
@@ -82,9 +84,10 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
             await detections.send(key=key, value=decision.to_json().encode())
-            await kill_signals.send(
-                key=key, value=KillSignal.from_decision(decision).to_json().encode()
-            )
+            record = KillSignal.from_decision(decision).to_dict()
+            if signing_key is not None:
+                record = sign(record, signing_key)
+            await kill_signals.send(key=key, value=json.dumps(record, sort_keys=True).encode())
             log.warning(
                 "decision",
                 extra={

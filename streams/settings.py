@@ -61,6 +61,14 @@ class WorkerSettings:
         metadata={"help": "seconds before a silent worker's partitions move to another worker"},
     )
     commit_interval: float = field(default=1.0, metadata={"help": "seconds between offset commits"})
+    signing_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "HMAC key that signs kill signals (environment only)", "flag": False},
+    )
+    signing_key_file: str | None = field(
+        default=None, metadata={"help": "file holding the signing key (a mounted Secret)"}
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
 
     def __post_init__(self) -> None:
@@ -76,6 +84,23 @@ class WorkerSettings:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
+
+    def signing_key_bytes(self) -> bytes | None:
+        """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None = unsigned."""
+        if self.signing_key:
+            return self.signing_key.encode()
+        if self.signing_key_file:
+            try:
+                with open(self.signing_key_file, "rb") as handle:
+                    key = handle.read().strip()
+            except OSError as exc:
+                raise SettingsError(
+                    f"signing_key_file {self.signing_key_file!r}: {exc.strerror}"
+                ) from None
+            if not key:
+                raise SettingsError(f"signing_key_file {self.signing_key_file!r} is empty")
+            return key
+        return None
 
     @property
     def table_name(self) -> str:

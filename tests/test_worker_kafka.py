@@ -15,11 +15,12 @@ import pytest
 from kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from spans import AgentRecorder, encode, span_id_of
 
-from spanguard.schemas.decision import validate
+from spanguard.schemas.decision import signature_valid, validate
 
 pytestmark = pytest.mark.kafka
 
 REFUND = {"query": "refund policy"}
+SIGNING_KEY = b"worker-test-signing-key"
 DEADLINE = 20.0  # seconds from produce to kill signal; typically well under one second
 
 POLICY = """
@@ -36,7 +37,9 @@ def worker(tmp_path_factory):
     policy = data / "policy.yaml"
     policy.write_text(POLICY)
     topics = Topics()
-    process = WorkerProcess(topics, data, policy=policy).start()
+    process = WorkerProcess(
+        topics, data, policy=policy, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY.decode()}
+    ).start()
     collector = Collector(topics.kills, topics.detections, topics.dead_letters, topics.repartition)
     yield process, collector
     collector.close()
@@ -63,11 +66,17 @@ def test_looping_trace_gets_one_kill_with_evidence(worker):
     for step in range(10):  # the loop goes on after the threshold: still one kill
         agent.tool("search_docs", {**REFUND, "timestamp": step})
     send_spans(topics.input, agent)
-    collector.wait(lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), timeout=DEADLINE)
+    collector.wait(
+        lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(),
+        timeout=DEADLINE,
+    )
     process.wait_for("spanguard_tool_calls_observed_total", 4)
     time.sleep(1.0)  # time for a duplicate to show up, were there one
     (signal_record,) = kills_for(collector, topics, agent.trace_id)
     validate(signal_record, "kill-signal")
+    assert signature_valid(signal_record, SIGNING_KEY)
+    assert not signature_valid(signal_record, b"another key")
+    assert SIGNING_KEY.decode() not in process.log_text()  # never logged
     assert signal_record["kind"] == "kill" and signal_record["rule"] == "tool_loop"
     assert signal_record["trace_id"] == agent.trace_id
     assert signal_record["reason"] == "search_docs called 4x in last 4 steps"
@@ -103,7 +112,9 @@ def test_downgrade_then_kill(worker):
         agent.tool("search_docs", REFUND)
     send_spans(topics.input, agent)
     collector.wait(
-        lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), count=2, timeout=DEADLINE
+        lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(),
+        count=2,
+        timeout=DEADLINE,
     )
     signals = kills_for(collector, topics, agent.trace_id)
     assert [s["kind"] for s in signals] == ["downgrade", "kill"]
@@ -132,11 +143,15 @@ def test_unkeyed_mixed_message_is_repartitioned(worker):
         )
     # Each trace was re-keyed into the repartition topic exactly once, with its spans only.
     rekeyed = collector.wait(
-        lambda m: m["topic"] == topics.repartition
-        and m["key"] in {a.trace_id.encode() for a in (first, second, calm)},
+        lambda m: (
+            m["topic"] == topics.repartition
+            and m["key"] in {a.trace_id.encode() for a in (first, second, calm)}
+        ),
         count=3,
     )
-    assert sorted(m["key"] for m in rekeyed) == sorted(a.trace_id.encode() for a in (first, second, calm))
+    assert sorted(m["key"] for m in rekeyed) == sorted(
+        a.trace_id.encode() for a in (first, second, calm)
+    )
     assert kills_for(collector, topics, calm.trace_id) == []
     assert (process.metrics() or {})["spanguard_messages_repartitioned_total"] >= 1
 
@@ -158,7 +173,10 @@ def test_poison_message_goes_to_dead_letters_and_the_partition_keeps_going(worke
     assert dead["headers"]["spanguard.reason"].startswith(b"not an OTLP ExportTraceServiceRequest")
     assert dead["headers"]["spanguard.source.topic"] == topics.input.encode()
     assert int(dead["headers"]["spanguard.source.offset"]) >= 0
-    collector.wait(lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(), timeout=DEADLINE)
+    collector.wait(
+        lambda m: m["topic"] == topics.kills and m["key"] == agent.trace_id.encode(),
+        timeout=DEADLINE,
+    )
     assert (process.metrics() or {})["spanguard_dead_letters_total"] >= 1
 
 

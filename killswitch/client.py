@@ -1,0 +1,140 @@
+"""The agent side: a background consumer of agent-kill-signals and a `check()` before each step.
+
+    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=b"...")
+    ...
+    message = switch.check()      # raises AgentKilled once this trace is killed
+    if message:                   # a downgrade: hand the model this system message
+        messages.append({"role": "system", "content": message})
+
+The consumer starts at the latest offsets (signals sent before this process started are about
+other processes' traces) and keeps every signal in a bounded SignalBook, so a signal that
+arrives between two `check()` calls is never lost. `check()` takes a lock and reads memory: it
+is safe from threads and from asyncio code, and never blocks on Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from spanguard.killswitch.signals import SignalBook, current_trace_id
+from spanguard.schemas.decision import KillSignal, signature_valid
+
+__all__ = ["KillSwitch"]
+
+log = logging.getLogger("spanguard.killswitch")
+
+
+class KillSwitch:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str = "agent-kill-signals",
+        *,
+        signing_key: bytes | str | None = None,
+        signals: SignalBook | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        start: bool = True,
+    ) -> None:
+        self.topic = topic
+        self.signals = signals or SignalBook()
+        self._key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self._config = {
+            "bootstrap.servers": bootstrap_servers,
+            # Every process reads every partition itself: no group, no rebalance, no commits.
+            "group.id": f"spanguard-killswitch-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 50,
+            **(consumer_config or {}),
+        }
+        self.received = 0
+        self.rejected = 0  # unsigned or forged, when a signing key is set
+        self.malformed = 0
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="spanguard-killswitch", daemon=True)
+        if start:
+            self.start()
+
+    def start(self, timeout: float = 30.0) -> KillSwitch:
+        """Start the consumer and wait until it is positioned at the latest offsets."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"kill-signal consumer not ready in {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def check(self, trace_id: str | None = None) -> str | None:
+        """Raise AgentKilled if the trace (default: the current span's) was killed; return a
+        downgrade's system message once; else None."""
+        trace_id = trace_id or current_trace_id()
+        if trace_id is None:
+            return None
+        return self.signals.check(trace_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> KillSwitch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        consumer = Consumer(self._config)
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=15)
+            topic = metadata.topics.get(self.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise KafkaException(f"topic {self.topic!r} not found")
+            # The end offsets resolved now (not OFFSET_END at first fetch): every signal sent
+            # after start() returns is seen.
+            positions = []
+            for partition in topic.partitions:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=15
+                )
+                positions.append(TopicPartition(self.topic, partition, high))
+            consumer.assign(positions)
+        except Exception as exc:
+            self._error = exc
+            self._ready.set()
+            consumer.close()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                message = consumer.poll(0.1)
+                if message is None:
+                    continue
+                if message.error():
+                    log.warning("kill-signal consumer: %s", message.error())
+                    continue
+                self._accept(message.value())
+        finally:
+            consumer.close()
+
+    def _accept(self, value: bytes | None) -> None:
+        self.received += 1
+        try:
+            record = json.loads(value or b"")
+            signal = KillSignal.from_dict(record)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.malformed += 1
+            log.warning("ignored a malformed kill signal: %s", exc)
+            return
+        if self._key is not None and not signature_valid(record, self._key):
+            self.rejected += 1
+            log.warning("ignored an unsigned or forged kill signal for trace %s", signal.trace_id)
+            return
+        self.signals.deliver(signal)
