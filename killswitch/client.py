@@ -42,7 +42,7 @@ class KillSwitch:
         start: bool = True,
     ) -> None:
         self.topic = topic
-        self.signals = signals or SignalBook()
+        self.signals = signals if signals is not None else SignalBook()
         self._key = signing_key.encode() if isinstance(signing_key, str) else signing_key
         self._config = {
             "bootstrap.servers": bootstrap_servers,

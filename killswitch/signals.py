@@ -112,7 +112,10 @@ class SignalBook:
         with self._lock:
             self._traces.pop(trace_id.lower(), None)
 
-    def __len__(self) -> int:
+    @property
+    def tracked_traces(self) -> int:
+        # Not __len__ on purpose: an empty book must stay truthy, or `signals or SignalBook()`
+        # would swap a shared (still empty) book for a private one.
         with self._lock:
             return len(self._traces)
 

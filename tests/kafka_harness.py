@@ -130,7 +130,9 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"worker exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             if "Worker ready" in self.log_text() and self.metrics() is not None:
                 return self
             time.sleep(0.2)
@@ -162,7 +164,9 @@ class WorkerProcess:
             if values.get(metric, 0.0) >= at_least:
                 return values
             time.sleep(0.1)
-        raise TimeoutError(f"{metric} did not reach {at_least}: {self.metrics()}\n{self.log_tail()}")
+        raise TimeoutError(
+            f"{metric} did not reach {at_least}: {self.metrics()}\n{self.log_tail()}"
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.process is None:
@@ -227,14 +231,18 @@ class Collector:
             if trace_id is None or m["key"] == trace_id.encode()
         ]
 
-    def wait(self, predicate: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 30.0):
+    def wait(
+        self, predicate: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 30.0
+    ):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = self.where(predicate)
             if len(found) >= count:
                 return found
             time.sleep(0.05)
-        raise TimeoutError(f"expected {count} matching messages in {timeout}s, got {self.where(predicate)}")
+        raise TimeoutError(
+            f"expected {count} matching messages in {timeout}s, got {self.where(predicate)}"
+        )
 
     def close(self) -> None:
         self._stop.set()
