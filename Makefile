@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench bench-pipeline kafka-up kafka-down topics worker clean
+.PHONY: install test test-unit lint bench bench-pipeline kafka-up kafka-down topics worker \
+	collector up down demo clean
 
 install: $(STAMP)
 
@@ -14,7 +15,7 @@ $(STAMP): pyproject.toml
 		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e ".[dev,rocksdb]"
+	$(BIN)/pip install --quiet -e ".[dev,rocksdb,demo]"
 	@touch $(STAMP)
 
 # The tests need the real broker: started here (idempotent; the jars are cached outside the
@@ -25,6 +26,21 @@ test: install kafka-up
 
 kafka-up:
 	scripts/kafka.sh up
+
+# The OpenTelemetry Collector, built once from Go modules into ~/.cache/spanguard.
+collector:
+	scripts/collector.sh build
+
+# The whole local stack in the background: Kafka, topics, Collector (4317/4318), worker.
+up: install
+	scripts/stack.sh up
+
+down:
+	scripts/stack.sh down
+
+# The README's main command: both seed agents against the real stack, from nothing.
+demo: install
+	$(BIN)/python -m spanguard.demo run
 
 kafka-down:
 	scripts/kafka.sh down

@@ -1,0 +1,86 @@
+"""End to end: real agents -> OTLP -> the real Collector -> Kafka -> the worker -> KillSwitch.
+
+The agents are `python -m spanguard.demo agent ...` processes: OpenTelemetry SDK spans
+exported over OTLP/HTTP to a Collector built from deploy/collector (scripts/collector.sh),
+whose kafka exporter writes to the worker's input topic; each agent calls check() on a
+KillSwitch before every tool call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kafka_harness import BOOTSTRAP, ROOT, Topics, WorkerProcess, ensure_broker, free_port
+
+pytestmark = pytest.mark.kafka
+
+STEP_DELAY = 0.3  # seconds each agent "thinks" between tool calls
+# The pipeline (agent export 50 ms + Collector batch 200 ms + Kafka + worker) must deliver the
+# kill before the support agent's 6th call: its 4th identical call trips the rule, and the
+# signal may take up to two think-times (0.6 s) to arrive.
+MAX_CALLS_BEFORE_KILL = 5
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    ensure_broker()
+    topics = Topics()
+    http_port, grpc_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+        "KAFKA_BROKERS": BOOTSTRAP,
+        "SPANGUARD_INPUT_TOPIC": topics.input,
+        "OTELCOL_METRICS_LEVEL": "none",
+        "COLLECTOR_STATE_DIR": str(tmp_path / "collector"),
+    }
+    worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": "e2e-key"}).start()
+    subprocess.run([str(ROOT / "scripts" / "collector.sh"), "up"], env=env, check=True, timeout=900)
+    yield topics, http_port
+    subprocess.run([str(ROOT / "scripts" / "collector.sh"), "down"], env=env, timeout=60)
+    assert worker.stop() == 0
+
+
+def run_agent(kind: str, topics: Topics, http_port: int, signing_key: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spanguard.demo", "agent", kind, "--step-delay", str(STEP_DELAY),
+         "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--bootstrap", BOOTSTRAP,
+         "--kill-topic", topics.kills],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "SPANGUARD_SIGNING_KEY": signing_key},
+    )  # fmt: skip
+
+
+def result_of(process: subprocess.Popen) -> dict:
+    out, _ = process.communicate(timeout=180)
+    assert process.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_looping_agent_is_killed_and_research_agent_finishes(stack):
+    topics, http_port = stack
+    support = run_agent("support", topics, http_port, "e2e-key")
+    research = run_agent("research", topics, http_port, "e2e-key")
+    support_result, research_result = result_of(support), result_of(research)
+
+    assert support_result["status"] == "killed", support_result
+    assert 4 <= support_result["calls"] <= MAX_CALLS_BEFORE_KILL, support_result
+    assert support_result["reason"] == "search_docs called 4x in last 4 steps"
+    assert support_result["kill_latency_s"] is not None
+    print(f"kill latency seen by the agent: {support_result['kill_latency_s'] * 1000:.0f} ms")
+
+    assert research_result["status"] == "finished", research_result
+    assert research_result["calls"] == 80
+
+
+def test_a_forged_signal_does_not_kill(stack):
+    topics, http_port = stack
+    # The agent trusts another key than the worker's: the worker's signals look forged.
+    support = run_agent("support", topics, http_port, "not-the-worker-key")
+    support_result = result_of(support)
+    assert support_result["status"] == "gave_up", support_result
