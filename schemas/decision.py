@@ -32,8 +32,8 @@ __all__ = [
 DECISION_SCHEMA_VERSION = 1
 KILL_SIGNAL_SCHEMA_VERSION = 1
 
-Rule = Literal["tool_loop", "token_budget"]
-Action = Literal["kill", "downgrade"]
+Rule = Literal["tool_loop", "token_budget", "goal_unmet"]
+Action = Literal["kill", "downgrade", "flag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,8 @@ class Decision:
     tokens: int | None = None
     token_budget: int | None = None
     autonomous: bool = False
+    severity: str | None = None  # for paging: the agent's policy severity
+    confidence: float | None = None  # goal_unmet: the judge's confidence
     system_message: str | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
     schema_version: int = DECISION_SCHEMA_VERSION
@@ -106,7 +108,16 @@ class KillSignal:
     @classmethod
     def from_decision(cls, decision: Decision) -> KillSignal:
         evidence: dict[str, Any] = {"span_id": decision.span_id}
-        for name in ("tool_name", "args_hash", "hits", "window", "steps", "tokens", "token_budget"):
+        for name in (
+            "tool_name",
+            "args_hash",
+            "hits",
+            "window",
+            "steps",
+            "tokens",
+            "token_budget",
+            "confidence",
+        ):
             value = getattr(decision, name)
             if value is not None:
                 evidence[name] = value

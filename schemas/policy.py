@@ -10,6 +10,8 @@ Shape (every field optional):
       autonomous: false          # true: also page on-call
       missing_args: skip         # skip | name_only
       record_arguments: false    # keep raw tool arguments in decisions
+      severity: error            # PagerDuty severity for autonomous agents
+      goal: {enabled: false, model: null, min_confidence: 0.7, sample_rate: 1.0}
     agents:                      # first match wins; match on resource or span attributes
       - match: {service.name: research-assistant}
         loop: {window: 20, threshold: 4}
@@ -36,6 +38,7 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
 
 Action = Literal["kill", "downgrade"]
 MissingArgs = Literal["skip", "name_only"]
+Severity = Literal["critical", "error", "warning", "info"]
 
 
 class PolicyError(ValueError):
@@ -54,6 +57,12 @@ class AgentPolicy:
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
     record_arguments: bool = False
+    severity: Severity = "error"
+    # The goal verifier: off by default (every verdict is a model call that costs money).
+    goal_enabled: bool = False
+    goal_model: str | None = None  # None: the judge's configured default model
+    goal_min_confidence: float = 0.7
+    goal_sample_rate: float = 1.0
 
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
@@ -65,9 +74,20 @@ class AgentPolicy:
             changes["threshold"] = loop["threshold"]
         if "volatile_keys" in settings:
             changes["volatile_keys"] = self.volatile_keys | frozenset(settings["volatile_keys"])
-        for name in ("token_budget", "action", "autonomous", "missing_args", "record_arguments"):
+        for name in (
+            "token_budget",
+            "action",
+            "autonomous",
+            "missing_args",
+            "record_arguments",
+            "severity",
+        ):
             if name in settings:
                 changes[name] = settings[name]
+        goal = settings.get("goal") or {}
+        for name in ("enabled", "model", "min_confidence", "sample_rate"):
+            if name in goal:
+                changes[f"goal_{name}"] = goal[name]
         return replace(self, **changes)
 
 

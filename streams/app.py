@@ -84,10 +84,11 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
             await detections.send(key=key, value=decision.to_json().encode())
-            record = KillSignal.from_decision(decision).to_dict()
-            if signing_key is not None:
-                record = sign(record, signing_key)
-            await kill_signals.send(key=key, value=json.dumps(record, sort_keys=True).encode())
+            if decision.action in ("kill", "downgrade"):  # a flag is for people, not agents
+                record = KillSignal.from_decision(decision).to_dict()
+                if signing_key is not None:
+                    record = sign(record, signing_key)
+                await kill_signals.send(key=key, value=json.dumps(record, sort_keys=True).encode())
             log.warning(
                 "decision",
                 extra={

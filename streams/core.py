@@ -394,6 +394,7 @@ class Guard:
             agent=AgentIdentity(state.service, state.agent_name),
             detected_at=_now_iso(self.clock),
             autonomous=policy.autonomous,
+            severity=policy.severity,
             **fields,
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
