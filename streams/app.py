@@ -6,6 +6,7 @@ streams/core.py (rules); this module only reads topics, keeps the table and send
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import faust
 from prometheus_client import CollectorRegistry, start_http_server
 
+from spanguard.alerting.pagerduty import Pager
+from spanguard.alerting.service import PagingService, paged_rules, with_rule
 from spanguard.schemas.decision import KillSignal, sign
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
@@ -32,7 +35,9 @@ HEADER_PARTITION = "spanguard.source.partition"
 HEADER_OFFSET = "spanguard.source.offset"
 
 
-def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.App:
+def create_app(
+    settings: WorkerSettings, policy: Policy | None = None, pager: Pager | None = None
+) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     app = faust.App(
         settings.app_id,
@@ -120,6 +125,45 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
                 ],
             )
 
+    # Paging reads the detections topic in its own stream: PagerDuty's latency and faults
+    # delay pages, never kill signals. The table is keyed by trace id, like the topic.
+    paged = app.Table(
+        "paged",
+        default=None,
+        partitions=settings.partitions,
+        use_partitioner=True,
+        key_type=bytes,
+        value_type=bytes,
+    )
+    paging = PagingService(pager)
+    app.spanguard["paging"] = paging  # type: ignore[attr-defined]
+    detections_in = app.topic(settings.detections_topic, **raw)
+
+    @app.agent(detections_in, name="page-on-call")
+    async def page_on_call(stream: faust.StreamT) -> None:
+        loop = asyncio.get_running_loop()
+        async for event in stream.events():
+            message = event.message
+            trace_key = message.key or b""
+            detection = paging.detection_to_page(message.value, paged_rules(paged.get(trace_key)))
+            if detection is None:
+                continue
+            result = await loop.run_in_executor(None, paging.page, detection)
+            # Delivered or not, never again for this trace and rule: a failure goes to the
+            # dead letters with its reason, for a person to look at.
+            paged[trace_key] = with_rule(paged.get(trace_key), detection["rule"])
+            if not result.delivered:
+                await dead_letters.send(
+                    key=message.key,
+                    value=message.value,
+                    headers=[
+                        (HEADER_REASON, f"page {result.status}: {result.error}".encode()),
+                        (HEADER_TOPIC, message.topic.encode()),
+                        (HEADER_PARTITION, str(message.partition).encode()),
+                        (HEADER_OFFSET, str(message.offset).encode()),
+                    ],
+                )
+
     @app.agent(spans_in, name="guard-spans")
     async def guard_spans(stream: faust.StreamT) -> None:
         async for event in stream.events():
@@ -135,7 +179,7 @@ def create_app(settings: WorkerSettings, policy: Policy | None = None) -> faust.
     @app.task
     async def serve_metrics() -> None:
         registry = CollectorRegistry()
-        registry.register(WorkerMetrics(guard, pipeline, lambda: len(table)))
+        registry.register(WorkerMetrics(guard, pipeline, lambda: len(table), paging))
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
         log.info(
             "metrics",

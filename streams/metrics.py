@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from spanguard.alerting.service import PagingService
 from spanguard.streams.core import Guard
 from spanguard.streams.pipeline import SpanPipeline
 
@@ -15,11 +16,16 @@ __all__ = ["WorkerMetrics"]
 
 class WorkerMetrics(Collector):
     def __init__(
-        self, guard: Guard, pipeline: SpanPipeline, active_traces: Callable[[], int]
+        self,
+        guard: Guard,
+        pipeline: SpanPipeline,
+        active_traces: Callable[[], int],
+        paging: PagingService | None = None,
     ) -> None:
         self.guard = guard
         self.pipeline = pipeline
         self.active_traces = active_traces
+        self.paging = paging
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.guard.stats
@@ -34,9 +40,19 @@ class WorkerMetrics(Collector):
             "messages split and re-keyed by trace id",
             pipeline.repartitioned,
         )
+        paging = self.paging.outcomes if self.paging is not None else {}
+        undeliverable = paging.get("rejected", 0) + paging.get("failed", 0)
         yield counter(
-            "dead_letters", "messages sent to the dead-letter topic", pipeline.dead_letters
+            "dead_letters",
+            "messages sent to the dead-letter topic (bad input and undeliverable pages)",
+            pipeline.dead_letters + undeliverable,
         )
+        pages = CounterMetricFamily(
+            "spanguard_pages", "PagerDuty pages by outcome", labels=["outcome"]
+        )
+        for outcome in ("accepted", "rejected", "failed", "already_paged", "not_configured"):
+            pages.add_metric([outcome], paging.get(outcome, 0))
+        yield pages
         yield counter("spans", "spans received", stats.spans)
         yield counter("tool_calls_observed", "tool calls counted by tool_loop", stats.tool_calls)
         yield counter(

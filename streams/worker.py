@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import faust
 
+from spanguard.alerting.pagerduty import Pager, PagerConfigError, PagerSettings
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
 from spanguard.streams.app import create_app
-from spanguard.streams.settings import WorkerSettings
+from spanguard.streams.settings import SettingsError, WorkerSettings
 
 __all__ = ["run_worker"]
 
 
+def _pager_from_env(policy: Policy) -> Pager | None:
+    """A Pager when a routing key is configured; without one, paging is off (and said so)."""
+    if not (
+        os.environ.get("SPANGUARD_PAGERDUTY_ROUTING_KEY")
+        or os.environ.get("SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE")
+    ):
+        if policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules):
+            logging.getLogger("spanguard.worker").warning(
+                "the policy has autonomous agents but no PagerDuty routing key is set:"
+                " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
+            )
+        return None
+    try:
+        return Pager(PagerSettings.from_env())
+    except PagerConfigError as exc:
+        raise SettingsError(f"PagerDuty: {exc}") from None
+
+
 def run_worker(settings: WorkerSettings, policy: Policy) -> int:
-    app = create_app(settings, policy)
+    app = create_app(settings, policy, pager=_pager_from_env(policy))
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,
