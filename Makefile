@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install test test-unit lint bench bench-pipeline kafka-up kafka-down topics worker \
-	collector up down demo clean
+	collector helm up down demo clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ kafka-up:
 # The OpenTelemetry Collector, built once from Go modules into ~/.cache/spanguard.
 collector:
 	scripts/collector.sh build
+
+# Helm from the Go module proxy (built once into ~/.cache/spanguard), then lint and render the chart.
+helm:
+	scripts/helm.sh lint --strict helm/spanguard
+	scripts/helm.sh template spanguard helm/spanguard >/dev/null
 
 # The whole local stack in the background: Kafka, topics, Collector (4317/4318), worker.
 up: install

@@ -1,0 +1,152 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "spanguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, plus the chart name unless it contains it. */}}
+{{- define "spanguard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "spanguard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's pods, whatever their component. */}}
+{{- define "spanguard.instanceLabels" -}}
+app.kubernetes.io/name: {{ include "spanguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The worker pods (StatefulSet, Services, PodDisruptionBudget). */}}
+{{- define "spanguard.selectorLabels" -}}
+{{ include "spanguard.instanceLabels" . }}
+app.kubernetes.io/component: worker
+{{- end }}
+
+{{/* Labels on every object, except the component. */}}
+{{- define "spanguard.commonLabels" -}}
+helm.sh/chart: {{ include "spanguard.chart" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: spanguard
+{{- end }}
+
+{{- define "spanguard.labels" -}}
+{{ include "spanguard.commonLabels" . }}
+{{ include "spanguard.selectorLabels" . }}
+{{- end }}
+
+{{- define "spanguard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "spanguard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "spanguard.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+
+{{/*
+Checks that stop the render with a message, before anything reaches the cluster.
+*/}}
+{{- define "spanguard.validate" -}}
+{{- $replicas := int .Values.replicaCount }}
+{{- $partitions := int .Values.kafka.partitions }}
+{{- if lt $partitions 1 }}
+{{- fail (printf "kafka.partitions must be at least 1 (got %d)" $partitions) }}
+{{- end }}
+{{- if gt $replicas $partitions }}
+{{- fail (printf "replicaCount (%d) must not exceed kafka.partitions (%d): each worker pod needs at least one partition of %s, and a pod beyond the partition count would sit idle. Lower replicaCount or raise kafka.partitions." $replicas $partitions .Values.kafka.topics.input) }}
+{{- end }}
+{{- if not (has .Values.worker.store (list "rocksdb" "memory")) }}
+{{- fail (printf "worker.store must be rocksdb or memory (got %q)" .Values.worker.store) }}
+{{- end }}
+{{- if and .Values.signingKey.value .Values.signingKey.existingSecret }}
+{{- fail "set signingKey.value or signingKey.existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.pagerduty.routingKey .Values.pagerduty.existingSecret }}
+{{- fail "set pagerduty.routingKey or pagerduty.existingSecret, not both" }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret (name) holding the signing key, or "" when signals are unsigned. */}}
+{{- define "spanguard.signingKeySecret" -}}
+{{- if .Values.signingKey.existingSecret }}
+{{- .Values.signingKey.existingSecret }}
+{{- else if .Values.signingKey.value }}
+{{- printf "%s-signing-key" (include "spanguard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret (name) holding the PagerDuty routing key, or "" when paging is off. */}}
+{{- define "spanguard.pagerdutySecret" -}}
+{{- if .Values.pagerduty.existingSecret }}
+{{- .Values.pagerduty.existingSecret }}
+{{- else if .Values.pagerduty.routingKey }}
+{{- printf "%s-pagerduty" (include "spanguard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap (name) holding the policy, or "" for the built-in defaults. */}}
+{{- define "spanguard.policyConfigMap" -}}
+{{- if .Values.existingPolicyConfigMap.name }}
+{{- .Values.existingPolicyConfigMap.name }}
+{{- else if .Values.policy }}
+{{- printf "%s-policy" (include "spanguard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The settings `spanguard worker` and `spanguard topics create` share, as SPANGUARD_* variables.
+Numbers go through int/toString so that large values are not rendered as 1e+06.
+*/}}
+{{- define "spanguard.settingsEnv" -}}
+- name: SPANGUARD_BOOTSTRAP
+  value: {{ required "kafka.bootstrap is required (HOST:PORT)" .Values.kafka.bootstrap | quote }}
+- name: SPANGUARD_APP_ID
+  value: {{ .Values.worker.appId | quote }}
+- name: SPANGUARD_INPUT_TOPIC
+  value: {{ .Values.kafka.topics.input | quote }}
+- name: SPANGUARD_KILL_TOPIC
+  value: {{ .Values.kafka.topics.kill | quote }}
+- name: SPANGUARD_DETECTIONS_TOPIC
+  value: {{ .Values.kafka.topics.detections | quote }}
+- name: SPANGUARD_DEAD_LETTER_TOPIC
+  value: {{ .Values.kafka.topics.deadLetter | quote }}
+- name: SPANGUARD_REPARTITION_TOPIC
+  value: {{ .Values.kafka.topics.repartition | quote }}
+- name: SPANGUARD_PARTITIONS
+  value: {{ int .Values.kafka.partitions | quote }}
+- name: SPANGUARD_REPLICATION_FACTOR
+  value: {{ int .Values.kafka.replicationFactor | quote }}
+- name: SPANGUARD_STORE
+  value: {{ .Values.worker.store | quote }}
+- name: SPANGUARD_DATA_DIR
+  value: {{ .Values.persistence.mountPath | quote }}
+- name: SPANGUARD_STATE_TTL
+  value: {{ .Values.worker.stateTtl | toString | quote }}
+- name: SPANGUARD_SESSION_TIMEOUT
+  value: {{ .Values.worker.sessionTimeout | toString | quote }}
+- name: SPANGUARD_COMMIT_INTERVAL
+  value: {{ .Values.worker.commitInterval | toString | quote }}
+- name: SPANGUARD_RECOVERY_DELAY
+  value: {{ .Values.worker.recoveryDelay | toString | quote }}
+- name: SPANGUARD_METRICS_HOST
+  value: "0.0.0.0"
+- name: SPANGUARD_METRICS_PORT
+  value: {{ int .Values.metrics.port | quote }}
+- name: SPANGUARD_LOG_LEVEL
+  value: {{ .Values.worker.logLevel | quote }}
+{{- end }}

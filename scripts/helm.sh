@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Helm for spanguard's chart (helm/spanguard), built from the Go module proxy.
+#
+# No release download: `go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION` compiles it once into
+# a cache outside the repo, and every later call reuses that binary:
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/spanguard/helm-<version>/helm
+#
+# Usage: scripts/helm.sh path | HELM-ARGS...
+#   path        print the binary's path (installing it first if needed)
+#   HELM-ARGS   run helm with them (installing it first if needed), e.g.
+#                 scripts/helm.sh lint --strict helm/spanguard
+#                 scripts/helm.sh install spanguard helm/spanguard --set kafka.bootstrap=kafka:9092
+#
+# Environment:
+#   GOPATH, GOCACHE, GOFLAGS, GOPROXY  the go command's own settings, used as they are
+set -euo pipefail
+
+HELM_VERSION=v3.22.0
+CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
+HELM_DIR="$CACHE_ROOT/helm-$HELM_VERSION"
+HELM="$HELM_DIR/helm"
+
+die() { echo "helm.sh: $*" >&2; exit 1; }
+say() { echo "helm.sh: $*" >&2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+install_helm() {
+  [[ -x $HELM ]] && return 0
+  command -v go >/dev/null 2>&1 ||
+    die "go not found: helm is built from the Go module proxy; install Go >= 1.26, the go directive of helm v3.22.0 (https://go.dev/dl/ or your distribution's golang package) and retry"
+  mkdir -p "$CACHE_ROOT"
+  # One install at a time (parallel test runs, make -j): the others wait, then reuse it.
+  if command -v flock >/dev/null 2>&1; then
+    exec 9>"$CACHE_ROOT/helm-install.lock"
+    flock 9
+    [[ -x $HELM ]] && return 0
+  fi
+  local started=$SECONDS work
+  say "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR; the first build takes a few minutes"
+  # Build into a scratch GOBIN, then move the binary in: a reader never sees a half-written one.
+  work=$(mktemp -d "$CACHE_ROOT/helm-install.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" EXIT
+  GOBIN="$work" go install -trimpath \
+    -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ||
+    die "could not install helm $HELM_VERSION from the Go module proxy (GOPROXY=$(go env GOPROXY))"
+  [[ -x $work/helm ]] || die "go install finished but $work/helm is missing"
+  mkdir -p "$HELM_DIR"
+  mv "$work/helm" "$HELM_DIR/.helm.tmp"
+  mv "$HELM_DIR/.helm.tmp" "$HELM"
+  rm -rf "$work"
+  trap - EXIT
+  say "installed $HELM in $((SECONDS - started))s"
+}
+
+case ${1:-} in
+  "") usage >&2; exit 2 ;;
+  path) install_helm; echo "$HELM" ;;
+  *) install_helm; exec "$HELM" "$@" ;;
+esac

@@ -1,0 +1,484 @@
+"""Deployment files: the Helm chart (helm lint / helm template), docker-compose.yml, the Dockerfile.
+
+Helm comes from scripts/helm.sh, which builds it from the Go module proxy into
+~/.cache/spanguard once (a few minutes the first time; skipped only where `go` is absent).
+`docker compose config` needs only the docker CLI and its compose plugin, no engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spanguard.schemas.policy import Policy
+from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "spanguard"
+HELM_SH = ROOT / "scripts" / "helm.sh"
+COMPOSE = ROOT / "docker-compose.yml"
+RELEASE = "sg"
+FULLNAME = "sg-spanguard"
+# The first `go install` of helm compiles a few hundred packages: minutes on a small machine.
+HELM_INSTALL_TIMEOUT = 1800
+
+# SPANGUARD_* variables the chart sets that are not WorkerSettings fields (alerting reads them).
+ALERTING_ENV = {
+    "SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE",
+    "SPANGUARD_PAGERDUTY_URL",
+    "SPANGUARD_TRACE_URL_TEMPLATE",
+}
+
+
+# ---------------------------------------------------------------- helm
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """scripts/helm.sh, with helm installed (once, into the cache)."""
+    proc = subprocess.run(
+        [str(HELM_SH), "path"],
+        capture_output=True,
+        text=True,
+        timeout=HELM_INSTALL_TIMEOUT,
+    )
+    if proc.returncode != 0:
+        if shutil.which("go") is None:
+            pytest.skip(f"go is not installed, so scripts/helm.sh cannot build helm: {proc.stderr}")
+        pytest.fail(f"scripts/helm.sh path failed:\n{proc.stderr}")
+    binary = Path(proc.stdout.strip().splitlines()[-1])
+    assert binary.is_file() and os.access(binary, os.X_OK), binary
+    return HELM_SH
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """safe_load that rejects a mapping with a duplicate key, as the API server's decoder does."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+    duplicates = {key for key in keys if keys.count(key) > 1}
+    if duplicates:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"duplicate keys {sorted(duplicates)}", node.start_mark
+        )
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    args = ["template", RELEASE, str(CHART), "--namespace", "agents"]
+    for item in sets:
+        args += ["--set", item]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    docs = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    assert docs == [doc for doc in yaml.load_all(proc.stdout, Loader=StrictLoader) if doc]
+    return docs
+
+
+def only(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} in {[d['kind'] for d in docs]}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    sts = only(docs, "StatefulSet")
+    (worker,) = sts["spec"]["template"]["spec"]["containers"]
+    return worker
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_helm_lint(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    with_keys = run_helm(
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--set",
+        "signingKey.value=k,pagerduty.routingKey=r,persistence.enabled=false",
+    )
+    assert with_keys.returncode == 0, with_keys.stdout + with_keys.stderr
+
+
+def test_template_defaults(helm: Path, tmp_path: Path) -> None:
+    docs = render(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Job",
+            "PodDisruptionBudget",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "StatefulSet",
+        ]
+    ), kinds
+
+    sts = only(docs, "StatefulSet")
+    spec = sts["spec"]
+    assert spec["replicas"] == 1
+    assert spec["serviceName"] == f"{FULLNAME}-headless"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    worker = container(docs)
+    assert worker["image"] == "ghcr.io/spanguard/spanguard:0.1.0"
+    assert worker["command"] == ["spanguard"] and worker["args"] == ["worker"]
+    assert worker["securityContext"]["allowPrivilegeEscalation"] is False
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is True
+    assert worker["resources"]["requests"]["cpu"] and worker["resources"]["limits"]["memory"]
+
+    env = env_of(worker)
+    assert env["SPANGUARD_BOOTSTRAP"] == "kafka:9092"
+    assert env["SPANGUARD_PARTITIONS"] == "8"
+    assert env["SPANGUARD_STORE"] == "rocksdb"
+    assert env["SPANGUARD_STATE_TTL"] == "3600"
+    assert env["SPANGUARD_METRICS_PORT"] == "9464"
+    assert env["SPANGUARD_LOG_LEVEL"] == "INFO"
+    # No key given: no key files, signals unsigned, no paging.
+    assert "SPANGUARD_SIGNING_KEY_FILE" not in env
+    assert "SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE" not in env
+    assert "SPANGUARD_SIGNING_KEY" not in env  # the key itself is never an env value here
+
+    # RocksDB state on a PVC per pod, mounted at the data dir.
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts["data"] == env["SPANGUARD_DATA_DIR"] == "/var/lib/spanguard"
+    assert "data" not in {v["name"] for v in pod["volumes"]}
+
+    # Probes: HTTP GET /metrics on the metrics port.
+    (port,) = worker["ports"]
+    assert port == {"name": "metrics", "containerPort": 9464, "protocol": "TCP"}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert worker[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe
+
+    # The policy: a ConfigMap mounted where SPANGUARD_POLICY points, and a valid policy.
+    cm = only(docs, "ConfigMap", f"{FULLNAME}-policy")
+    policy_file = Path(env["SPANGUARD_POLICY"])
+    assert mounts["policy"] == str(policy_file.parent)
+    (policy_volume,) = [v for v in pod["volumes"] if v["name"] == "policy"]
+    assert policy_volume["configMap"]["name"] == cm["metadata"]["name"]
+    local = tmp_path / policy_file.name
+    local.write_text(cm["data"][policy_file.name])
+    assert Policy.load(str(local)).defaults.threshold == 4
+
+    # Metrics Service with scrape annotations; PDB.
+    svc = only(docs, "Service", f"{FULLNAME}-metrics")
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 9464, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert svc["metadata"]["annotations"]["prometheus.io/port"] == "9464"
+    assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert only(docs, "Service", f"{FULLNAME}-headless")["spec"]["clusterIP"] == "None"
+    pdb = only(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+
+def test_env_is_what_the_worker_reads(helm: Path) -> None:
+    """Every SPANGUARD_* variable the chart sets is a worker setting (or an alerting one), and
+    the worker parses the rendered values, also for numbers Go would print as 1e+06."""
+    docs = render(
+        helm,
+        "worker.stateTtl=1000000",
+        "kafka.partitions=1000000",
+        "kafka.bootstrap=broker-0.kafka.svc:9093",
+        "signingKey.value=k",
+        "pagerduty.routingKey=r",
+        "pagerduty.url=https://events.example",
+        "pagerduty.traceUrlTemplate=https://tempo.example/trace/{trace_id}",
+    )
+    env = env_of(container(docs))
+    assert set(env) >= ALERTING_ENV
+    names = {ENV_PREFIX + name.upper() for name in WorkerSettings.__dataclass_fields__}
+    unknown = {k for k in env if k.startswith(ENV_PREFIX)} - names - ALERTING_ENV
+    assert not unknown, f"not worker settings: {unknown}"
+    settings = WorkerSettings.from_sources({}, {k: v for k, v in env.items() if isinstance(v, str)})
+    assert settings.bootstrap == "broker-0.kafka.svc:9093"
+    assert settings.partitions == 1_000_000
+    assert settings.state_ttl == 1_000_000.0
+    assert settings.metrics_port == 9464
+    assert settings.metrics_host == "0.0.0.0"
+    assert settings.signing_key_file == "/etc/spanguard/secrets/signing-key"
+
+
+def test_template_secrets_from_values(helm: Path) -> None:
+    docs = render(
+        helm,
+        "signingKey.value=s3cret-signing",
+        "pagerduty.routingKey=R0UTING",
+        "pagerduty.url=https://events.example/",
+        "pagerduty.traceUrlTemplate=https://tempo.example/trace/{trace_id}",
+    )
+    worker = container(docs)
+    env = env_of(worker)
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    assert set(secrets) == {f"{FULLNAME}-signing-key", f"{FULLNAME}-pagerduty"}
+    decoded = base64.b64decode(secrets[f"{FULLNAME}-signing-key"]["data"]["signing-key"])
+    assert decoded == b"s3cret-signing"
+    decoded = base64.b64decode(secrets[f"{FULLNAME}-pagerduty"]["data"]["routing-key"])
+    assert decoded == b"R0UTING"
+
+    # Both keys are files in the mounted secrets directory; the env names them.
+    assert env["SPANGUARD_SIGNING_KEY_FILE"] == "/etc/spanguard/secrets/signing-key"
+    assert (
+        env["SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE"]
+        == "/etc/spanguard/secrets/pagerduty-routing-key"
+    )
+    assert env["SPANGUARD_PAGERDUTY_URL"] == "https://events.example/"
+    assert env["SPANGUARD_TRACE_URL_TEMPLATE"] == "https://tempo.example/trace/{trace_id}"
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    assert mounts["secrets"]["mountPath"] == "/etc/spanguard/secrets"
+    assert mounts["secrets"]["readOnly"] is True
+    pod = only(docs, "StatefulSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "secrets"]
+    sources = {s["secret"]["name"]: s["secret"]["items"] for s in volume["projected"]["sources"]}
+    assert sources == {
+        f"{FULLNAME}-signing-key": [{"key": "signing-key", "path": "signing-key"}],
+        f"{FULLNAME}-pagerduty": [{"key": "routing-key", "path": "pagerduty-routing-key"}],
+    }
+    assert volume["projected"]["defaultMode"] & 0o007 == 0  # not world-readable
+    # The keys' values never appear outside their Secrets.
+    rendered = json.dumps([d for d in docs if d["kind"] != "Secret"])
+    assert "s3cret-signing" not in rendered and "R0UTING" not in rendered
+
+
+def test_template_existing_secrets_and_policy(helm: Path) -> None:
+    docs = render(
+        helm,
+        "signingKey.existingSecret=team-signing",
+        "signingKey.key=hmac",
+        "pagerduty.existingSecret=team-pd",
+        "existingPolicyConfigMap.name=team-policy",
+        "existingPolicyConfigMap.key=guard.yaml",
+    )
+    assert not [d for d in docs if d["kind"] in ("Secret", "ConfigMap")]
+    env = env_of(container(docs))
+    assert env["SPANGUARD_POLICY"] == "/etc/spanguard/policy/guard.yaml"
+    assert env["SPANGUARD_SIGNING_KEY_FILE"] == "/etc/spanguard/secrets/signing-key"
+    pod = only(docs, "StatefulSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["policy"]["configMap"]["name"] == "team-policy"
+    sources = [s["secret"] for s in volumes["secrets"]["projected"]["sources"]]
+    assert sources == [
+        {"name": "team-signing", "items": [{"key": "hmac", "path": "signing-key"}]},
+        {"name": "team-pd", "items": [{"key": "routing-key", "path": "pagerduty-routing-key"}]},
+    ]
+
+
+def test_template_without_policy_or_persistence(helm: Path) -> None:
+    docs = render(helm, "policy=", "persistence.enabled=false", "replicaCount=8")
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    sts = only(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 8
+    assert "volumeClaimTemplates" not in sts["spec"]
+    env = env_of(container(docs))
+    assert "SPANGUARD_POLICY" not in env  # the built-in defaults
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}
+
+
+def test_topics_job_hook(helm: Path) -> None:
+    docs = render(helm, "kafka.partitions=12", "kafka.replicationFactor=3")
+    job = only(docs, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install"
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["spanguard"] and c["args"] == ["topics", "create"]
+    job_env = env_of(c)
+    worker_env = env_of(container(docs))
+    assert job_env["SPANGUARD_PARTITIONS"] == "12"
+    assert job_env["SPANGUARD_REPLICATION_FACTOR"] == "3"
+    # The same settings as the worker, so the topics are the ones it reads and writes.
+    assert {k: v for k, v in worker_env.items() if k in job_env} == job_env
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert not [d for d in render(helm, "topicsJob.enabled=false") if d["kind"] == "Job"]
+
+
+def test_replicas_above_partitions_fail(helm: Path) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "replicaCount=9",
+        "--set",
+        "kafka.partitions=8",
+    )
+    assert proc.returncode != 0
+    assert "replicaCount (9) must not exceed kafka.partitions (8)" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_values_schema_rejects_typos(helm: Path) -> None:
+    for setting, message in (
+        ("kafka.bootstap=kafka:9092", "additional properties 'bootstap' not allowed"),
+        ("worker.store=disk", "value must be one of 'rocksdb', 'memory'"),
+        ("kafka.bootstrap=kafka", "/kafka/bootstrap"),
+    ):
+        proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", setting)
+        assert proc.returncode != 0, setting
+        assert message in proc.stderr, (setting, proc.stderr)
+
+
+# ---------------------------------------------------------------- docker compose
+
+
+def compose_command() -> list[str]:
+    if shutil.which("docker") is not None:
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose") is not None:
+        return ["docker-compose"]
+    if shutil.which("docker") is None:
+        pytest.skip("the docker CLI is not installed")
+    pytest.skip("the docker CLI has no compose plugin (`docker compose version` fails)")
+
+
+def test_docker_compose_config() -> None:
+    command = compose_command()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPANGUARD_", "COMPOSE_"))}
+    proc = subprocess.run(
+        [*command, "-f", str(COMPOSE), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    assert set(services) >= {"kafka", "topics", "collector", "worker"}
+    assert services["collector"]["environment"]["KAFKA_BROKERS"] == "kafka:9092"
+    assert services["worker"]["depends_on"]["topics"]["condition"] == (
+        "service_completed_successfully"
+    )
+
+
+def test_compose_file_wiring() -> None:
+    """What `docker compose config` does not check: the files it mounts exist, and the
+    services agree on broker, topic and ports (plain YAML, no docker needed)."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert set(services) == {
+        "kafka",
+        "topics",
+        "collector",
+        "worker",
+        "research-agent",
+        "support-agent",
+    }
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            # ${VAR:-default} -> default: the file mounted when the variable is unset
+            source = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", source)
+            if source.startswith("."):
+                assert (ROOT / source).is_file(), f"{name} mounts missing {source}"
+
+    collector = services["collector"]
+    assert "./deploy/collector/config.yaml:/etc/spanguard/collector.yaml:ro" in collector["volumes"]
+    assert "0.165." in collector["image"]
+    assert {"4317:4317", "4318:4318"} <= set(collector["ports"])
+    assert collector["environment"]["KAFKA_BROKERS"] == "kafka:9092"
+
+    assert services["topics"]["command"] == ["topics", "create"]
+    assert services["worker"]["command"] == ["worker"]
+    for name in ("topics", "worker"):
+        env = services[name]["environment"]
+        assert env["SPANGUARD_BOOTSTRAP"] == "kafka:9092", name
+        assert env["SPANGUARD_INPUT_TOPIC"] == collector["environment"]["SPANGUARD_INPUT_TOPIC"]
+    worker = services["worker"]
+    assert worker["build"]["context"] == "."
+    # The worker reads a policy only when SPANGUARD_POLICY is set on the host.
+    assert (
+        worker["environment"]["SPANGUARD_POLICY"]
+        == "${SPANGUARD_POLICY:+/etc/spanguard/policy.yaml}"
+    )
+    (policy_mount,) = worker["volumes"]
+    assert policy_mount["type"] == "bind"
+    assert policy_mount["target"] == "/etc/spanguard/policy.yaml"
+    assert services["worker"]["depends_on"]["topics"]["condition"] == (
+        "service_completed_successfully"
+    )
+    for name, agent in (("research-agent", "research"), ("support-agent", "support")):
+        service = services[name]
+        assert service["entrypoint"] + service["command"] == [
+            "python",
+            "-m",
+            "spanguard.demo",
+            "agent",
+            agent,
+        ]
+        assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
+        assert service["environment"]["SPANGUARD_BOOTSTRAP"] == "kafka:9092"
+        assert service["depends_on"]["worker"]["condition"] == "service_healthy"
+    kafka_env = services["kafka"]["environment"]
+    assert "INTERNAL://kafka:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+    assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_and_context() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert lines[0].startswith("FROM python:3.11-slim")
+    assert 'ENTRYPOINT ["spanguard"]' in lines and 'CMD ["worker"]' in lines
+    (user,) = [line for line in lines if line.startswith("USER ")]
+    uid = user.split()[1].split(":")[0]
+    assert uid.isdigit() and uid != "0"  # numeric, so runAsNonRoot can verify it
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert int(uid) == chart_values["podSecurityContext"]["runAsUser"]
+    assert "ARG EXTRAS=rocksdb" in lines
+    assert any('pip install ".[${EXTRAS}]"' in line for line in lines)
+
+    # The build context keeps everything `pip install .` needs.
+    ignored = [
+        p.strip()
+        for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = ["pyproject.toml", pyproject["project"]["readme"]]
+    needed += pyproject["tool"]["setuptools"]["package-dir"].values()
+    for path in needed:
+        assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path
