@@ -71,6 +71,7 @@ def _build() -> Any:
         [
             ("trace_id", 1, _F.TYPE_BYTES, False, ""),
             ("span_id", 2, _F.TYPE_BYTES, False, ""),
+            ("parent_span_id", 4, _F.TYPE_BYTES, False, ""),
             ("name", 5, _F.TYPE_STRING, False, ""),
             ("events", 11, _F.TYPE_MESSAGE, True, _EVENT),
         ],

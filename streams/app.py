@@ -23,6 +23,7 @@ from spanguard.streams.metrics import WorkerMetrics
 from spanguard.streams.pipeline import Outcome, SpanPipeline
 from spanguard.streams.settings import WorkerSettings
 from spanguard.streams.state import SerializedStates
+from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["create_app"]
 
@@ -36,7 +37,10 @@ HEADER_OFFSET = "spanguard.source.offset"
 
 
 def create_app(
-    settings: WorkerSettings, policy: Policy | None = None, pager: Pager | None = None
+    settings: WorkerSettings,
+    policy: Policy | None = None,
+    pager: Pager | None = None,
+    verifier: GoalVerifier | None = None,
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     app = faust.App(
@@ -164,11 +168,41 @@ def create_app(
                     ],
                 )
 
+    # The goal verifier reads messages that hold a root span from a topic of its own: a slow
+    # judge delays verdicts, never loop or budget decisions.
+    goal_checks = app.topic(settings.goal_topic, **raw)
+    verify_goals = verifier is not None and verifier.wanted
+    app.spanguard["verifier"] = verifier  # type: ignore[attr-defined]
+
+    @app.agent(goal_checks, name="verify-goals", concurrency=4)
+    async def check_goals(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            if verifier is None:
+                continue
+            try:
+                decisions, errors = await verifier.check(message.value)
+            except Exception as exc:  # one bad message must never stop the agent
+                log.exception("goal verifier failed on a message")
+                decisions, errors = [], [f"internal error in the goal verifier: {exc!r}"]
+            await publish(Outcome(decisions=decisions), message)
+            for error in errors:
+                await publish(Outcome(dead_letter=error), message)
+
     @app.agent(spans_in, name="guard-spans")
     async def guard_spans(stream: faust.StreamT) -> None:
         async for event in stream.events():
             message = event.message
-            await publish(pipeline.handle(message.key, message.value), message)
+            outcome = pipeline.handle(message.key, message.value)  # never raises
+            try:
+                await publish(outcome, message)
+                if verify_goals and outcome.has_root_span:
+                    await goal_checks.send(key=message.key, value=message.value)
+            except Exception:  # a crashed agent would stall its partitions
+                log.exception(
+                    "could not publish the outcome of a message",
+                    extra={"partition": message.partition, "offset": message.offset},
+                )
 
     @app.timer(interval=min(60.0, settings.state_ttl / 4))
     async def evict_idle_traces() -> None:
@@ -179,7 +213,7 @@ def create_app(
     @app.task
     async def serve_metrics() -> None:
         registry = CollectorRegistry()
-        registry.register(WorkerMetrics(guard, pipeline, lambda: len(table), paging))
+        registry.register(WorkerMetrics(guard, pipeline, lambda: len(table), paging, verifier))
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
         log.info(
             "metrics",

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 from spanguard.alerting.service import PagingService
 from spanguard.streams.core import Guard
 from spanguard.streams.pipeline import SpanPipeline
+from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["WorkerMetrics"]
 
@@ -21,7 +22,9 @@ class WorkerMetrics(Collector):
         pipeline: SpanPipeline,
         active_traces: Callable[[], int],
         paging: PagingService | None = None,
+        verifier: GoalVerifier | None = None,
     ) -> None:
+        self.verifier = verifier
         self.guard = guard
         self.pipeline = pipeline
         self.active_traces = active_traces
@@ -53,6 +56,23 @@ class WorkerMetrics(Collector):
         for outcome in ("accepted", "rejected", "failed", "already_paged", "not_configured"):
             pages.add_metric([outcome], paging.get(outcome, 0))
         yield pages
+        goals = CounterMetricFamily(
+            "spanguard_goal_checks",
+            "ended agent invocations by verifier outcome",
+            labels=["outcome"],
+        )
+        outcomes = self.verifier.outcomes if self.verifier is not None else {}
+        for outcome in (
+            "met",
+            "unmet",
+            "low_confidence",
+            "no_content",
+            "not_sampled",
+            "disabled",
+            "judge_error",
+        ):
+            goals.add_metric([outcome], outcomes.get(outcome, 0))
+        yield goals
         yield counter("spans", "spans received", stats.spans)
         yield counter("tool_calls_observed", "tool calls counted by tool_loop", stats.tool_calls)
         yield counter(

@@ -28,6 +28,8 @@ class Outcome:
     decisions: list[Decision] = field(default_factory=list)
     repartition: list[tuple[str, bytes]] = field(default_factory=list)  # (trace id, request)
     dead_letter: str | None = None  # the reason
+    # A root span ended in this message: an agent invocation may be over (goal verifier).
+    has_root_span: bool = False
 
 
 class SpanPipeline:
@@ -56,10 +58,13 @@ class SpanPipeline:
             return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
 
         trace_ids: set[bytes] = set()
+        has_root_span = False
         for resource_spans in view.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     trace_ids.add(span.trace_id)
+                    if not span.parent_span_id:
+                        has_root_span = True
         bad = [trace_id for trace_id in trace_ids if len(trace_id) != 16]
         if bad:
             return self._dead(f"a span has a {len(bad[0])}-byte trace id (OTLP requires 16 bytes)")
@@ -68,7 +73,7 @@ class SpanPipeline:
 
         if len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode():
             try:
-                return Outcome(decisions=self.guard.process_view(view))
+                return Outcome(decisions=self.guard.process_view(view), has_root_span=has_root_span)
             except Exception as exc:  # a bug must cost one message, never the partition
                 log.exception("detection failed on a message; sent to the dead-letter topic")
                 return self._dead(f"internal error in detection: {type(exc).__name__}: {exc}")

@@ -40,6 +40,10 @@ class WorkerSettings:
         default="spanguard-otlp-repartition",
         metadata={"help": "re-keyed single-trace messages (unkeyed or mixed input)"},
     )
+    goal_topic: str = field(
+        default="spanguard-goal-checks",
+        metadata={"help": "ended agent invocations waiting for the goal verifier"},
+    )
     partitions: int = field(
         default=8, metadata={"help": "partitions of the topics `topics create` makes"}
     )

@@ -31,6 +31,7 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(settings.input_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.repartition_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.kill_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
+        TopicSpec(settings.goal_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.detections_topic, n, {"retention.ms": week}),
         TopicSpec(settings.dead_letter_topic, n, {"retention.ms": week}),
         # Faust's table changelog: compacted, the latest state per trace is all it needs.

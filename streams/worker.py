@@ -11,7 +11,9 @@ from spanguard.alerting.pagerduty import Pager, PagerConfigError, PagerSettings
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
 from spanguard.streams.app import create_app
+from spanguard.streams.goal import GoalSettings
 from spanguard.streams.settings import SettingsError, WorkerSettings
+from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["run_worker"]
 
@@ -35,7 +37,15 @@ def _pager_from_env(policy: Policy) -> Pager | None:
 
 
 def run_worker(settings: WorkerSettings, policy: Policy) -> int:
-    app = create_app(settings, policy, pager=_pager_from_env(policy))
+    verifier = GoalVerifier(policy, GoalSettings.from_env())
+    if not verifier.settings.enabled and (
+        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
+    ):
+        logging.getLogger("spanguard.worker").warning(
+            "the policy turns the goal verifier on but no judge is configured"
+            " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
+        )
+    app = create_app(settings, policy, pager=_pager_from_env(policy), verifier=verifier)
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,

@@ -74,6 +74,10 @@ class Topics:
     def repartition(self) -> str:
         return f"{self.prefix}-repartition"
 
+    @property
+    def goal_checks(self) -> str:
+        return f"{self.prefix}-goal-checks"
+
     def flags(self) -> list[str]:
         return [
             "--app-id", self.app_id,
@@ -82,6 +86,7 @@ class Topics:
             "--detections-topic", self.detections,
             "--dead-letter-topic", self.dead_letters,
             "--repartition-topic", self.repartition,
+            "--goal-topic", self.goal_checks,
         ]  # fmt: skip
 
 

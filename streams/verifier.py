@@ -1,0 +1,147 @@
+"""The goal verifier's decisions: which invocation ends to judge, and what a verdict becomes.
+
+Faust-free. The worker forwards messages that hold a root span to a topic of their own; its
+goal agent calls `GoalVerifier.check` there, so a slow judge never delays loop or budget rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.otlp import OtlpDecodeError, decode_protobuf
+from spanguard.schemas.policy import Policy
+from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME
+from spanguard.streams.goal import (
+    GoalSettings,
+    InvocationEnd,
+    Judge,
+    JudgeError,
+    OpenAICompatibleJudge,
+    should_sample,
+)
+
+__all__ = ["GoalVerifier"]
+
+log = logging.getLogger("spanguard.goal")
+
+GOAL_UNMET = "goal_unmet"
+
+
+class GoalVerifier:
+    def __init__(
+        self,
+        policy: Policy,
+        settings: GoalSettings,
+        *,
+        judge_factory: Callable[[str], Judge] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.clock = clock
+        self._judge_factory = judge_factory or (
+            lambda model: OpenAICompatibleJudge.from_settings(replace(settings, model=model))
+        )
+        self._judges: dict[str, Judge] = {}
+        # met, unmet, low_confidence, no_content, not_sampled, disabled, judge_error
+        self.outcomes: Counter[str] = Counter()
+        self._warned_no_content: set[str] = set()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether any agent has the verifier on and a judge is configured."""
+        enabled = self.policy.defaults.goal_enabled or any(
+            rule.policy.goal_enabled for rule in self.policy.rules
+        )
+        return enabled and self.settings.enabled
+
+    async def check(self, message: bytes) -> tuple[list[Decision], list[str]]:
+        """The goal_unmet decisions for the invocations that end in `message`, and errors."""
+        try:
+            ends = decode_ends(message)
+        except OtlpDecodeError as exc:
+            return [], [str(exc)]
+        decisions: list[Decision] = []
+        errors: list[str] = []
+        for end in ends:
+            try:
+                decision = await self._check_one(end)
+            except JudgeError as exc:
+                self.outcomes["judge_error"] += 1
+                log.warning(
+                    "goal check failed", extra={"trace_id": end.trace_id, "error": str(exc)}
+                )
+                errors.append(f"goal check of trace {end.trace_id} failed: {exc}")
+                continue
+            if decision is not None:
+                decisions.append(decision)
+        return decisions, errors
+
+    async def _check_one(self, end: InvocationEnd) -> Decision | None:
+        attributes = {SERVICE_NAME: end.service}
+        if end.agent_name:
+            attributes[AGENT_NAME] = end.agent_name
+        policy = self.policy.for_attributes(attributes)
+        if not policy.goal_enabled:
+            self.outcomes["disabled"] += 1
+            return None
+        if not end.has_content:
+            # Content capture is opt-in: without the request and the answer there is nothing
+            # to judge, and guessing would be worse than saying so.
+            self.outcomes["no_content"] += 1
+            if end.kind == "agent" and end.service not in self._warned_no_content:
+                self._warned_no_content.add(end.service)
+                log.warning(
+                    "agent runs of service %r record no request/answer content: the goal"
+                    " verifier skips them (turn on content capture, e.g."
+                    " OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)",
+                    end.service,
+                )
+            return None
+        if not should_sample(end.trace_id, policy.goal_sample_rate):
+            self.outcomes["not_sampled"] += 1
+            return None
+        model = policy.goal_model or self.settings.model or ""
+        judge = self._judges.get(model)
+        if judge is None:
+            judge = self._judges[model] = self._judge_factory(model)
+        verdict = await judge.judge(end)
+        if verdict.satisfied:
+            self.outcomes["met"] += 1
+            return None
+        if verdict.confidence < policy.goal_min_confidence:
+            self.outcomes["low_confidence"] += 1
+            return None
+        self.outcomes["unmet"] += 1
+        return Decision(
+            trace_id=end.trace_id,
+            span_id=end.span_id,
+            rule=GOAL_UNMET,
+            action="flag",
+            reason=f"the answer does not do what was asked: {verdict.reason}",
+            agent=AgentIdentity(end.service, end.agent_name),
+            detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            autonomous=policy.autonomous,
+            severity=policy.severity,
+            confidence=verdict.confidence,
+        )
+
+    async def aclose(self) -> None:
+        for judge in self._judges.values():
+            close = getattr(judge, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def decode_ends(message: bytes) -> list[InvocationEnd]:
+    from spanguard.streams.goal import find_invocation_ends
+
+    return find_invocation_ends(decode_protobuf(message))
