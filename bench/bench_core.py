@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import build_corpus
 
 from spanguard.schemas.otlp import ExportTraceServiceRequest
+from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
 
 SEED_VOLATILE = frozenset(
@@ -178,10 +179,22 @@ def main() -> int:
         for data in requests:
             ExportTraceServiceRequest.FromString(data)
 
-    def full_core() -> None:
-        guard = Guard()
+    def plain_scan() -> None:
+        # The reference point of the issue: read every span's every attribute, no rules.
+        for data in requests:
+            for resource_spans in ExportTraceServiceRequest.FromString(data).resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        for kv in span.attributes:
+                            kv.key, kv.value.WhichOneof("value")
+
+    def full_core(policy: Policy | None = None) -> None:
+        guard = Guard(policy)
         for data in requests:
             guard.process(data)
+
+    # With a token budget the core also reads every inference span's usage and keeps totals.
+    budget_policy = Policy.from_mapping({"defaults": {"token_budget": 10**12}})
 
     def seed() -> None:
         detectors: dict[str, SeedDetector] = {}
@@ -193,14 +206,17 @@ def main() -> int:
 
     # Parse and core run back to back, pair after pair: on a shared, noisy machine the ratio
     # of one pair is steadier than either time, and the median pair is reported.
-    parse_times, core_times, ratios = [], [], []
+    parse_times, core_times, budget_times, ratios, budget_ratios = [], [], [], [], []
     for _ in range(args.runs):
         parse_times.append(_best(1, parse_only))
         core_times.append(_best(1, full_core))
+        budget_times.append(_best(1, lambda: full_core(budget_policy)))
         ratios.append(parse_times[-1] / core_times[-1])
-    parse_s, core_s = min(parse_times), min(core_times)
-    ratio = statistics.median(ratios)
+        budget_ratios.append(parse_times[-1] / budget_times[-1])
+    parse_s, core_s, budget_s = min(parse_times), min(core_times), min(budget_times)
+    ratio, budget_ratio = statistics.median(ratios), statistics.median(budget_ratios)
     seed_s = _best(args.runs, seed)
+    scan_s = _best(args.runs, plain_scan)
 
     guard = Guard()
     decisions = [d for data in requests for d in guard.process(data)]
@@ -212,8 +228,16 @@ def main() -> int:
     seed_rate = len(corpus.tool_calls) / seed_s
     print(f"(a) protobuf parse only : {parse_rate:12,.0f} spans/s")
     print(
+        f"(a') plain attribute scan: {corpus.spans / scan_s:12,.0f} spans/s"
+        f"  ({parse_s / scan_s:.3f} of parse; every attribute read, no rules)"
+    )
+    print(
         f"(b) full core           : {core_rate:12,.0f} spans/s"
         f"  ({ratio:.3f} of parse, median of {args.runs} back-to-back pairs)"
+    )
+    print(
+        f"(b') core with budgets  : {corpus.spans / budget_s:12,.0f} spans/s"
+        f"  ({budget_ratio:.3f} of parse: token usage read on every chat span)"
     )
     print(f"(c) seed 20-line algo   : {seed_rate:12,.0f} tool calls/s")
     print(
@@ -231,6 +255,9 @@ def main() -> int:
                 "seed_calls_per_s": round(seed_rate),
                 "bytes_per_trace": round(bytes_per_trace),
                 "core_to_parse": round(ratio, 3),
+                "core_budget_spans_per_s": round(corpus.spans / budget_s),
+                "core_budget_to_parse": round(budget_ratio, 3),
+                "scan_spans_per_s": round(corpus.spans / scan_s),
                 "inprocess_us_per_span": round(inprocess_us, 1),
             }
         )

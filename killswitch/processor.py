@@ -41,7 +41,7 @@ from opentelemetry.trace import (
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
 from spanguard.schemas.decision import Decision, KillSignal
 from spanguard.schemas.policy import Policy
-from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME, WANTED_KEYS
+from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME
 from spanguard.streams.core import Guard, TraceState
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
@@ -135,7 +135,7 @@ class GuardingSpanProcessor(SpanProcessor):
         self._states = _BoundedStates(max_traces)
         self.guard = Guard(policy, states=self._states, clock=clock)
         # What the core reads of a span and of its resource (adapt_span, resource_info).
-        self._wanted = WANTED_KEYS | self.guard.policy.match_keys
+        self._wanted = self.guard.wanted_keys
         self._wanted_resource = {SERVICE_NAME, AGENT_NAME} | self.guard.policy.match_keys
         self._slim_resources: dict[int, tuple[Resource, Resource]] = {}
         # One Guard for every agent thread of the process: its state is not thread-safe.

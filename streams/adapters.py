@@ -50,6 +50,7 @@ from spanguard.schemas.otlp import any_value_to_python
 __all__ = [
     "MISSING",
     "WANTED_KEYS",
+    "AgentSeen",
     "ResourceInfo",
     "TokenUsage",
     "ToolCall",
@@ -167,6 +168,15 @@ class TokenUsage:
     match_attributes: dict[str, str] | None
 
 
+@dataclass(slots=True)
+class AgentSeen:
+    """A span that tells who the agent is, and nothing the rules count."""
+
+    span_id: bytes
+    agent_name: str | None
+    match_attributes: dict[str, str] | None
+
+
 def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
     """The service, agent name and matched attributes of a resource's attribute map."""
     service = attributes.get(SERVICE_NAME)
@@ -183,10 +193,14 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
     )
 
 
-def adapt_span(span: Any, wanted: frozenset[str] = WANTED_KEYS) -> ToolCall | TokenUsage | None:
+def adapt_span(
+    span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False
+) -> ToolCall | TokenUsage | AgentSeen | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
-    `wanted` is WANTED_KEYS plus the policy's match keys. The span's attributes are a map
+    `wanted` is WANTED_KEYS (less the usage keys when no budget is set anywhere: then chat
+    spans cost one lookup pass and nothing more) plus the policy's match keys, which are
+    returned when `match` is set. The span's attributes are a map
     (see schemas/otlp_view.py): one pass in C finds which wanted keys are present, and only
     those values are read.
     """
@@ -216,6 +230,9 @@ def adapt_span(span: Any, wanted: frozenset[str] = WANTED_KEYS) -> ToolCall | To
         )
 
     if present.isdisjoint(USAGE_KEYS):
+        if match and agent_name is not None:
+            # The policy matches on the agent's name, which may only be on this span.
+            return AgentSeen(span.span_id, agent_name, match_attributes)
         return None
     inference = (
         operation in INFERENCE_OPERATIONS

@@ -34,7 +34,9 @@ from spanguard.streams.adapters import (
     AGENT_NAME,
     MISSING,
     SERVICE_NAME,
+    USAGE_KEYS,
     WANTED_KEYS,
+    AgentSeen,
     ResourceInfo,
     TokenUsage,
     ToolCall,
@@ -193,9 +195,17 @@ class Guard:
         self.stats = GuardStats()
         self._match_keys = self.policy.match_keys
         self._defaults = self.policy.defaults
-        # The same object as WANTED_KEYS when nothing is added: adapt_span tests identity.
-        self._wanted = WANTED_KEYS | self._match_keys if self._match_keys else WANTED_KEYS
+        # Without a token budget anywhere, usage is never read: chat spans yield no event.
+        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        self.tracks_tokens = any(policy.token_budget is not None for policy in policies)
+        base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
+        self._wanted = base | self._match_keys
         self._warned_services: set[str] = set()
+
+    @property
+    def wanted_keys(self) -> frozenset[str]:
+        """The span attributes this guard reads (its policy decides: budgets, match keys)."""
+        return self._wanted
 
     def process(self, request: ExportTraceServiceRequest | bytes) -> list[Decision]:
         """Observe every span of `request` in order; return the decisions taken.
@@ -218,6 +228,7 @@ class Guard:
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
         wanted, match_keys = self._wanted, self._match_keys
+        match = bool(match_keys)
         stats = self.stats
         no_rules = not self.policy.rules
         for resource_spans in view.resource_spans:
@@ -226,7 +237,7 @@ class Guard:
                 spans = scope_spans.spans
                 stats.spans += len(spans)
                 for span in spans:
-                    event = adapt_span(span, wanted)
+                    event = adapt_span(span, wanted, match=match)
                     if event is None:
                         continue
                     raw_trace_id = span.trace_id
@@ -258,7 +269,7 @@ class Guard:
         self,
         trace_id: str,
         state: TraceState,
-        event: ToolCall | TokenUsage,
+        event: ToolCall | TokenUsage | AgentSeen,
         resource: ResourceInfo | None = None,
     ) -> Decision | None:
         """Apply one event to one trace's state (mutated in place).
@@ -266,6 +277,8 @@ class Guard:
         `resource` is needed only by a policy with per-agent rules."""
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
+        if isinstance(event, AgentSeen):
+            return None
         policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
         limit = max(MIN_RECENT_IDS, 4 * policy.window)
         if event.span_id in state.recent_span_ids:
