@@ -141,7 +141,9 @@ class WorkerProcess:
             if "Worker ready" in self.log_text() and self.metrics() is not None:
                 return self
             time.sleep(0.2)
-        raise TimeoutError(f"worker not ready in {timeout}s:\n{self.log_tail()}")
+        tail = self.log_tail()
+        self.stop(signal.SIGKILL)  # a worker that never got ready must not outlive the test
+        raise TimeoutError(f"worker not ready in {timeout}s:\n{tail}")
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
