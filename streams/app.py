@@ -19,6 +19,7 @@ from spanguard.alerting.service import PagingService, paged_rules, with_rule
 from spanguard.schemas.decision import KillSignal, sign
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
+from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.metrics import WorkerMetrics
 from spanguard.streams.pipeline import Outcome, SpanPipeline
 from spanguard.streams.settings import WorkerSettings
@@ -43,6 +44,7 @@ def create_app(
     verifier: GoalVerifier | None = None,
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
+    set_fetch_max_wait(settings.fetch_max_wait)
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -82,7 +84,8 @@ def create_app(
         key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
         value_type=bytes,
     )
-    guard = Guard(policy, states=SerializedStates(table))
+    states = SerializedStates(table)
+    guard = Guard(policy, states=states)
     signing_key = settings.signing_key_bytes()
     pipeline = SpanPipeline(guard)
     app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table}  # type: ignore[attr-defined]
@@ -191,18 +194,25 @@ def create_app(
 
     @app.agent(spans_in, name="guard-spans")
     async def guard_spans(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            message = event.message
-            outcome = pipeline.handle(message.key, message.value)  # never raises
+        # Messages come in small batches: each trace's state is written once per batch, and
+        # the batch's events are acknowledged (and later committed) only after that write.
+        async for events in stream.take_events(settings.batch_size, within=0.002):
+            states.begin_batch()
             try:
-                await publish(outcome, message)
-                if verify_goals and outcome.has_root_span:
-                    await goal_checks.send(key=message.key, value=message.value)
-            except Exception:  # a crashed agent would stall its partitions
-                log.exception(
-                    "could not publish the outcome of a message",
-                    extra={"partition": message.partition, "offset": message.offset},
-                )
+                for event in events:
+                    message = event.message
+                    outcome = pipeline.handle(message.key, message.value)  # never raises
+                    try:
+                        await publish(outcome, message)
+                        if verify_goals and outcome.has_root_span:
+                            await goal_checks.send(key=message.key, value=message.value)
+                    except Exception:  # a crashed agent would stall its partitions
+                        log.exception(
+                            "could not publish the outcome of a message",
+                            extra={"partition": message.partition, "offset": message.offset},
+                        )
+            finally:
+                states.flush()
 
     @app.timer(interval=min(60.0, settings.state_ttl / 4))
     async def evict_idle_traces() -> None:

@@ -64,6 +64,16 @@ class WorkerSettings:
         default=30.0,
         metadata={"help": "seconds before a silent worker's partitions move to another worker"},
     )
+    batch_size: int = field(
+        default=500,
+        metadata={
+            "help": "messages processed together; each trace's state is written once per batch"
+        },
+    )
+    fetch_max_wait: int = field(
+        default=20,
+        metadata={"help": "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"},
+    )
     commit_interval: float = field(default=1.0, metadata={"help": "seconds between offset commits"})
     signing_key: str | None = field(
         default=None,
@@ -86,6 +96,10 @@ class WorkerSettings:
                 raise SettingsError(f"{name} must be at least 1")
         if self.session_timeout < 6:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
+        if self.batch_size < 1:
+            raise SettingsError("batch_size must be at least 1")
+        if not 1 <= self.fetch_max_wait <= 1500:
+            raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
 
