@@ -32,6 +32,8 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
+from spanguard.secrets import SecretError, read_secret
+
 __all__ = [
     "DEFAULT_EVENTS_URL",
     "SEVERITIES",
@@ -165,25 +167,15 @@ class PagerSettings:
 
 
 def _routing_key(env: Mapping[str, str]) -> str:
-    direct = env.get(ENV_ROUTING_KEY, "").strip()
-    path = env.get(ENV_ROUTING_KEY_FILE, "").strip()
-    if direct and path:
-        raise PagerConfigError(f"set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY_FILE}, not both")
-    if path:
-        try:
-            key = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise PagerConfigError(
-                f"{ENV_ROUTING_KEY_FILE}: cannot read {path!r}: {exc.strerror}"
-            ) from None
-        if not key:
-            raise PagerConfigError(f"{ENV_ROUTING_KEY_FILE}: {path!r} is empty")
-        return key
-    if direct:
-        return direct
-    raise PagerConfigError(
-        f"no PagerDuty routing key: set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY_FILE}"
-    )
+    try:
+        key = read_secret(env, ENV_ROUTING_KEY, ENV_ROUTING_KEY_FILE)
+    except SecretError as exc:
+        raise PagerConfigError(str(exc)) from None
+    if key is None:
+        raise PagerConfigError(
+            f"no PagerDuty routing key: set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY_FILE}"
+        )
+    return key
 
 
 def _number(env: Mapping[str, str], name: str, kind: type) -> Any:

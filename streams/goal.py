@@ -62,7 +62,6 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -71,6 +70,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from spanguard.schemas.otlp import any_value_to_python
+from spanguard.secrets import SecretError, read_secret
 from spanguard.streams.settings import SettingsError
 
 __all__ = [
@@ -517,21 +517,11 @@ class GoalSettings:
 
 
 def _api_key(env: Mapping[str, str]) -> str | None:
-    direct = env.get(ENV_API_KEY, "").strip()
-    path = env.get(ENV_API_KEY_FILE, "").strip()
-    if direct and path:
-        raise SettingsError(f"set {ENV_API_KEY} or {ENV_API_KEY_FILE}, not both")
-    if path:
-        try:
-            key = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise SettingsError(
-                f"{ENV_API_KEY_FILE}: cannot read {path!r}: {exc.strerror}"
-            ) from None
-        if not key:
-            raise SettingsError(f"{ENV_API_KEY_FILE}: {path!r} is empty")
-        return key
-    return direct or None  # local servers (Ollama, llama.cpp, vLLM) need none
+    # Local servers (Ollama, llama.cpp, vLLM) need none.
+    try:
+        return read_secret(env, ENV_API_KEY, ENV_API_KEY_FILE)
+    except SecretError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _redact_url(url: str) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from spanguard.secrets import SecretError, read_secret
+
 __all__ = ["ENV_PREFIX", "SettingsError", "WorkerSettings"]
 
 ENV_PREFIX = "SPANGUARD_"
@@ -105,20 +107,13 @@ class WorkerSettings:
 
     def signing_key_bytes(self) -> bytes | None:
         """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None = unsigned."""
-        if self.signing_key:
-            return self.signing_key.encode()
-        if self.signing_key_file:
-            try:
-                with open(self.signing_key_file, "rb") as handle:
-                    key = handle.read().strip()
-            except OSError as exc:
-                raise SettingsError(
-                    f"signing_key_file {self.signing_key_file!r}: {exc.strerror}"
-                ) from None
-            if not key:
-                raise SettingsError(f"signing_key_file {self.signing_key_file!r} is empty")
-            return key
-        return None
+        values = {"key": self.signing_key or "", "file": self.signing_key_file or ""}
+        try:
+            key = read_secret(values, "key", "file")
+        except SecretError as exc:
+            message = str(exc).replace("key", "signing_key", 1).replace("file", "signing_key_file")
+            raise SettingsError(message) from None
+        return key.encode() if key is not None else None
 
     @property
     def table_name(self) -> str:
