@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
+from spanguard.schemas.decision import EVIDENCE_FIELDS
 from spanguard.secrets import SecretError, read_secret
 
 __all__ = [
@@ -61,17 +62,11 @@ ENV_MAX_ATTEMPTS = "SPANGUARD_PAGERDUTY_MAX_ATTEMPTS"
 ENV_TIMEOUT = "SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS"
 
 # Evidence copied from a detection into payload.custom_details, when present.
-EVIDENCE_FIELDS = (
+DETAIL_FIELDS = (
     "rule",
     "action",
     "reason",
-    "tool_name",
-    "args_hash",
-    "hits",
-    "window",
-    "steps",
-    "tokens",
-    "token_budget",
+    *EVIDENCE_FIELDS,
     "trace_id",
     "span_id",
     "decision_id",
@@ -259,7 +254,7 @@ def build_event(detection: Mapping[str, Any], settings: PagerSettings) -> dict[s
         summary = summary[: SUMMARY_LIMIT - 3] + "..."
 
     details: dict[str, Any] = {
-        key: detection[key] for key in EVIDENCE_FIELDS if detection.get(key) is not None
+        key: detection[key] for key in DETAIL_FIELDS if detection.get(key) is not None
     }
     details["agent"] = {"service": service, "name": name}
     if "autonomous" in detection:

@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 )
 
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
-from spanguard.schemas.decision import Decision, KillSignal
+from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
 from spanguard.schemas.policy import Policy
 from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME
 from spanguard.streams.core import Guard, TraceState
@@ -55,19 +55,7 @@ INSTRUMENTATION_SCOPE = "spanguard.killswitch"
 SEED_TOOL_SPAN_NAME = "execute_tool"
 MAX_CACHED_RESOURCES = 64
 # Decision fields that become `spanguard.<name>` attributes; raw tool arguments never do.
-DECISION_ATTRIBUTES = (
-    "rule",
-    "action",
-    "reason",
-    "tool_name",
-    "args_hash",
-    "hits",
-    "window",
-    "steps",
-    "tokens",
-    "token_budget",
-    "decision_id",
-)
+DECISION_ATTRIBUTES = ("rule", "action", "reason", *EVIDENCE_FIELDS, "decision_id")
 MAX_LOGGED_ERRORS = 10
 
 

@@ -19,6 +19,7 @@ import jsonschema
 
 __all__ = [
     "DECISION_SCHEMA_VERSION",
+    "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
     "AgentIdentity",
     "Decision",
@@ -31,6 +32,19 @@ __all__ = [
 
 DECISION_SCHEMA_VERSION = 1
 KILL_SIGNAL_SCHEMA_VERSION = 1
+
+# What a decision carries as evidence, when present: a kill signal's `evidence`, a page's
+# custom details and the in-process decision span's attributes all take these.
+EVIDENCE_FIELDS = (
+    "tool_name",
+    "args_hash",
+    "hits",
+    "window",
+    "steps",
+    "tokens",
+    "token_budget",
+    "confidence",
+)
 
 Rule = Literal["tool_loop", "token_budget", "goal_unmet"]
 Action = Literal["kill", "downgrade", "flag"]
@@ -108,16 +122,7 @@ class KillSignal:
     @classmethod
     def from_decision(cls, decision: Decision) -> KillSignal:
         evidence: dict[str, Any] = {"span_id": decision.span_id}
-        for name in (
-            "tool_name",
-            "args_hash",
-            "hits",
-            "window",
-            "steps",
-            "tokens",
-            "token_budget",
-            "confidence",
-        ):
+        for name in EVIDENCE_FIELDS:
             value = getattr(decision, name)
             if value is not None:
                 evidence[name] = value
