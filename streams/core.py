@@ -63,6 +63,9 @@ CAPTURE_HINT = (
 
 
 _CONTAINERS = (dict, list)
+# json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
+# implementation, same output) saves that on every tool call.
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
 
 
 def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
@@ -90,7 +93,7 @@ def args_hash(arguments: Any, volatile_keys: frozenset[str]) -> str:
     The JSON text is json.dumps(..., sort_keys=True) with its default separators, so the hash
     equals the seed detector's for the same arguments.
     """
-    canonical = json.dumps(canonicalize(arguments, volatile_keys), sort_keys=True, default=str)
+    canonical = _CANONICAL_JSON.encode(canonicalize(arguments, volatile_keys))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
