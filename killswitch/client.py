@@ -17,15 +17,27 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from spanguard.killswitch.signals import SignalBook, current_trace_id
 from spanguard.schemas.decision import KillSignal, signature_valid
 
 __all__ = ["KillSwitch"]
+
+# What a topic reports while it is being created or its leaders elected.
+_SETTLING = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
 
 log = logging.getLogger("spanguard.killswitch")
 
@@ -93,19 +105,7 @@ class KillSwitch:
     def _run(self) -> None:
         consumer = Consumer(self._config)
         try:
-            metadata = consumer.list_topics(self.topic, timeout=15)
-            topic = metadata.topics.get(self.topic)
-            if topic is None or topic.error is not None or not topic.partitions:
-                raise KafkaException(f"topic {self.topic!r} not found")
-            # The end offsets resolved now (not OFFSET_END at first fetch): every signal sent
-            # after start() returns is seen.
-            positions = []
-            for partition in topic.partitions:
-                _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), timeout=15
-                )
-                positions.append(TopicPartition(self.topic, partition, high))
-            consumer.assign(positions)
+            consumer.assign(self._end_positions(consumer))
         except Exception as exc:
             self._error = exc
             self._ready.set()
@@ -123,6 +123,39 @@ class KillSwitch:
                 self._accept(message.value())
         finally:
             consumer.close()
+
+    def _end_positions(self, consumer: Consumer, timeout: float = 15.0) -> list[TopicPartition]:
+        """Every partition at its end offset, resolved now (not OFFSET_END at the first fetch):
+        every signal sent after start() returns is seen. A topic that was just created may
+        not have its leaders yet: retriable errors are retried until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                metadata = consumer.list_topics(self.topic, timeout=timeout)
+                topic = metadata.topics.get(self.topic)
+                if topic is None or not topic.partitions:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {self.topic!r} not found"
+                        )
+                    )
+                if topic.error is not None:
+                    raise KafkaException(topic.error)
+                positions = []
+                for partition in topic.partitions:
+                    _low, high = consumer.get_watermark_offsets(
+                        TopicPartition(self.topic, partition), timeout=timeout
+                    )
+                    positions.append(TopicPartition(self.topic, partition, high))
+                return positions
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = isinstance(error, KafkaError) and (
+                    error.retriable() or error.code() in _SETTLING
+                )
+                if not retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _accept(self, value: bytes | None) -> None:
         self.received += 1
