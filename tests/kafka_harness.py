@@ -6,6 +6,7 @@ the `spanguard worker` command in a subprocess, and messages go through confluen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -77,6 +78,18 @@ class Topics:
     @property
     def goal_checks(self) -> str:
         return f"{self.prefix}-goal-checks"
+
+    def delete(self) -> None:
+        """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+        names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(self.prefix)]
+        if names:
+            for future in admin.delete_topics(names, operation_timeout=30).values():
+                # Already gone, or the broker is stopping: nothing to keep either way.
+                with contextlib.suppress(Exception):
+                    future.result(timeout=30)
 
     def flags(self) -> list[str]:
         return [

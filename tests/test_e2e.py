@@ -45,6 +45,7 @@ def stack(tmp_path: Path):
     yield topics, http_port
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "down"], env=env, timeout=60)
     assert worker.stop() == 0
+    topics.delete()
 
 
 def run_agent(kind: str, topics: Topics, http_port: int, signing_key: str) -> subprocess.Popen:

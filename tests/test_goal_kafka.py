@@ -72,6 +72,7 @@ def goal_stack(tmp_path_factory):
         yield judge, worker, collector
         collector.close()
         assert worker.stop() == 0
+        topics.delete()
 
 
 def detections_for(collector: Collector, topics: Topics, trace_id: str) -> list[dict]:

@@ -74,6 +74,7 @@ def paging_stack(tmp_path_factory):
         yield server, worker, collector
         collector.close()
         assert worker.stop() == 0
+        topics.delete()
         assert ROUTING_KEY not in worker.log_text()  # never logged
 
 
@@ -167,3 +168,4 @@ def test_a_restart_mid_retry_does_not_page_twice(tmp_path):
             assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1
         finally:
             worker.stop()
+            topics.delete()

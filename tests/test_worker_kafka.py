@@ -44,6 +44,7 @@ def worker(tmp_path_factory):
     yield process, collector
     collector.close()
     assert process.stop() == 0, process.log_tail()  # SIGTERM: a clean exit
+    topics.delete()
 
 
 def send_spans(topic: str, agent: AgentRecorder, spans=None, key: bytes | None = b"trace") -> None:
@@ -226,6 +227,7 @@ def test_crash_recovery_from_the_changelog(tmp_path):
     finally:
         collector.close()
         worker.stop()
+        topics.delete()
 
 
 def test_bad_policy_stops_the_worker_before_kafka(tmp_path: Path):
