@@ -92,13 +92,24 @@ def __getattr__(name: str) -> Any:
         base = _agents_base()
 
         class SpanguardRunHooks(base, _Gate):  # type: ignore[misc, valid-type]
-            """OpenAI Agents SDK: `Runner.run(agent, input, hooks=SpanguardRunHooks(switch))`."""
+            """OpenAI Agents SDK: `Runner.run(agent, input, hooks=SpanguardRunHooks(switch))`.
+
+            Checks before each model call and before each tool call."""
 
             def __init__(self, checker: Checker, *, trace_id: str | None = None,
                          on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
                 _Gate.__init__(self, checker, trace_id, on_downgrade)
 
+            async def on_llm_start(
+                self, context: Any, agent: Any, system_prompt: Any, input_items: Any
+            ) -> None:
+                # Before each model call: a killed run stops before it pays for another turn,
+                # and the SDK lets AgentKilled out of this hook as it is.
+                self.before_tool()
+
             async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+                # Several tool calls in one turn: the SDK wraps what this raises in a
+                # UserError("Error running tool ...") whose __cause__ is the AgentKilled.
                 self.before_tool()
 
         globals()[name] = SpanguardRunHooks

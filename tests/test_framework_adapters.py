@@ -87,3 +87,78 @@ def test_openai_agents_run_hooks_stop_the_tool():
     book.deliver(signal(trace_id))
     with pytest.raises(AgentKilled):
         asyncio.run(hooks.on_tool_start(context, agent, search))
+
+
+def test_openai_agents_runner_is_stopped_before_its_next_model_call():
+    """A real Runner.run with a scripted model (the SDK's pluggable Model interface) that asks
+    for the same search every turn, as a stuck agent does."""
+    pytest.importorskip("agents")
+    from agents import Agent, FunctionTool, RunConfig, Runner
+    from agents.items import ModelResponse
+    from agents.models.interface import Model, ModelProvider
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall
+
+    from spanguard.killswitch.adapters import SpanguardRunHooks
+
+    class StuckModel(Model):
+        turns = 0
+
+        async def get_response(self, *args, **kwargs) -> ModelResponse:
+            self.turns += 1
+            call = ResponseFunctionToolCall(
+                arguments=json.dumps({"query": "refund policy"}),
+                call_id=f"call_{self.turns}",
+                name="search_docs",
+                type="function_call",
+                id=f"fc_{self.turns}",
+                status="completed",
+            )
+            return ModelResponse(output=[call], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args, **kwargs):
+            raise NotImplementedError
+
+    class Provider(ModelProvider):
+        def __init__(self, model: Model) -> None:
+            self.model = model
+
+        def get_model(self, model_name):
+            return self.model
+
+    calls: list[str] = []
+
+    async def run_search(context, arguments: str) -> str:
+        calls.append(arguments)
+        return "no results"
+
+    search = FunctionTool(
+        name="search_docs",
+        description="Search the knowledge base.",
+        params_json_schema={
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        on_invoke_tool=run_search,
+    )
+    book, trace_id = SignalBook(), uuid.uuid4().hex
+
+    class Hooks(SpanguardRunHooks):
+        async def on_tool_end(self, context, agent, tool, result) -> None:
+            if len(calls) == 4:  # the pipeline's kill arrives after the 4th identical call
+                book.deliver(signal(trace_id))
+
+    model = StuckModel()
+    with pytest.raises(AgentKilled):
+        asyncio.run(
+            Runner.run(
+                Agent(name="support", tools=[search]),
+                "What is the refund policy?",
+                hooks=Hooks(book, trace_id=trace_id),
+                max_turns=20,
+                run_config=RunConfig(model_provider=Provider(model), tracing_disabled=True),
+            )
+        )
+    assert len(calls) == 4 and model.turns == 4  # no fifth model call, no fifth search
