@@ -28,7 +28,6 @@ __all__ = [
     "decode_protobuf",
     "encode_json_line",
     "split_by_trace",
-    "trace_ids",
 ]
 
 _HEX_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -161,13 +160,3 @@ def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceS
                 )
                 scope_part.spans.extend(spans)
     return parts
-
-
-def trace_ids(request: ExportTraceServiceRequest) -> set[str]:
-    """The hex trace ids a request holds."""
-    return {
-        span.trace_id.hex()
-        for resource_spans in request.resource_spans
-        for scope_spans in resource_spans.scope_spans
-        for span in scope_spans.spans
-    }

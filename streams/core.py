@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -448,11 +448,3 @@ class Guard:
             service,
             CAPTURE_HINT,
         )
-
-
-def decisions_for(
-    requests: Iterable[ExportTraceServiceRequest], policy: Policy | None = None
-) -> list[Decision]:
-    """Run a fresh Guard over `requests` in order (a convenience for tests and replay)."""
-    guard = Guard(policy)
-    return [decision for request in requests for decision in guard.process(request)]
