@@ -15,6 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
+from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal
+
 Attributes = Mapping[str, Any]
 
 
@@ -116,3 +118,24 @@ def trace_id_of(span: ReadableSpan) -> str:
 
 def span_id_of(span: ReadableSpan) -> str:
     return format(span.context.span_id, "016x")
+
+
+def kill_signal(trace_id: str, kind: str = "kill", message: str | None = None) -> KillSignal:
+    """A kill (or downgrade) signal for `trace_id`, as the worker would send it."""
+    return KillSignal.from_decision(
+        Decision(
+            trace_id=trace_id,
+            span_id="00f067aa0ba902b7",
+            rule="tool_loop",
+            action=kind,  # type: ignore[arg-type]
+            reason="search_docs called 4x in last 4 steps",
+            agent=AgentIdentity("support-bot"),
+            detected_at="2026-12-02T15:00:00.000+00:00",
+            tool_name="search_docs",
+            args_hash="1d79773f7dd21571",
+            hits=4,
+            window=10,
+            steps=4,
+            system_message=message,
+        )
+    )

@@ -7,23 +7,31 @@ import json
 import uuid
 
 import pytest
+from spans import kill_signal
 
 from spanguard.killswitch import AgentKilled, SignalBook
-from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal
+
+signal = kill_signal
 
 
-def signal(trace_id: str, action: str = "kill", message: str | None = None) -> KillSignal:
-    return KillSignal.from_decision(
-        Decision(
-            trace_id=trace_id,
-            span_id="00f067aa0ba902b7",
-            rule="tool_loop",
-            action=action,  # type: ignore[arg-type]
-            reason="search_docs called 4x in last 4 steps",
-            agent=AgentIdentity("support-bot"),
-            detected_at="2026-12-02T15:00:00.000+00:00",
-            system_message=message,
-        )
+def search_tool(calls: list[str]):
+    """The OpenAI Agents SDK FunctionTool the seed's support agent keeps calling."""
+    from agents import FunctionTool
+
+    async def run_search(context, arguments: str) -> str:
+        calls.append(arguments)
+        return "no results"
+
+    return FunctionTool(
+        name="search_docs",
+        description="Search the knowledge base.",
+        params_json_schema={
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        on_invoke_tool=run_search,
     )
 
 
@@ -56,24 +64,11 @@ def test_langchain_tool_call_is_stopped_once_the_trace_is_killed():
 
 def test_openai_agents_run_hooks_stop_the_tool():
     pytest.importorskip("agents")
-    from agents import Agent, FunctionTool, RunContextWrapper
+    from agents import Agent, RunContextWrapper
 
     from spanguard.killswitch.adapters import SpanguardRunHooks
 
-    async def run_search(context, arguments: str) -> str:
-        return json.loads(arguments)["query"]
-
-    search = FunctionTool(
-        name="search_docs",
-        description="Search the knowledge base.",
-        params_json_schema={
-            "type": "object",
-            "properties": {"query": {"type": "string"}},
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-        on_invoke_tool=run_search,
-    )
+    search = search_tool([])
     agent = Agent(name="support", tools=[search])
     book, trace_id = SignalBook(), uuid.uuid4().hex
     downgrades: list[str] = []
@@ -93,7 +88,7 @@ def test_openai_agents_runner_is_stopped_before_its_next_model_call():
     """A real Runner.run with a scripted model (the SDK's pluggable Model interface) that asks
     for the same search every turn, as a stuck agent does."""
     pytest.importorskip("agents")
-    from agents import Agent, FunctionTool, RunConfig, Runner
+    from agents import Agent, RunConfig, Runner
     from agents.items import ModelResponse
     from agents.models.interface import Model, ModelProvider
     from agents.usage import Usage
@@ -127,22 +122,7 @@ def test_openai_agents_runner_is_stopped_before_its_next_model_call():
             return self.model
 
     calls: list[str] = []
-
-    async def run_search(context, arguments: str) -> str:
-        calls.append(arguments)
-        return "no results"
-
-    search = FunctionTool(
-        name="search_docs",
-        description="Search the knowledge base.",
-        params_json_schema={
-            "type": "object",
-            "properties": {"query": {"type": "string"}},
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-        on_invoke_tool=run_search,
-    )
+    search = search_tool(calls)
     book, trace_id = SignalBook(), uuid.uuid4().hex
 
     class Hooks(SpanguardRunHooks):

@@ -19,11 +19,12 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider, SpanContext, SpanKind, TraceFlags
+from spans import kill_signal
 
 from spanguard.killswitch import AgentKilled, GuardingSpanProcessor, SignalBook
 from spanguard.killswitch.processor import DECISION_SPAN_NAME, INSTRUMENTATION_SCOPE
 from spanguard.killswitch.signals import current_trace_id
-from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, validate
+from spanguard.schemas.decision import Decision, validate
 from spanguard.schemas.policy import Policy
 
 REFUND = {"query": "refund policy"}
@@ -450,18 +451,7 @@ def test_check_reads_the_current_span_and_is_none_outside_any():
 # -- the signal book -----------------------------------------------------------------------
 
 
-def signal(trace_id: str, kind: str = "kill", message: str | None = None) -> KillSignal:
-    decision = Decision(
-        trace_id=trace_id,
-        span_id="00000000000000aa",
-        rule="tool_loop",
-        action=kind,  # type: ignore[arg-type]
-        reason="search_docs called 4x in last 4 steps",
-        agent=AgentIdentity("support-bot"),
-        detected_at="2025-01-01T00:00:00.000+00:00",
-        system_message=message,
-    )
-    return KillSignal.from_decision(decision)
+signal = kill_signal
 
 
 def test_signal_book_ignores_duplicates_and_keeps_a_kill():

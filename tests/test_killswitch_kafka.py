@@ -11,10 +11,11 @@ import uuid
 import pytest
 from kafka_harness import BOOTSTRAP, ensure_broker, producer
 from opentelemetry.sdk.trace import TracerProvider
+from spans import kill_signal
 
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
-from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, sign
+from spanguard.schemas.decision import sign
 
 pytestmark = pytest.mark.kafka
 
@@ -22,22 +23,7 @@ KEY = b"killswitch-test-key"
 
 
 def make_signal(trace_id: str, action: str = "kill", message: str | None = None) -> dict:
-    decision = Decision(
-        trace_id=trace_id,
-        span_id="00f067aa0ba902b7",
-        rule="tool_loop",
-        action=action,  # type: ignore[arg-type]
-        reason="search_docs called 4x in last 4 steps",
-        agent=AgentIdentity("support-bot"),
-        detected_at="2026-12-02T15:00:00.000+00:00",
-        tool_name="search_docs",
-        args_hash="1d79773f7dd21571",
-        hits=4,
-        window=10,
-        steps=4,
-        system_message=message,
-    )
-    return KillSignal.from_decision(decision).to_dict()
+    return kill_signal(trace_id, action, message).to_dict()
 
 
 @pytest.fixture(scope="module")
