@@ -152,13 +152,14 @@ def create_app(
         async for event in stream.events():
             message = event.message
             trace_key = message.key or b""
-            detection = paging.detection_to_page(message.value, paged_rules(paged.get(trace_key)))
+            stored = paged.get(trace_key)  # one agent, one event at a time: still current below
+            detection = paging.detection_to_page(message.value, paged_rules(stored))
             if detection is None:
                 continue
             result = await loop.run_in_executor(None, paging.page, detection)
             # Delivered or not, never again for this trace and rule: a failure goes to the
             # dead letters with its reason, for a person to look at.
-            paged[trace_key] = with_rule(paged.get(trace_key), detection["rule"])
+            paged[trace_key] = with_rule(stored, detection["rule"])
             if not result.delivered:
                 await dead_letters.send(
                     key=message.key,
