@@ -38,6 +38,7 @@ Span kind is never used: tool spans come as INTERNAL or CLIENT depending on the 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -222,7 +223,7 @@ def adapt_span(
             return None
         return ToolCall(
             span_id=span.span_id,
-            tool_name=tool_name,
+            tool_name=bounded_text(tool_name),
             arguments=_arguments(span, attributes, present, oi_kind),
             call_id=_call_id(attributes, present),
             agent_name=agent_name,
@@ -353,8 +354,21 @@ def _call_id(attributes: AttributeMap, present: set[str]) -> str | None:
         if key in present:
             text = _text(attributes[key])
             if text.strip().lower() not in PLACEHOLDER_CALL_IDS:
-                return text
+                return bounded_text(text)
     return None
+
+
+# Names and ids are kept in every trace's state and copied into signals and detections: a
+# megabyte-long tool name must cost a few hundred bytes, not a megabyte per changelog write.
+MAX_TEXT_CHARS: Final = 200
+
+
+def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text` itself when short; else its head and a hash of the whole, still unique."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[: limit - 30]}...sha256:{digest}"
 
 
 def _tokens(

@@ -9,21 +9,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService, paged_rules, with_rule
-from spanguard.schemas.decision import KillSignal, sign
+from spanguard.schemas.decision import Decision, KillSignal, sign
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
 from spanguard.streams.faust_tuning import set_fetch_max_wait
+from spanguard.streams.health import Health, serve_http
 from spanguard.streams.metrics import WorkerMetrics
+from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.pipeline import Outcome, SpanPipeline
 from spanguard.streams.settings import WorkerSettings
-from spanguard.streams.state import SerializedStates
+from spanguard.streams.state import SerializedStates, event_context
 from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["create_app"]
@@ -35,6 +38,22 @@ HEADER_REASON = "spanguard.reason"
 HEADER_TOPIC = "spanguard.source.topic"
 HEADER_PARTITION = "spanguard.source.partition"
 HEADER_OFFSET = "spanguard.source.offset"
+
+
+# A dead letter must fit the topic's default max.message.bytes (1 MiB) with its headers.
+MAX_DEAD_LETTER_BYTES = 900_000
+SEND_ATTEMPTS = 4
+# Idle traces deleted per batch at most: eviction never stalls the event loop.
+EVICT_PER_BATCH = 256
+
+
+@dataclass
+class Send:
+    """One record to send; a kill signal remembers its decision, to retract it if not sent."""
+
+    topic: Any
+    kwargs: dict[str, Any]
+    decision: Decision | None = None
 
 
 def create_app(
@@ -74,13 +93,14 @@ def create_app(
     detections = app.topic(settings.detections_topic, **raw)
     dead_letters = app.topic(settings.dead_letter_topic, **raw)
 
-    # use_partitioner: changelog writes go to murmur2(trace id), the partition the trace's
-    # messages come from, which also lets the TTL timer delete keys outside a stream event.
+    # No use_partitioner: each changelog record goes to the partition of the message that
+    # changed it, where the trace's messages arrive whatever partitioner their producer used
+    # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
     table = app.Table(
         settings.table_name,
         default=None,
         partitions=settings.partitions,
-        use_partitioner=True,
+        use_partitioner=False,
         key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
         value_type=bytes,
     )
@@ -88,19 +108,70 @@ def create_app(
     guard = Guard(policy, states=states)
     signing_key = settings.signing_key_bytes()
     pipeline = SpanPipeline(guard)
-    app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table}  # type: ignore[attr-defined]
+    health = Health()
+    app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table, "health": health}  # type: ignore[attr-defined]
 
-    async def publish(outcome: Outcome, message: Any) -> None:
+    def dead_letter_headers(message: Any, reason: str) -> list[tuple[str, bytes]]:
+        return [
+            (HEADER_REASON, reason.encode()),
+            (HEADER_TOPIC, message.topic.encode()),
+            (HEADER_PARTITION, str(message.partition).encode()),
+            (HEADER_OFFSET, str(message.offset).encode()),
+        ]
+
+    def dead_letter_value(value: bytes | None) -> bytes | None:
+        # Too large for the topic: the headers point at the source offset instead.
+        return value if value is None or len(value) <= MAX_DEAD_LETTER_BYTES else b""
+
+    async def send_all(sends: list[Send]) -> list[Send]:
+        """Send, then wait for the broker's acks=all; return the sends that failed for good."""
+        pending = sends
+        for attempt in range(SEND_ATTEMPTS):
+            futures = []
+            for send in pending:
+                try:
+                    futures.append(await send.topic.send(**send.kwargs))
+                except Exception as exc:  # the producer refused it: counts as a failed send
+                    futures.append(exc)
+            failed = []
+            for send, future in zip(pending, futures, strict=True):
+                error = future
+                if not isinstance(future, Exception):
+                    try:
+                        await future
+                        continue
+                    except Exception as exc:
+                        error = exc
+                log.warning(
+                    "send failed",
+                    extra={
+                        "topic": send.topic.get_topic_name(),
+                        "attempt": attempt + 1,
+                        "error": repr(error),
+                    },
+                )
+                failed.append(send)
+            if not failed:
+                return []
+            pending = failed
+            await asyncio.sleep(0.2 * 2**attempt)
+        return pending
+
+    def outcome_sends(outcome: Outcome, message: Any) -> list[Send]:
+        sends: list[Send] = []
         for trace_id, part in outcome.repartition:
-            await repartition_out.send(key=trace_id.encode(), value=part)
+            key = trace_id.encode()
+            partition = collector_partition(key, settings.partitions)
+            sends.append(Send(repartition_out, {"key": key, "value": part, "partition": partition}))
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
-            await detections.send(key=key, value=decision.to_json().encode())
+            sends.append(Send(detections, {"key": key, "value": decision.to_json().encode()}))
             if decision.action in ("kill", "downgrade"):  # a flag is for people, not agents
                 record = KillSignal.from_decision(decision).to_dict()
                 if signing_key is not None:
                     record = sign(record, signing_key)
-                await kill_signals.send(key=key, value=json.dumps(record, sort_keys=True).encode())
+                value = json.dumps(record, sort_keys=True).encode()
+                sends.append(Send(kill_signals, {"key": key, "value": value}, decision))
             log.warning(
                 "decision",
                 extra={
@@ -121,16 +192,16 @@ def create_app(
                     "offset": message.offset,
                 },
             )
-            await dead_letters.send(
-                key=message.key,
-                value=message.value,
-                headers=[
-                    (HEADER_REASON, outcome.dead_letter.encode()),
-                    (HEADER_TOPIC, message.topic.encode()),
-                    (HEADER_PARTITION, str(message.partition).encode()),
-                    (HEADER_OFFSET, str(message.offset).encode()),
-                ],
-            )
+            value = outcome.dead_value if outcome.dead_value is not None else message.value
+            sends.append(Send(dead_letters, {
+                "key": message.key,
+                "value": dead_letter_value(value),
+                "headers": dead_letter_headers(message, outcome.dead_letter),
+            }))  # fmt: skip
+        return sends
+
+    async def publish(outcome: Outcome, message: Any) -> None:
+        await send_all(outcome_sends(outcome, message))
 
     # Paging reads the detections topic in its own stream: PagerDuty's latency and faults
     # delay pages, never kill signals. The table is keyed by trace id, like the topic.
@@ -163,13 +234,8 @@ def create_app(
             if not result.delivered:
                 await dead_letters.send(
                     key=message.key,
-                    value=message.value,
-                    headers=[
-                        (HEADER_REASON, f"page {result.status}: {result.error}".encode()),
-                        (HEADER_TOPIC, message.topic.encode()),
-                        (HEADER_PARTITION, str(message.partition).encode()),
-                        (HEADER_OFFSET, str(message.offset).encode()),
-                    ],
+                    value=dead_letter_value(message.value),
+                    headers=dead_letter_headers(message, f"page {result.status}: {result.error}"),
                 )
 
     # The goal verifier reads messages that hold a root span from a topic of its own: a slow
@@ -196,36 +262,53 @@ def create_app(
     @app.agent(spans_in, name="guard-spans")
     async def guard_spans(stream: faust.StreamT) -> None:
         # Messages come in small batches: each trace's state is written once per batch, and
-        # the batch's events are acknowledged (and later committed) only after that write.
-        async for events in stream.take_events(settings.batch_size, within=0.002):
-            states.begin_batch()
-            try:
-                for event in events:
-                    message = event.message
-                    outcome = pipeline.handle(message.key, message.value)  # never raises
-                    try:
-                        await publish(outcome, message)
-                        if verify_goals and outcome.has_root_span:
-                            await goal_checks.send(key=message.key, value=message.value)
-                    except Exception:  # a crashed agent would stall its partitions
-                        log.exception(
-                            "could not publish the outcome of a message",
-                            extra={"partition": message.partition, "offset": message.offset},
-                        )
-            finally:
-                states.flush()
+        # the batch's events are acknowledged (and later committed) only after its signals are
+        # acked by the broker and its state is written.
+        try:
+            async for events in stream.take_events(settings.batch_size, within=0.002):
+                await guard_batch(events)
+                health.progressed()
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                health.crashed(exc)
+            raise
 
-    @app.timer(interval=min(60.0, settings.state_ttl / 4))
-    async def evict_idle_traces() -> None:
-        evicted = guard.evict_idle(settings.state_ttl)
+    async def guard_batch(events: list[Any]) -> None:
+        states.begin_batch()
+        sends: list[Send] = []
+        goal_sends: list[Send] = []
+        for event in events:
+            message = event.message
+            states.current_event = event
+            with event_context(event):
+                outcome = pipeline.handle(message.key, message.value)  # never raises
+            sends.extend(outcome_sends(outcome, message))
+            if verify_goals and outcome.has_root_span:
+                goal_sends.append(Send(goal_checks, {"key": message.key, "value": message.value}))
+        failed = await send_all(sends)
+        for send in failed:
+            if send.decision is not None:
+                # Not sent is not decided: the trace can trip again on its next call.
+                guard.retract(send.decision)
+                health.lost_signals += 1
+                log.error(
+                    "kill signal not sent; the trace can trip again",
+                    extra={"trace_id": send.decision.trace_id},
+                )
+        states.flush()
+        evicted = states.evict_idle(events, guard.clock() - settings.state_ttl, EVICT_PER_BATCH)
         if evicted:
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
+        if goal_sends:
+            await send_all(goal_sends)
 
     @app.task
     async def serve_metrics() -> None:
         registry = CollectorRegistry()
         registry.register(WorkerMetrics(guard, pipeline, lambda: len(table), paging, verifier))
-        start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+        app.spanguard["http"] = await serve_http(  # type: ignore[attr-defined]
+            health, registry, settings.metrics_host, settings.metrics_port
+        )
         log.info(
             "metrics",
             extra={"url": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"},

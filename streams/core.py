@@ -248,12 +248,16 @@ class Guard:
                 spans = scope_spans.spans
                 stats.spans += len(spans)
                 for span in spans:
-                    event = adapt_span(span, wanted, match=match)
-                    if event is None:
-                        continue
                     raw_trace_id = span.trace_id
-                    if len(raw_trace_id) != 16 or len(event.span_id) != 8:
+                    if len(raw_trace_id) != 16 or len(span.span_id) != 8:
                         stats.malformed_spans += 1
+                        continue
+                    try:
+                        event = adapt_span(span, wanted, match=match)
+                    except Exception as exc:  # a bad span costs itself, never its neighbours
+                        self._on_bad_span(exc)
+                        continue
+                    if event is None:
                         continue
                     trace_id = raw_trace_id.hex()
                     state = touched.get(trace_id)
@@ -267,7 +271,11 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
-                    decision = self.observe(trace_id, state, event, resource)
+                    try:
+                        decision = self.observe(trace_id, state, event, resource)
+                    except Exception as exc:  # e.g. arguments nested too deep to hash
+                        self._on_bad_span(exc)
+                        continue
                     if decision is not None:
                         decisions.append(decision)
         now = self.clock()
@@ -304,6 +312,23 @@ class Guard:
                 _remember(state.recent_call_ids, event.call_id, limit)
             return self._on_tool_call(trace_id, state, event, policy)
         return self._on_tokens(trace_id, state, event, policy)
+
+    def retract(self, decision: Decision) -> None:
+        """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
+        state = self.states.get(decision.trace_id)
+        if state is not None and f"{decision.rule}:{decision.action}" in state.fired:
+            state.fired.discard(f"{decision.rule}:{decision.action}")
+            self.states[decision.trace_id] = state
+
+    def _on_bad_span(self, exc: Exception) -> None:
+        self.stats.malformed_spans += 1
+        if self.stats.malformed_spans == 1 or self.stats.malformed_spans % 1000 == 0:
+            log.warning(
+                "skipped a span the rules cannot read (%s: %.200s); %d so far",
+                type(exc).__name__,
+                exc,
+                self.stats.malformed_spans,
+            )
 
     def evict_idle(self, ttl_seconds: float) -> int:
         """Forget traces not seen for `ttl_seconds`; return how many were evicted."""

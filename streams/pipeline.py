@@ -23,11 +23,13 @@ log = logging.getLogger("spanguard.pipeline")
 
 @dataclass
 class Outcome:
-    """Exactly one of: decisions taken (possibly none), parts to re-key, or a dead letter."""
+    """Decisions taken (possibly none), parts to re-key, and what goes to the dead letters."""
 
     decisions: list[Decision] = field(default_factory=list)
     repartition: list[tuple[str, bytes]] = field(default_factory=list)  # (trace id, request)
     dead_letter: str | None = None  # the reason
+    # The bytes to dead-letter when they are not the whole message: the spans that were bad.
+    dead_value: bytes | None = None
     # A root span ended in this message: an agent invocation may be over (goal verifier).
     has_root_span: bool = False
 
@@ -65,11 +67,11 @@ class SpanPipeline:
                     trace_ids.add(span.trace_id)
                     if not span.parent_span_id:
                         has_root_span = True
-        bad = [trace_id for trace_id in trace_ids if len(trace_id) != 16]
-        if bad:
-            return self._dead(f"a span has a {len(bad[0])}-byte trace id (OTLP requires 16 bytes)")
         if not trace_ids:
             return Outcome()
+        bad = [trace_id for trace_id in trace_ids if len(trace_id) != 16]
+        if bad and len(bad) == len(trace_ids):
+            return self._dead(f"a span has a {len(bad[0])}-byte trace id (OTLP requires 16 bytes)")
 
         if len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode():
             try:
@@ -83,9 +85,17 @@ class SpanPipeline:
         except OtlpDecodeError as exc:
             return self._dead(str(exc))
         self.repartitioned += 1
-        return Outcome(
-            repartition=[(trace_id, part.SerializeToString()) for trace_id, part in parts.items()]
-        )
+        outcome = Outcome()
+        for trace_id, part in parts.items():
+            if len(trace_id) == 32:
+                outcome.repartition.append((trace_id, part.SerializeToString()))
+            else:  # only the spans with a bad trace id are dead letters, not their neighbours
+                self.dead_letters += 1
+                outcome.dead_letter = (
+                    f"a span has a {len(trace_id) // 2}-byte trace id (OTLP requires 16 bytes)"
+                )
+                outcome.dead_value = part.SerializeToString()
+        return outcome
 
     def _dead(self, reason: str) -> Outcome:
         self.dead_letters += 1

@@ -1,37 +1,94 @@
-"""Per-trace state kept as bytes in any mapping: how the core's TraceState lives in a Faust table."""
+"""Per-trace state kept as bytes in a Faust table: how the core's TraceState lives in the worker.
+
+Where state lives (see docs/design.md, "State follows the source partition"): the table is
+declared without `use_partitioner`, so each changelog record goes to the partition of the
+message that changed it, the very partition the trace's messages arrive on whatever partitioner
+their producer used. Faust's stores and changelog writes find that partition through the stream's
+current event, so every read and write here runs inside `event_context(event)` of a message of
+the trace's partition; a write outside one is what crashed the RocksDB store before.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+from faust.streams import _current_event  # the store's and changelog's partition comes from it
 
 from spanguard.streams.core import TraceState
 
-__all__ = ["SerializedStates"]
+__all__ = ["SerializedStates", "event_context"]
+
+
+@contextlib.contextmanager
+def event_context(event: Any) -> Iterator[None]:
+    """Make `event` the stream's current event, as Faust does while an agent handles it."""
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
 
 
 class SerializedStates(MutableMapping[str, TraceState]):
-    """A MutableMapping[str, TraceState] over a MutableMapping[bytes, bytes].
+    """A MutableMapping[str, TraceState] over the table, batched, with bounded eviction.
 
-    Keys in the backing table are the trace id's ASCII bytes, the very bytes of the input
-    messages' keys, so the table's changelog is partitioned like the input. Every assignment
-    goes to the table (and its changelog): the core writes each trace it touched once per
-    message.
+    Between begin_batch() and flush(), states live in memory and each trace is written to the
+    table (one changelog record) once per batch, in the context of the last event that touched
+    it. An expiry index per partition (trace ids in order of last touch) lets eviction delete
+    the oldest few traces per batch without reading the rest: bounded work per tick.
     """
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
         self.table = table
-        # Between begin_batch() and flush(), states live here and each trace is written to
-        # the table (one changelog record) once per batch instead of once per message.
+        self.current_event: Any = None  # set by the agent before each message
         self._batch: dict[str, TraceState] | None = None
+        self._event_of: dict[str, Any] = {}
+        self._expiry: dict[int, OrderedDict[str, float]] = {}
 
     def begin_batch(self) -> None:
         self._batch = {}
+        self._event_of = {}
 
     def flush(self) -> None:
         """Write every state the batch changed; call it before the batch's messages are acked."""
         batch, self._batch = self._batch, None
+        events, self._event_of = self._event_of, {}
         for trace_id, state in (batch or {}).items():
-            self.table[trace_id.encode()] = state.to_bytes()
+            event = events[trace_id]
+            with event_context(event):
+                self.table[trace_id.encode()] = state.to_bytes()
+            self._index(event, trace_id, state.last_seen)
+
+    def evict_idle(self, events: list[Any], cutoff: float, limit: int) -> int:
+        """Delete up to `limit` traces last seen before `cutoff`, in the partitions of `events`."""
+        evicted = 0
+        last_of_partition = {event.message.partition: event for event in events}
+        for partition, event in last_of_partition.items():
+            index = self._expiry.get(partition)
+            with event_context(event):
+                while index and evicted < limit:
+                    trace_id, last_seen = next(iter(index.items()))
+                    if last_seen >= cutoff:
+                        break
+                    del index[trace_id]
+                    with contextlib.suppress(KeyError):
+                        del self.table[trace_id.encode()]
+                    evicted += 1
+        return evicted
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Drop the index of partitions this worker no longer owns (after a rebalance)."""
+        for partition in partitions:
+            self._expiry.pop(partition, None)
+
+    def _index(self, event: Any, trace_id: str, last_seen: float) -> None:
+        index = self._expiry.setdefault(event.message.partition, OrderedDict())
+        index[trace_id] = last_seen
+        index.move_to_end(trace_id)
 
     def __getitem__(self, trace_id: str) -> TraceState:
         state = self.get(trace_id)
@@ -48,16 +105,19 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def __setitem__(self, trace_id: str, state: TraceState) -> None:
         if self._batch is not None:
             self._batch[trace_id] = state
+            self._event_of[trace_id] = self.current_event
         else:
             self.table[trace_id.encode()] = state.to_bytes()
+            if self.current_event is not None:
+                self._index(self.current_event, trace_id, state.last_seen)
 
     def __delitem__(self, trace_id: str) -> None:
         if self._batch is not None:
             self._batch.pop(trace_id, None)
+            self._event_of.pop(trace_id, None)
         del self.table[trace_id.encode()]
 
     def __iter__(self) -> Iterator[str]:
-        # A snapshot: eviction deletes while iterating.
         return iter([key.decode() for key in list(self.table.keys())])
 
     def __len__(self) -> int:

@@ -122,7 +122,6 @@ class WorkerProcess:
         self.args = [
             sys.executable, "-m", "spanguard.cli", "worker",
             "--bootstrap", BOOTSTRAP,
-            "--store", "memory",
             "--data-dir", str(data_dir),
             "--partitions", str(partitions),
             "--metrics-port", str(self.port),

@@ -1,0 +1,83 @@
+"""Liveness and readiness that mean something: the span agent runs and makes progress.
+
+/metrics answering proves only that the event loop turns. Readiness is red from the moment the
+span agent crashes until it completes a batch again; liveness turns red when it has stayed
+crashed for `dead_after` seconds, so the orchestrator restarts the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["Health", "serve_http"]
+
+log = logging.getLogger("spanguard.worker")
+
+
+class Health:
+    def __init__(self, dead_after: float = 60.0, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.dead_after = dead_after
+        self.crashed_at: float | None = None
+        self.last_error: str | None = None
+        self.last_progress: float | None = None
+        self.batches = 0
+        self.crashes = 0
+        self.lost_signals = 0
+
+    def progressed(self) -> None:
+        self.batches += 1
+        self.last_progress = self.clock()
+        self.crashed_at = None
+
+    def crashed(self, exc: BaseException) -> None:
+        self.crashes += 1
+        self.crashed_at = self.clock()
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("the span agent crashed", extra={"error": self.last_error})
+
+    @property
+    def ready(self) -> bool:
+        return self.crashed_at is None
+
+    @property
+    def live(self) -> bool:
+        return self.crashed_at is None or self.clock() - self.crashed_at < self.dead_after
+
+    def report(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "live": self.live,
+            "batches": self.batches,
+            "crashes": self.crashes,
+            "last_error": self.last_error,
+        }
+
+
+async def serve_http(
+    health: Health, registry: CollectorRegistry, host: str, port: int
+) -> web.AppRunner:
+    """/metrics, /livez and /readyz on one port."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def livez(_: web.Request) -> web.Response:
+        return web.json_response(health.report(), status=200 if health.live else 503)
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.json_response(health.report(), status=200 if health.ready else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
