@@ -117,6 +117,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.topics = topics
+        data_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.log_path = data_dir / f"worker-{self.port}.log"
         self.args = [
