@@ -72,8 +72,9 @@ def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
         assert observed(first, second) == 2 * (LOOPS + CLEAN)
         time.sleep(2.5)  # past the commit interval: offsets and changelog are written
         second.stop(signal.SIGKILL)
-        # Restarted, it rejoins: a second rebalance; its state comes from the changelog.
-        second = WorkerProcess(topics, tmp_path / "b", partitions=PARTITIONS).start()
+        # Rescheduled without its volume, it rejoins: a second rebalance, and its state can
+        # only come from the changelog.
+        second = WorkerProcess(topics, tmp_path / "b-rescheduled", partitions=PARTITIONS).start()
         workers = [first, second]
 
         produce(partitioner, [(a, a.finished()[2:]) for a in loops + clean])
