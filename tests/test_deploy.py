@@ -176,11 +176,12 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     assert mounts["data"] == env["SPANGUARD_DATA_DIR"] == "/var/lib/spanguard"
     assert "data" not in {v["name"] for v in pod["volumes"]}
 
-    # Probes: HTTP GET /metrics on the metrics port.
+    # Probes: startup waits for the HTTP server; liveness and readiness ask the span agent.
     (port,) = worker["ports"]
     assert port == {"name": "metrics", "containerPort": 9464, "protocol": "TCP"}
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert worker[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe
+    paths = {"startupProbe": "/metrics", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
+    for probe, path in paths.items():
+        assert worker[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
 
     # The policy: a ConfigMap mounted where SPANGUARD_POLICY points, and a valid policy.
     cm = only(docs, "ConfigMap", f"{FULLNAME}-policy")
@@ -482,3 +483,23 @@ def test_dockerfile_and_context() -> None:
     needed += pyproject["tool"]["setuptools"]["package-dir"].values()
     for path in needed:
         assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path
+
+
+# The settings a user gets from the chart and from compose are the worker's own defaults, so
+# the integration tests (which run the defaults) run what ships.
+SHIPPED_DEFAULTS = ("store", "batch_size", "commit_interval", "fetch_max_wait", "state_ttl")
+
+
+def test_helm_compose_and_worker_defaults_agree(helm: Path) -> None:
+    defaults = WorkerSettings()
+    chart = WorkerSettings.from_sources(
+        {}, {k: v for k, v in env_of(container(render(helm))).items() if isinstance(v, str)}
+    )
+    compose = yaml.safe_load((Path(__file__).parents[1] / "docker-compose.yml").read_text())
+    (worker,) = [s for s in compose["services"].values() if "SPANGUARD_STORE" in str(s)]
+    environment = {k: str(v) for k, v in worker["environment"].items() if "${" not in str(v)}
+    composed = WorkerSettings.from_sources({}, environment)
+    for name in SHIPPED_DEFAULTS:
+        assert getattr(chart, name) == getattr(defaults, name), f"helm {name}"
+        assert getattr(composed, name) == getattr(defaults, name), f"compose {name}"
+    assert defaults.store == "rocksdb"

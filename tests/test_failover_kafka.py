@@ -27,14 +27,14 @@ CLEAN = 4
 THRESHOLD = 4  # the shipped default: a key seen 4 times in the window trips
 
 
-def produce(partitioner: str, agents_spans: list[tuple[AgentRecorder, list]]) -> None:
+def produce(topic: str, partitioner: str, agents_spans: list[tuple[AgentRecorder, list]]) -> None:
     out = Producer(
         {"bootstrap.servers": BOOTSTRAP, "partitioner": partitioner, "enable.idempotence": True}
     )
     for agent, spans in agents_spans:
         for span in spans:
             out.produce(
-                "%s" % produce.topic,  # type: ignore[attr-defined]
+                topic,
                 key=agent.trace_id.encode(),
                 value=encode([span]).SerializeToString(),
             )
@@ -49,7 +49,6 @@ def observed(*workers: WorkerProcess) -> float:
 def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
     ensure_broker()
     topics = Topics()
-    produce.topic = topics.input  # type: ignore[attr-defined]
     collector = Collector(topics.kills)
     first = WorkerProcess(topics, tmp_path / "a", partitions=PARTITIONS).start()
     second = WorkerProcess(topics, tmp_path / "b", partitions=PARTITIONS).start()
@@ -65,7 +64,7 @@ def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
                 agent.tool("search_docs", {"query": f"question {step}"})
 
         # Two calls of every trace, then a worker dies holding their state.
-        produce(partitioner, [(a, a.finished()[:2]) for a in loops + clean])
+        produce(topics.input, partitioner, [(a, a.finished()[:2]) for a in loops + clean])
         deadline = time.monotonic() + 60
         while observed(first, second) < 2 * (LOOPS + CLEAN) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -77,7 +76,7 @@ def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
         second = WorkerProcess(topics, tmp_path / "b-rescheduled", partitions=PARTITIONS).start()
         workers = [first, second]
 
-        produce(partitioner, [(a, a.finished()[2:]) for a in loops + clean])
+        produce(topics.input, partitioner, [(a, a.finished()[2:]) for a in loops + clean])
         wanted = {a.trace_id.encode() for a in loops}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
