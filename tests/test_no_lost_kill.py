@@ -8,9 +8,9 @@ before the raise) meant it never tripped again.
 from __future__ import annotations
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from spans import AgentRecorder, encode, span_id_of
 
-from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
 from spanguard.streams.core import Guard
 from spanguard.streams.pipeline import SpanPipeline
@@ -73,6 +73,6 @@ def test_a_malformed_trace_id_costs_its_spans_not_the_other_traces():
     outcome = SpanPipeline(Guard()).handle(None, request.SerializeToString())
     assert [trace_id for trace_id, _ in outcome.repartition] == [good.trace_id]
     assert outcome.dead_letter == "a span has a 5-byte trace id (OTLP requires 16 bytes)"
-    (dead,) = [s for r in decode_protobuf(outcome.dead_value).resource_spans
+    (dead,) = [s for r in ExportTraceServiceRequest.FromString(outcome.dead_value).resource_spans
                for ss in r.scope_spans for s in ss.spans]  # fmt: skip
     assert dead.trace_id == b"\x01" * 5
