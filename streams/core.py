@@ -3,7 +3,7 @@
 The Faust worker, `spanguard replay`, the in-process SpanProcessor and the benchmarks all run
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
-Rules (see DESIGN.md):
+Rules (see docs/design.md):
 - tool_loop: a sliding window of the last `window` tool calls per trace, keyed by
   (tool_name, args_hash); a key seen `threshold` times in the window trips it.
 - token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
