@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench bench-pipeline kafka-up kafka-down topics worker \
+.PHONY: install test test-unit lint bench bench-eviction bench-pipeline kafka-up kafka-down topics worker \
 	collector helm up down demo clean
 
 install: $(STAMP)
@@ -69,6 +69,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/bench_core.py
+
+# The longest per-batch eviction pause with a million idle traces, against a full scan.
+bench-eviction: install
+	$(BIN)/python bench/bench_eviction.py
 
 bench-pipeline: install kafka-up
 	$(BIN)/python bench/bench_pipeline.py
