@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 from spanguard.streams.core import Guard, TraceState
-from spanguard.streams.state import SerializedStates
+from spanguard.streams.state import SerializedStates, event_context
 
 
 class Event:  # what SerializedStates reads of a Faust event; weak-referenceable like one
@@ -30,8 +30,8 @@ def main() -> None:
     events = [Event(p) for p in range(PARTITIONS)]
     states.begin_batch()
     for n in range(TRACES):
-        states.current_event = events[n % PARTITIONS]
-        states[f"{n:032x}"] = TraceState(last_seen=float(n))
+        with event_context(events[n % PARTITIONS]):
+            states[f"{n:032x}"] = TraceState(last_seen=float(n))
     states.flush()
 
     longest = 0.0

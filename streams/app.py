@@ -151,9 +151,9 @@ def create_app(
                     },
                 )
                 failed.append(send)
-            if not failed:
-                return []
             pending = failed
+            if not pending or attempt == SEND_ATTEMPTS - 1:
+                break
             await asyncio.sleep(0.2 * 2**attempt)
         return pending
 
@@ -279,7 +279,6 @@ def create_app(
         goal_sends: list[Send] = []
         for event in events:
             message = event.message
-            states.current_event = event
             with event_context(event):
                 outcome = pipeline.handle(message.key, message.value)  # never raises
             sends.extend(outcome_sends(outcome, message))

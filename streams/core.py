@@ -315,9 +315,10 @@ class Guard:
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
+        mark = f"{decision.rule}:{decision.action}"
         state = self.states.get(decision.trace_id)
-        if state is not None and f"{decision.rule}:{decision.action}" in state.fired:
-            state.fired.discard(f"{decision.rule}:{decision.action}")
+        if state is not None and mark in state.fired:
+            state.fired.discard(mark)
             self.states[decision.trace_id] = state
 
     def _on_bad_span(self, exc: Exception) -> None:

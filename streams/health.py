@@ -24,14 +24,12 @@ class Health:
         self.dead_after = dead_after
         self.crashed_at: float | None = None
         self.last_error: str | None = None
-        self.last_progress: float | None = None
         self.batches = 0
         self.crashes = 0
         self.lost_signals = 0
 
     def progressed(self) -> None:
         self.batches += 1
-        self.last_progress = self.clock()
         self.crashed_at = None
 
     def crashed(self, exc: BaseException) -> None:
@@ -54,6 +52,7 @@ class Health:
             "live": self.live,
             "batches": self.batches,
             "crashes": self.crashes,
+            "lost_signals": self.lost_signals,
             "last_error": self.last_error,
         }
 

@@ -27,5 +27,4 @@ def collector_partition(key: bytes, partitions: int) -> int:
     signed = fnv1a_32(key)
     if signed >= 0x80000000:
         signed -= 0x100000000
-    remainder = abs(signed) % partitions  # Go's % truncates toward zero: |a % n| == |a| % n
-    return remainder
+    return abs(signed) % partitions  # Go's % truncates toward zero: |a % n| == |a| % n

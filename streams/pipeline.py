@@ -71,8 +71,8 @@ class SpanPipeline:
         if not trace_ids:
             return Outcome()
         bad = [trace_id for trace_id in trace_ids if len(trace_id) != 16]
-        if bad and len(bad) == len(trace_ids):
-            return self._dead(f"a span has a {len(bad[0])}-byte trace id (OTLP requires 16 bytes)")
+        if len(bad) == len(trace_ids):
+            return self._dead(_bad_trace_id(len(bad[0])))
 
         if len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode():
             try:
@@ -88,17 +88,22 @@ class SpanPipeline:
             return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
         self.repartitioned += 1
         outcome = Outcome()
+        dead = ExportTraceServiceRequest()
         for trace_id, part in parts.items():
             if len(trace_id) == 32:
                 outcome.repartition.append((trace_id, part.SerializeToString()))
             else:  # only the spans with a bad trace id are dead letters, not their neighbours
-                self.dead_letters += 1
-                outcome.dead_letter = (
-                    f"a span has a {len(trace_id) // 2}-byte trace id (OTLP requires 16 bytes)"
-                )
-                outcome.dead_value = part.SerializeToString()
+                outcome.dead_letter = _bad_trace_id(len(trace_id) // 2)
+                dead.MergeFrom(part)
+        if outcome.dead_letter is not None:
+            self.dead_letters += 1
+            outcome.dead_value = dead.SerializeToString()
         return outcome
 
     def _dead(self, reason: str) -> Outcome:
         self.dead_letters += 1
         return Outcome(dead_letter=reason)
+
+
+def _bad_trace_id(length: int) -> str:
+    return f"a span has a {length}-byte trace id (OTLP requires 16 bytes)"

@@ -16,7 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-from faust.streams import _current_event  # the store's and changelog's partition comes from it
+# The store's and changelog's partition comes from the stream's current event.
+from faust.streams import _current_event, current_event
 
 from spanguard.streams.core import TraceState
 
@@ -44,7 +45,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
         self.table = table
-        self.current_event: Any = None  # set by the agent before each message
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
         self._expiry: dict[int, OrderedDict[str, float]] = {}
@@ -80,11 +80,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
                     evicted += 1
         return evicted
 
-    def forget_partitions(self, partitions: set[int]) -> None:
-        """Drop the index of partitions this worker no longer owns (after a rebalance)."""
-        for partition in partitions:
-            self._expiry.pop(partition, None)
-
     def _index(self, event: Any, trace_id: str, last_seen: float) -> None:
         index = self._expiry.setdefault(event.message.partition, OrderedDict())
         index[trace_id] = last_seen
@@ -103,13 +98,14 @@ class SerializedStates(MutableMapping[str, TraceState]):
         return default if data is None else TraceState.from_bytes(data)
 
     def __setitem__(self, trace_id: str, state: TraceState) -> None:
+        event = current_event()
         if self._batch is not None:
             self._batch[trace_id] = state
-            self._event_of[trace_id] = self.current_event
+            self._event_of[trace_id] = event
         else:
             self.table[trace_id.encode()] = state.to_bytes()
-            if self.current_event is not None:
-                self._index(self.current_event, trace_id, state.last_seen)
+            if event is not None:
+                self._index(event, trace_id, state.last_seen)
 
     def __delitem__(self, trace_id: str) -> None:
         if self._batch is not None:
