@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
+from spanguard.errors import PagerConfigError
 from spanguard.schemas.decision import EVIDENCE_FIELDS
 from spanguard.secrets import SecretError, read_secret
 
@@ -75,10 +76,6 @@ DETAIL_FIELDS = (
 
 Severity = Literal["critical", "error", "warning", "info"]
 Status = Literal["accepted", "rejected", "failed"]
-
-
-class PagerConfigError(ValueError):
-    """Paging settings that cannot work; the message names the setting (never the key's value)."""
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import build_corpus
 
+from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp import ExportTraceServiceRequest
 from spanguard.schemas.policy import Policy
-from spanguard.streams.core import Guard
 
 SEED_VOLATILE = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}

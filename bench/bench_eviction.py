@@ -11,7 +11,7 @@ import json
 import time
 from types import SimpleNamespace
 
-from spanguard.streams.core import Guard, TraceState
+from spanguard.detection.guard import Guard, TraceState
 from spanguard.streams.state import SerializedStates, event_context
 
 

@@ -53,7 +53,7 @@ from corpus import build_corpus
 from kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.streams.core import Guard
+from spanguard.detection.guard import Guard
 
 DAY_MS = str(24 * 3600 * 1000)
 

@@ -8,6 +8,11 @@
 
 from __future__ import annotations
 
+# Installed as spanguard.killswitch; loaded by its folder name (from the repository root) each of its
+# modules would exist twice, with two copies of every class.
+if __name__ != "spanguard.killswitch":
+    raise ImportError(f"import spanguard.killswitch, not {__name__}")
+
 from typing import TYPE_CHECKING, Any
 
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id

@@ -38,11 +38,11 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.guard import Guard, TraceState
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
 from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
 from spanguard.schemas.policy import Policy
-from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME
-from spanguard.streams.core import Guard, TraceState
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
 

@@ -20,6 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
+from spanguard.errors import OtlpDecodeError
+
 __all__ = [
     "ExportTraceServiceRequest",
     "OtlpDecodeError",
@@ -31,10 +33,6 @@ __all__ = [
 ]
 
 _HEX_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
-
-
-class OtlpDecodeError(ValueError):
-    """The input is not a valid OTLP trace export request; the message says why."""
 
 
 def decode_protobuf(data: bytes) -> ExportTraceServiceRequest:

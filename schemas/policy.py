@@ -29,6 +29,8 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 
+from spanguard.errors import PolicyError
+
 __all__ = ["DEFAULT_VOLATILE_KEYS", "AgentPolicy", "Policy", "PolicyError"]
 
 # Keys that change on every call without changing its intent (the seed's list).
@@ -39,10 +41,6 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
 Action = Literal["kill", "downgrade"]
 MissingArgs = Literal["skip", "name_only"]
 Severity = Literal["critical", "error", "warning", "info"]
-
-
-class PolicyError(ValueError):
-    """A policy that does not validate; the message names the offending field."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ import logging
 import sys
 
 from spanguard import __version__
-from spanguard.schemas.policy import Policy, PolicyError
-from spanguard.streams.settings import SettingsError
+from spanguard.errors import PolicyError, SettingsError, SpanguardError
+from spanguard.schemas.policy import Policy
 
 EXIT_USAGE = 2
 
@@ -18,14 +18,9 @@ def _load_policy(path: str | None) -> Policy:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from spanguard.streams.replay import ReplayInputError, replay
+    from spanguard.detection.replay import replay
 
-    policy = _load_policy(args.policy)
-    try:
-        replay(args.paths, policy)
-    except ReplayInputError as exc:
-        print(f"spanguard replay: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    replay(args.paths, _load_policy(args.policy))
     return 0
 
 
@@ -33,7 +28,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per worker setting; unset flags fall back to SPANGUARD_* variables."""
     from dataclasses import fields
 
-    from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
+    from spanguard.settings import ENV_PREFIX, WorkerSettings
 
     for spec in fields(WorkerSettings):
         if spec.metadata.get("flag") is False:
@@ -51,7 +46,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from spanguard.streams.settings import WorkerSettings
+    from spanguard.settings import WorkerSettings
 
     return WorkerSettings.from_sources(vars(args))
 
@@ -78,6 +73,14 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     for name, outcome in outcomes.items():
         print(f"{name}: {outcome}")
     return 0
+
+
+def _kind(exc: SpanguardError) -> str:
+    if isinstance(exc, PolicyError):
+        return "bad policy: "
+    if isinstance(exc, SettingsError):
+        return "bad setting: "
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,11 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except PolicyError as exc:
-        print(f"spanguard: bad policy: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SettingsError as exc:
-        print(f"spanguard: bad setting: {exc}", file=sys.stderr)
+    except SpanguardError as exc:
+        # Bad input or configuration: one line that says what and where, no traceback.
+        print(f"spanguard {args.command}: {_kind(exc)}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from spanguard.errors import SecretError
+
 __all__ = ["SecretError", "read_secret"]
-
-
-class SecretError(ValueError):
-    """Both forms set, or the file unreadable or empty; the message names the variable."""
 
 
 def read_secret(env: Mapping[str, str], name: str, file_name: str) -> str | None:

@@ -1,7 +1,7 @@
 """The Faust app: topics, the per-trace state table, and the agent that wires them to the core.
 
-No rule logic lives here: each message goes through streams/pipeline.py (routing) and
-streams/core.py (rules); this module only reads topics, keeps the table and sends results.
+No rule logic lives here: each message goes through spanguard/detection/pipeline.py (routing) and
+spanguard/detection/guard.py (rules); this module only reads topics, keeps the table and sends results.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService, paged_rules, with_rule
+from spanguard.detection.guard import Guard
+from spanguard.detection.pipeline import Outcome, SpanPipeline
+from spanguard.goal.verifier import GoalVerifier
 from spanguard.schemas.decision import Decision, KillSignal, sign
 from spanguard.schemas.policy import Policy
-from spanguard.streams.core import Guard
+from spanguard.settings import WorkerSettings
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
 from spanguard.streams.metrics import WorkerMetrics
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.pipeline import Outcome, SpanPipeline
-from spanguard.streams.settings import WorkerSettings
 from spanguard.streams.state import SerializedStates, event_context
-from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["create_app"]
 

@@ -8,9 +8,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from spanguard.alerting.service import PagingService
-from spanguard.streams.core import Guard
-from spanguard.streams.pipeline import SpanPipeline
-from spanguard.streams.verifier import GoalVerifier
+from spanguard.detection.guard import Guard
+from spanguard.detection.pipeline import SpanPipeline
+from spanguard.goal.verifier import GoalVerifier
 
 __all__ = ["WorkerMetrics"]
 

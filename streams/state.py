@@ -19,7 +19,7 @@ from typing import Any
 # The store's and changelog's partition comes from the stream's current event.
 from faust.streams import _current_event, current_event
 
-from spanguard.streams.core import TraceState
+from spanguard.detection.guard import TraceState
 
 __all__ = ["SerializedStates", "event_context"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from spanguard.streams.settings import WorkerSettings
+from spanguard.settings import WorkerSettings
 
 __all__ = ["TopicSpec", "create_topics", "topic_specs"]
 

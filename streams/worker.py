@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 import faust
 
 from spanguard.alerting.pagerduty import Pager, PagerConfigError, PagerSettings
+from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
+from spanguard.settings import GoalSettings, SettingsError, WorkerSettings
 from spanguard.streams.app import create_app
-from spanguard.streams.goal import GoalSettings
-from spanguard.streams.settings import SettingsError, WorkerSettings
-from spanguard.streams.verifier import GoalVerifier
+from spanguard.streams.judge import OpenAICompatibleJudge
 
 __all__ = ["run_worker"]
 
@@ -37,7 +38,14 @@ def _pager_from_env(policy: Policy) -> Pager | None:
 
 
 def run_worker(settings: WorkerSettings, policy: Policy) -> int:
-    verifier = GoalVerifier(policy, GoalSettings.from_env())
+    goal_settings = GoalSettings.from_env()
+    verifier = GoalVerifier(
+        policy,
+        goal_settings,
+        judge_factory=lambda model: OpenAICompatibleJudge.from_settings(
+            replace(goal_settings, model=model)
+        ),
+    )
     if not verifier.settings.enabled and (
         policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
     ):

@@ -3,9 +3,9 @@
 import hashlib
 import json
 
+from spanguard.detection.conventions import decode_arguments
+from spanguard.detection.guard import args_hash, canonicalize
 from spanguard.schemas.policy import DEFAULT_VOLATILE_KEYS
-from spanguard.streams.adapters import decode_arguments
-from spanguard.streams.core import args_hash, canonicalize
 
 VOLATILE = DEFAULT_VOLATILE_KEYS
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from spanguard.schemas.policy import Policy
-from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
+from spanguard.settings import ENV_PREFIX, WorkerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "spanguard"

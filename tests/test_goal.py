@@ -19,20 +19,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.trace import SpanKind
 from spans import AgentRecorder, encode, span_id_of
 
+from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
+from spanguard.goal.sampling import should_sample
+from spanguard.goal.verdicts import Judge, JudgeError, Verdict, parse_verdict
 from spanguard.schemas.otlp import decode_protobuf
-from spanguard.streams.goal import (
-    SYSTEM_PROMPT,
-    GoalSettings,
-    InvocationEnd,
-    Judge,
-    JudgeError,
-    OpenAICompatibleJudge,
-    Verdict,
-    find_invocation_ends,
-    parse_verdict,
-    should_sample,
-)
-from spanguard.streams.settings import SettingsError
+from spanguard.settings import GoalSettings, SettingsError
+from spanguard.streams.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
 
 REQUEST = "What is the refund policy for items that arrive damaged?"
 ANSWER = "Damaged items are refunded in full within 30 days; send a photo to support."

@@ -526,7 +526,7 @@ def test_the_processor_decides_exactly_as_the_core_on_full_otlp_requests():
     """The processor encodes a slim copy of each span; the core must not see a difference."""
     from spans import AgentRecorder, one_request_per_span
 
-    from spanguard.streams.core import Guard
+    from spanguard.detection.guard import Guard
 
     policy = Policy.from_mapping(
         {

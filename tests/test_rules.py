@@ -7,9 +7,9 @@ import json
 import pytest
 from spans import AgentRecorder, encode, one_request_per_span, span_id_of, trace_id_of
 
+from spanguard.detection.guard import Guard
 from spanguard.schemas.decision import KillSignal, validate
 from spanguard.schemas.policy import Policy
-from spanguard.streams.core import Guard
 
 REFUND = {"query": "refund policy"}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spanguard.streams.settings import SettingsError, WorkerSettings
+from spanguard.settings import SettingsError, WorkerSettings
 
 
 def test_flags_win_over_environment_which_wins_over_defaults():

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
+from spanguard.errors import SettingsError
 from spanguard.secrets import SecretError, read_secret
 
-__all__ = ["ENV_PREFIX", "SettingsError", "WorkerSettings"]
+__all__ = ["ENV_PREFIX", "GoalSettings", "SettingsError", "WorkerSettings", "redact_url"]
 
 ENV_PREFIX = "SPANGUARD_"
-
-
-class SettingsError(ValueError):
-    """A setting with a value that cannot be used; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -151,3 +150,84 @@ class WorkerSettings:
                     f"{ENV_PREFIX}{spec.name.upper()}={raw!r} is not a valid {kind.__name__}"
                 ) from None
         return cls(**values)
+
+
+ENV_JUDGE_URL: Final = "SPANGUARD_JUDGE_URL"
+ENV_JUDGE_MODEL: Final = "SPANGUARD_JUDGE_MODEL"
+ENV_JUDGE_API_KEY: Final = "SPANGUARD_JUDGE_API_KEY"
+ENV_JUDGE_API_KEY_FILE: Final = "SPANGUARD_JUDGE_API_KEY_FILE"
+ENV_JUDGE_TIMEOUT: Final = "SPANGUARD_JUDGE_TIMEOUT"
+ENV_JUDGE_MAX_ATTEMPTS: Final = "SPANGUARD_JUDGE_MAX_ATTEMPTS"
+ENV_JUDGE_MAX_CONCURRENCY: Final = "SPANGUARD_JUDGE_MAX_CONCURRENCY"
+
+
+@dataclass(frozen=True)
+class GoalSettings:
+    """Where the judge is. base_url is the OpenAI-style base, with its /v1: the judge POSTs to
+    `{base_url}/chat/completions` (vLLM http://host:8000/v1, Ollama http://host:11434/v1,
+    llama.cpp server http://host:8080/v1, https://api.openai.com/v1)."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float = 10.0  # seconds per attempt
+    max_attempts: int = 3
+    max_concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        if self.base_url is not None:
+            url = self.base_url.strip().rstrip("/")
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                raise SettingsError(
+                    f"{ENV_JUDGE_URL} must be an http(s) URL, got {redact_url(url)!r}"
+                )
+            object.__setattr__(self, "base_url", url)
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise SettingsError(f"{ENV_JUDGE_TIMEOUT} must be a positive number of seconds")
+        if self.max_attempts < 1:
+            raise SettingsError(f"{ENV_JUDGE_MAX_ATTEMPTS} must be at least 1")
+        if self.max_concurrency < 1:
+            raise SettingsError(f"{ENV_JUDGE_MAX_CONCURRENCY} must be at least 1")
+
+    @property
+    def enabled(self) -> bool:
+        """A judge is configured: a URL and a model."""
+        return bool(self.base_url and self.model)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GoalSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {
+            "base_url": env.get(ENV_JUDGE_URL, "").strip() or None,
+            "model": env.get(ENV_JUDGE_MODEL, "").strip() or None,
+            "api_key": _judge_api_key(env),
+        }
+        for name, key, kind in (
+            ("timeout", ENV_JUDGE_TIMEOUT, float),
+            ("max_attempts", ENV_JUDGE_MAX_ATTEMPTS, int),
+            ("max_concurrency", ENV_JUDGE_MAX_CONCURRENCY, int),
+        ):
+            raw = env.get(key, "").strip()
+            if raw:
+                try:
+                    values[name] = kind(raw)
+                except ValueError:
+                    raise SettingsError(f"{key}={raw!r} is not a valid {kind.__name__}") from None
+        return cls(**values)
+
+
+def _judge_api_key(env: Mapping[str, str]) -> str | None:
+    # Local servers (Ollama, llama.cpp, vLLM) need none.
+    try:
+        return read_secret(env, ENV_JUDGE_API_KEY, ENV_JUDGE_API_KEY_FILE)
+    except SecretError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def redact_url(url: str) -> str:
+    """scheme://host[:port]/path: no credentials, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"

@@ -1,6 +1,7 @@
-"""The goal verifier's decisions: which invocation ends to judge, and what a verdict becomes.
+"""Goal completion, step two: which invocation ends to judge, and what a verdict becomes.
 
-Faust-free. The worker forwards messages that hold a root span to a topic of their own; its
+Pure: the judge comes from `judge_factory` (the worker passes the HTTP judge of
+`spanguard.streams.judge`). The worker forwards messages that hold a root span to a topic of their own; its
 goal agent calls `GoalVerifier.check` there, so a slow judge never delays loop or budget rules.
 """
 
@@ -10,21 +11,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 
+from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
+from spanguard.goal.sampling import should_sample
+from spanguard.goal.verdicts import Judge, JudgeError
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError, decode_protobuf
 from spanguard.schemas.policy import Policy
-from spanguard.streams.adapters import AGENT_NAME, SERVICE_NAME
-from spanguard.streams.goal import (
-    GoalSettings,
-    InvocationEnd,
-    Judge,
-    JudgeError,
-    OpenAICompatibleJudge,
-    should_sample,
-)
+from spanguard.settings import GoalSettings
 
 __all__ = ["GoalVerifier"]
 
@@ -39,15 +35,13 @@ class GoalVerifier:
         policy: Policy,
         settings: GoalSettings,
         *,
-        judge_factory: Callable[[str], Judge] | None = None,
+        judge_factory: Callable[[str], Judge],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy = policy
         self.settings = settings
         self.clock = clock
-        self._judge_factory = judge_factory or (
-            lambda model: OpenAICompatibleJudge.from_settings(replace(settings, model=model))
-        )
+        self._judge_factory = judge_factory  # model name -> judge, one per model
         self._judges: dict[str, Judge] = {}
         # met, unmet, low_confidence, no_content, not_sampled, disabled, judge_error
         self.outcomes: Counter[str] = Counter()
@@ -142,6 +136,4 @@ class GoalVerifier:
 
 
 def decode_ends(message: bytes) -> list[InvocationEnd]:
-    from spanguard.streams.goal import find_invocation_ends
-
     return find_invocation_ends(decode_protobuf(message))

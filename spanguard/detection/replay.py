@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
+from spanguard.detection.guard import Guard
+from spanguard.errors import ReplayInputError
 from spanguard.schemas.otlp import (
     ExportTraceServiceRequest,
     OtlpDecodeError,
@@ -17,15 +19,10 @@ from spanguard.schemas.otlp import (
     decode_protobuf,
 )
 from spanguard.schemas.policy import Policy
-from spanguard.streams.core import Guard
 
 __all__ = ["ReplayInputError", "replay"]
 
 PROTOBUF_SUFFIXES = (".pb", ".binpb")
-
-
-class ReplayInputError(OSError):
-    """An input that cannot be read at all (missing file, unreadable protobuf file)."""
 
 
 @dataclass

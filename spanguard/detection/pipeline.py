@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from spanguard.detection.guard import Guard
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
 from spanguard.schemas.otlp_view import parse_view
-from spanguard.streams.core import Guard
 
 __all__ = ["Outcome", "SpanPipeline"]
 

@@ -27,11 +27,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.schemas.decision import AgentIdentity, Decision
-from spanguard.schemas.otlp import OtlpDecodeError
-from spanguard.schemas.otlp_view import parse_view, view_of
-from spanguard.schemas.policy import AgentPolicy, Policy
-from spanguard.streams.adapters import (
+from spanguard.detection.conventions import (
     AGENT_NAME,
     MISSING,
     SERVICE_NAME,
@@ -44,6 +40,10 @@ from spanguard.streams.adapters import (
     adapt_span,
     resource_info,
 )
+from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.otlp import OtlpDecodeError
+from spanguard.schemas.otlp_view import parse_view, view_of
+from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = ["Guard", "GuardStats", "TraceState", "args_hash", "canonicalize"]
 
