@@ -47,7 +47,7 @@ up: install
 down:
 	scripts/stack.sh down
 
-# The README's main command: both seed agents against the real stack, from nothing.
+# The README's main command: both demo agents against the real stack, from nothing.
 demo: install
 	$(BIN)/python -m spanguard.demo run
 

@@ -1,7 +1,7 @@
 """`make bench`: the detection core's speed against the protobuf parse floor, on one core.
 
 Prints spans/s for (a) protobuf parsing alone, (b) the full core (decode + adapt + rules, the
-very Guard the worker runs), (c) the seed's 20-line algorithm on the same tool calls, and the
+very Guard the worker runs), (c) a naive detector (recount the whole window on every call) on the same tool calls, and the
 state bytes per active trace. Best of N runs each; the last line is one JSON object.
 """
 
@@ -25,36 +25,36 @@ from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp import ExportTraceServiceRequest
 from spanguard.schemas.policy import Policy
 
-SEED_VOLATILE = frozenset(
+NAIVE_VOLATILE = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
 )
 
 
-class SeedDetector:
-    """The seed's algorithm as it stands: recount the whole window on every call."""
+class NaiveDetector:
+    """The obvious algorithm: keep every call, recount the whole window on every call."""
 
     def __init__(self, window: int = 10, threshold: int = 4) -> None:
         self.window, self.threshold = window, threshold
         self.calls: deque[tuple[str, str]] = deque()
 
     def observe(self, tool_name: str, arguments: dict) -> bool:
-        self.calls.append((tool_name, _seed_hash(arguments)))
+        self.calls.append((tool_name, _naive_hash(arguments)))
         if len(self.calls) > self.window:
             self.calls.popleft()
         _key, hits = Counter(self.calls).most_common(1)[0]
         return hits >= self.threshold
 
 
-def _seed_strip(value):
+def _naive_strip(value):
     if isinstance(value, dict):
-        return {k: _seed_strip(v) for k, v in value.items() if k not in SEED_VOLATILE}
+        return {k: _naive_strip(v) for k, v in value.items() if k not in NAIVE_VOLATILE}
     if isinstance(value, list):
-        return [_seed_strip(v) for v in value]
+        return [_naive_strip(v) for v in value]
     return value
 
 
-def _seed_hash(arguments: dict) -> str:
-    return hashlib.sha256(json.dumps(_seed_strip(arguments), sort_keys=True).encode()).hexdigest()[
+def _naive_hash(arguments: dict) -> str:
+    return hashlib.sha256(json.dumps(_naive_strip(arguments), sort_keys=True).encode()).hexdigest()[
         :16
     ]
 
@@ -196,12 +196,12 @@ def main() -> int:
     # With a token budget the core also reads every inference span's usage and keeps totals.
     budget_policy = Policy.from_mapping({"defaults": {"token_budget": 10**12}})
 
-    def seed() -> None:
-        detectors: dict[str, SeedDetector] = {}
+    def naive() -> None:
+        detectors: dict[str, NaiveDetector] = {}
         for trace_id, tool_name, arguments in corpus.tool_calls:
             detector = detectors.get(trace_id)
             if detector is None:
-                detector = detectors[trace_id] = SeedDetector()
+                detector = detectors[trace_id] = NaiveDetector()
             detector.observe(tool_name, arguments)
 
     # Parse and core run back to back, pair after pair: on a shared, noisy machine the ratio
@@ -215,7 +215,7 @@ def main() -> int:
         budget_ratios.append(parse_times[-1] / budget_times[-1])
     parse_s, core_s, budget_s = min(parse_times), min(core_times), min(budget_times)
     ratio, budget_ratio = statistics.median(ratios), statistics.median(budget_ratios)
-    seed_s = _best(args.runs, seed)
+    naive_s = _best(args.runs, naive)
     scan_s = _best(args.runs, plain_scan)
 
     guard = Guard()
@@ -225,7 +225,7 @@ def main() -> int:
 
     parse_rate = corpus.spans / parse_s
     core_rate = corpus.spans / core_s
-    seed_rate = len(corpus.tool_calls) / seed_s
+    naive_rate = len(corpus.tool_calls) / naive_s
     print(f"(a) protobuf parse only : {parse_rate:12,.0f} spans/s")
     print(
         f"(a') plain attribute scan: {corpus.spans / scan_s:12,.0f} spans/s"
@@ -239,7 +239,7 @@ def main() -> int:
         f"(b') core with budgets  : {corpus.spans / budget_s:12,.0f} spans/s"
         f"  ({budget_ratio:.3f} of parse: token usage read on every chat span)"
     )
-    print(f"(c) seed 20-line algo   : {seed_rate:12,.0f} tool calls/s")
+    print(f"(c) naive recount      : {naive_rate:12,.0f} tool calls/s")
     print(
         f"state: {bytes_per_trace:,.0f} bytes per active trace over {len(guard.states):,} traces;"
         f" loops caught {len(caught & corpus.looping_traces)}/{len(corpus.looping_traces)},"
@@ -252,7 +252,7 @@ def main() -> int:
             {
                 "parse_spans_per_s": round(parse_rate),
                 "core_spans_per_s": round(core_rate),
-                "seed_calls_per_s": round(seed_rate),
+                "naive_calls_per_s": round(naive_rate),
                 "bytes_per_trace": round(bytes_per_trace),
                 "core_to_parse": round(ratio, 3),
                 "core_budget_spans_per_s": round(corpus.spans / budget_s),

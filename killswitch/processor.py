@@ -9,9 +9,9 @@ placements. A decision is delivered into a `SignalBook` (the agent's next `check
 `on_decision`, and recorded as a short `spanguard.decision` span in the same trace, so it
 reaches the backend next to the span that tripped it.
 
-What the seed's sketch gets wrong: `on_end` receives a `ReadableSpan`, read-only once ended; it
-has no `set_attribute` (AttributeError with SDK 1.45), so the sketch's "mark the span" line
-raises inside `span.end()`, in the agent's own code, and its `inner.on_end` is never reached:
+Why not mark the tripping span itself: `on_end` receives a `ReadableSpan`, read-only once ended; it
+has no `set_attribute` (AttributeError with SDK 1.45), so a processor that marks the span
+raises inside `span.end()`, in the agent's own code, and the wrapped processor's `on_end` is never reached:
 the span is lost to the exporter. Here nothing raised by the guard escapes `on_end`, the
 wrapped processor always gets the span, and the decision travels as a span of its own.
 """
@@ -52,7 +52,7 @@ DECISION_SPAN_NAME = "spanguard.decision"
 INSTRUMENTATION_SCOPE = "spanguard.killswitch"
 # The adapters' own early exit (adapt_span): a span with none of the wanted attributes and
 # another name is no guard event. Testing it before encoding keeps HTTP/DB spans nearly free.
-SEED_TOOL_SPAN_NAME = "execute_tool"
+BARE_TOOL_SPAN_NAME = "execute_tool"
 MAX_CACHED_RESOURCES = 64
 # Decision fields that become `spanguard.<name>` attributes; raw tool arguments never do.
 DECISION_ATTRIBUTES = ("rule", "action", "reason", *EVIDENCE_FIELDS, "decision_id")
@@ -210,7 +210,7 @@ class GuardingSpanProcessor(SpanProcessor):
         """
         attributes = span.attributes or {}
         present = self._wanted.intersection(attributes)
-        if not present and span.name != SEED_TOOL_SPAN_NAME:
+        if not present and span.name != BARE_TOOL_SPAN_NAME:
             return None
         slim = ReadableSpan(
             span.name,

@@ -33,7 +33,7 @@ from spanguard.errors import PolicyError
 
 __all__ = ["DEFAULT_VOLATILE_KEYS", "AgentPolicy", "Policy", "PolicyError"]
 
-# Keys that change on every call without changing its intent (the seed's list).
+# Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
 )

@@ -1,11 +1,11 @@
-"""The seed's two agents, for real: OpenTelemetry SDK spans over OTLP, a KillSwitch on Kafka.
+"""The demo's two agents, for real: OpenTelemetry SDK spans over OTLP, a KillSwitch on Kafka.
 
     python -m spanguard.demo agent research   # 80 distinct tool calls, then a final answer
     python -m spanguard.demo agent support    # its vector index returns nothing: it loops
     python -m spanguard.demo run              # `make demo`: the stack, both agents, the verdict
 
 No LLM is involved: each agent's "model" is a small script that picks its next tool call the
-way the seed describes (the support agent retries the same search when it comes back empty).
+way a real one would (the support agent retries the same search when it comes back empty).
 Everything else is real: spans from the SDK with GenAI attributes, exported over OTLP/HTTP to
 the Collector, the worker's kill signal read by `KillSwitch`, and `check()` before each call.
 """

@@ -3,8 +3,8 @@
 import hashlib
 import json
 
+from spanguard.detection.canonical import args_hash, canonicalize
 from spanguard.detection.conventions import decode_arguments
-from spanguard.detection.guard import args_hash, canonicalize
 from spanguard.schemas.policy import DEFAULT_VOLATILE_KEYS
 
 VOLATILE = DEFAULT_VOLATILE_KEYS
@@ -41,10 +41,10 @@ def test_a_policy_volatile_key_only_strips_when_configured():
     assert args_hash(first, extended) == args_hash(second, extended)
 
 
-def test_hash_is_sixteen_hex_chars_equal_to_the_seed_algorithm():
+def test_hash_is_sixteen_hex_chars_equal_to_plain_sorted_json_sha256():
     arguments = {"query": "refund policy", "page": 1, "timestamp": 5}
-    seed_json = json.dumps({"query": "refund policy", "page": 1}, sort_keys=True)
-    assert args_hash(arguments, VOLATILE) == hashlib.sha256(seed_json.encode()).hexdigest()[:16]
+    plain_json = json.dumps({"query": "refund policy", "page": 1}, sort_keys=True)
+    assert args_hash(arguments, VOLATILE) == hashlib.sha256(plain_json.encode()).hexdigest()[:16]
 
 
 def test_non_json_arguments_hash_as_raw():

@@ -68,7 +68,7 @@ def test_otel_genai_structured_arguments_kvlist():
     assert [d.span_id for d in result] == [spans[3].span_id.hex()]
 
 
-def test_seed_form_span_named_execute_tool_without_operation_name():
+def test_bare_form_span_named_execute_tool_without_operation_name():
     agent = AgentRecorder()
     for _ in range(4):
         agent.span(

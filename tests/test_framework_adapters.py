@@ -15,7 +15,7 @@ signal = kill_signal
 
 
 def search_tool(calls: list[str]):
-    """The OpenAI Agents SDK FunctionTool the seed's support agent keeps calling."""
+    """The OpenAI Agents SDK FunctionTool the demo's support agent keeps calling."""
     from agents import FunctionTool
 
     async def run_search(context, arguments: str) -> str:

@@ -32,7 +32,7 @@ Arguments = Callable[[int], tuple[str, dict[str, Any]]]
 
 
 def looping(step: int) -> tuple[str, dict[str, Any]]:
-    # The seed's flaky-index agent: the same query, only a volatile key changes.
+    # The demo's flaky-index agent: the same query, only a volatile key changes.
     return "search_docs", {**REFUND, "timestamp": step}
 
 
@@ -136,7 +136,7 @@ async def run_agent_async(fleet: Fleet, arguments: Arguments, calls: int) -> Run
     return run
 
 
-# -- the seed's two agents ---------------------------------------------------------------
+# -- the demo's two agents ---------------------------------------------------------------
 
 
 def test_looping_agent_is_stopped_before_its_fifth_call_and_research_agent_finishes():
@@ -228,13 +228,13 @@ def test_a_failing_guard_never_reaches_the_agent_nor_loses_spans(monkeypatch, ca
     assert "core bug" in caplog.text
 
 
-def test_the_seed_sketch_raises_because_an_ended_span_is_read_only():
-    class SeedSketch(SpanProcessor):
+def test_marking_the_ended_span_raises_because_an_ended_span_is_read_only():
+    class MarkingProcessor(SpanProcessor):
         def on_end(self, span: ReadableSpan) -> None:
             span.set_attribute("loop.detected", True)  # type: ignore[attr-defined]
 
     provider = TracerProvider()
-    provider.add_span_processor(SeedSketch())
+    provider.add_span_processor(MarkingProcessor())
     with pytest.raises(AttributeError, match="set_attribute"):
         provider.get_tracer("t").start_span("execute_tool").end()
 
@@ -541,7 +541,7 @@ def test_the_processor_decides_exactly_as_the_core_on_full_otlp_requests():
     tenant = AgentRecorder("support-bot", "support")
     for step in range(5):
         payments.tool("search_docs", {**REFUND, "nonce": step}, call_id=f"call_{step}")
-        payments.span(  # the seed's bare name, no operation name
+        payments.span(  # the bare name, no operation name
             "execute_tool",
             {"gen_ai.tool.name": "lookup", "gen_ai.tool.call.arguments": '{"id": 7}'},
         )

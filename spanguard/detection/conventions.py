@@ -10,7 +10,7 @@ each convention's own source (the version read is given per convention):
   structured value, opt-in), `gen_ai.usage.input_tokens` / `output_tokens` (cache and
   reasoning tokens are already inside them), deprecated `gen_ai.usage.prompt_tokens` /
   `completion_tokens`, `gen_ai.agent.name`.
-- The seed's form: span name exactly `execute_tool` with no operation name.
+- The bare form: span name exactly `execute_tool` with no operation name.
 - OpenInference semconv 0.1.27+ (python/openinference-semantic-conventions):
   `openinference.span.kind` (`TOOL`, `LLM`, `AGENT`), `tool.name`, `tool.id`, `input.value`
   (the call's arguments), `llm.token_count.prompt` / `completion`. Its `tool.parameters` is the

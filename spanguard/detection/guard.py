@@ -1,4 +1,4 @@
-"""The detection core: OTLP requests in, guard decisions out. Pure Python, no I/O.
+"""The guard: OTLP requests in, decisions out. Pure Python, no I/O.
 
 The Faust worker, `spanguard replay`, the in-process SpanProcessor and the benchmarks all run
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
@@ -13,12 +13,9 @@ Rules (see docs/design.md):
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import logging
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +24,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
     MISSING,
@@ -40,12 +38,13 @@ from spanguard.detection.conventions import (
     adapt_span,
     resource_info,
 )
+from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
-__all__ = ["Guard", "GuardStats", "TraceState", "args_hash", "canonicalize"]
+__all__ = ["TOKEN_BUDGET", "TOOL_LOOP", "Guard", "GuardStats", "TraceState"]
 
 log = logging.getLogger("spanguard.core")
 
@@ -62,100 +61,6 @@ CAPTURE_HINT = (
 )
 
 
-_CONTAINERS = (dict, list)
-# json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
-# implementation, same output) saves that on every tool call.
-_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
-
-
-def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
-    """`value` without the volatile keys, at every depth: they change, the intent does not."""
-    # Scalars are tested inline: most arguments are flat, and a call per value costs more
-    # than the whole comparison.
-    kind = type(value)
-    if kind is dict:
-        return {
-            key: item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
-            for key, item in value.items()
-            if key not in volatile_keys
-        }
-    if kind is list:
-        return [
-            item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
-            for item in value
-        ]
-    return value
-
-
-def args_hash(arguments: Any, volatile_keys: frozenset[str]) -> str:
-    """sha256 of the canonical JSON (sorted keys, volatile keys removed), first 16 hex chars.
-
-    The JSON text is json.dumps(..., sort_keys=True) with its default separators, so the hash
-    equals the seed detector's for the same arguments.
-    """
-    canonical = _CANONICAL_JSON.encode(canonicalize(arguments, volatile_keys))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-@dataclass(slots=True)
-class TraceState:
-    """What the guard remembers of one trace: hashes and counts, never raw arguments."""
-
-    service: str = "unknown_service"
-    agent_name: str | None = None
-    window: deque[tuple[str, str | None]] = field(default_factory=deque)
-    counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
-    # Oldest first; OrderedDict drops its oldest entry in O(1), a dict does not.
-    recent_span_ids: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # raw ids
-    recent_call_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    inference_tokens: int | None = None
-    aggregate_tokens: int = 0
-    fired: set[str] = field(default_factory=set)  # "<rule>:<action>" already sent
-    last_seen: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "service": self.service,
-            "agent_name": self.agent_name,
-            "window": [list(key) for key in self.window],
-            # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
-            # and it is written to the changelog on every update.
-            "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
-            "recent_call_ids": list(self.recent_call_ids),
-            "inference_tokens": self.inference_tokens,
-            "aggregate_tokens": self.aggregate_tokens,
-            "fired": sorted(self.fired),
-            "last_seen": self.last_seen,
-        }
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> TraceState:
-        window = deque((tool, digest) for tool, digest in record["window"])
-        return cls(
-            service=record["service"],
-            agent_name=record["agent_name"],
-            window=window,
-            counts=dict(Counter(window)),
-            recent_span_ids=OrderedDict.fromkeys(_split_ids(record["recent_span_ids"])),
-            recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
-            inference_tokens=record["inference_tokens"],
-            aggregate_tokens=record["aggregate_tokens"],
-            fired=set(record["fired"]),
-            last_seen=record["last_seen"],
-        )
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TraceState:
-        return cls.from_dict(json.loads(data))
-
-    def restart_window(self) -> None:
-        self.window.clear()
-        self.counts.clear()
-
-
 @dataclass
 class GuardStats:
     """Counters the worker exports on /metrics and replay prints in its summary."""
@@ -168,11 +73,6 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-
-def _split_ids(encoded: str) -> list[bytes]:
-    raw = base64.b64decode(encoded)
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
@@ -310,8 +210,8 @@ class Guard:
                     self.stats.repeated_call_ids += 1  # a partial span of a call already counted
                     return None
                 _remember(state.recent_call_ids, event.call_id, limit)
-            return self._on_tool_call(trace_id, state, event, policy)
-        return self._on_tokens(trace_id, state, event, policy)
+            return self._check_repeated_tool_call(trace_id, state, event, policy)
+        return self._check_token_budget(trace_id, state, event, policy)
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
@@ -341,7 +241,7 @@ class Guard:
 
     # -- rules ---------------------------------------------------------------------------
 
-    def _on_tool_call(
+    def _check_repeated_tool_call(
         self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
     ) -> Decision | None:
         if f"{TOOL_LOOP}:kill" in state.fired:
@@ -402,7 +302,7 @@ class Guard:
             tool_arguments=call.arguments if policy.record_arguments and digest else None,
         )
 
-    def _on_tokens(
+    def _check_token_budget(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Decision | None:
         self.stats.token_events += 1
