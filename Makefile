@@ -68,14 +68,14 @@ lint: install
 	$(BIN)/ruff format --check .
 
 bench: install
-	$(BIN)/python bench/bench_core.py
+	$(BIN)/python -m bench.bench_core
 
 # The longest per-batch eviction pause with a million idle traces, against a full scan.
 bench-eviction: install
-	$(BIN)/python bench/bench_eviction.py
+	$(BIN)/python -m bench.bench_eviction
 
 bench-pipeline: install kafka-up
-	$(BIN)/python bench/bench_pipeline.py
+	$(BIN)/python -m bench.bench_pipeline
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

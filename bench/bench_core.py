@@ -15,12 +15,8 @@ import statistics
 import sys
 import time
 from collections import Counter, deque
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from corpus import build_corpus
-
+from bench.corpus import build_corpus
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp import ExportTraceServiceRequest
 from spanguard.schemas.policy import Policy

@@ -44,16 +44,13 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from corpus import build_corpus
-from kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench.corpus import build_corpus
 from spanguard.detection.guard import Guard
+from tests.support.kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
 
 DAY_MS = str(24 * 3600 * 1000)
 

@@ -12,12 +12,10 @@ import socket
 import time
 
 import pytest
-from chat_server import ChatServer, Reply
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
-from spans import AgentRecorder, encode, span_id_of
 
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
@@ -25,6 +23,8 @@ from spanguard.goal.verdicts import Judge, JudgeError, Verdict, parse_verdict
 from spanguard.schemas.otlp import decode_protobuf
 from spanguard.settings import GoalSettings, SettingsError
 from spanguard.streams.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
+from tests.support.chat_server import ChatServer, Reply
+from tests.support.spans import AgentRecorder, encode, span_id_of
 
 REQUEST = "What is the refund policy for items that arrive damaged?"
 ANSWER = "Damaged items are refunded in full within 30 days; send a photo to support."

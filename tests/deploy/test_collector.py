@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "collector.sh"
 MANIFEST = ROOT / "deploy" / "collector" / "builder-config.yaml"
 CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
@@ -153,8 +153,6 @@ def test_sdk_spans_reach_kafka_keyed_by_trace_id(binary: Path, tmp_path: Path):
         reason="needs opentelemetry-exporter-otlp-proto-http (the project's dev extra)",
     )
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka_harness import Collector as TopicReader
-    from kafka_harness import ensure_broker, free_port
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -162,6 +160,9 @@ def test_sdk_spans_reach_kafka_keyed_by_trace_id(binary: Path, tmp_path: Path):
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from tests.support.kafka_harness import Collector as TopicReader
+    from tests.support.kafka_harness import ensure_broker, free_port
 
     bootstrap = ensure_broker()
     topic = f"t{uuid.uuid4().hex[:8]}-otlp_spans"

@@ -7,11 +7,11 @@ import json
 import time
 
 import pytest
-from chat_server import ChatServer, Reply
-from kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from spans import AgentRecorder, encode
 
 from spanguard.schemas.decision import validate
+from tests.support.chat_server import ChatServer, Reply
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.spans import AgentRecorder, encode
 
 pytestmark = pytest.mark.kafka
 

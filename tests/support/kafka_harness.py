@@ -25,7 +25,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('KAFKA_PORT', '9092')}"
 
 

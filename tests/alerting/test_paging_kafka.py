@@ -1,5 +1,5 @@
 """Paging through the real worker, the real broker and the real `pagerduty` client, against a
-local HTTPS server that speaks Events API v2 (tests/pagerduty_server.py, a throwaway CA)."""
+local HTTPS server that speaks Events API v2 (tests/support/pagerduty_server.py, a throwaway CA)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from pagerduty_server import EventsApiServer, Fault
-from spans import AgentRecorder, encode
+
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.pagerduty_server import EventsApiServer, Fault
+from tests.support.spans import AgentRecorder, encode
 
 pytestmark = pytest.mark.kafka
 

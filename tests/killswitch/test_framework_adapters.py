@@ -7,9 +7,9 @@ import json
 import uuid
 
 import pytest
-from spans import kill_signal
 
 from spanguard.killswitch import AgentKilled, SignalBook
+from tests.support.spans import kill_signal
 
 signal = kill_signal
 

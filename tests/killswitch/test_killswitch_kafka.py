@@ -9,13 +9,13 @@ import time
 import uuid
 
 import pytest
-from kafka_harness import BOOTSTRAP, ensure_broker, producer
 from opentelemetry.sdk.trace import TracerProvider
-from spans import kill_signal
 
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
+from tests.support.kafka_harness import BOOTSTRAP, ensure_broker, producer
+from tests.support.spans import kill_signal
 
 pytestmark = pytest.mark.kafka
 

@@ -1,7 +1,7 @@
 """Paging through the real `pagerduty` client against a local HTTPS Events API v2 server.
 
 No mocks on the wire: every page goes out through pagerduty.EventsApiV2Client (httpx2) over TLS
-to tests/pagerduty_server.py, whose certificate comes from a throwaway trustme CA that the
+to tests/support/pagerduty_server.py, whose certificate comes from a throwaway trustme CA that the
 client trusts through SSL_CERT_FILE.
 """
 
@@ -16,7 +16,6 @@ import time
 import certifi
 import pagerduty
 import pytest
-from pagerduty_server import EventsApiServer, Fault
 
 from spanguard.alerting.pagerduty import (
     Pager,
@@ -27,6 +26,7 @@ from spanguard.alerting.pagerduty import (
 )
 from spanguard.logs import JsonFormatter
 from spanguard.schemas.decision import AgentIdentity, Decision, validate
+from tests.support.pagerduty_server import EventsApiServer, Fault
 
 ROUTING_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"  # 32 characters, like PagerDuty's
 assert len(ROUTING_KEY) == 32

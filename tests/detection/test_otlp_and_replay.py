@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from spans import AgentRecorder, encode, span_id_of
 
 from spanguard.schemas.decision import validate
 from spanguard.schemas.otlp import (
@@ -18,8 +17,9 @@ from spanguard.schemas.otlp import (
     encode_json_line,
     split_by_trace,
 )
+from tests.support.spans import AgentRecorder, encode, span_id_of
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REFUND = {"query": "refund policy"}
 
 # What the Collector's file exporter writes: hex ids, int64 as strings, enums as numbers.

@@ -19,13 +19,13 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider, SpanContext, SpanKind, TraceFlags
-from spans import kill_signal
 
 from spanguard.killswitch import AgentKilled, GuardingSpanProcessor, SignalBook
 from spanguard.killswitch.processor import DECISION_SPAN_NAME, INSTRUMENTATION_SCOPE
 from spanguard.killswitch.signals import current_trace_id
 from spanguard.schemas.decision import Decision, validate
 from spanguard.schemas.policy import Policy
+from tests.support.spans import kill_signal
 
 REFUND = {"query": "refund policy"}
 Arguments = Callable[[int], tuple[str, dict[str, Any]]]
@@ -524,9 +524,8 @@ def test_agent_killed_pickles_with_its_signal():
 
 def test_the_processor_decides_exactly_as_the_core_on_full_otlp_requests():
     """The processor encodes a slim copy of each span; the core must not see a difference."""
-    from spans import AgentRecorder, one_request_per_span
-
     from spanguard.detection.guard import Guard
+    from tests.support.spans import AgentRecorder, one_request_per_span
 
     policy = Policy.from_mapping(
         {

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from spans import AgentRecorder, encode, span_id_of
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.schemas.policy import Policy
+from tests.support.spans import AgentRecorder, encode, span_id_of
 
 REFUND = {"query": "refund policy"}
 BUDGET = Policy.from_mapping({"defaults": {"token_budget": 1000}})

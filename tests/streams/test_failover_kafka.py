@@ -16,8 +16,9 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-from kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
-from spans import AgentRecorder, encode, span_id_of
+
+from tests.support.kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
+from tests.support.spans import AgentRecorder, encode, span_id_of
 
 pytestmark = pytest.mark.kafka
 

@@ -6,12 +6,12 @@ import json
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
-from spans import AgentRecorder, encode, one_request_per_span, span_id_of
 
 from spanguard.detection.conventions import MISSING, TokenUsage, ToolCall, adapt_span
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp_view import view_of
 from spanguard.schemas.policy import Policy
+from tests.support.spans import AgentRecorder, encode, one_request_per_span, span_id_of
 
 REFUND = {"query": "refund policy"}
 

@@ -24,7 +24,7 @@ import yaml
 from spanguard.schemas.policy import Policy
 from spanguard.settings import ENV_PREFIX, WorkerSettings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "spanguard"
 HELM_SH = ROOT / "scripts" / "helm.sh"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -495,7 +495,7 @@ def test_helm_compose_and_worker_defaults_agree(helm: Path) -> None:
     chart = WorkerSettings.from_sources(
         {}, {k: v for k, v in env_of(container(render(helm))).items() if isinstance(v, str)}
     )
-    compose = yaml.safe_load((Path(__file__).parents[1] / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     (worker,) = [s for s in compose["services"].values() if "SPANGUARD_STORE" in str(s)]
     environment = {k: str(v) for k, v in worker["environment"].items() if "${" not in str(v)}
     composed = WorkerSettings.from_sources({}, environment)

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from spans import AgentRecorder, encode, span_id_of
 
 from spanguard.schemas.decision import signature_valid, validate
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.spans import AgentRecorder, encode, span_id_of
 
 pytestmark = pytest.mark.kafka
 

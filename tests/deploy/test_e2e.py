@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from kafka_harness import BOOTSTRAP, ROOT, Topics, WorkerProcess, ensure_broker, free_port
+
+from tests.support.kafka_harness import (
+    BOOTSTRAP,
+    ROOT,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+    free_port,
+)
 
 pytestmark = pytest.mark.kafka
 

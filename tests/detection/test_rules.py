@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from spans import AgentRecorder, encode, one_request_per_span, span_id_of, trace_id_of
 
 from spanguard.detection.guard import Guard
 from spanguard.schemas.decision import KillSignal, validate
 from spanguard.schemas.policy import Policy
+from tests.support.spans import AgentRecorder, encode, one_request_per_span, span_id_of, trace_id_of
 
 REFUND = {"query": "refund policy"}
 
