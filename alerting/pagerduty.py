@@ -20,13 +20,11 @@ The routing key is a credential: it is kept out of `repr`, logs and `PageResult.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx2
@@ -34,7 +32,7 @@ import pagerduty
 
 from spanguard.errors import PagerConfigError
 from spanguard.schemas.decision import EVIDENCE_FIELDS
-from spanguard.secrets import SecretError, read_secret
+from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
 
 __all__ = [
     "DEFAULT_EVENTS_URL",
@@ -50,17 +48,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_EVENTS_URL = "https://events.pagerduty.com"
-ENQUEUE_PATH = "/v2/enqueue"
-SEVERITIES = ("critical", "error", "warning", "info")
 SUMMARY_LIMIT = 1024  # PagerDuty truncates payload.summary beyond this
 
-ENV_ROUTING_KEY = "SPANGUARD_PAGERDUTY_ROUTING_KEY"
-ENV_ROUTING_KEY_FILE = "SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE"
-ENV_URL = "SPANGUARD_PAGERDUTY_URL"
-ENV_TRACE_URL_TEMPLATE = "SPANGUARD_TRACE_URL_TEMPLATE"
-ENV_MAX_ATTEMPTS = "SPANGUARD_PAGERDUTY_MAX_ATTEMPTS"
-ENV_TIMEOUT = "SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS"
 
 # Evidence copied from a detection into payload.custom_details, when present.
 DETAIL_FIELDS = (
@@ -74,115 +63,7 @@ DETAIL_FIELDS = (
     "detected_at",
 )
 
-Severity = Literal["critical", "error", "warning", "info"]
 Status = Literal["accepted", "rejected", "failed"]
-
-
-@dataclass(frozen=True)
-class PagerSettings:
-    """Where and how to page. `routing_key` is a secret: excluded from repr and comparisons."""
-
-    routing_key: str = field(repr=False, compare=False)
-    # Events API v2 base URL (https only); a full ".../v2/enqueue" URL is accepted too.
-    events_url: str = DEFAULT_EVENTS_URL
-    # e.g. "https://tempo.example/trace/{trace_id}"; also {span_id}, {service}, {agent}.
-    trace_url_template: str | None = None
-    default_severity: Severity = "error"
-    max_attempts: int = 6
-    backoff_base: float = 0.5  # seconds before the 2nd attempt, doubling after that...
-    backoff_cap: float = 30.0  # ...up to this
-    timeout: float = 10.0  # seconds per HTTP request
-    # CA bundle for TLS verification (SSL_CERT_FILE); None: the client's default trust.
-    ca_file: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.routing_key, str) or not self.routing_key.strip():
-            raise PagerConfigError(
-                f"PagerDuty routing key is empty: set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY_FILE}"
-            )
-        url = self.events_url.strip().rstrip("/")
-        if url.endswith(ENQUEUE_PATH):
-            url = url[: -len(ENQUEUE_PATH)]
-        if not url.lower().startswith("https://"):
-            raise PagerConfigError(
-                f"{ENV_URL}: the PagerDuty Events API URL must use https:// "
-                f"(the pagerduty client refuses plain http), got {_redact_url(self.events_url)!r}"
-            )
-        object.__setattr__(self, "events_url", url)
-        if self.default_severity not in SEVERITIES:
-            raise PagerConfigError(
-                f"default severity must be one of {', '.join(SEVERITIES)},"
-                f" got {self.default_severity!r}"
-            )
-        if self.max_attempts < 1:
-            raise PagerConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.backoff_base < 0 or self.backoff_cap < 0:
-            raise PagerConfigError("backoff_base and backoff_cap must not be negative")
-        if self.timeout <= 0:
-            raise PagerConfigError(f"timeout must be positive, got {self.timeout}")
-        if self.trace_url_template is not None:
-            try:
-                self.trace_url_template.format_map(_link_fields({"trace_id": "0" * 32}))
-            except (KeyError, IndexError, ValueError) as exc:
-                raise PagerConfigError(
-                    f"{ENV_TRACE_URL_TEMPLATE}: cannot fill {self.trace_url_template!r}: {exc!r}"
-                    " (placeholders: {trace_id}, {span_id}, {service}, {agent})"
-                ) from None
-        if self.ca_file is not None and not Path(self.ca_file).is_file():
-            raise PagerConfigError(f"SSL_CERT_FILE: no such file {self.ca_file!r}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PagerSettings:
-        """Settings from the environment; keyword `overrides` win over it.
-
-        - `SPANGUARD_PAGERDUTY_ROUTING_KEY`, or `SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE` (a file
-          holding it, e.g. a mounted Kubernetes Secret); not both.
-        - `SPANGUARD_PAGERDUTY_URL`: Events API base URL, default https://events.pagerduty.com.
-        - `SPANGUARD_TRACE_URL_TEMPLATE`: link to the trace, e.g. https://tempo.example/trace/{trace_id}.
-        - `SSL_CERT_FILE`: CA bundle to verify the Events API's certificate.
-        - `SPANGUARD_PAGERDUTY_MAX_ATTEMPTS`, `SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS`: optional.
-        """
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {"routing_key": _routing_key(env)}
-        if env.get(ENV_URL):
-            values["events_url"] = env[ENV_URL]
-        if env.get(ENV_TRACE_URL_TEMPLATE):
-            values["trace_url_template"] = env[ENV_TRACE_URL_TEMPLATE]
-        if env.get("SSL_CERT_FILE"):
-            values["ca_file"] = env["SSL_CERT_FILE"]
-        if env.get(ENV_MAX_ATTEMPTS):
-            values["max_attempts"] = _number(env, ENV_MAX_ATTEMPTS, int)
-        if env.get(ENV_TIMEOUT):
-            values["timeout"] = _number(env, ENV_TIMEOUT, float)
-        values.update(overrides)
-        return cls(**values)
-
-
-def _routing_key(env: Mapping[str, str]) -> str:
-    try:
-        key = read_secret(env, ENV_ROUTING_KEY, ENV_ROUTING_KEY_FILE)
-    except SecretError as exc:
-        raise PagerConfigError(str(exc)) from None
-    if key is None:
-        raise PagerConfigError(
-            f"no PagerDuty routing key: set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY_FILE}"
-        )
-    return key
-
-
-def _number(env: Mapping[str, str], name: str, kind: type) -> Any:
-    try:
-        return kind(env[name])
-    except ValueError:
-        raise PagerConfigError(f"{name}: not a number: {env[name]!r}") from None
-
-
-def _redact_url(url: str) -> str:
-    """The URL without any user:password@ part."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
 
 
 # --- the event -------------------------------------------------------------------------------

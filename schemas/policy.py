@@ -38,7 +38,8 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
 )
 
-Action = Literal["kill", "downgrade"]
+# What a policy may ask for on a loop (a decision's `Action` adds "flag", for goal checks).
+LoopAction = Literal["kill", "downgrade"]
 MissingArgs = Literal["skip", "name_only"]
 Severity = Literal["critical", "error", "warning", "info"]
 
@@ -51,7 +52,7 @@ class AgentPolicy:
     threshold: int = 4
     volatile_keys: frozenset[str] = DEFAULT_VOLATILE_KEYS
     token_budget: int | None = None
-    action: Action = "kill"
+    action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
     record_arguments: bool = False

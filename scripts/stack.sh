@@ -18,8 +18,7 @@ PIDFILE="$STATE/worker.pid"
 LOG="$STATE/worker.log"
 METRICS_PORT="${SPANGUARD_METRICS_PORT:-9464}"
 export SPANGUARD_BOOTSTRAP="${SPANGUARD_BOOTSTRAP:-127.0.0.1:${KAFKA_PORT:-9092}}"
-# The demo runs a fresh machine's stack: memory state, and no waiting after a rebalance.
-export SPANGUARD_STORE="${SPANGUARD_STORE:-memory}"
+# The shipped defaults (the RocksDB store among them), state under the stack's directory.
 export SPANGUARD_DATA_DIR="${SPANGUARD_DATA_DIR:-$STATE/data}"
 
 say() { echo "stack.sh: $*" >&2; }

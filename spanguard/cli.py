@@ -24,39 +24,48 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per worker setting; unset flags fall back to SPANGUARD_* variables."""
-    from dataclasses import fields
+def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
+    """One flag per setting of the registry (settings of `owners`); unset flags fall back to
+    their environment variables, then to the defaults."""
+    from spanguard.settings import REGISTRY
 
-    from spanguard.settings import ENV_PREFIX, WorkerSettings
-
-    for spec in fields(WorkerSettings):
-        if spec.metadata.get("flag") is False:
+    for entry in REGISTRY:
+        if entry.owner not in owners or entry.flag is None:
             continue  # secrets: never on a command line, where `ps` shows them
-        kind = type(spec.default) if spec.default is not None else str
-        env = ENV_PREFIX + spec.name.upper()
+        default = "none" if entry.default is None else entry.default
         parser.add_argument(
-            "--" + spec.name.replace("_", "-"),
-            dest=spec.name,
-            type=kind,
+            entry.flag,
+            dest=f"{entry.owner}.{entry.name}",
             default=None,
-            metavar=spec.name.split("_")[-1].upper() if spec.name != "bootstrap" else "HOST:PORT",
-            help=f"{spec.metadata.get('help', '')} (${env}; default {spec.default})",
+            choices=entry.choices,
+            metavar="HOST:PORT" if entry.name == "bootstrap" else entry.name.split("_")[-1].upper(),
+            help=f"{entry.help} (${entry.env}; default {default})",
         )
+
+
+def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
+    prefix = owner + "."
+    return {k.removeprefix(prefix): v for k, v in vars(args).items() if k.startswith(prefix)}
 
 
 def _settings(args: argparse.Namespace):
     from spanguard.settings import WorkerSettings
 
-    return WorkerSettings.from_sources(vars(args))
+    return WorkerSettings.from_sources(_flags(args, "WorkerSettings"))
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from spanguard.settings import GoalSettings, PagerSettings
     from spanguard.streams.worker import run_worker
 
     settings = _settings(args)
-    policy = _load_policy(settings.policy)  # a bad policy stops here, before Kafka
-    return run_worker(settings, policy)
+    goal = GoalSettings.from_sources(_flags(args, "GoalSettings"))
+    pager_flags = _flags(args, "PagerSettings")
+    pager = (
+        PagerSettings.from_sources(pager_flags) if PagerSettings.configured(pager_flags) else None
+    )
+    policy = _load_policy(settings.policy)  # bad settings or a bad policy stop here, before Kafka
+    return run_worker(settings, policy, goal, pager)
 
 
 def _cmd_topics_create(args: argparse.Namespace) -> int:
@@ -109,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the streaming guard: OTLP spans from Kafka in, kill signals out",
         description="Consume OTLP spans from Kafka, keep per-trace state, publish decisions.",
     )
-    _add_settings_flags(worker)
+    _add_settings_flags(worker, "WorkerSettings", "GoalSettings", "PagerSettings")
     worker.set_defaults(handler=_cmd_worker)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics spanguard uses")
@@ -117,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser(
         "create", help="create the input, output, dead-letter and state topics"
     )
-    _add_settings_flags(create)
+    _add_settings_flags(create, "WorkerSettings")
     create.set_defaults(handler=_cmd_topics_create)
     return parser
 

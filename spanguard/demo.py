@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from spanguard.settings import WorkerSettings
+
 __all__ = ["AgentResult", "main"]
 
 RESEARCH_TOOLS = ("search_web", "fetch_pdf", "summarize", "follow_citation")
@@ -53,7 +55,7 @@ def _tracer(service: str, endpoint: str) -> tuple[Any, Any]:
 
 
 def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
-              signing_key: str | None, step_delay: float, max_calls: int) -> AgentResult:  # fmt: skip
+              signing_key: bytes | None, step_delay: float, max_calls: int) -> AgentResult:  # fmt: skip
     from spanguard.killswitch import AgentKilled
     from spanguard.killswitch.client import KillSwitch
 
@@ -229,12 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
     )
-    agent.add_argument(
-        "--bootstrap", default=os.environ.get("SPANGUARD_BOOTSTRAP", "127.0.0.1:9092")
-    )
-    agent.add_argument(
-        "--kill-topic", default=os.environ.get("SPANGUARD_KILL_TOPIC", "agent-kill-signals")
-    )
+    # The worker's own settings (flags aside): the agents read the signals it writes.
+    worker = WorkerSettings.from_sources({})
+    agent.add_argument("--bootstrap", default=worker.bootstrap)
+    agent.add_argument("--kill-topic", default=worker.kill_topic)
     agent.add_argument("--step-delay", type=float, default=0.3, help="seconds the model 'thinks'")
     agent.add_argument("--max-calls", type=int, default=40, help="the support agent's give-up")
     run = commands.add_parser("run", help="the whole demo (what `make demo` runs)")
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint=args.otlp_endpoint,
         bootstrap=args.bootstrap,
         kill_topic=args.kill_topic,
-        signing_key=os.environ.get("SPANGUARD_SIGNING_KEY") or None,
+        signing_key=worker.signing_key_bytes(),
         step_delay=args.step_delay,
         max_calls=args.max_calls,
     )

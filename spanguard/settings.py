@@ -1,90 +1,220 @@
-"""Worker settings: flags, else SPANGUARD_* environment variables, else these defaults."""
+"""Every setting spanguard reads, declared once: flags, else environment variables, else defaults.
+
+A setting is a field of one of the settings classes below (`WorkerSettings`, `GoalSettings`,
+`PagerSettings`): its type is the field's annotation, its default the field's default, and its
+metadata give the help text and the environment variable (`SPANGUARD_<GROUP><NAME>` unless it
+says otherwise). `REGISTRY` lists them all; the worker's flags and `--help`, the README's
+settings table and the helm chart's environment are generated from it or checked against it
+(tests/test_settings.py). The flag of a setting is its variable without the `SPANGUARD_` prefix,
+in lower case with dashes (`SPANGUARD_JUDGE_URL` is `--judge-url`).
+
+Secrets (the signing key, the judge's API key, the PagerDuty routing key) have no flag, where
+`ps` would show them: they come from their variable or from a file named by `<NAME>_FILE` (a
+mounted Secret), which has a flag. They are kept out of reprs and error messages.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
-from spanguard.errors import SettingsError
+from spanguard.errors import PagerConfigError, SettingsError
+from spanguard.schemas.policy import Severity
 from spanguard.secrets import SecretError, read_secret
 
-__all__ = ["ENV_PREFIX", "GoalSettings", "SettingsError", "WorkerSettings", "redact_url"]
+__all__ = [
+    "ENV_PREFIX",
+    "REGISTRY",
+    "GoalSettings",
+    "PagerSettings",
+    "Setting",
+    "SettingsError",
+    "WorkerSettings",
+    "redact_url",
+    "settings_table",
+]
 
-ENV_PREFIX = "SPANGUARD_"
+ENV_PREFIX: Final = "SPANGUARD_"
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    env: str | None = None,
+    secret: bool = False,
+    aliases: tuple[str, ...] = (),
+    compare: bool = True,
+    repr: bool = True,
+) -> Any:
+    """A settings field. `env` overrides the variable's name; `aliases` are older names still
+    read; `secret` keeps it out of reprs and off the command line."""
+    metadata = {"help": help, "env": env, "secret": secret, "aliases": aliases}
+    return field(default=default, repr=repr and not secret, compare=compare, metadata=metadata)
+
+
+def option(default: Any, help: str) -> Any:
+    """A constructor argument that is not read from the environment (tests, embedding)."""
+    return field(default=default, metadata={"help": help, "option": True})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One entry of the registry."""
+
+    env: str
+    flag: str | None  # None: a secret, environment only
+    owner: str  # the settings class
+    name: str  # the field
+    kind: type  # int, float or str
+    choices: tuple[str, ...] | None
+    default: Any
+    help: str
+    secret: bool
+    aliases: tuple[str, ...]
+
+
+def _env_name(cls: type, spec: Field) -> str:
+    return spec.metadata.get("env") or ENV_PREFIX + cls.ENV_GROUP + spec.name.upper()
+
+
+def _kind(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
+    """int, float or str for an annotation (`X | None` unwrapped), and a Literal's choices."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return str, tuple(typing.get_args(annotation))
+    if annotation in (int, float, str):
+        return annotation, None
+    raise TypeError(f"unsupported setting type {annotation!r}")
+
+
+def settings_of(cls: type) -> tuple[Setting, ...]:
+    hints = typing.get_type_hints(cls)
+    entries = []
+    for spec in fields(cls):
+        if "help" not in spec.metadata or spec.metadata.get("option"):
+            continue
+        kind, choices = _kind(hints[spec.name])
+        env = _env_name(cls, spec)
+        secret = spec.metadata["secret"]
+        flag = None if secret else "--" + env.removeprefix(ENV_PREFIX).lower().replace("_", "-")
+        entries.append(
+            Setting(
+                env=env,
+                flag=flag,
+                owner=cls.__name__,
+                name=spec.name,
+                kind=kind,
+                choices=choices,
+                default=None if spec.default is MISSING else spec.default,
+                help=spec.metadata["help"],
+                secret=secret,
+                aliases=spec.metadata["aliases"],
+            )
+        )
+    return tuple(entries)
+
+
+def _convert(entry: Setting, raw: Any, source: str) -> Any:
+    if not isinstance(raw, str):
+        return raw  # already typed (a constructor argument)
+    text = raw.strip()
+    try:
+        value = entry.kind(text)
+    except ValueError:
+        raise SettingsError(f"{source}={raw!r} is not a valid {entry.kind.__name__}") from None
+    if entry.kind is float and not math.isfinite(value):
+        raise SettingsError(f"{source}={raw!r} is not a finite number")
+    if entry.choices is not None and value not in entry.choices:
+        raise SettingsError(f"{source}={raw!r}: expected one of {', '.join(entry.choices)}")
+    return value
+
+
+def _load(cls: type, flags: Mapping[str, Any], environ: Mapping[str, str] | None) -> Any:
+    """Flags (by field name) that are not None win over variables, which win over defaults."""
+    environ = os.environ if environ is None else environ
+    options = {spec.name for spec in fields(cls) if spec.metadata.get("option")}
+    values: dict[str, Any] = {k: v for k, v in flags.items() if k in options and v is not None}
+    for entry in settings_of(cls):
+        flag = flags.get(entry.name)
+        if flag is not None:
+            values[entry.name] = _convert(entry, flag, entry.flag or entry.name)
+            continue
+        for name in (entry.env, *entry.aliases):
+            raw = environ.get(name)
+            if raw is not None and raw.strip() != "":
+                values[entry.name] = _convert(entry, raw, name)
+                break
+    return cls(**values)
+
+
+def _secret(
+    value: str | None, file: str | None, env: str, error: type[SettingsError] = SettingsError
+) -> str | None:
+    """The secret itself, or the content of its file; the error names the variables."""
+    try:
+        return read_secret({env: value or "", env + "_FILE": file or ""}, env, env + "_FILE")
+    except SecretError as exc:
+        raise error(str(exc)) from None
+
+
+# -- the worker ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    bootstrap: str = field(default="127.0.0.1:9092", metadata={"help": "Kafka bootstrap HOST:PORT"})
-    app_id: str = field(
-        default="spanguard",
-        metadata={"help": "Faust app id: consumer group and prefix of its internal topics"},
+    """`spanguard worker` and `spanguard topics create`: SPANGUARD_<NAME>."""
+
+    ENV_GROUP: typing.ClassVar[str] = ""
+
+    bootstrap: str = setting("127.0.0.1:9092", "Kafka bootstrap HOST:PORT")
+    app_id: str = setting(
+        "spanguard", "Faust app id: consumer group and prefix of its internal topics"
     )
-    policy: str | None = field(default=None, metadata={"help": "policy YAML file"})
-    input_topic: str = field(
-        default="otlp_spans", metadata={"help": "OTLP spans from the Collector"}
+    policy: str | None = setting(None, "policy YAML file (default: the built-in defaults)")
+    input_topic: str = setting("otlp_spans", "OTLP spans from the Collector")
+    kill_topic: str = setting("agent-kill-signals", "kill/downgrade signals")
+    detections_topic: str = setting("spanguard-detections", "audit of every decision")
+    dead_letter_topic: str = setting(
+        "spanguard-dead-letters", "messages that could not be processed"
     )
-    kill_topic: str = field(
-        default="agent-kill-signals", metadata={"help": "kill/downgrade signals"}
+    repartition_topic: str = setting(
+        "spanguard-otlp-repartition", "re-keyed single-trace messages (unkeyed or mixed input)"
     )
-    detections_topic: str = field(
-        default="spanguard-detections", metadata={"help": "audit of every decision"}
+    goal_topic: str = setting(
+        "spanguard-goal-checks", "ended agent invocations waiting for the goal verifier"
     )
-    dead_letter_topic: str = field(
-        default="spanguard-dead-letters", metadata={"help": "messages that could not be processed"}
+    partitions: int = setting(8, "partitions of the topics `topics create` makes")
+    replication_factor: int = setting(1, "replication of created topics")
+    store: Literal["rocksdb", "memory"] = setting("rocksdb", "table store: rocksdb or memory")
+    data_dir: str = setting("./spanguard-data", "RocksDB and worker state")
+    state_ttl: float = setting(3600.0, "seconds after which an idle trace's state is evicted")
+    metrics_port: int = setting(9464, "port of /metrics, /livez and /readyz")
+    metrics_host: str = setting("0.0.0.0", "address /metrics, /livez and /readyz listen on")
+    recovery_delay: float = setting(0.0, "seconds to wait after a rebalance before table recovery")
+    session_timeout: float = setting(
+        30.0, "seconds before a silent worker's partitions move to another worker"
     )
-    repartition_topic: str = field(
-        default="spanguard-otlp-repartition",
-        metadata={"help": "re-keyed single-trace messages (unkeyed or mixed input)"},
+    batch_size: int = setting(
+        500, "messages processed together; each trace's state is written once per batch"
     )
-    goal_topic: str = field(
-        default="spanguard-goal-checks",
-        metadata={"help": "ended agent invocations waiting for the goal verifier"},
+    fetch_max_wait: int = setting(
+        20, "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"
     )
-    partitions: int = field(
-        default=8, metadata={"help": "partitions of the topics `topics create` makes"}
+    commit_interval: float = setting(1.0, "seconds between offset commits")
+    signing_key: str | None = setting(None, "HMAC key that signs kill signals", secret=True)
+    signing_key_file: str | None = setting(None, "file holding the signing key (a mounted Secret)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
+        "INFO", "DEBUG, INFO, WARNING, ERROR"
     )
-    replication_factor: int = field(default=1, metadata={"help": "replication of created topics"})
-    store: str = field(default="rocksdb", metadata={"help": "table store: rocksdb or memory"})
-    data_dir: str = field(default="./spanguard-data", metadata={"help": "RocksDB and worker state"})
-    state_ttl: float = field(
-        default=3600.0, metadata={"help": "seconds after which an idle trace's state is evicted"}
-    )
-    metrics_port: int = field(
-        default=9464, metadata={"help": "port of the Prometheus /metrics endpoint"}
-    )
-    metrics_host: str = field(default="0.0.0.0", metadata={"help": "address /metrics listens on"})
-    recovery_delay: float = field(
-        default=0.0, metadata={"help": "seconds to wait after a rebalance before table recovery"}
-    )
-    session_timeout: float = field(
-        default=30.0,
-        metadata={"help": "seconds before a silent worker's partitions move to another worker"},
-    )
-    batch_size: int = field(
-        default=500,
-        metadata={
-            "help": "messages processed together; each trace's state is written once per batch"
-        },
-    )
-    fetch_max_wait: int = field(
-        default=20,
-        metadata={"help": "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"},
-    )
-    commit_interval: float = field(default=1.0, metadata={"help": "seconds between offset commits"})
-    signing_key: str | None = field(
-        default=None,
-        repr=False,
-        metadata={"help": "HMAC key that signs kill signals (environment only)", "flag": False},
-    )
-    signing_key_file: str | None = field(
-        default=None, metadata={"help": "file holding the signing key (a mounted Secret)"}
-    )
-    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
 
     def __post_init__(self) -> None:
         if self.store not in ("rocksdb", "memory"):
@@ -106,12 +236,7 @@ class WorkerSettings:
 
     def signing_key_bytes(self) -> bytes | None:
         """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None = unsigned."""
-        values = {"key": self.signing_key or "", "file": self.signing_key_file or ""}
-        try:
-            key = read_secret(values, "key", "file")
-        except SecretError as exc:
-            message = str(exc).replace("key", "signing_key", 1).replace("file", "signing_key_file")
-            raise SettingsError(message) from None
+        key = _secret(self.signing_key, self.signing_key_file, "SPANGUARD_SIGNING_KEY")
         return key.encode() if key is not None else None
 
     @property
@@ -132,47 +257,35 @@ class WorkerSettings:
         cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
     ) -> WorkerSettings:
         """Flags that are not None win over SPANGUARD_<NAME> variables, which win over defaults."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            flag = flags.get(spec.name)
-            if flag is not None:
-                values[spec.name] = flag
-                continue
-            raw = environ.get(ENV_PREFIX + spec.name.upper())
-            if raw is None or raw == "":
-                continue
-            kind = type(spec.default) if spec.default is not None else str
-            try:
-                values[spec.name] = kind(raw)
-            except ValueError:
-                raise SettingsError(
-                    f"{ENV_PREFIX}{spec.name.upper()}={raw!r} is not a valid {kind.__name__}"
-                ) from None
-        return cls(**values)
+        return _load(cls, flags, environ)
 
+
+# -- the goal judge -----------------------------------------------------------------------------
 
 ENV_JUDGE_URL: Final = "SPANGUARD_JUDGE_URL"
 ENV_JUDGE_MODEL: Final = "SPANGUARD_JUDGE_MODEL"
-ENV_JUDGE_API_KEY: Final = "SPANGUARD_JUDGE_API_KEY"
-ENV_JUDGE_API_KEY_FILE: Final = "SPANGUARD_JUDGE_API_KEY_FILE"
-ENV_JUDGE_TIMEOUT: Final = "SPANGUARD_JUDGE_TIMEOUT"
-ENV_JUDGE_MAX_ATTEMPTS: Final = "SPANGUARD_JUDGE_MAX_ATTEMPTS"
-ENV_JUDGE_MAX_CONCURRENCY: Final = "SPANGUARD_JUDGE_MAX_CONCURRENCY"
 
 
 @dataclass(frozen=True)
 class GoalSettings:
-    """Where the judge is. base_url is the OpenAI-style base, with its /v1: the judge POSTs to
-    `{base_url}/chat/completions` (vLLM http://host:8000/v1, Ollama http://host:11434/v1,
-    llama.cpp server http://host:8080/v1, https://api.openai.com/v1)."""
+    """Where the judge is: SPANGUARD_JUDGE_<NAME>. base_url is the OpenAI-style base, with its
+    /v1 (vLLM http://host:8000/v1, Ollama http://host:11434/v1, llama.cpp server
+    http://host:8080/v1, https://api.openai.com/v1)."""
 
-    base_url: str | None = None
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    timeout: float = 10.0  # seconds per attempt
-    max_attempts: int = 3
-    max_concurrency: int = 4
+    ENV_GROUP: typing.ClassVar[str] = "JUDGE_"
+
+    base_url: str | None = setting(
+        None, "OpenAI-compatible base URL of the judge, with its /v1", env=ENV_JUDGE_URL
+    )
+    model: str | None = setting(None, "judge model (a policy's goal.model overrides it)")
+    api_key: str | None = setting(None, "bearer key of the judge API (none for local servers)",
+                                  secret=True)  # fmt: skip
+    timeout: float = setting(10.0, "seconds per judge attempt, connect to last byte")
+    max_attempts: int = setting(3, "judge attempts per invocation")
+    max_concurrency: int = setting(4, "judge requests in flight")
+    api_key_file: str | None = setting(
+        None, "file holding the judge's API key (a mounted Secret)", compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.base_url is not None:
@@ -182,12 +295,15 @@ class GoalSettings:
                     f"{ENV_JUDGE_URL} must be an http(s) URL, got {redact_url(url)!r}"
                 )
             object.__setattr__(self, "base_url", url)
+        if self.api_key_file is not None:
+            key = _secret(self.api_key, self.api_key_file, "SPANGUARD_JUDGE_API_KEY")
+            object.__setattr__(self, "api_key", key)
         if not (math.isfinite(self.timeout) and self.timeout > 0):
-            raise SettingsError(f"{ENV_JUDGE_TIMEOUT} must be a positive number of seconds")
+            raise SettingsError("SPANGUARD_JUDGE_TIMEOUT must be a positive number of seconds")
         if self.max_attempts < 1:
-            raise SettingsError(f"{ENV_JUDGE_MAX_ATTEMPTS} must be at least 1")
+            raise SettingsError("SPANGUARD_JUDGE_MAX_ATTEMPTS must be at least 1")
         if self.max_concurrency < 1:
-            raise SettingsError(f"{ENV_JUDGE_MAX_CONCURRENCY} must be at least 1")
+            raise SettingsError("SPANGUARD_JUDGE_MAX_CONCURRENCY must be at least 1")
 
     @property
     def enabled(self) -> bool:
@@ -195,33 +311,135 @@ class GoalSettings:
         return bool(self.base_url and self.model)
 
     @classmethod
+    def from_sources(
+        cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> GoalSettings:
+        return _load(cls, flags, environ)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GoalSettings:
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {
-            "base_url": env.get(ENV_JUDGE_URL, "").strip() or None,
-            "model": env.get(ENV_JUDGE_MODEL, "").strip() or None,
-            "api_key": _judge_api_key(env),
-        }
-        for name, key, kind in (
-            ("timeout", ENV_JUDGE_TIMEOUT, float),
-            ("max_attempts", ENV_JUDGE_MAX_ATTEMPTS, int),
-            ("max_concurrency", ENV_JUDGE_MAX_CONCURRENCY, int),
-        ):
-            raw = env.get(key, "").strip()
-            if raw:
-                try:
-                    values[name] = kind(raw)
-                except ValueError:
-                    raise SettingsError(f"{key}={raw!r} is not a valid {kind.__name__}") from None
-        return cls(**values)
+        return _load(cls, {}, environ)
 
 
-def _judge_api_key(env: Mapping[str, str]) -> str | None:
-    # Local servers (Ollama, llama.cpp, vLLM) need none.
-    try:
-        return read_secret(env, ENV_JUDGE_API_KEY, ENV_JUDGE_API_KEY_FILE)
-    except SecretError as exc:
-        raise SettingsError(str(exc)) from None
+# -- paging -------------------------------------------------------------------------------------
+
+DEFAULT_EVENTS_URL: Final = "https://events.pagerduty.com"
+ENQUEUE_PATH: Final = "/v2/enqueue"
+SEVERITIES: Final = ("critical", "error", "warning", "info")
+ENV_ROUTING_KEY: Final = "SPANGUARD_PAGERDUTY_ROUTING_KEY"
+ENV_EVENTS_URL: Final = "SPANGUARD_PAGERDUTY_URL"
+ENV_TRACE_URL_TEMPLATE: Final = "SPANGUARD_TRACE_URL_TEMPLATE"
+LINK_FIELDS: Final = ("trace_id", "span_id", "service", "agent")
+
+
+@dataclass(frozen=True)
+class PagerSettings:
+    """Where and how to page: SPANGUARD_PAGERDUTY_<NAME>. Paging is on when a routing key is
+    set; `routing_key` is a secret, excluded from repr and comparisons."""
+
+    ENV_GROUP: typing.ClassVar[str] = "PAGERDUTY_"
+
+    routing_key: str | None = setting(
+        None, "the PagerDuty integration's routing key", secret=True, compare=False
+    )
+    routing_key_file: str | None = setting(
+        None, "file holding the routing key (a mounted Secret)", compare=False, repr=False
+    )
+    events_url: str = setting(
+        DEFAULT_EVENTS_URL, "Events API v2 base URL (https only)", env=ENV_EVENTS_URL
+    )
+    trace_url_template: str | None = setting(
+        None,
+        "link to the trace in an incident, e.g. https://tempo.example/trace/{trace_id}",
+        env=ENV_TRACE_URL_TEMPLATE,
+    )
+    default_severity: Severity = setting("error", "severity of an incident whose policy names none")
+    max_attempts: int = setting(6, "tries per page")
+    timeout: float = setting(
+        10.0, "seconds per Events API request", aliases=("SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS",)
+    )
+    ca_file: str | None = setting(
+        None, "CA bundle that verifies the Events API's certificate", env="SSL_CERT_FILE"
+    )
+    backoff_base: float = option(0.5, "seconds before the 2nd attempt, doubling after that")
+    backoff_cap: float = option(30.0, "the longest backoff, in seconds")
+
+    def __post_init__(self) -> None:
+        key = _secret(self.routing_key, self.routing_key_file, ENV_ROUTING_KEY, PagerConfigError)
+        if key is None or not key.strip():
+            raise PagerConfigError(
+                f"no PagerDuty routing key: set {ENV_ROUTING_KEY} or {ENV_ROUTING_KEY}_FILE"
+            )
+        object.__setattr__(self, "routing_key", key)
+        url = self.events_url.strip().rstrip("/")
+        if url.endswith(ENQUEUE_PATH):
+            url = url[: -len(ENQUEUE_PATH)]
+        if not url.lower().startswith("https://"):
+            raise PagerConfigError(
+                f"{ENV_EVENTS_URL}: the PagerDuty Events API URL must use https:// "
+                f"(the pagerduty client refuses plain http), got {redact_userinfo(url)!r}"
+            )
+        object.__setattr__(self, "events_url", url)
+        if self.default_severity not in SEVERITIES:
+            raise PagerConfigError(
+                f"default severity must be one of {', '.join(SEVERITIES)},"
+                f" got {self.default_severity!r}"
+            )
+        if self.max_attempts < 1:
+            raise PagerConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.backoff_base < 0 or self.backoff_cap < 0:
+            raise PagerConfigError("backoff_base and backoff_cap must not be negative")
+        if self.timeout <= 0:
+            raise PagerConfigError(f"timeout must be positive, got {self.timeout}")
+        if self.trace_url_template is not None:
+            try:
+                self.trace_url_template.format_map(dict.fromkeys(LINK_FIELDS, "0"))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise PagerConfigError(
+                    f"{ENV_TRACE_URL_TEMPLATE}: cannot fill {self.trace_url_template!r}: {exc!r}"
+                    " (placeholders: {trace_id}, {span_id}, {service}, {agent})"
+                ) from None
+        if self.ca_file is not None and not Path(self.ca_file).is_file():
+            raise PagerConfigError(f"SSL_CERT_FILE: no such file {self.ca_file!r}")
+
+    @staticmethod
+    def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+        """Whether a routing key is given at all (paging is off without one)."""
+        environ = os.environ if environ is None else environ
+        return bool(
+            flags.get("routing_key_file")
+            or (environ.get(ENV_ROUTING_KEY) or "").strip()
+            or (environ.get(ENV_ROUTING_KEY + "_FILE") or "").strip()
+        )
+
+    @classmethod
+    def from_sources(
+        cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> PagerSettings:
+        return _load(cls, flags, environ)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PagerSettings:
+        """Settings from the environment; keyword `overrides` win over it."""
+        return _load(cls, overrides, environ)
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+SETTINGS_CLASSES: Final = (WorkerSettings, GoalSettings, PagerSettings)
+REGISTRY: Final[tuple[Setting, ...]] = tuple(
+    entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
+)
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the registry."""
+    rows = ["| variable | flag | default | what |", "|---|---|---|---|"]
+    for entry in REGISTRY:
+        default = "" if entry.default is None else f"`{entry.default}`"
+        flag = f"`{entry.flag}`" if entry.flag else "(environment only)"
+        rows.append(f"| `{entry.env}` | {flag} | {default} | {entry.help} |")
+    return "\n".join(rows) + "\n"
 
 
 def redact_url(url: str) -> str:
@@ -231,3 +449,15 @@ def redact_url(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return f"{parts.scheme}://{host}{parts.path}"
+
+
+def redact_userinfo(url: str) -> str:
+    """The URL without any user:password@ part, the rest as given."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+if __name__ == "__main__":  # python -m spanguard.settings: print the README's table
+    print(settings_table(), end="")

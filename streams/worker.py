@@ -3,64 +3,56 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import replace
 
 import faust
 
-from spanguard.alerting.pagerduty import Pager, PagerConfigError, PagerSettings
+from spanguard.alerting.pagerduty import Pager
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, SettingsError, WorkerSettings
+from spanguard.settings import GoalSettings, PagerSettings, WorkerSettings
 from spanguard.streams.app import create_app
 from spanguard.streams.judge import OpenAICompatibleJudge
 
 __all__ = ["run_worker"]
 
 
-def _pager_from_env(policy: Policy) -> Pager | None:
-    """A Pager when a routing key is configured; without one, paging is off (and said so)."""
-    if not (
-        os.environ.get("SPANGUARD_PAGERDUTY_ROUTING_KEY")
-        or os.environ.get("SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE")
-    ):
-        if policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules):
-            logging.getLogger("spanguard.worker").warning(
-                "the policy has autonomous agents but no PagerDuty routing key is set:"
-                " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
-            )
-        return None
-    try:
-        return Pager(PagerSettings.from_env())
-    except PagerConfigError as exc:
-        raise SettingsError(f"PagerDuty: {exc}") from None
-
-
-def run_worker(settings: WorkerSettings, policy: Policy) -> int:
-    goal_settings = GoalSettings.from_env()
+def run_worker(
+    settings: WorkerSettings,
+    policy: Policy,
+    goal: GoalSettings | None = None,
+    pager: PagerSettings | None = None,
+) -> int:
+    log = logging.getLogger("spanguard.worker")
+    goal = goal or GoalSettings()
     verifier = GoalVerifier(
         policy,
-        goal_settings,
-        judge_factory=lambda model: OpenAICompatibleJudge.from_settings(
-            replace(goal_settings, model=model)
-        ),
+        goal,
+        judge_factory=lambda model: OpenAICompatibleJudge.from_settings(replace(goal, model=model)),
     )
-    if not verifier.settings.enabled and (
+    if not goal.enabled and (
         policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
     ):
-        logging.getLogger("spanguard.worker").warning(
+        log.warning(
             "the policy turns the goal verifier on but no judge is configured"
             " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
         )
-    app = create_app(settings, policy, pager=_pager_from_env(policy), verifier=verifier)
+    if pager is None and (
+        policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules)
+    ):
+        log.warning(
+            "the policy has autonomous agents but no PagerDuty routing key is set:"
+            " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
+        )
+    app = create_app(settings, policy, pager=Pager(pager) if pager else None, verifier=verifier)
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,
         logging_config=logging_config(settings.log_level),
         quiet=True,  # no banner on stdout: logs are JSON on stderr
     )
-    logging.getLogger("spanguard.worker").info(
+    log.info(
         "starting",
         extra={
             "bootstrap": settings.bootstrap,

@@ -1,8 +1,18 @@
-"""Worker settings: flags over SPANGUARD_* variables over defaults; secrets from env or files."""
+"""The settings registry: flags over variables over defaults; secrets from env or files; the
+README, `--help` and the deployment files agree with it."""
+
+from pathlib import Path
 
 import pytest
 
-from spanguard.settings import SettingsError, WorkerSettings
+from spanguard.settings import (
+    REGISTRY,
+    GoalSettings,
+    PagerSettings,
+    SettingsError,
+    WorkerSettings,
+    settings_table,
+)
 
 
 def test_flags_win_over_environment_which_wins_over_defaults():
@@ -17,7 +27,7 @@ def test_flags_win_over_environment_which_wins_over_defaults():
     ("env", "message"),
     [
         ({"SPANGUARD_PARTITIONS": "many"}, "SPANGUARD_PARTITIONS='many' is not a valid int"),
-        ({"SPANGUARD_STORE": "redis"}, "store must be rocksdb or memory"),
+        ({"SPANGUARD_STORE": "redis"}, "SPANGUARD_STORE='redis': expected one of rocksdb, memory"),
         ({"SPANGUARD_BOOTSTRAP": "kafka"}, "bootstrap must be HOST:PORT"),
         ({"SPANGUARD_SESSION_TIMEOUT": "1"}, "session_timeout must be at least 6"),
     ],
@@ -45,3 +55,55 @@ def test_signing_key_from_the_environment_or_a_file(tmp_path):
     empty = WorkerSettings.from_sources({}, {"SPANGUARD_SIGNING_KEY_FILE": str(tmp_path / "empty")})
     with pytest.raises(SettingsError, match="is empty"):
         empty.signing_key_bytes()
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_settings_table_is_the_registry():
+    """The README's table is generated (`python -m spanguard.settings`); it must not drift."""
+    text = README.read_text()
+    begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
+    assert begin in text and end in text
+    table = text.split(begin, 1)[1].split(end, 1)[0]
+    assert table == settings_table()
+
+
+def test_worker_help_lists_every_setting_with_a_flag():
+    from spanguard.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    worker_help = commands.choices["worker"].format_help()
+    for entry in REGISTRY:
+        if entry.flag is None:
+            assert entry.secret and f"{entry.env}_FILE" in worker_help
+            continue
+        assert entry.flag in worker_help and f"${entry.env}" in worker_help
+
+
+def test_registry_declares_each_variable_once_with_its_type_and_default():
+    envs = [entry.env for entry in REGISTRY]
+    assert len(envs) == len(set(envs))
+    by_env = {entry.env: entry for entry in REGISTRY}
+    assert by_env["SPANGUARD_STORE"].default == "rocksdb"
+    assert by_env["SPANGUARD_STORE"].choices == ("rocksdb", "memory")
+    assert by_env["SPANGUARD_JUDGE_TIMEOUT"].kind is float
+    assert by_env["SPANGUARD_PAGERDUTY_TIMEOUT"].aliases == ("SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS",)
+    assert by_env["SPANGUARD_SIGNING_KEY"].flag is None  # a secret: no flag
+
+
+def test_flags_win_over_the_environment_for_every_group():
+    from spanguard.cli import _flags, build_parser
+
+    args = build_parser().parse_args(
+        ["worker", "--judge-timeout", "2.5", "--pagerduty-max-attempts", "2", "--partitions", "3"]
+    )
+    env = {"SPANGUARD_JUDGE_TIMEOUT": "9", "SPANGUARD_PARTITIONS": "7"}
+    assert GoalSettings.from_sources(_flags(args, "GoalSettings"), env).timeout == 2.5
+    assert WorkerSettings.from_sources(_flags(args, "WorkerSettings"), env).partitions == 3
+    assert _flags(args, "PagerSettings")["max_attempts"] == "2"
+
+
+def test_the_old_pagerduty_timeout_name_is_still_read():
+    env = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": "r" * 32, "SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS": "3"}
+    assert PagerSettings.from_env(env).timeout == 3.0

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from spanguard.schemas.policy import Policy
-from spanguard.settings import ENV_PREFIX, WorkerSettings
+from spanguard.settings import ENV_PREFIX, REGISTRY, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "spanguard"
@@ -33,11 +33,15 @@ FULLNAME = "sg-spanguard"
 # The first `go install` of helm compiles a few hundred packages: minutes on a small machine.
 HELM_INSTALL_TIMEOUT = 1800
 
-# SPANGUARD_* variables the chart sets that are not WorkerSettings fields (alerting reads them).
+# Paging variables the chart sets when values.pagerduty is filled in.
 ALERTING_ENV = {
     "SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE",
     "SPANGUARD_PAGERDUTY_URL",
     "SPANGUARD_TRACE_URL_TEMPLATE",
+}
+# Every variable spanguard reads: the chart may set no other SPANGUARD_* name.
+KNOWN_ENV = {entry.env for entry in REGISTRY} | {
+    f"{entry.env}_FILE" for entry in REGISTRY if entry.secret
 }
 
 
@@ -222,9 +226,8 @@ def test_env_is_what_the_worker_reads(helm: Path) -> None:
     )
     env = env_of(container(docs))
     assert set(env) >= ALERTING_ENV
-    names = {ENV_PREFIX + name.upper() for name in WorkerSettings.__dataclass_fields__}
-    unknown = {k for k in env if k.startswith(ENV_PREFIX)} - names - ALERTING_ENV
-    assert not unknown, f"not worker settings: {unknown}"
+    unknown = {k for k in env if k.startswith(ENV_PREFIX)} - KNOWN_ENV
+    assert not unknown, f"not in the settings registry: {unknown}"
     settings = WorkerSettings.from_sources({}, {k: v for k, v in env.items() if isinstance(v, str)})
     assert settings.bootstrap == "broker-0.kafka.svc:9093"
     assert settings.partitions == 1_000_000
@@ -503,3 +506,12 @@ def test_helm_compose_and_worker_defaults_agree(helm: Path) -> None:
         assert getattr(chart, name) == getattr(defaults, name), f"helm {name}"
         assert getattr(composed, name) == getattr(defaults, name), f"compose {name}"
     assert defaults.store == "rocksdb"
+
+
+def test_compose_sets_only_registered_settings() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, service in compose["services"].items():
+        env = service.get("environment") or {}
+        names = set(env) if isinstance(env, dict) else {item.split("=", 1)[0] for item in env}
+        unknown = {k for k in names if k.startswith(ENV_PREFIX)} - KNOWN_ENV
+        assert not unknown, f"{name}: not in the settings registry: {unknown}"
