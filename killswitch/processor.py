@@ -239,10 +239,11 @@ class GuardingSpanProcessor(SpanProcessor):
 
     def _act(self, decision: Decision, span: ReadableSpan) -> None:
         # Each step on its own: a failing callback must not stop the kill nor the record.
-        try:
-            self.signals.deliver(KillSignal.from_decision(decision))
-        except Exception:
-            self._log_error("delivering a decision to the signal book failed")
+        if decision.action in ("kill", "downgrade"):  # a flag is for people, not the agent
+            try:
+                self.signals.deliver(KillSignal.from_decision(decision))
+            except Exception:
+                self._log_error("delivering a decision to the signal book failed")
         if self.on_decision is not None:
             try:
                 self.on_decision(decision)

@@ -1,0 +1,424 @@
+"""Span fixtures made by the real instrumentation libraries, from scripted agents.
+
+Each library runs real agents of its own framework against a scripted model (no network): the
+model asks for the tool calls of a scenario one turn at a time, then answers. The spans come
+from the library's own tracing, are collected by the OTel SDK's in-memory exporter and written
+as OTLP/JSON (one request per scenario, one trace each), the format `spanguard replay` reads:
+
+    tests/fixtures/instrumentation/<library>/<mode>/<scenario>.json
+
+    python -m tests.support.instrumented_agents                 # every library installed
+    python -m tests.support.instrumented_agents --out DIR LIB   # one library, elsewhere
+
+Modes: `capture` (the library's content capture on), `off` (capture off, where the library has
+such a setting), `redacted` (its redaction on) and `hashed` (capture on, the spans passed through
+spanguard's ArgsHashingSpanProcessor, so only hashes leave). Every (library, mode) runs in a
+process of its own: instrumentors patch globally and read their settings from the environment
+when they start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "instrumentation"
+SERVICE = "scripted-agent"
+MODULE = "tests.support.instrumented_agents"
+
+
+@dataclass(frozen=True)
+class Call:
+    tool: str
+    arguments: dict[str, Any]
+    result: str
+
+
+REFUND = {"query": "refund policy"}
+SCENARIOS: dict[str, list[Call]] = {
+    # A stuck agent whose retries carry a fresh request id (a volatile key) each time.
+    "loop_volatile": [
+        Call("search_docs", {**REFUND, "request_id": f"req-{i}"}, "no results") for i in range(6)
+    ],
+    "loop_identical": [Call("search_docs", REFUND, "no results") for _ in range(6)],
+    # A healthy research agent: 12 different searches, 12 different answers.
+    "distinct": [
+        Call("search_docs", {"query": f"refund rules in region {i}"}, f"{i + 1} documents found")
+        for i in range(12)
+    ],
+    # One retry after a timeout, then the agent moves on.
+    "retry": [
+        Call("search_docs", REFUND, "error: timeout"),
+        Call("search_docs", REFUND, "2 documents found"),
+        Call("read_doc", {"doc_id": "kb-12"}, "Refunds are accepted within 30 days."),
+        Call("search_docs", {"query": "refund exceptions"}, "1 document found"),
+    ],
+    # Waiting for a job: the same call, a result that changes until the job is done.
+    "polling": [
+        Call("get_job_status", {"job_id": "job-7"}, f"running: {10 * (i + 1)}% done")
+        for i in range(8)
+    ]
+    + [Call("get_job_status", {"job_id": "job-7"}, "done")],
+    # Different searches that all come back empty: no progress, though no call repeats.
+    "no_progress": [
+        Call("search_docs", {"query": query}, "[]")
+        for query in ("refund", "refunds", "refund policy", "returns", "money back", "reimburse")
+    ],
+}
+
+TOOL_DOCS = {
+    "search_docs": "Search the knowledge base.",
+    "read_doc": "Read one document of the knowledge base.",
+    "get_job_status": "Status of a background job.",
+}
+FINAL_ANSWER = "That is all I could find."
+
+
+class Script:
+    """The scenario's calls in order: the model's next request and the tool's next result."""
+
+    def __init__(self, calls: list[Call]) -> None:
+        self.calls = calls
+        self.turn = 0
+        self.results = iter([call.result for call in calls])
+
+    def next_call(self) -> Call | None:
+        """The call the model asks for on this turn, None once it should answer."""
+        if self.turn >= len(self.calls):
+            return None
+        call = self.calls[self.turn]
+        self.turn += 1
+        return call
+
+    def result(self) -> str:
+        return next(self.results)
+
+
+# -- the libraries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Library:
+    """One instrumentation over one framework: how to instrument it, and how to run an agent."""
+
+    name: str
+    modules: tuple[str, ...]  # all importable, or the library is skipped
+    modes: dict[str, dict[str, str]]  # mode -> environment set before instrumenting
+    instrument: Callable[[Any, str], None]  # (tracer provider, mode)
+    run: Callable[[Script], None]
+
+
+def _langchain_tools(script: Script) -> list[Any]:
+    from langchain_core.tools import tool
+
+    @tool(description=TOOL_DOCS["search_docs"])
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    @tool(description=TOOL_DOCS["read_doc"])
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    @tool(description=TOOL_DOCS["get_job_status"])
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    return [search_docs, read_doc, get_job_status]
+
+
+def run_langgraph(script: Script) -> None:
+    """LangGraph's prebuilt ReAct agent over a scripted LangChain chat model."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.prebuilt import create_react_agent
+
+    usage = {"input_tokens": 120, "output_tokens": 20, "total_tokens": 140}
+
+    def messages() -> Iterator[AIMessage]:
+        while (call := script.next_call()) is not None:
+            tool_call = {"name": call.tool, "args": call.arguments, "id": f"call_{script.turn}"}
+            yield AIMessage(content="", tool_calls=[tool_call], usage_metadata=usage)
+        yield AIMessage(content=FINAL_ANSWER, usage_metadata=usage)
+
+    class ScriptedChatModel(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self  # the script already knows which tools it calls
+
+    agent = create_react_agent(ScriptedChatModel(messages=messages()), _langchain_tools(script))
+    agent.invoke({"messages": [("user", "What is the refund policy?")]}, {"recursion_limit": 100})
+
+
+def instrument_openinference_langchain(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    LangChainInstrumentor().instrument(tracer_provider=provider)
+
+
+def instrument_openllmetry_langchain(provider: Any, mode: str) -> None:
+    from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+    LangchainInstrumentor().instrument(tracer_provider=provider)
+
+
+def _openai_agents_tools(script: Script) -> list[Any]:
+    from agents import FunctionTool
+
+    def function_tool(name: str, properties: dict[str, Any], required: list[str]) -> Any:
+        async def invoke(context: Any, arguments: str) -> str:
+            return script.result()
+
+        return FunctionTool(
+            name=name,
+            description=TOOL_DOCS[name],
+            params_json_schema={
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+        )
+
+    text = {"type": "string"}
+    return [
+        function_tool("search_docs", {"query": text, "request_id": text}, ["query"]),
+        function_tool("read_doc", {"doc_id": text}, ["doc_id"]),
+        function_tool("get_job_status", {"job_id": text}, ["job_id"]),
+    ]
+
+
+def run_openai_agents(script: Script) -> None:
+    """The OpenAI Agents SDK's Runner over a scripted Model (the SDK's pluggable interface)."""
+    from agents import Agent, RunConfig, Runner
+    from agents.items import ModelResponse
+    from agents.models.interface import Model, ModelProvider
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+    from openai.types.responses.response_output_text import ResponseOutputText
+
+    class ScriptedModel(Model):
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            usage = Usage(requests=1, input_tokens=120, output_tokens=20, total_tokens=140)
+            call = script.next_call()
+            if call is None:
+                text = ResponseOutputText(annotations=[], text=FINAL_ANSWER, type="output_text")
+                message = ResponseOutputMessage(
+                    id="msg_final", content=[text], role="assistant", status="completed",
+                    type="message",
+                )
+                return ModelResponse(output=[message], usage=usage, response_id=None)
+            tool_call = ResponseFunctionToolCall(
+                arguments=json.dumps(call.arguments),
+                call_id=f"call_{script.turn}",
+                name=call.tool,
+                type="function_call",
+                id=f"fc_{script.turn}",
+                status="completed",
+            )
+            return ModelResponse(output=[tool_call], usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> Model:
+            return ScriptedModel()
+
+    agent = Agent(name="support", tools=_openai_agents_tools(script))
+    asyncio.run(
+        Runner.run(
+            agent,
+            "What is the refund policy?",
+            max_turns=100,
+            run_config=RunConfig(model_provider=Provider()),
+        )
+    )
+
+
+def instrument_openinference_openai_agents(provider: Any, mode: str) -> None:
+    from agents import set_trace_processors
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])  # no upload to the platform's trace backend: OpenInference only
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+
+
+_PYDANTIC_AI_SETTINGS: dict[str, Any] = {}
+
+
+def instrument_pydantic_ai(provider: Any, mode: str) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    settings = InstrumentationSettings(tracer_provider=provider, include_content=mode != "off")
+    Agent.instrument_all(settings)
+
+
+def run_pydantic_ai(script: Script) -> None:
+    """A pydantic-ai Agent over its FunctionModel, the library's own scriptable model."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import RequestUsage
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=120, output_tokens=20)
+        call = script.next_call()
+        if call is None:
+            return ModelResponse(parts=[TextPart(FINAL_ANSWER)], usage=usage)
+        part = ToolCallPart(call.tool, call.arguments, tool_call_id=f"call_{script.turn}")
+        return ModelResponse(parts=[part], usage=usage)
+
+    agent = Agent(FunctionModel(respond), name="support")
+
+    @agent.tool_plain(description=TOOL_DOCS["search_docs"])
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    @agent.tool_plain(description=TOOL_DOCS["read_doc"])
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    @agent.tool_plain(description=TOOL_DOCS["get_job_status"])
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    agent.run_sync("What is the refund policy?")
+
+
+HIDE_INPUTS = {"OPENINFERENCE_HIDE_INPUTS": "true"}
+LIBRARIES: dict[str, Library] = {
+    library.name: library
+    for library in (
+        Library(
+            "langgraph-openinference",
+            ("langgraph", "openinference.instrumentation.langchain"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_langchain,
+            run_langgraph,
+        ),
+        Library(
+            "langgraph-openllmetry",
+            ("langgraph", "opentelemetry.instrumentation.langchain"),
+            {
+                "capture": {"TRACELOOP_TRACE_CONTENT": "true"},
+                "off": {"TRACELOOP_TRACE_CONTENT": "false"},
+                "hashed": {"TRACELOOP_TRACE_CONTENT": "true"},
+            },
+            instrument_openllmetry_langchain,
+            run_langgraph,
+        ),
+        Library(
+            "openai-agents-openinference",
+            ("agents", "openinference.instrumentation.openai_agents"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_openai_agents,
+            run_openai_agents,
+        ),
+        Library(
+            "pydantic-ai",
+            ("pydantic_ai",),
+            {"capture": {}, "off": {}, "hashed": {}},
+            instrument_pydantic_ai,
+            run_pydantic_ai,
+        ),
+    )
+}
+
+
+# -- running and writing -------------------------------------------------------------------
+
+
+def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
+    """Run every scenario of `library` in `mode` in this process; write one file per scenario."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.schemas.otlp import encode_json_line
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
+    processor: Any = SimpleSpanProcessor(exporter)
+    if mode == "hashed":
+        from spanguard.killswitch.hashing import ArgsHashingSpanProcessor
+
+        processor = ArgsHashingSpanProcessor(processor)
+    provider.add_span_processor(processor)
+    library.instrument(provider, mode)
+
+    folder = out / library.name / mode
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for scenario, calls in SCENARIOS.items():
+        exporter.clear()
+        script = Script(calls)
+        library.run(script)
+        provider.force_flush()
+        if script.turn != len(calls):
+            raise RuntimeError(f"{library.name}/{scenario}: the agent stopped at call {script.turn}")
+        # Usually one trace; OpenLLMetry adds a `create_agent` trace when the graph is built.
+        spans = exporter.get_finished_spans()
+        path = folder / f"{scenario}.json"
+        path.write_text(encode_json_line(encode_spans(spans)) + "\n", encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def installed(library: Library) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return all(find_spec(module) is not None for module in library.modules)
+    except ModuleNotFoundError:
+        return False
+
+
+def generate(names: list[str], out: Path) -> dict[str, list[str]]:
+    """Each (library, mode) in a fresh interpreter; returns {library: modes written}."""
+    done: dict[str, list[str]] = {}
+    for name in names:
+        library = LIBRARIES[name]
+        if not installed(library):
+            print(f"{name}: not installed, skipped", file=sys.stderr)
+            continue
+        for mode, environment in library.modes.items():
+            env = {**os.environ, **environment}
+            command = [sys.executable, "-m", MODULE, "--one", name, mode, "--out", str(out)]
+            subprocess.run(command, env=env, check=True)
+            done.setdefault(name, []).append(mode)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("libraries", nargs="*", help=f"default: all ({', '.join(LIBRARIES)})")
+    parser.add_argument("--out", type=Path, default=FIXTURES)
+    parser.add_argument("--one", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        name, mode = args.one
+        generate_one(LIBRARIES[name], mode, args.out)
+        return 0
+    unknown = set(args.libraries) - set(LIBRARIES)
+    if unknown:
+        parser.error(f"unknown libraries: {', '.join(sorted(unknown))}")
+    done = generate(args.libraries or list(LIBRARIES), args.out)
+    for name, modes in done.items():
+        print(f"{name}: {', '.join(modes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
