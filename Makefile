@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e ".[dev,rocksdb,demo]"
+	$(BIN)/pip install --quiet -e ".[dev,rocksdb,demo,instrumentation-tests]"
 	@touch $(STAMP)
 
 # The tests need the real broker (started here, idempotent, and left running for the next run;

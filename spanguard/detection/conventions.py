@@ -36,7 +36,7 @@ Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `
 `traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
 pydantic-ai <= 2 `tool_response`. A LangChain ToolMessage in a result (LangChain's own
 serialisation, or OpenInference's `{"type": "tool", "data": ...}`) counts by its `content`: its
-`tool_call_id` changes on every call.
+`tool_call_id` changes on every call. A llama-index ToolOutput counts by its `raw_output`.
 
 Checked against spans the libraries themselves emit (tests/fixtures/instrumentation, made by
 tests/support/instrumented_agents.py): openinference-instrumentation-langchain 0.1.80 and
@@ -423,6 +423,9 @@ def _unwrap_result(value: Any) -> Any:
     data = value.get("data")
     if value.get("type") == "tool" and type(data) is dict and "content" in data:
         return data["content"]
+    # llama-index's ToolOutput repeats the call's input beside what the tool returned.
+    if "raw_output" in value and "raw_input" in value and "tool_name" in value:
+        return value["raw_output"]
     return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ from spanguard.schemas.policy import Policy
 __all__ = ["ReplayInputError", "replay"]
 
 PROTOBUF_SUFFIXES = (".pb", ".binpb")
+GZIP_SUFFIX = ".gz"
 
 
 @dataclass
@@ -64,11 +66,15 @@ def _read_inputs(
 
     Broken lines and files are reported on `errors` with their line number and skipped."""
     for path in paths:
-        if path != "-" and path.endswith(PROTOBUF_SUFFIXES):
+        gzipped = path != "-" and path.endswith(GZIP_SUFFIX)
+        bare = path[: -len(GZIP_SUFFIX)] if gzipped else path
+        if path != "-" and bare.endswith(PROTOBUF_SUFFIXES):
             try:
                 data = Path(path).read_bytes()
+                if gzipped:
+                    data = gzip.decompress(data)
             except OSError as exc:
-                raise ReplayInputError(f"{path}: {exc.strerror}") from None
+                raise ReplayInputError(f"{path}: {exc.strerror or exc}") from None
             try:
                 yield decode_protobuf(data), len(data)
             except OtlpDecodeError as exc:
@@ -80,7 +86,8 @@ def _read_inputs(
             handle = stdin
         else:
             try:
-                handle = open(path, "rb")  # noqa: SIM115 - closed below, after the generator
+                # Closed below, after the generator.
+                handle = gzip.open(path, "rb") if gzipped else open(path, "rb")  # noqa: SIM115
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
         try:
@@ -93,6 +100,8 @@ def _read_inputs(
                 except OtlpDecodeError as exc:
                     errors.write(f"{path}:{number}: skipped: {exc}\n")
                     yield None, len(line)
+        except (OSError, EOFError) as exc:  # a damaged .gz file
+            raise ReplayInputError(f"{path}: {exc}") from None
         finally:
             if handle is not stdin:
                 handle.close()

@@ -5,7 +5,7 @@ model asks for the tool calls of a scenario one turn at a time, then answers. Th
 from the library's own tracing, are collected by the OTel SDK's in-memory exporter and written
 as OTLP/JSON (one request per scenario, one trace each), the format `spanguard replay` reads:
 
-    tests/fixtures/instrumentation/<library>/<mode>/<scenario>.json
+    tests/fixtures/instrumentation/<library>/<mode>/<scenario>.json.gz
 
     python -m tests.support.instrumented_agents                 # every library installed
     python -m tests.support.instrumented_agents --out DIR LIB   # one library, elsewhere
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import subprocess
@@ -212,7 +213,10 @@ def run_openai_agents(script: Script) -> None:
             if call is None:
                 text = ResponseOutputText(annotations=[], text=FINAL_ANSWER, type="output_text")
                 message = ResponseOutputMessage(
-                    id="msg_final", content=[text], role="assistant", status="completed",
+                    id="msg_final",
+                    content=[text],
+                    role="assistant",
+                    status="completed",
                     type="message",
                 )
                 return ModelResponse(output=[message], usage=usage, response_id=None)
@@ -295,7 +299,126 @@ def run_pydantic_ai(script: Script) -> None:
     agent.run_sync("What is the refund policy?")
 
 
+def instrument_openinference_smolagents(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.smolagents import SmolagentsInstrumentor
+
+    SmolagentsInstrumentor().instrument(tracer_provider=provider)
+
+
+def run_smolagents(script: Script) -> None:
+    """smolagents' ToolCallingAgent over a scripted Model; it answers through final_answer."""
+    from smolagents import Tool, ToolCallingAgent
+    from smolagents.models import (
+        ChatMessage,
+        ChatMessageToolCall,
+        ChatMessageToolCallFunction,
+        MessageRole,
+        Model,
+    )
+    from smolagents.monitoring import TokenUsage
+
+    class ScriptedModel(Model):
+        def generate(self, messages: Any, **kwargs: Any) -> ChatMessage:
+            call = script.next_call()
+            name, arguments = (
+                ("final_answer", {"answer": FINAL_ANSWER})
+                if call is None
+                else (call.tool, call.arguments)
+            )
+            tool_call = ChatMessageToolCall(
+                function=ChatMessageToolCallFunction(name=name, arguments=arguments),
+                id=f"call_{script.turn}",
+                type="function",
+            )
+            return ChatMessage(
+                role=MessageRole.ASSISTANT,
+                content="",
+                tool_calls=[tool_call],
+                token_usage=TokenUsage(input_tokens=120, output_tokens=20),
+            )
+
+    def make(tool_name: str, inputs: dict[str, dict[str, Any]]) -> Tool:
+        def forward(self: Any, **kwargs: Any) -> str:
+            return script.result()
+
+        return type(
+            f"{tool_name}_tool",
+            (Tool,),
+            {
+                "name": tool_name,
+                "description": TOOL_DOCS[tool_name],
+                "inputs": inputs,
+                "output_type": "string",
+                "forward": forward,
+                "skip_forward_signature_validation": True,
+            },
+        )()
+
+    text = {"type": "string", "description": "text"}
+    tools = [
+        make("search_docs", {"query": text, "request_id": {**text, "nullable": True}}),
+        make("read_doc", {"doc_id": text}),
+        make("get_job_status", {"job_id": text}),
+    ]
+    agent = ToolCallingAgent(
+        tools=tools, model=ScriptedModel(model_id="scripted"), max_steps=50, verbosity_level=-1
+    )
+    agent.run("What is the refund policy?")
+
+
+def instrument_openinference_llama_index(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+
+    LlamaIndexInstrumentor().instrument(tracer_provider=provider)
+
+
+def run_llama_index(script: Script) -> None:
+    """llama-index's FunctionAgent over its MockFunctionCallingLLM, scripted turn by turn."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+    from llama_index.core.tools import FunctionTool
+
+    def respond(messages: Any, **kwargs: Any) -> ChatMessage:
+        call = script.next_call()
+        if call is None:
+            return ChatMessage(role=MessageRole.ASSISTANT, content=FINAL_ANSWER)
+        block = ToolCallBlock(
+            tool_call_id=f"call_{script.turn}", tool_name=call.tool, tool_kwargs=call.arguments
+        )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=[block])
+
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    tools = [
+        FunctionTool.from_defaults(fn=fn, name=fn.__name__, description=TOOL_DOCS[fn.__name__])
+        for fn in (search_docs, read_doc, get_job_status)
+    ]
+    llm = MockFunctionCallingLLM(response_generator=respond)
+    agent = FunctionAgent(tools=tools, llm=llm, name="support")
+
+    async def run() -> None:
+        await agent.run("What is the refund policy?", max_iterations=100)
+
+    asyncio.run(run())
+
+
 HIDE_INPUTS = {"OPENINFERENCE_HIDE_INPUTS": "true"}
+CONTENT_SETTINGS = frozenset(
+    {
+        "OPENINFERENCE_HIDE_INPUTS",
+        "OPENINFERENCE_HIDE_OUTPUTS",
+        "TRACELOOP_TRACE_CONTENT",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    }
+)
 LIBRARIES: dict[str, Library] = {
     library.name: library
     for library in (
@@ -330,6 +453,20 @@ LIBRARIES: dict[str, Library] = {
             {"capture": {}, "off": {}, "hashed": {}},
             instrument_pydantic_ai,
             run_pydantic_ai,
+        ),
+        Library(
+            "smolagents-openinference",
+            ("smolagents", "openinference.instrumentation.smolagents"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_smolagents,
+            run_smolagents,
+        ),
+        Library(
+            "llama-index-openinference",
+            ("llama_index.core", "openinference.instrumentation.llama_index"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_llama_index,
+            run_llama_index,
         ),
     )
 }
@@ -367,11 +504,16 @@ def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
         library.run(script)
         provider.force_flush()
         if script.turn != len(calls):
-            raise RuntimeError(f"{library.name}/{scenario}: the agent stopped at call {script.turn}")
+            raise RuntimeError(
+                f"{library.name}/{scenario}: the agent stopped at call {script.turn}"
+            )
         # Usually one trace; OpenLLMetry adds a `create_agent` trace when the graph is built.
         spans = exporter.get_finished_spans()
-        path = folder / f"{scenario}.json"
-        path.write_text(encode_json_line(encode_spans(spans)) + "\n", encoding="utf-8")
+        # gzip: LangGraph's chain spans repeat the whole conversation, a megabyte per scenario.
+        path = folder / f"{scenario}.json.gz"
+        line = (encode_json_line(encode_spans(spans)) + "\n").encode()
+        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
+            file.write(line)
         written.append(path)
     return written
 
@@ -385,8 +527,10 @@ def installed(library: Library) -> bool:
         return False
 
 
-def generate(names: list[str], out: Path) -> dict[str, list[str]]:
-    """Each (library, mode) in a fresh interpreter; returns {library: modes written}."""
+def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict[str, list[str]]:
+    """Each (library, mode) in a fresh interpreter; returns {library: modes written}.
+
+    `modes` limits the modes run (default: every mode of each library)."""
     done: dict[str, list[str]] = {}
     for name in names:
         library = LIBRARIES[name]
@@ -394,7 +538,11 @@ def generate(names: list[str], out: Path) -> dict[str, list[str]]:
             print(f"{name}: not installed, skipped", file=sys.stderr)
             continue
         for mode, environment in library.modes.items():
-            env = {**os.environ, **environment}
+            if modes is not None and mode not in modes:
+                continue
+            # The mode alone decides capture: a setting left in the caller's environment must not.
+            env = {k: v for k, v in os.environ.items() if k not in CONTENT_SETTINGS}
+            env.update(environment)
             command = [sys.executable, "-m", MODULE, "--one", name, mode, "--out", str(out)]
             subprocess.run(command, env=env, check=True)
             done.setdefault(name, []).append(mode)
