@@ -153,9 +153,12 @@ class ArgsHashingSpanProcessor(SpanProcessor):
         if not has_content and not has_events:
             return span
         digests = self._digests(span)
-        return self._copy(span, digests, strip_tool_spans=False)
+        if digests is None and not self.strip_content:
+            return span  # not a tool span, and other content may stay
+        return self._copy(span, digests or {}, strip_tool_spans=False)
 
-    def _digests(self, span: ReadableSpan) -> dict[str, str]:
+    def _digests(self, span: ReadableSpan) -> dict[str, str] | None:
+        """The hashes of a tool span's arguments and result; None if it is no tool span."""
         attributes = span.attributes or {}
         present = WANTED_KEYS.intersection(attributes)
         slim = ReadableSpan(
@@ -174,7 +177,7 @@ class ArgsHashingSpanProcessor(SpanProcessor):
         view_span = view.resource_spans[0].scope_spans[0].spans[0]
         call = adapt_span(view_span, WANTED_KEYS, scope=scope)
         if not isinstance(call, ToolCall):
-            return {}
+            return None
         policy = self.policy.for_attributes(self._match_attributes(span, attributes))
         digests = {}
         if call.args_digest is not None:
