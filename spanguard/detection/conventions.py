@@ -34,17 +34,18 @@ each convention's own source (the version read is given per convention):
 
 Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `output.value`,
 `traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
-pydantic-ai <= 2 `tool_response`. A LangChain ToolMessage in a result (LangChain's own
-serialisation, or OpenInference's `{"type": "tool", "data": ...}`) counts by its `content`: its
-`tool_call_id` changes on every call. A llama-index ToolOutput counts by its `raw_output`.
+pydantic-ai <= 2 `tool_response`, strands' legacy `gen_ai.choice` event (`message`) on tool
+spans. A LangChain ToolMessage in a result (LangChain's own serialisation, or OpenInference's
+`{"type": "tool", "data": ...}`) counts by its `content`: its `tool_call_id` changes on every
+call. A llama-index ToolOutput counts by its `raw_output`.
 
 Checked against spans the libraries themselves emit (tests/fixtures/instrumentation, made by
 tests/support/instrumented_agents.py): openinference-instrumentation-langchain 0.1.80 and
 opentelemetry-instrumentation-langchain 0.62.4 on langgraph 1.2.22, openinference-instrumentation-
 openai-agents 2.6.0 on openai-agents 0.24.0, pydantic-ai-slim 2.68.0, openinference-
 instrumentation-smolagents 0.1.43 on smolagents 1.26.0 and openinference-instrumentation-llama-index
-4.6.1 on llama-index-core 0.14.25. google-adk 2.13.0 and strands-agents 1.62.0 were read from
-their wheels (their OTel pins exclude this project's SDK):
+4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0 (both schemas) and strands-agents 1.62.0
+(both conventions), whose OTel pins exclude this project's SDK, in virtualenvs of their own:
 
 - Not recorded: the redaction placeholders `__REDACTED__` (OpenInference's hide_inputs),
   `[REDACTED]` (strands' gen_ai_unredacted_attributes), `<elided>` and `<not specified>` (ADK),
@@ -149,6 +150,7 @@ PLACEHOLDERS: Final = frozenset({"__REDACTED__", "[REDACTED]", "<elided>", "<not
 EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
 LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
+STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
 
 USAGE_KEYS: Final = frozenset(
@@ -287,7 +289,7 @@ def adapt_span(
             call_id=call_id,
             agent_name=agent_name,
             match_attributes=match_attributes,
-            result=_result(attributes, present, scope),
+            result=_result(span, attributes, present, scope),
             args_digest=_digest(attributes, present, ARGS_HASH_KEY),
             result_digest=_digest(attributes, present, RESULT_HASH_KEY),
             scope=scope,
@@ -401,13 +403,21 @@ def _not_recorded(value: Any, scope: str) -> bool:
     return False
 
 
-def _result(attributes: AttributeMap, present: set[str], scope: str) -> Any:
+def _result(span: Any, attributes: AttributeMap, present: set[str], scope: str) -> Any:
     for key in RESULT_KEYS:
         if key not in present:
             continue
         result = _unwrap_result(_decode_value(attributes[key]))
         if not _not_recorded(result, scope):
             return result
+    for event in span.events:  # strands' legacy conventions: a gen_ai.choice event's message
+        for kv in event.attributes:
+            if kv.key == "gen_ai.tool.call.result" or (
+                kv.key == "message" and event.name == STRANDS_RESULT_EVENT
+            ):
+                result = _decode_value(kv.value)
+                if not _not_recorded(result, scope):
+                    return result
     return MISSING
 
 

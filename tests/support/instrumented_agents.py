@@ -12,9 +12,14 @@ as OTLP/JSON (one request per scenario, one trace each), the format `spanguard r
 
 Modes: `capture` (the library's content capture on), `off` (capture off, where the library has
 such a setting), `redacted` (its redaction on) and `hashed` (capture on, the spans passed through
-spanguard's ArgsHashingSpanProcessor, so only hashes leave). Every (library, mode) runs in a
-process of its own: instrumentors patch globally and read their settings from the environment
-when they start.
+spanguard's ArgsHashingSpanProcessor, so only hashes leave); Google ADK adds `legacy` and
+`legacy-off` (its schema 1), strands `latest` and `latest-redacted` (its latest conventions).
+Every (library, mode) runs in a process of its own: instrumentors patch globally and read their
+settings from the environment when they start.
+
+Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
+run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
+(`--venv LIBRARY` makes it: the library's exact pin, and this checkout without dependencies).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "instrumentation"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "instrumentation"
+VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
 SERVICE = "scripted-agent"
 MODULE = "tests.support.instrumented_agents"
 
@@ -115,6 +122,14 @@ class Library:
     modes: dict[str, dict[str, str]]  # mode -> environment set before instrumenting
     instrument: Callable[[Any, str], None]  # (tracer provider, mode)
     run: Callable[[Script], None]
+    # Non-empty: the exact pins of a virtualenv of its own (its OTel pins exclude ours).
+    requirements: tuple[str, ...] = ()
+
+    @property
+    def python(self) -> str:
+        if not self.requirements:
+            return sys.executable
+        return str(VENVS / f"fixtures-{self.name}" / "bin" / "python")
 
 
 def _langchain_tools(script: Script) -> list[Any]:
@@ -410,15 +425,141 @@ def run_llama_index(script: Script) -> None:
     asyncio.run(run())
 
 
+def instrument_global_provider(provider: Any, mode: str) -> None:
+    """Google ADK and strands trace through the global provider (their tracer is made there)."""
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(provider)
+
+
+def run_google_adk(script: Script) -> None:
+    """A Google ADK LlmAgent under InMemoryRunner, over a scripted BaseLlm."""
+    from google.adk.agents import LlmAgent
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+
+    usage = types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=120, candidates_token_count=20, total_token_count=140
+    )
+
+    class ScriptedLlm(BaseLlm):
+        async def generate_content_async(self, llm_request: Any, stream: bool = False) -> Any:
+            call = script.next_call()
+            if call is None:
+                part = types.Part(text=FINAL_ANSWER)
+            else:
+                function_call = types.FunctionCall(
+                    name=call.tool, args=call.arguments, id=f"call_{script.turn}"
+                )
+                part = types.Part(function_call=function_call)
+            content = types.Content(role="model", parts=[part])
+            yield LlmResponse(content=content, usage_metadata=usage)
+
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        """Search the knowledge base."""
+        return script.result()
+
+    def read_doc(doc_id: str) -> str:
+        """Read one document of the knowledge base."""
+        return script.result()
+
+    def get_job_status(job_id: str) -> str:
+        """Status of a background job."""
+        return script.result()
+
+    agent = LlmAgent(
+        name="support",
+        model=ScriptedLlm(model="scripted"),
+        tools=[search_docs, read_doc, get_job_status],
+    )
+    runner = InMemoryRunner(agent=agent, app_name="support")
+
+    async def run() -> None:
+        session = await runner.session_service.create_session(app_name="support", user_id="u")
+        message = types.Content(role="user", parts=[types.Part(text="What is the refund policy?")])
+        async for _ in runner.run_async(
+            user_id="u", session_id=session.id, new_message=message
+        ):
+            pass
+
+    asyncio.run(run())
+
+
+def run_strands(script: Script) -> None:
+    """A strands Agent over a scripted Model streaming the library's own events."""
+    from strands import Agent, tool
+    from strands.models import Model
+
+    class ScriptedModel(Model):
+        def update_config(self, **model_config: Any) -> None:
+            pass
+
+        def get_config(self) -> Any:
+            return {}
+
+        def structured_output(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def stream(self, *args: Any, **kwargs: Any) -> Any:
+            call = script.next_call()
+            yield {"messageStart": {"role": "assistant"}}
+            if call is None:
+                yield {"contentBlockDelta": {"delta": {"text": FINAL_ANSWER}}}
+                yield {"contentBlockStop": {}}
+                yield {"messageStop": {"stopReason": "end_turn"}}
+            else:
+                start = {"toolUse": {"toolUseId": f"call_{script.turn}", "name": call.tool}}
+                yield {"contentBlockStart": {"start": start}}
+                delta = {"toolUse": {"input": json.dumps(call.arguments)}}
+                yield {"contentBlockDelta": {"delta": delta}}
+                yield {"contentBlockStop": {}}
+                yield {"messageStop": {"stopReason": "tool_use"}}
+            usage = {"inputTokens": 120, "outputTokens": 20, "totalTokens": 140}
+            yield {"metadata": {"usage": usage, "metrics": {"latencyMs": 1}}}
+
+    @tool
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        """Search the knowledge base."""
+        return script.result()
+
+    @tool
+    def read_doc(doc_id: str) -> str:
+        """Read one document of the knowledge base."""
+        return script.result()
+
+    @tool
+    def get_job_status(job_id: str) -> str:
+        """Status of a background job."""
+        return script.result()
+
+    agent = Agent(
+        model=ScriptedModel(),
+        tools=[search_docs, read_doc, get_job_status],
+        name="support",
+        callback_handler=None,
+    )
+    agent("What is the refund policy?")
+
+
 HIDE_INPUTS = {"OPENINFERENCE_HIDE_INPUTS": "true"}
+ADK_CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
+ADK_LEGACY = {"ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN": "1"}
+STRANDS_LATEST = "gen_ai_latest_experimental"
+STRANDS_REDACT = "gen_ai_unredacted_attributes="  # the token with an empty list: redact all
 CONTENT_SETTINGS = frozenset(
     {
         "OPENINFERENCE_HIDE_INPUTS",
         "OPENINFERENCE_HIDE_OUTPUTS",
         "TRACELOOP_TRACE_CONTENT",
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        "ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN",
+        "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS",
+        "OTEL_SEMCONV_STABILITY_OPT_IN",
     }
 )
+SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0")
 LIBRARIES: dict[str, Library] = {
     library.name: library
     for library in (
@@ -467,6 +608,36 @@ LIBRARIES: dict[str, Library] = {
             {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
             instrument_openinference_llama_index,
             run_llama_index,
+        ),
+        Library(
+            "google-adk",
+            ("google.adk",),
+            {
+                "capture": ADK_CAPTURE,
+                "off": {},  # ADK 2.x's default: no content on spans
+                "legacy": ADK_LEGACY,  # schema 1 records arguments by default
+                "legacy-off": {**ADK_LEGACY, "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS": "false"},
+                "hashed": ADK_CAPTURE,
+            },
+            instrument_global_provider,
+            run_google_adk,
+            ("google-adk==2.13.0", "opentelemetry-exporter-otlp-proto-common==1.44.0"),
+        ),
+        Library(
+            "strands",
+            ("strands",),
+            {
+                "capture": {},
+                "redacted": {"OTEL_SEMCONV_STABILITY_OPT_IN": STRANDS_REDACT},
+                "latest": {"OTEL_SEMCONV_STABILITY_OPT_IN": STRANDS_LATEST},
+                "latest-redacted": {
+                    "OTEL_SEMCONV_STABILITY_OPT_IN": f"{STRANDS_LATEST},{STRANDS_REDACT}"
+                },
+                "hashed": {},
+            },
+            instrument_global_provider,
+            run_strands,
+            ("strands-agents==1.62.0", "opentelemetry-exporter-otlp-proto-common==1.45.1"),
         ),
     )
 }
@@ -519,12 +690,27 @@ def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
 
 
 def installed(library: Library) -> bool:
+    if library.requirements:
+        if not Path(library.python).exists():
+            return False
+        check = "import " + ", ".join(library.modules)
+        return subprocess.run([library.python, "-c", check], capture_output=True).returncode == 0
     from importlib.util import find_spec
 
     try:
         return all(find_spec(module) is not None for module in library.modules)
     except ModuleNotFoundError:
         return False
+
+
+def make_venv(library: Library) -> None:
+    """The library's own virtualenv: its exact pins, and this checkout (no dependencies)."""
+    venv = Path(library.python).parents[1]
+    if not venv.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [library.python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, *library.requirements, *SIDE_VENV_COMMON], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
 
 
 def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict[str, list[str]]:
@@ -543,8 +729,8 @@ def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict
             # The mode alone decides capture: a setting left in the caller's environment must not.
             env = {k: v for k, v in os.environ.items() if k not in CONTENT_SETTINGS}
             env.update(environment)
-            command = [sys.executable, "-m", MODULE, "--one", name, mode, "--out", str(out)]
-            subprocess.run(command, env=env, check=True)
+            command = [library.python, "-m", MODULE, "--one", name, mode, "--out", str(out)]
+            subprocess.run(command, env=env, check=True, cwd=ROOT)
             done.setdefault(name, []).append(mode)
     return done
 
@@ -554,7 +740,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("libraries", nargs="*", help=f"default: all ({', '.join(LIBRARIES)})")
     parser.add_argument("--out", type=Path, default=FIXTURES)
     parser.add_argument("--one", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--venv", metavar="LIBRARY", help="make LIBRARY's own virtualenv")
     args = parser.parse_args(argv)
+    if args.venv:
+        make_venv(LIBRARIES[args.venv])
+        return 0
     if args.one:
         name, mode = args.one
         generate_one(LIBRARIES[name], mode, args.out)
