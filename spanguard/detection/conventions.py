@@ -40,15 +40,18 @@ spans. A LangChain ToolMessage in a result (LangChain's own serialisation, or Op
 call. A llama-index ToolOutput counts by its `raw_output`.
 
 Checked against spans the libraries themselves emit (tests/fixtures/instrumentation, made by
-tests/support/instrumented_agents.py): openinference-instrumentation-langchain 0.1.80 and
-opentelemetry-instrumentation-langchain 0.62.4 on langgraph 1.2.22, openinference-instrumentation-
-openai-agents 2.6.0 on openai-agents 0.24.0, pydantic-ai-slim 2.68.0, openinference-
-instrumentation-smolagents 0.1.43 on smolagents 1.26.0 and openinference-instrumentation-llama-index
-4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0 (both schemas) and strands-agents 1.62.0
-(both conventions), whose OTel pins exclude this project's SDK, in virtualenvs of their own:
+tests/support/instrumented_agents.py): on langgraph 1.2.22, openinference-instrumentation-
+langchain 0.1.80 and opentelemetry-instrumentation-langchain 0.62.4 (OpenLLMetry); on
+openai-agents 0.24.0, openinference-instrumentation-openai-agents 2.6.0 and
+opentelemetry-instrumentation-openai-agents-v2 0.1.0 (the OTel GenAI bridge); pydantic-ai-slim
+2.68.0; openinference-instrumentation-smolagents 0.1.43 on smolagents 1.26.0;
+openinference-instrumentation-llama-index 4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0
+(both schemas) and strands-agents 1.62.0 (both conventions), whose OTel pins exclude this
+project's SDK, in virtualenvs of their own:
 
 - Not recorded: the redaction placeholders `__REDACTED__` (OpenInference's hide_inputs),
   `[REDACTED]` (strands' gen_ai_unredacted_attributes), `<elided>` and `<not specified>` (ADK),
+  `readacted` (sic: opentelemetry-instrumentation-openai-agents-v2 0.1.0 in messages),
   and `{}` on ADK's spans (its legacy schema writes `{}` when content capture is off). Such a
   value is "arguments not recorded", never arguments that are all alike.
 - The LangChain envelope `{"input_str", "tags", "metadata", "inputs", "kwargs"}` is recognised by
@@ -145,7 +148,9 @@ PLACEHOLDER_CALL_IDS: Final = frozenset(
 )
 ADK_MERGED_TOOLS: Final = "(merged tools)"
 # What instrumentations write in place of content they hide: never an argument or a result.
-PLACEHOLDERS: Final = frozenset({"__REDACTED__", "[REDACTED]", "<elided>", "<not specified>"})
+PLACEHOLDERS: Final = frozenset(
+    {"__REDACTED__", "[REDACTED]", "<elided>", "<not specified>", "readacted"}
+)
 # Instrumentations known to write an empty object when content capture is off (by scope name).
 EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
 LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
@@ -571,6 +576,13 @@ CAPTURE_SETTINGS: Final = (
         "opentelemetry.instrumentation.langchain",
         "OpenLLMetry (opentelemetry-instrumentation-langchain)",
         "TRACELOOP_TRACE_CONTENT=true (its default)",
+    ),
+    (
+        "opentelemetry.instrumentation.openai_agents",
+        "the OpenAI Agents SDK's OTel GenAI bridge (opentelemetry-instrumentation-openai-agents-v2)",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only or span_and_event (its"
+        " default; false turns it off); OpenLLMetry's package of that name:"
+        " TRACELOOP_TRACE_CONTENT=true",
     ),
     (
         "gcp.vertex.agent",

@@ -37,6 +37,10 @@ CAPTURE_HINTS = {
     "smolagents-openinference": ("OpenInference", "OPENINFERENCE_HIDE_INPUTS"),
     "llama-index-openinference": ("OpenInference", "OPENINFERENCE_HIDE_INPUTS"),
     "langgraph-openllmetry": ("OpenLLMetry", "TRACELOOP_TRACE_CONTENT=true"),
+    "openai-agents-otel": (
+        "OTel GenAI bridge",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only",
+    ),
     "pydantic-ai": ("pydantic-ai", "InstrumentationSettings(include_content=True)"),
     "google-adk": ("Google ADK", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
     "strands": ("strands-agents", "gen_ai_unredacted_attributes="),

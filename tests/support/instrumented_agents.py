@@ -271,7 +271,12 @@ def instrument_openinference_openai_agents(provider: Any, mode: str) -> None:
     OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
 
 
-_PYDANTIC_AI_SETTINGS: dict[str, Any] = {}
+def instrument_otel_openai_agents(provider: Any, mode: str) -> None:
+    from agents import set_trace_processors
+    from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])  # the OTel GenAI bridge only
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
 
 
 def instrument_pydantic_ai(provider: Any, mode: str) -> None:
@@ -557,6 +562,7 @@ CONTENT_SETTINGS = frozenset(
         "ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN",
         "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS",
         "OTEL_SEMCONV_STABILITY_OPT_IN",
+        "OTEL_INSTRUMENTATION_OPENAI_AGENTS_CAPTURE_CONTENT",
     }
 )
 SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0")
@@ -586,6 +592,17 @@ LIBRARIES: dict[str, Library] = {
             ("agents", "openinference.instrumentation.openai_agents"),
             {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
             instrument_openinference_openai_agents,
+            run_openai_agents,
+        ),
+        Library(
+            "openai-agents-otel",
+            ("agents", "opentelemetry.instrumentation.openai_agents"),
+            {
+                "capture": {},  # its default: span_and_event
+                "off": {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false"},
+                "hashed": {},
+            },
+            instrument_otel_openai_agents,
             run_openai_agents,
         ),
         Library(
