@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install test test-unit lint bench bench-eviction bench-pipeline kafka-up kafka-down topics worker \
-	collector helm up down demo clean
+	collector helm up down demo clean fixtures
 
 install: $(STAMP)
 
@@ -66,6 +66,13 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Span fixtures from the real instrumentation libraries (tests/fixtures/instrumentation).
+# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's).
+fixtures: install
+	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
+	$(BIN)/python -m tests.support.instrumented_agents --venv strands
+	$(BIN)/python -m tests.support.instrumented_agents
 
 bench: install
 	$(BIN)/python -m bench.bench_core

@@ -137,7 +137,9 @@ AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 # Every `gen_ai.operation.name` of the GenAI conventions is in exactly one of these three
 # (tests/detection/test_conventions.py fails when the installed conventions name a new one).
 # Inference spans' usage counts towards a budget; agent spans' usage repeats it.
-INFERENCE_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
+INFERENCE_OPERATIONS: Final = frozenset(
+    {"chat", "text_completion", "generate_content", "embeddings"}
+)
 AGENT_OPERATIONS: Final = frozenset({"invoke_agent", "invoke_workflow"})
 OTHER_OPERATIONS: Final = frozenset({"execute_tool", "retrieval", "create_agent"})
 OPENINFERENCE_INFERENCE_KINDS: Final = frozenset({"LLM", "EMBEDDING"})

@@ -484,9 +484,7 @@ def run_google_adk(script: Script) -> None:
     async def run() -> None:
         session = await runner.session_service.create_session(app_name="support", user_id="u")
         message = types.Content(role="user", parts=[types.Part(text="What is the refund policy?")])
-        async for _ in runner.run_async(
-            user_id="u", session_id=session.id, new_message=message
-        ):
+        async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
             pass
 
     asyncio.run(run())
