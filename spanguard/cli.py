@@ -7,6 +7,7 @@ import logging
 import sys
 
 from spanguard import __version__
+from spanguard.kafka_security import KafkaConnectError, KafkaSecurityError
 from spanguard.schemas.policy import Policy, PolicyError
 from spanguard.streams.settings import SettingsError
 
@@ -48,6 +49,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             metavar=spec.name.split("_")[-1].upper() if spec.name != "bootstrap" else "HOST:PORT",
             help=f"{spec.metadata.get('help', '')} (${env}; default {spec.default})",
         )
+    from spanguard.kafka_security import add_flags
+
+    add_flags(parser)
 
 
 def _settings(args: argparse.Namespace):
@@ -131,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyError as exc:
         print(f"spanguard: bad policy: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except SettingsError as exc:
+    except (SettingsError, KafkaSecurityError) as exc:
         print(f"spanguard: bad setting: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KafkaConnectError as exc:
+        print(f"spanguard: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

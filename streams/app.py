@@ -67,6 +67,7 @@ def create_app(
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=settings.kafka.faust_credentials(),
         store=settings.store_url,
         datadir=settings.data_dir,
         web_enabled=False,  # /metrics is served by prometheus_client

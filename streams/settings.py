@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.secrets import SecretError, read_secret
 
 __all__ = ["ENV_PREFIX", "SettingsError", "WorkerSettings"]
@@ -86,6 +87,10 @@ class WorkerSettings:
         default=None, metadata={"help": "file holding the signing key (a mounted Secret)"}
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
+    # TLS and SASL: --kafka-* flags and SPANGUARD_KAFKA_* variables (spanguard/kafka_security.py).
+    kafka: KafkaSecurity = field(
+        default_factory=KafkaSecurity, metadata={"flag": False, "nested": True}
+    )
 
     def __post_init__(self) -> None:
         if self.store not in ("rocksdb", "memory"):
@@ -136,6 +141,8 @@ class WorkerSettings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for spec in fields(cls):
+            if spec.metadata.get("nested"):
+                continue
             flag = flags.get(spec.name)
             if flag is not None:
                 values[spec.name] = flag
@@ -150,4 +157,4 @@ class WorkerSettings:
                 raise SettingsError(
                     f"{ENV_PREFIX}{spec.name.upper()}={raw!r} is not a valid {kind.__name__}"
                 ) from None
-        return cls(**values)
+        return cls(**values, kafka=KafkaSecurity.from_sources(flags, environ))

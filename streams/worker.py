@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 import faust
 
 from spanguard.alerting.pagerduty import Pager, PagerConfigError, PagerSettings
+from spanguard.kafka_security import check_aiokafka
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
 from spanguard.streams.app import create_app
@@ -36,6 +38,17 @@ def _pager_from_env(policy: Policy) -> Pager | None:
         raise SettingsError(f"PagerDuty: {exc}") from None
 
 
+def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
+    """Fail fast on a wrong password or an untrusted certificate (KafkaConnectError): Faust
+    would retry those forever. A loop of its own, so Faust's later one is untouched."""
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # as in Faust's logging config
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(check_aiokafka(settings.bootstrap, settings.kafka, timeout))
+    finally:
+        loop.close()
+
+
 def run_worker(settings: WorkerSettings, policy: Policy) -> int:
     verifier = GoalVerifier(policy, GoalSettings.from_env())
     if not verifier.settings.enabled and (
@@ -45,7 +58,9 @@ def run_worker(settings: WorkerSettings, policy: Policy) -> int:
             "the policy turns the goal verifier on but no judge is configured"
             " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
         )
-    app = create_app(settings, policy, pager=_pager_from_env(policy), verifier=verifier)
+    pager = _pager_from_env(policy)
+    check_broker(settings)
+    app = create_app(settings, policy, pager=pager, verifier=verifier)
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,
@@ -56,6 +71,7 @@ def run_worker(settings: WorkerSettings, policy: Policy) -> int:
         "starting",
         extra={
             "bootstrap": settings.bootstrap,
+            "kafka": settings.kafka.describe(),  # never a password
             "input": [settings.input_topic, settings.repartition_topic],
             "store": settings.store,
             "state_ttl": settings.state_ttl,
