@@ -213,6 +213,15 @@ class KafkaSecurity:
             del shown["ssl.endpoint.identification.algorithm"]
         return shown
 
+    def to_env(self) -> dict[str, str]:
+        """The SPANGUARD_KAFKA_* variables that make this object again (passwords included: for
+        a child process's environment, never for a log)."""
+        return {
+            ENV_PREFIX + spec.name.upper(): str(getattr(self, spec.name))
+            for spec in fields(self)
+            if getattr(self, spec.name) is not None and getattr(self, spec.name) != spec.default
+        }
+
     @property
     def uses_tls(self) -> bool:
         return self.security_protocol in _SSL_PROTOCOLS

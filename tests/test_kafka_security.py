@@ -394,3 +394,9 @@ def test_librdkafka_lines_repeat_at_most_once_per_interval():
         "FAIL [rdkafka#consumer-1] SASL authentication error (after 3ms in state AUTH_REQ)",
         "FAIL [rdkafka#consumer-1] another failure",
     ]
+
+
+def test_to_env_round_trips(pki):
+    security = sasl_ssl(pki, ssl_endpoint_identification_algorithm="none")
+    assert KafkaSecurity.from_env(security.to_env()) == security
+    assert KafkaSecurity().to_env() == {}
