@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.config
 import os
 
 import faust
@@ -50,6 +51,8 @@ def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
 
 
 def run_worker(settings: WorkerSettings, policy: Policy) -> int:
+    # JSON logs from the first line on (Faust applies the same config again when it starts).
+    logging.config.dictConfig(logging_config(settings.log_level))
     verifier = GoalVerifier(policy, GoalSettings.from_env())
     if not verifier.settings.enabled and (
         policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
