@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from spanguard.kafka_security import ENV_PREFIX as KAFKA_PREFIX
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Policy
 from spanguard.streams.settings import ENV_PREFIX, WorkerSettings
 
@@ -223,6 +225,7 @@ def test_env_is_what_the_worker_reads(helm: Path) -> None:
     env = env_of(container(docs))
     assert set(env) >= ALERTING_ENV
     names = {ENV_PREFIX + name.upper() for name in WorkerSettings.__dataclass_fields__}
+    names |= {KAFKA_PREFIX + name.upper() for name in KafkaSecurity.__dataclass_fields__}
     unknown = {k for k in env if k.startswith(ENV_PREFIX)} - names - ALERTING_ENV
     assert not unknown, f"not worker settings: {unknown}"
     settings = WorkerSettings.from_sources({}, {k: v for k, v in env.items() if isinstance(v, str)})
