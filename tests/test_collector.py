@@ -153,8 +153,8 @@ def test_sdk_spans_reach_kafka_keyed_by_trace_id(binary: Path, tmp_path: Path):
         reason="needs opentelemetry-exporter-otlp-proto-http (the project's dev extra)",
     )
     from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka_harness import CLUSTER, ensure_broker, free_port
     from kafka_harness import Collector as TopicReader
-    from kafka_harness import ensure_broker, free_port
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -165,7 +165,7 @@ def test_sdk_spans_reach_kafka_keyed_by_trace_id(binary: Path, tmp_path: Path):
 
     bootstrap = ensure_broker()
     topic = f"t{uuid.uuid4().hex[:8]}-otlp_spans"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(CLUSTER.config())
     for future in admin.create_topics([NewTopic(topic, num_partitions=3)]).values():
         future.result(timeout=30)
 

@@ -61,9 +61,7 @@ def test_sasl_ssl_with_mtls_from_an_existing_secret(helm, tmp_path):  # noqa: F8
             "user.key": "tls.key",
         }
         (c,) = pod["containers"]
-        assert {"name": "kafka-security", "mountPath": MOUNT, "readOnly": True} in c[
-            "volumeMounts"
-        ]
+        assert {"name": "kafka-security", "mountPath": MOUNT, "readOnly": True} in c["volumeMounts"]
     materialise(secret_volume(sts["spec"]["template"]["spec"]), tmp_path)
     env = {
         k: v.replace(MOUNT, str(tmp_path))

@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from kafka_harness import BOOTSTRAP, ensure_broker, producer
+from kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from opentelemetry.sdk.trace import TracerProvider
 from spans import kill_signal
 
@@ -32,7 +32,7 @@ def topic():
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"t{uuid.uuid4().hex[:8]}-agent-kill-signals"
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(CLUSTER.config())
     admin.create_topics([NewTopic(name, 3, 1)])[name].result(30)
     yield name
     admin.delete_topics([name])
