@@ -127,3 +127,12 @@ def test_compose_passes_the_kafka_variables_from_the_shell():
             "${SPANGUARD_KAFKA_SECURITY_PROTOCOL:-PLAINTEXT}"
         ), name
         assert env["SPANGUARD_KAFKA_SASL_PASSWORD"] == "${SPANGUARD_KAFKA_SASL_PASSWORD:-}", name
+
+
+def test_compose_runs_the_kafka_release_of_kafka_sh():
+    import re
+
+    script = (ROOT / "scripts" / "kafka.sh").read_text()
+    (version,) = re.findall(r"^KAFKA_VERSION=(\S+)$", script, re.M)
+    image = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["kafka"]["image"]
+    assert image == f"apache/kafka:{version}"
