@@ -5,17 +5,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install test test-unit lint bench bench-eviction bench-pipeline kafka-up kafka-down topics worker \
-	collector helm compose up down demo clean
+	collector helm compose constraints up down demo clean
 
 install: $(STAMP)
 
-# Re-install when the dependency list changes; a fresh clone gets everything from PyPI.
-$(STAMP): pyproject.toml
+# Re-install when the dependency list changes; a fresh clone gets everything from PyPI, at the
+# versions of constraints.txt (the tested set; `make constraints` rewrites it from .venv).
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e ".[dev,rocksdb,demo]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,worker,demo]"
 	@touch $(STAMP)
 
 # The tests need the real broker (started here, idempotent, and left running for the next run;
@@ -60,6 +61,9 @@ demo: install
 
 kafka-down:
 	scripts/kafka.sh down
+
+constraints: install
+	$(BIN)/python scripts/constraints.py > constraints.txt
 
 topics: install kafka-up
 	$(BIN)/spanguard topics create

@@ -61,7 +61,15 @@ def _settings(args: argparse.Namespace):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from spanguard.streams.worker import run_worker
+    try:
+        from spanguard.streams.worker import run_worker
+    except ModuleNotFoundError as exc:  # a lean install: the killswitch and replay only
+        print(
+            f"spanguard worker: {exc.name} is not installed; the worker needs the worker extra:"
+            ' pip install "spanguard[worker]"',
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     settings = _settings(args)
     policy = _load_policy(settings.policy)  # a bad policy stops here, before Kafka

@@ -477,8 +477,8 @@ def test_dockerfile_and_context() -> None:
     assert uid.isdigit() and uid != "0"  # numeric, so runAsNonRoot can verify it
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert int(uid) == chart_values["podSecurityContext"]["runAsUser"]
-    assert "ARG EXTRAS=rocksdb" in lines
-    assert any('pip install ".[${EXTRAS}]"' in line for line in lines)
+    assert "ARG EXTRAS=worker" in lines
+    assert any('pip install -c constraints.txt ".[${EXTRAS}]"' in line for line in lines)
 
     # The build context keeps everything `pip install .` needs.
     ignored = [
