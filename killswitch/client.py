@@ -10,6 +10,11 @@ The consumer starts at the latest offsets (signals sent before this process star
 other processes' traces) and keeps every signal in a bounded SignalBook, so a signal that
 arrives between two `check()` calls is never lost. `check()` takes a lock and reads memory: it
 is safe from threads and from asyncio code, and never blocks on Kafka.
+
+TLS and SASL come from `security=` (a `KafkaSecurity`), by default from the same
+SPANGUARD_KAFKA_* variables the worker reads. A wrong password or an untrusted certificate makes
+`start()` raise `KafkaConnectError` at once, instead of waiting for a broker that will never
+let it in.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.signals import SignalBook, current_trace_id
 from spanguard.schemas.decision import KillSignal, signature_valid
 
@@ -51,13 +58,19 @@ class KillSwitch:
         signing_key: bytes | str | None = None,
         signals: SignalBook | None = None,
         consumer_config: dict[str, Any] | None = None,
+        security: KafkaSecurity | None = None,
         start: bool = True,
     ) -> None:
         self.topic = topic
+        self.security = security if security is not None else KafkaSecurity.from_env()
+        self._errors = ClientErrors(bootstrap_servers)
         self.signals = signals if signals is not None else SignalBook()
         self._key = signing_key.encode() if isinstance(signing_key, str) else signing_key
         self._config = {
             "bootstrap.servers": bootstrap_servers,
+            **self.security.confluent_config(),
+            "error_cb": self._on_error,
+            "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
             # Every process reads every partition itself: no group, no rebalance, no commits.
             "group.id": f"spanguard-killswitch-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
@@ -102,6 +115,13 @@ class KillSwitch:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _on_error(self, error: Any) -> None:
+        refused = self._errors.refused
+        self._errors(error)
+        if refused is None and self._errors.refused is not None and self._ready.is_set():
+            # Once, not per reconnect: the credentials or certificate changed under us.
+            log.error("kill-signal consumer: %s", self._errors.refused)
+
     def _run(self) -> None:
         consumer = Consumer(self._config)
         try:
@@ -131,7 +151,9 @@ class KillSwitch:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                metadata = consumer.list_topics(self.topic, timeout=timeout)
+                # Raises KafkaConnectError at once on a refused password or certificate.
+                remaining = max(0.5, deadline - time.monotonic())
+                metadata = wait_for_metadata(consumer, self._errors, self.topic, remaining)
                 topic = metadata.topics.get(self.topic)
                 if topic is None or not topic.partitions:
                     raise KafkaException(

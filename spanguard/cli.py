@@ -32,6 +32,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
     for entry in REGISTRY:
         if entry.owner not in owners or entry.flag is None:
             continue  # secrets: never on a command line, where `ps` shows them
+        if entry.owner == "KafkaSecurity":
+            continue  # their own group, below
         default = "none" if entry.default is None else entry.default
         parser.add_argument(
             entry.flag,
@@ -41,6 +43,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
             metavar="HOST:PORT" if entry.name == "bootstrap" else entry.name.split("_")[-1].upper(),
             help=f"{entry.help} (${entry.env}; default {default})",
         )
+    from spanguard.kafka_security import add_flags
+
+    add_flags(parser)
 
 
 def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
@@ -51,12 +56,23 @@ def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
 def _settings(args: argparse.Namespace):
     from spanguard.settings import WorkerSettings
 
-    return WorkerSettings.from_sources(_flags(args, "WorkerSettings"))
+    # The Kafka connection flags (--kafka-*) are the worker's too: one security for every client.
+    kafka = {k: v for k, v in vars(args).items() if k.startswith("kafka_")}
+    return WorkerSettings.from_sources(_flags(args, "WorkerSettings") | kafka)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from spanguard.settings import GoalSettings, PagerSettings
-    from spanguard.streams.worker import run_worker
+
+    try:
+        from spanguard.streams.worker import run_worker
+    except ModuleNotFoundError as exc:  # a lean install: the killswitch and replay only
+        print(
+            f"spanguard worker: {exc.name} is not installed; the worker needs the worker extra:"
+            ' pip install "spanguard[worker]"',
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     settings = _settings(args)
     goal = GoalSettings.from_sources(_flags(args, "GoalSettings"))
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpanguardError as exc:
         # Bad input or configuration: one line that says what and where, no traceback.
         print(f"spanguard {args.command}: {_kind(exc)}{exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 

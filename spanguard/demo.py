@@ -243,15 +243,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "run":
         return run_demo(Path(__file__).resolve().parent.parent, args.step_delay)
-    result = run_agent(
-        args.kind,
-        endpoint=args.otlp_endpoint,
-        bootstrap=args.bootstrap,
-        kill_topic=args.kill_topic,
-        signing_key=worker.signing_key_bytes(),
-        step_delay=args.step_delay,
-        max_calls=args.max_calls,
-    )
+    from spanguard.errors import KafkaConnectError, KafkaSecurityError
+
+    try:
+        result = run_agent(
+            args.kind,
+            endpoint=args.otlp_endpoint,
+            bootstrap=args.bootstrap,
+            kill_topic=args.kill_topic,
+            signing_key=worker.signing_key_bytes(),
+            step_delay=args.step_delay,
+            max_calls=args.max_calls,
+        )
+    except KafkaSecurityError as exc:  # SPANGUARD_KAFKA_* settings that cannot work together
+        print(f"spanguard.demo: bad setting: {exc}", file=sys.stderr)
+        return 2
+    except KafkaConnectError as exc:  # the killswitch could not reach or enter the cluster
+        print(f"spanguard.demo: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(asdict(result)), flush=True)
     return 0
 

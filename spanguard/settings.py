@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from spanguard.errors import PagerConfigError, SettingsError
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Severity
 from spanguard.secrets import SecretError, read_secret
 
@@ -104,7 +105,7 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
             continue
         kind, choices = _kind(hints[spec.name])
         env = _env_name(cls, spec)
-        secret = spec.metadata["secret"]
+        secret = spec.metadata.get("secret", False)
         flag = None if secret else "--" + env.removeprefix(ENV_PREFIX).lower().replace("_", "-")
         entries.append(
             Setting(
@@ -117,7 +118,7 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
                 default=None if spec.default is MISSING else spec.default,
                 help=spec.metadata["help"],
                 secret=secret,
-                aliases=spec.metadata["aliases"],
+                aliases=spec.metadata.get("aliases", ()),
             )
         )
     return tuple(entries)
@@ -143,6 +144,9 @@ def _load(cls: type, flags: Mapping[str, Any], environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
     options = {spec.name for spec in fields(cls) if spec.metadata.get("option")}
     values: dict[str, Any] = {k: v for k, v in flags.items() if k in options and v is not None}
+    for spec in fields(cls):
+        if spec.metadata.get("nested") is KafkaSecurity:  # --kafka-* flags, SPANGUARD_KAFKA_*
+            values[spec.name] = KafkaSecurity.from_sources(flags, environ)
     for entry in settings_of(cls):
         flag = flags.get(entry.name)
         if flag is not None:
@@ -215,6 +219,8 @@ class WorkerSettings:
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
         "INFO", "DEBUG, INFO, WARNING, ERROR"
     )
+    # TLS and SASL, shared with every other Kafka client (spanguard/kafka_security.py).
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity, metadata={"nested": KafkaSecurity})
 
     def __post_init__(self) -> None:
         if self.store not in ("rocksdb", "memory"):
@@ -426,7 +432,7 @@ class PagerSettings:
 
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, GoalSettings, PagerSettings)
+SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )

@@ -16,6 +16,7 @@ from spanguard.alerting.service import PagingService
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
+from spanguard.kafka_clients import faust_credentials
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
 from spanguard.streams.agents import guard_spans, page_on_call, verify_goals
@@ -45,6 +46,7 @@ def create_app(
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=faust_credentials(settings.kafka),
         store=settings.store_url,
         datadir=settings.data_dir,
         web_enabled=False,  # /metrics, /livez and /readyz are served by streams/health.py

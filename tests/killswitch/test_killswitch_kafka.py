@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
-from tests.support.kafka_harness import BOOTSTRAP, ensure_broker, producer
+from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from tests.support.spans import kill_signal
 
 pytestmark = pytest.mark.kafka
@@ -32,7 +32,7 @@ def topic():
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"t{uuid.uuid4().hex[:8]}-agent-kill-signals"
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(CLUSTER.config())
     admin.create_topics([NewTopic(name, 3, 1)])[name].result(30)
     yield name
     admin.delete_topics([name])

@@ -17,7 +17,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from tests.support.kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
+from tests.support.kafka_harness import CLUSTER, Collector, Topics, WorkerProcess, ensure_broker
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
 pytestmark = pytest.mark.kafka
@@ -29,9 +29,7 @@ THRESHOLD = 4  # the shipped default: a key seen 4 times in the window trips
 
 
 def produce(topic: str, partitioner: str, agents_spans: list[tuple[AgentRecorder, list]]) -> None:
-    out = Producer(
-        {"bootstrap.servers": BOOTSTRAP, "partitioner": partitioner, "enable.idempotence": True}
-    )
+    out = Producer(CLUSTER.config(partitioner=partitioner, **{"enable.idempotence": True}))
     for agent, spans in agents_spans:
         for span in spans:
             out.produce(
