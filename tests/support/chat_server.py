@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -60,7 +61,7 @@ GOOD = Reply.verdict(True, 0.92, "The answer gives the refund policy the user as
 class Request:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: Message  # as received; names are case-insensitive (`"authorization" in headers`)
     raw: bytes
     status: int = 0  # what the server answered (0: the client was gone)
 
@@ -126,7 +127,7 @@ class ChatServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
-                record = Request("POST", self.path, dict(self.headers.items()), raw)
+                record = Request("POST", self.path, self.headers, raw)
                 with server._lock:
                     server.requests.append(record)
                 if self.path != COMPLETIONS_PATH:
