@@ -25,6 +25,7 @@ __all__ = [
     "Decision",
     "KillSignal",
     "canonical_json",
+    "schema_validator",
     "sign",
     "signature_valid",
     "validate",
@@ -169,15 +170,18 @@ def signature_valid(record: dict[str, Any], key: bytes) -> bool:
     if not isinstance(signature, str):
         return False
     expected = hmac.new(key, canonical_json(record), hashlib.sha256).hexdigest()
-    return hmac.compare_digest(signature, expected)
+    # As bytes: compare_digest refuses str with non-ASCII characters (a forged signature may
+    # hold any).
+    return hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode())
 
 
 @cache
-def _validator(name: str) -> jsonschema.Draft202012Validator:
+def schema_validator(name: Literal["detection", "kill-signal"]) -> jsonschema.Draft202012Validator:
+    """The validator of one contract's JSON Schema (loaded once)."""
     text = resources.files("spanguard.schemas").joinpath(f"{name}.schema.json").read_text()
     return jsonschema.Draft202012Validator(json.loads(text))
 
 
 def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]) -> None:
     """Raise jsonschema.ValidationError when `record` breaks the named contract."""
-    _validator(schema).validate(record)
+    schema_validator(schema).validate(record)
