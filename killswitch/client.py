@@ -1,6 +1,6 @@
 """The agent side: a background consumer of agent-kill-signals and a `check()` before each step.
 
-    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=b"...")
+    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=os.environ["SPANGUARD_SIGNING_KEY"])
     ...
     message = switch.check()      # raises AgentKilled once this trace is killed
     if message:                   # a downgrade: hand the model this system message
@@ -15,6 +15,11 @@ Anyone who can write to the topic can send anything: the consumer thread reads e
 through `read_signal`, which turns any bytes into a signal or into a `BadSignal` naming its
 kind. A bad record is counted (`switch.ignored[kind]`), logged once per kind, and costs only
 itself: the thread never dies, and the next valid signal is delivered.
+
+Signals are obeyed only when signed with one of the agent's keys (`signing_key=`, or
+`signing_keys=[new, old]` while the worker's key is rotated) and not past their `expires_at`.
+`allow_unsigned=True` obeys unsigned signals instead: anyone who can write to the topic can
+then stop or steer the agent.
 """
 
 from __future__ import annotations
@@ -25,17 +30,21 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.errors import SettingsError
 from spanguard.killswitch.signals import SignalBook, current_trace_id
 from spanguard.schemas.decision import (
     KillSignal,
     canonical_json,
+    keyring,
     schema_validator,
-    signature_valid,
+    verify,
 )
 
 __all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
@@ -50,7 +59,7 @@ MAX_SIGNAL_DEPTH = 8
 MALFORMED_KINDS = frozenset(
     {"empty", "too_large", "not_utf8", "not_json", "too_deep", "not_object", "invalid"}
 )
-REJECTED_KINDS = frozenset({"unsigned", "forged"})
+REJECTED_KINDS = frozenset({"unsigned", "unknown_key", "forged"})
 
 # What a topic reports while it is being created or its leaders elected.
 _SETTLING = frozenset(
@@ -73,13 +82,25 @@ class KillSwitch:
         topic: str = "agent-kill-signals",
         *,
         signing_key: bytes | str | None = None,
+        signing_keys: Iterable[bytes | str] = (),
+        allow_unsigned: bool = False,
         signals: SignalBook | None = None,
         consumer_config: dict[str, Any] | None = None,
         start: bool = True,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
+        keys = keyring([*([signing_key] if signing_key else []), *signing_keys])
+        if keys and allow_unsigned:
+            raise SettingsError("give signing keys or allow_unsigned=True, not both")
+        if not keys and not allow_unsigned:
+            raise SettingsError(
+                "no signing key: pass signing_key= (the worker's SPANGUARD_SIGNING_KEY), or"
+                " allow_unsigned=True to obey unsigned signals (insecure)"
+            )
         self.topic = topic
         self.signals = signals if signals is not None else SignalBook()
-        self._key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self._keys: Mapping[str, bytes] | None = keys or None  # None: unsigned signals obeyed
+        self._clock = clock or (lambda: datetime.now(UTC))
         self._config = {
             "bootstrap.servers": bootstrap_servers,
             # Every process reads every partition itself: no group, no rebalance, no commits.
@@ -122,8 +143,13 @@ class KillSwitch:
 
     @property
     def rejected(self) -> int:
-        """Signals whose signature is missing or wrong, when a signing key is set."""
+        """Signals unsigned, signed with a key this agent does not hold, or forged."""
         return sum(n for kind, n in self.ignored.items() if kind in REJECTED_KINDS)
+
+    @property
+    def expired(self) -> int:
+        """Valid signals read after their `expires_at`."""
+        return self.ignored["expired"]
 
     def close(self) -> None:
         self._stop.set()
@@ -201,7 +227,7 @@ class KillSwitch:
 
     def _accept(self, value: bytes | None) -> None:
         try:
-            self.signals.deliver(read_signal(value, self._key))
+            self.signals.deliver(read_signal(value, self._keys, self._clock()))
         except BadSignal as bad:
             self._ignore(bad)
         finally:
@@ -233,8 +259,13 @@ class BadSignal(Exception):
         self.detail = detail.encode("unicode_escape").decode("ascii")
 
 
-def read_signal(value: bytes | None, key: bytes | None) -> KillSignal:
-    """The kill signal in `value`, or BadSignal saying why not. Any bytes are safe here."""
+def read_signal(
+    value: bytes | None, keys: Mapping[str, bytes] | None, now: datetime | None = None
+) -> KillSignal:
+    """The kill signal in `value`, or BadSignal saying why not. Any bytes are safe here.
+
+    `keys` ({key id: key}, see `keyring`) are the keys a signal must be signed with; None
+    obeys unsigned signals. `now` (default: the current time) decides expiry."""
     if not value:
         raise BadSignal("empty", "no value")
     if len(value) > MAX_SIGNAL_BYTES:
@@ -261,10 +292,23 @@ def read_signal(value: bytes | None, key: bytes | None) -> KillSignal:
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         raise BadSignal("invalid", f"field {where}: {error.message}")
-    if key is not None and not signature_valid(record, key):
-        kind = "unsigned" if "signature" not in record else "forged"
-        raise BadSignal(kind, f"signal for trace {record['trace_id']}")
-    return KillSignal.from_dict(record)
+    if keys is not None:
+        check = verify(record, keys)
+        if check != "valid":
+            detail = f"signal for trace {record['trace_id']}"
+            if check == "unknown_key":
+                detail += f", signed with key id {record['key_id']}, not one of this agent's"
+            raise BadSignal(check, detail)
+    signal = KillSignal.from_dict(record)
+    try:
+        expired = signal.expired(now or datetime.now(UTC))
+    except ValueError as exc:  # the pattern lets through a date that does not exist
+        raise BadSignal("invalid", f"field expires_at: {exc}") from None
+    if expired:
+        raise BadSignal(
+            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
+        )
+    return signal
 
 
 def _refuse_constant(name: str) -> Any:

@@ -33,13 +33,25 @@ def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
         if entry.owner not in owners or entry.flag is None:
             continue  # secrets: never on a command line, where `ps` shows them
         default = "none" if entry.default is None else entry.default
+        if isinstance(entry.default, bool):
+            default = "on" if entry.default else "off"
+        help = f"{entry.help} (${entry.env}; default {default})"
+        if entry.kind is bool:  # --name / --no-name; neither: the variable, then the default
+            parser.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help,
+            )
+            continue
         parser.add_argument(
             entry.flag,
             dest=f"{entry.owner}.{entry.name}",
             default=None,
             choices=entry.choices,
             metavar="HOST:PORT" if entry.name == "bootstrap" else entry.name.split("_")[-1].upper(),
-            help=f"{entry.help} (${entry.env}; default {default})",
+            help=help,
         )
 
 
@@ -65,6 +77,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         PagerSettings.from_sources(pager_flags) if PagerSettings.configured(pager_flags) else None
     )
     policy = _load_policy(settings.policy)  # bad settings or a bad policy stop here, before Kafka
+    settings.kill_signing_key()  # signed by default: no key (and no opt-out) stops here too
     return run_worker(settings, policy, goal, pager)
 
 

@@ -64,7 +64,11 @@ def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
         "support": ("support-bot", "support-agent"),
     }[kind]
     provider, tracer = _tracer(service, endpoint)
-    switch = KillSwitch(bootstrap, kill_topic, signing_key=signing_key)
+    # Signed unless the worker was told otherwise (SPANGUARD_ALLOW_UNSIGNED): the same setting
+    # lets this agent obey unsigned signals.
+    switch = KillSwitch(
+        bootstrap, kill_topic, signing_key=signing_key, allow_unsigned=signing_key is None
+    )
     result = AgentResult(agent=agent_name, status="gave_up", calls=0)
     tripped_at: float | None = None
     try:
@@ -248,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint=args.otlp_endpoint,
         bootstrap=args.bootstrap,
         kill_topic=args.kill_topic,
-        signing_key=worker.signing_key_bytes(),
+        signing_key=worker.kill_signing_key(),
         step_delay=args.step_delay,
         max_calls=args.max_calls,
     )

@@ -106,7 +106,13 @@ def create_app(
     )
     states = SerializedStates(table)
     guard = Guard(policy, states=states)
-    signing_key = settings.signing_key_bytes()
+    signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+    if signing_key is None:
+        log.warning(
+            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
+            " can stop or steer agents that obey unsigned signals",
+            settings.kill_topic,
+        )
     pipeline = SpanPipeline(guard)
     health = Health()
     app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table, "health": health}  # type: ignore[attr-defined]
@@ -167,7 +173,7 @@ def create_app(
             key = decision.trace_id.encode()
             sends.append(Send(detections, {"key": key, "value": decision.to_json().encode()}))
             if decision.action in ("kill", "downgrade"):  # a flag is for people, not agents
-                record = KillSignal.from_decision(decision).to_dict()
+                record = KillSignal.from_decision(decision, settings.signal_ttl).to_dict()
                 if signing_key is not None:
                     record = sign(record, signing_key)
                 value = json.dumps(record, sort_keys=True).encode()

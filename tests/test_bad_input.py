@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from spanguard.killswitch.client import MAX_SIGNAL_BYTES, BadSignal, read_signal
-from spanguard.schemas.decision import sign
+from spanguard.killswitch.client import MAX_SIGNAL_BYTES, BadSignal, KillSwitch, read_signal
+from spanguard.schemas.decision import key_id, keyring, sign
 from tests.support.spans import kill_signal
 
 # -- the kill-signal topic (killswitch/client.py: read_signal) ----------------------------------
 
 KEY = b"bad-input-test-signing-key"
+KEYS = keyring(KEY)
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
@@ -38,10 +39,22 @@ def _nested(depth: int) -> dict[str, Any]:
     return value
 
 
-def _tampered() -> bytes:
-    record = sign(_signal(), KEY)
-    record["reason"] = "edited after signing"
-    return json.dumps(record).encode()
+def _tampered(**changes: Any) -> bytes:
+    return json.dumps({**sign(_signal(), KEY), **changes}).encode()
+
+
+def _unsigned(**changes: Any) -> bytes:
+    return json.dumps(_signal(**changes)).encode()
+
+
+def _v1_signed() -> bytes:
+    """What a version 1 worker sent: no expiry, no key id."""
+    record = {**_signal(), "schema_version": 1}
+    del record["expires_at"]
+    return json.dumps(sign(record, KEY)).encode()
+
+
+PAST = "2026-01-01T00:00:00.000+00:00"
 
 
 KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
@@ -73,11 +86,28 @@ KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
     ("agent a string", _signed(agent="support-bot"), "invalid"),
     ("evidence an array", _signed(evidence=[]), "invalid"),
     ("an unknown kind", _signed(kind="pause"), "invalid"),
-    ("a signature that is a number", json.dumps({**_signal(), "signature": 1}).encode(), "invalid"),
-    ("unsigned", json.dumps(_signal()).encode(), "unsigned"),
-    ("signed with another key", json.dumps(sign(_signal(), b"attacker")).encode(), "forged"),
-    ("edited after signing", _tampered(), "forged"),
-    ("a non-ASCII signature", json.dumps({**_signal(), "signature": "é" * 64}).encode(), "forged"),
+    ("a signature that is a number", _tampered(signature=1), "invalid"),
+    ("a signature without its key id", _unsigned(signature="00" * 32), "invalid"),
+    ("a key id without a signature", _unsigned(key_id=key_id(KEY)), "invalid"),
+    ("an expiry that is no date", _signed(expires_at="soon"), "invalid"),
+    (
+        "an expiry on a day that does not exist",
+        _signed(expires_at="2026-02-30T00:00:00Z"),
+        "invalid",
+    ),
+    ("an expiry without a timezone", _signed(expires_at="2999-01-01T00:00:00"), "invalid"),
+    ("no expiry (a version 1 signal)", _v1_signed(), "invalid"),
+    ("unsigned", _unsigned(), "unsigned"),
+    ("signed with another key", json.dumps(sign(_signal(), b"attacker")).encode(), "unknown_key"),
+    (
+        "another key's signature under our key id",
+        json.dumps({**sign(_signal(), b"attacker"), "key_id": key_id(KEY)}).encode(),
+        "forged",
+    ),
+    ("edited after signing", _tampered(reason="edited after signing"), "forged"),
+    ("the key id edited after signing", _tampered(key_id="0" * 16), "unknown_key"),
+    ("a non-ASCII signature", _tampered(signature="é" * 64), "forged"),
+    ("signed, but expired", _signed(expires_at=PAST), "expired"),
 ]
 
 
@@ -86,7 +116,7 @@ KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
 )
 def test_kill_signal_records(value, kind):
     with pytest.raises(BadSignal) as caught:
-        read_signal(value, KEY)
+        read_signal(value, KEYS)
     assert caught.value.kind == kind
     assert len(caught.value.detail) < 260 and caught.value.detail.isprintable()
 
@@ -94,5 +124,27 @@ def test_kill_signal_records(value, kind):
 def test_a_valid_signal_reads_after_every_bad_record():
     for _, value, _ in KILL_RECORDS:
         with pytest.raises(BadSignal):
-            read_signal(value, KEY)
-    assert read_signal(_signed(), KEY).trace_id == TRACE
+            read_signal(value, KEYS)
+    assert read_signal(_signed(), KEYS).trace_id == TRACE
+
+
+def test_keys_rotate_without_a_flag_day():
+    """Agents accept the old and the new key while the worker switches from one to the other."""
+    old, new = b"the-old-signing-key-0123", b"the-new-signing-key-4567"
+    both = keyring([old, new])
+    for key in (old, new):
+        assert read_signal(json.dumps(sign(_signal(), key)).encode(), both).trace_id == TRACE
+    with pytest.raises(BadSignal) as caught:
+        read_signal(json.dumps(sign(_signal(), old)).encode(), keyring(new))
+    assert caught.value.kind == "unknown_key"
+
+
+def test_unsigned_signals_only_when_told_and_never_expired_ones():
+    assert read_signal(_unsigned(), None).trace_id == TRACE
+    with pytest.raises(BadSignal, match="expired"):
+        read_signal(_unsigned(expires_at=PAST), None)
+    with pytest.raises(ValueError, match="no signing key"):
+        KillSwitch("127.0.0.1:9", start=False)
+    with pytest.raises(ValueError, match="not both"):
+        KillSwitch("127.0.0.1:9", signing_key=KEY, allow_unsigned=True, start=False)
+    KillSwitch("127.0.0.1:9", allow_unsigned=True, start=False)

@@ -148,6 +148,29 @@ def test_no_record_stops_the_consumer_and_the_next_kill_is_delivered(topic, capl
         assert len(logged) == len(switch.ignored)  # once per kind, not once per record
 
 
+def test_rotation_expiry_and_the_unsigned_opt_in(topic):
+    """During a key rotation both keys kill; an expired signal does not; unsigned signals only
+    reach an agent that opted in to them."""
+    new_key = b"killswitch-rotated-key"
+    by_old, by_new, late = trace(), trace(), trace()
+    with KillSwitch(BOOTSTRAP, topic, signing_keys=[KEY, new_key]) as switch:
+        publish(topic, make_signal(by_old), key=KEY)
+        publish(topic, make_signal(by_new), key=new_key)
+        expired = {**make_signal(late), "expires_at": "2026-01-01T00:00:00.000+00:00"}
+        publish(topic, expired, key=new_key)
+        wait_until(lambda: switch.received >= 3)
+        for trace_id in (by_old, by_new):
+            with pytest.raises(AgentKilled):
+                switch.check(trace_id)
+        assert switch.check(late) is None and switch.expired == 1
+    unsigned = trace()
+    with KillSwitch(BOOTSTRAP, topic, allow_unsigned=True) as switch:
+        publish(topic, make_signal(unsigned), key=None)
+        wait_until(lambda: switch.received >= 1)
+        with pytest.raises(AgentKilled):
+            switch.check(unsigned)
+
+
 def test_signals_before_start_are_not_replayed(topic):
     old = trace()
     publish(topic, make_signal(old))

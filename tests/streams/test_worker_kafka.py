@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from spanguard.schemas.decision import signature_valid, validate
+from spanguard.schemas.decision import key_id, signature_valid, validate
 from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
@@ -77,6 +78,12 @@ def test_looping_trace_gets_one_kill_with_evidence(worker):
     validate(signal_record, "kill-signal")
     assert signature_valid(signal_record, SIGNING_KEY)
     assert not signature_valid(signal_record, b"another key")
+    assert signal_record["key_id"] == key_id(SIGNING_KEY)
+    # Obeyed for the default SPANGUARD_SIGNAL_TTL (an hour) after the detection.
+    lifetime = datetime.fromisoformat(signal_record["expires_at"]) - datetime.fromisoformat(
+        signal_record["detected_at"]
+    )
+    assert lifetime.total_seconds() == 3600
     assert SIGNING_KEY.decode() not in process.log_text()  # never logged
     assert signal_record["kind"] == "kill" and signal_record["rule"] == "tool_loop"
     assert signal_record["trace_id"] == agent.trace_id

@@ -27,6 +27,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('KAFKA_PORT', '9092')}"
+# Workers sign by default and refuse to start without a key: the tests set one the way the
+# README tells a user to (SPANGUARD_SIGNING_KEY), unless a test passes its own.
+SIGNING_KEY = "spanguard-tests-signing-key-5f0c2a"
 
 
 def ensure_broker() -> str:
@@ -133,6 +136,10 @@ class WorkerProcess:
             *(extra or []),
         ]  # fmt: skip
         self.env = {**os.environ, **(env or {})}
+        if not (
+            self.env.get("SPANGUARD_SIGNING_KEY") or self.env.get("SPANGUARD_SIGNING_KEY_FILE")
+        ):
+            self.env["SPANGUARD_SIGNING_KEY"] = SIGNING_KEY
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
