@@ -160,7 +160,7 @@ def run_demo(root: Path, step_delay: float) -> int:
             subprocess.run([str(stack), "up"], check=True)
         else:
             print("demo: using the stack that is already running", flush=True)
-        results = _run_both_agents(step_delay)
+        results = _run_both_agents(step_delay, _agent_env(stack))
     finally:
         if started:
             print("demo: stopping the stack it started", flush=True)
@@ -193,7 +193,19 @@ def run_demo(root: Path, step_delay: float) -> int:
     return 0 if ok else 1
 
 
-def _run_both_agents(step_delay: float) -> dict[str, AgentResult]:
+def _agent_env(stack: Path) -> dict[str, str]:
+    """The agents trust the worker's key: the one given in the environment, else the stack's
+    own (scripts/stack.sh key-file)."""
+    env = dict(os.environ)
+    if not (env.get("SPANGUARD_SIGNING_KEY") or env.get("SPANGUARD_SIGNING_KEY_FILE")):
+        key_file = subprocess.run(
+            [str(stack), "key-file"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        env["SPANGUARD_SIGNING_KEY_FILE"] = key_file
+    return env
+
+
+def _run_both_agents(step_delay: float, env: dict[str, str]) -> dict[str, AgentResult]:
     results: dict[str, AgentResult] = {}
 
     def one(kind: str) -> None:
@@ -209,6 +221,7 @@ def _run_both_agents(step_delay: float) -> dict[str, AgentResult]:
             ],
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         assert process.stdout is not None
         for line in process.stdout:
