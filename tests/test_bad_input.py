@@ -148,3 +148,80 @@ def test_unsigned_signals_only_when_told_and_never_expired_ones():
     with pytest.raises(ValueError, match="not both"):
         KillSwitch("127.0.0.1:9", signing_key=KEY, allow_unsigned=True, start=False)
     KillSwitch("127.0.0.1:9", allow_unsigned=True, start=False)
+
+
+# -- policy files (schemas/policy.py: Policy.load; `spanguard policy check`) --------------------
+
+
+def _alias_bomb(levels: int = 9) -> bytes:
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, levels):
+        refs = ", ".join([f"*l{level - 1}"] * 9)
+        lines.append(f"l{level}: &l{level} [{refs}]")
+    return ("\n".join(lines) + "\n").encode()
+
+
+POLICY_FILES: list[tuple[str, bytes, str]] = [
+    ("a YAML alias bomb", _alias_bomb(), "more than 100000 values once its YAML aliases are"),
+    ("an alias bomb under a real key", b"defaults:\n  volatile_keys: &k [a, b]\n"
+     + _alias_bomb(), "once its YAML aliases are expanded"),
+    ("a recursive alias", b"defaults: &d {goal: *d}\n", "a YAML alias refers to itself"),
+    ("nested 100 levels", b"[" * 100 + b"]" * 100, "nested more than 32 levels"),
+    ("nested past the YAML parser's depth", b"[" * 5000 + b"]" * 5000, "nested more than 32"),
+    ("larger than any policy", b"# " + b"x" * (1024 * 1024) + b"\n", "larger than 1048576 bytes"),
+    ("not UTF-8", b"defaults:\n  action: \xff\xfe\n", "not UTF-8 text (byte 0xff at offset 20)"),
+    ("UTF-16", "defaults: {action: kill}\n".encode("utf-16"), "not UTF-8 text"),
+    ("an integer key", b"defaults:\n  loop: {1: 2}\n", "field defaults.loop: key 1 (int) is not"),
+    ("a boolean key", b"agents:\n  - match: {on: x}\n", "key True (bool) is not a string (YAML"),
+    ("a null key", b"~: 1\n", "field (top level): key None (NoneType) is not a string"),
+    ("a misspelt default", b"defaults:\n  tokenbudget: 100\n",
+     "field defaults: unknown key 'tokenbudget' (did you mean 'token_budget'?)"),
+    ("a misspelt section", b"default:\n  token_budget: 100\n",
+     "field (top level): unknown key 'default' (did you mean 'defaults'?)"),
+    ("a misspelt agent setting", b"agents:\n  - match: {a: b}\n    tokenbudget: 1\n",
+     "field agents.0: unknown key 'tokenbudget' (did you mean 'token_budget'?)"),
+    ("a misspelt loop key", b"defaults:\n  loop: {windw: 20}\n",
+     "field defaults.loop: unknown key 'windw' (did you mean 'window'?)"),
+    ("a misspelt goal key", b"defaults:\n  goal: {sample_rat: 0.5}\n",
+     "unknown key 'sample_rat' (did you mean 'sample_rate'?)"),
+    ("an unknown key like none", b"defaults:\n  zzz: 1\n", "unknown key 'zzz'; valid keys: action"),
+    ("NaN sample rate", b"defaults:\n  goal: {sample_rate: .nan}\n",
+     "field defaults.goal.sample_rate: nan is not a finite number"),
+    ("infinite budget", b"defaults:\n  token_budget: .inf\n", "inf is not a finite number"),
+    ("minus infinity", b"agents:\n  - match: {a: b}\n    goal: {min_confidence: -.inf}\n",
+     "field agents.0.goal.min_confidence: -inf is not a finite number"),
+    ("a duplicate key", b"defaults:\n  action: kill\n  action: downgrade\n",
+     "key 'action' appears twice in one mapping (line 3)"),
+    ("broken YAML", b"defaults: [\n", "not valid YAML: "),
+    ("two YAML documents", b"defaults: {}\n---\nagents: []\n", "expected a single document"),
+    ("a NUL byte", b"defaults:\x00\n", "not valid YAML: "),
+    ("a Python object tag", b'!!python/object/apply:os.system ["true"]\n',
+     "could not determine a constructor"),
+    ("a list, not a mapping", b"- defaults\n", "field (top level): ['defaults'] is not of type"),
+    ("a date as a budget", b"defaults:\n  token_budget: 2026-01-01\n",
+     "field defaults.token_budget: datetime.date(2026, 1, 1) is not of type"),
+    ("a threshold beyond its window", b"defaults:\n  loop: {window: 3, threshold: 4}\n",
+     "threshold 4 can never be reached in a window of 3 calls"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "message"), [case[1:] for case in POLICY_FILES], ids=[case[0] for case in POLICY_FILES]
+)
+def test_policy_files(tmp_path, capsys, data, message):
+    from spanguard.cli import main
+    from spanguard.schemas.policy import Policy, PolicyError
+
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(data)
+    with pytest.raises(PolicyError) as caught:
+        Policy.load(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # The CI check and every command that takes a policy: exit 2, one line on stderr.
+    assert main(["policy", "check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("spanguard policy: bad policy: ") and message in line
