@@ -17,11 +17,14 @@ def _load_policy(path: str | None) -> Policy:
     return Policy.load(path) if path else Policy()
 
 
+EXIT_SKIPPED = 1  # replay: every input read, but some broken lines or files were skipped
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from spanguard.detection.replay import replay
 
-    replay(args.paths, _load_policy(args.policy))
-    return 0
+    result = replay(args.paths, _load_policy(args.policy))
+    return EXIT_SKIPPED if result.skipped else 0
 
 
 def _cmd_policy_check(args: argparse.Namespace) -> int:
@@ -133,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run the detection core over OTLP trace files in order and print one JSON decision"
             " per line. Files ending .pb/.binpb hold one protobuf ExportTraceServiceRequest;"
-            " other files (and - for stdin) hold OTLP/JSON, one request a line."
+            " other files (and - for stdin) hold OTLP/JSON, one request a line. A broken line"
+            " or file is reported on stderr (file:line) and skipped. Exit status: 0 every"
+            " input read, 1 some were skipped, 2 a bad policy or an unreadable file."
         ),
     )
     replay.add_argument("paths", nargs="+", metavar="PATH", help="input files, - for stdin")

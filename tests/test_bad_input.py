@@ -225,3 +225,98 @@ def test_policy_files(tmp_path, capsys, data, message):
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line.startswith("spanguard policy: bad policy: ") and message in line
+
+
+# -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
+
+
+def _replay_line(**span_changes: Any) -> str:
+    from spanguard.schemas.otlp import encode_json_line
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    agent.tool("search_docs", {"query": "refund policy"})
+    document = json.loads(encode_json_line(encode(agent.finished())))
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"][0].update(span_changes)
+    return json.dumps(document)
+
+
+def _kvlist(depth: int) -> dict[str, Any]:
+    """An attribute whose value is a key-value list nested `depth` times."""
+    value: dict[str, Any] = {"intValue": "1"}
+    for _ in range(depth):
+        value = {"kvlistValue": {"values": [{"key": "b", "value": value}]}}
+    return {"key": "a", "value": value}
+
+
+REPLAY_LINES: list[tuple[str, bytes, str]] = [
+    ("cut short", b'{"resourceSpans": [ broken', "not JSON"),
+    ("arrays nested past the decoder's depth", b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    ("objects nested past the decoder's depth", b'{"a":' * 5000 + b"1" + b"}" * 5000,
+     "nested too deeply"),
+    ("attributes nested past protobuf's depth", _replay_line(attributes=[_kvlist(200)]).encode(),
+     "too deep"),
+    ("JSON null", b"null", "an OTLP/JSON request is an object"),
+    ("a JSON array", b"[]", "an OTLP/JSON request is an object"),
+    ("resourceSpans a number", b'{"resourceSpans": 5}', "not an OTLP/JSON trace request"),
+    ("resourceSpans NaN", b'{"resourceSpans": NaN}', "not an OTLP/JSON trace request"),
+    ("a span that is a number", b'{"resourceSpans": [{"scopeSpans": [{"spans": [1]}]}]}',
+     "not an OTLP/JSON trace request"),
+    ("a trace id that is a number", _replay_line(traceId=5).encode(), "must be a hex string"),
+    ("a trace id that is not hex", _replay_line(traceId="zz" * 16).encode(), "is not hex"),
+    ("a trace id of 3 bytes", _replay_line(traceId="abcdef").encode(), "3-byte trace id"),
+    ("a time that is no number", _replay_line(startTimeUnixNano="soon").encode(),
+     "not an OTLP/JSON trace request"),
+    ("not UTF-8", b'{"resourceSpans": "\xff"}', "not JSON"),
+    ("a lone surrogate, raw", _replay_line(name="\ud800").encode().replace(b"\\ud800", b"\xed\xa0\x80"),
+     "Unpaired surrogate"),
+    ("a lone surrogate escape", _replay_line(name="\ud800").encode(), "Unpaired surrogate"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "message"), [case[1:] for case in REPLAY_LINES], ids=[case[0] for case in REPLAY_LINES]
+)
+def test_replay_lines(line, message):
+    """The broken line is reported with its number and skipped; the lines around it are read."""
+    import io
+
+    from spanguard.detection.replay import replay
+
+    good = _replay_line().encode()
+    out, err = io.StringIO(), io.StringIO()
+    result = replay(["-"], stdin=io.BytesIO(good + b"\n" + line + b"\n" + good + b"\n"),
+                    stdout=out, stderr=err)  # fmt: skip
+    (report, summary) = err.getvalue().splitlines()
+    assert report.startswith("-:2: skipped: ") and message in report, report
+    assert (result.requests, result.skipped) == (2, 1)
+    assert summary.startswith("replay: 2 requests, 1 broken inputs skipped")
+
+
+def test_replay_exit_status_says_whether_a_line_was_broken(tmp_path, capsys):
+    from spanguard.cli import main
+
+    path = tmp_path / "spans.jsonl"
+    path.write_bytes(_replay_line().encode() + b"\n")
+    assert main(["replay", str(path)]) == 0
+    path.write_bytes(_replay_line().encode() + b"\n" + REPLAY_LINES[0][1] + b"\n")
+    assert main(["replay", str(path)]) == 1
+    assert f"{path}:2: skipped: not JSON" in capsys.readouterr().err
+
+
+def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
+    """MAX_LINE_BYTES (64 MiB) lowered to 4 kB so the test need not write 64 MiB; the same code
+    path reads the line in bounded pieces."""
+    import io
+
+    from spanguard.detection import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
+    good = _replay_line().encode()
+    long_line = b'{"resourceSpans": [' + b" " * 10_000 + b"]}"
+    err = io.StringIO()
+    result = replay_module.replay(
+        ["-"], stdin=io.BytesIO(long_line + b"\n" + good + b"\n"), stdout=io.StringIO(), stderr=err
+    )
+    assert err.getvalue().splitlines()[0] == "-:1: skipped: longer than 4096 bytes"
+    assert (result.requests, result.skipped) == (1, 1)

@@ -161,7 +161,7 @@ def test_replay_prints_one_decision_per_line(corpus):
         str(directory / "research.pb"),
         str(directory / "support.jsonl"),
     )
-    assert result.returncode == 0, result.stderr.decode()
+    assert result.returncode == 1, result.stderr.decode()  # 1: a broken line was skipped
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     looper = corpus["looper"]
     tool_spans = [s for s in looper.finished() if s.name.startswith("execute_tool")]
@@ -178,12 +178,19 @@ def test_replay_prints_one_decision_per_line(corpus):
     stderr = result.stderr.decode()
     assert "support.jsonl:4: skipped: not JSON" in stderr
     assert "replay: " in stderr.splitlines()[-1] and "86 tool calls" in stderr.splitlines()[-1]
+    assert "1 broken inputs skipped" in stderr.splitlines()[-1]
+
+
+def test_replay_of_intact_inputs_exits_0(corpus):
+    result = run_replay(str(corpus["dir"] / "research.pb"))
+    assert result.returncode == 0, result.stderr.decode()
+    assert "broken inputs skipped" not in result.stderr.decode()
 
 
 def test_replay_reads_stdin(corpus):
     data = (corpus["dir"] / "support.jsonl").read_bytes()
     result = run_replay("-", stdin=data)
-    assert result.returncode == 0
+    assert result.returncode == 1  # the corpus's broken line
     (record,) = (json.loads(line) for line in result.stdout.decode().splitlines())
     assert record["action"] == "kill" and record["hits"] == 4
 
