@@ -22,6 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
 from spanguard.errors import OtlpDecodeError
+from spanguard.schemas.otlp_view import not_a_trace_request
 
 __all__ = [
     "ExportTraceServiceRequest",
@@ -45,6 +46,9 @@ def decode_protobuf(data: bytes) -> ExportTraceServiceRequest:
         request = ExportTraceServiceRequest.FromString(bytes(data))
     except DecodeError as exc:
         raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    foreign = not_a_trace_request(bytes(data))  # a metrics request parses too
+    if foreign is not None:
+        raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {foreign}")
     _check_ids(request)
     return request
 

@@ -320,3 +320,103 @@ def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
     )
     assert err.getvalue().splitlines()[0] == "-:1: skipped: longer than 4096 bytes"
     assert (result.requests, result.skipped) == (1, 1)
+
+
+# -- OTLP messages on the input topic (spanguard/detection/pipeline.py: SpanPipeline.handle) ----
+
+
+def metrics_request(name: str, kind: str) -> bytes:
+    """A real ExportMetricsServiceRequest with one metric of `kind`, as an SDK exports it."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.metrics.v1 import metrics_pb2 as m
+
+    now = 1_764_748_800_000_000_000
+    point = m.NumberDataPoint(start_time_unix_nano=now - 10**9, time_unix_nano=now, as_int=7)
+    data = {
+        "sum": {"sum": m.Sum(data_points=[point], aggregation_temporality=2, is_monotonic=True)},
+        "gauge": {"gauge": m.Gauge(data_points=[m.NumberDataPoint(as_int=7)])},
+        "histogram": {"histogram": m.Histogram(data_points=[m.HistogramDataPoint(count=3)])},
+        "exponential_histogram": {
+            "exponential_histogram": m.ExponentialHistogram(
+                data_points=[m.ExponentialHistogramDataPoint(count=2)]
+            )
+        },
+        "summary": {"summary": m.Summary(data_points=[m.SummaryDataPoint(count=1)])},
+        "with_metadata": {
+            "gauge": m.Gauge(data_points=[m.NumberDataPoint(as_int=7)]),
+            "metadata": [{"key": "k", "value": {"string_value": "v"}}],
+        },
+    }[kind]
+    metric = m.Metric(name=name, description="8 bytes!", unit="1", **data)
+    request = ExportMetricsServiceRequest(
+        resource_metrics=[m.ResourceMetrics(scope_metrics=[m.ScopeMetrics(metrics=[metric])])]
+    )
+    return request.SerializeToString()
+
+
+def _logs_request() -> bytes:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.logs.v1 import logs_pb2 as logs
+
+    record = logs.LogRecord(
+        time_unix_nano=1, trace_id=b"t" * 16, span_id=b"s" * 8, body={"string_value": "hello"},
+        attributes=[{"key": "k", "value": {"string_value": "v"}}],
+    )  # fmt: skip
+    request = ExportLogsServiceRequest(
+        resource_logs=[logs.ResourceLogs(scope_logs=[logs.ScopeLogs(log_records=[record])])]
+    )
+    return request.SerializeToString()
+
+
+NAME16 = "sixteen-byte-nam"
+NOT_TRACES = "not an OTLP ExportTraceServiceRequest: "
+
+OTLP_MESSAGES: list[tuple[str, bytes | None, str]] = [
+    ("no value", None, "empty message"),
+    ("garbage", b"\x0a\xff\xff\xff\xff\x0f garbage", NOT_TRACES),
+    ("a sum metric, 16-byte name", metrics_request(NAME16, "sum"), NOT_TRACES + "span field 7"),
+    ("a gauge metric, 16-byte name", metrics_request(NAME16, "gauge"),
+     NOT_TRACES + "a span has no end_time_unix_nano"),
+    ("a histogram metric", metrics_request(NAME16, "histogram"), NOT_TRACES),
+    ("an exponential histogram", metrics_request(NAME16, "exponential_histogram"),
+     NOT_TRACES + "span field 10"),
+    ("a summary metric", metrics_request(NAME16, "summary"), NOT_TRACES),
+    ("a metric with metadata", metrics_request(NAME16, "with_metadata"),
+     NOT_TRACES + "span field 12"),
+    ("a logs request", _logs_request(), NOT_TRACES),
+    ("a span with no trace id", b"\n\r\x12\x0b\x12\tA\x01\x00\x00\x00\x00\x00\x00\x00",
+     "a span has a 0-byte trace id"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [case[1:] for case in OTLP_MESSAGES],
+    ids=[case[0] for case in OTLP_MESSAGES],
+)
+def test_otlp_messages(value, reason):
+    """Keyed as the Collector keys a trace (the hex of the 16-byte "trace id" a metric's name
+    makes): still a dead letter with its reason, and no decision."""
+    from spanguard.detection.guard import Guard
+    from spanguard.detection.pipeline import SpanPipeline
+
+    pipeline = SpanPipeline(Guard())
+    outcome = pipeline.handle(NAME16.encode().hex().encode(), value)
+    assert outcome.dead_letter is not None and outcome.dead_letter.startswith(reason)
+    assert outcome.decisions == [] and outcome.repartition == []
+
+
+def test_a_trace_request_still_passes_the_check():
+    from spanguard.detection.guard import Guard
+    from spanguard.detection.pipeline import SpanPipeline
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    outcome = SpanPipeline(Guard()).handle(
+        agent.trace_id.encode(), encode(agent.finished()).SerializeToString()
+    )
+    assert outcome.dead_letter is None and [d.rule for d in outcome.decisions] == ["tool_loop"]

@@ -88,7 +88,8 @@ def test_protobuf_and_json_round_trip_to_the_same_request():
     ("payload", "reason"),
     [
         (b"\xff\xff\xff\xff garbage", "not an OTLP ExportTraceServiceRequest"),
-        (b"\n\x04\x12\x02\x12\x00", "0-byte trace id"),
+        (b"\n\x04\x12\x02\x12\x00", "a span has no end_time_unix_nano"),  # an empty span
+        (b"\n\r\x12\x0b\x12\tA\x01\x00\x00\x00\x00\x00\x00\x00", "0-byte trace id"),
     ],
 )
 def test_bad_protobuf_is_a_clear_error(payload, reason):

@@ -188,6 +188,24 @@ def test_poison_message_goes_to_dead_letters_and_the_partition_keeps_going(worke
     assert (process.metrics() or {})["spanguard_dead_letters_total"] >= 1
 
 
+def test_a_metrics_request_that_parses_as_traces_is_a_dead_letter(worker):
+    """A sum metric named with 16 bytes, keyed by that name in hex: it parses as a traces request
+    whose one span has that trace id, and must still be dead-lettered, not guarded."""
+    from tests.test_bad_input import metrics_request
+
+    process, collector = worker
+    topics = process.topics
+    name = "sixteen-byte-nam"
+    value = metrics_request(name, "sum")
+    out = producer()
+    out.produce(topics.input, key=name.encode().hex().encode(), value=value)
+    assert out.flush(10) == 0
+    (dead,) = collector.wait(lambda m: m["topic"] == topics.dead_letters and m["value"] == value)
+    reason = dead["headers"]["spanguard.reason"].decode()
+    assert reason.startswith("not an OTLP ExportTraceServiceRequest: span field 7")
+    assert not collector.json_from(topics.detections, name.encode().hex())
+
+
 def test_metrics_endpoint_speaks_prometheus(worker):
     process, _ = worker
     values = process.metrics()
