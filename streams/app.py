@@ -81,6 +81,13 @@ def create_app(
     )
     states = SerializedStates(table)
     guard = Guard(policy, states=states)
+    signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+    if signing_key is None:
+        log.warning(
+            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
+            " can stop or steer agents that obey unsigned signals",
+            settings.kill_topic,
+        )
     worker = Worker(
         app=app,
         settings=settings,
@@ -100,7 +107,7 @@ def create_app(
             kill_signals=app.topic(settings.kill_topic, **RAW),
             dead_letters=app.topic(settings.dead_letter_topic, **RAW),
             partitions=settings.partitions,
-            signing_key=settings.signing_key_bytes(),
+            signing_key=signing_key,
         ),
         health=Health(),
         paging=PagingService(pager),

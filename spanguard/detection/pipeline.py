@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from spanguard.detection.guard import Guard
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
-from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.otlp_view import not_a_trace_request, parse_view
 
 __all__ = ["Outcome", "SpanPipeline"]
 
@@ -59,6 +59,10 @@ class SpanPipeline:
             view = parse_view(value)
         except DecodeError as exc:
             return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
+        # Parsing is not enough: a metrics request parses too (see schemas/otlp_view.py).
+        foreign = not_a_trace_request(value)
+        if foreign is not None:
+            return self._dead(f"not an OTLP ExportTraceServiceRequest: {foreign}")
 
         trace_ids: set[bytes] = set()
         has_root_span = False

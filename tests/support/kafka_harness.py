@@ -35,6 +35,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from spanguard.kafka_security import KafkaSecurity
 
 ROOT = Path(__file__).resolve().parents[2]
+# Workers sign by default and refuse to start without a key: the tests set one the way the
+# README tells a user to (SPANGUARD_SIGNING_KEY), unless a test passes its own.
+SIGNING_KEY = "spanguard-tests-signing-key-5f0c2a"
 
 FROM_ENV = "SPANGUARD_TEST_BOOTSTRAP"
 TESTCONTAINERS = "testcontainers"
@@ -233,6 +236,10 @@ class WorkerProcess:
             *(extra or []),
         ]  # fmt: skip
         self.env = {**os.environ, **cluster.env(), **(env or {})}
+        if not (
+            self.env.get("SPANGUARD_SIGNING_KEY") or self.env.get("SPANGUARD_SIGNING_KEY_FILE")
+        ):
+            self.env["SPANGUARD_SIGNING_KEY"] = SIGNING_KEY
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:

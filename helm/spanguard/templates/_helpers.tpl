@@ -76,6 +76,12 @@ Checks that stop the render with a message, before anything reaches the cluster.
 {{- if and .Values.signingKey.value .Values.signingKey.existingSecret }}
 {{- fail "set signingKey.value or signingKey.existingSecret, not both" }}
 {{- end }}
+{{- if and .Values.signingKey.value (lt (len .Values.signingKey.value) 16) }}
+{{- fail (printf "signingKey.value has %d bytes; the worker needs at least 16 (e.g. openssl rand -hex 32)" (len .Values.signingKey.value)) }}
+{{- end }}
+{{- if not (or (include "spanguard.signingKeySecret" .) .Values.worker.allowUnsigned) }}
+{{- fail "kill signals are signed: set signingKey.value (--set-file), signingKey.existingSecret or signingKey.generate=true; worker.allowUnsigned=true sends unsigned signals instead (insecure)" }}
+{{- end }}
 {{- if and .Values.pagerduty.routingKey .Values.pagerduty.existingSecret }}
 {{- fail "set pagerduty.routingKey or pagerduty.existingSecret, not both" }}
 {{- end }}
@@ -162,11 +168,12 @@ Checks that stop the render with a message, before anything reaches the cluster.
 {{- end }}
 {{- end }}
 
-{{/* The Secret (name) holding the signing key, or "" when signals are unsigned. */}}
+{{/* The Secret (name) holding the signing key, or "" when signals are unsigned (only with
+worker.allowUnsigned). */}}
 {{- define "spanguard.signingKeySecret" -}}
 {{- if .Values.signingKey.existingSecret }}
 {{- .Values.signingKey.existingSecret }}
-{{- else if .Values.signingKey.value }}
+{{- else if or .Values.signingKey.value (and .Values.signingKey.generate (not .Values.worker.allowUnsigned)) }}
 {{- printf "%s-signing-key" (include "spanguard.fullname" .) }}
 {{- end }}
 {{- end }}
