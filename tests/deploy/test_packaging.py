@@ -110,6 +110,7 @@ def test_one_version():
 AGENT = textwrap.dedent(
     """
     import importlib.metadata as m, importlib.util, json, sys
+    from datetime import UTC, datetime
     from confluent_kafka import Producer
     from opentelemetry.sdk.trace import TracerProvider
     from spanguard.killswitch import AgentKilled
@@ -125,7 +126,8 @@ AGENT = textwrap.dedent(
         signal = KillSignal.from_decision(Decision(
             trace_id=trace_id, span_id="00f067aa0ba902b7", rule="tool_loop", action="kill",
             reason="search_docs called 4x in last 4 steps", agent=AgentIdentity("lean"),
-            detected_at="2026-12-02T15:00:00.000+00:00", tool_name="search_docs",
+            detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),  # not expired
+            tool_name="search_docs",
             args_hash="1d79773f7dd21571", hits=4, window=10, steps=4,
         ))
         record = sign(signal.to_dict(), key.encode())
@@ -194,7 +196,7 @@ def test_the_wheel_installs_lean_beside_another_otel_sdk_and_the_killswitch_work
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPANGUARD_", "PYTHON"))}
     try:
         run = subprocess.run(
-            [str(python), "-c", AGENT, bootstrap, topic, "lean-key"],
+            [str(python), "-c", AGENT, bootstrap, topic, "lean-agent-signing-key-0123"],
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )  # fmt: skip
     finally:
