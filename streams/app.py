@@ -26,7 +26,7 @@ from spanguard.streams.metrics import WorkerMetrics
 from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.pipeline import Outcome, SpanPipeline
 from spanguard.streams.settings import WorkerSettings
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.state import SerializedStates, TraceTable, event_context
 from spanguard.streams.verifier import GoalVerifier
 
 __all__ = ["create_app"]
@@ -96,15 +96,20 @@ def create_app(
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    table = app.Table(
-        settings.table_name,
-        default=None,
-        partitions=settings.partitions,
-        use_partitioner=False,
-        key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
-        value_type=bytes,
+    table = app.tables.add(
+        TraceTable(
+            app,
+            name=settings.table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            use_partitioner=False,
+            key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
+            value_type=bytes,
+        )
     )
     states = SerializedStates(table)
+    table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
     signing_key = settings.signing_key_bytes()
     pipeline = SpanPipeline(guard)

@@ -11,17 +11,22 @@ the trace's partition; a write outside one is what crashed the RocksDB store bef
 from __future__ import annotations
 
 import contextlib
+import heapq
+import json
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
+
+import faust
 
 # The store's and changelog's partition comes from the stream's current event.
 from faust.streams import _current_event, current_event
+from faust.types import TP
 
 from spanguard.streams.core import TraceState
 
-__all__ = ["SerializedStates", "event_context"]
+__all__ = ["SerializedStates", "TraceTable", "event_context"]
 
 
 @contextlib.contextmanager
@@ -34,13 +39,26 @@ def event_context(event: Any) -> Iterator[None]:
         _current_event.reset(token)
 
 
+def stored_last_seen(data: bytes) -> float:
+    """The last_seen of a stored state; one that cannot be read counts as long idle."""
+    try:
+        return float(json.loads(data)["last_seen"])
+    except (ValueError, TypeError, KeyError):
+        return 0.0
+
+
 class SerializedStates(MutableMapping[str, TraceState]):
     """A MutableMapping[str, TraceState] over the table, batched, with bounded eviction.
 
     Between begin_batch() and flush(), states live in memory and each trace is written to the
     table (one changelog record) once per batch, in the context of the last event that touched
-    it. An expiry index per partition (trace ids in order of last touch) lets eviction delete
-    the oldest few traces per batch without reading the rest: bounded work per tick.
+    it. Eviction reads no more than a bounded number of entries per batch (see docs/design.md,
+    "Eviction"), from two indexes per owned partition:
+    - traces this worker wrote, in order of last touch (an OrderedDict: O(1) per touch);
+    - traces it recovered (from the changelog or its local store), read a few per batch by a
+      scan started when the partition was assigned, in a heap by their stored last_seen.
+    An index entry is only a hint: before deleting, the stored state's own last_seen is read,
+    so a trace touched since (by another worker while the partition was away) is kept.
     """
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
@@ -48,6 +66,33 @@ class SerializedStates(MutableMapping[str, TraceState]):
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
         self._expiry: dict[int, OrderedDict[str, float]] = {}
+        self._recovered: dict[int, list[tuple[float, str]]] = {}
+        self._scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
+        self._owned: set[int] = set()
+
+    # -- partitions coming and going (TraceTable calls these) ---------------------------
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Forget the indexes of partitions this worker no longer owns."""
+        for partition in partitions:
+            self._owned.discard(partition)
+            self._expiry.pop(partition, None)
+            self._recovered.pop(partition, None)
+            self._scans.pop(partition, None)
+
+    def assigned(self, partition: int, stored: Iterator[tuple[bytes, bytes]]) -> None:
+        """A partition is now owned: its stored traces are indexed lazily, from `stored`."""
+        if partition in self._owned:
+            return  # kept through the rebalance: its indexes are still right
+        self._owned.add(partition)
+        self._scans[partition] = stored
+
+    @property
+    def scanning(self) -> int:
+        """Partitions whose stored traces are not all indexed yet."""
+        return len(self._scans)
+
+    # -- batches ------------------------------------------------------------------------
 
     def begin_batch(self) -> None:
         self._batch = {}
@@ -64,26 +109,74 @@ class SerializedStates(MutableMapping[str, TraceState]):
             self._index(event, trace_id, state.last_seen)
 
     def evict_idle(self, events: list[Any], cutoff: float, limit: int) -> int:
-        """Delete up to `limit` traces last seen before `cutoff`, in the partitions of `events`."""
-        evicted = 0
+        """Delete traces last seen before `cutoff`, in the partitions of `events`.
+
+        At most `limit` stored traces are scanned into the index and `limit` index entries
+        examined, whatever the size of the table."""
+        self._scan(limit)
+        evicted = examined = 0
         last_of_partition = {event.message.partition: event for event in events}
         for partition, event in last_of_partition.items():
-            index = self._expiry.get(partition)
             with event_context(event):
-                while index and evicted < limit:
-                    trace_id, last_seen = next(iter(index.items()))
-                    if last_seen >= cutoff:
+                while examined < limit:
+                    trace_id = self._pop_idle(partition, cutoff)
+                    if trace_id is None:
                         break
-                    del index[trace_id]
-                    with contextlib.suppress(KeyError):
-                        del self.table[trace_id.encode()]
+                    examined += 1
+                    key = trace_id.encode()
+                    data = self.table.get(key)
+                    if data is None:
+                        continue  # deleted since it was indexed
+                    last_seen = stored_last_seen(data)
+                    if last_seen >= cutoff:  # touched since: index it by its own last_seen
+                        heapq.heappush(self._recovered.setdefault(partition, []),
+                                       (last_seen, trace_id))  # fmt: skip
+                        continue
+                    del self.table[key]
                     evicted += 1
         return evicted
+
+    def _pop_idle(self, partition: int, cutoff: float) -> str | None:
+        """Remove and return the oldest indexed trace of `partition` if older than `cutoff`."""
+        touched = self._expiry.get(partition)
+        recovered = self._recovered.get(partition)
+        while recovered and recovered[0][1] in (touched or ()):
+            heapq.heappop(recovered)  # touched since recovery: the touch index has it
+        oldest_touch = next(iter(touched.items())) if touched else None
+        oldest_recovered = recovered[0] if recovered else None
+        if oldest_recovered is not None and (
+            oldest_touch is None or oldest_recovered[0] <= oldest_touch[1]
+        ):
+            if oldest_recovered[0] >= cutoff:
+                return None
+            return heapq.heappop(recovered)[1]  # type: ignore[arg-type]
+        if oldest_touch is None or oldest_touch[1] >= cutoff:
+            return None
+        del touched[oldest_touch[0]]  # type: ignore[arg-type]
+        return oldest_touch[0]
+
+    def _scan(self, limit: int) -> None:
+        """Index up to `limit` more stored traces of newly owned partitions."""
+        budget = limit
+        for partition in list(self._scans):
+            stored = self._scans[partition]
+            heap = self._recovered.setdefault(partition, [])
+            touched = self._expiry.get(partition, {})
+            for key, data in stored:
+                trace_id = key.decode(errors="replace")
+                if trace_id not in touched:
+                    heapq.heappush(heap, (stored_last_seen(data), trace_id))
+                budget -= 1
+                if budget <= 0:
+                    return
+            del self._scans[partition]  # every stored trace of it is indexed
 
     def _index(self, event: Any, trace_id: str, last_seen: float) -> None:
         index = self._expiry.setdefault(event.message.partition, OrderedDict())
         index[trace_id] = last_seen
         index.move_to_end(trace_id)
+
+    # -- the mapping --------------------------------------------------------------------
 
     def __getitem__(self, trace_id: str) -> TraceState:
         state = self.get(trace_id)
@@ -118,3 +211,43 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     def __len__(self) -> int:
         return len(self.table)
+
+
+def stored_items(store: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    """The (key, value) pairs a Faust store holds for one partition, read lazily.
+
+    Faust has no public per-partition iterator; these are the stores' own members
+    (faust-streaming 0.15): RocksDB keeps a database per partition, the memory store the
+    partition of every key it recovered from the changelog."""
+    if hasattr(store, "_db_for_partition"):
+        yield from store._visible_items(store._db_for_partition(partition))
+        return
+    keys = [key for key, owner in store._key_partition.items() if owner == partition]
+    for key in keys:
+        value = store.data.get(key)
+        if value is not None:
+            yield key, value
+
+
+class TraceTable(faust.Table):
+    """The state table: tells its SerializedStates when partitions come and go.
+
+    A revoked partition's indexes are dropped (another worker may change its traces while it
+    is away); a partition owned after recovery is indexed from what the store holds, the
+    traces recovered from the changelog and those already on local disk."""
+
+    states: SerializedStates | None = None
+
+    async def on_rebalance(
+        self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
+    ) -> None:
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        if self.states is not None:
+            # Any revoked topic of a partition drops its index: at worst a rescan, never stale.
+            self.states.revoke({tp.partition for tp in revoked})
+
+    async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        if self.states is not None:
+            for partition in sorted({tp.partition for tp in active_tps}):
+                self.states.assigned(partition, stored_items(self.data, partition))
