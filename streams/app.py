@@ -113,7 +113,7 @@ def create_app(
     guard = Guard(policy, states=states)
     signing_key = settings.signing_key_bytes()
     pipeline = SpanPipeline(guard)
-    health = Health()
+    health = Health(dead_after=settings.dead_after)
     app.spanguard = {"guard": guard, "pipeline": pipeline, "table": table, "health": health}  # type: ignore[attr-defined]
 
     def dead_letter_headers(message: Any, reason: str) -> list[tuple[str, bytes]]:
@@ -278,7 +278,31 @@ def create_app(
                 health.crashed(exc)
             raise
 
+    # Where the span agent got to in each source partition: the offset after the last message
+    # of a completed batch, or the first one of a batch still running. Records between it and
+    # the partition's highwater are waiting on the agent.
+    reached: dict[Any, int] = {}
+
+    @app.on_partitions_revoked.connect
+    async def forget_positions(_: Any, revoked: set[Any], **__: Any) -> None:
+        reached.clear()  # a partition that comes back may have moved on elsewhere
+
+    def pending_records() -> int:
+        pending = 0
+        for tp in app.consumer.assignment():
+            if tp in reached:
+                highwater = app.consumer.highwater(tp)
+                if highwater is not None:
+                    pending += max(0, highwater - reached[tp])
+        return pending
+
+    @app.timer(interval=1.0)
+    async def watch_progress() -> None:
+        health.observe_pending(pending_records())
+
     async def guard_batch(events: list[Any]) -> None:
+        for event in events:
+            reached.setdefault(event.message.tp, event.message.offset)
         states.begin_batch()
         sends: list[Send] = []
         goal_sends: list[Send] = []
@@ -305,6 +329,8 @@ def create_app(
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
         if goal_sends:
             await send_all(goal_sends)
+        for event in events:
+            reached[event.message.tp] = event.message.offset + 1
 
     @app.task
     async def serve_metrics() -> None:

@@ -77,6 +77,13 @@ class WorkerSettings:
         metadata={"help": "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"},
     )
     commit_interval: float = field(default=1.0, metadata={"help": "seconds between offset commits"})
+    dead_after: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds the span agent may stay crashed, or stuck with records waiting,"
+            " before /livez fails"
+        },
+    )
     signing_key: str | None = field(
         default=None,
         repr=False,
@@ -102,6 +109,8 @@ class WorkerSettings:
             raise SettingsError("batch_size must be at least 1")
         if not 1 <= self.fetch_max_wait <= 1500:
             raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
+        if self.dead_after <= 0:
+            raise SettingsError("dead_after must be a positive number of seconds")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
 
