@@ -24,7 +24,7 @@ from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
 from spanguard.streams.metrics import WorkerMetrics
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.pipeline import Outcome, SpanPipeline
+from spanguard.streams.pipeline import MAX_RECORD_BYTES, Outcome, SpanPipeline
 from spanguard.streams.settings import WorkerSettings
 from spanguard.streams.state import SerializedStates, TraceTable, event_context
 from spanguard.streams.verifier import GoalVerifier
@@ -41,7 +41,7 @@ HEADER_OFFSET = "spanguard.source.offset"
 
 
 # A dead letter must fit the topic's default max.message.bytes (1 MiB) with its headers.
-MAX_DEAD_LETTER_BYTES = 900_000
+MAX_DEAD_LETTER_BYTES = MAX_RECORD_BYTES
 SEND_ATTEMPTS = 4
 # Idle traces deleted per batch at most: eviction never stalls the event loop.
 EVICT_PER_BATCH = 256
@@ -49,11 +49,13 @@ EVICT_PER_BATCH = 256
 
 @dataclass
 class Send:
-    """One record to send; a kill signal remembers its decision, to retract it if not sent."""
+    """One record to send; a kill signal remembers its decision, to retract it if not sent,
+    other records their source message, to dead-letter a pointer to it if not sent."""
 
     topic: Any
     kwargs: dict[str, Any]
     decision: Decision | None = None
+    source: Any = None
 
 
 def create_app(
@@ -130,7 +132,14 @@ def create_app(
 
     async def send_all(sends: list[Send]) -> list[Send]:
         """Send, then wait for the broker's acks=all; return the sends that failed for good."""
-        pending = sends
+        # A record over the limit would be refused on every attempt: it fails at once.
+        too_large = [s for s in sends if len(s.kwargs.get("value") or b"") > MAX_RECORD_BYTES]
+        pending = [s for s in sends if s not in too_large] if too_large else sends
+        for send in too_large:
+            log.warning(
+                "record too large to send",
+                extra={"topic": send.topic.get_topic_name(), "bytes": len(send.kwargs["value"])},
+            )
         for attempt in range(SEND_ATTEMPTS):
             futures = []
             for send in pending:
@@ -160,14 +169,15 @@ def create_app(
             if not pending or attempt == SEND_ATTEMPTS - 1:
                 break
             await asyncio.sleep(0.2 * 2**attempt)
-        return pending
+        return too_large + pending
 
     def outcome_sends(outcome: Outcome, message: Any) -> list[Send]:
         sends: list[Send] = []
         for trace_id, part in outcome.repartition:
             key = trace_id.encode()
             partition = collector_partition(key, settings.partitions)
-            sends.append(Send(repartition_out, {"key": key, "value": part, "partition": partition}))
+            kwargs = {"key": key, "value": part, "partition": partition}
+            sends.append(Send(repartition_out, kwargs, source=message))
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
             sends.append(Send(detections, {"key": key, "value": decision.to_json().encode()}))
@@ -204,6 +214,23 @@ def create_app(
                 "headers": dead_letter_headers(message, outcome.dead_letter),
             }))  # fmt: skip
         return sends
+
+    async def dead_letter_unsent(failed: list[Send]) -> None:
+        """A record that could not be written (too large, say) leaves a pointer to its source."""
+        pointers = []
+        for send in failed:
+            if send.source is None:
+                continue
+            topic = send.topic.get_topic_name()
+            reason = f"could not be written to {topic} after {SEND_ATTEMPTS} attempts"
+            pipeline.dead_letters += 1
+            pointers.append(Send(dead_letters, {
+                "key": send.kwargs.get("key"),
+                "value": dead_letter_value(send.kwargs.get("value")),
+                "headers": dead_letter_headers(send.source, reason),
+            }))  # fmt: skip
+        for send in await send_all(pointers):
+            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
 
     async def publish(outcome: Outcome, message: Any) -> None:
         await send_all(outcome_sends(outcome, message))
@@ -312,7 +339,8 @@ def create_app(
                 outcome = pipeline.handle(message.key, message.value)  # never raises
             sends.extend(outcome_sends(outcome, message))
             if verify_goals and outcome.has_root_span:
-                goal_sends.append(Send(goal_checks, {"key": message.key, "value": message.value}))
+                goal = {"key": message.key, "value": message.value}
+                goal_sends.append(Send(goal_checks, goal, source=message))
         failed = await send_all(sends)
         for send in failed:
             if send.decision is not None:
@@ -323,12 +351,13 @@ def create_app(
                     "kill signal not sent; the trace can trip again",
                     extra={"trace_id": send.decision.trace_id},
                 )
+        await dead_letter_unsent(failed)
         states.flush()
         evicted = states.evict_idle(events, guard.clock() - settings.state_ttl, EVICT_PER_BATCH)
         if evicted:
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
         if goal_sends:
-            await send_all(goal_sends)
+            await dead_letter_unsent(await send_all(goal_sends))
         for event in events:
             reached[event.message.tp] = event.message.offset + 1
 
