@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench bench-eviction bench-pipeline kafka-up kafka-down topics worker \
+.PHONY: install test test-unit lint bench bench-eviction bench-stall bench-pipeline kafka-up kafka-down topics worker \
 	collector helm up down demo clean
 
 install: $(STAMP)
@@ -73,6 +73,11 @@ bench: install
 # The longest per-batch eviction pause with a million idle traces, against a full scan.
 bench-eviction: install
 	$(BIN)/python bench/bench_eviction.py
+
+# The longest event-loop stall with a million idle traces in a real RocksDB table while
+# eviction runs per batch, against a full scan (about a minute; no broker).
+bench-stall: install
+	$(BIN)/python bench/bench_stall.py
 
 bench-pipeline: install kafka-up
 	$(BIN)/python bench/bench_pipeline.py

@@ -110,7 +110,8 @@ def create_app(
             value_type=bytes,
         )
     )
-    states = SerializedStates(table)
+    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
+    states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
     table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
     signing_key = settings.signing_key_bytes()
