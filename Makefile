@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench bench-eviction bench-stall bench-pipeline kafka-up kafka-down topics worker \
+.PHONY: install test test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline kafka-up kafka-down topics worker \
 	collector helm up down demo clean
 
 install: $(STAMP)
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml
 test: install kafka-up collector helm
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+# Two workers across a SIGKILL of a broker of the test's own and its restart from its data
+# directory, with its figures (about a minute, so not in `make test`; the shared broker is not
+# touched).
+test-failover: install
+	$(BIN)/pytest -q -s -m broker_failover tests/test_failover_kafka.py
 
 kafka-up:
 	scripts/kafka.sh up

@@ -50,6 +50,7 @@ class Topics:
     """A fresh set of topic names, so runs and tests never see each other's messages."""
 
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
+    bootstrap: str = BOOTSTRAP  # another broker's, for a test that runs its own
 
     @property
     def app_id(self) -> str:
@@ -83,7 +84,7 @@ class Topics:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
         names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(self.prefix)]
         if names:
             for future in admin.delete_topics(names, operation_timeout=30).values():
@@ -122,7 +123,7 @@ class WorkerProcess:
         self.log_path = data_dir / f"worker-{self.port}.log"
         self.args = [
             sys.executable, "-m", "spanguard.cli", "worker",
-            "--bootstrap", BOOTSTRAP,
+            "--bootstrap", topics.bootstrap,
             "--data-dir", str(data_dir),
             "--partitions", str(partitions),
             "--metrics-port", str(self.port),
@@ -137,7 +138,8 @@ class WorkerProcess:
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
         subprocess.run(
-            [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap", BOOTSTRAP,
+            [sys.executable, "-m", "spanguard.cli", "topics", "create",
+             "--bootstrap", self.topics.bootstrap,
              *self.topics.flags(), "--partitions", self.args[self.args.index("--partitions") + 1]],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
@@ -205,16 +207,17 @@ class WorkerProcess:
 class Collector:
     """Consumes topics from their beginning in a background thread; tests read `messages`."""
 
-    def __init__(self, *topics: str) -> None:
+    def __init__(self, *topics: str, bootstrap: str = BOOTSTRAP, **config: Any) -> None:
         self.messages: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = Consumer(
             {
-                "bootstrap.servers": BOOTSTRAP,
+                "bootstrap.servers": bootstrap,
                 "group.id": f"collector-{uuid.uuid4().hex}",
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
+                **config,
             }
         )
         self._consumer.subscribe(list(topics))
@@ -282,3 +285,44 @@ def end_offsets(topic: str, partitions: int) -> list[int]:
         ]
     finally:
         consumer.close()
+
+
+class Broker:
+    """A broker of the test's own (scripts/kafka.sh on free ports, its own data dir), which the
+    test may SIGKILL and restart: the shared broker on 9092 is never touched."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port, self.controller_port = free_port(), free_port()
+        self.data_dir = data_dir
+        self.bootstrap = f"127.0.0.1:{self.port}"
+
+    def _script(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(ROOT / "scripts" / "kafka.sh"), "--port", str(self.port),
+             "--controller-port", str(self.controller_port), "--data-dir", str(self.data_dir),
+             *args],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"kafka.sh {args} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def start(self) -> Broker:
+        """Start (or restart, from the same data dir) and wait until it answers."""
+        self._script("up")
+        return self
+
+    def pid(self) -> int:
+        return int((self.data_dir / "kafka.pid").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, the logs are recovered at the next start."""
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # until init has reaped it
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._script("down", timeout=60)
