@@ -326,7 +326,11 @@ def create_app(
 
     @app.timer(interval=1.0)
     async def watch_progress() -> None:
-        health.observe_pending(pending_records())
+        try:
+            pending = pending_records()
+        except Exception:  # no consumer yet (starting, rebalancing): nothing to say this tick
+            return
+        health.observe_pending(pending)
 
     async def guard_batch(events: list[Any]) -> None:
         for event in events:
