@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit lint bench bench-eviction bench-pipeline kafka-up kafka-down topics worker \
+.PHONY: install test test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean
 
 install: $(STAMP)
@@ -26,6 +26,12 @@ $(STAMP): pyproject.toml constraints.txt
 test: install kafka-up collector helm compose
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+# Two workers across a SIGKILL of a broker of the test's own and its restart from its data
+# directory, with its figures (about a minute, so not in `make test`; the shared broker is not
+# touched).
+test-failover: install
+	$(BIN)/pytest -q -s -m broker_failover tests/streams/test_failover_kafka.py
 
 kafka-up:
 	scripts/kafka.sh up
@@ -84,6 +90,11 @@ bench: install
 # The longest per-batch eviction pause with a million idle traces, against a full scan.
 bench-eviction: install
 	$(BIN)/python -m bench.bench_eviction
+
+# The longest event-loop stall with a million idle traces in a real RocksDB table while
+# eviction runs per batch, against a full scan (about a minute; no broker).
+bench-stall: install
+	$(BIN)/python -m bench.bench_stall
 
 bench-pipeline: install kafka-up
 	$(BIN)/python -m bench.bench_pipeline

@@ -227,6 +227,11 @@ class WorkerSettings:
         20, "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"
     )
     commit_interval: float = setting(1.0, "seconds between offset commits")
+    dead_after: float = setting(
+        60.0,
+        "seconds the span agent may stay crashed, or stuck with records waiting, before /livez"
+        " fails",
+    )
     signing_key: str | None = setting(
         None, "HMAC key that signs kill signals (required, at least 16 bytes)", secret=True
     )
@@ -262,6 +267,8 @@ class WorkerSettings:
             raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
+        if self.dead_after <= 0:
+            raise SettingsError("dead_after must be a positive number of seconds")
         if self.signal_ttl <= 0:
             raise SettingsError("signal_ttl must be a positive number of seconds")
 

@@ -24,7 +24,7 @@ from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
 from spanguard.streams.metrics import WorkerMetrics
-from spanguard.streams.state import SerializedStates
+from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
@@ -62,13 +62,17 @@ def create_app(
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    table = app.Table(
-        settings.table_name,
-        default=None,
-        partitions=settings.partitions,
-        use_partitioner=False,
-        key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
-        value_type=bytes,
+    table = app.tables.add(
+        TraceTable(
+            app,
+            name=settings.table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            use_partitioner=False,
+            key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
+            value_type=bytes,
+        )
     )
     # What was paged, per trace: keyed by trace id like the detections topic it follows.
     paged = app.Table(
@@ -79,7 +83,9 @@ def create_app(
         key_type=bytes,
         value_type=bytes,
     )
-    states = SerializedStates(table)
+    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
+    states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
+    table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
     signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
     if signing_key is None:
@@ -109,7 +115,7 @@ def create_app(
             partitions=settings.partitions,
             signing_key=signing_key,
         ),
-        health=Health(),
+        health=Health(dead_after=settings.dead_after),
         paging=PagingService(pager),
         verifier=verifier,
     )

@@ -313,7 +313,7 @@ class WorkerProcess:
 class Collector:
     """Consumes topics from their beginning in a background thread; tests read `messages`."""
 
-    def __init__(self, *topics: str, cluster: Cluster | None = None) -> None:
+    def __init__(self, *topics: str, cluster: Cluster | None = None, **config: Any) -> None:
         self.messages: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -323,6 +323,7 @@ class Collector:
                     "group.id": f"collector-{uuid.uuid4().hex}",
                     "auto.offset.reset": "earliest",
                     "enable.auto.commit": False,
+                    **config,
                 }
             )
         )
@@ -391,3 +392,45 @@ def end_offsets(topic: str, partitions: int, cluster: Cluster | None = None) -> 
         ]
     finally:
         consumer.close()
+
+
+class Broker:
+    """A broker of the test's own (scripts/kafka.sh on free ports, its own data dir), which the
+    test may SIGKILL and restart: the shared broker on 9092 is never touched."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port, self.controller_port = free_port(), free_port()
+        self.data_dir = data_dir
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.cluster = Cluster(self.bootstrap, source="a broker of the test's own")
+
+    def _script(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(ROOT / "scripts" / "kafka.sh"), "--port", str(self.port),
+             "--controller-port", str(self.controller_port), "--data-dir", str(self.data_dir),
+             *args],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"kafka.sh {args} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def start(self) -> Broker:
+        """Start (or restart, from the same data dir) and wait until it answers."""
+        self._script("up")
+        return self
+
+    def pid(self) -> int:
+        return int((self.data_dir / "kafka.pid").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, the logs are recovered at the next start."""
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # until init has reaped it
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._script("down", timeout=60)
