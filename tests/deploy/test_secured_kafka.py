@@ -41,7 +41,7 @@ pytestmark = pytest.mark.kafka
 KAFKA_SH = ROOT / "scripts" / "kafka.sh"
 COLLECTOR_SH = ROOT / "scripts" / "collector.sh"
 USER = "spanguard"
-SIGNING_KEY = "secured-e2e-key"
+SIGNING_KEY = "secured-e2e-signing-key-0123"
 # Far more than a refusal takes (well under a second here), far less than a retry loop runs.
 FAIL_FAST_S = 30
 
