@@ -211,6 +211,7 @@ def test_a_refused_connection_ends_the_process_with_one_clear_line(
         **{k: v for k, v in os.environ.items() if not k.startswith("SPANGUARD_")},
         "SPANGUARD_BOOTSTRAP": secured.sasl_ssl.bootstrap,
         "SPANGUARD_KILL_TOPIC": f"t{uuid.uuid4().hex[:8]}-kills",
+        "SPANGUARD_SIGNING_KEY": SIGNING_KEY,  # as deployed: the worker refuses to run unsigned
         **security.to_env(),
     }
     # A hang or an endless retry would run into the timeout (TimeoutExpired fails the test).
@@ -227,7 +228,7 @@ def test_a_refused_connection_ends_the_process_with_one_clear_line(
 def test_a_killswitch_that_cannot_enter_raises_and_stops_its_consumer(secured, failure):
     make, expected = FAILURES[failure]
     switch = KillSwitch(secured.sasl_ssl.bootstrap, "agent-kill-signals",
-                        security=make(secured), start=False)  # fmt: skip
+                        signing_key=SIGNING_KEY, security=make(secured), start=False)  # fmt: skip
     with pytest.raises(KafkaConnectError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         switch.start()
     switch._thread.join(timeout=5)
@@ -264,5 +265,5 @@ def test_mutual_tls_topics_and_killswitch(secured, tmp_path):
 
     without_cert = KafkaSecurity("SSL", ssl_ca_location=cluster.security.ssl_ca_location)
     with pytest.raises(KafkaConnectError, match="refused the client certificate"):
-        KillSwitch(cluster.bootstrap, topics.kills, security=without_cert)
+        KillSwitch(cluster.bootstrap, topics.kills, signing_key=SIGNING_KEY, security=without_cert)
     topics.delete()
