@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import logging.config
 from dataclasses import replace
 
 import faust
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.goal.verifier import GoalVerifier
+from spanguard.kafka_clients import check_aiokafka
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
 from spanguard.settings import GoalSettings, PagerSettings, WorkerSettings
@@ -18,12 +21,25 @@ from spanguard.streams.judge import OpenAICompatibleJudge
 __all__ = ["run_worker"]
 
 
+def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
+    """Fail fast on a wrong password or an untrusted certificate (KafkaConnectError): Faust
+    would retry those forever. A loop of its own, so Faust's later one is untouched."""
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # as in Faust's logging config
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(check_aiokafka(settings.bootstrap, settings.kafka, timeout))
+    finally:
+        loop.close()
+
+
 def run_worker(
     settings: WorkerSettings,
     policy: Policy,
     goal: GoalSettings | None = None,
     pager: PagerSettings | None = None,
 ) -> int:
+    # JSON logs from the first line on (Faust applies the same config again when it starts).
+    logging.config.dictConfig(logging_config(settings.log_level))
     log = logging.getLogger("spanguard.worker")
     goal = goal or GoalSettings()
     verifier = GoalVerifier(
@@ -45,6 +61,7 @@ def run_worker(
             "the policy has autonomous agents but no PagerDuty routing key is set:"
             " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
         )
+    check_broker(settings)
     app = create_app(settings, policy, pager=Pager(pager) if pager else None, verifier=verifier)
     worker = faust.Worker(
         app,
@@ -56,6 +73,7 @@ def run_worker(
         "starting",
         extra={
             "bootstrap": settings.bootstrap,
+            "kafka": settings.kafka.describe(),  # never a password
             "input": [settings.input_topic, settings.repartition_topic],
             "store": settings.store,
             "state_ttl": settings.state_ttl,

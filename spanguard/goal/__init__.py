@@ -1,0 +1,1 @@
+"""Goal verification: did a finished agent invocation do what was asked (pure parts; the judge is injected)."""
