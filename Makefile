@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install test test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline kafka-up kafka-down topics worker \
-	collector helm compose constraints up down demo clean
+	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,worker,demo]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,worker,demo,instrumentation-tests]"
 	@touch $(STAMP)
 
 # The tests need the real broker (started here, idempotent, and left running for the next run;
@@ -83,6 +83,13 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Span fixtures from the real instrumentation libraries (tests/fixtures/instrumentation).
+# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's).
+fixtures: install
+	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
+	$(BIN)/python -m tests.support.instrumented_agents --venv strands
+	$(BIN)/python -m tests.support.instrumented_agents
 
 bench: install
 	$(BIN)/python -m bench.bench_core

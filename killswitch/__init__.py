@@ -4,6 +4,8 @@
   `check()` before each tool call raises `AgentKilled` or returns a downgrade message.
 - `GuardingSpanProcessor`: in-process mode, the detection core as an OpenTelemetry
   SpanProcessor (needs the `inprocess` extra: opentelemetry-sdk and the OTLP proto encoder).
+- `ArgsHashingSpanProcessor` (killswitch.hashing, same extra): tool arguments leave the agent
+  as `spanguard.tool.args_hash`, never raw.
 """
 
 from __future__ import annotations

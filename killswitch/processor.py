@@ -205,7 +205,8 @@ class GuardingSpanProcessor(SpanProcessor):
 
         The real OTLP encoder runs on a copy holding only what the core reads: the wanted
         attributes (the very values, so the very encoding), the events (some conventions put
-        arguments there) and the resource's service, agent name and match keys. On a span with
+        arguments there), the instrumentation scope and the resource's service, agent name and
+        match keys. On a span with
         the attributes real GenAI instrumentations set, this halves the encoder's cost.
         """
         attributes = span.attributes or {}
@@ -222,6 +223,8 @@ class GuardingSpanProcessor(SpanProcessor):
             kind=span.kind,
             start_time=span.start_time,
             end_time=span.end_time,
+            # The scope says which instrumentation made the span (placeholders, capture hints).
+            instrumentation_scope=span.instrumentation_scope,
         )
         return encode_spans([slim]).SerializeToString()
 
@@ -239,10 +242,11 @@ class GuardingSpanProcessor(SpanProcessor):
 
     def _act(self, decision: Decision, span: ReadableSpan) -> None:
         # Each step on its own: a failing callback must not stop the kill nor the record.
-        try:
-            self.signals.deliver(KillSignal.from_decision(decision))
-        except Exception:
-            self._log_error("delivering a decision to the signal book failed")
+        if decision.action in ("kill", "downgrade"):  # a flag is for people, not the agent
+            try:
+                self.signals.deliver(KillSignal.from_decision(decision))
+            except Exception:
+                self._log_error("delivering a decision to the signal book failed")
         if self.on_decision is not None:
             try:
                 self.on_decision(decision)

@@ -49,6 +49,7 @@ DEFAULT_SIGNAL_TTL_SECONDS = 3600.0
 EVIDENCE_FIELDS = (
     "tool_name",
     "args_hash",
+    "result_hash",
     "hits",
     "window",
     "steps",
@@ -57,7 +58,7 @@ EVIDENCE_FIELDS = (
     "confidence",
 )
 
-Rule = Literal["tool_loop", "token_budget", "goal_unmet"]
+Rule = Literal["tool_loop", "tool_polling", "no_progress", "token_budget", "goal_unmet"]
 Action = Literal["kill", "downgrade", "flag"]
 
 
@@ -80,6 +81,7 @@ class Decision:
     detected_at: str  # ISO 8601, UTC
     tool_name: str | None = None
     args_hash: str | None = None
+    result_hash: str | None = None  # the repeated result (tool_loop, no_progress), when recorded
     hits: int | None = None
     window: int | None = None  # the configured window size
     steps: int | None = None  # calls in the window when it tripped

@@ -26,6 +26,7 @@ __all__ = ["RequestView", "not_a_trace_request", "parse_view", "view_of"]
 _PACKAGE = "spanguard.otlpview"
 _ANY_VALUE = ".opentelemetry.proto.common.v1.AnyValue"
 _EVENT = ".opentelemetry.proto.trace.v1.Span.Event"
+_SCOPE = ".opentelemetry.proto.common.v1.InstrumentationScope"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
@@ -79,7 +80,14 @@ def _build() -> Any:
         maps=[("attributes", 9)],
     )
     message("Resource", [], maps=[("attributes", 1)])
-    message("ScopeSpans", [("spans", 2, _F.TYPE_MESSAGE, True, f".{_PACKAGE}.Span")])
+    # The scope's name says which instrumentation made the spans (for the capture hints).
+    message(
+        "ScopeSpans",
+        [
+            ("scope", 1, _F.TYPE_MESSAGE, False, _SCOPE),
+            ("spans", 2, _F.TYPE_MESSAGE, True, f".{_PACKAGE}.Span"),
+        ],
+    )
     message(
         "ResourceSpans",
         [

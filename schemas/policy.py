@@ -4,7 +4,10 @@ Shape (every field optional):
 
     defaults:
       loop: {window: 10, threshold: 4}
+      polling: {window: 30, threshold: 20, tools: []}   # same call, changing result
+      no_progress: {threshold: 4, action: flag}         # different calls, one same result
       volatile_keys: [...]       # added to the built-in volatile keys
+      fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
       action: kill               # kill | downgrade  (tool_loop; a token budget is a hard cap)
       autonomous: false          # true: also page on-call
@@ -65,6 +68,7 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
 # What a policy may ask for on a loop (a decision's `Action` adds "flag", for goal checks).
 LoopAction = Literal["kill", "downgrade"]
 MissingArgs = Literal["skip", "name_only"]
+NoProgressAction = Literal["flag", "kill", "downgrade", "off"]
 Severity = Literal["critical", "error", "warning", "info"]
 
 
@@ -74,7 +78,16 @@ class AgentPolicy:
 
     window: int = 10
     threshold: int = 4
+    # Polling: the same call whose recorded result changes; much more patience than a loop.
+    polling_window: int = 30
+    polling_threshold: int = 20
+    polling_tools: frozenset[str] = frozenset()  # always polling, even when the result repeats
+    # No progress: `threshold` different calls of one tool in the window, all the same result.
+    no_progress_threshold: int = 4
+    no_progress_action: NoProgressAction = "flag"
     volatile_keys: frozenset[str] = DEFAULT_VOLATILE_KEYS
+    # Tool name -> foldings ("case", "whitespace") applied to its string arguments.
+    fold: tuple[tuple[str, frozenset[str]], ...] = ()
     token_budget: int | None = None
     action: LoopAction = "kill"
     autonomous: bool = False
@@ -95,8 +108,22 @@ class AgentPolicy:
             changes["window"] = loop["window"]
         if "threshold" in loop:
             changes["threshold"] = loop["threshold"]
+        polling = settings.get("polling") or {}
+        for name in ("window", "threshold"):
+            if name in polling:
+                changes[f"polling_{name}"] = polling[name]
+        if "tools" in polling:
+            changes["polling_tools"] = frozenset(polling["tools"])
+        no_progress = settings.get("no_progress") or {}
+        for name in ("threshold", "action"):
+            if name in no_progress:
+                changes[f"no_progress_{name}"] = no_progress[name]
         if "volatile_keys" in settings:
             changes["volatile_keys"] = self.volatile_keys | frozenset(settings["volatile_keys"])
+        if "fold" in settings:
+            folds = dict(self.fold)
+            folds.update((tool, frozenset(how)) for tool, how in settings["fold"].items())
+            changes["fold"] = tuple(sorted(folds.items()))
         for name in (
             "token_budget",
             "action",
@@ -112,6 +139,13 @@ class AgentPolicy:
             if name in goal:
                 changes[f"goal_{name}"] = goal[name]
         return replace(self, **changes)
+
+    def folding(self, tool_name: str) -> frozenset[str]:
+        """The foldings the policy asks for on `tool_name`'s string arguments."""
+        for tool, how in self.fold:
+            if tool == tool_name:
+                return how
+        return frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +384,17 @@ def _check_loop(policy: AgentPolicy, where: str) -> None:
         raise PolicyError(
             f"{where}: threshold {policy.threshold} can never be reached"
             f" in a window of {policy.window} calls"
+        )
+    if policy.polling_threshold > policy.polling_window:
+        raise PolicyError(
+            f"{where.replace('.loop', '.polling')}: threshold {policy.polling_threshold} can"
+            f" never be reached in a window of {policy.polling_window} calls"
+        )
+    if policy.no_progress_action != "off" and policy.no_progress_threshold > policy.window:
+        raise PolicyError(
+            f"{where.replace('.loop', '.no_progress')}: threshold"
+            f" {policy.no_progress_threshold} can never be reached in a loop window of"
+            f" {policy.window} calls"
         )
 
 

@@ -1,46 +1,83 @@
 """Tool arguments as the loop rule compares them: canonical JSON, volatile keys removed, hashed.
 
-Only the hash is kept in a trace's state (docs/design.md, "Privacy").
+Strings (keys and values, at every depth) are NFC-normalised first: the same query typed as
+"é" or as "e" + combining accent is one query. A policy may also fold case and runs of
+whitespace per tool (`fold`), for near-identical queries. Only the hash is kept in a trace's
+state (docs/design.md, "Privacy").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+import unicodedata
+from typing import Any, Final
 
-__all__ = ["args_hash", "canonicalize"]
+__all__ = ["FOLDINGS", "args_hash", "canonicalize"]
 
+FOLDINGS: Final = frozenset({"case", "whitespace"})
+_NO_FOLDING: Final = frozenset[str]()
 _CONTAINERS = (dict, list)
 # json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
 # implementation, same output) saves that on every tool call.
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
 
 
-def canonicalize(value: Any, volatile_keys: frozenset[str]) -> Any:
-    """`value` without the volatile keys, at every depth: they change, the intent does not."""
+def _text(value: str, fold: frozenset[str]) -> str:
+    # isascii() is O(1) and ASCII is always NFC: most strings skip the normaliser.
+    if not value.isascii():
+        value = unicodedata.normalize("NFC", value)
+    if fold:
+        if "case" in fold:
+            value = value.casefold()
+        if "whitespace" in fold:
+            value = " ".join(value.split())
+    return value
+
+
+def canonicalize(
+    value: Any, volatile_keys: frozenset[str], fold: frozenset[str] = _NO_FOLDING
+) -> Any:
+    """`value` without the volatile keys, at every depth, its strings NFC (and `fold`) normal."""
     # Scalars are tested inline: most arguments are flat, and a call per value costs more
     # than the whole comparison.
     kind = type(value)
     if kind is dict:
-        return {
-            key: item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
-            for key, item in value.items()
-            if key not in volatile_keys
-        }
+        result = {}
+        for key, item in value.items():
+            if key in volatile_keys:
+                continue
+            if type(key) is str and not key.isascii():
+                key = unicodedata.normalize("NFC", key)
+            item_kind = type(item)
+            if item_kind is str:
+                item = _text(item, fold)
+            elif item_kind in _CONTAINERS:
+                item = canonicalize(item, volatile_keys, fold)
+            result[key] = item
+        return result
     if kind is list:
         return [
-            item if type(item) not in _CONTAINERS else canonicalize(item, volatile_keys)
+            _text(item, fold)
+            if type(item) is str
+            else canonicalize(item, volatile_keys, fold)
+            if type(item) in _CONTAINERS
+            else item
             for item in value
         ]
+    if kind is str:
+        return _text(value, fold)
     return value
 
 
-def args_hash(arguments: Any, volatile_keys: frozenset[str]) -> str:
+def args_hash(
+    arguments: Any, volatile_keys: frozenset[str], fold: frozenset[str] = _NO_FOLDING
+) -> str:
     """sha256 of the canonical JSON (sorted keys, volatile keys removed), first 16 hex chars.
 
-    The JSON text is json.dumps(..., sort_keys=True) with its default separators: any tool
-    that hashes arguments that way (the Collector processor in deploy/ too) gets the same hash.
+    The JSON text is json.dumps(..., sort_keys=True) with its default separators, over the
+    NFC-normalised value: killswitch.hashing.ArgsHashingSpanProcessor, which writes
+    `spanguard.tool.args_hash` in the agent's process, runs this very function.
     """
-    canonical = _CANONICAL_JSON.encode(canonicalize(arguments, volatile_keys))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    canonical = _CANONICAL_JSON.encode(canonicalize(arguments, volatile_keys, fold))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -32,6 +32,35 @@ each convention's own source (the version read is given per convention):
   arguments in a `gen_ai.tool.message` event's `content`; older releases: `Tool: {name}` spans
   with `tool.name` and the actual arguments in `tool.parameters`; `invoke_agent` totals.
 
+Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `output.value`,
+`traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
+pydantic-ai <= 2 `tool_response`, strands' legacy `gen_ai.choice` event (`message`) on tool
+spans. A LangChain ToolMessage in a result (LangChain's own serialisation, or OpenInference's
+`{"type": "tool", "data": ...}`) counts by its `content`: its `tool_call_id` changes on every
+call. A llama-index ToolOutput counts by its `raw_output`.
+
+Checked against spans the libraries themselves emit (tests/fixtures/instrumentation, made by
+tests/support/instrumented_agents.py): on langgraph 1.2.22, openinference-instrumentation-
+langchain 0.1.80 and opentelemetry-instrumentation-langchain 0.62.4 (OpenLLMetry); on
+openai-agents 0.24.0, openinference-instrumentation-openai-agents 2.6.0 and
+opentelemetry-instrumentation-openai-agents-v2 0.1.0 (the OTel GenAI bridge); pydantic-ai-slim
+2.68.0; openinference-instrumentation-smolagents 0.1.43 on smolagents 1.26.0;
+openinference-instrumentation-llama-index 4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0
+(both schemas) and strands-agents 1.62.0 (both conventions), whose OTel pins exclude this
+project's SDK, in virtualenvs of their own:
+
+- Not recorded: the redaction placeholders `__REDACTED__` (OpenInference's hide_inputs),
+  `[REDACTED]` (strands' gen_ai_unredacted_attributes), `<elided>` and `<not specified>` (ADK),
+  `readacted` (sic: opentelemetry-instrumentation-openai-agents-v2 0.1.0 in messages),
+  and `{}` on ADK's spans (its legacy schema writes `{}` when content capture is off). Such a
+  value is "arguments not recorded", never arguments that are all alike.
+- The LangChain envelope `{"input_str", "tags", "metadata", "inputs", "kwargs"}` is recognised by
+  its shape in any argument attribute (OpenLLMetry 0.62 writes it into
+  `gen_ai.tool.call.arguments` too); its `kwargs.tool_call_id` is the call id.
+- `spanguard.tool.args_hash` / `spanguard.tool.result_hash`, written by
+  killswitch.hashing.ArgsHashingSpanProcessor or the Collector config in deploy/collector, stand
+  for the arguments and the result: the core prefers them to any raw value.
+
 Span kind is never used: tool spans come as INTERNAL or CLIENT depending on the library.
 """
 
@@ -49,13 +78,17 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from spanguard.schemas.otlp import any_value_to_python
 
 __all__ = [
+    "ARGS_HASH_KEY",
+    "CAPTURE_SETTINGS",
     "MISSING",
+    "RESULT_HASH_KEY",
     "WANTED_KEYS",
     "AgentSeen",
     "ResourceInfo",
     "TokenUsage",
     "ToolCall",
     "adapt_span",
+    "capture_setting",
     "decode_arguments",
     "resource_info",
 ]
@@ -68,6 +101,8 @@ TRACELOOP_REQUEST_TYPE: Final = "llm.request.type"
 AGENT_NAME: Final = "gen_ai.agent.name"
 SERVICE_NAME: Final = "service.name"
 
+ARGS_HASH_KEY: Final = "spanguard.tool.args_hash"
+RESULT_HASH_KEY: Final = "spanguard.tool.result_hash"
 TOOL_NAME_KEYS: Final = ("gen_ai.tool.name", "tool.name", "traceloop.entity.name")
 CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
@@ -78,6 +113,13 @@ ARGUMENT_KEYS: Final = (
     "traceloop.entity.input",
     "tool_arguments",
     "tool.parameters",
+)
+RESULT_KEYS: Final = (
+    "gen_ai.tool.call.result",
+    "gcp.vertex.agent.tool_response",
+    "output.value",
+    "traceloop.entity.output",
+    "tool_response",
 )
 INPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.input_tokens",
@@ -92,15 +134,30 @@ OUTPUT_TOKEN_KEYS: Final = (
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 
-INFERENCE_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
+# Every `gen_ai.operation.name` of the GenAI conventions is in exactly one of these three
+# (tests/detection/test_conventions.py fails when the installed conventions name a new one).
+# Inference spans' usage counts towards a budget; agent spans' usage repeats it.
+INFERENCE_OPERATIONS: Final = frozenset(
+    {"chat", "text_completion", "generate_content", "embeddings"}
+)
 AGENT_OPERATIONS: Final = frozenset({"invoke_agent", "invoke_workflow"})
-TRACELOOP_LLM_TYPES: Final = frozenset({"chat", "completion"})
+OTHER_OPERATIONS: Final = frozenset({"execute_tool", "retrieval", "create_agent"})
+OPENINFERENCE_INFERENCE_KINDS: Final = frozenset({"LLM", "EMBEDDING"})
+TRACELOOP_LLM_TYPES: Final = frozenset({"chat", "completion", "embedding"})
 # Ids that instrumentations write when they have none; merging calls on them would hide loops.
 PLACEHOLDER_CALL_IDS: Final = frozenset(
     {"", "<not specified>", "none", "null", "undefined", "unknown", "n/a"}
 )
 ADK_MERGED_TOOLS: Final = "(merged tools)"
+# What instrumentations write in place of content they hide: never an argument or a result.
+PLACEHOLDERS: Final = frozenset(
+    {"__REDACTED__", "[REDACTED]", "<elided>", "<not specified>", "readacted"}
+)
+# Instrumentations known to write an empty object when content capture is off (by scope name).
+EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
+LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
+STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
 
 USAGE_KEYS: Final = frozenset(
@@ -116,6 +173,9 @@ WANTED_KEYS: Final = frozenset(
         *TOOL_NAME_KEYS,
         *CALL_ID_KEYS,
         *ARGUMENT_KEYS,
+        *RESULT_KEYS,
+        ARGS_HASH_KEY,
+        RESULT_HASH_KEY,
         *INPUT_TOKEN_KEYS,
         *OUTPUT_TOKEN_KEYS,
         AGGREGATE_INPUT_KEY,
@@ -158,6 +218,10 @@ class ToolCall:
     call_id: str | None
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    result: Any = MISSING  # decoded JSON-like value, or MISSING
+    args_digest: str | None = None  # spanguard.tool.args_hash, made before the span left
+    result_digest: str | None = None  # spanguard.tool.result_hash
+    scope: str = ""  # the instrumentation scope's name: which library made the span
 
 
 @dataclass(slots=True)
@@ -195,7 +259,7 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
 
 
 def adapt_span(
-    span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False
+    span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False, scope: str = ""
 ) -> ToolCall | TokenUsage | AgentSeen | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
@@ -203,7 +267,7 @@ def adapt_span(
     spans cost one lookup pass and nothing more) plus the policy's match keys, which are
     returned when `match` is set. The span's attributes are a map
     (see schemas/otlp_view.py): one pass in C finds which wanted keys are present, and only
-    those values are read.
+    those values are read. `scope` is the name of the span's instrumentation scope.
     """
     attributes: AttributeMap = span.attributes
     present = wanted.intersection(attributes)
@@ -221,13 +285,21 @@ def adapt_span(
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
+        arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
+        call_id = _call_id(attributes, present)
+        if call_id is None and envelope_call_id:
+            call_id = bounded_text(envelope_call_id)
         return ToolCall(
             span_id=span.span_id,
             tool_name=bounded_text(tool_name),
-            arguments=_arguments(span, attributes, present, oi_kind),
-            call_id=_call_id(attributes, present),
+            arguments=arguments,
+            call_id=call_id,
             agent_name=agent_name,
             match_attributes=match_attributes,
+            result=_result(span, attributes, present, scope),
+            args_digest=_digest(attributes, present, ARGS_HASH_KEY),
+            result_digest=_digest(attributes, present, RESULT_HASH_KEY),
+            scope=scope,
         )
 
     if present.isdisjoint(USAGE_KEYS):
@@ -237,7 +309,7 @@ def adapt_span(
         return None
     inference = (
         operation in INFERENCE_OPERATIONS
-        or oi_kind == "LLM"
+        or oi_kind in OPENINFERENCE_INFERENCE_KINDS
         or (
             TRACELOOP_REQUEST_TYPE in present
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
@@ -279,42 +351,116 @@ def _is_tool_span(
     return "tool.name" in present and name.startswith("Tool: ")
 
 
-def _arguments(span: Any, attributes: AttributeMap, present: set[str], oi_kind: str | None) -> Any:
+def _arguments(
+    span: Any, attributes: AttributeMap, present: set[str], oi_kind: str | None, scope: str
+) -> tuple[Any, str | None]:
+    """The call's arguments (MISSING when not recorded) and a call id found in an envelope."""
     for key in ARGUMENT_KEYS:
         if key not in present:
             continue
-        value = attributes[key]
         if key == "tool.parameters" and oi_kind is not None:
             continue  # OpenInference: the parameter schema, the same for every call
-        if key == "traceloop.entity.input":
-            return _traceloop_arguments(value)
-        return _decode_value(value)
+        value = _decode_value(attributes[key], python_repr=key == "traceloop.entity.input")
+        arguments, call_id = _unwrap_envelope(value)
+        if not _not_recorded(arguments, scope):
+            return arguments, call_id
     for event in span.events:
         for kv in event.attributes:
             if kv.key == "gen_ai.tool.call.arguments" or (
                 kv.key == "content" and event.name == STRANDS_TOOL_EVENT
             ):
-                return _decode_value(kv.value)
+                arguments, call_id = _unwrap_envelope(_decode_value(kv.value))
+                if not _not_recorded(arguments, scope):
+                    return arguments, call_id
+    return MISSING, None
+
+
+def _unwrap_envelope(value: Any) -> tuple[Any, str | None]:
+    """LangChain's callback envelope, wherever it is met: the arguments inside, and the call id.
+
+    `{"input_str", "tags", "metadata", "inputs", "kwargs"}` carries per-step metadata
+    (`langgraph_step`, `checkpoint_ns`) that changes on every call: hashing it whole would make
+    every call unique. `inputs` holds the arguments, else `input_str` (a Python repr)."""
+    if type(value) is not dict or not ("input_str" in value or "inputs" in value):
+        return value, None
+    if not value.keys() <= LANGCHAIN_ENVELOPE:
+        return value, None
+    kwargs = value.get("kwargs")
+    call_id = kwargs.get("tool_call_id") if type(kwargs) is dict else None
+    call_id = call_id if isinstance(call_id, str) else None
+    inputs = value.get("inputs")
+    if inputs:
+        return inputs, call_id
+    input_str = value.get("input_str")
+    if not isinstance(input_str, str):
+        return MISSING, call_id
+    return decode_arguments(input_str, python_repr=True), call_id
+
+
+def _not_recorded(value: Any, scope: str) -> bool:
+    if value is MISSING:
+        return True
+    if type(value) is str:
+        return value.strip() in PLACEHOLDERS
+    if type(value) is dict:
+        if not value:
+            return scope in EMPTY_WHEN_OFF_SCOPES
+        raw = value.get("_raw")
+        return len(value) == 1 and isinstance(raw, str) and raw.strip() in PLACEHOLDERS
+    return False
+
+
+def _result(span: Any, attributes: AttributeMap, present: set[str], scope: str) -> Any:
+    for key in RESULT_KEYS:
+        if key not in present:
+            continue
+        result = _unwrap_result(_decode_value(attributes[key]))
+        if not _not_recorded(result, scope):
+            return result
+    for event in span.events:  # strands' legacy conventions: a gen_ai.choice event's message
+        for kv in event.attributes:
+            if kv.key == "gen_ai.tool.call.result" or (
+                kv.key == "message" and event.name == STRANDS_RESULT_EVENT
+            ):
+                result = _decode_value(kv.value)
+                if not _not_recorded(result, scope):
+                    return result
     return MISSING
 
 
-def _traceloop_arguments(value: AnyValue) -> Any:
-    wrapper = _decode_value(value)
-    if not isinstance(wrapper, dict):
-        return wrapper
-    if "input_str" in wrapper or "inputs" in wrapper:
-        inputs = wrapper.get("inputs")
-        if inputs:
-            return inputs
-        input_str = wrapper.get("input_str")
-        return MISSING if input_str is None else decode_arguments(input_str, python_repr=True)
-    return wrapper  # the decorators' {"args": [...], "kwargs": {...}}: stable as it is
+def _unwrap_result(value: Any) -> Any:
+    if type(value) is dict and "output" in value and value.keys() <= {"output", "kwargs"}:
+        value = value["output"]  # OpenLLMetry's {"output": ..., "kwargs": ...}
+    if type(value) is not dict:
+        return value
+    # A LangChain ToolMessage: its content, without the tool_call_id that changes every call.
+    kwargs = value.get("kwargs")
+    if value.get("lc") == 1 and type(kwargs) is dict and kwargs.get("type") == "tool":
+        return kwargs.get("content")
+    data = value.get("data")
+    if value.get("type") == "tool" and type(data) is dict and "content" in data:
+        return data["content"]
+    # llama-index's ToolOutput repeats the call's input beside what the tool returned.
+    if "raw_output" in value and "raw_input" in value and "tool_name" in value:
+        return value["raw_output"]
+    return value
 
 
-def _decode_value(value: AnyValue) -> Any:
+def _digest(attributes: AttributeMap, present: set[str], key: str) -> str | None:
+    if key not in present:
+        return None
+    text = _text(attributes[key]).strip().lower()
+    return text if _is_hex_digest(text) else None
+
+
+def _is_hex_digest(text: str) -> bool:
+    return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
+
+
+def _decode_value(value: AnyValue, *, python_repr: bool = False) -> Any:
     kind = value.WhichOneof("value")
     if kind == "string_value":
-        return decode_arguments(value.string_value)
+        return decode_arguments(value.string_value, python_repr=python_repr)
     if kind is None:
         return MISSING
     return any_value_to_python(value)
@@ -418,3 +564,63 @@ def _text(value: AnyValue) -> str:
     if isinstance(python, bool):
         return "true" if python else "false"
     return python if isinstance(python, str) else json.dumps(python, sort_keys=True)
+
+
+# Which setting puts tool arguments on the spans, per instrumentation, by scope name prefix
+# (first match wins). Read from each library's source at the versions named above.
+CAPTURE_SETTINGS: Final = (
+    (
+        "openinference.instrumentation",
+        "OpenInference",
+        "leave OPENINFERENCE_HIDE_INPUTS unset or false (TraceConfig(hide_inputs=False))",
+    ),
+    (
+        "opentelemetry.instrumentation.langchain",
+        "OpenLLMetry (opentelemetry-instrumentation-langchain)",
+        "TRACELOOP_TRACE_CONTENT=true (its default)",
+    ),
+    (
+        "opentelemetry.instrumentation.openai_agents",
+        "the OpenAI Agents SDK's OTel GenAI bridge (opentelemetry-instrumentation-openai-agents-v2)",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only or span_and_event (its"
+        " default; false turns it off); OpenLLMetry's package of that name:"
+        " TRACELOOP_TRACE_CONTENT=true",
+    ),
+    (
+        "gcp.vertex.agent",
+        "Google ADK",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or SPAN_AND_EVENT);"
+        " on the legacy schema (ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN=1)"
+        " ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true",
+    ),
+    (
+        "pydantic-ai",
+        "pydantic-ai",
+        "InstrumentationSettings(include_content=True) (its default)",
+    ),
+    (
+        "strands.telemetry",
+        "strands-agents",
+        "drop gen_ai_unredacted_attributes= from OTEL_SEMCONV_STABILITY_OPT_IN, or list"
+        " gen_ai.tool.call.arguments and gen_ai.input.messages in it",
+    ),
+    (
+        "opentelemetry.instrumentation.",
+        "an OpenTelemetry or OpenLLMetry instrumentation",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true (SPAN_ONLY for those built on"
+        " opentelemetry-util-genai); OpenLLMetry's: TRACELOOP_TRACE_CONTENT=true",
+    ),
+)
+UNKNOWN_INSTRUMENTATION: Final = (
+    "an unknown instrumentation",
+    "turn on its argument capture (for OTel GenAI instrumentations"
+    " OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)",
+)
+
+
+def capture_setting(scope: str) -> tuple[str, str]:
+    """(instrumentation, the setting that puts tool arguments on its spans) for a scope name."""
+    for prefix, instrumentation, setting in CAPTURE_SETTINGS:
+        if scope.startswith(prefix):
+            return instrumentation, setting
+    return UNKNOWN_INSTRUMENTATION

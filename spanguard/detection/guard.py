@@ -5,7 +5,13 @@ this module; only where the per-trace state lives differs (a dict here, a Faust 
 
 Rules (see docs/design.md):
 - tool_loop: a sliding window of the last `window` tool calls per trace, keyed by
-  (tool_name, args_hash); a key seen `threshold` times in the window trips it.
+  (tool_name, args_hash, result_hash); a key seen `threshold` times in the window trips it.
+  Calls whose arguments were not recorded are skipped, or (`missing_args: name_only`) keyed on
+  the tool name and only flagged: a tool name alone never kills.
+- tool_polling: the same call (tool_name, args_hash) whose recorded result changes, seen
+  `polling.threshold` times in the last `polling.window` calls.
+- no_progress: `no_progress.threshold` different calls of one tool in the loop window that all
+  returned the same result (a flag by default).
 - token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
   aggregate and are only used for a trace that has no inference usage); crossing the budget
   trips it on the span that crossed it. A budget is a hard cap: it always kills.
@@ -36,28 +42,40 @@ from spanguard.detection.conventions import (
     TokenUsage,
     ToolCall,
     adapt_span,
+    capture_setting,
     resource_info,
 )
-from spanguard.detection.trace_state import TraceState
+from spanguard.detection.trace_state import CallKey, TraceState
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
-__all__ = ["TOKEN_BUDGET", "TOOL_LOOP", "Guard", "GuardStats", "TraceState"]
+__all__ = [
+    "NO_PROGRESS",
+    "TOKEN_BUDGET",
+    "TOOL_LOOP",
+    "TOOL_POLLING",
+    "Guard",
+    "GuardStats",
+    "TraceState",
+]
 
 log = logging.getLogger("spanguard.core")
 
 TOOL_LOOP = "tool_loop"
+TOOL_POLLING = "tool_polling"
+NO_PROGRESS = "no_progress"
 TOKEN_BUDGET = "token_budget"
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
 MIN_RECENT_IDS = 32
 
-CAPTURE_HINT = (
-    "turn on argument capture in the instrumentation (for OTel GenAI instrumentations"
-    " OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true) or set `missing_args: name_only`"
-    " in the policy to key such calls on the tool name alone"
+HASHING_HINT = (
+    "or keep them private and still exact: hash them before they leave"
+    " (spanguard.killswitch.hashing.ArgsHashingSpanProcessor in the agent, or"
+    " deploy/collector/args-hash.yaml in the Collector); `missing_args: name_only` flags"
+    " (never kills) repeats of a tool name"
 )
 
 
@@ -79,6 +97,30 @@ def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
     recent[key] = None
     if len(recent) > limit:
         recent.popitem(last=False)
+
+
+def _slide(window: Any, counts: dict, key: Any, size: int) -> None:
+    """Append `key` to a sliding window of `size` and keep its counts in step."""
+    window.append(key)
+    counts[key] = counts.get(key, 0) + 1
+    while len(window) > size:
+        oldest = window.popleft()
+        remaining = counts[oldest] - 1
+        if remaining:
+            counts[oldest] = remaining
+        else:
+            del counts[oldest]
+
+
+def _recorded(call: ToolCall) -> Any:
+    return None if call.arguments is MISSING else call.arguments
+
+
+def _escalation(state: TraceState, rule: str, wanted: str) -> str:
+    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`."""
+    if wanted == "downgrade" and f"{rule}:downgrade" not in state.fired:
+        return "downgrade"
+    return "kill"
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -111,7 +153,7 @@ class Guard:
         self.tracks_tokens = any(policy.token_budget is not None for policy in policies)
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
         self._wanted = base | self._match_keys
-        self._warned_services: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
     @property
     def wanted_keys(self) -> frozenset[str]:
@@ -146,6 +188,7 @@ class Guard:
             resource: ResourceInfo | None = None  # read only when an event needs it
             for scope_spans in resource_spans.scope_spans:
                 spans = scope_spans.spans
+                scope = scope_spans.scope.name
                 stats.spans += len(spans)
                 for span in spans:
                     raw_trace_id = span.trace_id
@@ -153,7 +196,7 @@ class Guard:
                         stats.malformed_spans += 1
                         continue
                     try:
-                        event = adapt_span(span, wanted, match=match)
+                        event = adapt_span(span, wanted, match=match, scope=scope)
                     except Exception as exc:  # a bad span costs itself, never its neighbours
                         self._on_bad_span(exc)
                         continue
@@ -210,7 +253,7 @@ class Guard:
                     self.stats.repeated_call_ids += 1  # a partial span of a call already counted
                     return None
                 _remember(state.recent_call_ids, event.call_id, limit)
-            return self._check_repeated_tool_call(trace_id, state, event, policy)
+            return self._on_tool_call(trace_id, state, event, policy)
         return self._check_token_budget(trace_id, state, event, policy)
 
     def retract(self, decision: Decision) -> None:
@@ -241,48 +284,80 @@ class Guard:
 
     # -- rules ---------------------------------------------------------------------------
 
-    def _check_repeated_tool_call(
+    def _on_tool_call(
         self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
     ) -> Decision | None:
+        """Key the call, slide the windows, then run the rules on tool calls in turn."""
+        digest = call.args_digest
+        if digest is None and call.arguments is not MISSING:
+            folding = policy.folding(call.tool_name) if policy.fold else frozenset()
+            digest = args_hash(call.arguments, policy.volatile_keys, folding)
+        if digest is None and policy.missing_args == "skip":
+            self.stats.missing_arguments += 1
+            self._warn_missing_arguments(state.service, call.scope)
+            return None
+        result = call.result_digest
+        if result is None and call.result is not MISSING:
+            result = args_hash(call.result, policy.volatile_keys)
+        self.stats.tool_calls += 1
+        key = (call.tool_name, digest, result)
+        _slide(state.window, state.counts, key, policy.window)
+        polled = digest is not None and (
+            result is not None or call.tool_name in policy.polling_tools
+        )
+        if polled:
+            poll_key = (call.tool_name, digest)
+            _slide(state.polls, state.poll_counts, poll_key, policy.polling_window)
+        decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
+        if decision is None and polled:
+            decision = self._check_polling(trace_id, state, call, key, policy)
+        if decision is None and result is not None and digest is not None:
+            decision = self._check_no_progress(trace_id, state, call, key, policy)
+        return decision
+
+    def _check_repeated_tool_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Decision | None:
+        """The same call with the same result (or none recorded), `threshold` times."""
+        tool, digest, result = key
         if f"{TOOL_LOOP}:kill" in state.fired:
             return None  # killed already: one kill per trace and rule
-        if call.arguments is MISSING:
-            if policy.missing_args == "skip":
-                self.stats.missing_arguments += 1
-                self._warn_missing_arguments(state.service)
-                return None
-            digest = None
-        else:
-            digest = args_hash(call.arguments, policy.volatile_keys)
-        self.stats.tool_calls += 1
-        key = (call.tool_name, digest)
-        window, counts = state.window, state.counts
-        window.append(key)
-        counts[key] = counts.get(key, 0) + 1
-        while len(window) > policy.window:
-            oldest = window.popleft()
-            remaining = counts[oldest] - 1
-            if remaining:
-                counts[oldest] = remaining
-            else:
-                del counts[oldest]
-        hits = counts[key]
+        if digest is not None and tool in policy.polling_tools:
+            return None  # the policy says this tool polls: tool_polling governs it
+        hits = state.counts[key]
         if hits < policy.threshold:
             return None
-
-        steps = len(window)
-        reason = f"{call.tool_name} called {hits}x in last {steps} steps"
+        steps = len(state.window)
+        reason = f"{tool} called {hits}x in last {steps} steps"
         if digest is None:
-            reason += " (arguments not recorded: keyed on the tool name alone)"
-        if policy.action == "downgrade" and f"{TOOL_LOOP}:downgrade" not in state.fired:
-            action = "downgrade"
-            what = "with the same arguments" if digest is not None else "in a row"
-            system_message = (
-                f"You called {call.tool_name} {hits} times {what}; the tool returns the same"
-                " result. Try a different approach or stop and report what you found."
+            # A name alone cannot tell a loop from twelve different searches: flag, once.
+            if f"{TOOL_LOOP}:flag" in state.fired:
+                return None
+            state.fired.add(f"{TOOL_LOOP}:flag")
+            return self._decide(
+                trace_id,
+                state,
+                policy,
+                span_id=call.span_id.hex(),
+                rule=TOOL_LOOP,
+                action="flag",
+                reason=reason + " (arguments not recorded: keyed on the tool name alone, flagged"
+                " only)",
+                tool_name=tool,
+                result_hash=result,
+                hits=hits,
+                window=policy.window,
+                steps=steps,
             )
-        else:
-            action, system_message = "kill", None
+        if result is not None:
+            reason += " with the same result"
+        action = _escalation(state, TOOL_LOOP, policy.action)
+        system_message = None
+        if action == "downgrade":
+            system_message = (
+                f"You called {tool} {hits} times with the same arguments; the tool returns the"
+                " same result. Try a different approach or stop and report what you found."
+            )
         state.fired.add(f"{TOOL_LOOP}:{action}")
         state.restart_window()  # after a downgrade the agent gets a fresh window
         return self._decide(
@@ -293,13 +368,95 @@ class Guard:
             rule=TOOL_LOOP,
             action=action,
             reason=reason,
-            tool_name=call.tool_name,
+            tool_name=tool,
             args_hash=digest,
+            result_hash=result,
             hits=hits,
             window=policy.window,
             steps=steps,
             system_message=system_message,
-            tool_arguments=call.arguments if policy.record_arguments and digest else None,
+            tool_arguments=_recorded(call) if policy.record_arguments else None,
+        )
+
+    def _check_polling(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Decision | None:
+        """The same call whose result keeps changing (a job polled), `polling.threshold` times."""
+        tool, digest, _ = key
+        if f"{TOOL_POLLING}:kill" in state.fired:
+            return None
+        hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
+        if hits < policy.polling_threshold:
+            return None
+        steps = len(state.polls)
+        action = _escalation(state, TOOL_POLLING, policy.action)
+        system_message = None
+        if action == "downgrade":
+            system_message = (
+                f"You polled {tool} {hits} times with the same arguments. Stop waiting: report"
+                " the last status you got, or try something else."
+            )
+        state.fired.add(f"{TOOL_POLLING}:{action}")
+        state.restart_window()
+        return self._decide(
+            trace_id,
+            state,
+            policy,
+            span_id=call.span_id.hex(),
+            rule=TOOL_POLLING,
+            action=action,
+            reason=f"{tool} polled {hits}x in last {steps} calls with the same arguments",
+            tool_name=tool,
+            args_hash=digest,
+            hits=hits,
+            window=policy.polling_window,
+            steps=steps,
+            system_message=system_message,
+            tool_arguments=_recorded(call) if policy.record_arguments else None,
+        )
+
+    def _check_no_progress(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Decision | None:
+        """Different calls of one tool that all come back with one same result (often empty)."""
+        wanted = policy.no_progress_action
+        if wanted == "off" or f"{NO_PROGRESS}:{wanted}" in state.fired:
+            return None
+        if f"{NO_PROGRESS}:kill" in state.fired:
+            return None
+        tool, _, result = key
+        distinct = {
+            digest
+            for name, digest, same in state.window
+            if name == tool and same == result and digest is not None
+        }
+        if len(distinct) < policy.no_progress_threshold:
+            return None
+        action = "flag" if wanted == "flag" else _escalation(state, NO_PROGRESS, wanted)
+        system_message = None
+        if action == "downgrade":
+            system_message = (
+                f"Your last {len(distinct)} different {tool} calls all returned the same result."
+                " Rephrasing will not help: report what you have or try another tool."
+            )
+        state.fired.add(f"{NO_PROGRESS}:{action}")
+        if action != "flag":
+            state.restart_window()
+        return self._decide(
+            trace_id,
+            state,
+            policy,
+            span_id=call.span_id.hex(),
+            rule=NO_PROGRESS,
+            action=action,
+            reason=f"{len(distinct)} different {tool} calls in last {len(state.window)} steps"
+            " all returned the same result",
+            tool_name=tool,
+            result_hash=result,
+            hits=len(distinct),
+            window=policy.window,
+            steps=len(state.window),
+            system_message=system_message,
         )
 
     def _check_token_budget(
@@ -364,13 +521,17 @@ class Guard:
         attributes.setdefault(SERVICE_NAME, state.service)
         return self.policy.for_attributes(attributes)
 
-    def _warn_missing_arguments(self, service: str) -> None:
-        if service in self._warned_services:
+    def _warn_missing_arguments(self, service: str, scope: str) -> None:
+        if (service, scope) in self._warned:
             return
-        self._warned_services.add(service)
+        self._warned.add((service, scope))
+        instrumentation, setting = capture_setting(scope)
         log.warning(
-            "tool spans of service %r carry no arguments (content capture is off), so they are"
-            " not counted for tool_loop; %s",
+            "tool spans of service %r from %s (scope %r) carry no arguments (capture off or"
+            " redacted), so they are not counted for tool_loop; to record them: %s; %s",
             service,
-            CAPTURE_HINT,
+            instrumentation,
+            scope,
+            setting,
+            HASHING_HINT,
         )

@@ -7,6 +7,7 @@ skipped (1) rather than read in full (0)."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ from spanguard.schemas.policy import Policy
 __all__ = ["MAX_LINE_BYTES", "ReplayInputError", "ReplayResult", "replay"]
 
 PROTOBUF_SUFFIXES = (".pb", ".binpb")
+GZIP_SUFFIX = ".gz"
 # One OTLP/JSON line (one export request) larger than this is skipped unread, not held in
 # memory: the Collector's file exporter writes batches of a few MB.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -91,11 +93,15 @@ class _Progress:
 def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:
     """Every request of every input, in file order; a broken one comes with its error."""
     for path in paths:
-        if path != "-" and path.endswith(PROTOBUF_SUFFIXES):
+        gzipped = path != "-" and path.endswith(GZIP_SUFFIX)
+        bare = path[: -len(GZIP_SUFFIX)] if gzipped else path
+        if path != "-" and bare.endswith(PROTOBUF_SUFFIXES):
             try:
                 data = Path(path).read_bytes()
+                if gzipped:
+                    data = gzip.decompress(data)
             except OSError as exc:
-                raise ReplayInputError(f"{path}: {exc.strerror}") from None
+                raise ReplayInputError(f"{path}: {exc.strerror or exc}") from None
             try:
                 yield _Input(path, len(data), request=decode_protobuf(data))
             except OtlpDecodeError as exc:
@@ -106,11 +112,14 @@ def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:
             handle = stdin
         else:
             try:
-                handle = open(path, "rb")  # noqa: SIM115 - closed below, after the generator
+                # Closed below, after the generator.
+                handle = gzip.open(path, "rb") if gzipped else open(path, "rb")  # noqa: SIM115
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
         try:
             yield from _read_lines(path, handle)
+        except (OSError, EOFError) as exc:  # a damaged .gz file
+            raise ReplayInputError(f"{path}: {exc}") from None
         finally:
             if handle is not stdin:
                 handle.close()

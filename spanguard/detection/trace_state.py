@@ -8,7 +8,9 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TraceState"]
+__all__ = ["CallKey", "TraceState"]
+
+CallKey = tuple[str, str | None, str | None]
 
 
 @dataclass(slots=True)
@@ -17,8 +19,12 @@ class TraceState:
 
     service: str = "unknown_service"
     agent_name: str | None = None
-    window: deque[tuple[str, str | None]] = field(default_factory=deque)
-    counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    # (tool name, args hash or None, result hash or None) of the last `window` calls.
+    window: deque[CallKey] = field(default_factory=deque)
+    counts: dict[CallKey, int] = field(default_factory=dict)
+    # (tool name, args hash) of the last `polling_window` calls whose result was recorded.
+    polls: deque[tuple[str, str]] = field(default_factory=deque)
+    poll_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     # Oldest first; OrderedDict drops its oldest entry in O(1), a dict does not.
     recent_span_ids: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # raw ids
     recent_call_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
@@ -32,6 +38,7 @@ class TraceState:
             "service": self.service,
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
+            "polls": [list(key) for key in self.polls],
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
@@ -44,12 +51,16 @@ class TraceState:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
-        window = deque((tool, digest) for tool, digest in record["window"])
+        # Records written before results were read hold (tool, args hash) pairs.
+        window = deque(_call_key(key) for key in record["window"])
+        polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
             counts=dict(Counter(window)),
+            polls=polls,
+            poll_counts=dict(Counter(polls)),
             recent_span_ids=OrderedDict.fromkeys(_split_ids(record["recent_span_ids"])),
             recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
             inference_tokens=record["inference_tokens"],
@@ -68,6 +79,13 @@ class TraceState:
     def restart_window(self) -> None:
         self.window.clear()
         self.counts.clear()
+        self.polls.clear()
+        self.poll_counts.clear()
+
+
+def _call_key(key: list[Any]) -> CallKey:
+    tool, digest, *rest = key
+    return (tool, digest, rest[0] if rest else None)
 
 
 def _split_ids(encoded: str) -> list[bytes]:

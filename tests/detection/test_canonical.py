@@ -65,3 +65,28 @@ def test_python_repr_is_parsed_safely_only_when_asked():
         "_raw": "__import__('os').getcwd()"
     }
     assert decode_arguments("{'a': 1}") == {"_raw": "{'a': 1}"}
+
+
+def test_strings_are_nfc_normalised_at_every_depth_keys_included():
+    composed = {"query": "caf\u00e9", "opts": ["\u00e9t\u00e9"], "cl\u00e9": 1}
+    decomposed = {"query": "cafe\u0301", "opts": ["e\u0301te\u0301"], "cle\u0301": 1}
+    assert args_hash(composed, VOLATILE) == args_hash(decomposed, VOLATILE)
+    assert args_hash("cafe\u0301", VOLATILE) == args_hash("caf\u00e9", VOLATILE)
+
+
+def test_ascii_hashes_are_the_same_as_before_normalisation():
+    """NFC leaves ASCII alone: hashes stored before it (in changelogs) still match."""
+    value = {"query": "refund policy", "k": [1, "x"]}
+    text = json.dumps(value, sort_keys=True)
+    assert args_hash(value, VOLATILE) == hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_case_and_whitespace_folding_only_when_asked():
+    loud = {"query": "  Refund   POLICY "}
+    quiet = {"query": "refund policy"}
+    assert args_hash(loud, VOLATILE) != args_hash(quiet, VOLATILE)
+    both = frozenset({"case", "whitespace"})
+    assert args_hash(loud, VOLATILE, both) == args_hash(quiet, VOLATILE, both)
+    assert args_hash(loud, VOLATILE, frozenset({"case"})) != args_hash(quiet, VOLATILE, both)
+    # Folding applies to values, never to keys: {"Q": ...} stays another argument.
+    assert args_hash({"Q": "x"}, VOLATILE, both) != args_hash({"q": "x"}, VOLATILE, both)

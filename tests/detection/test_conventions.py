@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
 
-from spanguard.detection.conventions import MISSING, TokenUsage, ToolCall, adapt_span
+from spanguard.detection.conventions import (
+    AGENT_OPERATIONS,
+    ARGS_HASH_KEY,
+    INFERENCE_OPERATIONS,
+    MISSING,
+    OTHER_OPERATIONS,
+    TokenUsage,
+    ToolCall,
+    adapt_span,
+    capture_setting,
+)
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp_view import view_of
 from spanguard.schemas.policy import Policy
@@ -22,8 +33,9 @@ def decisions(spans, policy: Policy | None = None):
 
 
 def adapted(span):
-    (proto,) = view_of(encode([span])).resource_spans[0].scope_spans[0].spans
-    return adapt_span(proto)
+    scope_spans = view_of(encode([span])).resource_spans[0].scope_spans[0]
+    (proto,) = scope_spans.spans
+    return adapt_span(proto, scope=scope_spans.scope.name)
 
 
 def test_otel_genai_json_string_arguments_and_client_kind():
@@ -284,3 +296,170 @@ def test_strands_arguments_in_span_events_and_old_tool_parameters():
     assert adapted(agent.finished()[0]).arguments == REFUND
     (decision,) = decisions(agent.finished())
     assert decision.span_id == span_id_of(agent.finished()[3])
+
+
+LANGCHAIN_ENVELOPE = {
+    "input_str": "{'query': 'refund policy'}",
+    "tags": ["seq:step:1"],
+    "metadata": {"langgraph_step": 2, "checkpoint_ns": "tools:4c37a8a6"},
+    "inputs": REFUND,
+    "kwargs": {"color": "green", "name": None, "tool_call_id": "call_0"},
+}
+
+
+def test_a_langchain_envelope_is_unwrapped_by_its_shape_in_any_argument_attribute():
+    """Per-step metadata changes every call: hashed whole, a loop would never trip."""
+    agent = AgentRecorder()
+    for step, key in enumerate(("gen_ai.tool.call.arguments", "input.value", "tool_arguments")):
+        envelope = {
+            **LANGCHAIN_ENVELOPE,
+            "metadata": {"langgraph_step": step},
+            "kwargs": {"tool_call_id": f"call_{step}"},
+        }
+        agent.span(
+            "execute_tool search_docs",
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
+             key: json.dumps(envelope)},
+        )  # fmt: skip
+    calls = [adapted(span) for span in agent.finished()]
+    assert [call.arguments for call in calls] == [REFUND] * 3
+    assert [call.call_id for call in calls] == ["call_0", "call_1", "call_2"]
+    without_inputs = {**LANGCHAIN_ENVELOPE, "inputs": {}}
+    agent.tool("search_docs", without_inputs)
+    assert adapted(agent.finished()[-1]).arguments == REFUND  # from input_str, a Python repr
+    # The same keys in another shape are arguments like any other.
+    agent.tool("search_docs", {"inputs": [1], "extra": True})
+    assert adapted(agent.finished()[-1]).arguments == {"inputs": [1], "extra": True}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "events", "scope"),
+    [
+        # OpenInference hide_inputs
+        ({"openinference.span.kind": "TOOL", "tool.name": "t", "input.value": "__REDACTED__"},
+         (), "openinference.instrumentation.langchain"),
+        # strands, latest conventions, with gen_ai_unredacted_attributes=
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t",
+          "gen_ai.tool.call.arguments": "[REDACTED]"}, (), "strands.telemetry.tracer"),
+        # strands, legacy event
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"},
+         [("gen_ai.tool.message", {"role": "tool", "content": "[REDACTED]"})],
+         "strands.telemetry.tracer"),
+        # Google ADK legacy schema with ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=false
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t",
+          "gcp.vertex.agent.tool_call_args": "{}", "gcp.vertex.agent.tool_response": "{}"},
+         (), "gcp.vertex.agent"),
+    ],
+)  # fmt: skip
+def test_redaction_placeholders_are_not_recorded_arguments(attributes, events, scope, caplog):
+    agent = AgentRecorder()
+    for _ in range(12):
+        agent.span("execute_tool t", attributes, events=events, scope=scope)
+    guard = Guard()
+    assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
+    assert guard.stats.missing_arguments == 12
+    instrumentation, setting = capture_setting(scope)
+    [warning] = [r.getMessage() for r in caplog.records if "carry no arguments" in r.getMessage()]
+    assert instrumentation in warning and setting in warning and repr(scope) in warning
+
+
+def test_an_empty_object_is_a_call_without_arguments_outside_adk():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("list_tickets", {})
+    assert adapted(agent.finished()[0]).arguments == {}
+    assert len(decisions(agent.finished())) == 1
+
+
+def test_capture_settings_name_each_instrumentation_exactly():
+    assert capture_setting("gcp.vertex.agent") == (
+        "Google ADK",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or SPAN_AND_EVENT);"
+        " on the legacy schema (ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN=1)"
+        " ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true",
+    )
+    assert (
+        "TRACELOOP_TRACE_CONTENT=true"
+        in capture_setting("opentelemetry.instrumentation.langchain")[1]
+    )
+    assert "OPENINFERENCE_HIDE_INPUTS" in capture_setting("openinference.instrumentation.x")[1]
+    assert capture_setting("my.own.tracer")[0] == "an unknown instrumentation"
+
+
+def test_the_args_hash_attribute_is_preferred_to_raw_arguments():
+    agent = AgentRecorder()
+    for step in range(4):
+        agent.tool("search_docs", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search_docs",
+            ARGS_HASH_KEY: "1D79773F7DD21571",
+            "gen_ai.tool.call.arguments": json.dumps({"differs": step}),
+        })  # fmt: skip
+    (decision,) = decisions(agent.finished())
+    assert decision.args_hash == "1d79773f7dd21571"
+    agent = AgentRecorder()
+    agent.tool("search_docs", REFUND, attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
+        ARGS_HASH_KEY: "not a hash", "gen_ai.tool.call.arguments": json.dumps(REFUND),
+    })  # fmt: skip
+    assert adapted(agent.finished()[0]).args_digest is None  # malformed: the raw value counts
+
+
+def test_tool_names_alone_never_kill_when_only_the_hash_is_missing():
+    policy = Policy.from_mapping({"defaults": {"missing_args": "name_only"}})
+    agent = AgentRecorder()
+    for _ in range(10):
+        agent.tool("search_docs", None)
+    assert {d.action for d in decisions(agent.finished(), policy)} == {"flag"}
+
+
+def test_every_genai_operation_is_classified():
+    """Fails when the installed GenAI conventions name an operation the adapters do not list."""
+    from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+        GenAiOperationNameValues,
+    )
+
+    named = {member.value for member in GenAiOperationNameValues}
+    listed = [INFERENCE_OPERATIONS, AGENT_OPERATIONS, OTHER_OPERATIONS]
+    assert named <= set().union(*listed), named - set().union(*listed)
+    assert sum(len(group) for group in listed) == len(set().union(*listed))  # no overlap
+    assert "embeddings" in INFERENCE_OPERATIONS
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"gen_ai.operation.name": "embeddings", "gen_ai.usage.input_tokens": 600},
+        {"openinference.span.kind": "EMBEDDING", "llm.token_count.prompt": 600},
+        {"llm.request.type": "embedding", "gen_ai.usage.input_tokens": 600},
+    ],
+)
+def test_embeddings_count_towards_the_token_budget(attributes):
+    agent = AgentRecorder()
+    agent.span("embeddings text-embedding-3-small", attributes, kind=SpanKind.CLIENT)
+    agent.span("embeddings text-embedding-3-small", attributes, kind=SpanKind.CLIENT)
+    usage = adapted(agent.finished()[0])
+    assert isinstance(usage, TokenUsage) and not usage.aggregate and usage.tokens == 600
+    policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
+    (decision,) = decisions(agent.finished(), policy)
+    assert decision.rule == "token_budget" and decision.tokens == 1200
+
+
+def test_results_are_unwrapped_from_their_framework_envelopes():
+    agent = AgentRecorder()
+    tool_message = {"lc": 1, "type": "constructor", "id": ["langchain", "schema", "messages",
+                    "ToolMessage"], "kwargs": {"content": "no results", "type": "tool",
+                    "tool_call_id": "call_1"}}  # fmt: skip
+    results = [
+        {"output": tool_message, "kwargs": {"tags": []}},  # OpenLLMetry
+        {"type": "tool", "data": {"content": "no results", "tool_call_id": "call_2"}},  # OI
+        {"blocks": [], "tool_name": "t", "raw_input": {"q": 1}, "raw_output": "no results"},
+        "no results",
+    ]
+    for result in results:
+        agent.tool("t", REFUND, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t",
+            "gen_ai.tool.call.arguments": json.dumps(REFUND),
+            "gen_ai.tool.call.result": json.dumps(result),
+        })  # fmt: skip
+    assert [adapted(span).result for span in agent.finished()] == ["no results"] * 4

@@ -245,8 +245,9 @@ def test_tool_spans_without_arguments(missing_args, caplog):
         warnings = [r for r in caplog.records if "missing_args: name_only" in r.getMessage()]
         assert len(warnings) == 1  # once per service, naming the setting
     else:
+        # A tool name alone cannot tell 80 different searches from a loop: flagged, not killed.
         assert len(decisions) == 1
-        assert decisions[0].args_hash is None
+        assert decisions[0].args_hash is None and decisions[0].action == "flag"
         assert "keyed on the tool name alone" in decisions[0].reason
 
 
@@ -310,3 +311,105 @@ def test_mixed_traces_in_one_request_keep_separate_state():
     assert sorted(d.trace_id for d in decisions) == sorted(
         trace_id_of(agent.finished()[0]) for agent in loopers
     )
+
+
+def test_same_call_same_result_is_a_loop_changing_result_is_polling():
+    agent = AgentRecorder()
+    job = {"job_id": "job-7"}
+    for step in range(25):
+        agent.tool("get_job_status", job, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_job_status",
+            "gen_ai.tool.call.arguments": json.dumps(job),
+            "gen_ai.tool.call.result": json.dumps({"state": "running", "done": step}),
+        })  # fmt: skip
+    (decision,) = run(Guard(), agent.finished())
+    assert (decision.rule, decision.action, decision.hits) == ("tool_polling", "kill", 20)
+    assert decision.span_id == span_id_of(agent.finished()[19])
+    validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
+
+    stuck = AgentRecorder()
+    for _ in range(4):
+        stuck.tool("get_job_status", job, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_job_status",
+            "gen_ai.tool.call.arguments": json.dumps(job),
+            "gen_ai.tool.call.result": "running",
+        })  # fmt: skip
+    (loop,) = run(Guard(), stuck.finished())
+    assert (loop.rule, loop.hits) == ("tool_loop", 4) and loop.result_hash is not None
+
+
+def test_polling_tools_are_patient_even_when_the_status_repeats():
+    policy = Policy.from_mapping(
+        {"defaults": {"polling": {"window": 12, "threshold": 10, "tools": ["get_job_status"]}}}
+    )
+    agent = AgentRecorder()
+    for _ in range(12):
+        agent.tool("get_job_status", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_job_status",
+            "gen_ai.tool.call.arguments": '{"job_id": "job-7"}',
+            "gen_ai.tool.call.result": "running",
+        })  # fmt: skip
+    (decision,) = run(Guard(policy), agent.finished())
+    assert (decision.rule, decision.hits) == ("tool_polling", 10)
+
+
+def test_no_progress_is_a_flag_by_default_and_can_kill():
+    agent = AgentRecorder()
+    for query in ("refund", "refunds", "refund policy", "returns", "money back"):
+        agent.tool("search_docs", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search_docs",
+            "gen_ai.tool.call.arguments": json.dumps({"query": query}),
+            "gen_ai.tool.call.result": "[]",
+        })  # fmt: skip
+    (flag,) = run(Guard(), agent.finished())
+    assert (flag.rule, flag.action, flag.hits) == ("no_progress", "flag", 4)
+    policy = Policy.from_mapping({"defaults": {"no_progress": {"threshold": 5, "action": "kill"}}})
+    (kill,) = run(Guard(policy), agent.finished())
+    assert (kill.rule, kill.action, kill.hits) == ("no_progress", "kill", 5)
+    off = Policy.from_mapping({"defaults": {"no_progress": {"action": "off"}}})
+    assert run(Guard(off), agent.finished()) == []
+
+
+def test_folding_is_opt_in_per_tool():
+    policy = Policy.from_mapping({"defaults": {"fold": {"search_docs": ["case", "whitespace"]}}})
+    agent = AgentRecorder()
+    for query in ("Refund policy", "refund  policy", "REFUND POLICY ", "refund policy"):
+        agent.tool("search_docs", {"query": query})
+        agent.tool("search_web", {"query": query})
+    (decision,) = run(Guard(policy), agent.finished())
+    assert decision.tool_name == "search_docs" and decision.hits == 4
+    assert run(Guard(), agent.finished()) == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"polling": {"window": 5, "threshold": 6}}, "defaults.polling"),
+        ({"no_progress": {"threshold": 11}}, "defaults.no_progress"),
+        ({"fold": {"search_docs": ["accents"]}}, "defaults.fold.search_docs.0"),
+    ],
+)
+def test_bad_result_aware_settings_name_the_field(settings, field):
+    from spanguard.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+        Policy.from_mapping({"defaults": settings})
+
+
+def test_state_with_polls_survives_serialization_and_old_records_load():
+    from spanguard.detection.trace_state import TraceState
+
+    state = TraceState()
+    state.window.extend([("a", "h1", "r1"), ("a", "h1", None)])
+    state.polls.append(("a", "h1"))
+    restored = TraceState.from_bytes(state.to_bytes())
+    assert list(restored.window) == list(state.window) and list(restored.polls) == [("a", "h1")]
+    assert restored.counts == {("a", "h1", "r1"): 1, ("a", "h1", None): 1}
+    old = json.loads(state.to_bytes())
+    old["window"] = [["a", "h1"]]
+    del old["polls"]
+    assert list(TraceState.from_dict(old).window) == [("a", "h1", None)]

@@ -92,8 +92,11 @@ class AgentRecorder:
         *,
         kind: SpanKind = SpanKind.INTERNAL,
         events: Sequence[tuple[str, Attributes]] = (),
+        scope: str | None = None,
     ) -> ReadableSpan:
-        with self.tracer.start_as_current_span(
+        """A span of the run; `scope` names the instrumentation scope (default: the tests')."""
+        tracer = self.tracer if scope is None else self.provider.get_tracer(scope)
+        with tracer.start_as_current_span(
             name, context=self._context, kind=kind, attributes=attributes
         ) as span:
             for event_name, event_attributes in events:

@@ -1,0 +1,777 @@
+"""Span fixtures made by the real instrumentation libraries, from scripted agents.
+
+Each library runs real agents of its own framework against a scripted model (no network): the
+model asks for the tool calls of a scenario one turn at a time, then answers. The spans come
+from the library's own tracing, are collected by the OTel SDK's in-memory exporter and written
+as OTLP/JSON (one request per scenario, one trace each), the format `spanguard replay` reads:
+
+    tests/fixtures/instrumentation/<library>/<mode>/<scenario>.json.gz
+
+    python -m tests.support.instrumented_agents                 # every library installed
+    python -m tests.support.instrumented_agents --out DIR LIB   # one library, elsewhere
+
+Modes: `capture` (the library's content capture on), `off` (capture off, where the library has
+such a setting), `redacted` (its redaction on) and `hashed` (capture on, the spans passed through
+spanguard's ArgsHashingSpanProcessor, so only hashes leave); Google ADK adds `legacy` and
+`legacy-off` (its schema 1), strands `latest` and `latest-redacted` (its latest conventions).
+Every (library, mode) runs in a process of its own: instrumentors patch globally and read their
+settings from the environment when they start.
+
+Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
+run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
+(`--venv LIBRARY` makes it: the library's exact pin, and this checkout without dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "instrumentation"
+VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+SERVICE = "scripted-agent"
+MODULE = "tests.support.instrumented_agents"
+
+
+@dataclass(frozen=True)
+class Call:
+    tool: str
+    arguments: dict[str, Any]
+    result: str
+
+
+REFUND = {"query": "refund policy"}
+SCENARIOS: dict[str, list[Call]] = {
+    # A stuck agent whose retries carry a fresh request id (a volatile key) each time.
+    "loop_volatile": [
+        Call("search_docs", {**REFUND, "request_id": f"req-{i}"}, "no results") for i in range(6)
+    ],
+    "loop_identical": [Call("search_docs", REFUND, "no results") for _ in range(6)],
+    # A healthy research agent: 12 different searches, 12 different answers.
+    "distinct": [
+        Call("search_docs", {"query": f"refund rules in region {i}"}, f"{i + 1} documents found")
+        for i in range(12)
+    ],
+    # One retry after a timeout, then the agent moves on.
+    "retry": [
+        Call("search_docs", REFUND, "error: timeout"),
+        Call("search_docs", REFUND, "2 documents found"),
+        Call("read_doc", {"doc_id": "kb-12"}, "Refunds are accepted within 30 days."),
+        Call("search_docs", {"query": "refund exceptions"}, "1 document found"),
+    ],
+    # Waiting for a job: the same call, a result that changes until the job is done.
+    "polling": [
+        Call("get_job_status", {"job_id": "job-7"}, f"running: {10 * (i + 1)}% done")
+        for i in range(8)
+    ]
+    + [Call("get_job_status", {"job_id": "job-7"}, "done")],
+    # Different searches that all come back empty: no progress, though no call repeats.
+    "no_progress": [
+        Call("search_docs", {"query": query}, "[]")
+        for query in ("refund", "refunds", "refund policy", "returns", "money back", "reimburse")
+    ],
+}
+
+TOOL_DOCS = {
+    "search_docs": "Search the knowledge base.",
+    "read_doc": "Read one document of the knowledge base.",
+    "get_job_status": "Status of a background job.",
+}
+FINAL_ANSWER = "That is all I could find."
+
+
+class Script:
+    """The scenario's calls in order: the model's next request and the tool's next result."""
+
+    def __init__(self, calls: list[Call]) -> None:
+        self.calls = calls
+        self.turn = 0
+        self.results = iter([call.result for call in calls])
+
+    def next_call(self) -> Call | None:
+        """The call the model asks for on this turn, None once it should answer."""
+        if self.turn >= len(self.calls):
+            return None
+        call = self.calls[self.turn]
+        self.turn += 1
+        return call
+
+    def result(self) -> str:
+        return next(self.results)
+
+
+# -- the libraries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Library:
+    """One instrumentation over one framework: how to instrument it, and how to run an agent."""
+
+    name: str
+    modules: tuple[str, ...]  # all importable, or the library is skipped
+    modes: dict[str, dict[str, str]]  # mode -> environment set before instrumenting
+    instrument: Callable[[Any, str], None]  # (tracer provider, mode)
+    run: Callable[[Script], None]
+    # Non-empty: the exact pins of a virtualenv of its own (its OTel pins exclude ours).
+    requirements: tuple[str, ...] = ()
+
+    @property
+    def python(self) -> str:
+        if not self.requirements:
+            return sys.executable
+        return str(VENVS / f"fixtures-{self.name}" / "bin" / "python")
+
+
+def _langchain_tools(script: Script) -> list[Any]:
+    from langchain_core.tools import tool
+
+    @tool(description=TOOL_DOCS["search_docs"])
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    @tool(description=TOOL_DOCS["read_doc"])
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    @tool(description=TOOL_DOCS["get_job_status"])
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    return [search_docs, read_doc, get_job_status]
+
+
+def run_langgraph(script: Script) -> None:
+    """LangGraph's prebuilt ReAct agent over a scripted LangChain chat model."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.prebuilt import create_react_agent
+
+    usage = {"input_tokens": 120, "output_tokens": 20, "total_tokens": 140}
+
+    def messages() -> Iterator[AIMessage]:
+        while (call := script.next_call()) is not None:
+            tool_call = {"name": call.tool, "args": call.arguments, "id": f"call_{script.turn}"}
+            yield AIMessage(content="", tool_calls=[tool_call], usage_metadata=usage)
+        yield AIMessage(content=FINAL_ANSWER, usage_metadata=usage)
+
+    class ScriptedChatModel(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self  # the script already knows which tools it calls
+
+    agent = create_react_agent(ScriptedChatModel(messages=messages()), _langchain_tools(script))
+    agent.invoke({"messages": [("user", "What is the refund policy?")]}, {"recursion_limit": 100})
+
+
+def instrument_openinference_langchain(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    LangChainInstrumentor().instrument(tracer_provider=provider)
+
+
+def instrument_openllmetry_langchain(provider: Any, mode: str) -> None:
+    from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+    LangchainInstrumentor().instrument(tracer_provider=provider)
+
+
+def _openai_agents_tools(script: Script) -> list[Any]:
+    from agents import FunctionTool
+
+    def function_tool(name: str, properties: dict[str, Any], required: list[str]) -> Any:
+        async def invoke(context: Any, arguments: str) -> str:
+            return script.result()
+
+        return FunctionTool(
+            name=name,
+            description=TOOL_DOCS[name],
+            params_json_schema={
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+        )
+
+    text = {"type": "string"}
+    return [
+        function_tool("search_docs", {"query": text, "request_id": text}, ["query"]),
+        function_tool("read_doc", {"doc_id": text}, ["doc_id"]),
+        function_tool("get_job_status", {"job_id": text}, ["job_id"]),
+    ]
+
+
+def run_openai_agents(script: Script) -> None:
+    """The OpenAI Agents SDK's Runner over a scripted Model (the SDK's pluggable interface)."""
+    from agents import Agent, RunConfig, Runner
+    from agents.items import ModelResponse
+    from agents.models.interface import Model, ModelProvider
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+    from openai.types.responses.response_output_text import ResponseOutputText
+
+    class ScriptedModel(Model):
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            usage = Usage(requests=1, input_tokens=120, output_tokens=20, total_tokens=140)
+            call = script.next_call()
+            if call is None:
+                text = ResponseOutputText(annotations=[], text=FINAL_ANSWER, type="output_text")
+                message = ResponseOutputMessage(
+                    id="msg_final",
+                    content=[text],
+                    role="assistant",
+                    status="completed",
+                    type="message",
+                )
+                return ModelResponse(output=[message], usage=usage, response_id=None)
+            tool_call = ResponseFunctionToolCall(
+                arguments=json.dumps(call.arguments),
+                call_id=f"call_{script.turn}",
+                name=call.tool,
+                type="function_call",
+                id=f"fc_{script.turn}",
+                status="completed",
+            )
+            return ModelResponse(output=[tool_call], usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> Model:
+            return ScriptedModel()
+
+    agent = Agent(name="support", tools=_openai_agents_tools(script))
+    asyncio.run(
+        Runner.run(
+            agent,
+            "What is the refund policy?",
+            max_turns=100,
+            run_config=RunConfig(model_provider=Provider()),
+        )
+    )
+
+
+def instrument_openinference_openai_agents(provider: Any, mode: str) -> None:
+    from agents import set_trace_processors
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])  # no upload to the platform's trace backend: OpenInference only
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+
+
+def instrument_otel_openai_agents(provider: Any, mode: str) -> None:
+    from agents import set_trace_processors
+    from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])  # the OTel GenAI bridge only
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+
+
+def instrument_pydantic_ai(provider: Any, mode: str) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    settings = InstrumentationSettings(tracer_provider=provider, include_content=mode != "off")
+    Agent.instrument_all(settings)
+
+
+def run_pydantic_ai(script: Script) -> None:
+    """A pydantic-ai Agent over its FunctionModel, the library's own scriptable model."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import RequestUsage
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=120, output_tokens=20)
+        call = script.next_call()
+        if call is None:
+            return ModelResponse(parts=[TextPart(FINAL_ANSWER)], usage=usage)
+        part = ToolCallPart(call.tool, call.arguments, tool_call_id=f"call_{script.turn}")
+        return ModelResponse(parts=[part], usage=usage)
+
+    agent = Agent(FunctionModel(respond), name="support")
+
+    @agent.tool_plain(description=TOOL_DOCS["search_docs"])
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    @agent.tool_plain(description=TOOL_DOCS["read_doc"])
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    @agent.tool_plain(description=TOOL_DOCS["get_job_status"])
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    agent.run_sync("What is the refund policy?")
+
+
+def instrument_openinference_smolagents(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.smolagents import SmolagentsInstrumentor
+
+    SmolagentsInstrumentor().instrument(tracer_provider=provider)
+
+
+def run_smolagents(script: Script) -> None:
+    """smolagents' ToolCallingAgent over a scripted Model; it answers through final_answer."""
+    from smolagents import Tool, ToolCallingAgent
+    from smolagents.models import (
+        ChatMessage,
+        ChatMessageToolCall,
+        ChatMessageToolCallFunction,
+        MessageRole,
+        Model,
+    )
+    from smolagents.monitoring import TokenUsage
+
+    class ScriptedModel(Model):
+        def generate(self, messages: Any, **kwargs: Any) -> ChatMessage:
+            call = script.next_call()
+            name, arguments = (
+                ("final_answer", {"answer": FINAL_ANSWER})
+                if call is None
+                else (call.tool, call.arguments)
+            )
+            tool_call = ChatMessageToolCall(
+                function=ChatMessageToolCallFunction(name=name, arguments=arguments),
+                id=f"call_{script.turn}",
+                type="function",
+            )
+            return ChatMessage(
+                role=MessageRole.ASSISTANT,
+                content="",
+                tool_calls=[tool_call],
+                token_usage=TokenUsage(input_tokens=120, output_tokens=20),
+            )
+
+    def make(tool_name: str, inputs: dict[str, dict[str, Any]]) -> Tool:
+        def forward(self: Any, **kwargs: Any) -> str:
+            return script.result()
+
+        return type(
+            f"{tool_name}_tool",
+            (Tool,),
+            {
+                "name": tool_name,
+                "description": TOOL_DOCS[tool_name],
+                "inputs": inputs,
+                "output_type": "string",
+                "forward": forward,
+                "skip_forward_signature_validation": True,
+            },
+        )()
+
+    text = {"type": "string", "description": "text"}
+    tools = [
+        make("search_docs", {"query": text, "request_id": {**text, "nullable": True}}),
+        make("read_doc", {"doc_id": text}),
+        make("get_job_status", {"job_id": text}),
+    ]
+    agent = ToolCallingAgent(
+        tools=tools, model=ScriptedModel(model_id="scripted"), max_steps=50, verbosity_level=-1
+    )
+    agent.run("What is the refund policy?")
+
+
+def instrument_openinference_llama_index(provider: Any, mode: str) -> None:
+    from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+
+    LlamaIndexInstrumentor().instrument(tracer_provider=provider)
+
+
+def run_llama_index(script: Script) -> None:
+    """llama-index's FunctionAgent over its MockFunctionCallingLLM, scripted turn by turn."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+    from llama_index.core.tools import FunctionTool
+
+    def respond(messages: Any, **kwargs: Any) -> ChatMessage:
+        call = script.next_call()
+        if call is None:
+            return ChatMessage(role=MessageRole.ASSISTANT, content=FINAL_ANSWER)
+        block = ToolCallBlock(
+            tool_call_id=f"call_{script.turn}", tool_name=call.tool, tool_kwargs=call.arguments
+        )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=[block])
+
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    tools = [
+        FunctionTool.from_defaults(fn=fn, name=fn.__name__, description=TOOL_DOCS[fn.__name__])
+        for fn in (search_docs, read_doc, get_job_status)
+    ]
+    llm = MockFunctionCallingLLM(response_generator=respond)
+    agent = FunctionAgent(tools=tools, llm=llm, name="support")
+
+    async def run() -> None:
+        await agent.run("What is the refund policy?", max_iterations=100)
+
+    asyncio.run(run())
+
+
+def instrument_global_provider(provider: Any, mode: str) -> None:
+    """Google ADK and strands trace through the global provider (their tracer is made there)."""
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(provider)
+
+
+def run_google_adk(script: Script) -> None:
+    """A Google ADK LlmAgent under InMemoryRunner, over a scripted BaseLlm."""
+    from google.adk.agents import LlmAgent
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+
+    usage = types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=120, candidates_token_count=20, total_token_count=140
+    )
+
+    class ScriptedLlm(BaseLlm):
+        async def generate_content_async(self, llm_request: Any, stream: bool = False) -> Any:
+            call = script.next_call()
+            if call is None:
+                part = types.Part(text=FINAL_ANSWER)
+            else:
+                function_call = types.FunctionCall(
+                    name=call.tool, args=call.arguments, id=f"call_{script.turn}"
+                )
+                part = types.Part(function_call=function_call)
+            content = types.Content(role="model", parts=[part])
+            yield LlmResponse(content=content, usage_metadata=usage)
+
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        """Search the knowledge base."""
+        return script.result()
+
+    def read_doc(doc_id: str) -> str:
+        """Read one document of the knowledge base."""
+        return script.result()
+
+    def get_job_status(job_id: str) -> str:
+        """Status of a background job."""
+        return script.result()
+
+    agent = LlmAgent(
+        name="support",
+        model=ScriptedLlm(model="scripted"),
+        tools=[search_docs, read_doc, get_job_status],
+    )
+    runner = InMemoryRunner(agent=agent, app_name="support")
+
+    async def run() -> None:
+        session = await runner.session_service.create_session(app_name="support", user_id="u")
+        message = types.Content(role="user", parts=[types.Part(text="What is the refund policy?")])
+        async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
+            pass
+
+    asyncio.run(run())
+
+
+def run_strands(script: Script) -> None:
+    """A strands Agent over a scripted Model streaming the library's own events."""
+    from strands import Agent, tool
+    from strands.models import Model
+
+    class ScriptedModel(Model):
+        def update_config(self, **model_config: Any) -> None:
+            pass
+
+        def get_config(self) -> Any:
+            return {}
+
+        def structured_output(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def stream(self, *args: Any, **kwargs: Any) -> Any:
+            call = script.next_call()
+            yield {"messageStart": {"role": "assistant"}}
+            if call is None:
+                yield {"contentBlockDelta": {"delta": {"text": FINAL_ANSWER}}}
+                yield {"contentBlockStop": {}}
+                yield {"messageStop": {"stopReason": "end_turn"}}
+            else:
+                start = {"toolUse": {"toolUseId": f"call_{script.turn}", "name": call.tool}}
+                yield {"contentBlockStart": {"start": start}}
+                delta = {"toolUse": {"input": json.dumps(call.arguments)}}
+                yield {"contentBlockDelta": {"delta": delta}}
+                yield {"contentBlockStop": {}}
+                yield {"messageStop": {"stopReason": "tool_use"}}
+            usage = {"inputTokens": 120, "outputTokens": 20, "totalTokens": 140}
+            yield {"metadata": {"usage": usage, "metrics": {"latencyMs": 1}}}
+
+    @tool
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        """Search the knowledge base."""
+        return script.result()
+
+    @tool
+    def read_doc(doc_id: str) -> str:
+        """Read one document of the knowledge base."""
+        return script.result()
+
+    @tool
+    def get_job_status(job_id: str) -> str:
+        """Status of a background job."""
+        return script.result()
+
+    agent = Agent(
+        model=ScriptedModel(),
+        tools=[search_docs, read_doc, get_job_status],
+        name="support",
+        callback_handler=None,
+    )
+    agent("What is the refund policy?")
+
+
+HIDE_INPUTS = {"OPENINFERENCE_HIDE_INPUTS": "true"}
+ADK_CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
+ADK_LEGACY = {"ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN": "1"}
+STRANDS_LATEST = "gen_ai_latest_experimental"
+STRANDS_REDACT = "gen_ai_unredacted_attributes="  # the token with an empty list: redact all
+CONTENT_SETTINGS = frozenset(
+    {
+        "OPENINFERENCE_HIDE_INPUTS",
+        "OPENINFERENCE_HIDE_OUTPUTS",
+        "TRACELOOP_TRACE_CONTENT",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        "ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN",
+        "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS",
+        "OTEL_SEMCONV_STABILITY_OPT_IN",
+        "OTEL_INSTRUMENTATION_OPENAI_AGENTS_CAPTURE_CONTENT",
+    }
+)
+SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0")
+LIBRARIES: dict[str, Library] = {
+    library.name: library
+    for library in (
+        Library(
+            "langgraph-openinference",
+            ("langgraph", "openinference.instrumentation.langchain"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_langchain,
+            run_langgraph,
+        ),
+        Library(
+            "langgraph-openllmetry",
+            ("langgraph", "opentelemetry.instrumentation.langchain"),
+            {
+                "capture": {"TRACELOOP_TRACE_CONTENT": "true"},
+                "off": {"TRACELOOP_TRACE_CONTENT": "false"},
+                "hashed": {"TRACELOOP_TRACE_CONTENT": "true"},
+            },
+            instrument_openllmetry_langchain,
+            run_langgraph,
+        ),
+        Library(
+            "openai-agents-openinference",
+            ("agents", "openinference.instrumentation.openai_agents"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_openai_agents,
+            run_openai_agents,
+        ),
+        Library(
+            "openai-agents-otel",
+            ("agents", "opentelemetry.instrumentation.openai_agents"),
+            {
+                "capture": {},  # its default: span_and_event
+                "off": {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false"},
+                "hashed": {},
+            },
+            instrument_otel_openai_agents,
+            run_openai_agents,
+        ),
+        Library(
+            "pydantic-ai",
+            ("pydantic_ai",),
+            {"capture": {}, "off": {}, "hashed": {}},
+            instrument_pydantic_ai,
+            run_pydantic_ai,
+        ),
+        Library(
+            "smolagents-openinference",
+            ("smolagents", "openinference.instrumentation.smolagents"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_smolagents,
+            run_smolagents,
+        ),
+        Library(
+            "llama-index-openinference",
+            ("llama_index.core", "openinference.instrumentation.llama_index"),
+            {"capture": {}, "redacted": HIDE_INPUTS, "hashed": {}},
+            instrument_openinference_llama_index,
+            run_llama_index,
+        ),
+        Library(
+            "google-adk",
+            ("google.adk",),
+            {
+                "capture": ADK_CAPTURE,
+                "off": {},  # ADK 2.x's default: no content on spans
+                "legacy": ADK_LEGACY,  # schema 1 records arguments by default
+                "legacy-off": {**ADK_LEGACY, "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS": "false"},
+                "hashed": ADK_CAPTURE,
+            },
+            instrument_global_provider,
+            run_google_adk,
+            ("google-adk==2.13.0", "opentelemetry-exporter-otlp-proto-common==1.44.0"),
+        ),
+        Library(
+            "strands",
+            ("strands",),
+            {
+                "capture": {},
+                "redacted": {"OTEL_SEMCONV_STABILITY_OPT_IN": STRANDS_REDACT},
+                "latest": {"OTEL_SEMCONV_STABILITY_OPT_IN": STRANDS_LATEST},
+                "latest-redacted": {
+                    "OTEL_SEMCONV_STABILITY_OPT_IN": f"{STRANDS_LATEST},{STRANDS_REDACT}"
+                },
+                "hashed": {},
+            },
+            instrument_global_provider,
+            run_strands,
+            ("strands-agents==1.62.0", "opentelemetry-exporter-otlp-proto-common==1.45.1"),
+        ),
+    )
+}
+
+
+# -- running and writing -------------------------------------------------------------------
+
+
+def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
+    """Run every scenario of `library` in `mode` in this process; write one file per scenario."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.schemas.otlp import encode_json_line
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
+    processor: Any = SimpleSpanProcessor(exporter)
+    if mode == "hashed":
+        from spanguard.killswitch.hashing import ArgsHashingSpanProcessor
+
+        processor = ArgsHashingSpanProcessor(processor)
+    provider.add_span_processor(processor)
+    library.instrument(provider, mode)
+
+    folder = out / library.name / mode
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for scenario, calls in SCENARIOS.items():
+        exporter.clear()
+        script = Script(calls)
+        library.run(script)
+        provider.force_flush()
+        if script.turn != len(calls):
+            raise RuntimeError(
+                f"{library.name}/{scenario}: the agent stopped at call {script.turn}"
+            )
+        # Usually one trace; OpenLLMetry adds a `create_agent` trace when the graph is built.
+        spans = exporter.get_finished_spans()
+        # gzip: LangGraph's chain spans repeat the whole conversation, a megabyte per scenario.
+        path = folder / f"{scenario}.json.gz"
+        line = (encode_json_line(encode_spans(spans)) + "\n").encode()
+        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
+            file.write(line)
+        written.append(path)
+    return written
+
+
+def installed(library: Library) -> bool:
+    if library.requirements:
+        if not Path(library.python).exists():
+            return False
+        check = "import " + ", ".join(library.modules)
+        return subprocess.run([library.python, "-c", check], capture_output=True).returncode == 0
+    from importlib.util import find_spec
+
+    try:
+        return all(find_spec(module) is not None for module in library.modules)
+    except ModuleNotFoundError:
+        return False
+
+
+def make_venv(library: Library) -> None:
+    """The library's own virtualenv: its exact pins, and this checkout (no dependencies)."""
+    venv = Path(library.python).parents[1]
+    if not venv.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [library.python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, *library.requirements, *SIDE_VENV_COMMON], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
+
+
+def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict[str, list[str]]:
+    """Each (library, mode) in a fresh interpreter; returns {library: modes written}.
+
+    `modes` limits the modes run (default: every mode of each library)."""
+    done: dict[str, list[str]] = {}
+    for name in names:
+        library = LIBRARIES[name]
+        if not installed(library):
+            print(f"{name}: not installed, skipped", file=sys.stderr)
+            continue
+        for mode, environment in library.modes.items():
+            if modes is not None and mode not in modes:
+                continue
+            # The mode alone decides capture: a setting left in the caller's environment must not.
+            env = {k: v for k, v in os.environ.items() if k not in CONTENT_SETTINGS}
+            env.update(environment)
+            command = [library.python, "-m", MODULE, "--one", name, mode, "--out", str(out)]
+            subprocess.run(command, env=env, check=True, cwd=ROOT)
+            done.setdefault(name, []).append(mode)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("libraries", nargs="*", help=f"default: all ({', '.join(LIBRARIES)})")
+    parser.add_argument("--out", type=Path, default=FIXTURES)
+    parser.add_argument("--one", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--venv", metavar="LIBRARY", help="make LIBRARY's own virtualenv")
+    args = parser.parse_args(argv)
+    if args.venv:
+        make_venv(LIBRARIES[args.venv])
+        return 0
+    if args.one:
+        name, mode = args.one
+        generate_one(LIBRARIES[name], mode, args.out)
+        return 0
+    unknown = set(args.libraries) - set(LIBRARIES)
+    if unknown:
+        parser.error(f"unknown libraries: {', '.join(sorted(unknown))}")
+    done = generate(args.libraries or list(LIBRARIES), args.out)
+    for name, modes in done.items():
+        print(f"{name}: {', '.join(modes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
