@@ -79,6 +79,9 @@ class Decision:
     confidence: float | None = None  # goal_unmet: the judge's confidence
     system_message: str | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
+    # When the tripping span ended (ISO 8601, UTC; None if it carried no end time): the start
+    # of the detection latency, span end to signal sent.
+    span_ended_at: str | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import faust
-from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService
@@ -22,13 +21,21 @@ from spanguard.streams.agents import guard_spans, page_on_call, verify_goals
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
-from spanguard.streams.metrics import WorkerMetrics
+from spanguard.streams.metrics import (
+    ConsumerLag,
+    DetectionLatency,
+    WorkerMetrics,
+    worker_registry,
+)
 from spanguard.streams.state import SerializedStates
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanguard.worker")
+
+# Seconds between two readings of the consumer lag (a scrape reads the last one).
+LAG_INTERVAL = 5.0
 
 # Every topic is bytes in, bytes out: the pipeline decodes, and bad bytes are its business.
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -79,6 +86,9 @@ def create_app(
     )
     states = SerializedStates(table)
     guard = Guard(policy, states=states)
+    registry = worker_registry()
+    lag = ConsumerLag()
+    registry.register(lag)
     worker = Worker(
         app=app,
         settings=settings,
@@ -103,17 +113,33 @@ def create_app(
         health=Health(),
         paging=PagingService(pager),
         verifier=verifier,
+        registry=registry,
+        latency=DetectionLatency(registry),
+        lag=lag,
+    )
+    registry.register(
+        WorkerMetrics(guard, worker.pipeline, lambda: len(table), worker.paging, verifier)
     )
     guard_spans.register(worker)
     page_on_call.register(worker)
     verify_goals.register(worker)
 
+    consumed = {
+        settings.input_topic,
+        settings.repartition_topic,
+        settings.detections_topic,
+        settings.goal_topic,
+    }
+
+    @app.timer(interval=LAG_INTERVAL)
+    async def measure_lag() -> None:
+        try:
+            await lag.refresh(app.consumer, consumed)
+        except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
+            log.debug("consumer lag not read", extra={"error": repr(exc)})
+
     @app.task
     async def serve_metrics() -> None:
-        registry = CollectorRegistry()
-        registry.register(
-            WorkerMetrics(guard, worker.pipeline, lambda: len(table), worker.paging, verifier)
-        )
         worker.http = await serve_http(
             worker.health, registry, settings.metrics_host, settings.metrics_port
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.service import PagingService
 from spanguard.detection.guard import Guard
@@ -14,6 +15,7 @@ from spanguard.goal.verifier import GoalVerifier
 from spanguard.settings import WorkerSettings
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.health import Health
+from spanguard.streams.metrics import ConsumerLag, DetectionLatency
 from spanguard.streams.state import SerializedStates
 
 __all__ = ["Worker"]
@@ -35,4 +37,7 @@ class Worker:
     health: Health
     paging: PagingService
     verifier: GoalVerifier | None
+    registry: CollectorRegistry  # what /metrics serves
+    latency: DetectionLatency
+    lag: ConsumerLag
     http: Any = None  # the /metrics, /livez, /readyz server, kept while the app runs

@@ -158,6 +158,7 @@ class ToolCall:
     call_id: str | None
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    end_time_unix_nano: int = 0  # 0: the span carries no end time
 
 
 @dataclass(slots=True)
@@ -167,6 +168,7 @@ class TokenUsage:
     aggregate: bool  # an agent span's total, which repeats its inference spans
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    end_time_unix_nano: int = 0
 
 
 @dataclass(slots=True)
@@ -228,6 +230,7 @@ def adapt_span(
             call_id=_call_id(attributes, present),
             agent_name=agent_name,
             match_attributes=match_attributes,
+            end_time_unix_nano=span.end_time_unix_nano,
         )
 
     if present.isdisjoint(USAGE_KEYS):
@@ -255,6 +258,7 @@ def adapt_span(
         aggregate=not inference,
         agent_name=agent_name,
         match_attributes=match_attributes,
+        end_time_unix_nano=span.end_time_unix_nano,
     )
 
 

@@ -73,6 +73,8 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # (rule, action, service): the dashboards' decisions by service.
+    decisions_by_service: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
@@ -83,6 +85,13 @@ def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
 
 def _now_iso(clock: Callable[[], float]) -> str:
     return datetime.fromtimestamp(clock(), UTC).isoformat(timespec="milliseconds")
+
+
+def _iso_from_ns(unix_nano: int) -> str | None:
+    """A span's OTLP time as ISO 8601 (microseconds), or None when the span has none."""
+    if unix_nano <= 0:
+        return None
+    return datetime.fromtimestamp(unix_nano / 1e9, UTC).isoformat(timespec="microseconds")
 
 
 class Guard:
@@ -290,6 +299,7 @@ class Guard:
             state,
             policy,
             span_id=call.span_id.hex(),
+            span_ended_at=_iso_from_ns(call.end_time_unix_nano),
             rule=TOOL_LOOP,
             action=action,
             reason=reason,
@@ -327,6 +337,7 @@ class Guard:
             state,
             policy,
             span_id=usage.span_id.hex(),
+            span_ended_at=_iso_from_ns(usage.end_time_unix_nano),
             rule=TOKEN_BUDGET,
             action="kill",
             reason=f"{used} tokens used, over the budget of {budget}",
@@ -348,6 +359,7 @@ class Guard:
             **fields,
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
+        self.stats.decisions_by_service[(decision.rule, decision.action, state.service)] += 1
         return decision
 
     def _policy_for(
