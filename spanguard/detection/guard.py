@@ -38,7 +38,7 @@ from spanguard.detection.conventions import (
     adapt_span,
     resource_info,
 )
-from spanguard.detection.trace_state import TraceState
+from spanguard.detection.trace_state import TraceState, call_mark
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -267,9 +267,11 @@ class Guard:
         key = (call.tool_name, digest)
         window, counts = state.window, state.counts
         window.append(key)
+        state.window_marks.append(call_mark(call.span_id, call.end_time_unix_nano))
         counts[key] = counts.get(key, 0) + 1
         while len(window) > policy.window:
             oldest = window.popleft()
+            state.window_marks.popleft()
             remaining = counts[oldest] - 1
             if remaining:
                 counts[oldest] = remaining
@@ -293,6 +295,7 @@ class Guard:
         else:
             action, system_message = "kill", None
         state.fired.add(f"{TOOL_LOOP}:{action}")
+        calls = state.window_calls()  # the evidence: the window as it was when it tripped
         state.restart_window()  # after a downgrade the agent gets a fresh window
         return self._decide(
             trace_id,
@@ -307,6 +310,8 @@ class Guard:
             args_hash=digest,
             hits=hits,
             window=policy.window,
+            threshold=policy.threshold,
+            calls=calls,
             steps=steps,
             system_message=system_message,
             tool_arguments=call.arguments if policy.record_arguments and digest else None,
@@ -350,17 +355,27 @@ class Guard:
     def _decide(
         self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
     ) -> Decision:
+        entry, match = self._entry_of(policy)
         decision = Decision(
             trace_id=trace_id,
             agent=AgentIdentity(state.service, state.agent_name),
             detected_at=_now_iso(self.clock),
             autonomous=policy.autonomous,
             severity=policy.severity,
+            policy_entry=entry,
+            policy_match=match,
             **fields,
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
         self.stats.decisions_by_service[(decision.rule, decision.action, state.service)] += 1
         return decision
+
+    def _entry_of(self, policy: AgentPolicy) -> tuple[str, dict[str, str] | None]:
+        """Which policy entry `policy` is: "defaults", or "agents.N" and its match."""
+        for index, rule in enumerate(self.policy.rules):
+            if rule.policy is policy:  # for_attributes hands out the entry's own object
+                return f"agents.{index}", dict(rule.match)
+        return "defaults", None
 
     def _policy_for(
         self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None

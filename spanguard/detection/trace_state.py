@@ -6,9 +6,19 @@ import base64
 import json
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["TraceState"]
+__all__ = ["TraceState", "call_mark"]
+
+# A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
+MARK_BYTES = 16
+_NO_MARK = bytes(MARK_BYTES)
+
+
+def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
+    """What the window remembers of a call besides its key: 16 bytes, cheap to keep."""
+    return span_id[:8].ljust(8, b"\0") + max(end_unix_nano // 1000, 0).to_bytes(8, "big")
 
 
 @dataclass(slots=True)
@@ -18,6 +28,9 @@ class TraceState:
     service: str = "unknown_service"
     agent_name: str | None = None
     window: deque[tuple[str, str | None]] = field(default_factory=deque)
+    # Aligned with `window`: each call's call_mark(), so a decision can show the window as it
+    # was when it tripped (span ids and times; the keys are in `window`).
+    window_marks: deque[bytes] = field(default_factory=deque)
     counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
     # Oldest first; OrderedDict drops its oldest entry in O(1), a dict does not.
     recent_span_ids: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # raw ids
@@ -32,6 +45,7 @@ class TraceState:
             "service": self.service,
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
+            "window_marks": base64.b64encode(b"".join(self.window_marks)).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
@@ -45,10 +59,15 @@ class TraceState:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
         window = deque((tool, digest) for tool, digest in record["window"])
+        raw = base64.b64decode(record.get("window_marks", ""))
+        marks = [raw[i : i + MARK_BYTES] for i in range(0, len(raw), MARK_BYTES)]
+        # A state written before marks existed: unknown span ids and times for its calls.
+        marks = [_NO_MARK] * (len(window) - len(marks)) + marks[-len(window) :] if window else []
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
+            window_marks=deque(marks),
             counts=dict(Counter(window)),
             recent_span_ids=OrderedDict.fromkeys(_split_ids(record["recent_span_ids"])),
             recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
@@ -67,7 +86,24 @@ class TraceState:
 
     def restart_window(self) -> None:
         self.window.clear()
+        self.window_marks.clear()
         self.counts.clear()
+
+    def window_calls(self) -> list[dict[str, Any]]:
+        """The window, oldest first: tool name, args hash, span id and end time of each call."""
+        calls = []
+        for (tool_name, digest), mark in zip(self.window, self.window_marks, strict=True):
+            micros = int.from_bytes(mark[8:], "big")
+            ended = datetime.fromtimestamp(micros / 1e6, UTC) if micros else None
+            calls.append(
+                {
+                    "tool_name": tool_name,
+                    "args_hash": digest,
+                    "span_id": mark[:8].hex() if mark[:8] != _NO_MARK[:8] else None,
+                    "ended_at": ended.isoformat(timespec="microseconds") if ended else None,
+                }
+            )
+        return calls
 
 
 def _split_ids(encoded: str) -> list[bytes]:
