@@ -38,7 +38,7 @@ from spanguard.detection.conventions import (
     adapt_span,
     resource_info,
 )
-from spanguard.detection.trace_state import TraceState, call_mark
+from spanguard.detection.trace_state import TraceState, call_mark, iso_from_micros
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -89,9 +89,7 @@ def _now_iso(clock: Callable[[], float]) -> str:
 
 def _iso_from_ns(unix_nano: int) -> str | None:
     """A span's OTLP time as ISO 8601 (microseconds), or None when the span has none."""
-    if unix_nano <= 0:
-        return None
-    return datetime.fromtimestamp(unix_nano / 1e9, UTC).isoformat(timespec="microseconds")
+    return iso_from_micros(unix_nano // 1000) if unix_nano > 0 else None
 
 
 class Guard:

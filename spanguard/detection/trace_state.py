@@ -9,11 +9,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["TraceState", "call_mark"]
+__all__ = ["TraceState", "call_mark", "iso_from_micros"]
 
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
 MARK_BYTES = 16
 _NO_MARK = bytes(MARK_BYTES)
+
+
+def iso_from_micros(micros: int) -> str:
+    """Microseconds since the epoch as ISO 8601 UTC, exactly (no float rounding)."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=fraction)
+    return moment.isoformat(timespec="microseconds")
 
 
 def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
@@ -94,13 +101,12 @@ class TraceState:
         calls = []
         for (tool_name, digest), mark in zip(self.window, self.window_marks, strict=True):
             micros = int.from_bytes(mark[8:], "big")
-            ended = datetime.fromtimestamp(micros / 1e6, UTC) if micros else None
             calls.append(
                 {
                     "tool_name": tool_name,
                     "args_hash": digest,
                     "span_id": mark[:8].hex() if mark[:8] != _NO_MARK[:8] else None,
-                    "ended_at": ended.isoformat(timespec="microseconds") if ended else None,
+                    "ended_at": iso_from_micros(micros) if micros else None,
                 }
             )
         return calls
