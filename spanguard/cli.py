@@ -55,7 +55,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from spanguard.settings import GoalSettings, PagerSettings
+    from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings
     from spanguard.streams.worker import run_worker
 
     settings = _settings(args)
@@ -64,8 +64,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     pager = (
         PagerSettings.from_sources(pager_flags) if PagerSettings.configured(pager_flags) else None
     )
+    webhook_flags = _flags(args, "WebhookSettings")
+    webhook = (
+        WebhookSettings.from_sources(webhook_flags)
+        if WebhookSettings.configured(webhook_flags)
+        else None
+    )
     policy = _load_policy(settings.policy)  # bad settings or a bad policy stop here, before Kafka
-    return run_worker(settings, policy, goal, pager)
+    return run_worker(settings, policy, goal, pager, webhook)
 
 
 def _cmd_topics_create(args: argparse.Namespace) -> int:
@@ -176,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the streaming guard: OTLP spans from Kafka in, kill signals out",
         description="Consume OTLP spans from Kafka, keep per-trace state, publish decisions.",
     )
-    _add_settings_flags(worker, "WorkerSettings", "GoalSettings", "PagerSettings")
+    _add_settings_flags(
+        worker, "WorkerSettings", "GoalSettings", "PagerSettings", "WebhookSettings"
+    )
     worker.set_defaults(handler=_cmd_worker)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics spanguard uses")

@@ -12,12 +12,13 @@ import faust
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService
+from spanguard.alerting.webhook import Webhook, WebhookService
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
-from spanguard.streams.agents import guard_spans, page_on_call, verify_goals
+from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
@@ -46,6 +47,7 @@ def create_app(
     policy: Policy | None = None,
     pager: Pager | None = None,
     verifier: GoalVerifier | None = None,
+    webhook: Webhook | None = None,
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     set_fetch_max_wait(settings.fetch_max_wait)
@@ -84,6 +86,20 @@ def create_app(
         key_type=bytes,
         value_type=bytes,
     )
+    # What was sent to the webhook, per trace: the same shape as `paged` (only with a webhook:
+    # a table's changelog topic is created on start).
+    notified = (
+        app.Table(
+            "notified",
+            default=None,
+            partitions=settings.partitions,
+            use_partitioner=True,
+            key_type=bytes,
+            value_type=bytes,
+        )
+        if webhook is not None
+        else None
+    )
     states = SerializedStates(table)
     guard = Guard(policy, states=states)
     registry = worker_registry()
@@ -99,6 +115,7 @@ def create_app(
         detections_in=app.topic(settings.detections_topic, **RAW),
         table=table,
         paged=paged,
+        notified=notified,
         states=states,
         guard=guard,
         pipeline=SpanPipeline(guard),
@@ -112,17 +129,21 @@ def create_app(
         ),
         health=Health(),
         paging=PagingService(pager),
+        webhook=WebhookService(webhook),
         verifier=verifier,
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
     )
     registry.register(
-        WorkerMetrics(guard, worker.pipeline, lambda: len(table), worker.paging, verifier)
+        WorkerMetrics(
+            guard, worker.pipeline, lambda: len(table), worker.paging, verifier, worker.webhook
+        )
     )
     guard_spans.register(worker)
     page_on_call.register(worker)
     verify_goals.register(worker)
+    notify_webhook.register(worker)
 
     consumed = {
         settings.input_topic,

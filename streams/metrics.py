@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from spanguard import __version__
 from spanguard.alerting.service import PagingService
+from spanguard.alerting.webhook import WebhookService
 from spanguard.detection.guard import TOKEN_BUDGET, TOOL_LOOP, Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
@@ -131,8 +132,10 @@ class WorkerMetrics(Collector):
         active_traces: Callable[[], int],
         paging: PagingService | None = None,
         verifier: GoalVerifier | None = None,
+        webhook: WebhookService | None = None,
     ) -> None:
         self.verifier = verifier
+        self.webhook = webhook
         self.guard = guard
         self.pipeline = pipeline
         self.active_traces = active_traces
@@ -152,12 +155,23 @@ class WorkerMetrics(Collector):
             pipeline.repartitioned,
         )
         paging = self.paging.outcomes if self.paging is not None else {}
-        undeliverable = paging.get("rejected", 0) + paging.get("failed", 0)
+        webhooks = self.webhook.outcomes if self.webhook is not None else {}
+        undeliverable = sum(
+            outcomes.get("rejected", 0) + outcomes.get("failed", 0)
+            for outcomes in (paging, webhooks)
+        )
         yield counter(
             "dead_letters",
-            "messages sent to the dead-letter topic (bad input and undeliverable pages)",
+            "messages sent to the dead-letter topic (bad input, undeliverable pages and"
+            " webhook notifications)",
             pipeline.dead_letters + undeliverable,
         )
+        sent = CounterMetricFamily(
+            "spanguard_webhooks", "webhook notifications by outcome", labels=["outcome"]
+        )
+        for outcome in ("delivered", "rejected", "failed", "already_sent"):
+            sent.add_metric([outcome], webhooks.get(outcome, 0))
+        yield sent
         pages = CounterMetricFamily(
             "spanguard_pages", "PagerDuty pages by outcome", labels=["outcome"]
         )

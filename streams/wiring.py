@@ -9,6 +9,7 @@ import faust
 from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.service import PagingService
+from spanguard.alerting.webhook import WebhookService
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
@@ -30,12 +31,14 @@ class Worker:
     detections_in: Any
     table: Any  # trace id -> TraceState bytes
     paged: Any  # trace id -> rules already paged
+    notified: Any  # trace id -> rules already sent to the webhook
     states: SerializedStates
     guard: Guard
     pipeline: SpanPipeline
     outbox: Outbox
     health: Health
     paging: PagingService
+    webhook: WebhookService
     verifier: GoalVerifier | None
     registry: CollectorRegistry  # what /metrics serves
     latency: DetectionLatency

@@ -8,10 +8,11 @@ from dataclasses import replace
 import faust
 
 from spanguard.alerting.pagerduty import Pager
+from spanguard.alerting.webhook import Webhook
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, PagerSettings, WorkerSettings
+from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.streams.app import create_app
 from spanguard.streams.judge import OpenAICompatibleJudge
 
@@ -23,6 +24,7 @@ def run_worker(
     policy: Policy,
     goal: GoalSettings | None = None,
     pager: PagerSettings | None = None,
+    webhook: WebhookSettings | None = None,
 ) -> int:
     log = logging.getLogger("spanguard.worker")
     goal = goal or GoalSettings()
@@ -45,7 +47,13 @@ def run_worker(
             "the policy has autonomous agents but no PagerDuty routing key is set:"
             " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
         )
-    app = create_app(settings, policy, pager=Pager(pager) if pager else None, verifier=verifier)
+    app = create_app(
+        settings,
+        policy,
+        pager=Pager(pager) if pager else None,
+        verifier=verifier,
+        webhook=Webhook(webhook) if webhook else None,
+    )
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,
