@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx2
 
@@ -181,6 +182,29 @@ def _tls_verify_failure(exc: BaseException) -> bool:
     return "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
+class _HideUrl(logging.Filter):
+    """httpx2 logs every request's full URL at INFO: a webhook's path (and query) is its
+    credential, so our URL is shown as its scheme and host only."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        parts = urlsplit(url)
+        self.secret = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secret.strip("/") and isinstance(record.args, tuple):
+            record.args = tuple(
+                self.shown if self.secret in str(arg) else arg for arg in record.args
+            )
+        if self.secret.strip("/") and self.secret in str(record.msg):
+            record.msg = str(record.msg).replace(self.secret, "/...")
+        return True
+
+
+_HTTPX_LOG = logging.getLogger("httpx2")
+
+
 class Webhook:
     """Posts detections to one URL; safe to share between threads. `sleep` and `jitter` are
     injectable so tests need not wait."""
@@ -198,6 +222,8 @@ class Webhook:
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
+        self._hide_url = _HideUrl(settings.url or "")
+        _HTTPX_LOG.addFilter(self._hide_url)
         self._client = httpx2.Client(
             verify=verify,
             timeout=httpx2.Timeout(settings.timeout),
@@ -210,6 +236,7 @@ class Webhook:
 
     def close(self) -> None:
         self._client.close()
+        _HTTPX_LOG.removeFilter(self._hide_url)
 
     def backoff(self, attempt: int) -> float:
         ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (attempt - 1))

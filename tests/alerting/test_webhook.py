@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 
 import pytest
 
@@ -128,8 +129,12 @@ def test_a_timeout_is_retried(server) -> None:
     assert len(server.received("/hooks/a")) == 2
 
 
-def test_the_url_is_a_secret_and_must_be_https(server) -> None:
-    hook = Webhook(settings(server))
+def test_the_url_is_a_secret_and_must_be_https(server, caplog) -> None:
+    hook = Webhook(settings(server, template="slack"))
+    with caplog.at_level(logging.DEBUG):
+        assert hook.notify(DETECTION).delivered
+    assert "HTTP Request: POST" in caplog.text  # httpx2's own line, with the URL hidden
+    assert SECRET_PATH not in caplog.text and "XXXXsecretXXXX" not in caplog.text
     assert SECRET_PATH not in repr(hook) and SECRET_PATH not in repr(hook.settings)
     assert hook.settings.host == f"127.0.0.1:{server.port}"
     with pytest.raises(SettingsError, match="must be an https:// URL") as caught:
