@@ -38,7 +38,12 @@ from spanguard.detection.conventions import (
     adapt_span,
     resource_info,
 )
-from spanguard.detection.trace_state import TraceState, call_mark, iso_from_micros
+from spanguard.detection.trace_state import (
+    MARK_BYTES,
+    TraceState,
+    call_mark,
+    iso_from_micros,
+)
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -265,11 +270,11 @@ class Guard:
         key = (call.tool_name, digest)
         window, counts = state.window, state.counts
         window.append(key)
-        state.window_marks.append(call_mark(call.span_id, call.end_time_unix_nano))
+        state.window_marks += call_mark(call.span_id, call.end_time_unix_nano)
         counts[key] = counts.get(key, 0) + 1
         while len(window) > policy.window:
             oldest = window.popleft()
-            state.window_marks.popleft()
+            del state.window_marks[:MARK_BYTES]
             remaining = counts[oldest] - 1
             if remaining:
                 counts[oldest] = remaining

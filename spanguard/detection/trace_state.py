@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["TraceState", "call_mark", "iso_from_micros"]
+__all__ = ["MARK_BYTES", "TraceState", "call_mark", "iso_from_micros"]
 
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
 MARK_BYTES = 16
@@ -35,9 +35,10 @@ class TraceState:
     service: str = "unknown_service"
     agent_name: str | None = None
     window: deque[tuple[str, str | None]] = field(default_factory=deque)
-    # Aligned with `window`: each call's call_mark(), so a decision can show the window as it
+    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytearray (a deque
+    # of small bytes would cost several times that), so a decision can show the window as it
     # was when it tripped (span ids and times; the keys are in `window`).
-    window_marks: deque[bytes] = field(default_factory=deque)
+    window_marks: bytearray = field(default_factory=bytearray)
     counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
     # Oldest first; OrderedDict drops its oldest entry in O(1), a dict does not.
     recent_span_ids: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # raw ids
@@ -52,7 +53,7 @@ class TraceState:
             "service": self.service,
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
-            "window_marks": base64.b64encode(b"".join(self.window_marks)).decode(),
+            "window_marks": base64.b64encode(self.window_marks).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
@@ -66,15 +67,15 @@ class TraceState:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
         window = deque((tool, digest) for tool, digest in record["window"])
-        raw = base64.b64decode(record.get("window_marks", ""))
-        marks = [raw[i : i + MARK_BYTES] for i in range(0, len(raw), MARK_BYTES)]
+        marks = bytearray(base64.b64decode(record.get("window_marks", "")))
         # A state written before marks existed: unknown span ids and times for its calls.
-        marks = [_NO_MARK] * (len(window) - len(marks)) + marks[-len(window) :] if window else []
+        wanted = len(window) * MARK_BYTES
+        marks = bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
-            window_marks=deque(marks),
+            window_marks=marks,
             counts=dict(Counter(window)),
             recent_span_ids=OrderedDict.fromkeys(_split_ids(record["recent_span_ids"])),
             recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
@@ -99,7 +100,10 @@ class TraceState:
     def window_calls(self) -> list[dict[str, Any]]:
         """The window, oldest first: tool name, args hash, span id and end time of each call."""
         calls = []
-        for (tool_name, digest), mark in zip(self.window, self.window_marks, strict=True):
+        marks = self.window_marks
+        starts = range(0, len(marks), MARK_BYTES)
+        for (tool_name, digest), start in zip(self.window, starts, strict=True):
+            mark = marks[start : start + MARK_BYTES]
             micros = int.from_bytes(mark[8:], "big")
             calls.append(
                 {
