@@ -1,7 +1,9 @@
 # spanguard: `spanguard worker` (the default command), `spanguard topics create`, `spanguard replay`.
 #
-#   docker build -t spanguard .                               # worker image: .[rocksdb]
-#   docker build --build-arg EXTRAS=rocksdb,demo -t spanguard-demo .   # + the demo agents' deps
+#   docker build -t spanguard .                               # worker image: .[worker]
+#   docker build --build-arg EXTRAS=worker,demo -t spanguard-demo .    # + the demo agents' deps
+#
+# Every dependency at the version the tests ran with: pip install -c constraints.txt.
 #
 # Settings come from SPANGUARD_* variables (`spanguard worker --help`); the signing key only from
 # SPANGUARD_SIGNING_KEY or a mounted file named by SPANGUARD_SIGNING_KEY_FILE.
@@ -14,9 +16,9 @@ WORKDIR /src
 # .dockerignore keeps the venv, caches, tests and deploy files out of the context.
 COPY . .
 # Optional dependency groups of pyproject.toml, comma-separated.
-ARG EXTRAS=rocksdb
+ARG EXTRAS=worker
 RUN /opt/spanguard/bin/pip install --upgrade pip setuptools wheel \
- && /opt/spanguard/bin/pip install ".[${EXTRAS}]"
+ && /opt/spanguard/bin/pip install -c constraints.txt ".[${EXTRAS}]"
 
 FROM python:3.11-slim
 # The same uid/gid as the Helm chart's securityContext (runAsUser/runAsGroup/fsGroup 10001).

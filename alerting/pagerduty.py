@@ -9,9 +9,10 @@ slow or failing PagerDuty delays pages, never detection or kill signals.
         result = pager.page(detection)           # PageResult(status="accepted" | "rejected" | "failed")
 
 The event goes out with the real `pagerduty` client (`EventsApiV2Client`, built on httpx2), with
-its own retries switched off so that the retry policy here is the only one in force: 429, 5xx and
-network errors are retried with capped, jittered exponential backoff up to `max_attempts`; any
-other 4xx (a 400 "invalid event") is final after one attempt. The dedup key
+its own retries switched off so that the retry policy here is the only one in force: 408, 429,
+5xx and network errors are retried up to `max_attempts`, waiting as `spanguard.retry` says
+(capped, jittered exponential backoff, or the server's Retry-After, capped); any other 4xx
+(a 400 "invalid event") is final after one attempt. The judge retries by the same rules. The dedup key
 `spanguard:<trace_id>:<rule>` makes a retried or repeated trigger land on the same incident.
 
 The routing key is a credential: it is kept out of `repr`, logs and `PageResult.error`.
@@ -31,6 +32,7 @@ import httpx2
 import pagerduty
 
 from spanguard.errors import PagerConfigError
+from spanguard.retry import Backoff, is_retryable_status, retry_after_seconds
 from spanguard.schemas.decision import EVIDENCE_FIELDS
 from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
 
@@ -171,8 +173,8 @@ class PageResult:
     """What became of one page.
 
     status: "accepted" (PagerDuty took the event; the incident is open or was deduplicated),
-    "rejected" (a 4xx other than 429: retrying cannot help; `errors` holds the server's reasons),
-    "failed" (429/5xx/network errors until `max_attempts`, or TLS trust failure).
+    "rejected" (a 4xx other than 408 and 429: retrying cannot help; `errors` holds the server's
+    reasons), "failed" (408/429/5xx/network errors until `max_attempts`, or TLS trust failure).
     """
 
     status: Status
@@ -239,7 +241,7 @@ class Pager:
     ) -> None:
         self.settings = settings
         self._sleep = sleep
-        self._jitter = jitter
+        self._backoff = Backoff(settings.backoff_base, settings.backoff_cap, jitter)
         self._client = self._make_client(settings)
 
     def __repr__(self) -> str:
@@ -288,11 +290,10 @@ class Pager:
     def should_page(self, detection: Mapping[str, Any]) -> bool:
         return should_page(detection)
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based): capped exponential
-        growth from `backoff_base`, with jitter in [50%, 100%] of it."""
-        ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (attempt - 1))
-        return ceiling * (0.5 + 0.5 * self._jitter())
+    def backoff(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based): `Backoff.delay`
+        from `backoff_base` up to `backoff_cap`."""
+        return self._backoff.delay(attempt, retry_after)
 
     def page(self, detection: Mapping[str, Any]) -> PageResult:
         """Trigger an incident for `detection` (does not check `should_page`); never raises for
@@ -324,9 +325,7 @@ class Pager:
                         extra={**context, "attempts": attempt, "http_status": retry.http_status},
                     )
                     return PageResult("failed", attempt, key, retry.error, (), retry.http_status)
-                delay = self.backoff(attempt)
-                if retry.retry_after is not None:
-                    delay = max(delay, min(retry.retry_after, self.settings.backoff_cap))
+                delay = self.backoff(attempt, retry.retry_after)
                 log.warning(
                     "page attempt %d/%d: %s; retrying in %.2fs",
                     attempt,
@@ -368,8 +367,9 @@ class Pager:
                 return status
             message, errors = _describe(response)
             error = f"HTTP {status} from PagerDuty: {message}"
-            if status == 429 or status >= 500:
-                raise _Retry(error, status, _retry_after(response)) from None
+            if is_retryable_status(status):
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+                raise _Retry(error, status, retry_after) from None
             raise _Final("rejected", error, status, errors) from None
         except pagerduty.Error as exc:
             # Network-level failure (the client raises Error from the httpx2 TransportError).
@@ -401,16 +401,6 @@ def _describe(response: httpx2.Response) -> tuple[str, tuple[str, ...]]:
     if errors:
         message = f"{message}: {'; '.join(errors)}"
     return message, errors
-
-
-def _retry_after(response: httpx2.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 def _chain(exc: BaseException | None):

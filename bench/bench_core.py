@@ -19,6 +19,7 @@ from collections import Counter, deque
 from bench.corpus import build_corpus
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp import ExportTraceServiceRequest
+from spanguard.schemas.otlp_view import not_a_trace_request
 from spanguard.schemas.policy import Policy
 
 NAIVE_VOLATILE = frozenset(
@@ -214,6 +215,13 @@ def main() -> int:
     naive_s = _best(args.runs, naive)
     scan_s = _best(args.runs, plain_scan)
 
+    def shape_check() -> None:
+        # The worker's check that bytes which parsed as traces are a trace request.
+        for data in requests:
+            not_a_trace_request(data)
+
+    check_s = _best(args.runs, shape_check)
+
     guard = Guard()
     decisions = [d for data in requests for d in guard.process(data)]
     caught = {d.trace_id for d in decisions if d.rule == "tool_loop"}
@@ -235,6 +243,10 @@ def main() -> int:
         f"(b') core with budgets  : {corpus.spans / budget_s:12,.0f} spans/s"
         f"  ({budget_ratio:.3f} of parse: token usage read on every chat span)"
     )
+    print(
+        f"(b'') trace-request check: {corpus.spans / check_s:12,.0f} spans/s"
+        f"  ({check_s / core_s:.3f} of the core's time, added by the worker per message)"
+    )
     print(f"(c) naive recount      : {naive_rate:12,.0f} tool calls/s")
     print(
         f"state: {bytes_per_trace:,.0f} bytes per active trace over {len(guard.states):,} traces;"
@@ -255,6 +267,7 @@ def main() -> int:
                 "core_budget_to_parse": round(budget_ratio, 3),
                 "scan_spans_per_s": round(corpus.spans / scan_s),
                 "inprocess_us_per_span": round(inprocess_us, 1),
+                "trace_check_to_core": round(check_s / core_s, 3),
             }
         )
     )

@@ -50,7 +50,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.corpus import build_corpus
 from spanguard.detection.guard import Guard
-from tests.support.kafka_harness import BOOTSTRAP, Collector, Topics, WorkerProcess, ensure_broker
+from tests.support.kafka_harness import (
+    BOOTSTRAP,
+    CLUSTER,
+    Collector,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+)
 
 DAY_MS = str(24 * 3600 * 1000)
 
@@ -120,7 +127,9 @@ def create_worker_topics(topics: Topics, partitions: int, attempts: int = 3) -> 
     command = [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap"]
     command += [BOOTSTRAP, *topics.flags(), "--partitions", str(partitions)]
     for attempt in range(attempts):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env={**os.environ, **CLUSTER.env()}
+        )
         if result.returncode == 0:
             return
         print(f"topics create failed (attempt {attempt + 1}):\n{result.stderr[-2000:]}")
@@ -129,13 +138,15 @@ def create_worker_topics(topics: Topics, partitions: int, attempts: int = 3) -> 
 
 
 def preproduce(topic: str, messages: list[tuple[bytes, bytes, list[str]]]) -> float:
+    # CLUSTER.config(): the run's broker with its SPANGUARD_KAFKA_* security settings.
     bulk = Producer(
-        {
-            "bootstrap.servers": BOOTSTRAP,
-            "linger.ms": 20,
-            "enable.idempotence": True,
-            "queue.buffering.max.messages": 1_000_000,
-        }
+        CLUSTER.config(
+            **{
+                "linger.ms": 20,
+                "enable.idempotence": True,
+                "queue.buffering.max.messages": 1_000_000,
+            }
+        )
     )
     started = time.perf_counter()
     for key, value, _ in messages:
@@ -232,7 +243,7 @@ def paced_produce(
     # Ticks of `tick` seconds: each sends the messages due by then (about 20 at 2,000 spans/s),
     # then the producer sleeps in poll() serving delivery reports; per-message wake-ups would
     # cost the bench a core on this small machine, taken from the worker it measures.
-    out = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 1, "enable.idempotence": True})
+    out = Producer(CLUSTER.config(**{"linger.ms": 1, "enable.idempotence": True}))
     started = time.monotonic()
     spans_sent, index, tick = 0, 0, 0.01
     while index < len(messages) and time.monotonic() - started < limit_s:
@@ -303,7 +314,7 @@ def main() -> int:
     print(f"core (Guard().process, same requests, best of {args.runs}): {core:12,.0f} spans/s")
 
     topics = Topics()
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(CLUSTER.config())
     worker: WorkerProcess | None = None
     collector: Collector | None = None
     result: dict[str, float | int | bool | None] = {}

@@ -1,6 +1,6 @@
 """The agent side: a background consumer of agent-kill-signals and a `check()` before each step.
 
-    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=b"...")
+    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=os.environ["SPANGUARD_SIGNING_KEY"])
     ...
     message = switch.check()      # raises AgentKilled once this trace is killed
     if message:                   # a downgrade: hand the model this system message
@@ -10,6 +10,21 @@ The consumer starts at the latest offsets (signals sent before this process star
 other processes' traces) and keeps every signal in a bounded SignalBook, so a signal that
 arrives between two `check()` calls is never lost. `check()` takes a lock and reads memory: it
 is safe from threads and from asyncio code, and never blocks on Kafka.
+
+Anyone who can write to the topic can send anything: the consumer thread reads every record
+through `read_signal`, which turns any bytes into a signal or into a `BadSignal` naming its
+kind. A bad record is counted (`switch.ignored[kind]`), logged once per kind, and costs only
+itself: the thread never dies, and the next valid signal is delivered.
+
+Signals are obeyed only when signed with one of the agent's keys (`signing_key=`, or
+`signing_keys=[new, old]` while the worker's key is rotated) and not past their `expires_at`.
+`allow_unsigned=True` obeys unsigned signals instead: anyone who can write to the topic can
+then stop or steer the agent.
+
+TLS and SASL come from `security=` (a `KafkaSecurity`), by default from the same
+SPANGUARD_KAFKA_* variables the worker reads. A wrong password or an untrusted certificate makes
+`start()` raise `KafkaConnectError` at once, instead of waiting for a broker that will never
+let it in.
 """
 
 from __future__ import annotations
@@ -19,14 +34,39 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+import jsonschema
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.errors import SettingsError
+from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.signals import SignalBook, current_trace_id
-from spanguard.schemas.decision import KillSignal, signature_valid
+from spanguard.schemas.decision import (
+    KillSignal,
+    canonical_json,
+    keyring,
+    schema_validator,
+    verify,
+)
 
-__all__ = ["KillSwitch"]
+__all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
+
+# A signal the worker writes is about 1 kB; anything far larger is not one, and is refused
+# before it is decoded.
+MAX_SIGNAL_BYTES = 64 * 1024
+# A signal nests three levels deep (signal, evidence/agent, values).
+MAX_SIGNAL_DEPTH = 8
+
+# Kinds of bad records: the format ones count as `malformed`, the signature ones as `rejected`.
+MALFORMED_KINDS = frozenset(
+    {"empty", "too_large", "not_utf8", "not_json", "too_deep", "not_object", "invalid"}
+)
+REJECTED_KINDS = frozenset({"unsigned", "unknown_key", "forged"})
 
 # What a topic reports while it is being created or its leaders elected.
 _SETTLING = frozenset(
@@ -49,15 +89,33 @@ class KillSwitch:
         topic: str = "agent-kill-signals",
         *,
         signing_key: bytes | str | None = None,
+        signing_keys: Iterable[bytes | str] = (),
+        allow_unsigned: bool = False,
         signals: SignalBook | None = None,
         consumer_config: dict[str, Any] | None = None,
+        security: KafkaSecurity | None = None,
         start: bool = True,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
+        keys = keyring([*([signing_key] if signing_key else []), *signing_keys])
+        if keys and allow_unsigned:
+            raise SettingsError("give signing keys or allow_unsigned=True, not both")
+        if not keys and not allow_unsigned:
+            raise SettingsError(
+                "no signing key: pass signing_key= (the worker's SPANGUARD_SIGNING_KEY), or"
+                " allow_unsigned=True to obey unsigned signals (insecure)"
+            )
         self.topic = topic
+        self.security = security if security is not None else KafkaSecurity.from_env()
+        self._errors = ClientErrors(bootstrap_servers)
         self.signals = signals if signals is not None else SignalBook()
-        self._key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self._keys: Mapping[str, bytes] | None = keys or None  # None: unsigned signals obeyed
+        self._clock = clock or (lambda: datetime.now(UTC))
         self._config = {
             "bootstrap.servers": bootstrap_servers,
+            **self.security.confluent_config(),
+            "error_cb": self._on_error,
+            "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
             # Every process reads every partition itself: no group, no rebalance, no commits.
             "group.id": f"spanguard-killswitch-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
@@ -65,8 +123,8 @@ class KillSwitch:
             **(consumer_config or {}),
         }
         self.received = 0
-        self.rejected = 0  # unsigned or forged, when a signing key is set
-        self.malformed = 0
+        # Records that were not delivered, by kind (see read_signal); each kind is logged once.
+        self.ignored: Counter[str] = Counter()
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: Exception | None = None
@@ -91,6 +149,21 @@ class KillSwitch:
             return None
         return self.signals.check(trace_id)
 
+    @property
+    def malformed(self) -> int:
+        """Records that are not a kill signal at all (bytes, JSON or shape)."""
+        return sum(n for kind, n in self.ignored.items() if kind in MALFORMED_KINDS)
+
+    @property
+    def rejected(self) -> int:
+        """Signals unsigned, signed with a key this agent does not hold, or forged."""
+        return sum(n for kind, n in self.ignored.items() if kind in REJECTED_KINDS)
+
+    @property
+    def expired(self) -> int:
+        """Valid signals read after their `expires_at`."""
+        return self.ignored["expired"]
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -101,6 +174,13 @@ class KillSwitch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _on_error(self, error: Any) -> None:
+        refused = self._errors.refused
+        self._errors(error)
+        if refused is None and self._errors.refused is not None and self._ready.is_set():
+            # Once, not per reconnect: the credentials or certificate changed under us.
+            log.error("kill-signal consumer: %s", self._errors.refused)
 
     def _run(self) -> None:
         consumer = Consumer(self._config)
@@ -114,13 +194,21 @@ class KillSwitch:
         self._ready.set()
         try:
             while not self._stop.is_set():
-                message = consumer.poll(0.1)
+                try:
+                    message = consumer.poll(0.1)
+                except Exception as exc:  # a fatal client error: keep trying, never die
+                    self._ignore(BadSignal("consumer_error", repr(exc)), exc)
+                    time.sleep(1.0)
+                    continue
                 if message is None:
                     continue
                 if message.error():
                     log.warning("kill-signal consumer: %s", message.error())
                     continue
-                self._accept(message.value())
+                try:
+                    self._accept(message.value())
+                except Exception as exc:  # a bug must cost one record, never the thread
+                    self._ignore(BadSignal("internal", f"{type(exc).__name__}: {exc}"), exc)
         finally:
             consumer.close()
 
@@ -131,7 +219,9 @@ class KillSwitch:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                metadata = consumer.list_topics(self.topic, timeout=timeout)
+                # Raises KafkaConnectError at once on a refused password or certificate.
+                remaining = max(0.5, deadline - time.monotonic())
+                metadata = wait_for_metadata(consumer, self._errors, self.topic, remaining)
                 topic = metadata.topics.get(self.topic)
                 if topic is None or not topic.partitions:
                     raise KafkaException(
@@ -158,16 +248,109 @@ class KillSwitch:
                 time.sleep(0.2)
 
     def _accept(self, value: bytes | None) -> None:
-        self.received += 1
         try:
-            record = json.loads(value or b"")
-            signal = KillSignal.from_dict(record)
-        except (ValueError, TypeError, KeyError) as exc:
-            self.malformed += 1
-            log.warning("ignored a malformed kill signal: %s", exc)
-            return
-        if self._key is not None and not signature_valid(record, self._key):
-            self.rejected += 1
-            log.warning("ignored an unsigned or forged kill signal for trace %s", signal.trace_id)
-            return
-        self.signals.deliver(signal)
+            self.signals.deliver(read_signal(value, self._keys, self._clock()))
+        except BadSignal as bad:
+            self._ignore(bad)
+        finally:
+            # Counted once the record is dealt with: `received` tells a waiting test or
+            # operator that what was read is already in the book (or in `ignored`).
+            self.received += 1
+
+    def _ignore(self, bad: BadSignal, error: Exception | None = None) -> None:
+        self.ignored[bad.kind] += 1
+        if self.ignored[bad.kind] == 1:  # once per kind: a flood of junk must not flood the log
+            log.warning(
+                "ignored a kill-signal record (%s): %s; further ones of this kind are counted"
+                " in KillSwitch.ignored[%r], not logged",
+                bad.kind,
+                bad.detail,
+                bad.kind,
+                exc_info=error,
+            )
+
+
+class BadSignal(Exception):
+    """A record on the kill-signal topic that is not a signal this agent may act on."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        # The detail quotes attacker-controlled text: keep it short and printable.
+        detail = detail if len(detail) <= 200 else detail[:200] + "..."
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail.encode("unicode_escape").decode("ascii")
+
+
+def read_signal(
+    value: bytes | None, keys: Mapping[str, bytes] | None, now: datetime | None = None
+) -> KillSignal:
+    """The kill signal in `value`, or BadSignal saying why not. Any bytes are safe here.
+
+    `keys` ({key id: key}, see `keyring`) are the keys a signal must be signed with; None
+    obeys unsigned signals. `now` (default: the current time) decides expiry."""
+    if not value:
+        raise BadSignal("empty", "no value")
+    if len(value) > MAX_SIGNAL_BYTES:
+        raise BadSignal("too_large", f"{len(value)} bytes (at most {MAX_SIGNAL_BYTES})")
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadSignal("not_utf8", str(exc)) from None
+    try:
+        record = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadSignal("too_deep", "nested too deeply to decode") from None
+    except ValueError as exc:
+        raise BadSignal("not_json", str(exc)) from None
+    if not isinstance(record, dict):
+        raise BadSignal("not_object", f"a JSON {type(record).__name__}, not an object")
+    if _depth(record) > MAX_SIGNAL_DEPTH:
+        raise BadSignal("too_deep", f"nested more than {MAX_SIGNAL_DEPTH} levels")
+    try:
+        canonical_json(record)  # what a signature covers must be UTF-8 text
+    except UnicodeEncodeError:
+        raise BadSignal("not_utf8", "a string holds a lone surrogate escape") from None
+    error = jsonschema.exceptions.best_match(schema_validator("kill-signal").iter_errors(record))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise BadSignal("invalid", f"field {where}: {error.message}")
+    if keys is not None:
+        check = verify(record, keys)
+        if check != "valid":
+            detail = f"signal for trace {record['trace_id']}"
+            if check == "unknown_key":
+                detail += f", signed with key id {record['key_id']}, not one of this agent's"
+            raise BadSignal(check, detail)
+    signal = KillSignal.from_dict(record)
+    try:
+        expired = signal.expired(now or datetime.now(UTC))
+    except ValueError as exc:  # the pattern lets through a date that does not exist
+        raise BadSignal("invalid", f"field expires_at: {exc}") from None
+    if expired:
+        raise BadSignal(
+            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
+        )
+    return signal
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth(document: Any) -> int:
+    """How deeply containers nest in `document`, without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_SIGNAL_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest

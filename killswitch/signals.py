@@ -55,7 +55,15 @@ class SignalBook:
       check and every later one: an agent that swallows the exception cannot carry on calling
       tools. A downgrade's system message is returned exactly once; otherwise None.
 
-    Memory is bounded: beyond `max_traces` traces the least recently touched is forgotten.
+    Every agent process reads the whole fleet's signals, almost all of them about traces it
+    never runs, so memory is bounded by `max_traces` per kind of entry:
+    - signals for traces this process has not checked: the least recently touched beyond
+      `max_traces` is forgotten (a flood of signals for other traces costs only those);
+    - traces this process checks: the least recently checked beyond `max_traces` is forgotten
+      while nothing kills it;
+    - a killed trace this process has checked is never forgotten (until `forget`): a kill that
+      the agent's checks depend on cannot be pushed out by other traces' signals. There is one
+      such entry per killed trace of this process's own agents.
     """
 
     def __init__(self, max_traces: int = DEFAULT_MAX_TRACES) -> None:
@@ -63,7 +71,9 @@ class SignalBook:
             raise ValueError("max_traces must be at least 1")
         self.max_traces = max_traces
         self._lock = threading.Lock()
-        self._traces: OrderedDict[str, _TraceSignals] = OrderedDict()
+        self._others: OrderedDict[str, _TraceSignals] = OrderedDict()
+        self._watched: OrderedDict[str, _TraceSignals] = OrderedDict()
+        self._killed: dict[str, _TraceSignals] = {}
         self.delivered = 0
         self.duplicates = 0
 
@@ -71,13 +81,14 @@ class SignalBook:
         """Record `signal` for its trace; False when this signal id was already recorded."""
         trace_id = signal.trace_id.lower()
         with self._lock:
-            entry = self._traces.get(trace_id)
+            entry = self._killed.get(trace_id) or self._watched.get(trace_id)
             if entry is None:
-                entry = self._traces[trace_id] = _TraceSignals()
-                while len(self._traces) > self.max_traces:
-                    self._traces.popitem(last=False)
-            else:
-                self._traces.move_to_end(trace_id)
+                entry = self._others.get(trace_id)
+                if entry is None:
+                    entry = self._others[trace_id] = _TraceSignals()
+                    _trim(self._others, self.max_traces)
+                else:
+                    self._others.move_to_end(trace_id)
             if signal.signal_id in entry.signal_ids:
                 self.duplicates += 1
                 return False
@@ -86,38 +97,61 @@ class SignalBook:
             if signal.kind == "kill":
                 if entry.kill is None:  # the first kill's reason is the one the agent sees
                     entry.kill = signal
+                if trace_id in self._watched:  # its agent checks it: keep it for good
+                    self._killed[trace_id] = self._watched.pop(trace_id)
             else:
                 entry.unread_messages.append(signal.system_message or _fallback_message(signal))
             return True
 
     def check(self, trace_id: str) -> str | None:
         """Raise AgentKilled if `trace_id` is killed; else a downgrade message not yet read."""
+        trace_id = trace_id.lower()
         with self._lock:
-            entry = self._traces.get(trace_id.lower())
+            entry = self._killed.get(trace_id)
             if entry is None:
-                return None
-            # An agent that keeps checking keeps its entry: a killed trace must stay killed.
-            self._traces.move_to_end(trace_id.lower())
+                entry = self._watched.get(trace_id)
+                if entry is not None:
+                    self._watched.move_to_end(trace_id)
+                else:
+                    # From now on this process checks the trace: its signals are its agent's.
+                    entry = self._others.pop(trace_id, None) or _TraceSignals()
+                    if entry.kill is None:
+                        self._watched[trace_id] = entry
+                        _trim(self._watched, self.max_traces)
+                if entry.kill is not None:
+                    self._watched.pop(trace_id, None)
+                    self._killed[trace_id] = entry
             kill = entry.kill
             if kill is None:
                 return entry.unread_messages.popleft() if entry.unread_messages else None
         raise AgentKilled(kill)
 
     def is_killed(self, trace_id: str) -> bool:
+        trace_id = trace_id.lower()
         with self._lock:
-            entry = self._traces.get(trace_id.lower())
+            if trace_id in self._killed:
+                return True
+            entry = self._watched.get(trace_id) or self._others.get(trace_id)
             return entry is not None and entry.kill is not None
 
     def forget(self, trace_id: str) -> None:
+        """Drop everything about `trace_id` (its agent is done with it)."""
+        trace_id = trace_id.lower()
         with self._lock:
-            self._traces.pop(trace_id.lower(), None)
+            for entries in (self._others, self._watched, self._killed):
+                entries.pop(trace_id, None)
 
     @property
     def tracked_traces(self) -> int:
         # Not __len__ on purpose: an empty book must stay truthy, or `signals or SignalBook()`
         # would swap a shared (still empty) book for a private one.
         with self._lock:
-            return len(self._traces)
+            return len(self._others) + len(self._watched) + len(self._killed)
+
+
+def _trim(entries: OrderedDict[str, _TraceSignals], limit: int) -> None:
+    while len(entries) > limit:
+        entries.popitem(last=False)
 
 
 def _fallback_message(signal: KillSignal) -> str:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -19,19 +21,28 @@ import jsonschema
 
 __all__ = [
     "DECISION_SCHEMA_VERSION",
+    "DEFAULT_SIGNAL_TTL_SECONDS",
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
     "AgentIdentity",
     "Decision",
     "KillSignal",
+    "SignatureCheck",
     "canonical_json",
+    "key_id",
+    "keyring",
+    "schema_validator",
     "sign",
     "signature_valid",
     "validate",
+    "verify",
 ]
 
 DECISION_SCHEMA_VERSION = 1
-KILL_SIGNAL_SCHEMA_VERSION = 1
+# 2: signals carry `expires_at`, and a signed one the `key_id` of its key.
+KILL_SIGNAL_SCHEMA_VERSION = 2
+# How long after its detection a signal is obeyed (the worker's SPANGUARD_SIGNAL_TTL).
+DEFAULT_SIGNAL_TTL_SECONDS = 3600.0
 
 # What a decision carries as evidence, when present: a kill signal's `evidence`, a page's
 # custom details and the in-process decision span's attributes all take these.
@@ -115,7 +126,12 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class KillSignal:
-    """What an agent's killswitch reads: kill, or downgrade with a system message."""
+    """What an agent's killswitch reads: kill, or downgrade with a system message.
+
+    `expires_at` bounds how long the signal is obeyed: a signal read after it (a replay of an
+    old record, a consumer that was stopped for hours) is ignored. A kill already obeyed stays
+    obeyed: the agent's SignalBook keeps it.
+    """
 
     signal_id: str
     trace_id: str
@@ -125,11 +141,18 @@ class KillSignal:
     evidence: dict[str, Any]
     agent: AgentIdentity
     detected_at: str
+    expires_at: str
     system_message: str | None = None
     schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
 
+    def expired(self, now: datetime) -> bool:
+        """Whether `now` (timezone-aware) is past the signal's expiry."""
+        return now >= datetime.fromisoformat(self.expires_at)
+
     @classmethod
-    def from_decision(cls, decision: Decision) -> KillSignal:
+    def from_decision(
+        cls, decision: Decision, ttl_seconds: float = DEFAULT_SIGNAL_TTL_SECONDS
+    ) -> KillSignal:
         evidence: dict[str, Any] = {"span_id": decision.span_id}
         for name in EVIDENCE_FIELDS:
             value = getattr(decision, name)
@@ -144,6 +167,10 @@ class KillSignal:
             evidence=evidence,
             agent=decision.agent,
             detected_at=decision.detected_at,
+            # From the detection time, so a signal re-sent after a crash is the same signal.
+            expires_at=(
+                datetime.fromisoformat(decision.detected_at) + timedelta(seconds=ttl_seconds)
+            ).isoformat(timespec="milliseconds"),
             system_message=decision.system_message,
         )
 
@@ -166,27 +193,72 @@ def canonical_json(record: dict[str, Any]) -> bytes:
     return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def key_id(key: bytes) -> str:
+    """The id a signed signal names its key by (16 hex chars).
+
+    Derived from the key, so the worker and its agents agree on it with nothing more to
+    configure, and an agent given several keys picks the right one: rotation is "agents accept
+    old and new, the worker switches, agents drop the old". It is an HMAC of a fixed text, so it
+    tells no more about the key than any signature does.
+    """
+    return hmac.new(key, b"spanguard kill-signal key id", hashlib.sha256).hexdigest()[:16]
+
+
+def keyring(keys: bytes | str | Iterable[bytes | str]) -> dict[str, bytes]:
+    """{key id: key} for one key or several (str keys are UTF-8)."""
+    if isinstance(keys, bytes | str):
+        keys = [keys]
+    ring = {}
+    for key in keys:
+        raw = key.encode() if isinstance(key, str) else bytes(key)
+        if not raw:
+            raise ValueError("a signing key must not be empty")
+        ring[key_id(raw)] = raw
+    return ring
+
+
 def sign(record: dict[str, Any], key: bytes) -> dict[str, Any]:
-    """`record` with an HMAC-SHA256 `signature` (hex) over its canonical JSON."""
-    signature = hmac.new(key, canonical_json(record), hashlib.sha256).hexdigest()
-    return {**record, "signature": signature}
+    """`record` with its key's `key_id` and an HMAC-SHA256 `signature` (hex) over its
+    canonical JSON (the key id included)."""
+    named = {**record, "key_id": key_id(key)}
+    named.pop("signature", None)
+    signature = hmac.new(key, canonical_json(named), hashlib.sha256).hexdigest()
+    return {**named, "signature": signature}
 
 
-def signature_valid(record: dict[str, Any], key: bytes) -> bool:
-    """Whether `record` carries a signature made with `key` over exactly its other fields."""
+SignatureCheck = Literal["valid", "unsigned", "unknown_key", "forged"]
+
+
+def verify(record: Mapping[str, Any], keys: Mapping[str, bytes]) -> SignatureCheck:
+    """How `record`'s signature stands against `keys` ({key id: key}, see `keyring`)."""
     signature = record.get("signature")
+    if signature is None:
+        return "unsigned"
+    key = keys.get(record.get("key_id"))  # type: ignore[arg-type]
+    if key is None:
+        return "unknown_key"
     if not isinstance(signature, str):
-        return False
-    expected = hmac.new(key, canonical_json(record), hashlib.sha256).hexdigest()
-    return hmac.compare_digest(signature, expected)
+        return "forged"
+    expected = hmac.new(key, canonical_json(dict(record)), hashlib.sha256).hexdigest()
+    # As bytes: compare_digest refuses str with non-ASCII characters (a forged signature may
+    # hold any).
+    if hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode()):
+        return "valid"
+    return "forged"
+
+
+def signature_valid(record: Mapping[str, Any], keys: bytes | str | Iterable[bytes | str]) -> bool:
+    """Whether `record` carries a signature made with one of `keys` over its other fields."""
+    return verify(record, keyring(keys)) == "valid"
 
 
 @cache
-def _validator(name: str) -> jsonschema.Draft202012Validator:
+def schema_validator(name: Literal["detection", "kill-signal"]) -> jsonschema.Draft202012Validator:
+    """The validator of one contract's JSON Schema (loaded once)."""
     text = resources.files("spanguard.schemas").joinpath(f"{name}.schema.json").read_text()
     return jsonschema.Draft202012Validator(json.loads(text))
 
 
 def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]) -> None:
     """Raise jsonschema.ValidationError when `record` breaks the named contract."""
-    _validator(schema).validate(record)
+    schema_validator(schema).validate(record)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 from google.protobuf import json_format
@@ -21,6 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
 from spanguard.errors import OtlpDecodeError
+from spanguard.schemas.otlp_view import not_a_trace_request
 
 __all__ = [
     "ExportTraceServiceRequest",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 _HEX_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+_ENCLOSING_FIELDS = re.compile(r"(Failed to parse \w+ field: )+")
 
 
 def decode_protobuf(data: bytes) -> ExportTraceServiceRequest:
@@ -43,6 +46,9 @@ def decode_protobuf(data: bytes) -> ExportTraceServiceRequest:
         request = ExportTraceServiceRequest.FromString(bytes(data))
     except DecodeError as exc:
         raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    foreign = not_a_trace_request(bytes(data))  # a metrics request parses too
+    if foreign is not None:
+        raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {foreign}")
     _check_ids(request)
     return request
 
@@ -51,6 +57,8 @@ def decode_json_line(line: str | bytes) -> ExportTraceServiceRequest:
     """Parse one OTLP/JSON request (hex ids) into the protobuf request."""
     try:
         document = json.loads(line)
+    except RecursionError:
+        raise OtlpDecodeError("not JSON: nested too deeply to decode") from None
     except ValueError as exc:
         raise OtlpDecodeError(f"not JSON: {exc}") from None
     if not isinstance(document, dict):
@@ -65,8 +73,13 @@ def decode_json_line(line: str | bytes) -> ExportTraceServiceRequest:
         request = json_format.ParseDict(
             document, ExportTraceServiceRequest(), ignore_unknown_fields=True
         )
+    except RecursionError:
+        raise OtlpDecodeError("not an OTLP/JSON trace request: nested too deeply") from None
     except (AttributeError, TypeError, ValueError, json_format.ParseError) as exc:
-        raise OtlpDecodeError(f"not an OTLP/JSON trace request: {exc}") from None
+        # protobuf names every enclosing field ("Failed to parse resourceSpans field: ..."):
+        # the cause is what is left, and its message ends with the path.
+        cause = _ENCLOSING_FIELDS.sub("", str(exc))
+        raise OtlpDecodeError(f"not an OTLP/JSON trace request: {cause}") from None
     _check_ids(request)
     return request
 

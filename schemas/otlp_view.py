@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 # Importing these registers the real OTLP types our view refers to.
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401
 from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: F401
 
-__all__ = ["RequestView", "parse_view", "view_of"]
+__all__ = ["RequestView", "not_a_trace_request", "parse_view", "view_of"]
 
 _PACKAGE = "spanguard.otlpview"
 _ANY_VALUE = ".opentelemetry.proto.common.v1.AnyValue"
@@ -104,3 +105,93 @@ def parse_view(data: bytes) -> Any:
 
 def view_of(request: ExportTraceServiceRequest) -> Any:
     return RequestView.FromString(request.SerializeToString())
+
+
+# -- what makes bytes a traces request ----------------------------------------------------------
+#
+# Protobuf parses any message's bytes as any other message when their field numbers line up:
+# an ExportMetricsServiceRequest (resource_metrics = 1, scope_metrics = 2, metrics = 2, a
+# metric's name = 1) parses as an ExportTraceServiceRequest whose "spans" have the metric's
+# name as trace id, a 16-byte name making a valid-looking one. A field whose number a trace
+# request declares but whose wire type differs is kept aside as unknown, with no error. The
+# probe below checks, in one C parse and one C IsInitialized() walk, the field numbers a
+# trace request's spans carry:
+# - end_time_unix_nano (8, fixed64), which every exported span has (OTLP: semantically
+#   required) and no metric (8 is unused) nor log record (8 is a fixed32) has; one span
+#   without it among spans with it is a bad span, skipped alone, not a foreign request;
+# - no length-delimited value where a span declares a number (kind 6, start time 7, dropped
+#   counts 10, 12, 14, flags 16): a metric's sum (7), exponential histogram (10) and metadata
+#   (12), a log record's attributes (6).
+# Numbers a span does not declare are left alone: a newer OTLP may add fields.
+
+_PROBE = "spanguard.otlpprobe"
+# Span fields of a scalar type, by number: a length-delimited value there is not a span's.
+_SCALAR_SPAN_FIELDS = {
+    6: "kind (varint)",
+    7: "start_time_unix_nano (fixed64)",
+    10: "dropped_attributes_count (varint)",
+    12: "dropped_events_count (varint)",
+    14: "dropped_links_count (varint)",
+    16: "flags (fixed32)",
+}
+
+
+def _build_probe() -> Any:
+    file = descriptor_pb2.FileDescriptorProto(
+        name="spanguard/otlp_probe.proto", package=_PROBE, syntax="proto2"
+    )
+
+    def message(name: str, fields: list[tuple[str, int, int, int, str]]) -> None:
+        proto = file.message_type.add(name=name)
+        for field_name, number, kind, label, type_name in fields:
+            field = proto.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                field.type_name = f".{_PROBE}.{type_name}"
+
+    optional, repeated, required = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED, _F.LABEL_REQUIRED
+    # A message that is never complete: its field is required and nothing sends it.
+    message("Poison", [("never", 536_870_911, _F.TYPE_BOOL, required, "")])
+    message(
+        "Span",
+        [("end_time_unix_nano", 8, _F.TYPE_FIXED64, required, "")]
+        + [(f"field_{n}", n, _F.TYPE_MESSAGE, optional, "Poison") for n in _SCALAR_SPAN_FIELDS],
+    )
+    message("ScopeSpans", [("spans", 2, _F.TYPE_MESSAGE, repeated, "Span")])
+    message("ResourceSpans", [("scope_spans", 2, _F.TYPE_MESSAGE, repeated, "ScopeSpans")])
+    message("Request", [("resource_spans", 1, _F.TYPE_MESSAGE, repeated, "ResourceSpans")])
+    pool = descriptor_pool.Default()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PROBE}.Request"))
+
+
+_Probe = _build_probe()
+
+
+def not_a_trace_request(data: bytes) -> str | None:
+    """Why `data`, which parsed as a trace request, is not one; None when it is (see above)."""
+    try:
+        probe = _Probe.FromString(data)
+    except DecodeError:  # a length-delimited value where a span has a scalar, and not a message
+        return "a span field carries a value of the wrong wire type"
+    if probe.IsInitialized():
+        return None
+    # The rare case: say what was wrong. A span without an end time among spans with one is a
+    # bad span of a trace request (the guard skips what it cannot read), not a foreign message:
+    # it must not cost the other spans of the batch.
+    ended = False
+    for resource_spans in probe.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                for number, declared in _SCALAR_SPAN_FIELDS.items():
+                    if span.HasField(f"field_{number}"):
+                        return (
+                            f"span field {number} is length-delimited, where a trace request"
+                            f" has {declared} (a metrics or logs request?)"
+                        )
+                ended = ended or span.HasField("end_time_unix_nano")
+    if not ended:
+        return (
+            "no span has an end_time_unix_nano (field 8, fixed64), which every exported span"
+            " carries (a metrics or logs request?)"
+        )
+    return None

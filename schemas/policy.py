@@ -15,11 +15,20 @@ Shape (every field optional):
     agents:                      # first match wins; match on resource or span attributes
       - match: {service.name: research-assistant}
         loop: {window: 20, threshold: 4}
+
+A policy file is outside input: whatever it holds, loading it ends in a Policy or in one
+PolicyError line naming the file, the field and the problem, quickly. The file's size, its
+nesting and what its YAML aliases expand to are bounded before anything is built from it (an
+alias bomb is refused in milliseconds); keys the schema does not know are errors that name
+the closest valid key, as are duplicate keys, keys that are not strings (YAML reads an unquoted
+`on` or `yes` as a boolean) and numbers that are not finite (`.nan`, `.inf`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -31,7 +40,22 @@ import yaml
 
 from spanguard.errors import PolicyError
 
-__all__ = ["DEFAULT_VOLATILE_KEYS", "AgentPolicy", "Policy", "PolicyError"]
+__all__ = [
+    "DEFAULT_VOLATILE_KEYS",
+    "MAX_POLICY_BYTES",
+    "MAX_POLICY_DEPTH",
+    "MAX_POLICY_NODES",
+    "AgentPolicy",
+    "Policy",
+    "PolicyError",
+]
+
+# A real policy is a few kB, five levels deep, a few hundred values. These bounds are far above
+# that and far below what could cost a worker seconds to load.
+MAX_POLICY_BYTES = 1024 * 1024
+MAX_POLICY_DEPTH = 32
+# Values once every YAML alias is expanded (what validation and merging walk).
+MAX_POLICY_NODES = 100_000
 
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
@@ -115,10 +139,22 @@ class Policy:
                 return rule.policy
         return self.defaults
 
+    def effective(self) -> dict[str, Any]:
+        """The policy in force, every setting written out, in the file's own shape: loading
+        this document gives back an equal Policy (what `spanguard policy check` prints)."""
+        return {
+            "defaults": _settings_document(self.defaults),
+            "agents": [
+                {"match": dict(rule.match), **_settings_document(rule.policy)}
+                for rule in self.rules
+            ],
+        }
+
     @classmethod
     def from_mapping(cls, document: Any, *, source: str = "policy") -> Policy:
         if document is None:
             document = {}
+        _check_tree(document, source)
         _validate(document, source)
         defaults = AgentPolicy().merged(document.get("defaults") or {})
         _check_loop(defaults, f"{source}: field defaults.loop")
@@ -135,14 +171,178 @@ class Policy:
     def load(cls, path: str | Path) -> Policy:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as handle:
+                data = handle.read(MAX_POLICY_BYTES + 1)  # a bounded read, even of /dev/zero
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
+        return cls.from_yaml(data, source=str(path))
+
+    @classmethod
+    def from_yaml(cls, data: bytes | str, *, source: str = "policy") -> Policy:
+        """A policy from YAML text (bytes must be UTF-8), within the bounds above."""
+        if len(data) > MAX_POLICY_BYTES:
+            raise PolicyError(f"{source}: larger than {MAX_POLICY_BYTES} bytes: not a policy")
+        if isinstance(data, bytes):
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PolicyError(
+                    f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+                ) from None
+        return cls.from_mapping(_load_yaml(data, source), source=source)
+
+
+def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
+    return {
+        "loop": {"window": policy.window, "threshold": policy.threshold},
+        "volatile_keys": sorted(policy.volatile_keys),
+        "token_budget": policy.token_budget,
+        "action": policy.action,
+        "autonomous": policy.autonomous,
+        "missing_args": policy.missing_args,
+        "record_arguments": policy.record_arguments,
+        "severity": policy.severity,
+        "goal": {
+            "enabled": policy.goal_enabled,
+            "model": policy.goal_model,
+            "min_confidence": policy.goal_min_confidence,
+            "sample_rate": policy.goal_sample_rate,
+        },
+    }
+
+
+# -- reading YAML within bounds -----------------------------------------------------------------
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """Compose the YAML into nodes, bound what they expand to, and only then build values."""
+    try:
+        loader = yaml.SafeLoader(text)  # it already refuses unprintable characters
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+    try:
         try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"{path}: not valid YAML: {exc}") from None
-        return cls.from_mapping(document, source=str(path))
+            node = loader.get_single_node()
+        except RecursionError:
+            raise PolicyError(f"{source}: nested more than {MAX_POLICY_DEPTH} levels") from None
+        if node is None:
+            return None
+        _check_nodes(node, source)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: the problem and where (PyYAML's own message spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        text = " ".join(part for part in (exc.context, exc.problem) if part) or "invalid"
+        if mark is not None:
+            text += f" (line {mark.line + 1}, column {mark.column + 1})"
+        return text
+    return " ".join(str(exc).split())
+
+
+def _check_nodes(root: yaml.Node, source: str) -> None:
+    """Refuse, before construction, what would make a policy slow or ambiguous to build: too
+    many values once aliases are expanded (the alias bomb), nesting too deep, a recursive alias
+    and duplicate keys. Each node's expanded size is computed once, so this is linear in the
+    file, whatever its aliases would expand to."""
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded values, depth)
+    on_path: set[int] = set()
+    # An explicit stack: (node, children already pushed?)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = id(node)
+        if key in sizes and not expanded:
+            continue
+        children = _children(node, source)
+        if not expanded:
+            if key in on_path:
+                raise PolicyError(f"{source}: a YAML alias refers to itself (line {_line(node)})")
+            on_path.add(key)
+            stack.append((node, True))
+            for child in children:
+                if id(child) in on_path:
+                    raise PolicyError(
+                        f"{source}: a YAML alias refers to itself (line {_line(child)})"
+                    )
+                if id(child) not in sizes:
+                    stack.append((child, False))
+            if len(on_path) > MAX_POLICY_DEPTH:
+                raise PolicyError(
+                    f"{source}: nested more than {MAX_POLICY_DEPTH} levels (line {_line(node)})"
+                )
+            continue
+        on_path.discard(key)
+        total = 1 + sum(sizes[id(child)][0] for child in children)
+        depth = 1 + max((sizes[id(child)][1] for child in children), default=0)
+        if total > MAX_POLICY_NODES:
+            raise PolicyError(
+                f"{source}: more than {MAX_POLICY_NODES} values once its YAML aliases are"
+                f" expanded (line {_line(node)}): not a policy"
+            )
+        if depth > MAX_POLICY_DEPTH:
+            raise PolicyError(
+                f"{source}: nested more than {MAX_POLICY_DEPTH} levels once its YAML aliases"
+                f" are expanded (line {_line(node)})"
+            )
+        sizes[key] = (total, depth)
+
+
+def _children(node: yaml.Node, source: str) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[tuple[str, str]] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if (key.tag, key.value) in seen:
+                    raise PolicyError(
+                        f"{source}: key {key.value!r} appears twice in one mapping"
+                        f" (line {_line(key)})"
+                    )
+                seen.add((key.tag, key.value))
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+# -- checking values ----------------------------------------------------------------------------
+
+
+def _check_tree(document: Any, source: str) -> None:
+    """Keys are strings and numbers finite, anywhere in the document (JSON Schema compares a
+    NaN with neither minimum nor maximum, so `sample_rate: .nan` would pass it)."""
+    stack: list[tuple[Any, str]] = [(document, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PolicyError(
+                f"{source}: field {where or '(top level)'}: {value} is not a finite number"
+            )
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    hint = (
+                        " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote it)"
+                        if isinstance(key, bool)
+                        else " (quote it)"
+                    )
+                    raise PolicyError(
+                        f"{source}: field {where or '(top level)'}: key {key!r}"
+                        f" ({type(key).__name__}) is not a string{hint}"
+                    )
+                stack.append((item, f"{where}.{key}" if where else key))
+        elif isinstance(value, list | tuple):
+            stack.extend((item, f"{where}.{index}") for index, item in enumerate(value))
 
 
 def _check_loop(policy: AgentPolicy, where: str) -> None:
@@ -172,9 +372,41 @@ def _schema() -> dict[str, Any]:
 
 def _validate(document: Any, source: str) -> None:
     validator = jsonschema.Draft202012Validator(_schema())
-    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.path])
     if not errors:
         return
+    # An unknown key explains the errors around it (a misspelt field is also a missing one):
+    # it comes first, with the valid key it is closest to.
+    for error in errors:
+        if error.validator in ("additionalProperties", "unevaluatedProperties"):
+            where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+            allowed = _allowed_keys(error.schema)
+            unknowns = sorted(key for key in error.instance if key not in allowed)
+            if not unknowns:
+                continue
+            unknown = unknowns[0]
+            close = difflib.get_close_matches(unknown, sorted(allowed), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            valid = ", ".join(sorted(allowed))
+            raise PolicyError(
+                f"{source}: field {where}: unknown key {unknown!r}{hint}; valid keys: {valid}"
+            )
     error = jsonschema.exceptions.best_match(errors)
     where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-    raise PolicyError(f"{source}: field {where}: {error.message}")
+    raise PolicyError(f"{source}: field {where}: {_one_line(error.message)}")
+
+
+def _allowed_keys(schema: Mapping[str, Any]) -> set[str]:
+    """The property names a (sub)schema declares, through its local $ref and allOf."""
+    keys = set(schema.get("properties", {}))
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        keys |= _allowed_keys(_schema()["$defs"][ref.removeprefix("#/$defs/")])
+    for part in schema.get("allOf", ()):
+        keys |= _allowed_keys(part)
+    return keys
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:300] + "..."

@@ -10,9 +10,11 @@
 # Usage: scripts/collector.sh COMMAND [ARGS]
 #   build            build the binary unless the cache has it (needs go)
 #   path             print the binary's path (building it first if needed)
-#   validate [CONF]  run the binary's `validate --config CONF` (default deploy/collector/config.yaml)
-#   up [CONF]        start the Collector in the background with CONF and wait until its OTLP/HTTP
-#                    port accepts connections (idempotent: exits 0 if it is already running)
+#   validate [CONF...]  run the binary's `validate --config CONF...` (default
+#                    deploy/collector/config.yaml; later files merge over earlier ones, e.g.
+#                    config.yaml kafka-tls.yaml kafka-sasl.yaml for SASL_SSL)
+#   up [CONF...]     start the Collector in the background with CONF... and wait until its
+#                    OTLP/HTTP port accepts connections (idempotent: exits 0 if already running)
 #   down             stop it (SIGTERM, SIGKILL after COLLECTOR_STOP_TIMEOUT s); idempotent
 #   status           print state; exit 0 if running and its HTTP port answers, 1 otherwise
 #
@@ -144,9 +146,18 @@ config_arg() {
   (cd "$(dirname "$config")" && echo "$(pwd)/$(basename "$config")")
 }
 
+# CONFIGS=(--config FILE ...) for every argument (default: the one config.yaml).
+config_args() {
+  local c
+  CONFIGS=()
+  [[ $# -gt 0 ]] || set -- "$DEFAULT_CONFIG"
+  for c in "$@"; do CONFIGS+=(--config "$(config_arg "$c")"); done
+}
+
 up() {
-  local config pid
-  config=$(config_arg "${1:-}")
+  local pid config
+  config_args "$@"
+  config="${CONFIGS[*]}"
   if pid=$(running_pid) && port_open; then
     say "already running (pid $pid, OTLP/HTTP $HTTP_HOST:$HTTP_PORT, log $LOG_FILE)"
     return 0
@@ -157,15 +168,15 @@ up() {
     port_open && die "port $HTTP_PORT is already taken by another process (set OTLP_HTTP_ENDPOINT)"
     build
     mkdir -p "$STATE_DIR"
-    "$BINARY" validate --config "$config" >"$STATE_DIR/validate.log" 2>&1 || {
+    "$BINARY" validate "${CONFIGS[@]}" >"$STATE_DIR/validate.log" 2>&1 || {
       cat "$STATE_DIR/validate.log" >&2
       die "config $config does not validate"
     }
-    echo "--- $(date -u +%FT%TZ) up --config $config (KAFKA_BROKERS=$KAFKA_BROKERS)" >>"$LOG_FILE"
+    echo "--- $(date -u +%FT%TZ) up $config (KAFKA_BROKERS=$KAFKA_BROKERS)" >>"$LOG_FILE"
     if command -v setsid >/dev/null 2>&1; then
-      setsid "$BINARY" --config "$config" </dev/null >>"$LOG_FILE" 2>&1 &
+      setsid "$BINARY" "${CONFIGS[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
     else
-      nohup "$BINARY" --config "$config" </dev/null >>"$LOG_FILE" 2>&1 &
+      nohup "$BINARY" "${CONFIGS[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
     fi
     pid=$!
     echo "$pid" >"$PID_FILE"
@@ -229,11 +240,11 @@ case $CMD in
   build) build ;;
   path) build; echo "$BINARY" ;;
   validate)
-    config=$(config_arg "${1:-}")
+    config_args "$@"
     build
-    "$BINARY" validate --config "$config"
+    "$BINARY" validate "${CONFIGS[@]}"
     ;;
-  up) up "${1:-}" ;;
+  up) up "$@" ;;
   down) down ;;
   status) status ;;
   *) usage >&2; die "unknown command '$CMD'" ;;

@@ -5,7 +5,8 @@
 # `mvn dependency:copy-dependencies` into a cache outside the repo, and the broker
 # runs as a plain `java -cp 'libs/*' kafka.Kafka server.properties`.
 #
-# Usage: scripts/kafka.sh [--port N] [--controller-port N] [--data-dir DIR] COMMAND [ARGS]
+# Usage: scripts/kafka.sh [--port N] [--controller-port N] [--data-dir DIR]
+#                         [--sasl-ssl-port N] [--ssl-port N] [--tls-dir DIR] COMMAND [ARGS]
 #   up              fetch jars if needed, format storage once, start broker, wait until it
 #                   answers the Kafka protocol (idempotent: exits 0 if already running)
 #   down [--purge]  stop broker (SIGTERM, SIGKILL after KAFKA_STOP_TIMEOUT s); --purge
@@ -25,6 +26,17 @@
 #   KAFKA_START_TIMEOUT    seconds `up` waits for the broker (default 60)
 #   KAFKA_STOP_TIMEOUT     seconds `down` waits before SIGKILL (default 30)
 #   KAFKA_PURGE=1          same as `down --purge`
+#
+# Secured listeners (off unless a port is given), beside the PLAINTEXT one:
+#   KAFKA_SASL_SSL_PORT    a SASL_SSL listener (SCRAM-SHA-256 and SCRAM-SHA-512) on this port
+#   KAFKA_SSL_PORT         an SSL listener that requires a client certificate (mutual TLS)
+#   KAFKA_TLS_DIR          holds broker.pem (the broker's PKCS#8 private key, unencrypted, then
+#                          its certificate chain; its names must include 127.0.0.1) and ca.pem
+#                          (the CA that client certificates must chain to); Kafka reads both as
+#                          PEM stores (ssl.keystore.type=PEM, ssl.truststore.type=PEM)
+#   KAFKA_SCRAM_USERS      space-separated USER:PASSWORD pairs, created for both SCRAM mechanisms
+#                          when the storage is formatted (kafka-storage format --add-scram), so
+#                          only on the first `up` of a data dir
 set -euo pipefail
 
 KAFKA_VERSION=4.4.0
@@ -55,6 +67,9 @@ while [[ $# -gt 0 ]]; do
     --port) KAFKA_PORT=${2:?--port needs a value}; shift 2 ;;
     --controller-port) KAFKA_CONTROLLER_PORT=${2:?--controller-port needs a value}; shift 2 ;;
     --data-dir) KAFKA_DATA_DIR=${2:?--data-dir needs a value}; shift 2 ;;
+    --sasl-ssl-port) KAFKA_SASL_SSL_PORT=${2:?--sasl-ssl-port needs a value}; shift 2 ;;
+    --ssl-port) KAFKA_SSL_PORT=${2:?--ssl-port needs a value}; shift 2 ;;
+    --tls-dir) KAFKA_TLS_DIR=${2:?--tls-dir needs a value}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) break ;;
@@ -67,6 +82,19 @@ KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
 [[ $KAFKA_PORT =~ ^[0-9]+$ && $KAFKA_CONTROLLER_PORT =~ ^[0-9]+$ ]] || die "ports must be numbers"
 [[ $KAFKA_PORT != "$KAFKA_CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
+KAFKA_SASL_SSL_PORT=${KAFKA_SASL_SSL_PORT:-}
+KAFKA_SSL_PORT=${KAFKA_SSL_PORT:-}
+KAFKA_SCRAM_USERS=${KAFKA_SCRAM_USERS:-}
+for p in "$KAFKA_SASL_SSL_PORT" "$KAFKA_SSL_PORT"; do
+  [[ -z $p || $p =~ ^[0-9]+$ ]] || die "ports must be numbers"
+done
+if [[ -n $KAFKA_SASL_SSL_PORT || -n $KAFKA_SSL_PORT ]]; then
+  [[ -n ${KAFKA_TLS_DIR:-} ]] || die "a SASL_SSL or SSL listener needs KAFKA_TLS_DIR (broker.pem, ca.pem)"
+  KAFKA_TLS_DIR=$(cd "$KAFKA_TLS_DIR" 2>/dev/null && pwd) || die "KAFKA_TLS_DIR: no such directory"
+  for f in broker.pem ca.pem; do
+    [[ -f $KAFKA_TLS_DIR/$f ]] || die "KAFKA_TLS_DIR has no $f"
+  done
+fi
 DATA_DIR=${KAFKA_DATA_DIR:-$CACHE_ROOT/kafka-data-$KAFKA_PORT}
 PROPS="$DATA_DIR/server.properties"
 PID_FILE="$DATA_DIR/kafka.pid"
@@ -234,6 +262,15 @@ kafka_answers() {
 # ---------------------------------------------------------------- config / storage
 write_server_properties() {
   mkdir -p "$DATA_DIR" "$LOG_DIRS"
+  local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT" protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  if [[ -n $KAFKA_SASL_SSL_PORT ]]; then
+    listeners+=",SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT"
+    protocols+=",SASL_SSL:SASL_SSL"
+  fi
+  if [[ -n $KAFKA_SSL_PORT ]]; then
+    listeners+=",SSL://127.0.0.1:$KAFKA_SSL_PORT"
+    protocols+=",SSL:SSL"
+  fi
   cat >"$PROPS.$$" <<EOF
 $PROPS_HEADER on every 'up'; edits are overwritten.
 process.roles=broker,controller
@@ -241,9 +278,9 @@ node.id=1
 # Dynamic KRaft quorum (KIP-853), as Kafka 4.x's own config/server.properties does;
 # the single voter is bootstrapped by 'kafka-storage format --standalone'.
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=$listeners,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=$listeners
+listener.security.protocol.map=$protocols
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$LOG_DIRS
@@ -262,6 +299,26 @@ share.coordinator.state.topic.num.partitions=1
 # Dev/test: consumers join groups without the default 3 s wait.
 group.initial.rebalance.delay.ms=0
 EOF
+  if [[ -n $KAFKA_SASL_SSL_PORT || -n $KAFKA_SSL_PORT ]]; then
+    cat >>"$PROPS.$$" <<EOF
+# TLS for the secured listeners from PEM files: no JKS or PKCS#12 store to make.
+ssl.keystore.type=PEM
+ssl.keystore.location=$KAFKA_TLS_DIR/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$KAFKA_TLS_DIR/ca.pem
+EOF
+  fi
+  if [[ -n $KAFKA_SASL_SSL_PORT ]]; then
+    cat >>"$PROPS.$$" <<EOF
+# SASL_SSL: the SCRAM users live in the KRaft metadata ('kafka-storage format --add-scram').
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+EOF
+  fi
+  if [[ -n $KAFKA_SSL_PORT ]]; then
+    echo "listener.name.ssl.ssl.client.auth=required" >>"$PROPS.$$"
+  fi
   mv -f "$PROPS.$$" "$PROPS"
 }
 
@@ -277,8 +334,14 @@ new_cluster_id() {  # 16 random bytes, base64url without padding (Kafka's Uuid f
 format_storage_once() {
   [[ -f "$LOG_DIRS/meta.properties" ]] && return 0
   say "formatting KRaft storage in $LOG_DIRS"
+  local scram=() pair
+  for pair in $KAFKA_SCRAM_USERS; do
+    [[ $pair == ?*:?* ]] || die "KAFKA_SCRAM_USERS: expected USER:PASSWORD pairs"
+    scram+=(--add-scram "SCRAM-SHA-256=[name=${pair%%:*},password=${pair#*:}]"
+            --add-scram "SCRAM-SHA-512=[name=${pair%%:*},password=${pair#*:}]")
+  done
   run_tool kafka.tools.StorageTool format --cluster-id="$(new_cluster_id)" \
-      --config "$PROPS" --standalone >/dev/null ||
+      --config "$PROPS" --standalone "${scram[@]}" >/dev/null ||
     die "storage format failed (to start over: $0 down --purge)"
 }
 
@@ -298,7 +361,11 @@ wait_ready() {  # wait_ready PID
       print_log_tail
       die "broker exited during startup"
     fi
-    kafka_answers "$KAFKA_PORT" && return 0
+    if kafka_answers "$KAFKA_PORT"; then
+      local p open=1
+      for p in $KAFKA_SASL_SSL_PORT $KAFKA_SSL_PORT; do port_open "$p" || open=0; done
+      ((open)) && return 0
+    fi
     sleep 0.2
   done
   print_log_tail
@@ -339,7 +406,7 @@ cmd_up() {
   if kafka_answers "$KAFKA_PORT"; then
     die "a Kafka broker not started from $DATA_DIR (or whose pid file is gone) already answers on 127.0.0.1:$KAFKA_PORT"
   fi
-  for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+  for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" $KAFKA_SASL_SSL_PORT $KAFKA_SSL_PORT; do
     ! port_open "$p" || die "port $p on 127.0.0.1 is already in use by another process (set KAFKA_PORT / KAFKA_CONTROLLER_PORT)"
   done
   fetch_jars

@@ -3,12 +3,16 @@
 # Kafka (scripts/kafka.sh), the topics, the Collector on 4317/4318 (scripts/collector.sh) and
 # `spanguard worker` (with SPANGUARD_POLICY and the other SPANGUARD_* settings if set).
 #
-# Usage: scripts/stack.sh up | down | status
-#   up      start what is not running yet (idempotent), wait until each part answers
-#   down    stop the worker, the Collector and Kafka
-#   status  exit 0 when all of them run
+# Usage: scripts/stack.sh up | down | status | key-file
+#   up        start what is not running yet (idempotent), wait until each part answers
+#   down      stop the worker, the Collector and Kafka
+#   status    exit 0 when all of them run
+#   key-file  print the file holding the stack's signing key (made on first use)
 # Environment: SPANGUARD_STACK_DIR (worker pid/log, default ~/.cache/spanguard/stack),
 #   KAFKA_PORT (9092), SPANGUARD_METRICS_PORT (9464), and any SPANGUARD_* worker setting.
+#   Kill signals are signed: with neither SPANGUARD_SIGNING_KEY nor SPANGUARD_SIGNING_KEY_FILE
+#   set, the worker gets a random key kept in $SPANGUARD_STACK_DIR/signing-key (mode 600),
+#   which agents of this stack read through SPANGUARD_SIGNING_KEY_FILE (see key-file).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +25,22 @@ export SPANGUARD_BOOTSTRAP="${SPANGUARD_BOOTSTRAP:-127.0.0.1:${KAFKA_PORT:-9092}
 # The shipped defaults (the RocksDB store among them), state under the stack's directory.
 export SPANGUARD_DATA_DIR="${SPANGUARD_DATA_DIR:-$STATE/data}"
 
+KEY_FILE="$STATE/signing-key"
+
 say() { echo "stack.sh: $*" >&2; }
+
+# The worker refuses to start without a signing key: give it this stack's own, made once.
+use_stack_key() {
+  if [ -n "${SPANGUARD_SIGNING_KEY:-}" ] || [ -n "${SPANGUARD_SIGNING_KEY_FILE:-}" ]; then
+    return 0
+  fi
+  if [ ! -s "$KEY_FILE" ]; then
+    mkdir -p "$STATE"
+    (umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_hex(32))' >"$KEY_FILE.tmp" \
+      && mv -f "$KEY_FILE.tmp" "$KEY_FILE")
+  fi
+  export SPANGUARD_SIGNING_KEY_FILE="$KEY_FILE"
+}
 
 worker_running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
@@ -33,6 +52,7 @@ up() {
   "$ROOT/scripts/kafka.sh" up
   "$BIN/spanguard" topics create >/dev/null
   "$ROOT/scripts/collector.sh" up
+  use_stack_key
   if worker_running; then
     say "worker already running (pid $(cat "$PIDFILE"))"
   else
@@ -76,5 +96,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
+  key-file) use_stack_key; echo "${SPANGUARD_SIGNING_KEY_FILE:-}" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
 esac

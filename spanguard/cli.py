@@ -17,10 +17,27 @@ def _load_policy(path: str | None) -> Policy:
     return Policy.load(path) if path else Policy()
 
 
+EXIT_SKIPPED = 1  # replay: every input read, but some broken lines or files were skipped
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from spanguard.detection.replay import replay
 
-    replay(args.paths, _load_policy(args.policy), html=args.html)
+    result = replay(args.paths, _load_policy(args.policy), html=args.html)
+    return EXIT_SKIPPED if result.skipped else 0
+
+
+def _cmd_policy_check(args: argparse.Namespace) -> int:
+    """Load FILE as the worker would; print the policy in force per agent match (exit 0), or
+    the one-line problem (exit 2)."""
+    import yaml
+
+    policy = Policy.load(args.file)
+    rules = len(policy.rules)
+    print(f"# {args.file}: valid; the defaults and {rules} agent rule{'s' * (rules != 1)},"
+          " every setting in force written out (first match wins)")  # fmt: skip
+    document = policy.effective()
+    print(yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=100), end="")
     return 0
 
 
@@ -32,15 +49,32 @@ def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
     for entry in REGISTRY:
         if entry.owner not in owners or entry.flag is None:
             continue  # secrets: never on a command line, where `ps` shows them
+        if entry.owner == "KafkaSecurity":
+            continue  # their own group, below
         default = "none" if entry.default is None else entry.default
+        if isinstance(entry.default, bool):
+            default = "on" if entry.default else "off"
+        help = f"{entry.help} (${entry.env}; default {default})"
+        if entry.kind is bool:  # --name / --no-name; neither: the variable, then the default
+            parser.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help,
+            )
+            continue
         parser.add_argument(
             entry.flag,
             dest=f"{entry.owner}.{entry.name}",
             default=None,
             choices=entry.choices,
             metavar="HOST:PORT" if entry.name == "bootstrap" else entry.name.split("_")[-1].upper(),
-            help=f"{entry.help} (${entry.env}; default {default})",
+            help=help,
         )
+    from spanguard.kafka_security import add_flags
+
+    add_flags(parser)
 
 
 def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
@@ -51,12 +85,23 @@ def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
 def _settings(args: argparse.Namespace):
     from spanguard.settings import WorkerSettings
 
-    return WorkerSettings.from_sources(_flags(args, "WorkerSettings"))
+    # The Kafka connection flags (--kafka-*) are the worker's too: one security for every client.
+    kafka = {k: v for k, v in vars(args).items() if k.startswith("kafka_")}
+    return WorkerSettings.from_sources(_flags(args, "WorkerSettings") | kafka)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings
-    from spanguard.streams.worker import run_worker
+
+    try:
+        from spanguard.streams.worker import run_worker
+    except ModuleNotFoundError as exc:  # a lean install: the killswitch and replay only
+        print(
+            f"spanguard worker: {exc.name} is not installed; the worker needs the worker extra:"
+            ' pip install "spanguard[worker]"',
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     settings = _settings(args)
     goal = GoalSettings.from_sources(_flags(args, "GoalSettings"))
@@ -71,6 +116,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         else None
     )
     policy = _load_policy(settings.policy)  # bad settings or a bad policy stop here, before Kafka
+    settings.kill_signing_key()  # signed by default: no key (and no opt-out) stops here too
     return run_worker(settings, policy, goal, pager, webhook)
 
 
@@ -165,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run the detection core over OTLP trace files in order and print one JSON decision"
             " per line. Files ending .pb/.binpb hold one protobuf ExportTraceServiceRequest;"
-            " other files (and - for stdin) hold OTLP/JSON, one request a line."
+            " other files (and - for stdin) hold OTLP/JSON, one request a line. A broken line"
+            " or file is reported on stderr (file:line) and skipped. Exit status: 0 every"
+            " input read, 1 some were skipped, 2 a bad policy or an unreadable file."
         ),
     )
     replay.add_argument("paths", nargs="+", metavar="PATH", help="input files, - for stdin")
@@ -195,6 +243,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_flags(create, "WorkerSettings")
     create.set_defaults(handler=_cmd_topics_create)
     _add_explain_parser(commands)
+
+    policy = commands.add_parser("policy", help="check a policy file")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_commands.add_parser(
+        "check",
+        help="validate a policy file and print the settings in force per agent match",
+        description=(
+            "Load FILE exactly as the worker and replay do. Valid: print the effective policy"
+            " (the defaults and each agent rule with every setting written out, itself a valid"
+            " policy file) and exit 0. Invalid: one line naming the field, exit 2."
+        ),
+    )
+    check.add_argument("file", metavar="FILE", help="the policy YAML")
+    check.set_defaults(handler=_cmd_policy_check)
     return parser
 
 
@@ -209,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except SpanguardError as exc:
         # Bad input or configuration: one line that says what and where, no traceback.
-        print(f"spanguard {args.command}: {_kind(exc)}{exc}", file=sys.stderr)
-        return EXIT_USAGE
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        print(f"spanguard {args.command}: {_kind(exc)}{message}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -64,7 +64,11 @@ def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
         "support": ("support-bot", "support-agent"),
     }[kind]
     provider, tracer = _tracer(service, endpoint)
-    switch = KillSwitch(bootstrap, kill_topic, signing_key=signing_key)
+    # Signed unless the worker was told otherwise (SPANGUARD_ALLOW_UNSIGNED): the same setting
+    # lets this agent obey unsigned signals.
+    switch = KillSwitch(
+        bootstrap, kill_topic, signing_key=signing_key, allow_unsigned=signing_key is None
+    )
     result = AgentResult(agent=agent_name, status="gave_up", calls=0)
     tripped_at: float | None = None
     try:
@@ -156,7 +160,7 @@ def run_demo(root: Path, step_delay: float) -> int:
             subprocess.run([str(stack), "up"], check=True)
         else:
             print("demo: using the stack that is already running", flush=True)
-        results = _run_both_agents(step_delay)
+        results = _run_both_agents(step_delay, _agent_env(stack))
     finally:
         if started:
             print("demo: stopping the stack it started", flush=True)
@@ -189,7 +193,19 @@ def run_demo(root: Path, step_delay: float) -> int:
     return 0 if ok else 1
 
 
-def _run_both_agents(step_delay: float) -> dict[str, AgentResult]:
+def _agent_env(stack: Path) -> dict[str, str]:
+    """The agents trust the worker's key: the one given in the environment, else the stack's
+    own (scripts/stack.sh key-file)."""
+    env = dict(os.environ)
+    if not (env.get("SPANGUARD_SIGNING_KEY") or env.get("SPANGUARD_SIGNING_KEY_FILE")):
+        key_file = subprocess.run(
+            [str(stack), "key-file"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        env["SPANGUARD_SIGNING_KEY_FILE"] = key_file
+    return env
+
+
+def _run_both_agents(step_delay: float, env: dict[str, str]) -> dict[str, AgentResult]:
     results: dict[str, AgentResult] = {}
 
     def one(kind: str) -> None:
@@ -205,6 +221,7 @@ def _run_both_agents(step_delay: float) -> dict[str, AgentResult]:
             ],
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         assert process.stdout is not None
         for line in process.stdout:
@@ -243,15 +260,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "run":
         return run_demo(Path(__file__).resolve().parent.parent, args.step_delay)
-    result = run_agent(
-        args.kind,
-        endpoint=args.otlp_endpoint,
-        bootstrap=args.bootstrap,
-        kill_topic=args.kill_topic,
-        signing_key=worker.signing_key_bytes(),
-        step_delay=args.step_delay,
-        max_calls=args.max_calls,
-    )
+    from spanguard.errors import KafkaConnectError, KafkaSecurityError
+
+    try:
+        result = run_agent(
+            args.kind,
+            endpoint=args.otlp_endpoint,
+            bootstrap=args.bootstrap,
+            kill_topic=args.kill_topic,
+            signing_key=worker.kill_signing_key(),
+            step_delay=args.step_delay,
+            max_calls=args.max_calls,
+        )
+    except KafkaSecurityError as exc:  # SPANGUARD_KAFKA_* settings that cannot work together
+        print(f"spanguard.demo: bad setting: {exc}", file=sys.stderr)
+        return 2
+    except KafkaConnectError as exc:  # the killswitch could not reach or enter the cluster
+        print(f"spanguard.demo: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(asdict(result)), flush=True)
     return 0
 

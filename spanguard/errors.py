@@ -17,6 +17,8 @@ __all__ = [
     "AuditReadError",
     "JudgeError",
     "JudgeErrorKind",
+    "KafkaConnectError",
+    "KafkaSecurityError",
     "OtlpDecodeError",
     "PagerConfigError",
     "PolicyError",
@@ -30,6 +32,8 @@ __all__ = [
 class SpanguardError(Exception):
     """Base of spanguard's errors: the message says what is wrong and where."""
 
+    exit_code = 2  # what the CLI exits with: a usage or configuration error
+
 
 class SettingsError(SpanguardError, ValueError):
     """A setting with a value that cannot be used; the message names it."""
@@ -41,6 +45,16 @@ class SecretError(SettingsError):
 
 class PagerConfigError(SettingsError):
     """PagerDuty paging is configured in a way that cannot work."""
+
+
+class KafkaSecurityError(SettingsError):
+    """Kafka connection settings that cannot be used together; named by their Kafka names."""
+
+
+class KafkaConnectError(SpanguardError):
+    """The broker could not be reached, refused the credentials or was not trusted."""
+
+    exit_code = 1  # the settings may be right; the cluster said no
 
 
 class PolicyError(SpanguardError, ValueError):

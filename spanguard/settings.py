@@ -26,11 +26,13 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from spanguard.errors import PagerConfigError, SettingsError
+from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Severity
 from spanguard.secrets import SecretError, read_secret
 
 __all__ = [
     "ENV_PREFIX",
+    "MIN_SIGNING_KEY_BYTES",
     "REGISTRY",
     "GoalSettings",
     "PagerSettings",
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 ENV_PREFIX: Final = "SPANGUARD_"
+# A shorter HMAC key can be guessed offline from one signal and its signature.
+MIN_SIGNING_KEY_BYTES: Final = 16
 
 
 def setting(
@@ -74,7 +78,7 @@ class Setting:
     flag: str | None  # None: a secret, environment only
     owner: str  # the settings class
     name: str  # the field
-    kind: type  # int, float or str
+    kind: type  # int, float, str or bool
     choices: tuple[str, ...] | None
     default: Any
     help: str
@@ -87,12 +91,13 @@ def _env_name(cls: type, spec: Field) -> str:
 
 
 def _kind(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
-    """int, float or str for an annotation (`X | None` unwrapped), and a Literal's choices."""
+    """int, float, str or bool for an annotation (`X | None` unwrapped), and a Literal's
+    choices."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is Literal:
         return str, tuple(typing.get_args(annotation))
-    if annotation in (int, float, str):
+    if annotation is bool or annotation in (int, float, str):  # bool first: it is an int
         return annotation, None
     raise TypeError(f"unsupported setting type {annotation!r}")
 
@@ -105,7 +110,7 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
             continue
         kind, choices = _kind(hints[spec.name])
         env = _env_name(cls, spec)
-        secret = spec.metadata["secret"]
+        secret = spec.metadata.get("secret", False)
         flag = None if secret else "--" + env.removeprefix(ENV_PREFIX).lower().replace("_", "-")
         entries.append(
             Setting(
@@ -118,16 +123,25 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
                 default=None if spec.default is MISSING else spec.default,
                 help=spec.metadata["help"],
                 secret=secret,
-                aliases=spec.metadata["aliases"],
+                aliases=spec.metadata.get("aliases", ()),
             )
         )
     return tuple(entries)
 
 
+# What a boolean variable may say; anything else is an error, not false.
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def _convert(entry: Setting, raw: Any, source: str) -> Any:
     if not isinstance(raw, str):
-        return raw  # already typed (a constructor argument)
+        return raw  # already typed (a constructor argument, a boolean flag)
     text = raw.strip()
+    if entry.kind is bool:
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        raise SettingsError(f"{source}={raw!r} is not a boolean (true or false)")
     try:
         value = entry.kind(text)
     except ValueError:
@@ -144,6 +158,9 @@ def _load(cls: type, flags: Mapping[str, Any], environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
     options = {spec.name for spec in fields(cls) if spec.metadata.get("option")}
     values: dict[str, Any] = {k: v for k, v in flags.items() if k in options and v is not None}
+    for spec in fields(cls):
+        if spec.metadata.get("nested") is KafkaSecurity:  # --kafka-* flags, SPANGUARD_KAFKA_*
+            values[spec.name] = KafkaSecurity.from_sources(flags, environ)
     for entry in settings_of(cls):
         flag = flags.get(entry.name)
         if flag is not None:
@@ -211,11 +228,28 @@ class WorkerSettings:
         20, "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"
     )
     commit_interval: float = setting(1.0, "seconds between offset commits")
-    signing_key: str | None = setting(None, "HMAC key that signs kill signals", secret=True)
+    dead_after: float = setting(
+        60.0,
+        "seconds the span agent may stay crashed, or stuck with records waiting, before /livez"
+        " fails",
+    )
+    signing_key: str | None = setting(
+        None, "HMAC key that signs kill signals (required, at least 16 bytes)", secret=True
+    )
     signing_key_file: str | None = setting(None, "file holding the signing key (a mounted Secret)")
+    allow_unsigned: bool = setting(
+        False,
+        "INSECURE: start without a signing key and send unsigned kill signals"
+        " (anyone who can write the kill topic can then stop or steer agents)",
+    )
+    signal_ttl: float = setting(
+        3600.0, "seconds after its detection during which a kill signal is obeyed"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
         "INFO", "DEBUG, INFO, WARNING, ERROR"
     )
+    # TLS and SASL, shared with every other Kafka client (spanguard/kafka_security.py).
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity, metadata={"nested": KafkaSecurity})
 
     def __post_init__(self) -> None:
         if self.store not in ("rocksdb", "memory"):
@@ -234,11 +268,34 @@ class WorkerSettings:
             raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
+        if self.dead_after <= 0:
+            raise SettingsError("dead_after must be a positive number of seconds")
+        if self.signal_ttl <= 0:
+            raise SettingsError("signal_ttl must be a positive number of seconds")
 
     def signing_key_bytes(self) -> bytes | None:
-        """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None = unsigned."""
+        """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None when unset."""
         key = _secret(self.signing_key, self.signing_key_file, "SPANGUARD_SIGNING_KEY")
         return key.encode() if key is not None else None
+
+    def kill_signing_key(self) -> bytes | None:
+        """The key the worker signs with. Signals are signed by default: no key is an error,
+        unless SPANGUARD_ALLOW_UNSIGNED says so (then None: unsigned signals)."""
+        key = self.signing_key_bytes()
+        if key is None:
+            if self.allow_unsigned:
+                return None
+            raise SettingsError(
+                "no signing key: set SPANGUARD_SIGNING_KEY or SPANGUARD_SIGNING_KEY_FILE (e.g. the"
+                " output of `openssl rand -hex 32`), the same key the agents' KillSwitch is given;"
+                " SPANGUARD_ALLOW_UNSIGNED=true sends unsigned signals instead (insecure)"
+            )
+        if len(key) < MIN_SIGNING_KEY_BYTES:
+            raise SettingsError(
+                f"the signing key has {len(key)} bytes; it needs at least {MIN_SIGNING_KEY_BYTES}"
+                " (e.g. the output of `openssl rand -hex 32`)"
+            )
+        return key
 
     @property
     def table_name(self) -> str:
@@ -513,7 +570,7 @@ class WebhookSettings:
 
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, GoalSettings, PagerSettings, WebhookSettings)
+SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings, WebhookSettings)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )
@@ -523,10 +580,15 @@ def settings_table() -> str:
     """The README's settings table, generated from the registry."""
     rows = ["| variable | flag | default | what |", "|---|---|---|---|"]
     for entry in REGISTRY:
-        default = "" if entry.default is None else f"`{entry.default}`"
+        default = "" if entry.default is None else f"`{_shown(entry.default)}`"
         flag = f"`{entry.flag}`" if entry.flag else "(environment only)"
         rows.append(f"| `{entry.env}` | {flag} | {default} | {entry.help} |")
     return "\n".join(rows) + "\n"
+
+
+def _shown(value: Any) -> str:
+    """A default as a user would type it in a variable (booleans in lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def redact_url(url: str) -> str:

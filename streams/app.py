@@ -16,6 +16,7 @@ from spanguard.alerting.webhook import Webhook, WebhookService
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
+from spanguard.kafka_clients import faust_credentials
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
 from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
@@ -28,7 +29,7 @@ from spanguard.streams.metrics import (
     WorkerMetrics,
     worker_registry,
 )
-from spanguard.streams.state import SerializedStates
+from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
@@ -54,6 +55,7 @@ def create_app(
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=faust_credentials(settings.kafka),
         store=settings.store_url,
         datadir=settings.data_dir,
         web_enabled=False,  # /metrics, /livez and /readyz are served by streams/health.py
@@ -69,13 +71,17 @@ def create_app(
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    table = app.Table(
-        settings.table_name,
-        default=None,
-        partitions=settings.partitions,
-        use_partitioner=False,
-        key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
-        value_type=bytes,
+    table = app.tables.add(
+        TraceTable(
+            app,
+            name=settings.table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            use_partitioner=False,
+            key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
+            value_type=bytes,
+        )
     )
     # What was paged, per trace: keyed by trace id like the detections topic it follows.
     paged = app.Table(
@@ -100,8 +106,17 @@ def create_app(
         if webhook is not None
         else None
     )
-    states = SerializedStates(table)
+    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
+    states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
+    table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
+    signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+    if signing_key is None:
+        log.warning(
+            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
+            " can stop or steer agents that obey unsigned signals",
+            settings.kill_topic,
+        )
     registry = worker_registry()
     lag = ConsumerLag()
     registry.register(lag)
@@ -125,9 +140,9 @@ def create_app(
             kill_signals=app.topic(settings.kill_topic, **RAW),
             dead_letters=app.topic(settings.dead_letter_topic, **RAW),
             partitions=settings.partitions,
-            signing_key=settings.signing_key_bytes(),
+            signing_key=signing_key,
         ),
-        health=Health(),
+        health=Health(dead_after=settings.dead_after),
         paging=PagingService(pager),
         webhook=WebhookService(webhook),
         verifier=verifier,

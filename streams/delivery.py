@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from spanguard.detection.pipeline import Outcome
+from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.schemas.decision import Decision, KillSignal, sign
 from spanguard.streams.partitioner import collector_partition
 
@@ -23,22 +23,31 @@ HEADER_TOPIC = "spanguard.source.topic"
 HEADER_PARTITION = "spanguard.source.partition"
 HEADER_OFFSET = "spanguard.source.offset"
 # A dead letter must fit the topic's default max.message.bytes (1 MiB) with its headers.
-MAX_DEAD_LETTER_BYTES = 900_000
+MAX_DEAD_LETTER_BYTES = MAX_RECORD_BYTES
 SEND_ATTEMPTS = 4
 
 
 @dataclass
 class Send:
-    """One record to send; a kill signal remembers its decision, to retract it if not sent."""
+    """One record to send; a kill signal remembers its decision, to retract it if not sent,
+    other records their source message, to dead-letter a pointer to it if not sent."""
 
     topic: Any
     kwargs: dict[str, Any]
     decision: Decision | None = None
+    source: Any = None
 
 
 async def send_all(sends: list[Send]) -> list[Send]:
     """Send, then wait for the broker's acks=all; return the sends that failed for good."""
-    pending = sends
+    # A record over the limit would be refused on every attempt: it fails at once.
+    too_large = [s for s in sends if len(s.kwargs.get("value") or b"") > MAX_RECORD_BYTES]
+    pending = [s for s in sends if s not in too_large] if too_large else sends
+    for send in too_large:
+        log.warning(
+            "record too large to send",
+            extra={"topic": send.topic.get_topic_name(), "bytes": len(send.kwargs["value"])},
+        )
     for attempt in range(SEND_ATTEMPTS):
         futures = []
         for send in pending:
@@ -68,7 +77,7 @@ async def send_all(sends: list[Send]) -> list[Send]:
         if not pending or attempt == SEND_ATTEMPTS - 1:
             break
         await asyncio.sleep(0.2 * 2**attempt)
-    return pending
+    return too_large + pending
 
 
 class Outbox:
@@ -113,6 +122,20 @@ class Outbox:
             (HEADER_OFFSET, str(message.offset).encode()),
         ]
         return Send(self.dead_letters, {"key": message.key, "value": value, "headers": headers})
+
+    def pointers_to_unsent(self, failed: list[Send]) -> list[Send]:
+        """A record that could not be written (too large, say) leaves a dead letter that
+        points at its source message."""
+        pointers = []
+        for send in failed:
+            if send.source is None:
+                continue
+            topic = send.topic.get_topic_name()
+            reason = f"could not be written to {topic} after {SEND_ATTEMPTS} attempts"
+            pointer = self.dead_letter(send.source, reason, send.kwargs.get("value") or b"")
+            pointer.kwargs["key"] = send.kwargs.get("key")
+            pointers.append(pointer)
+        return pointers
 
     def sends_for(self, outcome: Outcome, message: Any) -> list[Send]:
         sends: list[Send] = []

@@ -1,8 +1,10 @@
 """Liveness and readiness that mean something: the span agent runs and makes progress.
 
 /metrics answering proves only that the event loop turns. Readiness is red from the moment the
-span agent crashes until it completes a batch again; liveness turns red when it has stayed
-crashed for `dead_after` seconds, so the orchestrator restarts the worker.
+span agent crashes until it completes a batch again. Liveness turns red, so the orchestrator
+restarts the worker, when the agent has stayed crashed for `dead_after` seconds (a crash loop
+counts from its first crash), or when records have been waiting on its partitions for
+`dead_after` seconds without a batch completing (a stuck agent that never raises).
 """
 
 from __future__ import annotations
@@ -27,29 +29,52 @@ class Health:
         self.batches = 0
         self.crashes = 0
         self.lost_signals = 0
+        self.pending = 0
+        self.waiting_since: float | None = None  # records pending and no batch done since
 
     def progressed(self) -> None:
         self.batches += 1
         self.crashed_at = None
+        self.waiting_since = None
 
     def crashed(self, exc: BaseException) -> None:
         self.crashes += 1
-        self.crashed_at = self.clock()
+        if self.crashed_at is None:  # a restarted agent crashing again is the same outage
+            self.crashed_at = self.clock()
         self.last_error = f"{type(exc).__name__}: {exc}"[:500]
         log.error("the span agent crashed", extra={"error": self.last_error})
+
+    def observe_pending(self, pending: int) -> None:
+        """Records waiting on the agent's partitions (highwater minus where it got to)."""
+        self.pending = pending
+        if pending <= 0:
+            self.waiting_since = None
+        elif self.waiting_since is None:
+            self.waiting_since = self.clock()
 
     @property
     def ready(self) -> bool:
         return self.crashed_at is None
 
     @property
+    def stalled(self) -> bool:
+        return self.waiting_since is not None and (
+            self.clock() - self.waiting_since >= self.dead_after
+        )
+
+    @property
     def live(self) -> bool:
-        return self.crashed_at is None or self.clock() - self.crashed_at < self.dead_after
+        crashed_too_long = (
+            self.crashed_at is not None and self.clock() - self.crashed_at >= self.dead_after
+        )
+        return not crashed_too_long and not self.stalled
 
     def report(self) -> dict[str, object]:
         return {
             "ready": self.ready,
             "live": self.live,
+            "stalled": self.stalled,
+            "pending": self.pending,
             "batches": self.batches,
             "crashes": self.crashes,
             "lost_signals": self.lost_signals,

@@ -1,19 +1,31 @@
-"""The goal judge over HTTP: an OpenAI-compatible chat-completions endpoint.
+"""The goal judge: an OpenAI-compatible chat-completions endpoint, through the `openai` client.
 
-The judge is any OpenAI-compatible chat-completions endpoint (vLLM, Ollama, llama.cpp
-server, hosted APIs), asked for `{"satisfied": bool, "confidence": 0..1, "reason": "..."}`.
+The judge is any OpenAI-compatible chat-completions endpoint (vLLM, Ollama, llama.cpp server,
+hosted APIs), reached with the official client (`openai.AsyncOpenAI` with `base_url`), and asked
+for `{"satisfied": bool, "confidence": 0..1, "reason": "..."}`. The request is the system prompt
+(fixed text) and one user message holding the case as a JSON object (request, instructions,
+answer): the agent's content is quoted data, never spliced into the instructions.
+
 The reply is parsed strictly (`parse_verdict`): anything but exactly that object is a
-`JudgeError`, never a pass. Retries (`max_attempts` HTTP attempts in all, capped jittered
-exponential backoff): timeouts, connection errors, 429 (honouring a numeric Retry-After, capped)
-and 5xx are retried; any other 4xx (bad model name, bad key) is final at once; an unparsable
-reply (garbage, no content, a truncated object) is asked again once (some servers ignore
-`response_format`, and a small model may slip once), and a second one is final. The timeout
-bounds each attempt as a whole (connect to last byte); the concurrency cap bounds the requests
-in flight (waiting for a slot is not counted in the timeout, backoff sleeps hold no slot).
-One judge belongs to one event loop (its HTTP connection pool does): create it, and close it
-(`async with judge` / `await judge.aclose()`), in the loop that uses it.
+`JudgeError`, never a pass. Retries follow `spanguard.retry` (`max_attempts` attempts in all,
+capped jittered backoff or the server's Retry-After): timeouts, connection errors, 408, 429 and
+5xx are retried; any other 4xx (bad model name, bad key) is final at once; an unparsable reply
+(garbage, no content, a truncated object, a reply over the size cap) is asked again once (some
+servers ignore `response_format`, and a small model may slip once), and a second one is final.
+The client's own retries are off (`max_retries=0`), so this loop is the only one in force.
 
-The API key is sent as `Authorization: Bearer <key>` and kept out of reprs, logs and errors.
+Bounds: the timeout bounds each attempt as a whole (connect to last byte: a server trickling
+bytes trips it too); the concurrency cap bounds the requests in flight (waiting for a slot is
+not counted in the timeout, backoff sleeps hold no slot); a reply body, error bodies included,
+is read as it streams in and cut at `max_response_bytes` (compressed replies are refused, so the
+cap is on what is parsed). One judge belongs to one event loop (its connection pool does): create
+it, and close it (`async with judge` / `await judge.aclose()`), in the loop that uses it.
+
+Credentials: the API key is sent as `Authorization: Bearer <key>`; a `user:password@` in the URL
+is taken out of it and sent as HTTP Basic auth, so the URL that the HTTP client logs carries
+none. Neither reaches a repr, a log line (the client's loggers at DEBUG included) or an error.
+The client reads no `OPENAI_API_KEY`, organisation or project from the environment: a local
+judge must not receive the credentials meant for another service.
 """
 
 from __future__ import annotations
@@ -21,14 +33,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx2
+import openai
 
 from spanguard.goal.invocations import InvocationEnd
 from spanguard.goal.verdicts import JudgeError, Verdict, excerpt, parse_verdict
+from spanguard.retry import Backoff, is_retryable_status, retry_after_seconds
 from spanguard.settings import (
     ENV_JUDGE_MODEL,
     ENV_JUDGE_URL,
@@ -54,9 +69,17 @@ Reply with exactly one JSON object and nothing else, no code fence, no other tex
 {"satisfied": true or false, "confidence": a number from 0 to 1, "reason": "one or two \
 sentences on why"}"""
 
-RETRYABLE_STATUS: Final = frozenset({408, 429})
 MAX_FIELD_CHARS: Final = 16_000
+# A verdict is a few hundred bytes; the strict parser takes 8 KiB of content. 64 KiB leaves room
+# for the chat-completion envelope and JSON escaping, and bounds what a server can make us read.
+MAX_RESPONSE_BYTES: Final = 65_536
 INVALID_REPLY_ATTEMPTS: Final = 2  # an unparsable reply is asked again once
+# The client refuses to start without a key; with none configured, this stands in for it and the
+# Authorization header is omitted from every request (a local server needs none).
+_NO_KEY: Final = "no-key"
+_NO_AUTHORIZATION: Final = {"Authorization": openai.Omit()}
+# Headers the client would fill from OPENAI_ORG_ID / OPENAI_PROJECT_ID: never sent to the judge.
+_NO_AMBIENT_IDS: Final = {"OpenAI-Organization": openai.Omit(), "OpenAI-Project": openai.Omit()}
 
 
 class OpenAICompatibleJudge:
@@ -74,21 +97,29 @@ class OpenAICompatibleJudge:
         backoff: float = 0.5,
         max_backoff: float = 8.0,
         max_field_chars: int = MAX_FIELD_CHARS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         settings = GoalSettings(base_url, model, api_key, timeout, max_attempts, max_concurrency)
         assert settings.base_url is not None
-        self.base_url: str = settings.base_url
+        self.base_url, self._basic_auth = _split_credentials(settings.base_url)
         self.model = model
         self._api_key = api_key or None
+        if self._api_key and self._basic_auth:
+            raise SettingsError(
+                f"{ENV_JUDGE_URL} carries a user:password and an API key is set too: give the "
+                "judge's credentials one way"
+            )
+        if max_response_bytes < 1:
+            raise SettingsError("max_response_bytes must be at least 1")
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.max_concurrency = max_concurrency
-        self.backoff = backoff
-        self.max_backoff = max_backoff
         self.max_field_chars = max_field_chars
-        self._endpoint = f"{self.base_url}/chat/completions"
+        self.max_response_bytes = max_response_bytes
+        self._backoff = Backoff(backoff, max_backoff, jitter)
         self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._client: httpx2.AsyncClient | None = None
+        self._client: openai.AsyncOpenAI | None = None
 
     @classmethod
     def from_settings(cls, settings: GoalSettings, **options: Any) -> OpenAICompatibleJudge:
@@ -121,7 +152,7 @@ class OpenAICompatibleJudge:
     async def aclose(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            await client.aclose()
+            await client.close()  # closes the HTTP client we gave it as well
 
     def payload(self, invocation: InvocationEnd) -> dict[str, Any]:
         """The chat-completions request body for one invocation."""
@@ -141,6 +172,7 @@ class OpenAICompatibleJudge:
         return {
             "model": self.model,
             "messages": [
+                # Fixed text: nothing of the agent's is ever formatted into it.
                 {"role": "system", "content": SYSTEM_PROMPT},
                 # JSON-encoded, so the content cannot close a delimiter and pose as the prompt.
                 {"role": "user", "content": json.dumps(case, ensure_ascii=False, indent=1)},
@@ -159,34 +191,18 @@ class OpenAICompatibleJudge:
             retry_after: float | None = None
             try:
                 async with self._semaphore:
-                    status, body, retry_after = await self._post(payload)
-            except (TimeoutError, httpx2.TimeoutException):
-                last_error = JudgeError(
-                    f"the judge did not answer within {self.timeout:g}s", "timeout"
-                )
-            except httpx2.TransportError as exc:
-                last_error = JudgeError(
-                    f"cannot reach the judge at {redact_url(self.base_url)}: {type(exc).__name__}",
-                    "unavailable",
-                )
-            else:
-                if status == 200:
-                    try:
-                        return parse_verdict(_reply_content(body))
-                    except JudgeError as exc:
-                        invalid_replies += 1
-                        last_error = exc
-                        if invalid_replies >= INVALID_REPLY_ATTEMPTS:
-                            break
-                elif status in RETRYABLE_STATUS or status >= 500:
-                    last_error = JudgeError(f"the judge answered HTTP {status}", "unavailable")
-                else:
-                    raise JudgeError(
-                        f"the judge rejected the request: HTTP {status}{_error_detail(body)}",
-                        "rejected",
-                    )
+                    return await self._attempt(payload)
+            except _TryAgain as again:
+                last_error, retry_after = again.error, again.retry_after
+            except JudgeError as exc:
+                if exc.kind != "invalid_reply":
+                    raise
+                invalid_replies += 1
+                last_error = exc
+                if invalid_replies >= INVALID_REPLY_ATTEMPTS:
+                    break
             if attempt < self.max_attempts:
-                delay = self._delay(attempt, retry_after)
+                delay = self._backoff.delay(attempt, retry_after)
                 log.warning(
                     "judge attempt %d/%d failed (%s); retrying in %.2fs",
                     attempt,
@@ -198,36 +214,77 @@ class OpenAICompatibleJudge:
         assert last_error is not None
         raise JudgeError(f"{last_error} (after {attempt} attempts)", last_error.kind)
 
-    async def _post(self, payload: dict[str, Any]) -> tuple[int, bytes, float | None]:
+    async def _attempt(self, payload: dict[str, Any]) -> Verdict:
+        """One request: a verdict, a final JudgeError, or _TryAgain."""
         client = self._get_client()
-        # The whole attempt, connect to last byte, within the timeout (httpx's own timeouts
-        # are per operation: a server that trickles bytes would never trip them).
-        async with asyncio.timeout(self.timeout):
-            response = await client.post(self._endpoint, json=payload)
-            body = await response.aread()
-        return response.status_code, body, _retry_after(response)
+        try:
+            # The whole attempt, connect to last byte, within the timeout (the HTTP client's
+            # own timeouts are per operation: a server that trickles bytes would never trip them).
+            async with asyncio.timeout(self.timeout):
+                raw = await client.chat.completions.with_raw_response.create(
+                    **payload, extra_headers=None if self._api_key else _NO_AUTHORIZATION
+                )
+        except (TimeoutError, openai.APITimeoutError):
+            error = JudgeError(f"the judge did not answer within {self.timeout:g}s", "timeout")
+            raise _TryAgain(error) from None
+        except openai.APIConnectionError as exc:
+            cause = type(exc.__cause__ or exc).__name__
+            error = JudgeError(
+                f"cannot reach the judge at {redact_url(self.base_url)}: {cause}", "unavailable"
+            )
+            raise _TryAgain(error) from None
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            if is_retryable_status(status):
+                error = JudgeError(f"the judge answered HTTP {status}", "unavailable")
+                retry_after = retry_after_seconds(exc.response.headers.get("retry-after"))
+                raise _TryAgain(error, retry_after) from None
+            raise JudgeError(
+                f"the judge rejected the request: HTTP {status}{_error_detail(exc.body)}",
+                "rejected",
+            ) from None
+        except openai.OpenAIError as exc:
+            error = JudgeError(f"the judge client failed: {type(exc).__name__}", "unavailable")
+            raise _TryAgain(error) from None
+        # The body was read through _CappedStream; the strict reading is ours, not the SDK's
+        # lenient model (which takes a body without choices, or HTML, for a completion).
+        return parse_verdict(_reply_content(raw.content))
 
-    def _get_client(self) -> httpx2.AsyncClient:
+    def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is None:
-            headers = {"Accept": "application/json"}
-            if self._api_key:
-                headers["Authorization"] = f"Bearer {self._api_key}"
-            self._client = httpx2.AsyncClient(
-                headers=headers,
+            limit = self.max_concurrency
+            http_client = openai.DefaultAsyncHttpx2Client(
                 timeout=httpx2.Timeout(self.timeout),
-                limits=httpx2.Limits(
-                    max_connections=self.max_concurrency,
-                    max_keepalive_connections=self.max_concurrency,
-                ),
+                limits=httpx2.Limits(max_connections=limit, max_keepalive_connections=limit),
                 follow_redirects=False,
+                auth=httpx2.BasicAuth(*self._basic_auth) if self._basic_auth else None,
+                # Uncompressed, so the size cap bounds the bytes parsed, not a zip bomb's seed.
+                headers={"Accept-Encoding": "identity"},
+                event_hooks={"response": [self._cap_response]},
+            )
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key or _NO_KEY,
+                timeout=self.timeout,
+                max_retries=0,  # the retry loop in `judge` is the only one
+                default_headers=_NO_AMBIENT_IDS,  # an Omit value removes the header
+                http_client=http_client,
             )
         return self._client
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.max_backoff)
-        capped = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
-        return capped * random.uniform(0.5, 1.0)
+    async def _cap_response(self, response: httpx2.Response) -> None:
+        """Before any of the body is read: refuse a reply declared too long or compressed, and
+        cut the rest as it streams in (a chunked reply declares no length)."""
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            raise JudgeError(f"the judge sent a {encoding}-encoded reply, asked for none")
+        declared = response.headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > self.max_response_bytes:
+            raise JudgeError(
+                f"the judge's reply is {declared} bytes long, over the "
+                f"{self.max_response_bytes}-byte cap"
+            )
+        response.stream = _CappedStream(response.stream, self.max_response_bytes)
 
     def _truncate_field(self, text: str) -> str:
         if len(text) <= self.max_field_chars:
@@ -235,6 +292,50 @@ class OpenAICompatibleJudge:
         keep = self.max_field_chars // 2
         omitted = len(text) - 2 * keep
         return f"{text[:keep]}\n[... {omitted} characters omitted ...]\n{text[-keep:]}"
+
+
+class _TryAgain(Exception):
+    """An attempt that failed in a way another attempt may not: timeouts, 408/429/5xx."""
+
+    def __init__(self, error: JudgeError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response body that raises JudgeError once more than `limit` bytes have arrived."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        received = 0
+        async for chunk in self._stream:
+            received += len(chunk)
+            if received > self._limit:
+                raise JudgeError(
+                    f"the judge's reply is over the {self._limit}-byte cap; cut there"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """The URL without its user:password@, and the (user, password) it carried, if any."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return clean, (unquote(parts.username or ""), unquote(parts.password or ""))
 
 
 def _reply_content(body: bytes) -> str:
@@ -253,20 +354,8 @@ def _reply_content(body: bytes) -> str:
     return content
 
 
-def _error_detail(body: bytes) -> str:
-    """The error message of an OpenAI-style error body, for a rejected request."""
-    try:
-        error = json.loads(body).get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
-        return ""
+def _error_detail(body: object) -> str:
+    """The error message of an OpenAI-style error body (the client hands over its `error`
+    object, or the body itself), for a rejected request."""
+    message = body.get("message") if isinstance(body, dict) else body
     return f": {excerpt(message, 200)}" if isinstance(message, str) and message else ""
-
-
-def _retry_after(response: httpx2.Response) -> float | None:
-    value = response.headers.get("retry-after", "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None  # absent, or an HTTP date: use the backoff
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None

@@ -11,17 +11,25 @@ the trace's partition; a write outside one is what crashed the RocksDB store bef
 from __future__ import annotations
 
 import contextlib
+import heapq
+import json
+import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
+
+import faust
 
 # The store's and changelog's partition comes from the stream's current event.
 from faust.streams import _current_event, current_event
+from faust.types import TP
 
 from spanguard.detection.guard import TraceState
 
-__all__ = ["SerializedStates", "event_context"]
+__all__ = ["EVICT_BUDGET", "ExpiryIndex", "SerializedStates", "TraceTable", "event_context"]
+
+# Seconds of a batch eviction may take at most, whatever the store's speed.
+EVICT_BUDGET = 0.005
 
 
 @contextlib.contextmanager
@@ -34,20 +42,112 @@ def event_context(event: Any) -> Iterator[None]:
         _current_event.reset(token)
 
 
+# TraceState.to_bytes writes last_seen as its last key; inside a string the quotes would be
+# escaped, so the last match is the key. Eviction reads it without decoding the whole state.
+_LAST_SEEN = b'"last_seen":'
+
+
+def stored_last_seen(data: bytes) -> float:
+    """The last_seen of a stored state; one that cannot be read counts as long idle."""
+    at = data.rfind(_LAST_SEEN)
+    if at >= 0:
+        with contextlib.suppress(ValueError):
+            return float(data[at + len(_LAST_SEEN) :].rstrip(b"}"))
+    try:
+        return float(json.loads(data)["last_seen"])
+    except (ValueError, TypeError, KeyError):
+        return 0.0
+
+
+class ExpiryIndex:
+    """One partition's trace ids in buckets of `bucket_seconds` by last_seen.
+
+    Plain dicts of str keys and None or int values, and a heap of ints: CPython's cyclic
+    garbage collector does not track or walk them, so a million entries cost no GC pause (an
+    OrderedDict or a heap of tuples of that size adds 35-110 ms to every full collection).
+    """
+
+    __slots__ = ("bucket_of", "buckets", "order")
+
+    def __init__(self) -> None:
+        self.bucket_of: dict[str, int] = {}
+        self.buckets: dict[int, dict[str, None]] = {}
+        self.order: list[int] = []  # heap of the bucket numbers in `buckets`
+
+    def put(self, trace_id: str, bucket: int) -> None:
+        old = self.bucket_of.get(trace_id)
+        if old == bucket:
+            return
+        if old is not None and old in self.buckets:
+            self.buckets[old].pop(trace_id, None)
+        self.bucket_of[trace_id] = bucket
+        members = self.buckets.get(bucket)
+        if members is None:
+            members = self.buckets[bucket] = {}
+            heapq.heappush(self.order, bucket)
+        members[trace_id] = None
+
+    def pop_before(self, bucket: int) -> str | None:
+        """Remove and return a trace id of the oldest bucket numbered below `bucket`."""
+        while self.order and self.order[0] < bucket:
+            members = self.buckets[self.order[0]]
+            if members:
+                trace_id = members.popitem()[0]
+                del self.bucket_of[trace_id]
+                return trace_id
+            del self.buckets[heapq.heappop(self.order)]
+        return None
+
+    def __contains__(self, trace_id: object) -> bool:
+        return trace_id in self.bucket_of
+
+
 class SerializedStates(MutableMapping[str, TraceState]):
     """A MutableMapping[str, TraceState] over the table, batched, with bounded eviction.
 
     Between begin_batch() and flush(), states live in memory and each trace is written to the
     table (one changelog record) once per batch, in the context of the last event that touched
-    it. An expiry index per partition (trace ids in order of last touch) lets eviction delete
-    the oldest few traces per batch without reading the rest: bounded work per tick.
+    it. Eviction reads no more than a bounded number of entries per batch (see docs/design.md,
+    "Eviction") from an expiry index per owned partition, which holds the traces this worker
+    wrote (indexed as it writes them) and those it found in the store when the partition was
+    assigned (from the changelog or its local disk, indexed a few per batch by a scan). An
+    index entry is only a hint: before deleting, the stored state's own last_seen is read, so
+    a trace touched since (by another worker while the partition was away) is kept.
+    A trace is evicted once the whole bucket it is in is older than the cutoff: at most
+    `bucket_seconds` late.
     """
 
-    def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
+    def __init__(self, table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0) -> None:
         self.table = table
+        self.bucket_seconds = bucket_seconds
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
-        self._expiry: dict[int, OrderedDict[str, float]] = {}
+        self._expiry: dict[int, ExpiryIndex] = {}
+        self._scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
+        self._owned: set[int] = set()
+
+    # -- partitions coming and going (TraceTable calls these) ---------------------------
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Forget the indexes of partitions this worker no longer owns."""
+        for partition in partitions:
+            self._owned.discard(partition)
+            self._expiry.pop(partition, None)
+            self._scans.pop(partition, None)
+
+    def assigned(self, partition: int, stored: Iterator[tuple[bytes, bytes]]) -> None:
+        """A partition is now owned: its stored traces are indexed lazily, from `stored`."""
+        if partition in self._owned:
+            return  # kept through the rebalance: its index is still right
+        self._owned.add(partition)
+        self._scans[partition] = stored
+
+    @property
+    def scanning(self) -> int:
+        """Partitions whose stored traces are not all indexed yet."""
+        return len(self._scans)
+
+    # -- batches ------------------------------------------------------------------------
 
     def begin_batch(self) -> None:
         self._batch = {}
@@ -63,27 +163,68 @@ class SerializedStates(MutableMapping[str, TraceState]):
                 self.table[trace_id.encode()] = state.to_bytes()
             self._index(event, trace_id, state.last_seen)
 
-    def evict_idle(self, events: list[Any], cutoff: float, limit: int) -> int:
-        """Delete up to `limit` traces last seen before `cutoff`, in the partitions of `events`."""
-        evicted = 0
+    def evict_idle(
+        self, events: list[Any], cutoff: float, limit: int, budget: float = EVICT_BUDGET
+    ) -> int:
+        """Delete traces last seen before `cutoff`, in the partitions of `events`.
+
+        At most `limit` stored traces are scanned into the index and `limit` index entries
+        examined, whatever the size of the table, and no more once `budget` seconds are
+        spent (half of them at most on the scan): a slow disk cannot stretch a batch."""
+        start = time.perf_counter()
+        below = self._bucket(cutoff)  # buckets numbered below it are wholly before the cutoff
+        self._scan(limit, start + budget / 2, below - 1)
+        deadline = start + budget
+        evicted = examined = 0
         last_of_partition = {event.message.partition: event for event in events}
         for partition, event in last_of_partition.items():
             index = self._expiry.get(partition)
+            if index is None:
+                continue
             with event_context(event):
-                while index and evicted < limit:
-                    trace_id, last_seen = next(iter(index.items()))
-                    if last_seen >= cutoff:
+                while examined < limit and time.perf_counter() < deadline:
+                    trace_id = index.pop_before(below)
+                    if trace_id is None:
                         break
-                    del index[trace_id]
-                    with contextlib.suppress(KeyError):
-                        del self.table[trace_id.encode()]
+                    examined += 1
+                    key = trace_id.encode()
+                    data = self.table.get(key)
+                    if data is None:
+                        continue  # deleted since it was indexed
+                    last_seen = stored_last_seen(data)
+                    if last_seen >= cutoff:  # touched since: index it by its own last_seen
+                        index.put(trace_id, self._bucket(last_seen))
+                        continue
+                    del self.table[key]
                     evicted += 1
         return evicted
 
+    def _bucket(self, last_seen: float) -> int:
+        return int(last_seen // self.bucket_seconds)
+
+    def _scan(self, limit: int, deadline: float, overdue: int) -> None:
+        """Index up to `limit` more stored traces of newly owned partitions, until `deadline`.
+
+        Traces idle already all go to the `overdue` bucket: however old they are, they make
+        one bucket, not one per `bucket_seconds` of their age."""
+        left = limit
+        for partition in list(self._scans):
+            stored = self._scans[partition]
+            index = self._expiry.setdefault(partition, ExpiryIndex())
+            for key, data in stored:
+                trace_id = key.decode(errors="replace")
+                if trace_id not in index:  # else written since: that entry is newer
+                    index.put(trace_id, max(self._bucket(stored_last_seen(data)), overdue))
+                left -= 1
+                if left <= 0 or time.perf_counter() >= deadline:
+                    return
+            del self._scans[partition]  # every stored trace of it is indexed
+
     def _index(self, event: Any, trace_id: str, last_seen: float) -> None:
-        index = self._expiry.setdefault(event.message.partition, OrderedDict())
-        index[trace_id] = last_seen
-        index.move_to_end(trace_id)
+        index = self._expiry.setdefault(event.message.partition, ExpiryIndex())
+        index.put(trace_id, self._bucket(last_seen))
+
+    # -- the mapping --------------------------------------------------------------------
 
     def __getitem__(self, trace_id: str) -> TraceState:
         state = self.get(trace_id)
@@ -118,3 +259,43 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     def __len__(self) -> int:
         return len(self.table)
+
+
+def stored_items(store: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    """The (key, value) pairs a Faust store holds for one partition, read lazily.
+
+    Faust has no public per-partition iterator; these are the stores' own members
+    (faust-streaming 0.15): RocksDB keeps a database per partition, the memory store the
+    partition of every key it recovered from the changelog."""
+    if hasattr(store, "_db_for_partition"):
+        yield from store._visible_items(store._db_for_partition(partition))
+        return
+    keys = [key for key, owner in store._key_partition.items() if owner == partition]
+    for key in keys:
+        value = store.data.get(key)
+        if value is not None:
+            yield key, value
+
+
+class TraceTable(faust.Table):
+    """The state table: tells its SerializedStates when partitions come and go.
+
+    A revoked partition's indexes are dropped (another worker may change its traces while it
+    is away); a partition owned after recovery is indexed from what the store holds, the
+    traces recovered from the changelog and those already on local disk."""
+
+    states: SerializedStates | None = None
+
+    async def on_rebalance(
+        self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
+    ) -> None:
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        if self.states is not None:
+            # Any revoked topic of a partition drops its index: at worst a rescan, never stale.
+            self.states.revoke({tp.partition for tp in revoked})
+
+    async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        if self.states is not None:
+            for partition in sorted({tp.partition for tp in active_tps}):
+                self.states.assigned(partition, stored_items(self.data, partition))

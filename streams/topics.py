@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.settings import WorkerSettings
 
 __all__ = ["TopicSpec", "create_topics", "topic_specs"]
@@ -41,7 +42,17 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
 
 def create_topics(settings: WorkerSettings, timeout: float = 30.0) -> dict[str, str]:
     """Create every topic; existing ones are left as they are. Returns name -> outcome."""
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    errors = ClientErrors(settings.bootstrap)
+    admin = AdminClient(
+        {
+            "bootstrap.servers": settings.bootstrap,
+            **settings.kafka.confluent_config(),
+            "error_cb": errors,
+            "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
+        }
+    )
+    # A wrong password or an untrusted certificate ends here, at once (KafkaConnectError).
+    wait_for_metadata(admin, errors, timeout=min(timeout, 15.0))
     specs = topic_specs(settings)
     futures = admin.create_topics(
         [

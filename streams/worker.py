@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import logging.config
 from dataclasses import replace
 
 import faust
@@ -10,6 +12,7 @@ import faust
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.webhook import Webhook
 from spanguard.goal.verifier import GoalVerifier
+from spanguard.kafka_clients import check_aiokafka
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
 from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
@@ -19,6 +22,17 @@ from spanguard.streams.judge import OpenAICompatibleJudge
 __all__ = ["run_worker"]
 
 
+def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
+    """Fail fast on a wrong password or an untrusted certificate (KafkaConnectError): Faust
+    would retry those forever. A loop of its own, so Faust's later one is untouched."""
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # as in Faust's logging config
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(check_aiokafka(settings.bootstrap, settings.kafka, timeout))
+    finally:
+        loop.close()
+
+
 def run_worker(
     settings: WorkerSettings,
     policy: Policy,
@@ -26,6 +40,8 @@ def run_worker(
     pager: PagerSettings | None = None,
     webhook: WebhookSettings | None = None,
 ) -> int:
+    # JSON logs from the first line on (Faust applies the same config again when it starts).
+    logging.config.dictConfig(logging_config(settings.log_level))
     log = logging.getLogger("spanguard.worker")
     goal = goal or GoalSettings()
     verifier = GoalVerifier(
@@ -47,6 +63,7 @@ def run_worker(
             "the policy has autonomous agents but no PagerDuty routing key is set:"
             " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
         )
+    check_broker(settings)
     app = create_app(
         settings,
         policy,
@@ -64,6 +81,7 @@ def run_worker(
         "starting",
         extra={
             "bootstrap": settings.bootstrap,
+            "kafka": settings.kafka.describe(),  # never a password
             "input": [settings.input_topic, settings.repartition_topic],
             "store": settings.store,
             "state_ttl": settings.state_ttl,

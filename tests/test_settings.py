@@ -73,7 +73,8 @@ def test_worker_help_lists_every_setting_with_a_flag():
     from spanguard.cli import build_parser
 
     commands = next(a for a in build_parser()._actions if a.dest == "command")
-    worker_help = commands.choices["worker"].format_help()
+    # argparse wraps long words too: compare without the whitespace it adds.
+    worker_help = "".join(commands.choices["worker"].format_help().split())
     for entry in REGISTRY:
         if entry.flag is None:
             assert entry.secret and f"{entry.env}_FILE" in worker_help
@@ -107,3 +108,55 @@ def test_flags_win_over_the_environment_for_every_group():
 def test_the_old_pagerduty_timeout_name_is_still_read():
     env = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": "r" * 32, "SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS": "3"}
     assert PagerSettings.from_env(env).timeout == 3.0
+
+
+def test_the_worker_signs_by_default_and_unsigned_takes_an_explicit_setting():
+    with pytest.raises(SettingsError, match="no signing key: set SPANGUARD_SIGNING_KEY"):
+        WorkerSettings.from_sources({}, {}).kill_signing_key()
+    with pytest.raises(SettingsError, match="it needs at least 16"):
+        WorkerSettings.from_sources({}, {"SPANGUARD_SIGNING_KEY": "short"}).kill_signing_key()
+    key = "a-signing-key-of-32-characters!!"
+    assert WorkerSettings.from_sources({}, {"SPANGUARD_SIGNING_KEY": key}).kill_signing_key() == (
+        key.encode()
+    )
+    insecure = WorkerSettings.from_sources({}, {"SPANGUARD_ALLOW_UNSIGNED": "true"})
+    assert insecure.allow_unsigned is True and insecure.kill_signing_key() is None
+    # A key wins: allowing unsigned signals never turns signing off.
+    both = {"SPANGUARD_ALLOW_UNSIGNED": "yes", "SPANGUARD_SIGNING_KEY": key}
+    assert WorkerSettings.from_sources({}, both).kill_signing_key() == key.encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [("true", True), ("1", True), ("ON", True), ("false", False), ("no", False)]
+)
+def test_boolean_settings_read_the_usual_spellings(raw, value):
+    assert (
+        WorkerSettings.from_sources({}, {"SPANGUARD_ALLOW_UNSIGNED": raw}).allow_unsigned is value
+    )
+
+
+def test_a_boolean_setting_that_is_no_boolean_is_an_error_not_false():
+    with pytest.raises(SettingsError, match="SPANGUARD_ALLOW_UNSIGNED='maybe' is not a boolean"):
+        WorkerSettings.from_sources({}, {"SPANGUARD_ALLOW_UNSIGNED": "maybe"})
+
+
+def test_boolean_flags_are_on_off_switches_over_the_variable():
+    from spanguard.cli import _flags, build_parser
+
+    env = {"SPANGUARD_ALLOW_UNSIGNED": "true"}
+    for argv, expected in ((["worker"], True), (["worker", "--no-allow-unsigned"], False)):
+        flags = _flags(build_parser().parse_args(argv), "WorkerSettings")
+        assert WorkerSettings.from_sources(flags, env).allow_unsigned is expected
+    flags = _flags(build_parser().parse_args(["worker", "--allow-unsigned"]), "WorkerSettings")
+    assert WorkerSettings.from_sources(flags, {}).allow_unsigned is True
+
+
+def test_the_worker_command_refuses_to_start_without_a_key(tmp_path, monkeypatch, capsys):
+    """Before any Kafka connection: one line, exit 2 (the broker address is unreachable)."""
+    from spanguard.cli import main
+
+    for name in ("SPANGUARD_SIGNING_KEY", "SPANGUARD_SIGNING_KEY_FILE", "SPANGUARD_ALLOW_UNSIGNED"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["worker", "--bootstrap", "127.0.0.1:9", "--data-dir", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spanguard worker: bad setting: no signing key")

@@ -190,8 +190,8 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
         if value is not None:
             matched[key] = _text(value)
     return ResourceInfo(
-        _text(service) if service is not None else "unknown_service",
-        _text(agent_name) if agent_name is not None else None,
+        bounded_text(_text(service)) if service is not None else "unknown_service",
+        bounded_text(_text(agent_name)) if agent_name is not None else None,
         matched,
     )
 
@@ -217,7 +217,7 @@ def adapt_span(
     tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
     match_keys = present - WANTED_KEYS
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
-    agent_name = _text(attributes[AGENT_NAME]) if AGENT_NAME in present else None
+    agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
 
     if _is_tool_span(span.name, present, operation, oi_kind, tl_kind):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"

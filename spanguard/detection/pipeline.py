@@ -13,13 +13,18 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.guard import Guard
+from spanguard.detection.slim import slim_part
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
-from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.otlp_view import not_a_trace_request, parse_view
 
-__all__ = ["Outcome", "SpanPipeline"]
+__all__ = ["MAX_RECORD_BYTES", "Outcome", "SpanPipeline"]
 
 log = logging.getLogger("spanguard.pipeline")
+
+# Every record the worker writes stays under the topics' default max.message.bytes (1 MiB),
+# with room for its key and headers.
+MAX_RECORD_BYTES = 900_000
 
 
 @dataclass
@@ -59,6 +64,10 @@ class SpanPipeline:
             view = parse_view(value)
         except DecodeError as exc:
             return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
+        # Parsing is not enough: a metrics request parses too (see schemas/otlp_view.py).
+        foreign = not_a_trace_request(value)
+        if foreign is not None:
+            return self._dead(f"not an OTLP ExportTraceServiceRequest: {foreign}")
 
         trace_ids: set[bytes] = set()
         has_root_span = False
@@ -89,14 +98,26 @@ class SpanPipeline:
         self.repartitioned += 1
         outcome = Outcome()
         dead = ExportTraceServiceRequest()
+        reasons: list[str] = []
         for trace_id, part in parts.items():
-            if len(trace_id) == 32:
-                outcome.repartition.append((trace_id, part.SerializeToString()))
-            else:  # only the spans with a bad trace id are dead letters, not their neighbours
-                outcome.dead_letter = _bad_trace_id(len(trace_id) // 2)
+            if len(trace_id) != 32:  # only the spans with a bad trace id are dead letters
+                reasons.append(_bad_trace_id(len(trace_id) // 2))
                 dead.MergeFrom(part)
-        if outcome.dead_letter is not None:
+                continue
+            data = part.SerializeToString()
+            if len(data) > MAX_RECORD_BYTES:  # too large for a record: keep what rules read
+                data = slim_part(part, self.guard.wanted_keys).SerializeToString()
+            if len(data) > MAX_RECORD_BYTES:
+                reasons.append(
+                    f"the spans of trace {trace_id} hold {len(data)} bytes the rules read,"
+                    f" over the {MAX_RECORD_BYTES}-byte limit of a record"
+                )
+                dead.MergeFrom(part)
+                continue
+            outcome.repartition.append((trace_id, data))
+        if reasons:
             self.dead_letters += 1
+            outcome.dead_letter = "; ".join(dict.fromkeys(reasons))
             outcome.dead_value = dead.SerializeToString()
         return outcome
 

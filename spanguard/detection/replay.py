@@ -1,4 +1,9 @@
-"""`spanguard replay`: the detection core over files, in the order a stream would see the spans."""
+"""`spanguard replay`: the detection core over files, in the order a stream would see the spans.
+
+A broken input costs only itself: a line (or a .pb file) that is not an OTLP trace request, or
+that the core cannot decide on, is reported on stderr with its file and line number and
+skipped, and the result counts it, so the command's exit code can say that something was
+skipped (1) rather than read in full (0)."""
 
 from __future__ import annotations
 
@@ -21,9 +26,31 @@ from spanguard.schemas.otlp import (
 )
 from spanguard.schemas.policy import Policy
 
-__all__ = ["ReplayInputError", "replay"]
+__all__ = ["MAX_LINE_BYTES", "ReplayInputError", "ReplayResult", "replay"]
 
 PROTOBUF_SUFFIXES = (".pb", ".binpb")
+# One OTLP/JSON line (one export request) larger than this is skipped unread, not held in
+# memory: the Collector's file exporter writes batches of a few MB.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ReplayResult:
+    """What a replay read: the guard (its stats and state), and how many inputs it skipped."""
+
+    guard: Guard
+    requests: int = 0
+    skipped: int = 0  # broken lines and .pb files, each reported on stderr
+
+
+@dataclass
+class _Input:
+    """One request read, or one input skipped with the reason; `where` names it (file:line)."""
+
+    where: str
+    nbytes: int
+    request: ExportTraceServiceRequest | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -52,18 +79,18 @@ class _Progress:
         )
         self.stream.flush()
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Wipe the bar, so a message written next starts on a clean line."""
         if self.enabled and self._last_draw:
             self.stream.write("\r" + " " * 79 + "\r")
             self.stream.flush()
 
+    def close(self) -> None:
+        self.clear()
 
-def _read_inputs(
-    paths: list[str], stdin: IO[bytes], errors: TextIO
-) -> Iterator[tuple[ExportTraceServiceRequest | None, int]]:
-    """(request or None for a skipped input, bytes it took) in file order.
 
-    Broken lines and files are reported on `errors` with their line number and skipped."""
+def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:
+    """Every request of every input, in file order; a broken one comes with its error."""
     for path in paths:
         if path != "-" and path.endswith(PROTOBUF_SUFFIXES):
             try:
@@ -71,10 +98,9 @@ def _read_inputs(
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
             try:
-                yield decode_protobuf(data), len(data)
+                yield _Input(path, len(data), request=decode_protobuf(data))
             except OtlpDecodeError as exc:
-                errors.write(f"{path}: skipped: {exc}\n")
-                yield None, len(data)
+                yield _Input(path, len(data), error=str(exc))
             continue
         handle: IO[bytes]
         if path == "-":
@@ -85,18 +111,40 @@ def _read_inputs(
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
         try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    yield None, len(line)
-                    continue
-                try:
-                    yield decode_json_line(line), len(line)
-                except OtlpDecodeError as exc:
-                    errors.write(f"{path}:{number}: skipped: {exc}\n")
-                    yield None, len(line)
+            yield from _read_lines(path, handle)
         finally:
             if handle is not stdin:
                 handle.close()
+
+
+def _read_lines(path: str, handle: IO[bytes]) -> Iterator[_Input]:
+    number = 0
+    while True:
+        line = handle.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        number += 1
+        where = f"{path}:{number}"
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            skipped = len(line) + _skip_rest_of_line(handle)
+            yield _Input(where, skipped, error=f"longer than {MAX_LINE_BYTES} bytes")
+            continue
+        if not line.strip():
+            yield _Input(where, len(line))
+            continue
+        try:
+            yield _Input(where, len(line), request=decode_json_line(line))
+        except OtlpDecodeError as exc:
+            yield _Input(where, len(line), error=str(exc))
+
+
+def _skip_rest_of_line(handle: IO[bytes]) -> int:
+    skipped = 0
+    while True:
+        chunk = handle.readline(1024 * 1024)
+        skipped += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return skipped
 
 
 def replay(
@@ -107,24 +155,34 @@ def replay(
     stderr: TextIO | None = None,
     stdin: IO[bytes] | None = None,
     html: str | None = None,
-) -> Guard:
-    """Print one JSON decision per line on stdout and a one-line summary on stderr; with
-    `html`, also write that file: a timeline per tripped trace (spanguard/detection/report.py)."""
+) -> ReplayResult:
+    """Print one JSON decision per line on stdout, each skipped input and a one-line summary
+    on stderr; with `html`, also write that file: a timeline per tripped trace
+    (spanguard/detection/report.py)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
     guard = TimelineGuard(policy) if html else Guard(policy)
     progress = _Progress(err, total, enabled=err.isatty() and total > 1_000_000, guard=guard)
-    requests = 0
+    result = ReplayResult(guard)
     started = time.monotonic()
     try:
-        for request, nbytes in _read_inputs(paths, source, err):
-            if request is not None:
-                requests += 1
-                for decision in guard.process(request):
-                    out.write(decision.to_json() + "\n")
-            progress.advance(nbytes)
+        for item in _read_inputs(paths, source):
+            progress.advance(item.nbytes)
+            if item.request is not None:
+                try:
+                    decisions = guard.process(item.request)
+                except Exception as exc:  # a bug must cost one request, never the replay
+                    item.error = f"detection failed: {type(exc).__name__}: {exc}"
+                else:
+                    result.requests += 1
+                    for decision in decisions:
+                        out.write(decision.to_json() + "\n")
+            if item.error is not None:
+                result.skipped += 1
+                progress.clear()
+                err.write(f"{item.where}: skipped: {_one_line(item.error)}\n")
     finally:
         progress.close()
         out.flush()
@@ -132,8 +190,10 @@ def replay(
     by_rule = ", ".join(
         f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
     )
+    skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
     err.write(
-        f"replay: {requests:,} requests, {stats.spans:,} spans, {stats.tool_calls:,} tool calls,"
+        f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
+        f" {stats.tool_calls:,} tool calls,"
         f" {sum(stats.decisions.values())} decisions ({by_rule or 'none'}),"
         f" {stats.missing_arguments:,} tool spans without arguments skipped,"
         f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
@@ -145,4 +205,9 @@ def replay(
         except OSError as exc:
             raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
         err.write(f"replay: wrote {html} ({len(guard.tripped())} tripped traces)\n")
-    return guard
+    return result
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 500 else text[:500] + "..."

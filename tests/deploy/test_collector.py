@@ -161,12 +161,13 @@ def test_sdk_spans_reach_kafka_keyed_by_trace_id(binary: Path, tmp_path: Path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from tests.support.kafka_harness import CLUSTER, ensure_broker, free_port
     from tests.support.kafka_harness import Collector as TopicReader
-    from tests.support.kafka_harness import ensure_broker, free_port
+
 
     bootstrap = ensure_broker()
     topic = f"t{uuid.uuid4().hex[:8]}-otlp_spans"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(CLUSTER.config())
     for future in admin.create_topics([NewTopic(topic, num_partitions=3)]).values():
         future.result(timeout=30)
 

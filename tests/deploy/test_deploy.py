@@ -128,7 +128,7 @@ def test_helm_lint(helm: Path) -> None:
         "--strict",
         str(CHART),
         "--set",
-        "signingKey.value=k,pagerduty.routingKey=r,persistence.enabled=false",
+        "signingKey.value=k-16-bytes-at-least,pagerduty.routingKey=r,persistence.enabled=false",
     )
     assert with_keys.returncode == 0, with_keys.stdout + with_keys.stderr
 
@@ -141,6 +141,7 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
             "ConfigMap",
             "Job",
             "PodDisruptionBudget",
+            "Secret",
             "Service",
             "Service",
             "ServiceAccount",
@@ -169,10 +170,15 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     assert env["SPANGUARD_STATE_TTL"] == "3600"
     assert env["SPANGUARD_METRICS_PORT"] == "9464"
     assert env["SPANGUARD_LOG_LEVEL"] == "INFO"
-    # No key given: no key files, signals unsigned, no paging.
-    assert "SPANGUARD_SIGNING_KEY_FILE" not in env
+    # No key given: the chart generates one (signed by default), no paging.
+    assert env["SPANGUARD_SIGNING_KEY_FILE"] == "/etc/spanguard/secrets/signing-key"
+    assert "SPANGUARD_ALLOW_UNSIGNED" not in env
     assert "SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE" not in env
     assert "SPANGUARD_SIGNING_KEY" not in env  # the key itself is never an env value here
+    secret = only(docs, "Secret", f"{FULLNAME}-signing-key")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    generated = base64.b64decode(secret["data"]["signing-key"])
+    assert len(generated) == 64 and generated.isalnum()
 
     # RocksDB state on a PVC per pod, mounted at the data dir.
     (claim,) = spec["volumeClaimTemplates"]
@@ -221,7 +227,7 @@ def test_env_is_what_the_worker_reads(helm: Path) -> None:
         "worker.stateTtl=1000000",
         "kafka.partitions=1000000",
         "kafka.bootstrap=broker-0.kafka.svc:9093",
-        "signingKey.value=k",
+        "signingKey.value=k-16-bytes-at-least",
         "pagerduty.routingKey=r",
         "pagerduty.url=https://events.example",
         "pagerduty.traceUrlTemplate=https://tempo.example/trace/{trace_id}",
@@ -242,7 +248,7 @@ def test_env_is_what_the_worker_reads(helm: Path) -> None:
 def test_template_secrets_from_values(helm: Path) -> None:
     docs = render(
         helm,
-        "signingKey.value=s3cret-signing",
+        "signingKey.value=s3cret-signing-key-0123",
         "pagerduty.routingKey=R0UTING",
         "pagerduty.url=https://events.example/",
         "pagerduty.traceUrlTemplate=https://tempo.example/trace/{trace_id}",
@@ -252,7 +258,7 @@ def test_template_secrets_from_values(helm: Path) -> None:
     secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
     assert set(secrets) == {f"{FULLNAME}-signing-key", f"{FULLNAME}-pagerduty"}
     decoded = base64.b64decode(secrets[f"{FULLNAME}-signing-key"]["data"]["signing-key"])
-    assert decoded == b"s3cret-signing"
+    assert decoded == b"s3cret-signing-key-0123"
     decoded = base64.b64decode(secrets[f"{FULLNAME}-pagerduty"]["data"]["routing-key"])
     assert decoded == b"R0UTING"
 
@@ -277,7 +283,7 @@ def test_template_secrets_from_values(helm: Path) -> None:
     assert volume["projected"]["defaultMode"] & 0o007 == 0  # not world-readable
     # The keys' values never appear outside their Secrets.
     rendered = json.dumps([d for d in docs if d["kind"] != "Secret"])
-    assert "s3cret-signing" not in rendered and "R0UTING" not in rendered
+    assert "s3cret-signing-key-0123" not in rendered and "R0UTING" not in rendered
 
 
 def test_template_existing_secrets_and_policy(helm: Path) -> None:
@@ -331,6 +337,40 @@ def test_topics_job_hook(helm: Path) -> None:
     assert not [d for d in render(helm, "topicsJob.enabled=false") if d["kind"] == "Job"]
 
 
+def test_generated_signing_keys_differ_and_unsigned_is_an_explicit_choice(helm: Path) -> None:
+    def key_of(docs: list[dict[str, Any]]) -> bytes:
+        secret = only(docs, "Secret", f"{FULLNAME}-signing-key")
+        return base64.b64decode(secret["data"]["signing-key"])
+
+    assert key_of(render(helm)) != key_of(render(helm))  # random, not a constant of the chart
+    unsigned = render(helm, "worker.allowUnsigned=true")
+    assert not [d for d in unsigned if d["kind"] == "Secret"]
+    env = env_of(container(unsigned))
+    assert env["SPANGUARD_ALLOW_UNSIGNED"] == "true" and "SPANGUARD_SIGNING_KEY_FILE" not in env
+    assert WorkerSettings.from_sources({}, env).kill_signing_key() is None
+    # A key given wins over the insecure setting: signals stay signed.
+    signed = env_of(
+        container(render(helm, "worker.allowUnsigned=true", "signingKey.value=" + "k" * 32))
+    )
+    assert "SPANGUARD_ALLOW_UNSIGNED" not in signed and "SPANGUARD_SIGNING_KEY_FILE" in signed
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["signingKey.generate=false"], "kill signals are signed: set signingKey.value"),
+        (["signingKey.value=short"], "signingKey.value has 5 bytes; the worker needs at least 16"),
+    ],
+)
+def test_a_chart_without_a_usable_key_does_not_render(helm: Path, sets, message) -> None:
+    args = ["template", RELEASE, str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    proc = run_helm(helm, *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
 def test_replicas_above_partitions_fail(helm: Path) -> None:
     proc = run_helm(
         helm,
@@ -367,10 +407,12 @@ def test_monitoring_ships_behind_its_flags(helm: Path) -> None:
     monitoring = {"ServiceMonitor", "PrometheusRule"}
     assert not [d for d in render(helm) if d["kind"] in monitoring]
     assert not [d for d in render(helm) if d["metadata"]["name"].endswith("-dashboard")]
+    # A fixed key: without one the chart generates a new random Secret on every render.
+    key = "signingKey.value=monitoring-test-signing-key-0123"
     for flag, kind in zip(
         MONITORING_ON, ("ConfigMap", "ServiceMonitor", "PrometheusRule"), strict=True
     ):
-        added = [d for d in render(helm, flag) if d not in render(helm)]
+        added = [d for d in render(helm, key, flag) if d not in render(helm, key)]
         assert [d["kind"] for d in added] == [kind], flag
 
     docs = render(helm, *MONITORING_ON, "monitoring.serviceMonitor.labels.release=kps")
@@ -424,9 +466,14 @@ def compose_command() -> list[str]:
             return ["docker", "compose"]
     if shutil.which("docker-compose") is not None:
         return ["docker-compose"]
-    if shutil.which("docker") is None:
-        pytest.skip("the docker CLI is not installed")
-    pytest.skip("the docker CLI has no compose plugin (`docker compose version` fails)")
+    # No plugin: Compose v2 built from its Go module (scripts/compose.sh), as helm is.
+    if shutil.which("go") is None:
+        pytest.skip("no compose plugin, no docker-compose and no go to build it with")
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "compose.sh"), "path"], capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [proc.stdout.strip()]
 
 
 def test_docker_compose_config() -> None:
@@ -457,6 +504,7 @@ def test_compose_file_wiring() -> None:
     assert set(services) == {
         "kafka",
         "topics",
+        "signing-key",
         "collector",
         "worker",
         "research-agent",
@@ -489,9 +537,16 @@ def test_compose_file_wiring() -> None:
         worker["environment"]["SPANGUARD_POLICY"]
         == "${SPANGUARD_POLICY:+/etc/spanguard/policy.yaml}"
     )
-    (policy_mount,) = worker["volumes"]
+    policy_mount, key_mount = worker["volumes"]
     assert policy_mount["type"] == "bind"
     assert policy_mount["target"] == "/etc/spanguard/policy.yaml"
+    # Signed: the worker and both agents read the key the signing-key service writes.
+    key_file = worker["environment"]["SPANGUARD_SIGNING_KEY_FILE"]
+    assert key_mount["source"] == "signing-key" and key_mount["read_only"] is True
+    assert key_file.startswith(key_mount["target"] + "/")
+    assert key_file in services["signing-key"]["command"][0]
+    assert "SPANGUARD_SIGNING_KEY" not in worker["environment"]
+    assert worker["depends_on"]["signing-key"]["condition"] == "service_completed_successfully"
     assert services["worker"]["depends_on"]["topics"]["condition"] == (
         "service_completed_successfully"
     )
@@ -506,6 +561,8 @@ def test_compose_file_wiring() -> None:
         ]
         assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
         assert service["environment"]["SPANGUARD_BOOTSTRAP"] == "kafka:9092"
+        assert service["environment"]["SPANGUARD_SIGNING_KEY_FILE"] == key_file
+        assert service["volumes"] == [key_mount]
         assert service["depends_on"]["worker"]["condition"] == "service_healthy"
     kafka_env = services["kafka"]["environment"]
     assert "INTERNAL://kafka:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
@@ -528,8 +585,8 @@ def test_dockerfile_and_context() -> None:
     assert uid.isdigit() and uid != "0"  # numeric, so runAsNonRoot can verify it
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert int(uid) == chart_values["podSecurityContext"]["runAsUser"]
-    assert "ARG EXTRAS=rocksdb" in lines
-    assert any('pip install ".[${EXTRAS}]"' in line for line in lines)
+    assert "ARG EXTRAS=worker" in lines
+    assert any('pip install -c constraints.txt ".[${EXTRAS}]"' in line for line in lines)
 
     # The build context keeps everything `pip install .` needs.
     ignored = [

@@ -32,6 +32,7 @@ STEP_DELAY = 0.3  # seconds each agent "thinks" between tool calls
 # kill before the support agent's 6th call: its 4th identical call trips the rule, and the
 # signal may take up to two think-times (0.6 s) to arrive.
 MAX_CALLS_BEFORE_KILL = 5
+SIGNING_KEY = "e2e-signing-key-0123456789"
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def stack(tmp_path: Path):
         "OTELCOL_METRICS_LEVEL": "none",
         "COLLECTOR_STATE_DIR": str(tmp_path / "collector"),
     }
-    worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": "e2e-key"}).start()
+    worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "up"], env=env, check=True, timeout=900)
     yield topics, http_port
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "down"], env=env, timeout=60)
@@ -73,8 +74,8 @@ def result_of(process: subprocess.Popen) -> dict:
 
 def test_looping_agent_is_killed_and_research_agent_finishes(stack):
     topics, http_port = stack
-    support = run_agent("support", topics, http_port, "e2e-key")
-    research = run_agent("research", topics, http_port, "e2e-key")
+    support = run_agent("support", topics, http_port, SIGNING_KEY)
+    research = run_agent("research", topics, http_port, SIGNING_KEY)
     support_result, research_result = result_of(support), result_of(research)
 
     assert support_result["status"] == "killed", support_result

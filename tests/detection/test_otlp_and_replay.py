@@ -88,7 +88,8 @@ def test_protobuf_and_json_round_trip_to_the_same_request():
     ("payload", "reason"),
     [
         (b"\xff\xff\xff\xff garbage", "not an OTLP ExportTraceServiceRequest"),
-        (b"\n\x04\x12\x02\x12\x00", "0-byte trace id"),
+        (b"\n\x04\x12\x02\x12\x00", "no span has an end_time_unix_nano"),  # an empty span
+        (b"\n\r\x12\x0b\x12\tA\x01\x00\x00\x00\x00\x00\x00\x00", "0-byte trace id"),
     ],
 )
 def test_bad_protobuf_is_a_clear_error(payload, reason):
@@ -161,7 +162,7 @@ def test_replay_prints_one_decision_per_line(corpus):
         str(directory / "research.pb"),
         str(directory / "support.jsonl"),
     )
-    assert result.returncode == 0, result.stderr.decode()
+    assert result.returncode == 1, result.stderr.decode()  # 1: a broken line was skipped
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     looper = corpus["looper"]
     tool_spans = [s for s in looper.finished() if s.name.startswith("execute_tool")]
@@ -178,12 +179,19 @@ def test_replay_prints_one_decision_per_line(corpus):
     stderr = result.stderr.decode()
     assert "support.jsonl:4: skipped: not JSON" in stderr
     assert "replay: " in stderr.splitlines()[-1] and "86 tool calls" in stderr.splitlines()[-1]
+    assert "1 broken inputs skipped" in stderr.splitlines()[-1]
+
+
+def test_replay_of_intact_inputs_exits_0(corpus):
+    result = run_replay(str(corpus["dir"] / "research.pb"))
+    assert result.returncode == 0, result.stderr.decode()
+    assert "broken inputs skipped" not in result.stderr.decode()
 
 
 def test_replay_reads_stdin(corpus):
     data = (corpus["dir"] / "support.jsonl").read_bytes()
     result = run_replay("-", stdin=data)
-    assert result.returncode == 0
+    assert result.returncode == 1  # the corpus's broken line
     (record,) = (json.loads(line) for line in result.stdout.decode().splitlines())
     assert record["action"] == "kill" and record["hits"] == 4
 
@@ -200,3 +208,29 @@ def test_replay_missing_file_exits_2(tmp_path):
     result = run_replay(str(tmp_path / "nope.jsonl"))
     assert result.returncode == 2
     assert "nope.jsonl" in result.stderr.decode()
+
+
+def test_a_span_without_an_end_time_costs_only_itself():
+    """Among spans that have one, a span with no end time is a bad span of a trace request,
+    not a metrics request in disguise: the other spans' loop is still caught."""
+    from spanguard.detection.guard import Guard
+    from spanguard.schemas.otlp_view import not_a_trace_request
+
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("search_docs", REFUND)
+    request = encode(agent.finished())
+    spans = request.resource_spans[0].scope_spans[0].spans
+    broken = spans.add()
+    broken.CopyFrom(spans[0])
+    broken.span_id = b"\x07" * 8
+    broken.ClearField("end_time_unix_nano")
+    data = request.SerializeToString()
+    assert not_a_trace_request(data) is None
+    decisions = Guard().process(data)
+    assert [d.action for d in decisions] == ["kill"]
+    broken_only = encode(agent.finished()[:1])
+    broken_only.resource_spans[0].scope_spans[0].spans[0].ClearField("end_time_unix_nano")
+    assert "no span has an end_time_unix_nano" in not_a_trace_request(
+        broken_only.SerializeToString()
+    )

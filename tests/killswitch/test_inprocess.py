@@ -481,17 +481,43 @@ def test_signal_book_hands_a_downgrade_once_and_a_kill_wins():
         book.check(trace_id)
 
 
-def test_signal_book_forgets_the_least_recently_touched_trace_first():
+def test_signal_book_forgets_other_traces_first_and_never_a_kill_its_agent_checks():
     book = SignalBook(max_traces=3)
-    ids = [f"{i:032x}" for i in range(1, 5)]
-    for trace_id in ids[:3]:
+    mine, checked_later = "aa" * 16, "bb" * 16
+    assert book.check(mine) is None  # this process runs `mine`
+    assert book.check(checked_later) is None
+    book.deliver(signal(mine))
+    others = [f"{i:032x}" for i in range(1, 100)]
+    for trace_id in others:  # the rest of the fleet's kills, far beyond max_traces
         book.deliver(signal(trace_id))
+    book.deliver(signal(checked_later))  # arrives after the flood, before the agent's check
+    for _ in range(3):
+        with pytest.raises(AgentKilled):
+            book.check(mine)
     with pytest.raises(AgentKilled):
-        book.check(ids[0])  # an agent still checking keeps its kill
-    book.deliver(signal(ids[3]))
-    assert book.tracked_traces == 3
-    assert not book.is_killed(ids[1])
-    assert all(book.is_killed(trace_id) for trace_id in (ids[0], ids[2], ids[3]))
+        book.check(checked_later)
+    # Bounded: the other traces' signals beyond max_traces are forgotten, oldest first.
+    assert book.tracked_traces <= 3 + 2
+    assert not book.is_killed(others[0]) and book.is_killed(others[-1])
+    for trace_id in others:  # a second flood still cannot push out the checked kills
+        book.deliver(signal(trace_id, "downgrade", "again"))
+    for trace_id in (mine, checked_later):
+        with pytest.raises(AgentKilled):
+            book.check(trace_id)
+    book.forget(mine)
+    assert book.check(mine) is None
+
+
+def test_signal_book_a_kill_checked_first_after_arrival_is_kept():
+    book = SignalBook(max_traces=2)
+    book.deliver(signal("cc" * 16))
+    with pytest.raises(AgentKilled):
+        book.check("cc" * 16)  # first check after the kill arrived: now it is this agent's
+    for i in range(1, 10):
+        book.deliver(signal(f"{i:032x}"))
+        assert book.check(f"{i + 100:032x}") is None  # and many traces checked meanwhile
+    with pytest.raises(AgentKilled):
+        book.check("cc" * 16)
 
 
 def test_signal_book_delivers_each_signal_once_across_threads():

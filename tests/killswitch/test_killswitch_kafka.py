@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 import threading
 import time
 import uuid
@@ -14,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
-from tests.support.kafka_harness import BOOTSTRAP, ensure_broker, producer
+from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from tests.support.spans import kill_signal
 
 pytestmark = pytest.mark.kafka
@@ -32,7 +34,7 @@ def topic():
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"t{uuid.uuid4().hex[:8]}-agent-kill-signals"
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(CLUSTER.config())
     admin.create_topics([NewTopic(name, 3, 1)])[name].result(30)
     yield name
     admin.delete_topics([name])
@@ -98,6 +100,75 @@ def test_unsigned_and_forged_signals_are_ignored_and_counted(topic):
         wait_until(lambda: switch.received >= 3)
         assert switch.rejected == 3
         assert switch.check(victim) is None
+
+
+def fuzzed_records(count: int) -> list[bytes | None]:
+    """Every bad record of the unit table, plus `count` mutations of a valid signed signal:
+    flipped bytes, cuts, splices of junk (the same ones every run)."""
+    from tests.test_bad_input import KILL_RECORDS
+
+    records: list[bytes | None] = [value for _, value, _ in KILL_RECORDS]
+    valid = json.dumps(sign(make_signal(trace()), KEY)).encode()
+    rng = random.Random(20261203)
+    for _ in range(count):
+        data = bytearray(valid)
+        mutation = rng.choice(("flip", "cut", "splice", "noise"))
+        if mutation == "flip":
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif mutation == "cut":
+            data = data[: rng.randrange(len(data))]
+        elif mutation == "splice":
+            at = rng.randrange(len(data))
+            data[at:at] = rng.randbytes(rng.randint(1, 64))
+        else:
+            data = bytearray(rng.randbytes(rng.randint(1, 2048)))
+        records.append(bytes(data))
+    return records
+
+
+def test_no_record_stops_the_consumer_and_the_next_kill_is_delivered(topic, caplog):
+    """Anyone who can write to the topic can send anything; the guard must keep working."""
+    victim = trace()
+    records = fuzzed_records(300)
+    caplog.set_level(logging.WARNING, logger="spanguard.killswitch")
+    with KillSwitch(BOOTSTRAP, topic, signing_key=KEY) as switch:
+        out = producer()
+        for value in records:
+            out.produce(topic, key=b"junk", value=value)
+        assert out.flush(10) == 0
+        publish(topic, make_signal(victim))
+        wait_until(lambda: switch.received >= len(records) + 1, timeout=30)
+        with pytest.raises(AgentKilled):
+            switch.check(victim)
+        assert switch.signals.delivered == 1
+        assert sum(switch.ignored.values()) == len(records)
+        assert switch.ignored["internal"] == 0
+        logged = [r for r in caplog.records if "ignored a kill-signal record" in r.getMessage()]
+        assert len(logged) == len(switch.ignored)  # once per kind, not once per record
+
+
+def test_rotation_expiry_and_the_unsigned_opt_in(topic):
+    """During a key rotation both keys kill; an expired signal does not; unsigned signals only
+    reach an agent that opted in to them."""
+    new_key = b"killswitch-rotated-key"
+    by_old, by_new, late = trace(), trace(), trace()
+    with KillSwitch(BOOTSTRAP, topic, signing_keys=[KEY, new_key]) as switch:
+        publish(topic, make_signal(by_old), key=KEY)
+        publish(topic, make_signal(by_new), key=new_key)
+        expired = {**make_signal(late), "expires_at": "2026-01-01T00:00:00.000+00:00"}
+        publish(topic, expired, key=new_key)
+        wait_until(lambda: switch.received >= 3)
+        for trace_id in (by_old, by_new):
+            with pytest.raises(AgentKilled):
+                switch.check(trace_id)
+        assert switch.check(late) is None and switch.expired == 1
+    unsigned = trace()
+    with KillSwitch(BOOTSTRAP, topic, allow_unsigned=True) as switch:
+        publish(topic, make_signal(unsigned), key=None)
+        wait_until(lambda: switch.received >= 1)
+        with pytest.raises(AgentKilled):
+            switch.check(unsigned)
 
 
 def test_signals_before_start_are_not_replayed(topic):

@@ -61,3 +61,33 @@ def test_a_crashed_span_agent_turns_readiness_then_liveness_red() -> None:
         ("recovered-ready", 200),
         ("recovered-live", 200),
     ]
+
+
+def test_a_crash_loop_counts_from_its_first_crash() -> None:
+    now = [0.0]
+    health = Health(dead_after=60.0, clock=lambda: now[0])
+    health.crashed(AssertionError("first"))
+    now[0] = 50.0
+    health.crashed(AssertionError("again, after a restart"))
+    now[0] = 61.0
+    assert not health.live
+    assert health.crashes == 2
+
+
+def test_records_waiting_without_progress_turn_liveness_red() -> None:
+    now = [0.0]
+    health = Health(dead_after=60.0, clock=lambda: now[0])
+    health.observe_pending(0)
+    now[0] = 100.0
+    assert health.live  # idle and caught up is not stuck
+    health.observe_pending(5)
+    now[0] = 159.0
+    health.observe_pending(9)
+    assert health.live
+    now[0] = 160.0
+    assert not health.live and health.ready
+    health.progressed()
+    assert health.live
+    health.observe_pending(3)  # still behind, but it moves: the clock starts again
+    now[0] = 219.0
+    assert health.live

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from spanguard.schemas.decision import signature_valid, validate
+from spanguard.schemas.decision import key_id, signature_valid, validate
 from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
@@ -77,6 +78,12 @@ def test_looping_trace_gets_one_kill_with_evidence(worker):
     validate(signal_record, "kill-signal")
     assert signature_valid(signal_record, SIGNING_KEY)
     assert not signature_valid(signal_record, b"another key")
+    assert signal_record["key_id"] == key_id(SIGNING_KEY)
+    # Obeyed for the default SPANGUARD_SIGNAL_TTL (an hour) after the detection.
+    lifetime = datetime.fromisoformat(signal_record["expires_at"]) - datetime.fromisoformat(
+        signal_record["detected_at"]
+    )
+    assert lifetime.total_seconds() == 3600
     assert SIGNING_KEY.decode() not in process.log_text()  # never logged
     assert signal_record["kind"] == "kill" and signal_record["rule"] == "tool_loop"
     assert signal_record["trace_id"] == agent.trace_id
@@ -179,6 +186,24 @@ def test_poison_message_goes_to_dead_letters_and_the_partition_keeps_going(worke
         timeout=DEADLINE,
     )
     assert (process.metrics() or {})["spanguard_dead_letters_total"] >= 1
+
+
+def test_a_metrics_request_that_parses_as_traces_is_a_dead_letter(worker):
+    """A sum metric named with 16 bytes, keyed by that name in hex: it parses as a traces request
+    whose one span has that trace id, and must still be dead-lettered, not guarded."""
+    from tests.test_bad_input import metrics_request
+
+    process, collector = worker
+    topics = process.topics
+    name = "sixteen-byte-nam"
+    value = metrics_request(name, "sum")
+    out = producer()
+    out.produce(topics.input, key=name.encode().hex().encode(), value=value)
+    assert out.flush(10) == 0
+    (dead,) = collector.wait(lambda m: m["topic"] == topics.dead_letters and m["value"] == value)
+    reason = dead["headers"]["spanguard.reason"].decode()
+    assert reason.startswith("not an OTLP ExportTraceServiceRequest: span field 7")
+    assert not collector.json_from(topics.detections, name.encode().hex())
 
 
 def test_metrics_endpoint_speaks_prometheus(worker):

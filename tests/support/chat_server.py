@@ -11,7 +11,11 @@
 `created`, `model`, `choices[0].message.content`, `finish_reason`, `usage`). Scripted replies
 come first, in order, one per request; then `default` (a satisfied verdict). A `Reply` sets
 the message content, or a status with an OpenAI-style error body, a raw body, headers, and a
-delay before answering (longer than the client's timeout: a hung model). Anything else is 404.
+delay before answering (longer than the client's timeout: a hung model). `chunked` sends the
+body with no Content-Length, in `chunk_size` pieces `trickle` seconds apart (a server that keeps
+a connection busy, or one whose reply has no declared end); `padding` puts that many spaces
+before the JSON (still valid JSON, only large). `Request.sent` counts the body bytes the server
+got out before the client hung up. Anything else is 404.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -38,6 +43,10 @@ class Reply:
     body: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    chunked: bool = False
+    chunk_size: int = 16_384
+    trickle: float = 0.0
+    padding: int = 0
 
     @classmethod
     def verdict(cls, satisfied: bool, confidence: float, reason: str, **kw: Any) -> Reply:
@@ -60,9 +69,10 @@ GOOD = Reply.verdict(True, 0.92, "The answer gives the refund policy the user as
 class Request:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: Message  # as received; names are case-insensitive (`"authorization" in headers`)
     raw: bytes
     status: int = 0  # what the server answered (0: the client was gone)
+    sent: int = 0  # body bytes written before the client hung up (or all of them)
 
     @property
     def body(self) -> Any:
@@ -126,7 +136,7 @@ class ChatServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
-                record = Request("POST", self.path, dict(self.headers.items()), raw)
+                record = Request("POST", self.path, self.headers, raw)
                 with server._lock:
                     server.requests.append(record)
                 if self.path != COMPLETIONS_PATH:
@@ -144,7 +154,11 @@ class ChatServer:
                     with server._lock:
                         server.in_flight -= 1
                 if not closing:
-                    self._send(record, reply.status, _response_body(reply, raw), reply.headers)
+                    body = b" " * reply.padding + _response_body(reply, raw)
+                    if reply.chunked:
+                        self._send_chunked(record, reply, body)
+                    else:
+                        self._send(record, reply.status, body, reply.headers)
 
             def _send(
                 self,
@@ -164,7 +178,30 @@ class ChatServer:
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     return  # the client gave up (its timeout): nothing to answer
+                record.sent = len(body)
                 record.status = status
+
+            def _send_chunked(self, record: Request, reply: Reply, body: bytes) -> None:
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    for start in range(0, len(body), reply.chunk_size):
+                        if reply.trickle and server._closing.wait(reply.trickle):
+                            return
+                        piece = body[start : start + reply.chunk_size]
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                        record.sent += len(piece)
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+                    return  # the client hung up mid-body
+                record.status = reply.status
 
         return Handler
 

@@ -1,11 +1,18 @@
 """Real Kafka for the tests and the pipeline benchmark: the broker, a worker process, consumers.
 
-Nothing here is a mock: the broker is Apache Kafka started by scripts/kafka.sh, the worker is
-the `spanguard worker` command in a subprocess, and messages go through confluent-kafka.
+Nothing here is a mock: the worker is the `spanguard worker` command in a subprocess, messages go
+through confluent-kafka, and the broker is one of (chosen once per run, printed at its start):
+
+- SPANGUARD_TEST_BOOTSTRAP set: that cluster, with the SPANGUARD_KAFKA_* security settings
+  (TLS, SASL) the worker and the killswitch read;
+- a Docker engine answers: a broker started by testcontainers' Kafka module (image
+  SPANGUARD_TEST_KAFKA_IMAGE, default the module's own), on a free port, stopped at exit;
+- otherwise: Apache Kafka started by scripts/kafka.sh on 127.0.0.1:${KAFKA_PORT:-9092}.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -25,18 +32,18 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from spanguard.kafka_security import KafkaSecurity
+
 ROOT = Path(__file__).resolve().parents[2]
-BOOTSTRAP = f"127.0.0.1:{os.environ.get('KAFKA_PORT', '9092')}"
+# Workers sign by default and refuse to start without a key: the tests set one the way the
+# README tells a user to (SPANGUARD_SIGNING_KEY), unless a test passes its own.
+SIGNING_KEY = "spanguard-tests-signing-key-5f0c2a"
 
-
-def ensure_broker() -> str:
-    """Start the project's broker if it is not running (idempotent and fast when it is)."""
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "kafka.sh"), "up"], capture_output=True, text=True, timeout=300
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"scripts/kafka.sh up failed:\n{result.stdout}\n{result.stderr}")
-    return BOOTSTRAP
+FROM_ENV = "SPANGUARD_TEST_BOOTSTRAP"
+TESTCONTAINERS = "testcontainers"
+KAFKA_SH = "scripts/kafka.sh"
+# testcontainers' KafkaContainer drives the Confluent image's own start scripts.
+TESTCONTAINERS_IMAGE = "confluentinc/cp-kafka:7.6.0"
 
 
 def free_port() -> int:
@@ -45,11 +52,106 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def docker_answers(timeout: float = 3.0) -> bool:
+    """A Docker engine answers a ping (through the docker SDK testcontainers uses)."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=timeout)
+    except Exception:  # no socket, no DOCKER_HOST: docker.errors.DockerException
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+def select_source(environ: dict[str, str] | os._Environ, docker: Callable[[], bool]) -> str:
+    """Which broker the tests use: an explicit cluster, else Docker's, else scripts/kafka.sh."""
+    if (environ.get(FROM_ENV) or "").strip():
+        return FROM_ENV
+    return TESTCONTAINERS if docker() else KAFKA_SH
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a test's clients connect, and how (the same settings the worker gets)."""
+
+    bootstrap: str
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    source: str = KAFKA_SH
+
+    def config(self, **extra: Any) -> dict[str, Any]:
+        """confluent-kafka settings for this cluster."""
+        return {"bootstrap.servers": self.bootstrap, **self.security.confluent_config(), **extra}
+
+    def env(self) -> dict[str, str]:
+        """The worker's and the killswitch's variables for this cluster."""
+        return {"SPANGUARD_BOOTSTRAP": self.bootstrap, **self.security.to_env()}
+
+    def describe(self) -> str:
+        return f"{self.source} at {self.bootstrap} ({self.security.security_protocol})"
+
+
+def select_cluster(
+    environ: dict[str, str] | os._Environ = os.environ,
+    docker: Callable[[], bool] = docker_answers,
+) -> Cluster:
+    source = select_source(environ, docker)
+    if source == FROM_ENV:
+        return Cluster(environ[FROM_ENV].strip(), KafkaSecurity.from_env(environ), source)
+    if source == TESTCONTAINERS:
+        # A fixed host port, chosen now, so BOOTSTRAP is known before the container starts.
+        return Cluster(f"127.0.0.1:{free_port()}", source=source)
+    return Cluster(f"127.0.0.1:{environ.get('KAFKA_PORT', '9092')}", source=source)
+
+
+CLUSTER = select_cluster()
+BOOTSTRAP = CLUSTER.bootstrap
+_container: Any = None
+
+
+def _start_container(cluster: Cluster) -> None:
+    global _container
+    from testcontainers.community.kafka import KafkaContainer
+
+    port = int(cluster.bootstrap.rpartition(":")[2])
+    image = os.environ.get("SPANGUARD_TEST_KAFKA_IMAGE", TESTCONTAINERS_IMAGE)
+    container = KafkaContainer(image).with_kraft().with_bind_ports(9093, port)
+    container.start(timeout=180)
+    atexit.register(container.stop)
+    _container = container
+    started = container.get_bootstrap_server().replace("localhost", "127.0.0.1")
+    if started != cluster.bootstrap:
+        raise RuntimeError(f"the Kafka container answers on {started}, not {cluster.bootstrap}")
+
+
+def ensure_broker() -> str:
+    """The run's broker, started if it is ours to start (idempotent and fast when it runs)."""
+    if CLUSTER.source == FROM_ENV:
+        return BOOTSTRAP
+    if CLUSTER.source == TESTCONTAINERS:
+        if _container is None:
+            _start_container(CLUSTER)
+        return BOOTSTRAP
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "kafka.sh"), "up"], capture_output=True, text=True, timeout=300
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"scripts/kafka.sh up failed:\n{result.stdout}\n{result.stderr}")
+    return BOOTSTRAP
+
+
 @dataclass
 class Topics:
     """A fresh set of topic names, so runs and tests never see each other's messages."""
 
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
+    cluster: Cluster = field(default_factory=lambda: CLUSTER)
 
     @property
     def app_id(self) -> str:
@@ -83,7 +185,7 @@ class Topics:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+        admin = AdminClient(self.cluster.config())
         names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(self.prefix)]
         if names:
             for future in admin.delete_topics(names, operation_timeout=30).values():
@@ -117,12 +219,13 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.topics = topics
+        cluster = topics.cluster
         data_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.log_path = data_dir / f"worker-{self.port}.log"
         self.args = [
             sys.executable, "-m", "spanguard.cli", "worker",
-            "--bootstrap", BOOTSTRAP,
+            "--bootstrap", cluster.bootstrap,
             "--data-dir", str(data_dir),
             "--partitions", str(partitions),
             "--metrics-port", str(self.port),
@@ -132,14 +235,19 @@ class WorkerProcess:
             *(["--policy", str(policy)] if policy else []),
             *(extra or []),
         ]  # fmt: skip
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **cluster.env(), **(env or {})}
+        if not (
+            self.env.get("SPANGUARD_SIGNING_KEY") or self.env.get("SPANGUARD_SIGNING_KEY_FILE")
+        ):
+            self.env["SPANGUARD_SIGNING_KEY"] = SIGNING_KEY
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
         subprocess.run(
-            [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap", BOOTSTRAP,
-             *self.topics.flags(), "--partitions", self.args[self.args.index("--partitions") + 1]],
-            check=True, capture_output=True, timeout=60,
+            [sys.executable, "-m", "spanguard.cli", "topics", "create",
+             "--bootstrap", self.topics.cluster.bootstrap, *self.topics.flags(),
+             "--partitions", self.args[self.args.index("--partitions") + 1]],
+            check=True, capture_output=True, timeout=60, env=self.env,
         )  # fmt: skip
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
@@ -205,17 +313,19 @@ class WorkerProcess:
 class Collector:
     """Consumes topics from their beginning in a background thread; tests read `messages`."""
 
-    def __init__(self, *topics: str) -> None:
+    def __init__(self, *topics: str, cluster: Cluster | None = None, **config: Any) -> None:
         self.messages: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": BOOTSTRAP,
-                "group.id": f"collector-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
+            (cluster or CLUSTER).config(
+                **{
+                    "group.id": f"collector-{uuid.uuid4().hex}",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    **config,
+                }
+            )
         )
         self._consumer.subscribe(list(topics))
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -269,12 +379,12 @@ class Collector:
         self._thread.join(timeout=10)
 
 
-def producer() -> Producer:
-    return Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 0, "enable.idempotence": True})
+def producer(cluster: Cluster | None = None) -> Producer:
+    return Producer((cluster or CLUSTER).config(**{"linger.ms": 0, "enable.idempotence": True}))
 
 
-def end_offsets(topic: str, partitions: int) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"probe-{uuid.uuid4().hex}"})
+def end_offsets(topic: str, partitions: int, cluster: Cluster | None = None) -> list[int]:
+    consumer = Consumer((cluster or CLUSTER).config(**{"group.id": f"probe-{uuid.uuid4().hex}"}))
     try:
         return [
             consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -282,3 +392,45 @@ def end_offsets(topic: str, partitions: int) -> list[int]:
         ]
     finally:
         consumer.close()
+
+
+class Broker:
+    """A broker of the test's own (scripts/kafka.sh on free ports, its own data dir), which the
+    test may SIGKILL and restart: the shared broker on 9092 is never touched."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port, self.controller_port = free_port(), free_port()
+        self.data_dir = data_dir
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.cluster = Cluster(self.bootstrap, source="a broker of the test's own")
+
+    def _script(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(ROOT / "scripts" / "kafka.sh"), "--port", str(self.port),
+             "--controller-port", str(self.controller_port), "--data-dir", str(self.data_dir),
+             *args],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"kafka.sh {args} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def start(self) -> Broker:
+        """Start (or restart, from the same data dir) and wait until it answers."""
+        self._script("up")
+        return self
+
+    def pid(self) -> int:
+        return int((self.data_dir / "kafka.pid").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, the logs are recovered at the next start."""
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # until init has reaped it
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._script("down", timeout=60)

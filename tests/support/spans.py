@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import trace
@@ -130,7 +131,8 @@ def kill_signal(trace_id: str, kind: str = "kill", message: str | None = None) -
             action=kind,  # type: ignore[arg-type]
             reason="search_docs called 4x in last 4 steps",
             agent=AgentIdentity("support-bot"),
-            detected_at="2026-12-02T15:00:00.000+00:00",
+            # Now: a signal expires an hour after its detection.
+            detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
             tool_name="search_docs",
             args_hash="1d79773f7dd21571",
             hits=4,

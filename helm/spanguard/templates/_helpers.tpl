@@ -76,16 +76,104 @@ Checks that stop the render with a message, before anything reaches the cluster.
 {{- if and .Values.signingKey.value .Values.signingKey.existingSecret }}
 {{- fail "set signingKey.value or signingKey.existingSecret, not both" }}
 {{- end }}
+{{- if and .Values.signingKey.value (lt (len .Values.signingKey.value) 16) }}
+{{- fail (printf "signingKey.value has %d bytes; the worker needs at least 16 (e.g. openssl rand -hex 32)" (len .Values.signingKey.value)) }}
+{{- end }}
+{{- if not (or (include "spanguard.signingKeySecret" .) .Values.worker.allowUnsigned) }}
+{{- fail "kill signals are signed: set signingKey.value (--set-file), signingKey.existingSecret or signingKey.generate=true; worker.allowUnsigned=true sends unsigned signals instead (insecure)" }}
+{{- end }}
 {{- if and .Values.pagerduty.routingKey .Values.pagerduty.existingSecret }}
 {{- fail "set pagerduty.routingKey or pagerduty.existingSecret, not both" }}
 {{- end }}
+{{- $sec := .Values.kafka.security }}
+{{- if has $sec.protocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- if not (and $sec.saslMechanism $sec.saslUsername $sec.existingSecret $sec.keys.saslPassword) }}
+{{- fail (printf "kafka.security.protocol %s needs saslMechanism, saslUsername, and existingSecret with keys.saslPassword" $sec.protocol) }}
+{{- end }}
+{{- else if or $sec.saslMechanism $sec.saslUsername }}
+{{- fail (printf "kafka.security.saslMechanism/saslUsername are set but protocol is %s: use SASL_SSL" $sec.protocol) }}
+{{- end }}
+{{- if ne (not $sec.keys.sslCertificateLocation) (not $sec.keys.sslKeyLocation) }}
+{{- fail "kafka.security.keys.sslCertificateLocation and sslKeyLocation go together (mutual TLS)" }}
+{{- end }}
 {{- end }}
 
-{{/* The Secret (name) holding the signing key, or "" when signals are unsigned. */}}
+{{/* Where the Kafka Secret's files are mounted. */}}
+{{- define "spanguard.kafkaSecretPath" -}}/etc/spanguard/kafka{{- end }}
+
+{{/* key=>file items of the Kafka Secret that the protocol uses: "" when none is mounted. */}}
+{{- define "spanguard.kafkaSecretItems" -}}
+{{- $sec := .Values.kafka.security }}
+{{- $sasl := has $sec.protocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- $tls := has $sec.protocol (list "SSL" "SASL_SSL") }}
+{{- if $sec.existingSecret }}
+{{- if and $sasl $sec.keys.saslPassword }}
+- key: {{ $sec.keys.saslPassword }}
+  path: sasl-password
+{{- end }}
+{{- if $tls }}
+{{- with $sec.keys.sslCaLocation }}
+- key: {{ . }}
+  path: ca.crt
+{{- end }}
+{{- with $sec.keys.sslCertificateLocation }}
+- key: {{ . }}
+  path: tls.crt
+{{- end }}
+{{- with $sec.keys.sslKeyLocation }}
+- key: {{ . }}
+  path: tls.key
+{{- end }}
+{{- with $sec.keys.sslKeyPassword }}
+- key: {{ . }}
+  path: tls-key-password
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* SPANGUARD_KAFKA_* for the worker and the topics job. */}}
+{{- define "spanguard.kafkaEnv" -}}
+{{- $sec := .Values.kafka.security }}
+{{- $dir := include "spanguard.kafkaSecretPath" . }}
+{{- $sasl := has $sec.protocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- $tls := has $sec.protocol (list "SSL" "SASL_SSL") }}
+- name: SPANGUARD_KAFKA_SECURITY_PROTOCOL
+  value: {{ $sec.protocol | quote }}
+{{- if $sasl }}
+- name: SPANGUARD_KAFKA_SASL_MECHANISM
+  value: {{ $sec.saslMechanism | quote }}
+- name: SPANGUARD_KAFKA_SASL_USERNAME
+  value: {{ $sec.saslUsername | quote }}
+- name: SPANGUARD_KAFKA_SASL_PASSWORD_FILE
+  value: {{ printf "%s/sasl-password" $dir | quote }}
+{{- end }}
+{{- if $tls }}
+- name: SPANGUARD_KAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM
+  value: {{ $sec.sslEndpointIdentificationAlgorithm | quote }}
+{{- if and $sec.existingSecret $sec.keys.sslCaLocation }}
+- name: SPANGUARD_KAFKA_SSL_CA_LOCATION
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- if and $sec.existingSecret $sec.keys.sslCertificateLocation }}
+- name: SPANGUARD_KAFKA_SSL_CERTIFICATE_LOCATION
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: SPANGUARD_KAFKA_SSL_KEY_LOCATION
+  value: {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- if and $sec.existingSecret $sec.keys.sslKeyPassword }}
+- name: SPANGUARD_KAFKA_SSL_KEY_PASSWORD_FILE
+  value: {{ printf "%s/tls-key-password" $dir | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret (name) holding the signing key, or "" when signals are unsigned (only with
+worker.allowUnsigned). */}}
 {{- define "spanguard.signingKeySecret" -}}
 {{- if .Values.signingKey.existingSecret }}
 {{- .Values.signingKey.existingSecret }}
-{{- else if .Values.signingKey.value }}
+{{- else if or .Values.signingKey.value (and .Values.signingKey.generate (not .Values.worker.allowUnsigned)) }}
 {{- printf "%s-signing-key" (include "spanguard.fullname" .) }}
 {{- end }}
 {{- end }}
@@ -149,4 +237,5 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
   value: {{ int .Values.metrics.port | quote }}
 - name: SPANGUARD_LOG_LEVEL
   value: {{ .Values.worker.logLevel | quote }}
+{{ include "spanguard.kafkaEnv" . }}
 {{- end }}

@@ -1,0 +1,75 @@
+"""The policy loader on good files, and `spanguard policy check` as CI runs it (the bad files
+are the policy table of tests/test_bad_input.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from spanguard.schemas.policy import Policy
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "policy.yaml"
+
+
+def test_yaml_anchors_within_bounds_still_work(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "agents:\n"
+        "  - match: {service.name: a}\n"
+        "    loop: &wide {window: 20, threshold: 5}\n"
+        "  - match: {service.name: b}\n"
+        "    loop: *wide\n"
+    )
+    policy = Policy.load(path)
+    assert [(r.policy.window, r.policy.threshold) for r in policy.rules] == [(20, 5), (20, 5)]
+
+
+def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_policy():
+    policy = Policy.load(EXAMPLE)
+    document = policy.effective()
+    assert Policy.from_mapping(yaml.safe_load(yaml.safe_dump(document))) == policy
+    support = document["agents"][2]
+    assert support["match"] == {"service.name": "support-bot"}
+    assert support["action"] == "downgrade" and support["loop"] == {"window": 10, "threshold": 4}
+
+
+def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(EXAMPLE)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 3 agent rules")
+    printed = yaml.safe_load(result.stdout)
+    assert [rule["match"] for rule in printed["agents"]] == [
+        {"service.name": "research-assistant"},
+        {"gen_ai.agent.name": "ticket-bot"},
+        {"service.name": "support-bot"},
+    ]
+    ticket_bot = printed["agents"][1]
+    assert ticket_bot["token_budget"] == 200000
+    assert "created_at" in ticket_bot["volatile_keys"] and "nonce" in ticket_bot["volatile_keys"]
+    # What CI saves is a policy file: loading it gives the very policy that was checked.
+    saved = tmp_path / "effective.yaml"
+    saved.write_text(result.stdout)
+    assert Policy.load(saved) == Policy.load(EXAMPLE)
+
+
+def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("defaults:\n  tokenbudget: 100\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
+        " (did you mean 'token_budget'?); valid keys: action, autonomous, goal, loop,"
+        " missing_args, record_arguments, severity, token_budget, volatile_keys"
+    ]

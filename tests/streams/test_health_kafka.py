@@ -1,0 +1,161 @@
+"""/readyz and /livez of a real worker (default RocksDB store) whose span agent fails for real.
+
+Each worker runs `spanguard worker` through a `python -c` wrapper that patches one function
+before the command starts:
+- the crash: `SerializedStates.flush` writes the batch's states to the store outside any
+  event, which is what the worker once did; Faust's RocksDB store then raises
+  `assert event is not None`;
+- the stall: sends to the kill topic never return (a broker connection that hangs), so the
+  span agent waits for ever on its first kill without raising.
+
+`--dead-after 8` instead of the shipped 60 s, so that liveness can turn red within a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker, producer
+from tests.support.spans import AgentRecorder, encode
+
+pytestmark = pytest.mark.kafka
+
+DEAD_AFTER = 8.0
+
+RUN_CLI = """
+import sys
+from spanguard.cli import main
+sys.exit(main())
+"""
+
+CRASH_ON_FLUSH = (
+    """
+from faust.streams import _current_event
+from spanguard.streams.state import SerializedStates
+
+def flush(self):
+    # The store write the worker once made outside any event. Its table then sent changelog
+    # records to the partitioner's partition, so the store's own check was the first to fail;
+    # it is reached here through the store.
+    batch, self._batch = self._batch, None
+    token = _current_event.set(None)
+    try:
+        for trace_id, state in (batch or {}).items():
+            self.table.data[trace_id.encode()] = state.to_bytes()
+    finally:
+        _current_event.reset(token)
+
+SerializedStates.flush = flush
+"""
+    + RUN_CLI
+)
+
+HANG_ON_KILL_SEND = (
+    """
+import asyncio, os
+from faust.topics import Topic
+
+original = Topic.send
+
+async def send(self, *args, **kwargs):
+    if self.get_topic_name() == os.environ["HANG_TOPIC"]:
+        await asyncio.Event().wait()  # never acked, never failed
+    return await original(self, *args, **kwargs)
+
+Topic.send = send
+"""
+    + RUN_CLI
+)
+
+
+def patched_worker(topics: Topics, data_dir, code: str, **env: str) -> WorkerProcess:
+    worker = WorkerProcess(
+        topics,
+        data_dir,
+        extra=["--dead-after", str(DEAD_AFTER)],
+        env={**env, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert worker.args[1:3] == ["-m", "spanguard.cli"]
+    worker.args[1:3] = ["-c", code]
+    return worker.start()
+
+
+def probe(worker: WorkerProcess, path: str) -> tuple[int, dict]:
+    try:
+        url = f"http://127.0.0.1:{worker.port}{path}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def send_loop(topic: str, agent: AgentRecorder, calls: int) -> None:
+    out = producer()
+    for _ in range(calls):
+        span = agent.tool("search_docs", {"query": "refund policy"})
+        out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
+    assert out.flush(20) == 0
+
+
+def wait_for_status(worker: WorkerProcess, path: str, code: int, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe(worker, path)[0] == code:
+            return time.monotonic()
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} never {code}: {probe(worker, path)}\n{worker.log_tail()}")
+
+
+def test_the_rocksdb_crash_turns_readiness_red_and_liveness_after_dead_after(tmp_path):
+    ensure_broker()
+    topics = Topics()
+    worker = patched_worker(topics, tmp_path / "w", CRASH_ON_FLUSH)
+    try:
+        assert probe(worker, "/readyz")[0] == 200
+        send_loop(topics.input, AgentRecorder(), 1)
+        crashed = wait_for_status(worker, "/readyz", 503, 30)
+        body = probe(worker, "/readyz")[1]
+        assert "AssertionError" in body["last_error"], body
+        assert "assert event is not None" in worker.log_text()
+        # Faust restarts the agent, which crashes again on the next message: the same outage.
+        time.sleep(DEAD_AFTER / 2)
+        send_loop(topics.input, AgentRecorder(), 1)
+        deadline = time.monotonic() + 20
+        while probe(worker, "/readyz")[1]["crashes"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert probe(worker, "/readyz")[1]["crashes"] >= 2
+        dead = wait_for_status(worker, "/livez", 503, DEAD_AFTER + 15)
+        # Live until dead_after from the first crash, not from the latest one.
+        assert DEAD_AFTER - 1 <= dead - crashed <= DEAD_AFTER + 3, dead - crashed
+    finally:
+        worker.stop()
+        topics.delete()
+
+
+def test_a_span_agent_stuck_with_records_waiting_turns_liveness_red(tmp_path):
+    ensure_broker()
+    topics = Topics()
+    worker = patched_worker(topics, tmp_path / "w", HANG_ON_KILL_SEND, HANG_TOPIC=topics.kills)
+    try:
+        # Idle with nothing waiting is not stuck: still live well past dead_after.
+        send_loop(topics.input, AgentRecorder(), 1)
+        worker.wait_for("spanguard_tool_calls_observed_total", 1)
+        time.sleep(DEAD_AFTER + 2)
+        assert probe(worker, "/livez")[0] == 200
+        send_loop(topics.input, AgentRecorder(), 6)  # trips at the 4th call: its kill hangs
+        stuck = time.monotonic()
+        wait_for_status(worker, "/livez", 503, DEAD_AFTER + 15)
+        assert time.monotonic() - stuck >= DEAD_AFTER - 1
+        body = probe(worker, "/livez")[1]
+        assert body["stalled"] and body["pending"] > 0, body
+        assert probe(worker, "/readyz")[0] == 200  # nothing crashed
+    finally:
+        worker.stop()
+        topics.delete()

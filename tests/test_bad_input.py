@@ -1,0 +1,422 @@
+"""No input disables a guard: one table of bad inputs per surface that reads outside input.
+
+Each surface gets its own table (a list of cases, one pytest parameter each) and one test that
+runs every case through the real reader of that surface. A new surface adds a table here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from spanguard.killswitch.client import MAX_SIGNAL_BYTES, BadSignal, KillSwitch, read_signal
+from spanguard.schemas.decision import key_id, keyring, sign
+from tests.support.spans import kill_signal
+
+# -- the kill-signal topic (killswitch/client.py: read_signal) ----------------------------------
+
+KEY = b"bad-input-test-signing-key"
+KEYS = keyring(KEY)
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _signal(**changes: Any) -> dict[str, Any]:
+    record = kill_signal(TRACE).to_dict()
+    record.update(changes)
+    return record
+
+
+def _signed(**changes: Any) -> bytes:
+    return json.dumps(sign(_signal(**changes), KEY)).encode()
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+def _tampered(**changes: Any) -> bytes:
+    return json.dumps({**sign(_signal(), KEY), **changes}).encode()
+
+
+def _unsigned(**changes: Any) -> bytes:
+    return json.dumps(_signal(**changes)).encode()
+
+
+def _v1_signed() -> bytes:
+    """What a version 1 worker sent: no expiry, no key id."""
+    record = {**_signal(), "schema_version": 1}
+    del record["expires_at"]
+    return json.dumps(sign(record, KEY)).encode()
+
+
+PAST = "2026-01-01T00:00:00.000+00:00"
+
+
+KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
+    ("no value (a tombstone)", None, "empty"),
+    ("empty bytes", b"", "empty"),
+    ("a JSON array", b"[]", "not_object"),
+    ("JSON null", b"null", "not_object"),
+    ("a JSON number", b"1", "not_object"),
+    ("a JSON string", b'"kill"', "not_object"),
+    ("not JSON", b"{", "not_json"),
+    ("binary garbage", bytes(range(256)), "not_utf8"),
+    ("UTF-16 JSON", json.dumps(_signal()).encode("utf-16"), "not_utf8"),
+    (
+        "NaN as a number",
+        _signed(evidence={"span_id": "00f067aa0ba902b7", "hits": float("nan")}),
+        "not_json",
+    ),
+    ("arrays nested past the decoder's depth", b"[" * 5000 + b"]" * 5000, "too_deep"),
+    (
+        "objects nested past a signal's depth",
+        json.dumps(_signal(evidence=_nested(50))).encode(),
+        "too_deep",
+    ),
+    ("larger than any signal", b" " * (MAX_SIGNAL_BYTES + 1), "too_large"),
+    ("a lone surrogate escape", json.dumps(_signal(reason="\ud800")).encode(), "not_utf8"),
+    ("an object that is no signal", b'{"kill": true}', "invalid"),
+    ("trace id not hex", _signed(trace_id="x" * 32), "invalid"),
+    ("trace id a number", _signed(trace_id=1), "invalid"),
+    ("agent a string", _signed(agent="support-bot"), "invalid"),
+    ("evidence an array", _signed(evidence=[]), "invalid"),
+    ("an unknown kind", _signed(kind="pause"), "invalid"),
+    ("a signature that is a number", _tampered(signature=1), "invalid"),
+    ("a signature without its key id", _unsigned(signature="00" * 32), "invalid"),
+    ("a key id without a signature", _unsigned(key_id=key_id(KEY)), "invalid"),
+    ("an expiry that is no date", _signed(expires_at="soon"), "invalid"),
+    (
+        "an expiry on a day that does not exist",
+        _signed(expires_at="2026-02-30T00:00:00Z"),
+        "invalid",
+    ),
+    ("an expiry without a timezone", _signed(expires_at="2999-01-01T00:00:00"), "invalid"),
+    ("no expiry (a version 1 signal)", _v1_signed(), "invalid"),
+    ("unsigned", _unsigned(), "unsigned"),
+    ("signed with another key", json.dumps(sign(_signal(), b"attacker")).encode(), "unknown_key"),
+    (
+        "another key's signature under our key id",
+        json.dumps({**sign(_signal(), b"attacker"), "key_id": key_id(KEY)}).encode(),
+        "forged",
+    ),
+    ("edited after signing", _tampered(reason="edited after signing"), "forged"),
+    ("the key id edited after signing", _tampered(key_id="0" * 16), "unknown_key"),
+    ("a non-ASCII signature", _tampered(signature="é" * 64), "forged"),
+    ("signed, but expired", _signed(expires_at=PAST), "expired"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [case[1:] for case in KILL_RECORDS], ids=[case[0] for case in KILL_RECORDS]
+)
+def test_kill_signal_records(value, kind):
+    with pytest.raises(BadSignal) as caught:
+        read_signal(value, KEYS)
+    assert caught.value.kind == kind
+    assert len(caught.value.detail) < 260 and caught.value.detail.isprintable()
+
+
+def test_a_valid_signal_reads_after_every_bad_record():
+    for _, value, _ in KILL_RECORDS:
+        with pytest.raises(BadSignal):
+            read_signal(value, KEYS)
+    assert read_signal(_signed(), KEYS).trace_id == TRACE
+
+
+def test_keys_rotate_without_a_flag_day():
+    """Agents accept the old and the new key while the worker switches from one to the other."""
+    old, new = b"the-old-signing-key-0123", b"the-new-signing-key-4567"
+    both = keyring([old, new])
+    for key in (old, new):
+        assert read_signal(json.dumps(sign(_signal(), key)).encode(), both).trace_id == TRACE
+    with pytest.raises(BadSignal) as caught:
+        read_signal(json.dumps(sign(_signal(), old)).encode(), keyring(new))
+    assert caught.value.kind == "unknown_key"
+
+
+def test_unsigned_signals_only_when_told_and_never_expired_ones():
+    assert read_signal(_unsigned(), None).trace_id == TRACE
+    with pytest.raises(BadSignal, match="expired"):
+        read_signal(_unsigned(expires_at=PAST), None)
+    with pytest.raises(ValueError, match="no signing key"):
+        KillSwitch("127.0.0.1:9", start=False)
+    with pytest.raises(ValueError, match="not both"):
+        KillSwitch("127.0.0.1:9", signing_key=KEY, allow_unsigned=True, start=False)
+    KillSwitch("127.0.0.1:9", allow_unsigned=True, start=False)
+
+
+# -- policy files (schemas/policy.py: Policy.load; `spanguard policy check`) --------------------
+
+
+def _alias_bomb(levels: int = 9) -> bytes:
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, levels):
+        refs = ", ".join([f"*l{level - 1}"] * 9)
+        lines.append(f"l{level}: &l{level} [{refs}]")
+    return ("\n".join(lines) + "\n").encode()
+
+
+POLICY_FILES: list[tuple[str, bytes, str]] = [
+    ("a YAML alias bomb", _alias_bomb(), "more than 100000 values once its YAML aliases are"),
+    ("an alias bomb under a real key", b"defaults:\n  volatile_keys: &k [a, b]\n"
+     + _alias_bomb(), "once its YAML aliases are expanded"),
+    ("a recursive alias", b"defaults: &d {goal: *d}\n", "a YAML alias refers to itself"),
+    ("nested 100 levels", b"[" * 100 + b"]" * 100, "nested more than 32 levels"),
+    ("nested past the YAML parser's depth", b"[" * 5000 + b"]" * 5000, "nested more than 32"),
+    ("larger than any policy", b"# " + b"x" * (1024 * 1024) + b"\n", "larger than 1048576 bytes"),
+    ("not UTF-8", b"defaults:\n  action: \xff\xfe\n", "not UTF-8 text (byte 0xff at offset 20)"),
+    ("UTF-16", "defaults: {action: kill}\n".encode("utf-16"), "not UTF-8 text"),
+    ("an integer key", b"defaults:\n  loop: {1: 2}\n", "field defaults.loop: key 1 (int) is not"),
+    ("a boolean key", b"agents:\n  - match: {on: x}\n", "key True (bool) is not a string (YAML"),
+    ("a null key", b"~: 1\n", "field (top level): key None (NoneType) is not a string"),
+    ("a misspelt default", b"defaults:\n  tokenbudget: 100\n",
+     "field defaults: unknown key 'tokenbudget' (did you mean 'token_budget'?)"),
+    ("a misspelt section", b"default:\n  token_budget: 100\n",
+     "field (top level): unknown key 'default' (did you mean 'defaults'?)"),
+    ("a misspelt agent setting", b"agents:\n  - match: {a: b}\n    tokenbudget: 1\n",
+     "field agents.0: unknown key 'tokenbudget' (did you mean 'token_budget'?)"),
+    ("a misspelt loop key", b"defaults:\n  loop: {windw: 20}\n",
+     "field defaults.loop: unknown key 'windw' (did you mean 'window'?)"),
+    ("a misspelt goal key", b"defaults:\n  goal: {sample_rat: 0.5}\n",
+     "unknown key 'sample_rat' (did you mean 'sample_rate'?)"),
+    ("an unknown key like none", b"defaults:\n  zzz: 1\n", "unknown key 'zzz'; valid keys: action"),
+    ("NaN sample rate", b"defaults:\n  goal: {sample_rate: .nan}\n",
+     "field defaults.goal.sample_rate: nan is not a finite number"),
+    ("infinite budget", b"defaults:\n  token_budget: .inf\n", "inf is not a finite number"),
+    ("minus infinity", b"agents:\n  - match: {a: b}\n    goal: {min_confidence: -.inf}\n",
+     "field agents.0.goal.min_confidence: -inf is not a finite number"),
+    ("a duplicate key", b"defaults:\n  action: kill\n  action: downgrade\n",
+     "key 'action' appears twice in one mapping (line 3)"),
+    ("broken YAML", b"defaults: [\n", "not valid YAML: "),
+    ("two YAML documents", b"defaults: {}\n---\nagents: []\n", "expected a single document"),
+    ("a NUL byte", b"defaults:\x00\n", "not valid YAML: "),
+    ("a Python object tag", b'!!python/object/apply:os.system ["true"]\n',
+     "could not determine a constructor"),
+    ("a list, not a mapping", b"- defaults\n", "field (top level): ['defaults'] is not of type"),
+    ("a date as a budget", b"defaults:\n  token_budget: 2026-01-01\n",
+     "field defaults.token_budget: datetime.date(2026, 1, 1) is not of type"),
+    ("a threshold beyond its window", b"defaults:\n  loop: {window: 3, threshold: 4}\n",
+     "threshold 4 can never be reached in a window of 3 calls"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "message"), [case[1:] for case in POLICY_FILES], ids=[case[0] for case in POLICY_FILES]
+)
+def test_policy_files(tmp_path, capsys, data, message):
+    from spanguard.cli import main
+    from spanguard.schemas.policy import Policy, PolicyError
+
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(data)
+    with pytest.raises(PolicyError) as caught:
+        Policy.load(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # The CI check and every command that takes a policy: exit 2, one line on stderr.
+    assert main(["policy", "check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("spanguard policy: bad policy: ") and message in line
+
+
+# -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
+
+
+def _replay_line(**span_changes: Any) -> str:
+    from spanguard.schemas.otlp import encode_json_line
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    agent.tool("search_docs", {"query": "refund policy"})
+    document = json.loads(encode_json_line(encode(agent.finished())))
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"][0].update(span_changes)
+    return json.dumps(document)
+
+
+def _kvlist(depth: int) -> dict[str, Any]:
+    """An attribute whose value is a key-value list nested `depth` times."""
+    value: dict[str, Any] = {"intValue": "1"}
+    for _ in range(depth):
+        value = {"kvlistValue": {"values": [{"key": "b", "value": value}]}}
+    return {"key": "a", "value": value}
+
+
+REPLAY_LINES: list[tuple[str, bytes, str]] = [
+    ("cut short", b'{"resourceSpans": [ broken', "not JSON"),
+    ("arrays nested past the decoder's depth", b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    ("objects nested past the decoder's depth", b'{"a":' * 5000 + b"1" + b"}" * 5000,
+     "nested too deeply"),
+    ("attributes nested past protobuf's depth", _replay_line(attributes=[_kvlist(200)]).encode(),
+     "too deep"),
+    ("JSON null", b"null", "an OTLP/JSON request is an object"),
+    ("a JSON array", b"[]", "an OTLP/JSON request is an object"),
+    ("resourceSpans a number", b'{"resourceSpans": 5}', "not an OTLP/JSON trace request"),
+    ("resourceSpans NaN", b'{"resourceSpans": NaN}', "not an OTLP/JSON trace request"),
+    ("a span that is a number", b'{"resourceSpans": [{"scopeSpans": [{"spans": [1]}]}]}',
+     "not an OTLP/JSON trace request"),
+    ("a trace id that is a number", _replay_line(traceId=5).encode(), "must be a hex string"),
+    ("a trace id that is not hex", _replay_line(traceId="zz" * 16).encode(), "is not hex"),
+    ("a trace id of 3 bytes", _replay_line(traceId="abcdef").encode(), "3-byte trace id"),
+    ("a time that is no number", _replay_line(startTimeUnixNano="soon").encode(),
+     "not an OTLP/JSON trace request"),
+    ("not UTF-8", b'{"resourceSpans": "\xff"}', "not JSON"),
+    ("a lone surrogate, raw", _replay_line(name="\ud800").encode().replace(b"\\ud800", b"\xed\xa0\x80"),
+     "Unpaired surrogate"),
+    ("a lone surrogate escape", _replay_line(name="\ud800").encode(), "Unpaired surrogate"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "message"), [case[1:] for case in REPLAY_LINES], ids=[case[0] for case in REPLAY_LINES]
+)
+def test_replay_lines(line, message):
+    """The broken line is reported with its number and skipped; the lines around it are read."""
+    import io
+
+    from spanguard.detection.replay import replay
+
+    good = _replay_line().encode()
+    out, err = io.StringIO(), io.StringIO()
+    result = replay(["-"], stdin=io.BytesIO(good + b"\n" + line + b"\n" + good + b"\n"),
+                    stdout=out, stderr=err)  # fmt: skip
+    (report, summary) = err.getvalue().splitlines()
+    assert report.startswith("-:2: skipped: ") and message in report, report
+    assert (result.requests, result.skipped) == (2, 1)
+    assert summary.startswith("replay: 2 requests, 1 broken inputs skipped")
+
+
+def test_replay_exit_status_says_whether_a_line_was_broken(tmp_path, capsys):
+    from spanguard.cli import main
+
+    path = tmp_path / "spans.jsonl"
+    path.write_bytes(_replay_line().encode() + b"\n")
+    assert main(["replay", str(path)]) == 0
+    path.write_bytes(_replay_line().encode() + b"\n" + REPLAY_LINES[0][1] + b"\n")
+    assert main(["replay", str(path)]) == 1
+    assert f"{path}:2: skipped: not JSON" in capsys.readouterr().err
+
+
+def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
+    """MAX_LINE_BYTES (64 MiB) lowered to 4 kB so the test need not write 64 MiB; the same code
+    path reads the line in bounded pieces."""
+    import io
+
+    from spanguard.detection import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
+    good = _replay_line().encode()
+    long_line = b'{"resourceSpans": [' + b" " * 10_000 + b"]}"
+    err = io.StringIO()
+    result = replay_module.replay(
+        ["-"], stdin=io.BytesIO(long_line + b"\n" + good + b"\n"), stdout=io.StringIO(), stderr=err
+    )
+    assert err.getvalue().splitlines()[0] == "-:1: skipped: longer than 4096 bytes"
+    assert (result.requests, result.skipped) == (1, 1)
+
+
+# -- OTLP messages on the input topic (spanguard/detection/pipeline.py: SpanPipeline.handle) ----
+
+
+def metrics_request(name: str, kind: str) -> bytes:
+    """A real ExportMetricsServiceRequest with one metric of `kind`, as an SDK exports it."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.metrics.v1 import metrics_pb2 as m
+
+    now = 1_764_748_800_000_000_000
+    point = m.NumberDataPoint(start_time_unix_nano=now - 10**9, time_unix_nano=now, as_int=7)
+    data = {
+        "sum": {"sum": m.Sum(data_points=[point], aggregation_temporality=2, is_monotonic=True)},
+        "gauge": {"gauge": m.Gauge(data_points=[m.NumberDataPoint(as_int=7)])},
+        "histogram": {"histogram": m.Histogram(data_points=[m.HistogramDataPoint(count=3)])},
+        "exponential_histogram": {
+            "exponential_histogram": m.ExponentialHistogram(
+                data_points=[m.ExponentialHistogramDataPoint(count=2)]
+            )
+        },
+        "summary": {"summary": m.Summary(data_points=[m.SummaryDataPoint(count=1)])},
+        "with_metadata": {
+            "gauge": m.Gauge(data_points=[m.NumberDataPoint(as_int=7)]),
+            "metadata": [{"key": "k", "value": {"string_value": "v"}}],
+        },
+    }[kind]
+    metric = m.Metric(name=name, description="8 bytes!", unit="1", **data)
+    request = ExportMetricsServiceRequest(
+        resource_metrics=[m.ResourceMetrics(scope_metrics=[m.ScopeMetrics(metrics=[metric])])]
+    )
+    return request.SerializeToString()
+
+
+def _logs_request() -> bytes:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.logs.v1 import logs_pb2 as logs
+
+    record = logs.LogRecord(
+        time_unix_nano=1, trace_id=b"t" * 16, span_id=b"s" * 8, body={"string_value": "hello"},
+        attributes=[{"key": "k", "value": {"string_value": "v"}}],
+    )  # fmt: skip
+    request = ExportLogsServiceRequest(
+        resource_logs=[logs.ResourceLogs(scope_logs=[logs.ScopeLogs(log_records=[record])])]
+    )
+    return request.SerializeToString()
+
+
+NAME16 = "sixteen-byte-nam"
+NOT_TRACES = "not an OTLP ExportTraceServiceRequest: "
+
+OTLP_MESSAGES: list[tuple[str, bytes | None, str]] = [
+    ("no value", None, "empty message"),
+    ("garbage", b"\x0a\xff\xff\xff\xff\x0f garbage", NOT_TRACES),
+    ("a sum metric, 16-byte name", metrics_request(NAME16, "sum"), NOT_TRACES + "span field 7"),
+    ("a gauge metric, 16-byte name", metrics_request(NAME16, "gauge"),
+     NOT_TRACES + "no span has an end_time_unix_nano"),
+    ("a histogram metric", metrics_request(NAME16, "histogram"), NOT_TRACES),
+    ("an exponential histogram", metrics_request(NAME16, "exponential_histogram"),
+     NOT_TRACES + "span field 10"),
+    ("a summary metric", metrics_request(NAME16, "summary"), NOT_TRACES),
+    ("a metric with metadata", metrics_request(NAME16, "with_metadata"),
+     NOT_TRACES + "span field 12"),
+    ("a logs request", _logs_request(), NOT_TRACES),
+    ("a span with no trace id", b"\n\r\x12\x0b\x12\tA\x01\x00\x00\x00\x00\x00\x00\x00",
+     "a span has a 0-byte trace id"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [case[1:] for case in OTLP_MESSAGES],
+    ids=[case[0] for case in OTLP_MESSAGES],
+)
+def test_otlp_messages(value, reason):
+    """Keyed as the Collector keys a trace (the hex of the 16-byte "trace id" a metric's name
+    makes): still a dead letter with its reason, and no decision."""
+    from spanguard.detection.guard import Guard
+    from spanguard.detection.pipeline import SpanPipeline
+
+    pipeline = SpanPipeline(Guard())
+    outcome = pipeline.handle(NAME16.encode().hex().encode(), value)
+    assert outcome.dead_letter is not None and outcome.dead_letter.startswith(reason)
+    assert outcome.decisions == [] and outcome.repartition == []
+
+
+def test_a_trace_request_still_passes_the_check():
+    from spanguard.detection.guard import Guard
+    from spanguard.detection.pipeline import SpanPipeline
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    outcome = SpanPipeline(Guard()).handle(
+        agent.trace_id.encode(), encode(agent.finished()).SerializeToString()
+    )
+    assert outcome.dead_letter is None and [d.rule for d in outcome.decisions] == ["tool_loop"]
