@@ -92,6 +92,15 @@ class Decision:
     confidence: float | None = None  # goal_unmet: the judge's confidence
     system_message: str | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
+    # When the tripping span ended (ISO 8601, UTC; None if it carried no end time): the start
+    # of the detection latency, span end to signal sent.
+    span_ended_at: str | None = None
+    threshold: int | None = None  # tool_loop: the configured threshold
+    # tool_loop: the window when it tripped, oldest first: {tool_name, args_hash, span_id,
+    # ended_at} per call (hashes, never arguments)
+    calls: list[dict[str, Any]] | None = None
+    policy_entry: str | None = None  # the policy entry in force: "defaults" or "agents.N"
+    policy_match: dict[str, str] | None = None  # that entry's match
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 

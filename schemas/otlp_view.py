@@ -75,6 +75,8 @@ def _build() -> Any:
             ("span_id", 2, _F.TYPE_BYTES, False, ""),
             ("parent_span_id", 4, _F.TYPE_BYTES, False, ""),
             ("name", 5, _F.TYPE_STRING, False, ""),
+            # When the call ended: the start of the detection-latency clock.
+            ("end_time_unix_nano", 8, _F.TYPE_FIXED64, False, ""),
             ("events", 11, _F.TYPE_MESSAGE, True, _EVENT),
         ],
         maps=[("attributes", 9)],

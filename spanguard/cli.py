@@ -23,7 +23,7 @@ EXIT_SKIPPED = 1  # replay: every input read, but some broken lines or files wer
 def _cmd_replay(args: argparse.Namespace) -> int:
     from spanguard.detection.replay import replay
 
-    result = replay(args.paths, _load_policy(args.policy))
+    result = replay(args.paths, _load_policy(args.policy), html=args.html)
     return EXIT_SKIPPED if result.skipped else 0
 
 
@@ -91,7 +91,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from spanguard.settings import GoalSettings, PagerSettings
+    from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings
 
     try:
         from spanguard.streams.worker import run_worker
@@ -109,9 +109,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     pager = (
         PagerSettings.from_sources(pager_flags) if PagerSettings.configured(pager_flags) else None
     )
+    webhook_flags = _flags(args, "WebhookSettings")
+    webhook = (
+        WebhookSettings.from_sources(webhook_flags)
+        if WebhookSettings.configured(webhook_flags)
+        else None
+    )
     policy = _load_policy(settings.policy)  # bad settings or a bad policy stop here, before Kafka
     settings.kill_signing_key()  # signed by default: no key (and no opt-out) stops here too
-    return run_worker(settings, policy, goal, pager)
+    return run_worker(settings, policy, goal, pager, webhook)
 
 
 def _cmd_topics_create(args: argparse.Namespace) -> int:
@@ -128,6 +134,59 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     for name, outcome in outcomes.items():
         print(f"{name}: {outcome}")
     return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import json
+
+    from spanguard.detection.explain import explain_records
+    from spanguard.streams.audit import read_decisions
+
+    settings = _settings(args)
+    trace_id = args.trace_id.lower()
+    scan = read_decisions(settings.bootstrap, settings.detections_topic, trace_id, args.timeout)
+    if not scan.records:
+        print(
+            f"spanguard explain: no decision for trace {trace_id} in {settings.detections_topic}"
+            f" ({scan.scanned} records read)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        for record in scan.records:
+            print(json.dumps(record, sort_keys=True))
+    else:
+        sys.stdout.write(explain_records(trace_id, scan.records))
+    return 0
+
+
+def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
+    from spanguard.settings import REGISTRY
+
+    explain = commands.add_parser(
+        "explain",
+        help="why was this trace's agent killed: its decisions and their evidence",
+        description=(
+            "Read the detections topic and print the trace's decisions with their evidence:"
+            " the window when the rule tripped (tool names, hash prefixes, span ids, times),"
+            " the policy entry in force and its threshold. Exit 1 if there is none."
+        ),
+    )
+    explain.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
+    for entry in REGISTRY:  # only the two worker settings explain needs, env vars honoured
+        if entry.owner == "WorkerSettings" and entry.name in ("bootstrap", "detections_topic"):
+            explain.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                metavar="HOST:PORT" if entry.name == "bootstrap" else "TOPIC",
+                help=f"{entry.help} (${entry.env}; default {entry.default})",
+            )
+    explain.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to read the topic (default 30)"
+    )
+    explain.add_argument("--json", action="store_true", help="print the records as JSON lines")
+    explain.set_defaults(handler=_cmd_explain)
 
 
 def _kind(exc: SpanguardError) -> str:
@@ -159,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("paths", nargs="+", metavar="PATH", help="input files, - for stdin")
     replay.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
+    replay.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write one self-contained HTML page with a timeline per tripped trace",
+    )
     replay.set_defaults(handler=_cmd_replay)
 
     worker = commands.add_parser(
@@ -166,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the streaming guard: OTLP spans from Kafka in, kill signals out",
         description="Consume OTLP spans from Kafka, keep per-trace state, publish decisions.",
     )
-    _add_settings_flags(worker, "WorkerSettings", "GoalSettings", "PagerSettings")
+    _add_settings_flags(
+        worker, "WorkerSettings", "GoalSettings", "PagerSettings", "WebhookSettings"
+    )
     worker.set_defaults(handler=_cmd_worker)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics spanguard uses")
@@ -176,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings_flags(create, "WorkerSettings")
     create.set_defaults(handler=_cmd_topics_create)
+    _add_explain_parser(commands)
 
     policy = commands.add_parser("policy", help="check a policy file")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "AuditReadError",
     "JudgeError",
     "JudgeErrorKind",
     "KafkaConnectError",
@@ -66,6 +67,10 @@ class OtlpDecodeError(SpanguardError, ValueError):
 
 class ReplayInputError(SpanguardError, OSError):
     """A replay input that cannot be opened or read."""
+
+
+class AuditReadError(SpanguardError, OSError):
+    """The detections topic cannot be read (missing, unreachable, or not read in time)."""
 
 
 JudgeErrorKind = Literal["invalid_reply", "timeout", "unavailable", "rejected"]

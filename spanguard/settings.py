@@ -38,6 +38,7 @@ __all__ = [
     "PagerSettings",
     "Setting",
     "SettingsError",
+    "WebhookSettings",
     "WorkerSettings",
     "redact_url",
     "settings_table",
@@ -481,9 +482,95 @@ class PagerSettings:
         return _load(cls, overrides, environ)
 
 
+# -- webhooks -----------------------------------------------------------------------------------
+
+ENV_WEBHOOK_URL: Final = "SPANGUARD_WEBHOOK_URL"
+WEBHOOK_TEMPLATES: Final = ("json", "slack")
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where detections of every agent are posted: SPANGUARD_WEBHOOK_<NAME>. The sink is on when
+    a URL is set; the URL is a secret (a Slack incoming webhook's path is its credential)."""
+
+    ENV_GROUP: typing.ClassVar[str] = "WEBHOOK_"
+
+    url: str | None = setting(
+        None, "https URL detections are posted to (a Slack incoming webhook, ...)", secret=True,
+        compare=False,
+    )  # fmt: skip
+    url_file: str | None = setting(
+        None, "file holding the webhook URL (a mounted Secret)", compare=False, repr=False
+    )
+    template: Literal["json", "slack"] = setting(
+        "json", "body shape: json (the detection and a summary) or slack (incoming webhook)"
+    )
+    signing_key: str | None = setting(
+        None, "HMAC key: the body's signature goes in X-Spanguard-Signature", secret=True,
+        compare=False,
+    )  # fmt: skip
+    signing_key_file: str | None = setting(
+        None, "file holding the webhook signing key (a mounted Secret)", compare=False, repr=False
+    )
+    max_attempts: int = setting(6, "tries per notification")
+    timeout: float = setting(10.0, "seconds per webhook request")
+    ca_file: str | None = setting(None, "CA bundle that verifies the webhook's certificate")
+    backoff_base: float = option(0.5, "seconds before the 2nd attempt, doubling after that")
+    backoff_cap: float = option(30.0, "the longest backoff, in seconds")
+
+    def __post_init__(self) -> None:
+        url = _secret(self.url, self.url_file, ENV_WEBHOOK_URL)
+        if url is None or not url.strip():
+            raise SettingsError(f"no webhook URL: set {ENV_WEBHOOK_URL} or {ENV_WEBHOOK_URL}_FILE")
+        url = url.strip()
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "https" or not parts.netloc:
+            # The URL is a secret: name its scheme and host only.
+            raise SettingsError(
+                f"{ENV_WEBHOOK_URL} must be an https:// URL, got {parts.scheme or '(none)'}://"
+                f"{parts.hostname or ''}..."
+            )
+        object.__setattr__(self, "url", url)
+        key = _secret(self.signing_key, self.signing_key_file, "SPANGUARD_WEBHOOK_SIGNING_KEY")
+        object.__setattr__(self, "signing_key", key)
+        if self.template not in WEBHOOK_TEMPLATES:
+            raise SettingsError(
+                f"SPANGUARD_WEBHOOK_TEMPLATE must be one of {', '.join(WEBHOOK_TEMPLATES)}"
+            )
+        if self.max_attempts < 1:
+            raise SettingsError("SPANGUARD_WEBHOOK_MAX_ATTEMPTS must be at least 1")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise SettingsError("SPANGUARD_WEBHOOK_TIMEOUT must be a positive number of seconds")
+        if self.backoff_base < 0 or self.backoff_cap < 0:
+            raise SettingsError("backoff_base and backoff_cap must not be negative")
+        if self.ca_file is not None and not Path(self.ca_file).is_file():
+            raise SettingsError(f"SPANGUARD_WEBHOOK_CA_FILE: no such file {self.ca_file!r}")
+
+    @property
+    def host(self) -> str:
+        """What logs may say about the URL: its host, never its path."""
+        return urlsplit(self.url).netloc.rpartition("@")[2] if self.url else ""
+
+    @staticmethod
+    def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+        """Whether a URL is given at all (the sink is off without one)."""
+        environ = os.environ if environ is None else environ
+        return bool(
+            flags.get("url_file")
+            or (environ.get(ENV_WEBHOOK_URL) or "").strip()
+            or (environ.get(ENV_WEBHOOK_URL + "_FILE") or "").strip()
+        )
+
+    @classmethod
+    def from_sources(
+        cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> WebhookSettings:
+        return _load(cls, flags, environ)
+
+
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings)
+SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings, WebhookSettings)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )

@@ -9,27 +9,35 @@ from __future__ import annotations
 import logging
 
 import faust
-from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService
+from spanguard.alerting.webhook import Webhook, WebhookService
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.kafka_clients import faust_credentials
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
-from spanguard.streams.agents import guard_spans, page_on_call, verify_goals
+from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, serve_http
-from spanguard.streams.metrics import WorkerMetrics
+from spanguard.streams.metrics import (
+    ConsumerLag,
+    DetectionLatency,
+    WorkerMetrics,
+    worker_registry,
+)
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanguard.worker")
+
+# Seconds between two readings of the consumer lag (a scrape reads the last one).
+LAG_INTERVAL = 5.0
 
 # Every topic is bytes in, bytes out: the pipeline decodes, and bad bytes are its business.
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -40,6 +48,7 @@ def create_app(
     policy: Policy | None = None,
     pager: Pager | None = None,
     verifier: GoalVerifier | None = None,
+    webhook: Webhook | None = None,
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     set_fetch_max_wait(settings.fetch_max_wait)
@@ -83,6 +92,20 @@ def create_app(
         key_type=bytes,
         value_type=bytes,
     )
+    # What was sent to the webhook, per trace: the same shape as `paged` (only with a webhook:
+    # a table's changelog topic is created on start).
+    notified = (
+        app.Table(
+            "notified",
+            default=None,
+            partitions=settings.partitions,
+            use_partitioner=True,
+            key_type=bytes,
+            value_type=bytes,
+        )
+        if webhook is not None
+        else None
+    )
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
     states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
     table.states = states  # its rebalance hooks keep the expiry index right
@@ -94,6 +117,9 @@ def create_app(
             " can stop or steer agents that obey unsigned signals",
             settings.kill_topic,
         )
+    registry = worker_registry()
+    lag = ConsumerLag()
+    registry.register(lag)
     worker = Worker(
         app=app,
         settings=settings,
@@ -104,6 +130,7 @@ def create_app(
         detections_in=app.topic(settings.detections_topic, **RAW),
         table=table,
         paged=paged,
+        notified=notified,
         states=states,
         guard=guard,
         pipeline=SpanPipeline(guard),
@@ -117,18 +144,38 @@ def create_app(
         ),
         health=Health(dead_after=settings.dead_after),
         paging=PagingService(pager),
+        webhook=WebhookService(webhook),
         verifier=verifier,
+        registry=registry,
+        latency=DetectionLatency(registry),
+        lag=lag,
+    )
+    registry.register(
+        WorkerMetrics(
+            guard, worker.pipeline, lambda: len(table), worker.paging, verifier, worker.webhook
+        )
     )
     guard_spans.register(worker)
     page_on_call.register(worker)
     verify_goals.register(worker)
+    notify_webhook.register(worker)
+
+    consumed = {
+        settings.input_topic,
+        settings.repartition_topic,
+        settings.detections_topic,
+        settings.goal_topic,
+    }
+
+    @app.timer(interval=LAG_INTERVAL)
+    async def measure_lag() -> None:
+        try:
+            await lag.refresh(app.consumer, consumed)
+        except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
+            log.debug("consumer lag not read", extra={"error": repr(exc)})
 
     @app.task
     async def serve_metrics() -> None:
-        registry = CollectorRegistry()
-        registry.register(
-            WorkerMetrics(guard, worker.pipeline, lambda: len(table), worker.paging, verifier)
-        )
         worker.http = await serve_http(
             worker.health, registry, settings.metrics_host, settings.metrics_port
         )

@@ -1,18 +1,127 @@
-"""Prometheus metrics, read from the guard's own counters at scrape time (no hot-path cost)."""
+"""Prometheus metrics, read from the guard's own counters at scrape time (no hot-path cost).
+
+Besides the guard's counters: the detection latency (a histogram observed when a kill signal's
+send is acked), consumer lag per partition (refreshed by a timer, read at scrape time), the
+process and platform collectors and a build-info gauge. The Grafana dashboard and the alert
+rules of the helm chart use these names; tests/streams/test_metrics_kafka.py scrapes a real
+worker and fails when one they use is missing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import platform
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from datetime import datetime
+from typing import Any
 
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from spanguard import __version__
 from spanguard.alerting.service import PagingService
-from spanguard.detection.guard import Guard
+from spanguard.alerting.webhook import WebhookService
+from spanguard.detection.guard import TOKEN_BUDGET, TOOL_LOOP, Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
+from spanguard.schemas.decision import Decision
 
-__all__ = ["WorkerMetrics"]
+__all__ = [
+    "LATENCY_BUCKETS",
+    "ConsumerLag",
+    "DetectionLatency",
+    "WorkerMetrics",
+    "worker_registry",
+]
+
+# Seconds from a span's end to its kill signal acked by the broker: tens of milliseconds when
+# the pipeline keeps up, seconds to minutes when the Collector batches or the worker lags.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class DetectionLatency:
+    """spanguard_detection_latency_seconds{rule}: span end to kill signal sent (acked)."""
+
+    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.histogram = Histogram(
+            "spanguard_detection_latency_seconds",
+            "seconds from the end of the span that tripped a rule to its kill signal acked",
+            labelnames=["rule"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for rule in (TOOL_LOOP, TOKEN_BUDGET):  # a series from the start, at zero
+            self.histogram.labels(rule)
+
+    def signal_sent(self, decision: Decision) -> float | None:
+        """Observe one acked signal; return the latency, or None if the span had no end time."""
+        if decision.span_ended_at is None:
+            return None
+        ended = datetime.fromisoformat(decision.span_ended_at).timestamp()
+        # An agent's clock ahead of ours would make it negative: that is no latency at all.
+        latency = max(self.clock() - ended, 0.0)
+        self.histogram.labels(decision.rule).observe(latency)
+        return latency
+
+
+class ConsumerLag(Collector):
+    """spanguard_consumer_lag{topic,partition}: highwater minus fetch position, per partition.
+
+    A timer in the worker refreshes it (streams/app.py); a scrape only reads the last values.
+    """
+
+    def __init__(self) -> None:
+        self.lags: dict[tuple[str, int], int] = {}
+
+    def update(self, lags: Mapping[tuple[str, int], int]) -> None:
+        self.lags = dict(lags)  # partitions no longer assigned disappear with the new map
+
+    async def refresh(self, consumer: Any, topics: Collection[str]) -> None:
+        """Read highwater and position of `consumer`'s assigned partitions of `topics`.
+
+        Faust's consumer (any with assignment(), highwater(tp) and async position(tp)):
+        the highwater comes from the last fetch response, so this costs no broker request.
+        """
+        lags = {}
+        for tp in consumer.assignment():
+            if tp.topic not in topics:
+                continue  # changelog partitions are recovery's business, not lag
+            highwater = consumer.highwater(tp)
+            position = await consumer.position(tp)
+            if highwater is None or position is None:
+                continue  # nothing fetched yet: unknown is not zero
+            lags[(tp.topic, tp.partition)] = max(highwater - position, 0)
+        self.update(lags)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "spanguard_consumer_lag",
+            "messages between a partition's highwater and this worker's fetch position",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), lag in sorted(self.lags.items()):
+            family.add_metric([topic, str(partition)], lag)
+        yield family
+
+
+def worker_registry() -> CollectorRegistry:
+    """A registry with the process and platform metrics and the build info."""
+    registry = CollectorRegistry()
+    # Our own instances: the worker's registry is not prometheus_client's global one.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    Info("spanguard_build", "the running spanguard release", registry=registry).info(
+        {"version": __version__, "python": platform.python_version()}
+    )
+    return registry
 
 
 class WorkerMetrics(Collector):
@@ -23,8 +132,10 @@ class WorkerMetrics(Collector):
         active_traces: Callable[[], int],
         paging: PagingService | None = None,
         verifier: GoalVerifier | None = None,
+        webhook: WebhookService | None = None,
     ) -> None:
         self.verifier = verifier
+        self.webhook = webhook
         self.guard = guard
         self.pipeline = pipeline
         self.active_traces = active_traces
@@ -44,12 +155,23 @@ class WorkerMetrics(Collector):
             pipeline.repartitioned,
         )
         paging = self.paging.outcomes if self.paging is not None else {}
-        undeliverable = paging.get("rejected", 0) + paging.get("failed", 0)
+        webhooks = self.webhook.outcomes if self.webhook is not None else {}
+        undeliverable = sum(
+            outcomes.get("rejected", 0) + outcomes.get("failed", 0)
+            for outcomes in (paging, webhooks)
+        )
         yield counter(
             "dead_letters",
-            "messages sent to the dead-letter topic (bad input and undeliverable pages)",
+            "messages sent to the dead-letter topic (bad input, undeliverable pages and"
+            " webhook notifications)",
             pipeline.dead_letters + undeliverable,
         )
+        sent = CounterMetricFamily(
+            "spanguard_webhooks", "webhook notifications by outcome", labels=["outcome"]
+        )
+        for outcome in ("delivered", "rejected", "failed", "already_sent"):
+            sent.add_metric([outcome], webhooks.get(outcome, 0))
+        yield sent
         pages = CounterMetricFamily(
             "spanguard_pages", "PagerDuty pages by outcome", labels=["outcome"]
         )
@@ -88,10 +210,10 @@ class WorkerMetrics(Collector):
         yield repeats
         yield counter("malformed_spans", "spans with invalid ids, skipped", stats.malformed_spans)
         decisions = CounterMetricFamily(
-            "spanguard_decisions", "decisions taken", labels=["rule", "action"]
+            "spanguard_decisions", "decisions taken", labels=["rule", "action", "service"]
         )
-        for (rule, action), count in sorted(stats.decisions.items()):
-            decisions.add_metric([rule, action], count)
+        for (rule, action, service), count in sorted(stats.decisions_by_service.items()):
+            decisions.add_metric([rule, action, service], count)
         yield decisions
         yield GaugeMetricFamily(
             "spanguard_active_traces",

@@ -10,11 +10,12 @@ from dataclasses import replace
 import faust
 
 from spanguard.alerting.pagerduty import Pager
+from spanguard.alerting.webhook import Webhook
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.kafka_clients import check_aiokafka
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, PagerSettings, WorkerSettings
+from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.streams.app import create_app
 from spanguard.streams.judge import OpenAICompatibleJudge
 
@@ -37,6 +38,7 @@ def run_worker(
     policy: Policy,
     goal: GoalSettings | None = None,
     pager: PagerSettings | None = None,
+    webhook: WebhookSettings | None = None,
 ) -> int:
     # JSON logs from the first line on (Faust applies the same config again when it starts).
     logging.config.dictConfig(logging_config(settings.log_level))
@@ -62,7 +64,13 @@ def run_worker(
             " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
         )
     check_broker(settings)
-    app = create_app(settings, policy, pager=Pager(pager) if pager else None, verifier=verifier)
+    app = create_app(
+        settings,
+        policy,
+        pager=Pager(pager) if pager else None,
+        verifier=verifier,
+        webhook=Webhook(webhook) if webhook else None,
+    )
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,

@@ -222,6 +222,7 @@ class ToolCall:
     args_digest: str | None = None  # spanguard.tool.args_hash, made before the span left
     result_digest: str | None = None  # spanguard.tool.result_hash
     scope: str = ""  # the instrumentation scope's name: which library made the span
+    end_time_unix_nano: int = 0  # 0: the span carries no end time
 
 
 @dataclass(slots=True)
@@ -231,6 +232,7 @@ class TokenUsage:
     aggregate: bool  # an agent span's total, which repeats its inference spans
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    end_time_unix_nano: int = 0
 
 
 @dataclass(slots=True)
@@ -300,6 +302,7 @@ def adapt_span(
             args_digest=_digest(attributes, present, ARGS_HASH_KEY),
             result_digest=_digest(attributes, present, RESULT_HASH_KEY),
             scope=scope,
+            end_time_unix_nano=span.end_time_unix_nano,
         )
 
     if present.isdisjoint(USAGE_KEYS):
@@ -327,6 +330,7 @@ def adapt_span(
         aggregate=not inference,
         agent_name=agent_name,
         match_attributes=match_attributes,
+        end_time_unix_nano=span.end_time_unix_nano,
     )
 
 

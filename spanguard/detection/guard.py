@@ -45,7 +45,13 @@ from spanguard.detection.conventions import (
     capture_setting,
     resource_info,
 )
-from spanguard.detection.trace_state import CallKey, TraceState
+from spanguard.detection.trace_state import (
+    MARK_BYTES,
+    CallKey,
+    TraceState,
+    call_mark,
+    iso_from_micros,
+)
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -91,6 +97,8 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # (rule, action, service): the dashboards' decisions by service.
+    decisions_by_service: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
@@ -99,12 +107,19 @@ def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
         recent.popitem(last=False)
 
 
-def _slide(window: Any, counts: dict, key: Any, size: int) -> None:
-    """Append `key` to a sliding window of `size` and keep its counts in step."""
+def _slide(
+    window: Any, counts: dict, key: Any, size: int, marks: bytearray | None = None, mark: bytes = b""
+) -> None:
+    """Append `key` to a sliding window of `size` and keep its counts (and the calls' marks,
+    aligned with the window) in step."""
     window.append(key)
+    if marks is not None:
+        marks += mark
     counts[key] = counts.get(key, 0) + 1
     while len(window) > size:
         oldest = window.popleft()
+        if marks is not None:
+            del marks[:MARK_BYTES]
         remaining = counts[oldest] - 1
         if remaining:
             counts[oldest] = remaining
@@ -125,6 +140,11 @@ def _escalation(state: TraceState, rule: str, wanted: str) -> str:
 
 def _now_iso(clock: Callable[[], float]) -> str:
     return datetime.fromtimestamp(clock(), UTC).isoformat(timespec="milliseconds")
+
+
+def _iso_from_ns(unix_nano: int) -> str | None:
+    """A span's OTLP time as ISO 8601 (microseconds), or None when the span has none."""
+    return iso_from_micros(unix_nano // 1000) if unix_nano > 0 else None
 
 
 class Guard:
@@ -301,7 +321,8 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        _slide(state.window, state.counts, key, policy.window)
+        mark = call_mark(call.span_id, call.end_time_unix_nano)
+        _slide(state.window, state.counts, key, policy.window, state.window_marks, mark)
         polled = digest is not None and (
             result is not None or call.tool_name in policy.polling_tools
         )
@@ -359,12 +380,14 @@ class Guard:
                 " same result. Try a different approach or stop and report what you found."
             )
         state.fired.add(f"{TOOL_LOOP}:{action}")
+        calls = state.window_calls()  # the evidence: the window as it was when it tripped
         state.restart_window()  # after a downgrade the agent gets a fresh window
         return self._decide(
             trace_id,
             state,
             policy,
             span_id=call.span_id.hex(),
+            span_ended_at=_iso_from_ns(call.end_time_unix_nano),
             rule=TOOL_LOOP,
             action=action,
             reason=reason,
@@ -373,6 +396,8 @@ class Guard:
             result_hash=result,
             hits=hits,
             window=policy.window,
+            threshold=policy.threshold,
+            calls=calls,
             steps=steps,
             system_message=system_message,
             tool_arguments=_recorded(call) if policy.record_arguments else None,
@@ -484,6 +509,7 @@ class Guard:
             state,
             policy,
             span_id=usage.span_id.hex(),
+            span_ended_at=_iso_from_ns(usage.end_time_unix_nano),
             rule=TOKEN_BUDGET,
             action="kill",
             reason=f"{used} tokens used, over the budget of {budget}",
@@ -496,16 +522,27 @@ class Guard:
     def _decide(
         self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
     ) -> Decision:
+        entry, match = self._entry_of(policy)
         decision = Decision(
             trace_id=trace_id,
             agent=AgentIdentity(state.service, state.agent_name),
             detected_at=_now_iso(self.clock),
             autonomous=policy.autonomous,
             severity=policy.severity,
+            policy_entry=entry,
+            policy_match=match,
             **fields,
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
+        self.stats.decisions_by_service[(decision.rule, decision.action, state.service)] += 1
         return decision
+
+    def _entry_of(self, policy: AgentPolicy) -> tuple[str, dict[str, str] | None]:
+        """Which policy entry `policy` is: "defaults", or "agents.N" and its match."""
+        for index, rule in enumerate(self.policy.rules):
+            if rule.policy is policy:  # for_attributes hands out the entry's own object
+                return f"agents.{index}", dict(rule.match)
+        return "defaults", None
 
     def _policy_for(
         self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from spanguard.detection.guard import Guard
+from spanguard.detection.report import TimelineGuard, render_html
 from spanguard.errors import ReplayInputError
 from spanguard.schemas.otlp import (
     ExportTraceServiceRequest,
@@ -162,14 +163,16 @@ def replay(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     stdin: IO[bytes] | None = None,
+    html: str | None = None,
 ) -> ReplayResult:
     """Print one JSON decision per line on stdout, each skipped input and a one-line summary
-    on stderr."""
+    on stderr; with `html`, also write that file: a timeline per tripped trace
+    (spanguard/detection/report.py)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
-    guard = Guard(policy)
+    guard = TimelineGuard(policy) if html else Guard(policy)
     progress = _Progress(err, total, enabled=err.isatty() and total > 1_000_000, guard=guard)
     result = ReplayResult(guard)
     started = time.monotonic()
@@ -205,6 +208,12 @@ def replay(
         f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
         f" in {time.monotonic() - started:.1f}s\n"
     )
+    if html and isinstance(guard, TimelineGuard):
+        try:
+            Path(html).write_text(render_html(guard, paths), encoding="utf-8")
+        except OSError as exc:
+            raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
+        err.write(f"replay: wrote {html} ({len(guard.tripped())} tripped traces)\n")
     return result
 
 

@@ -6,11 +6,27 @@ import base64
 import json
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["CallKey", "TraceState"]
+__all__ = ["MARK_BYTES", "CallKey", "TraceState", "call_mark", "iso_from_micros"]
 
 CallKey = tuple[str, str | None, str | None]
+# A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
+MARK_BYTES = 16
+_NO_MARK = bytes(MARK_BYTES)
+
+
+def iso_from_micros(micros: int) -> str:
+    """Microseconds since the epoch as ISO 8601 UTC, exactly (no float rounding)."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=fraction)
+    return moment.isoformat(timespec="microseconds")
+
+
+def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
+    """What the window remembers of a call besides its key: 16 bytes, cheap to keep."""
+    return span_id[:8].ljust(8, b"\0") + max(end_unix_nano // 1000, 0).to_bytes(8, "big")
 
 
 @dataclass(slots=True)
@@ -21,6 +37,10 @@ class TraceState:
     agent_name: str | None = None
     # (tool name, args hash or None, result hash or None) of the last `window` calls.
     window: deque[CallKey] = field(default_factory=deque)
+    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytearray (a deque
+    # of small bytes would cost several times that), so a decision can show the window as it
+    # was when it tripped (span ids and times; the keys are in `window`).
+    window_marks: bytearray = field(default_factory=bytearray)
     counts: dict[CallKey, int] = field(default_factory=dict)
     # (tool name, args hash) of the last `polling_window` calls whose result was recorded.
     polls: deque[tuple[str, str]] = field(default_factory=deque)
@@ -39,6 +59,7 @@ class TraceState:
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
             "polls": [list(key) for key in self.polls],
+            "window_marks": base64.b64encode(self.window_marks).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
@@ -54,10 +75,15 @@ class TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
         window = deque(_call_key(key) for key in record["window"])
         polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
+        marks = bytearray(base64.b64decode(record.get("window_marks", "")))
+        # A state written before marks existed: unknown span ids and times for its calls.
+        wanted = len(window) * MARK_BYTES
+        marks = bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
+            window_marks=marks,
             counts=dict(Counter(window)),
             polls=polls,
             poll_counts=dict(Counter(polls)),
@@ -78,9 +104,28 @@ class TraceState:
 
     def restart_window(self) -> None:
         self.window.clear()
+        self.window_marks.clear()
         self.counts.clear()
         self.polls.clear()
         self.poll_counts.clear()
+
+    def window_calls(self) -> list[dict[str, Any]]:
+        """The window, oldest first: tool name, args hash, span id and end time of each call."""
+        calls = []
+        marks = self.window_marks
+        starts = range(0, len(marks), MARK_BYTES)
+        for (tool_name, digest, _result), start in zip(self.window, starts, strict=True):
+            mark = marks[start : start + MARK_BYTES]
+            micros = int.from_bytes(mark[8:], "big")
+            calls.append(
+                {
+                    "tool_name": tool_name,
+                    "args_hash": digest,
+                    "span_id": mark[:8].hex() if mark[:8] != _NO_MARK[:8] else None,
+                    "ended_at": iso_from_micros(micros) if micros else None,
+                }
+            )
+        return calls
 
 
 def _call_key(key: list[Any]) -> CallKey:

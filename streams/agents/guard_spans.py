@@ -85,6 +85,10 @@ def register(worker: Worker) -> None:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
         failed = await send_all(sends)
+        lost = {id(send) for send in failed}
+        for send in sends:
+            if send.decision is not None and id(send) not in lost:
+                worker.latency.signal_sent(send.decision)  # acked by the broker: sent
         for send in failed:
             if send.decision is not None:
                 # Not sent is not decided: the trace can trip again on its next call.

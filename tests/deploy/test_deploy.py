@@ -18,11 +18,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import pytest
 import yaml
 
 from spanguard.schemas.policy import Policy
 from spanguard.settings import ENV_PREFIX, REGISTRY, WorkerSettings
+from tests.support.helm import MONITORING_ON
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "spanguard"
@@ -394,6 +396,62 @@ def test_values_schema_rejects_typos(helm: Path) -> None:
         proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", setting)
         assert proc.returncode != 0, setting
         assert message in proc.stderr, (setting, proc.stderr)
+
+
+def test_monitoring_ships_behind_its_flags(helm: Path) -> None:
+    """Dashboard, ServiceMonitor and PrometheusRule: off by default, each on by its own flag,
+    lint-clean, and wired to the metrics Service (the metric names themselves are checked
+    against a real worker in tests/streams/test_metrics_kafka.py)."""
+    lint = run_helm(helm, "lint", "--strict", str(CHART), "--set", ",".join(MONITORING_ON))
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    monitoring = {"ServiceMonitor", "PrometheusRule"}
+    assert not [d for d in render(helm) if d["kind"] in monitoring]
+    assert not [d for d in render(helm) if d["metadata"]["name"].endswith("-dashboard")]
+    # A fixed key: without one the chart generates a new random Secret on every render.
+    key = "signingKey.value=monitoring-test-signing-key-0123"
+    for flag, kind in zip(
+        MONITORING_ON, ("ConfigMap", "ServiceMonitor", "PrometheusRule"), strict=True
+    ):
+        added = [d for d in render(helm, key, flag) if d not in render(helm, key)]
+        assert [d["kind"] for d in added] == [kind], flag
+
+    docs = render(helm, *MONITORING_ON, "monitoring.serviceMonitor.labels.release=kps")
+    dashboard = only(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(dashboard["data"]["spanguard.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "spanguard.json").read_text())
+    titles = " ".join(panel["title"] for panel in shipped["panels"]).lower()
+    for topic in ("decisions per minute", "service", "active traces", "consumer lag",
+                  "dead letters", "detection latency"):  # fmt: skip
+        assert topic in titles, topic
+
+    # The ServiceMonitor selects the metrics Service only (the headless one would scrape twice).
+    monitor = only(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    services = [d for d in docs if d["kind"] == "Service"]
+    selected = [
+        svc["metadata"]["name"]
+        for svc in services
+        if monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    ]
+    assert selected == [f"{FULLNAME}-metrics"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+
+    rule = only(docs, "PrometheusRule")
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(alerts) == {
+        "SpanguardWorkerDown",
+        "SpanguardConsumerLagGrowing",
+        "SpanguardDeadLettersRising",
+        "SpanguardPagesUndeliverable",
+    }
+    assert alerts["SpanguardConsumerLagGrowing"]["for"] == "5m"
+    for name, alert in alerts.items():
+        promql_parser.parse(alert["expr"])  # raises on an expression Prometheus would refuse
+        # The ServiceMonitor's job: Prometheus Operator names it after the scraped Service.
+        assert f'job="{FULLNAME}-metrics", namespace="agents"' in alert["expr"], name
+        assert alert["labels"]["severity"] in ("critical", "warning"), name
 
 
 # ---------------------------------------------------------------- docker compose

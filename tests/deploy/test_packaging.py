@@ -89,7 +89,7 @@ def test_the_dockerfile_and_make_install_use_the_constraints_file():
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "constraints.txt" not in ignored and "*.txt" not in ignored
     makefile = (ROOT / "Makefile").read_text()
-    assert '-c constraints.txt -e ".[dev,worker,demo]"' in makefile
+    assert '-c constraints.txt -e ".[dev,worker,demo,instrumentation-tests]"' in makefile
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert compose["x-spanguard-build"]["args"]["EXTRAS"] == "worker,demo"
 

@@ -70,6 +70,7 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
-        " (did you mean 'token_budget'?); valid keys: action, autonomous, goal, loop,"
-        " missing_args, record_arguments, severity, token_budget, volatile_keys"
+        " (did you mean 'token_budget'?); valid keys: action, autonomous, fold, goal, loop,"
+        " missing_args, no_progress, polling, record_arguments, severity, token_budget,"
+        " volatile_keys"
     ]

@@ -1,0 +1,356 @@
+"""Detections of any agent to a webhook: a JSON body, or a Slack incoming webhook's shape.
+
+Faust-free and synchronous, like the pager: the worker calls `Webhook.notify` off its event
+loop (an executor), so a slow or failing receiver delays notifications, never kill signals.
+
+    settings = WebhookSettings.from_sources({})     # URL (a secret), template, retry caps
+    webhook = Webhook(settings)
+    result = webhook.notify(detection)              # NotifyResult("delivered" | "rejected" | "failed")
+
+Bodies:
+- `json`: {"type": "spanguard.detection", "dedup_key", "summary", "detection": <the record>}
+  (the record as on spanguard-detections: hashes and ids, never raw arguments unless the
+  policy records them).
+- `slack`: {"text", "blocks"} as Slack's incoming webhooks take it; `text` is the fallback
+  shown in notifications.
+
+429, 5xx and network errors are retried with capped, jittered exponential backoff (honouring
+Retry-After up to the cap) up to `max_attempts`; any other status is final after one attempt.
+With a signing key, `X-Spanguard-Signature: sha256=<hex>` is the HMAC-SHA256 of the body, so
+a receiver can tell our posts from forgeries. The URL is a credential (a Slack webhook's path
+is its token): logs and results name its host only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import random
+import ssl
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx2
+
+from spanguard import __version__
+from spanguard.alerting.pagerduty import dedup_key
+from spanguard.settings import WebhookSettings
+
+__all__ = [
+    "NotifyResult",
+    "Webhook",
+    "WebhookService",
+    "build_body",
+    "json_body",
+    "slack_body",
+]
+
+log = logging.getLogger("spanguard.alerting")
+
+SIGNATURE_HEADER = "X-Spanguard-Signature"
+# Slack cuts a section's text at 3000 characters; a summary stays well under it.
+SUMMARY_LIMIT = 1000
+# What a Slack message shows of the evidence, when present.
+SLACK_FIELDS = (
+    ("tool_name", "tool"),
+    ("hits", "hits"),
+    ("window", "window"),
+    ("threshold", "threshold"),
+    ("tokens", "tokens"),
+    ("token_budget", "budget"),
+    ("confidence", "confidence"),
+    ("policy_entry", "policy"),
+)
+
+Status = Literal["delivered", "rejected", "failed"]
+
+
+def summary_of(detection: Mapping[str, Any]) -> str:
+    agent = detection.get("agent") or {}
+    service = agent.get("service") or "unknown-service"
+    name = agent.get("name")
+    who = f"{name} ({service})" if name and name != service else service
+    text = (
+        f"spanguard: {who} {detection.get('rule')} -> {detection.get('action')}:"
+        f" {detection.get('reason')}"
+    )
+    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 3] + "..."
+
+
+def json_body(detection: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "spanguard.detection",
+        "dedup_key": dedup_key(detection),
+        "summary": summary_of(detection),
+        "detection": dict(detection),
+    }
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's mrkdwn control characters (its documented escaping).
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_body(detection: Mapping[str, Any]) -> dict[str, Any]:
+    agent = detection.get("agent") or {}
+    fields = [
+        {"type": "mrkdwn", "text": f"*agent*\n{_slack_escape(str(agent.get('service')))}"},
+        {
+            "type": "mrkdwn",
+            "text": f"*rule*\n{detection.get('rule')} → {detection.get('action')}",
+        },
+    ]
+    for key, label in SLACK_FIELDS:
+        if detection.get(key) is not None:
+            fields.append(
+                {"type": "mrkdwn", "text": f"*{label}*\n{_slack_escape(str(detection[key]))}"}
+            )
+    summary = _slack_escape(summary_of(detection))
+    return {
+        "text": summary,
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": summary}},
+            {"type": "section", "fields": fields[:10]},  # Slack takes at most 10 fields
+            {
+                "type": "context",
+                "elements": [
+                    {
+                        "type": "mrkdwn",
+                        "text": f"trace `{detection.get('trace_id')}` · span"
+                        f" `{detection.get('span_id')}` · {detection.get('detected_at')}",
+                    }
+                ],
+            },
+        ],
+    }
+
+
+TEMPLATES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "json": json_body,
+    "slack": slack_body,
+}
+
+
+def build_body(detection: Mapping[str, Any], template: str) -> bytes:
+    return json.dumps(TEMPLATES[template](detection), separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyResult:
+    """What became of one notification: "delivered" (2xx), "rejected" (a 4xx other than 429:
+    retrying cannot help), "failed" (429, 5xx or network errors until `max_attempts`)."""
+
+    status: Status
+    attempts: int
+    dedup_key: str
+    error: str | None = None
+    http_status: int | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status == "delivered"
+
+
+class _Retry(Exception):
+    def __init__(
+        self, error: str, http_status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(error)
+        self.error = error
+        self.http_status = http_status
+        self.retry_after = retry_after
+
+
+class _Final(Exception):
+    """Retrying cannot help (e.g. a certificate we do not trust)."""
+
+
+def _tls_verify_failure(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
+class _HideUrl(logging.Filter):
+    """httpx2 logs every request's full URL at INFO: a webhook's path (and query) is its
+    credential, so our URL is shown as its scheme and host only."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        parts = urlsplit(url)
+        self.secret = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secret.strip("/") and isinstance(record.args, tuple):
+            record.args = tuple(
+                self.shown if self.secret in str(arg) else arg for arg in record.args
+            )
+        if self.secret.strip("/") and self.secret in str(record.msg):
+            record.msg = str(record.msg).replace(self.secret, "/...")
+        return True
+
+
+_HTTPX_LOG = logging.getLogger("httpx2")
+
+
+class Webhook:
+    """Posts detections to one URL; safe to share between threads. `sleep` and `jitter` are
+    injectable so tests need not wait."""
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self._sleep = sleep
+        self._jitter = jitter
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
+        )
+        self._hide_url = _HideUrl(settings.url or "")
+        _HTTPX_LOG.addFilter(self._hide_url)
+        self._client = httpx2.Client(
+            verify=verify,
+            timeout=httpx2.Timeout(settings.timeout),
+            follow_redirects=False,  # a redirect could carry the body somewhere unplanned
+            headers={"User-Agent": f"spanguard/{__version__}"},
+        )
+
+    def __repr__(self) -> str:
+        return f"Webhook(host={self.settings.host!r}, template={self.settings.template!r})"
+
+    def close(self) -> None:
+        self._client.close()
+        _HTTPX_LOG.removeFilter(self._hide_url)
+
+    def backoff(self, attempt: int) -> float:
+        ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (attempt - 1))
+        return ceiling * (0.5 + 0.5 * self._jitter())
+
+    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+        """Post `detection`; never raises for delivery problems (they come back as a result)."""
+        body = build_body(detection, self.settings.template)
+        headers = {"Content-Type": "application/json"}
+        if self.settings.signing_key:
+            digest = hmac.new(self.settings.signing_key.encode(), body, hashlib.sha256)
+            headers[SIGNATURE_HEADER] = f"sha256={digest.hexdigest()}"
+        key = dedup_key(detection)
+        context = {"dedup_key": key, "host": self.settings.host}
+        attempts = self.settings.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                status = self._post(body, headers)
+            except _Final as final:
+                log.error("webhook failed: %s", final, extra={**context, "attempts": attempt})
+                return NotifyResult("failed", attempt, key, str(final))
+            except _Retry as retry:
+                if attempt == attempts:
+                    log.error(
+                        "webhook failed after %d attempt(s): %s",
+                        attempt,
+                        retry.error,
+                        extra={**context, "attempts": attempt},
+                    )
+                    return NotifyResult("failed", attempt, key, retry.error, retry.http_status)
+                delay = self.backoff(attempt)
+                if retry.retry_after is not None:
+                    delay = max(delay, min(retry.retry_after, self.settings.backoff_cap))
+                log.warning(
+                    "webhook attempt %d/%d: %s; retrying in %.2fs",
+                    attempt,
+                    attempts,
+                    retry.error,
+                    delay,
+                    extra={**context, "attempts": attempt},
+                )
+                self._sleep(delay)
+                continue
+            if 200 <= status < 300:
+                return NotifyResult("delivered", attempt, key, http_status=status)
+            error = f"HTTP {status} from {self.settings.host}"
+            log.error("webhook rejected: %s", error, extra={**context, "attempts": attempt})
+            return NotifyResult("rejected", attempt, key, error, status)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        """One attempt: the final HTTP status, or _Retry."""
+        assert self.settings.url is not None
+        try:
+            response = self._client.post(self.settings.url, content=body, headers=headers)
+        except httpx2.HTTPError as exc:
+            if _tls_verify_failure(exc):
+                raise _Final(
+                    f"TLS certificate verification failed for {self.settings.host}"
+                    " (SPANGUARD_WEBHOOK_CA_FILE names the CA bundle to trust)"
+                ) from None
+            # str(exc) may hold the URL, whose path is a credential: the type and host only.
+            raise _Retry(f"network error: {type(exc).__name__} ({self.settings.host})") from None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            error = f"HTTP {status} from {self.settings.host}"
+            raise _Retry(error, status, _retry_after(response))
+        return status
+
+
+def _retry_after(response: httpx2.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
+class WebhookService:
+    """Which detections notify, and what became of each notification (the agent's Faust-free
+    half): every detection, once per trace and rule (streams/agents/notify_webhook.py keeps
+    what was sent in a changelog-backed table)."""
+
+    def __init__(self, webhook: Webhook | None) -> None:
+        self.webhook = webhook
+        self.outcomes: Counter[str] = Counter()  # delivered, rejected, failed, already_sent
+
+    def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> dict[str, Any] | None:
+        """The detection in `value` if it must be sent now, else None (and why is counted)."""
+        if self.webhook is None:
+            return None
+        try:
+            detection = json.loads(value or b"")
+        except ValueError:
+            self.outcomes["unreadable"] += 1
+            return None
+        if not isinstance(detection, dict) or "rule" not in detection:
+            self.outcomes["unreadable"] += 1
+            return None
+        if detection["rule"] in sent_rules:
+            self.outcomes["already_sent"] += 1
+            return None
+        return detection
+
+    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+        """Blocking (retries with backoff): call it from an executor thread."""
+        assert self.webhook is not None
+        result = self.webhook.notify(detection)
+        self.outcomes[result.status] += 1
+        log.info(
+            "webhook",
+            extra={
+                "dedup_key": result.dedup_key,
+                "status": result.status,
+                "attempts": result.attempts,
+            },
+        )
+        return result

@@ -1,0 +1,117 @@
+"""`spanguard explain`: a trace's decisions, and the evidence behind each, as text for people.
+
+Works on detection records as they are on the topic (dicts, schemas/detection.schema.json),
+so a record written by a newer worker with fields this one does not know still explains.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+__all__ = ["HASH_PREFIX", "explain_records", "latency_ms"]
+
+# Hash prefixes shown: enough to tell the calls of one window apart at a glance.
+HASH_PREFIX = 8
+
+
+def latency_ms(record: dict[str, Any]) -> float | None:
+    """Milliseconds from the tripping span's end to the decision, when both are known."""
+    ended, detected = record.get("span_ended_at"), record.get("detected_at")
+    if not ended or not detected:
+        return None
+    delta = datetime.fromisoformat(detected) - datetime.fromisoformat(ended)
+    return delta.total_seconds() * 1000
+
+
+def _clock(iso: str | None) -> str:
+    """The time of day of an ISO timestamp, in UTC as it was written, to the microsecond."""
+    if not iso:
+        return "?"
+    return datetime.fromisoformat(iso).strftime("%H:%M:%S.%f")
+
+
+def _policy(record: dict[str, Any]) -> str:
+    entry = record.get("policy_entry")
+    if entry is None:
+        return "not recorded (a record from before policy entries were kept)"
+    match = record.get("policy_match")
+    where = f"{entry} (match {', '.join(f'{k}={v}' for k, v in match.items())})" if match else entry
+    rule = record.get("rule")
+    if rule == "tool_loop":
+        return (
+            f"{where}: window {record.get('window')}, threshold {record.get('threshold')},"
+            f" action {record.get('action')}"
+        )
+    if rule == "token_budget":
+        return f"{where}: token budget {record.get('token_budget')}"
+    return where
+
+
+def _window(record: dict[str, Any]) -> list[str]:
+    calls = record.get("calls")
+    if not calls:
+        return []
+    key = (record.get("tool_name"), record.get("args_hash"))
+    tool_width = max(len("tool"), *(len(call["tool_name"]) for call in calls))
+    lines = [
+        f"  window when it tripped ({len(calls)} of {record.get('window')} calls, oldest first;"
+        f" * = the repeated call, > = the span that tripped it):",
+        f"       #  {'ended (UTC)':<15}  {'tool':<{tool_width}}  {'args':<{HASH_PREFIX}}  span",
+    ]
+    for number, call in enumerate(calls, start=1):
+        repeated = (call["tool_name"], call["args_hash"]) == key
+        tripped = call["span_id"] is not None and call["span_id"] == record.get("span_id")
+        mark = (">" if tripped else " ") + ("*" if repeated else " ")
+        digest = (call["args_hash"] or "(none)")[:HASH_PREFIX]
+        lines.append(
+            f"    {mark}{number:>2}  {_clock(call['ended_at']):<15}  "
+            f"{call['tool_name']:<{tool_width}}  {digest:<{HASH_PREFIX}}  {call['span_id'] or '?'}"
+        )
+    return lines
+
+
+def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
+    agent = record.get("agent") or {}
+    rule, action = record.get("rule"), record.get("action")
+    lines = [
+        f"decision {number} of {total}: {rule} -> {action}, detected {record.get('detected_at')}",
+        f"  reason: {record.get('reason')}",
+        f"  agent: service {agent.get('service')}"
+        + (f", name {agent['name']}" if agent.get("name") else ""),
+        f"  policy: {_policy(record)}",
+    ]
+    tripped = f"  tripped by span {record.get('span_id')}"
+    if record.get("tool_name"):
+        digest = (record.get("args_hash") or "(none)")[:HASH_PREFIX]
+        tripped += f" ({record['tool_name']}, args {digest}, {record.get('hits')} hits)"
+    if record.get("tokens") is not None:
+        tripped += f" ({record['tokens']} tokens)"
+    if record.get("span_ended_at"):
+        tripped += f", which ended {record['span_ended_at']}"
+        delay = latency_ms(record)
+        if delay is not None:
+            tripped += f" ({delay:.0f} ms before the decision)"
+    lines.append(tripped)
+    lines.extend(_window(record))
+    if action in ("kill", "downgrade"):
+        lines.append(
+            f"  signal: {action} sent to the agent (signal_id {record.get('decision_id')})"
+        )
+    else:
+        lines.append("  signal: none (a flag is recorded and notified, the agent goes on)")
+    if record.get("system_message"):
+        lines.append(f"  system message: {record['system_message']}")
+    if record.get("confidence") is not None:
+        lines.append(f"  judge confidence: {record['confidence']}")
+    return lines
+
+
+def explain_records(trace_id: str, records: list[dict[str, Any]]) -> str:
+    """The text `spanguard explain` prints for `records` (one trace's, in topic order)."""
+    ordered = sorted(records, key=lambda r: str(r.get("detected_at") or ""))
+    lines = [f"trace {trace_id}: {len(ordered)} decision{'s' if len(ordered) != 1 else ''}"]
+    for number, record in enumerate(ordered, start=1):
+        lines.append("")
+        lines.extend(_one(record, number, len(ordered)))
+    return "\n".join(lines) + "\n"

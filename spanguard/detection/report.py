@@ -1,0 +1,275 @@
+"""`spanguard replay --html FILE`: one self-contained page with a timeline per tripped trace.
+
+For owners who would rather look than read: each trace that tripped a rule gets its tool calls
+in order (tool name, a hash prefix, span id, time since the first call), the repeated key
+highlighted, and a marker where the rule fired. The page has no script and loads nothing:
+one file to attach to a ticket. Arguments appear only as hash prefixes, as everywhere else.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from spanguard.detection.canonical import args_hash
+from spanguard.detection.conventions import MISSING, AgentSeen, ResourceInfo, TokenUsage, ToolCall
+from spanguard.detection.explain import HASH_PREFIX
+from spanguard.detection.guard import Guard, TraceState
+from spanguard.schemas.decision import Decision
+from spanguard.schemas.policy import Policy
+
+__all__ = ["MAX_CALLS_PER_TRACE", "TimelineGuard", "render_html"]
+
+# Calls kept per trace for the page; a trace that ran longer shows its first ones and a count.
+MAX_CALLS_PER_TRACE = 2000
+
+
+@dataclass(slots=True)
+class Call:
+    span_id: str
+    tool_name: str
+    args_hash: str | None
+    ended_unix_nano: int
+    counted: bool  # False: no arguments recorded and `missing_args: skip`
+
+
+@dataclass
+class Timeline:
+    """One trace as the page shows it."""
+
+    service: str = "unknown_service"
+    agent_name: str | None = None
+    calls: list[Call] = field(default_factory=list)
+    dropped: int = 0  # calls beyond MAX_CALLS_PER_TRACE
+    span_ids: set[str] = field(default_factory=set)
+    # (decision, calls seen when it fired): a token budget fires on an inference span.
+    decisions: list[tuple[Decision, int]] = field(default_factory=list)
+
+
+class TimelineGuard(Guard):
+    """The guard, also remembering every tool call per trace for the page."""
+
+    def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
+        super().__init__(policy, **kwargs)
+        self.timelines: dict[str, Timeline] = defaultdict(Timeline)
+
+    def observe(
+        self,
+        trace_id: str,
+        state: TraceState,
+        event: ToolCall | TokenUsage | AgentSeen,
+        resource: ResourceInfo | None = None,
+    ) -> Decision | None:
+        decision = super().observe(trace_id, state, event, resource)
+        timeline = self.timelines[trace_id]
+        timeline.service, timeline.agent_name = state.service, state.agent_name
+        if isinstance(event, ToolCall) and event.span_id.hex() not in timeline.span_ids:
+            timeline.span_ids.add(event.span_id.hex())
+            if len(timeline.calls) < MAX_CALLS_PER_TRACE:
+                policy = self._policy_for(state, event, resource)
+                digest, counted = None, policy.missing_args != "skip"
+                if event.arguments is not MISSING:
+                    try:
+                        digest, counted = args_hash(event.arguments, policy.volatile_keys), True
+                    except Exception:  # unreadable arguments: the guard skipped this span too
+                        counted = False
+                timeline.calls.append(
+                    Call(
+                        span_id=event.span_id.hex(),
+                        tool_name=event.tool_name,
+                        args_hash=digest,
+                        ended_unix_nano=event.end_time_unix_nano,
+                        counted=counted,
+                    )
+                )
+            else:
+                timeline.dropped += 1
+        if decision is not None:
+            timeline.decisions.append((decision, len(timeline.calls)))
+        return decision
+
+    def tripped(self) -> dict[str, Timeline]:
+        """The timelines of traces with at least one decision, in the order they tripped."""
+        found = {t: line for t, line in self.timelines.items() if line.decisions}
+        return dict(sorted(found.items(), key=lambda item: item[1].decisions[0][0].detected_at))
+
+
+STYLE = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2328}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 4px}
+.meta{color:#59636e;margin:0 0 8px} code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
+.decision{border-left:4px solid #cf222e;background:#fff5f5;padding:6px 10px;margin:6px 0}
+.decision.flag{border-color:#9a6700;background:#fff8c5}
+.decision.downgrade{border-color:#bc4c00;background:#fff1e5}
+table{border-collapse:collapse;margin-top:8px} th,td{padding:2px 10px;text-align:left}
+th{border-bottom:1px solid #d1d9e0;font-weight:600} td.n{text-align:right;color:#59636e}
+tr.repeated td{background:#ffebe9} tr.fired td{background:#ff8182;font-weight:600}
+tr.skipped td,tr.after td{color:#8c959f} tr.marker td{background:#fff8c5;font-style:italic}
+svg{display:block;margin:8px 0} .legend span{margin-right:14px}
+.dot{display:inline-block;width:10px;height:10px;border-radius:50%;vertical-align:middle}
+"""
+
+COLOR_REPEATED, COLOR_OTHER, COLOR_FIRED, COLOR_SKIPPED = "#cf222e", "#8c959f", "#82071e", "#d1d9e0"
+
+
+def _iso(unix_nano: int) -> str:
+    if unix_nano <= 0:
+        return "?"
+    return datetime.fromtimestamp(unix_nano / 1e9, UTC).isoformat(timespec="microseconds")
+
+
+def _offset(call: Call, start: int) -> str:
+    if call.ended_unix_nano <= 0 or start <= 0:
+        return "?"
+    return f"+{(call.ended_unix_nano - start) / 1e6:,.1f} ms"
+
+
+def _strip(
+    calls: list[Call], is_repeated: Callable[[Call], bool], fired: set[str], between: set[int]
+) -> str:
+    """An SVG strip, one dot per call in order; the repeated key red, a rule's firing marked
+    (on its call, or `between` calls when it fired on another span, e.g. a token budget)."""
+    pad, height = 10, 46
+    step = max(2.0, min(14.0, 1000 / max(len(calls), 1)))  # long traces stay a page wide
+    width = round(pad * 2 + step * max(len(calls) - 1, 1))
+    parts = [
+        f'<svg width="{width}" height="{height}" role="img" aria-label="tool calls in order">',
+        f'<line x1="{pad}" y1="28" x2="{width - pad}" y2="28" stroke="#d1d9e0"/>',
+    ]
+    for seen in sorted(between):  # after `seen` calls: halfway to the next dot
+        x = pad + (seen - 0.5) * step
+        parts.append(
+            f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="42" stroke="{COLOR_FIRED}"'
+            ' stroke-width="2"/>'
+        )
+    for index, call in enumerate(calls):
+        x = round(pad + index * step, 1)
+        if call.span_id in fired:
+            color, radius = COLOR_FIRED, 6
+            parts.append(f'<line x1="{x}" y1="4" x2="{x}" y2="42" stroke="{COLOR_FIRED}"/>')
+        elif not call.counted:
+            color, radius = COLOR_SKIPPED, 4
+        else:
+            color, radius = (COLOR_REPEATED, 5) if is_repeated(call) else (COLOR_OTHER, 4)
+        title = html.escape(f"#{index + 1} {call.tool_name} {call.args_hash or ''}")
+        parts.append(
+            f'<circle cx="{x}" cy="28" r="{radius}" fill="{color}"><title>{title}</title></circle>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _decision_box(decision: Decision) -> str:
+    e = html.escape
+    details = [f"<b>{e(decision.rule)} → {e(decision.action)}</b>: {e(decision.reason)}"]
+    if decision.policy_entry:
+        where = decision.policy_entry
+        if decision.policy_match:
+            where += " (" + ", ".join(f"{k}={v}" for k, v in decision.policy_match.items()) + ")"
+        details.append(f"policy {e(where)}")
+    if decision.rule == "tool_loop":
+        details.append(f"window {decision.window}, threshold {decision.threshold}")
+    if decision.token_budget is not None:
+        details.append(f"budget {decision.token_budget}, used {decision.tokens}")
+    details.append(f"span <code>{e(decision.span_id)}</code> at {e(decision.detected_at)}")
+    return f'<div class="decision {e(decision.action)}">{" · ".join(details)}</div>'
+
+
+def _trace_section(trace_id: str, timeline: Timeline) -> str:
+    e = html.escape
+    keys = {(d.tool_name, d.args_hash) for d, _ in timeline.decisions if d.rule == "tool_loop"}
+    fired = {d.span_id: d for d, _ in timeline.decisions}
+    markers: dict[int, list[Decision]] = defaultdict(list)
+    call_spans = {c.span_id for c in timeline.calls}
+    for decision, seen in timeline.decisions:
+        if decision.span_id not in call_spans:
+            markers[seen].append(decision)  # fired on a span that is not a tool call
+
+    def is_repeated(call: Call) -> bool:
+        return call.counted and (call.tool_name, call.args_hash) in keys
+
+    calls = timeline.calls
+    start = next((c.ended_unix_nano for c in calls if c.ended_unix_nano > 0), 0)
+    agent = f" · agent {e(timeline.agent_name)}" if timeline.agent_name else ""
+    out = [
+        f'<section class="trace" id="trace-{e(trace_id)}">',
+        f"<h2>{e(timeline.service)}{agent}</h2>",
+        f'<p class="meta">trace <code>{e(trace_id)}</code> · {len(calls)} tool calls'
+        + (f" (and {timeline.dropped} more not shown)" if timeline.dropped else "")
+        + f" · first call ended {e(_iso(start))}</p>",
+        *(_decision_box(d) for d, _ in timeline.decisions),
+        _strip(calls, is_repeated, set(fired), set(markers)),
+        '<p class="legend"><span><i class="dot" style="background:#cf222e"></i> the repeated'
+        ' call</span><span><i class="dot" style="background:#82071e"></i> where the rule'
+        ' fired</span><span><i class="dot" style="background:#8c959f"></i> other calls</span>'
+        '<span><i class="dot" style="background:#d1d9e0"></i> not counted (no arguments'
+        " recorded)</span></p>",
+        "<table><thead><tr><th>#</th><th>ended</th><th>tool</th><th>args</th><th>span</th>"
+        "<th></th></tr></thead><tbody>",
+    ]
+    killed = False
+    for decision in markers.get(0, []):  # fired before the first tool call
+        out.append(_marker_row(decision))
+        killed = killed or decision.action == "kill"
+    for index, call in enumerate(calls, start=1):
+        classes, note = [], ""
+        if call.span_id in fired:
+            decision = fired[call.span_id]
+            classes.append("fired")
+            note = f"{decision.rule} fired → {decision.action}: {decision.reason}"
+            killed = killed or decision.action == "kill"
+        elif killed:
+            classes.append("after")
+            note = "after the kill: an agent obeying its killswitch stops before this call"
+        elif not call.counted:
+            classes.append("skipped")
+            note = "not counted: no arguments recorded"
+        elif is_repeated(call):
+            classes.append("repeated")
+        digest = (call.args_hash or "(none)")[:HASH_PREFIX]
+        out.append(
+            f'<tr class="{" ".join(classes)}" data-span="{e(call.span_id)}">'
+            f'<td class="n">{index}</td><td>{e(_offset(call, start))}</td>'
+            f"<td>{e(call.tool_name)}</td><td><code>{e(digest)}</code></td>"
+            f"<td><code>{e(call.span_id)}</code></td><td>{e(note)}</td></tr>"
+        )
+        for decision in markers.get(index, []):
+            out.append(_marker_row(decision))
+            killed = killed or decision.action == "kill"
+    out.append("</tbody></table></section>")
+    return "\n".join(out)
+
+
+def _marker_row(decision: Decision) -> str:
+    e = html.escape
+    return (
+        f'<tr class="marker" data-span="{e(decision.span_id)}"><td class="n">·</td><td></td>'
+        f'<td colspan="3">span <code>{e(decision.span_id)}</code></td>'
+        f"<td>{e(decision.rule)} fired → {e(decision.action)}: {e(decision.reason)}</td></tr>"
+    )
+
+
+def render_html(guard: TimelineGuard, sources: list[str]) -> str:
+    """The page: a header, then one section per tripped trace."""
+    e = html.escape
+    tripped = guard.tripped()
+    stats = guard.stats
+    sections = [_trace_section(trace_id, timeline) for trace_id, timeline in tripped.items()]
+    if not sections:
+        sections = ["<p>No trace tripped a rule.</p>"]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>spanguard replay: {len(tripped)} tripped traces</title>"
+        f"<style>{STYLE}</style></head><body>\n"
+        f"<h1>spanguard replay: {len(tripped)} tripped trace{'s' if len(tripped) != 1 else ''}"
+        "</h1>\n"
+        f'<p class="meta">{stats.spans:,} spans, {stats.tool_calls:,} tool calls counted,'
+        f" {sum(stats.decisions.values())} decisions · from {e(', '.join(sources))}</p>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )

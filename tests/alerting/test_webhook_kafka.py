@@ -1,0 +1,188 @@
+"""The webhook sink through the real worker and the real broker, against a local HTTPS server
+(tests/support/webhook_server.py, a throwaway CA): every agent's detections, once per trace and
+rule, retried, dead-lettered when undeliverable, and never twice across a restart."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from spanguard.schemas.decision import validate
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.spans import AgentRecorder, encode
+from tests.support.webhook_server import Fault, WebhookServer, slack_errors
+
+pytestmark = pytest.mark.kafka
+
+HOOK_PATH = "/hooks/T0/B0/s3cretT0ken"
+SIGNING_KEY = "webhook-signing-key"
+POLICY = """
+agents:
+  - match: {service.name: support-downgrade}
+    action: downgrade
+"""
+
+
+def start_worker(
+    topics: Topics, data: Path, server: WebhookServer, path: str = HOOK_PATH, **env: str
+) -> WorkerProcess:
+    policy = data / "policy.yaml"
+    policy.write_text(POLICY)
+    environment = {
+        "SPANGUARD_WEBHOOK_URL": server.url + path,
+        "SPANGUARD_WEBHOOK_CA_FILE": server.ca_bundle,
+        "SPANGUARD_WEBHOOK_SIGNING_KEY": SIGNING_KEY,
+        **env,
+    }
+    return WorkerProcess(topics, data, policy=policy, env=environment).start()
+
+
+def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
+    agent = AgentRecorder(service, "agent")
+    for step in range(calls):
+        agent.tool("search_docs", {"query": "refund policy", "nonce": step})
+    out = producer()
+    for span in agent.finished():
+        out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
+    assert out.flush(10) == 0
+    return agent
+
+
+def posts_for(server: WebhookServer, trace_id: str, path: str = HOOK_PATH) -> list:
+    found = []
+    for request in server.received(path):
+        try:
+            body = request.body
+        except ValueError:
+            continue
+        if trace_id in json.dumps(body):
+            found.append(request)
+    return found
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    ensure_broker()
+    with WebhookServer() as server:
+        topics = Topics()
+        worker = start_worker(topics, tmp_path_factory.mktemp("webhook"), server)
+        collector = Collector(topics.kills, topics.dead_letters)
+        yield server, worker, collector
+        collector.close()
+        assert worker.stop() == 0
+        topics.delete()
+        log = worker.log_text()
+        assert "s3cretT0ken" not in log and SIGNING_KEY not in log  # secrets never logged
+
+
+def test_every_agent_is_notified_once_per_trace_and_rule_with_a_signed_json_body(stack):
+    server, worker, _ = stack
+    agent = loop(worker.topics.input, "support-bot", calls=9)  # not autonomous; loops on
+    downgraded = loop(worker.topics.input, "support-downgrade", calls=8)  # downgrade, then kill
+    wait_for(lambda: posts_for(server, agent.trace_id), what="a notification")
+    wait_for(lambda: posts_for(server, downgraded.trace_id), what="a second notification")
+    time.sleep(1.5)  # room for a duplicate, were there one
+    (request,) = posts_for(server, agent.trace_id)
+    body = request.body
+    assert body["type"] == "spanguard.detection"
+    assert body["dedup_key"] == f"spanguard:{agent.trace_id}:tool_loop"
+    assert "support-bot tool_loop -> kill: search_docs called 4x in last 4 steps" in body["summary"]
+    validate(body["detection"], "detection")
+    assert body["detection"]["trace_id"] == agent.trace_id
+    expected = hmac.new(SIGNING_KEY.encode(), request.raw, hashlib.sha256).hexdigest()
+    assert request.headers["X-Spanguard-Signature"] == f"sha256={expected}"
+    # One per trace and rule: the downgrade is sent, the kill after it on the same rule is not.
+    (request,) = posts_for(server, downgraded.trace_id)
+    assert request.body["detection"]["action"] == "downgrade"
+    metrics = worker.metrics() or {}
+    assert metrics['spanguard_webhooks_total{outcome="delivered"}'] >= 2
+    assert metrics['spanguard_webhooks_total{outcome="already_sent"}'] >= 1
+
+
+def test_503_then_200_is_one_delivery(stack):
+    server, worker, _ = stack
+    server.script(503, Fault(status=429, headers={"Retry-After": "0.2"}))
+    agent = loop(worker.topics.input, "support-bot")
+    wait_for(lambda: len(posts_for(server, agent.trace_id)) == 3, what="a retried notification")
+    time.sleep(1.0)
+    assert [r.status for r in posts_for(server, agent.trace_id)] == [503, 429, 200]
+
+
+def test_a_rejected_notification_is_a_dead_letter_and_not_retried(stack):
+    server, worker, collector = stack
+    server.script(403)
+    agent = loop(worker.topics.input, "support-bot")
+    (dead,) = collector.wait(
+        lambda m: m["topic"] == worker.topics.dead_letters and m["key"] == agent.trace_id.encode()
+    )
+    reason = dead["headers"]["spanguard.reason"].decode()
+    assert reason.startswith("webhook rejected: HTTP 403 from 127.0.0.1:")
+    assert "s3cretT0ken" not in reason
+    assert json.loads(dead["value"])["trace_id"] == agent.trace_id  # the detection, kept
+    time.sleep(1.0)
+    assert [r.status for r in posts_for(server, agent.trace_id)] == [403]
+
+
+def test_a_slow_receiver_never_delays_kill_signals(stack):
+    server, worker, collector = stack
+    server.script(Fault(status=200, delay=6.0))
+    slow = loop(worker.topics.input, "support-bot")
+    wait_for(lambda: posts_for(server, slow.trace_id), what="notification sent")
+    sent = time.monotonic()
+    other = loop(worker.topics.input, "support-bot")
+    collector.wait(
+        lambda m: m["topic"] == worker.topics.kills and m["key"] == other.trace_id.encode(),
+        timeout=5.0,
+    )
+    assert time.monotonic() - sent < 5.0  # while the notification still waits on the receiver
+
+
+def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
+    ensure_broker()
+    slack_path = "/services/T000/B000/XXXXXXXX"
+    with WebhookServer() as server:
+        topics = Topics()
+        worker = start_worker(
+            topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
+        )
+        try:
+            server.script(503, 503, 503)
+            agent = loop(topics.input, "support-bot")
+            wait_for(
+                lambda: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
+                what="two failed tries",
+            )
+            worker.stop(signal.SIGKILL)  # mid-retry: the detection was never acknowledged
+            worker = start_worker(
+                topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
+            )
+            wait_for(
+                lambda: any(r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)),
+                what="the notification after the restart",
+            )
+            time.sleep(1.5)
+            posts = posts_for(server, agent.trace_id, slack_path)
+            delivered = [r for r in posts if r.status == 200]
+            assert len(delivered) == 1
+            assert slack_errors(delivered[0].raw) is None  # what Slack's webhooks accept
+            body = delivered[0].body
+            assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
+            assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
+        finally:
+            worker.stop()
+            topics.delete()

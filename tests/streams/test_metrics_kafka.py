@@ -1,0 +1,183 @@
+"""Every metric the chart's dashboard and alert rules use exists on a real worker's /metrics.
+
+The worker runs with its default settings against the real broker; one looping agent is
+killed first, so that labelled series (decisions, latency) have samples, as in production.
+The expressions are read from what `helm template` renders with the monitoring flags on, and
+parsed as PromQL (promql-parser), not grepped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from typing import Any
+
+import promql_parser
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spanguard import __version__
+from tests.support.helm import MONITORING_ON, render
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.spans import AgentRecorder, encode
+
+pytestmark = pytest.mark.kafka
+
+# Series Prometheus makes itself for every target; no exporter has them.
+SYNTHETIC = {"up"}
+# Grafana's interval variables, given a value PromQL accepts.
+GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names `expr` selects (vector and range selectors, at any depth)."""
+    names: set[str] = set()
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            names.add(node.name)
+        return True
+
+    promql_parser.walk(promql_parser.parse(GRAFANA_INTERVALS.sub("5m", expr)), visit)
+    return names
+
+
+def test_metric_names_are_parsed_not_grepped() -> None:
+    expr = 'sum by (rule) (rate(a_total{x="b_total"}[5m])) / on () group_left () c or absent(up)'
+    assert metric_names(expr) == {"a_total", "c", "up"}
+    assert metric_names("histogram_quantile(0.9, rate(h_bucket[$__rate_interval]))") == {"h_bucket"}
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        text = query.get("query", "") if isinstance(query, dict) else ""
+        match = re.fullmatch(r"label_values\((\w+),\s*\w+\)", text)
+        if match:
+            exprs.append(match.group(1))  # label_values(metric, label): the metric must exist
+        else:
+            assert not text, f"a templating query this test does not read: {text}"
+    return exprs
+
+
+def shipped_exprs() -> dict[str, list[str]]:
+    docs = render(*MONITORING_ON)
+    (dashboard_cm,) = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]
+    ]
+    dashboard = json.loads(dashboard_cm["data"]["spanguard.json"])
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {
+        "SpanguardWorkerDown",
+        "SpanguardConsumerLagGrowing",
+        "SpanguardDeadLettersRising",
+        "SpanguardPagesUndeliverable",
+    }
+    return {"dashboard": dashboard_exprs(dashboard), "alerts": list(alerts.values())}
+
+
+def scrape(port: int) -> dict[str, list[Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    ensure_broker()
+    topics = Topics()
+    process = WorkerProcess(topics, tmp_path_factory.mktemp("metrics")).start()
+    collector = Collector(topics.kills)
+    yield process, collector
+    collector.close()
+    assert process.stop() == 0, process.log_tail()
+    topics.delete()
+
+
+def loop_through_worker(process: WorkerProcess, collector: Collector, service: str) -> list[Any]:
+    """A trace calling one tool 4 times, produced as the Collector would; wait for its kill."""
+    agent = AgentRecorder(service)
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    out = producer()
+    for span in agent.finished():
+        value = encode([span]).SerializeToString()
+        out.produce(process.topics.input, key=agent.trace_id.encode(), value=value)
+    assert out.flush(10) == 0
+    collector.wait(lambda m: m["key"] == agent.trace_id.encode(), timeout=30)
+    return agent.finished()
+
+
+def latency(samples: dict[str, list[Any]], suffix: str) -> dict[str, float]:
+    """spanguard_detection_latency_seconds_<suffix> by rule."""
+    return {
+        s.labels["rule"]: s.value for s in samples[f"spanguard_detection_latency_seconds_{suffix}"]
+    }
+
+
+def scrape_until(port: int, ready: Any, timeout: float = 30.0) -> dict[str, list[Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(port)
+        if ready(samples):
+            return samples
+        assert time.monotonic() < deadline, sorted(samples)
+        time.sleep(0.2)
+
+
+def test_every_metric_of_the_dashboard_and_the_alerts_is_exported(worker) -> None:
+    exprs = shipped_exprs()  # helm first: a chart that does not render fails before Kafka work
+    process, collector = worker
+    loop_through_worker(process, collector, "support-bot")
+    # The lag timer's first reading, and the latency observed once the signal was acked.
+    samples = scrape_until(
+        process.port,
+        lambda s: "spanguard_consumer_lag" in s and "spanguard_decisions_total" in s,
+    )
+    for source, expressions in exprs.items():
+        assert expressions, source
+        for expr in expressions:
+            missing = metric_names(expr) - SYNTHETIC - set(samples)
+            assert not missing, f"{source}: {expr!r} uses {missing}, not on /metrics"
+
+
+def test_latency_build_info_lag_and_process_metrics(worker) -> None:
+    process, collector = worker
+    before = scrape(process.port)
+    spans = loop_through_worker(process, collector, "latency-bot")
+    count = sum(latency(before, "count").values()) + 1
+    samples = scrape_until(process.port, lambda s: sum(latency(s, "count").values()) >= count)
+    counts = latency(samples, "count")
+    assert counts["tool_loop"] == latency(before, "count")["tool_loop"] + 1
+    assert counts["token_budget"] == 0  # a series from the start, at zero
+    # Seconds from the 4th call's end to the ack: positive, and no more than until now.
+    observed = latency(samples, "sum")["tool_loop"] - latency(before, "sum")["tool_loop"]
+    assert 0 < observed <= time.time() - spans[3].end_time / 1e9
+    decisions = samples["spanguard_decisions_total"]
+    assert {"rule": "tool_loop", "action": "kill", "service": "latency-bot"} in [
+        s.labels for s in decisions
+    ]
+
+    (build,) = samples["spanguard_build_info"]
+    assert build.labels["version"] == __version__ and build.value == 1
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
+        assert name in samples, name
+    lags = samples["spanguard_consumer_lag"]
+    topics = process.topics
+    assert {(s.labels["topic"], s.labels["partition"]) for s in lags} >= {
+        (topics.input, "0"),
+        (topics.input, "1"),
+        (topics.detections, "0"),
+        (topics.detections, "1"),
+    }
+    assert all(s.value >= 0 for s in lags)
