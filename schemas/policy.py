@@ -9,7 +9,8 @@ Shape (every field optional):
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
-      action: kill               # kill | downgrade  (tool_loop; a token budget is a hard cap)
+      action: kill               # kill | downgrade | flag (flag: shadow mode, every rule only
+                                 #   records and notifies; a token budget otherwise kills)
       autonomous: false          # true: also page on-call
       missing_args: skip         # skip | name_only
       record_arguments: false    # keep raw tool arguments in decisions
@@ -65,8 +66,9 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
 )
 
-# What a policy may ask for on a loop (a decision's `Action` adds "flag", for goal checks).
-LoopAction = Literal["kill", "downgrade"]
+# What a policy may ask for on a loop. "flag" is shadow mode: every rule of the agent records,
+# counts and notifies its decision, and no signal reaches the agent.
+LoopAction = Literal["kill", "downgrade", "flag"]
 MissingArgs = Literal["skip", "name_only"]
 NoProgressAction = Literal["flag", "kill", "downgrade", "off"]
 Severity = Literal["critical", "error", "warning", "info"]
@@ -140,6 +142,11 @@ class AgentPolicy:
                 changes[f"goal_{name}"] = goal[name]
         return replace(self, **changes)
 
+    @property
+    def shadow(self) -> bool:
+        """Shadow mode: every rule flags, nothing is sent to the agent."""
+        return self.action == "flag"
+
     def folding(self, tool_name: str) -> frozenset[str]:
         """The foldings the policy asks for on `tool_name`'s string arguments."""
         for tool, how in self.fold:
@@ -172,6 +179,13 @@ class Policy:
             if all(attributes.get(key) == value for key, value in rule.match):
                 return rule.policy
         return self.defaults
+
+    def observed(self) -> Policy:
+        """This policy in shadow mode for every agent (the worker's `--mode observe`)."""
+        return Policy(
+            replace(self.defaults, action="flag"),
+            tuple(_Rule(rule.match, replace(rule.policy, action="flag")) for rule in self.rules),
+        )
 
     def effective(self) -> dict[str, Any]:
         """The policy in force, every setting written out, in the file's own shape: loading

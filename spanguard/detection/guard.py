@@ -14,7 +14,10 @@ Rules (see docs/design.md):
   returned the same result (a flag by default).
 - token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
   aggregate and are only used for a trace that has no inference usage); crossing the budget
-  trips it on the span that crossed it. A budget is a hard cap: it always kills.
+  trips it on the span that crossed it. A budget is a hard cap: it kills (unless shadow mode).
+
+Shadow mode (policy `action: flag`, or the worker's `--mode observe`): every rule of the agent
+records its decision as a flag, once per trace and rule; a flag sends no signal to the agent.
 """
 
 from __future__ import annotations
@@ -132,7 +135,10 @@ def _recorded(call: ToolCall) -> Any:
 
 
 def _escalation(state: TraceState, rule: str, wanted: str) -> str:
-    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`."""
+    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`;
+    `flag` (shadow mode) stays a flag."""
+    if wanted == "flag":
+        return "flag"
     if wanted == "downgrade" and f"{rule}:downgrade" not in state.fired:
         return "downgrade"
     return "kill"
@@ -343,6 +349,8 @@ class Guard:
         tool, digest, result = key
         if f"{TOOL_LOOP}:kill" in state.fired:
             return None  # killed already: one kill per trace and rule
+        if policy.shadow and f"{TOOL_LOOP}:flag" in state.fired:
+            return None  # flagged already: one flag per trace and rule
         if digest is not None and tool in policy.polling_tools:
             return None  # the policy says this tool polls: tool_polling governs it
         hits = state.counts[key]
@@ -381,7 +389,8 @@ class Guard:
             )
         state.fired.add(f"{TOOL_LOOP}:{action}")
         calls = state.window_calls()  # the evidence: the window as it was when it tripped
-        state.restart_window()  # after a downgrade the agent gets a fresh window
+        if action != "flag":
+            state.restart_window()  # after a downgrade the agent gets a fresh window
         return self._decide(
             trace_id,
             state,
@@ -410,6 +419,8 @@ class Guard:
         tool, digest, _ = key
         if f"{TOOL_POLLING}:kill" in state.fired:
             return None
+        if policy.shadow and f"{TOOL_POLLING}:flag" in state.fired:
+            return None
         hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
         if hits < policy.polling_threshold:
             return None
@@ -422,7 +433,8 @@ class Guard:
                 " the last status you got, or try something else."
             )
         state.fired.add(f"{TOOL_POLLING}:{action}")
-        state.restart_window()
+        if action != "flag":
+            state.restart_window()
         return self._decide(
             trace_id,
             state,
@@ -445,6 +457,8 @@ class Guard:
     ) -> Decision | None:
         """Different calls of one tool that all come back with one same result (often empty)."""
         wanted = policy.no_progress_action
+        if policy.shadow and wanted != "off":
+            wanted = "flag"
         if wanted == "off" or f"{NO_PROGRESS}:{wanted}" in state.fired:
             return None
         if f"{NO_PROGRESS}:kill" in state.fired:
@@ -494,7 +508,10 @@ class Guard:
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
         budget = policy.token_budget
+        action = "flag" if policy.shadow else "kill"
         if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
+            return None
+        if f"{TOKEN_BUDGET}:{action}" in state.fired:
             return None
         used = (
             state.inference_tokens
@@ -503,7 +520,7 @@ class Guard:
         )
         if used <= budget:
             return None
-        state.fired.add(f"{TOKEN_BUDGET}:kill")
+        state.fired.add(f"{TOKEN_BUDGET}:{action}")
         return self._decide(
             trace_id,
             state,
@@ -511,7 +528,7 @@ class Guard:
             span_id=usage.span_id.hex(),
             span_ended_at=_iso_from_ns(usage.end_time_unix_nano),
             rule=TOKEN_BUDGET,
-            action="kill",
+            action=action,
             reason=f"{used} tokens used, over the budget of {budget}",
             tokens=used,
             token_budget=budget,
