@@ -3,8 +3,10 @@
 Shape (every field optional):
 
     defaults:
-      loop: {window: 10, threshold: 4}
-      polling: {window: 30, threshold: 20, tools: []}   # same call, changing result
+      loop: {window: 10, threshold: 4, enabled: true}
+      polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
+      tools: {}                  # tool name -> {threshold, window} for tool_loop, or
+                                 #   {exempt: true}: no rule counts its calls
       no_progress: {threshold: 4, action: flag}         # different calls, one same result
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
@@ -52,6 +54,7 @@ __all__ = [
     "AgentPolicy",
     "Policy",
     "PolicyError",
+    "ToolPolicy",
 ]
 
 # A real policy is a few kB, five levels deep, a few hundred values. These bounds are far above
@@ -75,11 +78,24 @@ Severity = Literal["critical", "error", "warning", "info"]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """A policy's settings for one named tool (`tools:`); None = the entry's loop setting."""
+
+    threshold: int | None = None
+    window: int | None = None
+    exempt: bool = False  # no rule counts its calls (a `sleep`, a `wait_for_job` poller)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentPolicy:
     """The settings in force for one agent."""
 
     window: int = 10
     threshold: int = 4
+    loop_enabled: bool = True  # false: tool_loop is off for this agent
+    polling_enabled: bool = True  # false: tool_polling is off for this agent
+    # Tool name -> its own tool_loop threshold/window, or exempt from every rule.
+    tools: tuple[tuple[str, ToolPolicy], ...] = ()
     # Polling: the same call whose recorded result changes; much more patience than a loop.
     polling_window: int = 30
     polling_threshold: int = 20
@@ -110,7 +126,16 @@ class AgentPolicy:
             changes["window"] = loop["window"]
         if "threshold" in loop:
             changes["threshold"] = loop["threshold"]
+        if "enabled" in loop:
+            changes["loop_enabled"] = loop["enabled"]
+        if "tools" in settings:
+            tools = dict(self.tools)
+            for name, values in settings["tools"].items():
+                tools[name] = replace(tools.get(name, ToolPolicy()), **values)
+            changes["tools"] = tuple(sorted(tools.items()))
         polling = settings.get("polling") or {}
+        if "enabled" in polling:
+            changes["polling_enabled"] = polling["enabled"]
         for name in ("window", "threshold"):
             if name in polling:
                 changes[f"polling_{name}"] = polling[name]
@@ -146,6 +171,18 @@ class AgentPolicy:
     def shadow(self) -> bool:
         """Shadow mode: every rule flags, nothing is sent to the agent."""
         return self.action == "flag"
+
+    def tool(self, tool_name: str) -> ToolPolicy | None:
+        """The policy's `tools:` entry for `tool_name`, if any."""
+        for name, settings in self.tools:
+            if name == tool_name:
+                return settings
+        return None
+
+    @property
+    def loop_span(self) -> int:
+        """How many calls the trace's window keeps: the widest tool_loop window in force."""
+        return max([self.window, *(t.window for _, t in self.tools if t.window is not None)])
 
     def folding(self, tool_name: str) -> frozenset[str]:
         """The foldings the policy asks for on `tool_name`'s string arguments."""
@@ -242,7 +279,33 @@ class Policy:
 
 def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
     return {
-        "loop": {"window": policy.window, "threshold": policy.threshold},
+        "loop": {
+            "window": policy.window,
+            "threshold": policy.threshold,
+            "enabled": policy.loop_enabled,
+        },
+        "polling": {
+            "window": policy.polling_window,
+            "threshold": policy.polling_threshold,
+            "tools": sorted(policy.polling_tools),
+            "enabled": policy.polling_enabled,
+        },
+        "no_progress": {
+            "threshold": policy.no_progress_threshold,
+            "action": policy.no_progress_action,
+        },
+        "tools": {
+            name: {
+                key: value
+                for key, value in (
+                    ("threshold", tool.threshold),
+                    ("window", tool.window),
+                    ("exempt", tool.exempt),
+                )
+                if value is not None
+            }
+            for name, tool in policy.tools
+        },
         "volatile_keys": sorted(policy.volatile_keys),
         "token_budget": policy.token_budget,
         "action": policy.action,
@@ -399,6 +462,14 @@ def _check_loop(policy: AgentPolicy, where: str) -> None:
             f"{where}: threshold {policy.threshold} can never be reached"
             f" in a window of {policy.window} calls"
         )
+    for name, tool in policy.tools:
+        threshold = policy.threshold if tool.threshold is None else tool.threshold
+        window = policy.window if tool.window is None else tool.window
+        if threshold > window:
+            raise PolicyError(
+                f"{where.replace('.loop', '.tools.' + name)}: threshold {threshold} can never"
+                f" be reached in a window of {window} calls"
+            )
     if policy.polling_threshold > policy.polling_window:
         raise PolicyError(
             f"{where.replace('.loop', '.polling')}: threshold {policy.polling_threshold} can"

@@ -28,6 +28,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -111,7 +112,12 @@ def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
 
 
 def _slide(
-    window: Any, counts: dict, key: Any, size: int, marks: bytearray | None = None, mark: bytes = b""
+    window: Any,
+    counts: dict,
+    key: Any,
+    size: int,
+    marks: bytearray | None = None,
+    mark: bytes = b"",
 ) -> None:
     """Append `key` to a sliding window of `size` and keep its counts (and the calls' marks,
     aligned with the window) in step."""
@@ -314,6 +320,10 @@ class Guard:
         self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
     ) -> Decision | None:
         """Key the call, slide the windows, then run the rules on tool calls in turn."""
+        tool_policy = policy.tool(call.tool_name) if policy.tools else None
+        if tool_policy is not None and tool_policy.exempt:
+            self.stats.tool_calls += 1
+            return None  # the policy exempts this tool: no rule counts it
         digest = call.args_digest
         if digest is None and call.arguments is not MISSING:
             folding = policy.folding(call.tool_name) if policy.fold else frozenset()
@@ -328,15 +338,18 @@ class Guard:
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
         mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, policy.window, state.window_marks, mark)
+        span = policy.loop_span if policy.tools else policy.window
+        _slide(state.window, state.counts, key, span, state.window_marks, mark)
         polled = digest is not None and (
             result is not None or call.tool_name in policy.polling_tools
         )
         if polled:
             poll_key = (call.tool_name, digest)
             _slide(state.polls, state.poll_counts, poll_key, policy.polling_window)
-        decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
-        if decision is None and polled:
+        decision = None
+        if policy.loop_enabled:
+            decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
+        if decision is None and polled and policy.polling_enabled:
             decision = self._check_polling(trace_id, state, call, key, policy)
         if decision is None and result is not None and digest is not None:
             decision = self._check_no_progress(trace_id, state, call, key, policy)
@@ -353,10 +366,20 @@ class Guard:
             return None  # flagged already: one flag per trace and rule
         if digest is not None and tool in policy.polling_tools:
             return None  # the policy says this tool polls: tool_polling governs it
-        hits = state.counts[key]
-        if hits < policy.threshold:
+        window, threshold = policy.window, policy.threshold
+        tool_policy = policy.tool(tool) if policy.tools else None
+        if tool_policy is not None:
+            window = tool_policy.window or window
+            threshold = tool_policy.threshold or threshold
+        if len(state.window) > window:
+            # The trace keeps a wider window for some tool: count this one's own window.
+            hits = sum(1 for seen in islice(reversed(state.window), window) if seen == key)
+            steps = window
+        else:
+            hits = state.counts[key]
+            steps = len(state.window)
+        if hits < threshold:
             return None
-        steps = len(state.window)
         reason = f"{tool} called {hits}x in last {steps} steps"
         if digest is None:
             # A name alone cannot tell a loop from twelve different searches: flag, once.
@@ -375,7 +398,7 @@ class Guard:
                 tool_name=tool,
                 result_hash=result,
                 hits=hits,
-                window=policy.window,
+                window=window,
                 steps=steps,
             )
         if result is not None:
@@ -404,8 +427,8 @@ class Guard:
             args_hash=digest,
             result_hash=result,
             hits=hits,
-            window=policy.window,
-            threshold=policy.threshold,
+            window=window,
+            threshold=threshold,
             calls=calls,
             steps=steps,
             system_message=system_message,
@@ -466,7 +489,7 @@ class Guard:
         tool, _, result = key
         distinct = {
             digest
-            for name, digest, same in state.window
+            for name, digest, same in islice(reversed(state.window), policy.window)
             if name == tool and same == result and digest is not None
         }
         if len(distinct) < policy.no_progress_threshold:
@@ -488,13 +511,13 @@ class Guard:
             span_id=call.span_id.hex(),
             rule=NO_PROGRESS,
             action=action,
-            reason=f"{len(distinct)} different {tool} calls in last {len(state.window)} steps"
-            " all returned the same result",
+            reason=f"{len(distinct)} different {tool} calls in last"
+            f" {min(len(state.window), policy.window)} steps all returned the same result",
             tool_name=tool,
             result_hash=result,
             hits=len(distinct),
             window=policy.window,
-            steps=len(state.window),
+            steps=min(len(state.window), policy.window),
             system_message=system_message,
         )
 
