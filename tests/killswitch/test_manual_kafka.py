@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from spanguard.detection.explain import explain_records
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import signature_valid, validate
@@ -139,6 +140,8 @@ def test_manual_kill_release_and_kill_again(running):
     ]
     for record in audit:
         validate(record, "detection")
+    text = explain_records(trace_id, audit)
+    assert "manual -> release" in text and "by operator carol" in text
 
 
 def test_kill_needs_a_reason_and_a_trace_id(running):
