@@ -54,6 +54,8 @@ class SignalBook:
     - `check(trace_id)` raises `AgentKilled` once a kill is recorded for the trace, on that
       check and every later one: an agent that swallows the exception cannot carry on calling
       tools. A downgrade's system message is returned exactly once; otherwise None.
+    - a `release` (an operator's `spanguard release`) lifts the trace's kill: `check` passes
+      again, until a later kill signal (a new signal id) kills it again.
 
     Every agent process reads the whole fleet's signals, almost all of them about traces it
     never runs, so memory is bounded by `max_traces` per kind of entry:
@@ -94,7 +96,14 @@ class SignalBook:
                 return False
             entry.signal_ids.add(signal.signal_id)
             self.delivered += 1
-            if signal.kind == "kill":
+            if signal.kind == "release":
+                # An operator's release: the agent may call tools again. The ids seen stay, so a
+                # redelivered old kill is still a duplicate; a new kill (a new id) kills again.
+                entry.kill = None
+                if trace_id in self._killed:
+                    self._watched[trace_id] = self._killed.pop(trace_id)
+                    _trim(self._watched, self.max_traces)
+            elif signal.kind == "kill":
                 if entry.kill is None:  # the first kill's reason is the one the agent sees
                     entry.kill = signal
                 if trace_id in self._watched:  # its agent checks it: keep it for good

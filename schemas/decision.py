@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SIGNAL_TTL_SECONDS",
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
+    "NO_SPAN_ID",
     "AgentIdentity",
     "Decision",
     "KillSignal",
@@ -58,8 +59,12 @@ EVIDENCE_FIELDS = (
     "confidence",
 )
 
-Rule = Literal["tool_loop", "tool_polling", "no_progress", "token_budget", "goal_unmet"]
-Action = Literal["kill", "downgrade", "flag"]
+# "manual": an operator's `spanguard kill` or `spanguard release`, not a rule of the guard.
+Rule = Literal["tool_loop", "tool_polling", "no_progress", "token_budget", "goal_unmet", "manual"]
+# "release" (manual only): the trace's agent may call tools again, until a later kill.
+Action = Literal["kill", "downgrade", "flag", "release"]
+# A manual signal trips on no span: its span_id is this.
+NO_SPAN_ID = "0" * 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,7 @@ class Decision:
     calls: list[dict[str, Any]] | None = None
     policy_entry: str | None = None  # the policy entry in force: "defaults" or "agents.N"
     policy_match: dict[str, str] | None = None  # that entry's match
+    operator: str | None = None  # manual: who issued it (`--operator`)
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -112,8 +118,9 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        if record["tool_arguments"] is None:
-            del record["tool_arguments"]
+        for name in ("tool_arguments", "operator"):
+            if record[name] is None:
+                del record[name]
         return record
 
     def to_json(self) -> str:
@@ -145,6 +152,7 @@ class KillSignal:
     detected_at: str
     expires_at: str
     system_message: str | None = None
+    operator: str | None = None  # a manual signal: who issued it
     schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
 
     def expired(self, now: datetime) -> bool:
@@ -174,10 +182,14 @@ class KillSignal:
                 datetime.fromisoformat(decision.detected_at) + timedelta(seconds=ttl_seconds)
             ).isoformat(timespec="milliseconds"),
             system_message=decision.system_message,
+            operator=decision.operator,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if record["operator"] is None:
+            del record["operator"]  # the signals of the guard's rules are as they always were
+        return record
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -3,13 +3,16 @@
 Shape (every field optional):
 
     defaults:
-      loop: {window: 10, threshold: 4}
-      polling: {window: 30, threshold: 20, tools: []}   # same call, changing result
+      loop: {window: 10, threshold: 4, enabled: true}
+      polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
+      tools: {}                  # tool name -> {threshold, window} for tool_loop, or
+                                 #   {exempt: true}: no rule counts its calls
       no_progress: {threshold: 4, action: flag}         # different calls, one same result
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
-      action: kill               # kill | downgrade  (tool_loop; a token budget is a hard cap)
+      action: kill               # kill | downgrade | flag (flag: shadow mode, every rule only
+                                 #   records and notifies; a token budget otherwise kills)
       autonomous: false          # true: also page on-call
       missing_args: skip         # skip | name_only
       record_arguments: false    # keep raw tool arguments in decisions
@@ -51,6 +54,7 @@ __all__ = [
     "AgentPolicy",
     "Policy",
     "PolicyError",
+    "ToolPolicy",
 ]
 
 # A real policy is a few kB, five levels deep, a few hundred values. These bounds are far above
@@ -65,11 +69,21 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
 )
 
-# What a policy may ask for on a loop (a decision's `Action` adds "flag", for goal checks).
-LoopAction = Literal["kill", "downgrade"]
+# What a policy may ask for on a loop. "flag" is shadow mode: every rule of the agent records,
+# counts and notifies its decision, and no signal reaches the agent.
+LoopAction = Literal["kill", "downgrade", "flag"]
 MissingArgs = Literal["skip", "name_only"]
 NoProgressAction = Literal["flag", "kill", "downgrade", "off"]
 Severity = Literal["critical", "error", "warning", "info"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """A policy's settings for one named tool (`tools:`); None = the entry's loop setting."""
+
+    threshold: int | None = None
+    window: int | None = None
+    exempt: bool = False  # no rule counts its calls (a `sleep`, a `wait_for_job` poller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +92,10 @@ class AgentPolicy:
 
     window: int = 10
     threshold: int = 4
+    loop_enabled: bool = True  # false: tool_loop is off for this agent
+    polling_enabled: bool = True  # false: tool_polling is off for this agent
+    # Tool name -> its own tool_loop threshold/window, or exempt from every rule.
+    tools: tuple[tuple[str, ToolPolicy], ...] = ()
     # Polling: the same call whose recorded result changes; much more patience than a loop.
     polling_window: int = 30
     polling_threshold: int = 20
@@ -108,7 +126,16 @@ class AgentPolicy:
             changes["window"] = loop["window"]
         if "threshold" in loop:
             changes["threshold"] = loop["threshold"]
+        if "enabled" in loop:
+            changes["loop_enabled"] = loop["enabled"]
+        if "tools" in settings:
+            tools = dict(self.tools)
+            for name, values in settings["tools"].items():
+                tools[name] = replace(tools.get(name, ToolPolicy()), **values)
+            changes["tools"] = tuple(sorted(tools.items()))
         polling = settings.get("polling") or {}
+        if "enabled" in polling:
+            changes["polling_enabled"] = polling["enabled"]
         for name in ("window", "threshold"):
             if name in polling:
                 changes[f"polling_{name}"] = polling[name]
@@ -139,6 +166,23 @@ class AgentPolicy:
             if name in goal:
                 changes[f"goal_{name}"] = goal[name]
         return replace(self, **changes)
+
+    @property
+    def shadow(self) -> bool:
+        """Shadow mode: every rule flags, nothing is sent to the agent."""
+        return self.action == "flag"
+
+    def tool(self, tool_name: str) -> ToolPolicy | None:
+        """The policy's `tools:` entry for `tool_name`, if any."""
+        for name, settings in self.tools:
+            if name == tool_name:
+                return settings
+        return None
+
+    @property
+    def loop_span(self) -> int:
+        """How many calls the trace's window keeps: the widest tool_loop window in force."""
+        return max([self.window, *(t.window for _, t in self.tools if t.window is not None)])
 
     def folding(self, tool_name: str) -> frozenset[str]:
         """The foldings the policy asks for on `tool_name`'s string arguments."""
@@ -172,6 +216,13 @@ class Policy:
             if all(attributes.get(key) == value for key, value in rule.match):
                 return rule.policy
         return self.defaults
+
+    def observed(self) -> Policy:
+        """This policy in shadow mode for every agent (the worker's `--mode observe`)."""
+        return Policy(
+            replace(self.defaults, action="flag"),
+            tuple(_Rule(rule.match, replace(rule.policy, action="flag")) for rule in self.rules),
+        )
 
     def effective(self) -> dict[str, Any]:
         """The policy in force, every setting written out, in the file's own shape: loading
@@ -228,7 +279,33 @@ class Policy:
 
 def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
     return {
-        "loop": {"window": policy.window, "threshold": policy.threshold},
+        "loop": {
+            "window": policy.window,
+            "threshold": policy.threshold,
+            "enabled": policy.loop_enabled,
+        },
+        "polling": {
+            "window": policy.polling_window,
+            "threshold": policy.polling_threshold,
+            "tools": sorted(policy.polling_tools),
+            "enabled": policy.polling_enabled,
+        },
+        "no_progress": {
+            "threshold": policy.no_progress_threshold,
+            "action": policy.no_progress_action,
+        },
+        "tools": {
+            name: {
+                key: value
+                for key, value in (
+                    ("threshold", tool.threshold),
+                    ("window", tool.window),
+                    ("exempt", tool.exempt),
+                )
+                if value is not None
+            }
+            for name, tool in policy.tools
+        },
         "volatile_keys": sorted(policy.volatile_keys),
         "token_budget": policy.token_budget,
         "action": policy.action,
@@ -385,6 +462,14 @@ def _check_loop(policy: AgentPolicy, where: str) -> None:
             f"{where}: threshold {policy.threshold} can never be reached"
             f" in a window of {policy.window} calls"
         )
+    for name, tool in policy.tools:
+        threshold = policy.threshold if tool.threshold is None else tool.threshold
+        window = policy.window if tool.window is None else tool.window
+        if threshold > window:
+            raise PolicyError(
+                f"{where.replace('.loop', '.tools.' + name)}: threshold {threshold} can never"
+                f" be reached in a window of {window} calls"
+            )
     if policy.polling_threshold > policy.polling_window:
         raise PolicyError(
             f"{where.replace('.loop', '.polling')}: threshold {policy.polling_threshold} can"

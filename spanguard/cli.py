@@ -189,6 +189,70 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
     explain.set_defaults(handler=_cmd_explain)
 
 
+def _cmd_manual(args: argparse.Namespace) -> int:
+    """`spanguard kill` / `spanguard release`: a signed signal and its audit record."""
+    import re
+
+    from confluent_kafka import KafkaException
+
+    from spanguard.streams.manual import manual_decision, publish_manual
+
+    trace_id = args.trace_id.lower()
+    if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
+        print(f"spanguard {args.command}: {args.trace_id!r} is not a trace id (32 hex digits)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    operator = args.operator or _login()
+    reason = args.reason or f"released by {operator}"
+    settings = _settings(args)
+    decision = manual_decision(trace_id, args.command, reason, operator)
+    try:
+        signal = publish_manual(settings, decision)
+    except KafkaException as exc:
+        print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.command}: trace {trace_id} signal {signal.signal_id} by {operator}"
+          f" on {settings.kill_topic}")  # fmt: skip
+    return 0
+
+
+def _login() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or the password database
+        return "unknown"
+
+
+def _add_manual_parsers(commands: argparse._SubParsersAction) -> None:
+    for name, help in (
+        ("kill", "kill a trace's agent now: a signed kill signal, recorded with who sent it"),
+        ("release", "lift a kill: the trace's agent may call tools again"),
+    ):
+        command = commands.add_parser(
+            name,
+            help=help,
+            description=(
+                f"{help}. Publishes to the kill topic, signed with the worker's signing key,"
+                " and writes an audit record (rule manual, the operator) to the detections"
+                " topic. A later kill, manual or detected, kills the trace again."
+            ),
+        )
+        command.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
+        command.add_argument(
+            "--reason",
+            required=name == "kill",
+            metavar="TEXT",
+            help="why (shown to the agent and in the audit)",
+        )
+        command.add_argument(
+            "--operator", metavar="NAME", help="who issues it (default: the login name)"
+        )
+        _add_settings_flags(command, "WorkerSettings")
+        command.set_defaults(handler=_cmd_manual)
+
+
 def _kind(exc: SpanguardError) -> str:
     if isinstance(exc, PolicyError):
         return "bad policy: "
@@ -243,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_flags(create, "WorkerSettings")
     create.set_defaults(handler=_cmd_topics_create)
     _add_explain_parser(commands)
+    _add_manual_parsers(commands)
 
     policy = commands.add_parser("policy", help="check a policy file")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")

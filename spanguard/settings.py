@@ -198,6 +198,11 @@ class WorkerSettings:
         "spanguard", "Faust app id: consumer group and prefix of its internal topics"
     )
     policy: str | None = setting(None, "policy YAML file (default: the built-in defaults)")
+    mode: Literal["enforce", "observe"] = setting(
+        "enforce",
+        "enforce: act as the policy says; observe: flag every decision, send no signal"
+        " (a first rollout)",
+    )
     input_topic: str = setting("otlp_spans", "OTLP spans from the Collector")
     kill_topic: str = setting("agent-kill-signals", "kill/downgrade signals")
     detections_topic: str = setting("spanguard-detections", "audit of every decision")

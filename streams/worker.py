@@ -43,6 +43,10 @@ def run_worker(
     # JSON logs from the first line on (Faust applies the same config again when it starts).
     logging.config.dictConfig(logging_config(settings.log_level))
     log = logging.getLogger("spanguard.worker")
+    if settings.mode == "observe":
+        # Shadow mode for the whole fleet: decisions are recorded and notified, never sent.
+        policy = policy.observed()
+        log.warning("observe mode: every decision is a flag, no signal is sent to agents")
     goal = goal or GoalSettings()
     verifier = GoalVerifier(
         policy,

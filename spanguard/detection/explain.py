@@ -74,6 +74,13 @@ def _window(record: dict[str, Any]) -> list[str]:
 def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
     agent = record.get("agent") or {}
     rule, action = record.get("rule"), record.get("action")
+    if rule == "manual":  # an operator's kill or release: no rule, no span, no policy
+        return [
+            f"decision {number} of {total}: manual -> {action}, issued {record.get('detected_at')}"
+            f" by operator {record.get('operator')}",
+            f"  reason: {record.get('reason')}",
+            f"  signal: {action} sent to the agent (signal_id {record.get('decision_id')})",
+        ]
     lines = [
         f"decision {number} of {total}: {rule} -> {action}, detected {record.get('detected_at')}",
         f"  reason: {record.get('reason')}",

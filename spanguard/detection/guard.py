@@ -14,7 +14,10 @@ Rules (see docs/design.md):
   returned the same result (a flag by default).
 - token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
   aggregate and are only used for a trace that has no inference usage); crossing the budget
-  trips it on the span that crossed it. A budget is a hard cap: it always kills.
+  trips it on the span that crossed it. A budget is a hard cap: it kills (unless shadow mode).
+
+Shadow mode (policy `action: flag`, or the worker's `--mode observe`): every rule of the agent
+records its decision as a flag, once per trace and rule; a flag sends no signal to the agent.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -108,7 +112,12 @@ def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
 
 
 def _slide(
-    window: Any, counts: dict, key: Any, size: int, marks: bytearray | None = None, mark: bytes = b""
+    window: Any,
+    counts: dict,
+    key: Any,
+    size: int,
+    marks: bytearray | None = None,
+    mark: bytes = b"",
 ) -> None:
     """Append `key` to a sliding window of `size` and keep its counts (and the calls' marks,
     aligned with the window) in step."""
@@ -132,7 +141,10 @@ def _recorded(call: ToolCall) -> Any:
 
 
 def _escalation(state: TraceState, rule: str, wanted: str) -> str:
-    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`."""
+    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`;
+    `flag` (shadow mode) stays a flag."""
+    if wanted == "flag":
+        return "flag"
     if wanted == "downgrade" and f"{rule}:downgrade" not in state.fired:
         return "downgrade"
     return "kill"
@@ -308,6 +320,10 @@ class Guard:
         self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
     ) -> Decision | None:
         """Key the call, slide the windows, then run the rules on tool calls in turn."""
+        tool_policy = policy.tool(call.tool_name) if policy.tools else None
+        if tool_policy is not None and tool_policy.exempt:
+            self.stats.tool_calls += 1
+            return None  # the policy exempts this tool: no rule counts it
         digest = call.args_digest
         if digest is None and call.arguments is not MISSING:
             folding = policy.folding(call.tool_name) if policy.fold else frozenset()
@@ -322,15 +338,18 @@ class Guard:
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
         mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, policy.window, state.window_marks, mark)
+        span = policy.loop_span if policy.tools else policy.window
+        _slide(state.window, state.counts, key, span, state.window_marks, mark)
         polled = digest is not None and (
             result is not None or call.tool_name in policy.polling_tools
         )
         if polled:
             poll_key = (call.tool_name, digest)
             _slide(state.polls, state.poll_counts, poll_key, policy.polling_window)
-        decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
-        if decision is None and polled:
+        decision = None
+        if policy.loop_enabled:
+            decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
+        if decision is None and polled and policy.polling_enabled:
             decision = self._check_polling(trace_id, state, call, key, policy)
         if decision is None and result is not None and digest is not None:
             decision = self._check_no_progress(trace_id, state, call, key, policy)
@@ -343,12 +362,24 @@ class Guard:
         tool, digest, result = key
         if f"{TOOL_LOOP}:kill" in state.fired:
             return None  # killed already: one kill per trace and rule
+        if policy.shadow and f"{TOOL_LOOP}:flag" in state.fired:
+            return None  # flagged already: one flag per trace and rule
         if digest is not None and tool in policy.polling_tools:
             return None  # the policy says this tool polls: tool_polling governs it
-        hits = state.counts[key]
-        if hits < policy.threshold:
+        window, threshold = policy.window, policy.threshold
+        tool_policy = policy.tool(tool) if policy.tools else None
+        if tool_policy is not None:
+            window = tool_policy.window or window
+            threshold = tool_policy.threshold or threshold
+        if len(state.window) > window:
+            # The trace keeps a wider window for some tool: count this one's own window.
+            hits = sum(1 for seen in islice(reversed(state.window), window) if seen == key)
+            steps = window
+        else:
+            hits = state.counts[key]
+            steps = len(state.window)
+        if hits < threshold:
             return None
-        steps = len(state.window)
         reason = f"{tool} called {hits}x in last {steps} steps"
         if digest is None:
             # A name alone cannot tell a loop from twelve different searches: flag, once.
@@ -367,7 +398,7 @@ class Guard:
                 tool_name=tool,
                 result_hash=result,
                 hits=hits,
-                window=policy.window,
+                window=window,
                 steps=steps,
             )
         if result is not None:
@@ -381,7 +412,8 @@ class Guard:
             )
         state.fired.add(f"{TOOL_LOOP}:{action}")
         calls = state.window_calls()  # the evidence: the window as it was when it tripped
-        state.restart_window()  # after a downgrade the agent gets a fresh window
+        if action != "flag":
+            state.restart_window()  # after a downgrade the agent gets a fresh window
         return self._decide(
             trace_id,
             state,
@@ -395,8 +427,8 @@ class Guard:
             args_hash=digest,
             result_hash=result,
             hits=hits,
-            window=policy.window,
-            threshold=policy.threshold,
+            window=window,
+            threshold=threshold,
             calls=calls,
             steps=steps,
             system_message=system_message,
@@ -410,6 +442,8 @@ class Guard:
         tool, digest, _ = key
         if f"{TOOL_POLLING}:kill" in state.fired:
             return None
+        if policy.shadow and f"{TOOL_POLLING}:flag" in state.fired:
+            return None
         hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
         if hits < policy.polling_threshold:
             return None
@@ -422,7 +456,8 @@ class Guard:
                 " the last status you got, or try something else."
             )
         state.fired.add(f"{TOOL_POLLING}:{action}")
-        state.restart_window()
+        if action != "flag":
+            state.restart_window()
         return self._decide(
             trace_id,
             state,
@@ -445,6 +480,8 @@ class Guard:
     ) -> Decision | None:
         """Different calls of one tool that all come back with one same result (often empty)."""
         wanted = policy.no_progress_action
+        if policy.shadow and wanted != "off":
+            wanted = "flag"
         if wanted == "off" or f"{NO_PROGRESS}:{wanted}" in state.fired:
             return None
         if f"{NO_PROGRESS}:kill" in state.fired:
@@ -452,7 +489,7 @@ class Guard:
         tool, _, result = key
         distinct = {
             digest
-            for name, digest, same in state.window
+            for name, digest, same in islice(reversed(state.window), policy.window)
             if name == tool and same == result and digest is not None
         }
         if len(distinct) < policy.no_progress_threshold:
@@ -474,13 +511,13 @@ class Guard:
             span_id=call.span_id.hex(),
             rule=NO_PROGRESS,
             action=action,
-            reason=f"{len(distinct)} different {tool} calls in last {len(state.window)} steps"
-            " all returned the same result",
+            reason=f"{len(distinct)} different {tool} calls in last"
+            f" {min(len(state.window), policy.window)} steps all returned the same result",
             tool_name=tool,
             result_hash=result,
             hits=len(distinct),
             window=policy.window,
-            steps=len(state.window),
+            steps=min(len(state.window), policy.window),
             system_message=system_message,
         )
 
@@ -494,7 +531,10 @@ class Guard:
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
         budget = policy.token_budget
+        action = "flag" if policy.shadow else "kill"
         if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
+            return None
+        if f"{TOKEN_BUDGET}:{action}" in state.fired:
             return None
         used = (
             state.inference_tokens
@@ -503,7 +543,7 @@ class Guard:
         )
         if used <= budget:
             return None
-        state.fired.add(f"{TOKEN_BUDGET}:kill")
+        state.fired.add(f"{TOKEN_BUDGET}:{action}")
         return self._decide(
             trace_id,
             state,
@@ -511,7 +551,7 @@ class Guard:
             span_id=usage.span_id.hex(),
             span_ended_at=_iso_from_ns(usage.end_time_unix_nano),
             rule=TOKEN_BUDGET,
-            action="kill",
+            action=action,
             reason=f"{used} tokens used, over the budget of {budget}",
             tokens=used,
             token_budget=budget,

@@ -9,7 +9,7 @@ import pickle
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -478,6 +478,24 @@ def test_signal_book_hands_a_downgrade_once_and_a_kill_wins():
     assert book.check(trace_id) is None
     book.deliver(signal(trace_id, "kill"))
     with pytest.raises(AgentKilled):
+        book.check(trace_id)
+
+
+def test_signal_book_release_lifts_a_kill_until_a_new_one():
+    book = SignalBook()
+    trace_id = "34" * 16
+    assert book.check(trace_id) is None  # this process runs the trace
+    kill = signal(trace_id)
+    book.deliver(kill)
+    with pytest.raises(AgentKilled):
+        book.check(trace_id)
+    release = replace(kill, signal_id="01" * 16, kind="release", operator="alice")
+    assert book.deliver(release) is True
+    assert book.check(trace_id) is None and not book.is_killed(trace_id)
+    assert book.deliver(kill) is False  # the old kill redelivered: still a duplicate
+    assert book.check(trace_id) is None
+    book.deliver(replace(kill, signal_id="02" * 16, reason="killed again"))
+    with pytest.raises(AgentKilled, match="killed again"):
         book.check(trace_id)
 
 

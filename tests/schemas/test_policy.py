@@ -34,7 +34,11 @@ def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_pol
     assert Policy.from_mapping(yaml.safe_load(yaml.safe_dump(document))) == policy
     support = document["agents"][2]
     assert support["match"] == {"service.name": "support-bot"}
-    assert support["action"] == "downgrade" and support["loop"] == {"window": 10, "threshold": 4}
+    assert support["action"] == "downgrade" and support["loop"] == {
+        "window": 10,
+        "threshold": 4,
+        "enabled": True,
+    }
 
 
 def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
@@ -71,6 +75,6 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     assert result.stderr.splitlines() == [
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
         " (did you mean 'token_budget'?); valid keys: action, autonomous, fold, goal, loop,"
-        " missing_args, no_progress, polling, record_arguments, severity, token_budget,"
+        " missing_args, no_progress, polling, record_arguments, severity, token_budget, tools,"
         " volatile_keys"
     ]

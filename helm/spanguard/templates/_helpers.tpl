@@ -205,6 +205,8 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
   value: {{ required "kafka.bootstrap is required (HOST:PORT)" .Values.kafka.bootstrap | quote }}
 - name: SPANGUARD_APP_ID
   value: {{ .Values.worker.appId | quote }}
+- name: SPANGUARD_MODE
+  value: {{ .Values.worker.mode | quote }}
 - name: SPANGUARD_INPUT_TOPIC
   value: {{ .Values.kafka.topics.input | quote }}
 - name: SPANGUARD_KILL_TOPIC

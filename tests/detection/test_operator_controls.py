@@ -1,0 +1,210 @@
+"""The operator's controls in the policy: shadow mode, per-tool settings, rules switched off."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spanguard.detection.guard import Guard
+from spanguard.errors import PolicyError
+from spanguard.schemas.decision import validate
+from spanguard.schemas.otlp import encode_json_line
+from spanguard.schemas.policy import Policy
+from tests.detection.test_otlp_and_replay import run_replay
+from tests.detection.test_rules import REFUND, run
+from tests.support.spans import AgentRecorder, encode
+
+
+def looping(service: str = "support-bot", calls: int = 12, **resource) -> AgentRecorder:
+    agent = AgentRecorder(service, "support", **resource)
+    for _ in range(calls):
+        agent.tool("search_docs", REFUND)
+        agent.chat(200, 20)
+    agent.finish()
+    return agent
+
+
+def test_shadow_mode_flags_every_rule_once_and_restarts_nothing():
+    policy = Policy.from_yaml("defaults: {action: flag, token_budget: 1000}")
+    decisions = run(Guard(policy), looping().finished())
+    assert sorted((d.rule, d.action) for d in decisions) == [
+        ("token_budget", "flag"),
+        ("tool_loop", "flag"),
+    ]
+    for decision in decisions:
+        validate(decision.to_dict(), "detection")
+        assert decision.system_message is None  # nothing for the agent to read
+
+
+def test_shadow_mode_per_agent_beside_a_killing_default():
+    policy = Policy.from_yaml("agents: [{match: {deployment.environment: canary}, action: flag}]")
+    canary = run(Guard(policy), looping(**{"deployment.environment": "canary"}).finished())
+    production = run(Guard(policy), looping(**{"deployment.environment": "production"}).finished())
+    assert [(d.rule, d.action) for d in canary] == [("tool_loop", "flag")]
+    assert [(d.rule, d.action) for d in production] == [("tool_loop", "kill")]
+
+
+def test_shadow_mode_turns_a_killing_no_progress_into_a_flag():
+    policy = Policy.from_yaml("defaults: {action: flag, no_progress: {action: kill}}")
+    agent = AgentRecorder()
+    for query in ("refund", "refunds", "refund policy", "returns", "money back"):
+        agent.tool("search_docs", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search_docs",
+            "gen_ai.tool.call.arguments": json.dumps({"query": query}),
+            "gen_ai.tool.call.result": "[]",
+        })  # fmt: skip
+    (decision,) = run(Guard(policy), agent.finished())
+    assert (decision.rule, decision.action) == ("no_progress", "flag")
+
+
+def test_observed_forces_flag_for_every_entry():
+    policy = Policy.from_yaml(
+        "defaults: {action: downgrade, token_budget: 1000}\n"
+        "agents: [{match: {service.name: a}, action: kill}]"
+    ).observed()
+    assert policy.defaults.action == "flag"
+    assert [rule.policy.action for rule in policy.rules] == ["flag"]
+    decisions = run(Guard(policy), looping("a").finished())
+    assert {d.action for d in decisions} == {"flag"}
+    assert {d.policy_entry for d in decisions} == {"agents.0"}
+
+
+def test_flag_is_a_valid_action_and_other_words_are_not():
+    assert Policy.from_yaml("defaults: {action: flag}").defaults.action == "flag"
+    with pytest.raises(PolicyError, match="action"):
+        Policy.from_yaml("defaults: {action: shadow}")
+
+
+# -- per-tool and per-rule controls ------------------------------------------------------------
+
+CONTROLS = """
+defaults:
+  tools:
+    sleep: {exempt: true}
+agents:
+  - match: {service.name: job-runner}
+    tools:
+      wait_for_job: {threshold: 8, window: 12}
+  - match: {service.name: batch-bot}
+    loop: {enabled: false}
+"""
+
+
+def poller(service: str, polls: int) -> AgentRecorder:
+    """An agent waiting on a job: wait_for_job with the same arguments, a sleep in between."""
+    agent = AgentRecorder(service, "runner")
+    for _ in range(polls):
+        agent.tool("wait_for_job", {"job": "42"})
+        agent.tool("sleep", {"seconds": 5})
+    agent.finish()
+    return agent
+
+
+def test_a_tool_with_its_own_threshold_and_window():
+    policy = Policy.from_yaml(CONTROLS)
+    assert run(Guard(policy), poller("job-runner", 7).finished()) == []
+    (decision,) = run(Guard(policy), poller("job-runner", 10).finished())
+    assert (decision.rule, decision.tool_name, decision.hits) == ("tool_loop", "wait_for_job", 8)
+    assert (decision.threshold, decision.window) == (8, 12)
+    assert decision.reason == "wait_for_job called 8x in last 8 steps"  # sleeps are not counted
+    # Another tool of the same agent keeps the entry's own loop settings.
+    other = AgentRecorder("job-runner")
+    for _ in range(4):
+        other.tool("search_docs", REFUND)
+    (loop,) = run(Guard(policy), other.finished())
+    assert (loop.tool_name, loop.hits, loop.threshold, loop.window) == ("search_docs", 4, 4, 10)
+
+
+def test_each_tool_counts_in_its_own_window():
+    """job-runner's trace keeps 12 calls (wait_for_job's window); search_docs still counts
+    in the entry's window of 10: a fourth search 11 calls after the first is no loop."""
+    policy = Policy.from_yaml(CONTROLS)
+    agent = AgentRecorder("job-runner")
+    agent.tool("search_docs", REFUND)
+    for step in range(8):
+        agent.tool("fetch_log", {"line": step})
+    for _ in range(3):
+        agent.tool("search_docs", REFUND)
+    assert run(Guard(policy), agent.finished()) == []
+    agent.tool("search_docs", REFUND)
+    (decision,) = run(Guard(policy), agent.finished())
+    assert (decision.tool_name, decision.hits, decision.steps) == ("search_docs", 4, 10)
+
+
+def test_an_exempt_tool_is_never_counted():
+    policy = Policy.from_yaml(CONTROLS)
+    agent = AgentRecorder("support-bot")
+    for _ in range(20):
+        agent.tool("sleep", {"seconds": 5})
+    guard = Guard(policy)
+    assert run(guard, agent.finished()) == []
+    assert guard.stats.tool_calls == 20
+    # Without the exemption the same agent is a loop.
+    assert [d.tool_name for d in run(Guard(), agent.finished())] == ["sleep"]
+
+
+def test_a_rule_switched_off_for_one_agent():
+    policy = Policy.from_yaml(CONTROLS)
+    assert run(Guard(policy), looping("batch-bot").finished()) == []
+    assert [d.rule for d in run(Guard(policy), looping("support-bot").finished())] == ["tool_loop"]
+    off = Policy.from_yaml("defaults: {polling: {enabled: false, threshold: 3, window: 5}}")
+    agent = AgentRecorder()
+    for status in range(6):
+        agent.tool("wait", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "wait",
+            "gen_ai.tool.call.arguments": '{"job": 1}',
+            "gen_ai.tool.call.result": f'{{"done": {status}}}',
+        })  # fmt: skip
+    on = Policy.from_yaml("defaults: {polling: {threshold: 3, window: 5}}")
+    assert [d.rule for d in run(Guard(on), agent.finished())] == ["tool_polling"]
+    assert run(Guard(off), agent.finished()) == []
+
+
+def test_the_effective_policy_keeps_the_controls():
+    policy = Policy.from_yaml(CONTROLS)
+    document = policy.effective()
+    assert document["agents"][0]["tools"] == {
+        "sleep": {"exempt": True},
+        "wait_for_job": {"threshold": 8, "window": 12, "exempt": False},
+    }
+    assert document["agents"][1]["loop"]["enabled"] is False
+    assert Policy.from_mapping(document) == policy
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("defaults: {tools: {poll: {threshold: 9, window: 5}}}", "defaults.tools.poll"),
+        ("defaults: {tools: {poll: {exempted: true}}}", "exempted"),
+        ("defaults: {loop: {enabled: 'no'}}", "defaults.loop.enabled"),
+    ],
+)
+def test_bad_controls_name_the_field(text, field):
+    with pytest.raises(PolicyError, match=field):
+        Policy.from_yaml(text)
+
+
+def test_replay_applies_the_controls(tmp_path):
+    """`spanguard replay` over OTLP/JSON lines: the same file, with and without the policy."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(CONTROLS)
+    runner, batch = poller("job-runner", 10), looping("batch-bot")
+    lines = [
+        encode_json_line(encode([span])) for agent in (runner, batch) for span in agent.finished()
+    ]
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text("\n".join(lines) + "\n")
+    result = run_replay("--policy", str(policy), str(spans))
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [(r["trace_id"], r["tool_name"], r["hits"]) for r in records] == [
+        (runner.trace_id, "wait_for_job", 8)
+    ]
+    defaults = run_replay(str(spans))
+    records = [json.loads(line) for line in defaults.stdout.decode().splitlines()]
+    assert sorted((r["trace_id"], r["tool_name"]) for r in records) == sorted(
+        [(runner.trace_id, "wait_for_job"), (batch.trace_id, "search_docs")]
+    )

@@ -1,0 +1,151 @@
+"""`spanguard kill` and `spanguard release` through the real broker, obeyed by the KillSwitch,
+beside a running worker whose own detections keep working after a release."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spanguard.detection.explain import explain_records
+from spanguard.killswitch.client import KillSwitch
+from spanguard.killswitch.signals import AgentKilled
+from spanguard.schemas.decision import signature_valid, validate
+from tests.streams.test_worker_kafka import send_spans
+from tests.support.kafka_harness import (
+    CLUSTER,
+    SIGNING_KEY,
+    Collector,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+)
+from tests.support.spans import AgentRecorder
+
+pytestmark = pytest.mark.kafka
+
+POLICY = "defaults: {token_budget: 1000}\n"
+
+
+def cli(command: str, trace_id: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
+    return subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", command, trace_id,
+         "--bootstrap", CLUSTER.bootstrap, *topics.flags(), *args],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("condition not met")
+
+
+def killed(switch: KillSwitch, trace_id: str) -> bool:
+    try:
+        switch.check(trace_id)
+    except AgentKilled:
+        return True
+    return False
+
+
+@pytest.fixture
+def running(tmp_path):
+    ensure_broker()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    topics = Topics()
+    process = WorkerProcess(topics, tmp_path / "data", policy=policy).start()
+    collector = Collector(topics.kills, topics.detections)
+    switch = KillSwitch(CLUSTER.bootstrap, topics.kills, signing_key=SIGNING_KEY)
+    yield topics, collector, switch
+    switch.close()
+    collector.close()
+    assert process.stop() == 0, process.log_tail()
+    topics.delete()
+
+
+def test_release_lifts_a_detected_kill_and_a_later_detection_kills_again(running):
+    topics, collector, switch = running
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    assert switch.check(agent.trace_id) is None
+    send_spans(topics.input, agent)
+    wait_until(lambda: killed(switch, agent.trace_id))  # the worker's tool_loop kill
+
+    released = cli("release", agent.trace_id, topics, "--operator", "alice")
+    assert released.returncode == 0, released.stderr
+    wait_until(lambda: not killed(switch, agent.trace_id))
+    assert switch.check(agent.trace_id) is None  # the agent may call tools again
+
+    before = len(agent.finished())
+    for _ in range(6):
+        agent.chat(200, 20)  # over the budget of 1000 on the fifth
+    send_spans(topics.input, agent, agent.finished()[before:])
+    wait_until(lambda: killed(switch, agent.trace_id))  # a later detection kills it again
+    with pytest.raises(AgentKilled, match="over the budget"):
+        switch.check(agent.trace_id)
+
+    signals = collector.json_from(topics.kills, agent.trace_id)
+    assert [(s["rule"], s["kind"]) for s in signals] == [
+        ("tool_loop", "kill"),
+        ("manual", "release"),
+        ("token_budget", "kill"),
+    ]
+    for record in signals:
+        validate(record, "kill-signal")
+        assert signature_valid(record, SIGNING_KEY.encode())
+    audit = collector.json_from(topics.detections, agent.trace_id)
+    (manual,) = [r for r in audit if r["rule"] == "manual"]
+    validate(manual, "detection")
+    assert (manual["action"], manual["operator"]) == ("release", "alice")
+    assert manual["decision_id"] == signals[1]["signal_id"]
+
+
+def test_manual_kill_release_and_kill_again(running):
+    topics, collector, switch = running
+    trace_id = AgentRecorder("batch-bot").trace_id
+    assert switch.check(trace_id) is None
+    for step, (command, args) in enumerate([
+        ("kill", ("--reason", "runaway spend", "--operator", "bob")),
+        ("release", ("--operator", "bob")),
+        ("kill", ("--reason", "still looping", "--operator", "carol")),
+    ]):  # fmt: skip
+        result = cli(command, trace_id, topics, *args)
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda n=step: switch.received >= n + 1)
+        assert killed(switch, trace_id) == (command == "kill")
+    with pytest.raises(AgentKilled, match="still looping"):
+        switch.check(trace_id)
+    signals = collector.json_from(topics.kills, trace_id)
+    assert [(s["kind"], s["operator"]) for s in signals] == [
+        ("kill", "bob"),
+        ("release", "bob"),
+        ("kill", "carol"),
+    ]
+    assert len({s["signal_id"] for s in signals}) == 3  # a new id per issue: never a duplicate
+    audit = collector.json_from(topics.detections, trace_id)
+    assert [(r["action"], r["operator"], r["reason"]) for r in audit] == [
+        ("kill", "bob", "runaway spend"),
+        ("release", "bob", "released by bob"),
+        ("kill", "carol", "still looping"),
+    ]
+    for record in audit:
+        validate(record, "detection")
+    text = explain_records(trace_id, audit)
+    assert "manual -> release" in text and "by operator carol" in text
+
+
+def test_kill_needs_a_reason_and_a_trace_id(running):
+    topics, _, _ = running
+    assert cli("kill", "0" * 32, topics).returncode == 2  # --reason is required
+    bad = cli("kill", "not-a-trace", topics, "--reason", "x")
+    assert bad.returncode == 2 and "not a trace id" in bad.stderr
