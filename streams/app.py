@@ -6,6 +6,7 @@ agent body (streams/agents/): this module builds the parts and hands them to eac
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import faust
@@ -84,7 +85,9 @@ def create_app(
         value_type=bytes,
     )
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
-    states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
+    states = SerializedStates(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
     table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
     signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
@@ -124,10 +127,21 @@ def create_app(
     verify_goals.register(worker)
 
     @app.task
+    async def freeze_startup_objects() -> None:
+        # Tasks start once the first table recovery is done: what the process holds now
+        # (modules, Faust's and aiokafka's services, about 140k objects) lives as long as it
+        # does. Frozen, full collections walk only what came later: measured on the
+        # pipeline benchmark, 200 ms pauses became 50 ms (and detection p99 followed).
+        gc.collect()
+        gc.freeze()
+        log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})
+
+    @app.task
     async def serve_metrics() -> None:
         registry = CollectorRegistry()
         registry.register(
-            WorkerMetrics(guard, worker.pipeline, lambda: len(table), worker.paging, verifier)
+            # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
+            WorkerMetrics(guard, worker.pipeline, states.indexed, worker.paging, verifier)
         )
         worker.http = await serve_http(
             worker.health, registry, settings.metrics_host, settings.metrics_port
