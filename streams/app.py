@@ -52,6 +52,7 @@ def create_app(
         datadir=settings.data_dir,
         web_enabled=False,  # /metrics, /livez and /readyz are served by streams/health.py
         stream_recovery_delay=settings.recovery_delay,
+        table_standby_replicas=settings.standby_replicas,
         broker_commit_interval=settings.commit_interval,
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=min(3.0, settings.session_timeout / 3),
