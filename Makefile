@@ -103,6 +103,8 @@ bench-eviction: install
 bench-stall: install
 	$(BIN)/python -m bench.bench_stall
 
+# One worker (RocksDB, signed) against the core, detection latency at 2,000 spans/s, two workers
+# against one, and a bare Faust agent on the same topic, in one run (about 2-3 minutes).
 bench-pipeline: install kafka-up
 	$(BIN)/python -m bench.bench_pipeline
 

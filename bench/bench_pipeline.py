@@ -1,31 +1,39 @@
 """`make bench-pipeline`: the streaming worker's speed and detection latency on a real broker.
 
-Through the project's Kafka broker (scripts/kafka.sh) and ONE `spanguard worker` process
-(memory store, fresh topic names, `--partitions` partitions):
+Through the project's Kafka broker (scripts/kafka.sh) and `spanguard worker` processes on the
+shipped defaults (RocksDB store, a signing key, `--partitions 8`, fresh topic names), in one
+run, each figure next to its same-run baseline:
 
-1. Throughput. The core benchmark's span mix (bench/corpus.py, `per_trace=True`: one OTLP
-   request per trace and batch, keyed by the hex trace id, as the Collector's kafka exporter
-   writes with partition_traces_by_id) is produced into the input topic BEFORE the worker
-   starts, so the producer's speed is out of the measurement; the rate is the worker's
-   `spanguard_spans_total` (from /metrics) over the time it takes to drain the topic, the
-   start-up ramp left out. The detection core (`Guard().process(bytes)`, dict state) runs over
-   the same requests in this process, before the worker starts, for the ratio.
+1. One worker's drain. The core benchmark's span mix (bench/corpus.py) as the Collector's
+   kafka exporter writes it for interactive agents: one trace per message, keyed by its hex
+   trace id, 1 to 3 spans per message. The worker is started and has taken its partitions
+   (a probe record on each is processed) before the corpus is produced; the rate is the
+   worker's `spanguard_spans_total` (from /metrics) from the moment the producer is done to
+   the moment it has every span. The detection core (`Guard().process(bytes)`, dict state)
+   runs over the same requests in this process, before any worker starts, for the ratio.
 2. Latency. A second corpus with fresh trace ids (one trace in twenty loops) is produced at a
-   paced `--rate` spans/s; every looping trace's tripping call arrives during the run. The
-   input and kill topics use `message.timestamp.type=LogAppendTime`, so both ends of
-   latency = kill signal's append to the kill topic - append to the input topic of the message
-   holding the span that tripped it (the signal's `evidence.span_id`) are the broker's clock.
-   The input append time comes from the producer's delivery report.
+   paced `--rate` spans/s to the same worker; every looping trace's tripping call arrives
+   during the run. The input and kill topics use `message.timestamp.type=LogAppendTime`, so
+   both ends of latency = kill signal's append to the kill topic - append to the input topic
+   of the message holding the span that tripped it (the signal's `evidence.span_id`) are the
+   broker's clock. The input append time comes from the producer's delivery report.
+3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
+   each partition is processed), a third corpus (fresh trace ids) is drained by the two, and
+   the rate is compared with one worker's of phase 1, with the cores each worker used.
+4. Faust's floor. Both workers stopped, a bare Faust agent (bench/faust_passthrough.py: the
+   worker's app settings and batches, nothing done per record) reads the same input topic
+   from its beginning under its own group; its records/s against the worker's of phase 1.
 
 Human lines first; the last line is one JSON object. Topics are deleted at the end. The
-cores the worker, the broker, this bench and other processes used are printed with each
+cores the workers, the broker, this bench and other processes used are printed with each
 phase: on a shared 2-core machine other load moves the numbers, and this says by how much.
 
 Reading the latency: Faust creates its aiokafka consumer with fetch_max_wait_ms=1500, and
 aiokafka keeps one fetch in flight per broker; when every input partition still has buffered
 records, the next fetch names only idle partitions (detections, goal checks, changelogs) and
-the broker holds it for 1.5 s, input waiting behind it. A run caught in that cycle shows
-latencies of 1-2 s in every third of the run; a run that escapes it, tens of milliseconds.
+the broker holds it for 1.5 s, input waiting behind it. The worker sets it to
+`SPANGUARD_FETCH_MAX_WAIT` (20 ms, streams/faust_tuning.py); a run caught in the old cycle
+shows latencies of 1-2 s in every third of the run.
 """
 
 from __future__ import annotations
@@ -41,10 +49,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Producer
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    ConsumerGroupState,
+    KafkaException,
+    Producer,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -53,13 +67,16 @@ from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
     BOOTSTRAP,
     CLUSTER,
+    ROOT,
     Collector,
     Topics,
     WorkerProcess,
+    end_offsets,
     ensure_broker,
 )
 
 DAY_MS = str(24 * 3600 * 1000)
+Messages = list[tuple[bytes, bytes, list[str]]]
 
 
 def keyed_messages(requests: list[bytes]) -> list[tuple[bytes, bytes, list[str]]]:
@@ -158,23 +175,16 @@ def preproduce(topic: str, messages: list[tuple[bytes, bytes, list[str]]]) -> fl
 
 
 class CpuMeter:
-    """CPU seconds of the worker, the broker and the whole machine over an interval (Linux
+    """CPU seconds of each worker, the broker and the whole machine over an interval (Linux
     /proc; zeros elsewhere): a shared 2-core machine's other load shows in the numbers."""
 
-    def __init__(self, worker_pid: int) -> None:
-        self.pids = {"worker": worker_pid, "broker": _broker_pid(), "bench": os.getpid()}
+    def __init__(self, workers: dict[str, int]) -> None:
+        self.workers = list(workers)
+        self.pids = {**workers, "broker": _broker_pid(), "bench": os.getpid()}
         self.start = self._read()
 
-    @staticmethod
-    def _proc(pid: int | None) -> float:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return 0.0
-
     def _read(self) -> dict[str, float]:
-        values = {name: self._proc(pid) for name, pid in self.pids.items()}
+        values = {name: proc_cpu(pid) for name, pid in self.pids.items()}
         try:
             ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
             values["machine"] = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
@@ -184,12 +194,30 @@ class CpuMeter:
         return values
 
     def cores(self) -> dict[str, float]:
-        """Cores busy since the start: worker, broker, this bench, machine, others (the rest)."""
+        """Cores busy since the start: per worker, broker, this bench, machine, others."""
         end = self._read()
         wall = max(end["wall"] - self.start["wall"], 1e-9)
         used = {name: (end[name] - self.start[name]) / wall for name in end if name != "wall"}
-        used["others"] = max(0.0, used["machine"] - used["worker"] - used["broker"] - used["bench"])
+        ours = sum(used[name] for name in self.pids)
+        used["others"] = max(0.0, used["machine"] - ours)
         return used
+
+    def text(self, cores: dict[str, float]) -> str:
+        return (
+            "cores busy: "
+            + ", ".join(f"{name} {cores[name]:.2f}" for name in self.workers)
+            + f", broker {cores['broker']:.2f}, bench {cores['bench']:.2f},"
+            f" other processes {cores['others']:.2f} (of {os.cpu_count()})"
+        )
+
+
+def proc_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (0 when it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _broker_pid() -> int | None:
@@ -200,31 +228,119 @@ def _broker_pid() -> int | None:
         return None
 
 
-def _cores_text(cores: dict[str, float]) -> str:
-    return (
-        f"cores busy: worker {cores['worker']:.2f}, broker {cores['broker']:.2f},"
-        f" bench {cores['bench']:.2f}, other processes {cores['others']:.2f}"
-        f" (of {os.cpu_count()})"
+class Counters:
+    """The workers' spanguard_spans_total and _messages_total, summed; a scrape that fails
+    keeps that worker's last value."""
+
+    def __init__(self, workers: list[WorkerProcess]) -> None:
+        self.workers = workers
+        self.last = [(0.0, 0.0) for _ in workers]
+
+    def read(self) -> tuple[float, float, list[float]]:
+        for i, worker in enumerate(self.workers):
+            values = worker.metrics()
+            if values is not None:
+                self.last[i] = (
+                    values.get("spanguard_spans_total", 0.0),
+                    values.get("spanguard_messages_total", 0.0),
+                )
+        spans = [spans for spans, _ in self.last]
+        return sum(spans), sum(messages for _, messages in self.last), spans
+
+
+@dataclass
+class Drain:
+    spans_per_s: float
+    messages_per_s: float
+    seconds: float
+    produce_s: float
+    before_done: float  # share of the spans processed while the producer was still writing
+    done: bool
+    cores: dict[str, float]
+    meter: CpuMeter
+    per_worker: list[float]  # spans each worker took in the measured window
+
+
+def drain(
+    topic: str, messages: Messages, spans: int, workers: list[WorkerProcess], timeout: float
+) -> Drain:
+    """Produce `messages` as fast as the producer goes, then time the workers to the last span,
+    from the moment the producer is done (its CPU is out of the window)."""
+    counters = Counters(workers)
+    base, _, _ = counters.read()
+    produce_s = preproduce(topic, messages)
+    started = time.monotonic()
+    meter = CpuMeter({f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)})
+    first, first_messages, first_per = counters.read()
+    now, got, got_messages, per = started, first, first_messages, first_per
+    deadline = started + timeout
+    while got < base + spans and now < deadline:
+        time.sleep(0.1)
+        got, got_messages, per = counters.read()
+        now = time.monotonic()
+    cores = meter.cores()
+    wall = max(now - started, 1e-9)
+    return Drain(
+        spans_per_s=(got - first) / wall,
+        messages_per_s=(got_messages - first_messages) / wall,
+        seconds=wall,
+        produce_s=produce_s,
+        before_done=(first - base) / spans,
+        done=got >= base + spans,
+        cores=cores,
+        meter=meter,
+        per_worker=[b - a for a, b in zip(first_per, per, strict=True)],
     )
 
 
-def drain_rate(
-    worker: WorkerProcess, total: int, timeout: float
-) -> tuple[float, list[tuple[float, float]], bool]:
-    """spans/s from the first sample past 2% of `total` to the sample that reaches it."""
-    samples: list[tuple[float, float]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        spans = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
-        samples.append((time.monotonic(), spans))
-        if spans >= total:
-            break
+def probe(topic: str, partitions: int, workers: list[WorkerProcess], seed: int) -> list[float]:
+    """One single-span record on each partition, waited for: every partition is assigned and
+    its table recovered. Returns the probe spans each worker took."""
+    corpus = build_corpus(partitions, partitions, per_trace=True, message_spans=(1, 1), seed=seed)
+    counters = Counters(workers)
+    base, _, before = counters.read()
+    out = Producer(CLUSTER.config(**{"linger.ms": 0, "enable.idempotence": True}))
+    for partition, (key, value, _) in enumerate(keyed_messages(corpus.requests)):
+        out.produce(topic, key=key, value=value, partition=partition)
+    if out.flush(30) != 0:
+        raise RuntimeError("probe records undelivered after 30 s")
+    deadline = time.monotonic() + 90
+    got, _, after = counters.read()
+    while got < base + partitions:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"probe: {got - base:.0f}/{partitions} spans processed in 90 s")
         time.sleep(0.1)
-    done = samples[-1][1] >= total
-    start = next((s for s in samples if s[1] >= 0.02 * total), samples[-1])
-    end = samples[-1]
-    rate = (end[1] - start[1]) / (end[0] - start[0]) if end[0] > start[0] else 0.0
-    return rate, samples, done
+        got, _, after = counters.read()
+    return [b - a for a, b in zip(before, after, strict=True)]
+
+
+def wait_for_group(admin: AdminClient, group: str, topic: str, members: int) -> list[int]:
+    """Until the group is stable with `members` members that each hold input partitions;
+    returns how many each holds."""
+    deadline = time.monotonic() + 90
+    held: list[int] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KafkaException):
+            description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+            held = [
+                sum(1 for tp in member.assignment.topic_partitions if tp.topic == topic)
+                for member in description.members
+            ]
+            stable = description.state == ConsumerGroupState.STABLE
+            if stable and len(held) == members and all(held):
+                return held
+        time.sleep(0.5)
+    raise TimeoutError(f"group {group}: not {members} members holding {topic} in 90 s ({held})")
+
+
+def worker_store(worker: WorkerProcess) -> str:
+    """The store the worker says it runs (its "starting" log line)."""
+    for line in worker.log_text().splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("msg") == "starting":
+                return str(record.get("store"))
+    return "unknown"
 
 
 def paced_produce(
@@ -244,6 +360,13 @@ def paced_produce(
     # then the producer sleeps in poll() serving delivery reports; per-message wake-ups would
     # cost the bench a core on this small machine, taken from the worker it measures.
     out = Producer(CLUSTER.config(**{"linger.ms": 1, "enable.idempotence": True}))
+    # Connected, with its idempotence id, before the clock starts: else the first ~300 ms of
+    # messages wait for that and reach the broker in one burst (one clean span warms it up).
+    warm = build_corpus(1, 1, per_trace=True, message_spans=(1, 1), seed=103)
+    ((key, value, _),) = keyed_messages(warm.requests)
+    out.produce(topic, key=key, value=value)
+    if out.flush(30) != 0:
+        raise RuntimeError("latency run: the warm-up record was not delivered in 30 s")
     started = time.monotonic()
     spans_sent, index, tick = 0, 0, 0.01
     while index < len(messages) and time.monotonic() - started < limit_s:
@@ -269,16 +392,185 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+@dataclass
+class Latency:
+    p50: float | None
+    p99: float | None
+    max: float | None
+    measured: int
+    expected: int
+    offered: float
+    cores: dict[str, float]
+
+
+def latency_run(
+    worker: WorkerProcess,
+    topics: Topics,
+    paced: Messages,
+    expected: dict[str, str],
+    rate: float,
+    seconds: float,
+) -> Latency:
+    """Produce `paced` at `rate` spans/s; input append -> kill append of every expected kill."""
+    collector = Collector(topics.kills)
+    try:
+        time.sleep(1.0)  # the collector's consumer joins before the first kill can appear
+        before = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
+        meter = CpuMeter({"worker": worker.process.pid})
+        appended, paced_s, paced_spans = paced_produce(
+            topics.input, paced, rate, limit_s=seconds * 1.5
+        )
+        cores = meter.cores()
+        print(
+            f"latency run (1 worker): {paced_spans:,} spans in {paced_s:.1f}s"
+            f" = {paced_spans / paced_s:,.0f} spans/s offered; {meter.text(cores)}"
+        )
+        span_index = {
+            span_id: index
+            for index, (_key, _value, span_ids) in enumerate(paced)
+            for span_id in span_ids
+        }
+
+        def kills_seen() -> list[dict]:
+            return [r for r in collector.where(lambda m: True) if r["key"].decode() in expected]
+
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and len(kills_seen()) < len(expected):
+            time.sleep(0.1)
+        after = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
+        kills = kills_seen()
+    finally:
+        collector.close()
+    latencies, mismatched = [], 0
+    timeline: list[tuple[int, int]] = []  # (input append ms, latency ms)
+    for record in kills:
+        signal = json.loads(record["value"])
+        if signal["kind"] != "kill":
+            continue
+        span_id = signal["evidence"]["span_id"]
+        index = span_index.get(span_id)
+        if index is None or index not in appended or expected.get(signal["trace_id"]) != span_id:
+            mismatched += 1
+            continue
+        latencies.append(record["timestamp_ms"] - appended[index])
+        timeline.append((appended[index], latencies[-1]))
+    if not latencies:
+        print(f"detection latency: no kill signal measured ({mismatched} unmatched)")
+        return Latency(None, None, None, 0, len(expected), paced_spans / paced_s, cores)
+    p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
+    print(
+        f"detection latency (input append -> kill append, broker clock):"
+        f" p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(latencies):.0f} ms over"
+        f" {len(latencies)} kills ({len(expected)} expected, {mismatched} unmatched);"
+        f" worker took {after - before:,.0f}/{paced_spans:,} spans"
+    )
+    # Steady or growing? The median by thirds of the run tells a backlog from noise.
+    timeline.sort()
+    thirds = [timeline[i * len(timeline) // 3 : (i + 1) * len(timeline) // 3] for i in range(3)]
+    print(
+        "  latency p50 by third of the run: "
+        + " / ".join(
+            f"{percentile([lat for _, lat in part], 0.5):.0f} ms" if part else "-"
+            for part in thirds
+        )
+        + f"; min {min(latencies):.0f} ms"
+    )
+    slowest = sorted(timeline, key=lambda item: -item[1])[:3]
+    run_start = min(appended.values())
+    print(
+        "  slowest kills: "
+        + ", ".join(f"{lat} ms at {(at - run_start) / 1000:.1f}s" for at, lat in slowest)
+        + f" into the run (first kill at {(timeline[0][0] - run_start) / 1000:.1f}s)"
+    )
+    return Latency(
+        p50, p99, max(latencies), len(latencies), len(expected), paced_spans / paced_s, cores
+    )
+
+
+@dataclass
+class Floor:
+    records_per_s: float
+    cores: float  # of the pass-through process, over its measured window
+
+
+def faust_floor(topics: Topics, records: int, env: dict[str, str], timeout: float) -> Floor:
+    """bench/faust_passthrough.py over the whole input topic, from its beginning."""
+    data_dir = Path(tempfile.mkdtemp(prefix="spanguard-passthrough-"))
+    log = open(data_dir / "passthrough.log", "wb")  # noqa: SIM115 - closed below
+    command = [sys.executable, "-m", "bench.faust_passthrough", "--topic", topics.input]
+    command += ["--expect", str(records), "--app-id", f"{topics.prefix}-passthrough"]
+    report = data_dir / "report.json"
+    command += ["--data-dir", str(data_dir), "--report", str(report)]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,  # mode's terminal escapes; the figures come in `report`
+        stderr=log,
+        env={**os.environ, **CLUSTER.env(), **env},
+        cwd=ROOT,
+    )
+    cpu: list[tuple[float, float]] = []  # (monotonic, CPU seconds): its cores in the window
+    try:
+        deadline = time.monotonic() + timeout
+        while not report.exists() and process.poll() is None and time.monotonic() < deadline:
+            cpu.append((time.monotonic(), proc_cpu(process.pid)))
+            time.sleep(0.1)
+        if not report.exists():
+            tail = (data_dir / "passthrough.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"faust pass-through did not finish ({process.poll()}):\n{tail}")
+        seen = json.loads(report.read_text())
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    wall = max(seen["done_at"] - seen["at_2pct"], 1e-9)
+    start = min(cpu, key=lambda sample: abs(sample[0] - seen["at_2pct"]))
+    end = min(cpu, key=lambda sample: abs(sample[0] - seen["done_at"]))
+    cores = (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return Floor((seen["records"] - seen["records_2pct"]) / wall, cores)
+
+
+def start_worker(topics: Topics, partitions: int, args: argparse.Namespace) -> WorkerProcess:
+    env = dict(item.split("=", 1) for item in args.worker_env)
+    data_dir = Path(tempfile.mkdtemp(prefix="spanguard-bench-"))
+    worker = WorkerProcess(topics, data_dir, partitions=partitions, extra=args.worker_arg, env=env)
+    launched = time.monotonic()
+    worker.start()
+    print(f"worker ready in {time.monotonic() - launched:.1f}s (store {worker_store(worker)})")
+    return worker
+
+
+def stop_worker(worker: WorkerProcess) -> None:
+    code = worker.stop()
+    if code == 0:
+        shutil.rmtree(worker.log_path.parent, ignore_errors=True)
+    else:
+        print(f"worker exited with {code}; log kept: {worker.log_path}\n{worker.log_tail()}")
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spans", type=int, default=100_000, help="throughput corpus spans")
-    parser.add_argument("--traces", type=int, default=1_000, help="throughput corpus traces")
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--spans", type=int, default=100_000, help="spans per drain corpus")
+    parser.add_argument("--traces", type=int, default=1_000, help="traces per drain corpus")
+    parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="core runs (best of)")
     parser.add_argument("--rate", type=float, default=2_000.0, help="latency run spans/s")
     parser.add_argument("--seconds", type=float, default=25.0, help="latency run length")
     parser.add_argument(
         "--latency-traces", type=int, default=1_500, help="traces in the latency run"
+    )
+    parser.add_argument(
+        "--phases",
+        default="one,latency,two,faust",
+        help="comma-separated subset of one,latency,two,faust (one is always run)",
     )
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra `spanguard worker` argument"
@@ -288,172 +580,182 @@ def main() -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="environment for the worker (e.g. Faust's PRODUCER_LINGER=0.005)",
+        help="environment for the workers and the pass-through (e.g. SPANGUARD_BATCH_SIZE=1000)",
     )
-    parser.add_argument("--drain-timeout", type=float, default=90.0)
+    parser.add_argument("--drain-timeout", type=float, default=120.0)
     args = parser.parse_args()
+    phases = set(args.phases.split(","))
     bench_started = time.monotonic()
 
     ensure_broker()
     started = time.perf_counter()
-    corpus = build_corpus(args.spans, args.traces, per_trace=True)
+    mix = {"per_trace": True, "message_spans": (1, 3)}
+    corpus = build_corpus(args.spans, args.traces, seed=7, **mix)
     messages = keyed_messages(corpus.requests)
-    latency_spans = int(args.rate * args.seconds)
-    latency_corpus = build_corpus(latency_spans, args.latency_traces, per_trace=True, seed=8)
+    second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
+    latency_corpus = build_corpus(int(args.rate * args.seconds), args.latency_traces, seed=8, **mix)
     paced = keyed_messages(latency_corpus.requests)
     expected = expected_kills(latency_corpus.requests)
+    per_message = corpus.spans / len(messages)
     print(
-        f"corpus: {corpus.spans:,} spans in {len(messages):,} per-trace messages over"
-        f" {args.traces:,} traces ({sum(map(len, corpus.requests)) / 1e6:.1f} MB); latency run:"
+        f"corpus: {corpus.spans:,} spans in {len(messages):,} one-trace messages"
+        f" ({per_message:.2f} spans each, 1-3) over {args.traces:,} traces"
+        f" ({sum(map(len, corpus.requests)) / 1e6:.1f} MB); latency run:"
         f" {latency_corpus.spans:,} spans in {len(paced):,} messages over"
         f" {args.latency_traces:,} traces, {len(expected)} loops to kill"
         f" (built in {time.perf_counter() - started:.1f}s)"
     )
 
+    # Best of runs before the workers start and after they stop: other load on a shared
+    # machine only ever slows a run down.
     core = core_rate(corpus.requests, corpus.spans, args.runs)
     print(f"core (Guard().process, same requests, best of {args.runs}): {core:12,.0f} spans/s")
 
     topics = Topics()
     admin = AdminClient(CLUSTER.config())
-    worker: WorkerProcess | None = None
-    collector: Collector | None = None
-    result: dict[str, float | int | bool | None] = {}
+    workers: list[WorkerProcess] = []
+    result: dict[str, object] = {}
     try:
         create_timed_topics(admin, [topics.input, topics.kills], args.partitions)
         create_worker_topics(topics, args.partitions)
-        produce_s = preproduce(topics.input, messages)
+        workers.append(start_worker(topics, args.partitions, args))
+        probe(topics.input, args.partitions, workers, seed=101)
+
+        # -- 1. one worker drains a backlog ---------------------------------------------
+        one = drain(topics.input, messages, corpus.spans, workers, args.drain_timeout)
         print(
-            f"pre-produced {len(messages):,} messages into {topics.input} in {produce_s:.1f}s"
-            f" ({args.partitions} partitions)"
+            f"pipeline (1 worker, {args.partitions} partitions): {one.spans_per_s:12,.0f} spans/s"
+            f" = {one.spans_per_s / core:.3f} of the core so far"
+            f" ({one.messages_per_s:,.0f} messages/s)"
+            + ("" if one.done else "  [INCOMPLETE]")
+            + f"; produced in {one.produce_s:.1f}s ({one.before_done:.0%} processed meanwhile),"
+            f" then drained in {one.seconds:.1f}s"
+        )
+        print(f"  during the drain: {one.meter.text(one.cores)}")
+        result.update(
+            {
+                "pipeline_spans_per_s": round(one.spans_per_s),
+                "spans_per_message": round(per_message, 2),
+                "store": worker_store(workers[0]),
+                "partitions": args.partitions,
+                "drain_complete": one.done,
+                "worker_cores_drain": round(one.cores["worker 1"], 2),
+                "other_cores_drain": round(one.cores["others"], 2),
+            }
         )
 
-        env = dict(item.split("=", 1) for item in args.worker_env)
-        data_dir = Path(tempfile.mkdtemp(prefix="spanguard-bench-"))
-        worker = WorkerProcess(
-            topics, data_dir, partitions=args.partitions, extra=args.worker_arg, env=env
-        )
-        launched = time.monotonic()
-        worker.start()
-        print(f"worker ready in {time.monotonic() - launched:.1f}s")
-        meter = CpuMeter(worker.process.pid)
-        pipeline, samples, done = drain_rate(worker, corpus.spans, args.drain_timeout)
-        drain_cores = meter.cores()
-        drained_s = samples[-1][0] - launched
-        print(
-            f"pipeline (1 worker, drain of the pre-produced topic): {pipeline:12,.0f} spans/s"
-            f" = {pipeline / core:.3f} of core"
-            + ("" if done else f"  [INCOMPLETE: {samples[-1][1]:,.0f}/{corpus.spans:,} spans]")
-            + f"; all {corpus.spans:,} spans in {drained_s:.1f}s from worker launch"
-        )
-        print(f"  during the drain: {_cores_text(drain_cores)}")
-
-        # -- latency at a steady rate ---------------------------------------------------
-        collector = Collector(topics.kills)
-        time.sleep(1.0)  # the collector's consumer joins before the first kill can appear
-        before = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
-        meter = CpuMeter(worker.process.pid)
-        appended, paced_s, paced_spans = paced_produce(
-            topics.input, paced, args.rate, limit_s=args.seconds * 1.5
-        )
-        paced_cores = meter.cores()
-        print(
-            f"latency run: {paced_spans:,} spans in {paced_s:.1f}s"
-            f" = {paced_spans / paced_s:,.0f} spans/s offered; {_cores_text(paced_cores)}"
-        )
-        span_index = {
-            span_id: index
-            for index, (_key, _value, span_ids) in enumerate(paced)
-            for span_id in span_ids
-        }
-
-        def kills_seen() -> list[dict]:
-            return [
-                record
-                for record in collector.where(lambda m: True)
-                if record["key"].decode() in expected
-            ]
-
-        deadline = time.monotonic() + 15.0
-        while time.monotonic() < deadline and len(kills_seen()) < len(expected):
-            time.sleep(0.1)
-        after = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
-        latencies, mismatched = [], 0
-        timeline: list[tuple[int, int]] = []  # (input append ms, latency ms)
-        for record in kills_seen():
-            signal = json.loads(record["value"])
-            if signal["kind"] != "kill":
-                continue
-            span_id = signal["evidence"]["span_id"]
-            index = span_index.get(span_id)
-            if (
-                index is None
-                or index not in appended
-                or expected.get(signal["trace_id"]) != span_id
-            ):
-                mismatched += 1
-                continue
-            latencies.append(record["timestamp_ms"] - appended[index])
-            timeline.append((appended[index], latencies[-1]))
-        if latencies:
-            p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
-            print(
-                f"detection latency (input append -> kill append, broker clock):"
-                f" p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(latencies):.0f} ms over"
-                f" {len(latencies)} kills ({len(expected)} expected, {mismatched} unmatched);"
-                f" worker took {after - before:,.0f}/{paced_spans:,} spans"
+        # -- 2. detection latency at a steady rate --------------------------------------
+        latency = None
+        if "latency" in phases:
+            latency = latency_run(workers[0], topics, paced, expected, args.rate, args.seconds)
+            result.update(
+                {
+                    "latency_p50_ms": latency.p50,
+                    "latency_p99_ms": latency.p99,
+                    "latency_max_ms": latency.max,
+                    "kills_measured": latency.measured,
+                    "kills_expected": latency.expected,
+                    "other_cores_latency": round(latency.cores["others"], 2),
+                }
             )
-            # Steady or growing? The median by thirds of the run tells a backlog from noise.
-            timeline.sort()
-            thirds = [
-                timeline[i * len(timeline) // 3 : (i + 1) * len(timeline) // 3] for i in range(3)
-            ]
-            print(
-                "  latency p50 by third of the run: "
-                + " / ".join(
-                    f"{percentile([lat for _, lat in part], 0.5):.0f} ms" if part else "-"
-                    for part in thirds
-                )
-                + f"; min {min(latencies):.0f} ms"
-            )
-        else:
-            p50 = p99 = None
-            print(f"detection latency: no kill signal measured ({mismatched} unmatched)")
 
-        ratio_ok = pipeline >= core / 5
-        p99_ok = p99 is not None and p99 < 100 and len(latencies) == len(expected)
-        print(
-            f"targets: pipeline >= 1/5 of core: {'met' if ratio_ok else 'MISSED'}"
-            f" ({pipeline / core:.3f}); p99 < 100 ms: {'met' if p99_ok else 'MISSED'}"
+        # -- 3. two workers -------------------------------------------------------------
+        two = None
+        if second is not None:
+            workers.append(start_worker(topics, args.partitions, args))
+            held = wait_for_group(admin, topics.app_id, topics.input, 2)
+            took = probe(topics.input, args.partitions, workers, seed=102)
+            print(
+                f"two workers: input partitions held {held[0]}+{held[1]}; probe spans taken"
+                f" {took[0]:.0f}+{took[1]:.0f}"
+            )
+            two = drain(
+                topics.input, keyed_messages(second.requests), second.spans, workers,
+                args.drain_timeout,
+            )  # fmt: skip
+            print(
+                f"pipeline (2 workers, {args.partitions} partitions): {two.spans_per_s:12,.0f}"
+                f" spans/s = {two.spans_per_s / one.spans_per_s:.2f}x one worker"
+                + ("" if two.done else "  [INCOMPLETE]")
+                + f"; spans per worker {two.per_worker[0]:,.0f} + {two.per_worker[1]:,.0f}"
+                f" in {two.seconds:.1f}s"
+            )
+            print(f"  during the drain: {two.meter.text(two.cores)}")
+            result.update(
+                {
+                    "two_workers_spans_per_s": round(two.spans_per_s),
+                    "two_to_one": round(two.spans_per_s / one.spans_per_s, 2),
+                    "two_worker_cores": [
+                        round(two.cores["worker 1"], 2),
+                        round(two.cores["worker 2"], 2),
+                    ],
+                    "other_cores_two": round(two.cores["others"], 2),
+                }
+            )
+        for worker in workers:
+            stop_worker(worker)
+        workers.clear()
+        later = core_rate(corpus.requests, corpus.spans, args.runs)
+        print(f"core again, workers stopped (best of {args.runs}): {later:12,.0f} spans/s")
+        core = max(core, later)
+
+        # -- 4. Faust's own floor on the same topic -------------------------------------
+        floor = None
+        if "faust" in phases:
+            records = sum(end_offsets(topics.input, args.partitions))
+            env = dict(item.split("=", 1) for item in args.worker_env)
+            floor = faust_floor(topics, records, env, args.drain_timeout)
+            print(
+                f"faust pass-through (same topic, {records:,} records from its start):"
+                f" {floor.records_per_s:12,.0f} records/s"
+                f" (= {floor.records_per_s * per_message:,.0f} spans/s at {per_message:.2f}"
+                f" spans each), {floor.cores:.2f} cores; the worker moves"
+                f" {one.messages_per_s / floor.records_per_s:.3f} of it"
+            )
+            result.update(
+                {
+                    "faust_records_per_s": round(floor.records_per_s),
+                    "pipeline_to_faust": round(one.messages_per_s / floor.records_per_s, 3),
+                    "faust_cores": round(floor.cores, 2),
+                }
+            )
+
+        ratio = one.spans_per_s / core
+        result["core_spans_per_s"] = round(core)
+        result["pipeline_to_core"] = round(ratio, 3)
+        if floor is not None:
+            # Any agent on Faust moves at most this share of the core's spans/s.
+            result["faust_to_core"] = round(floor.records_per_s * per_message / core, 3)
+            print(
+                f"faust's floor = {floor.records_per_s * per_message / core:.3f} of core in"
+                f" spans/s: the most any Faust agent reaches on this topic; the worker"
+                f" {ratio:.3f} of core"
+            )
+        p99 = latency.p99 if latency else None
+        p99_ok = latency is not None and p99 is not None and p99 < 100
+        p99_ok = p99_ok and latency.measured == latency.expected
+        line = (
+            f"targets: 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f});"
+            f" p99 < 100 ms at {args.rate:,.0f} spans/s: {met(p99_ok)}"
             f" ({'-' if p99 is None else f'{p99:.0f} ms'})"
         )
-        result = {
-            "pipeline_spans_per_s": round(pipeline),
-            "core_spans_per_s": round(core),
-            "latency_p50_ms": p50,
-            "latency_p99_ms": p99,
-            "pipeline_to_core": round(pipeline / core, 3),
-            "kills_measured": len(latencies),
-            "latency_max_ms": max(latencies) if latencies else None,
-            "partitions": args.partitions,
-            "drain_complete": done,
-            "worker_cores_drain": round(drain_cores["worker"], 2),
-            "other_cores_drain": round(drain_cores["others"], 2),
-            "other_cores_latency": round(paced_cores["others"], 2),
-        }
-    finally:
-        if collector is not None:
-            collector.close()
-        if worker is not None:
-            code = worker.stop()
-            if code == 0:
-                shutil.rmtree(worker.log_path.parent, ignore_errors=True)
-            else:
-                print(
-                    f"worker exited with {code}; log kept: {worker.log_path}\n{worker.log_tail()}"
+        if two is not None:
+            scale = two.spans_per_s / one.spans_per_s
+            busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
+            line += f"; 2 workers >= 1.6x: {met(scale >= 1.6)} ({scale:.2f}x"
+            if scale < 1.6:
+                line += (
+                    f"; workers and broker kept {busy:.2f} of this machine's"
+                    f" {os.cpu_count()} cores busy"
                 )
+            line += ")"
+        print(line)
+    finally:
+        for worker in workers:
+            stop_worker(worker)
         deleted = delete_topics(admin, topics.prefix)
         print(
-            f"cleanup: worker stopped, {len(deleted)} topics deleted;"
+            f"cleanup: workers stopped, {len(deleted)} topics deleted;"
             f" bench took {time.monotonic() - bench_started:.0f}s"
         )
     print(json.dumps(result))

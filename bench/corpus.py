@@ -4,7 +4,9 @@
 rest chat spans with usage and other spans (HTTP clients, retrievers) with the attribute counts
 real instrumentations produce. One trace in twenty loops. Requests interleave the traces the
 way a Collector batch does; `per_trace=True` gives one request per trace and batch, as the
-kafka exporter writes with partition_traces_by_id.
+kafka exporter writes with partition_traces_by_id. `message_spans=(1, 3)` (with `per_trace`)
+makes each request 1 to 3 consecutive spans of one trace, uniformly: what the Collector's batch
+processor hands the exporter for interactive agents, whose spans end a few at a time.
 """
 
 from __future__ import annotations
@@ -121,8 +123,11 @@ def build_corpus(
     pods: int = 60,
     batch_spans: int = 128,
     per_trace: bool = False,
+    message_spans: tuple[int, int] | None = None,
     seed: int = 7,
 ) -> Corpus:
+    if message_spans is not None and not per_trace:
+        raise ValueError("message_spans needs per_trace=True")
     rng = random.Random(seed)
     trace_ids = [rng.randbytes(16) for _ in range(traces)]
     roots = [rng.randbytes(8) for _ in range(traces)]
@@ -157,8 +162,12 @@ def build_corpus(
         pending.clear()
 
     kinds = ("tool", "chat", "chat", "other", "other")  # ~30% tool after the mix below
+    index, left = 0, 0  # with message_spans: the trace of the request being built, spans left
     for _ in range(total_spans):
-        index = rng.randrange(traces)
+        if message_spans is None:
+            index = rng.randrange(traces)
+        elif left == 0:
+            index, left = rng.randrange(traces), rng.randint(*message_spans)
         roll = rng.random()
         kind = "tool" if roll < 0.30 else kinds[1 + int((roll - 0.30) / 0.70 * 4)]
         loop = kind == "tool" and index in looping and rng.random() < 0.7
@@ -170,7 +179,11 @@ def build_corpus(
             )
         pending.append((index, span))
         corpus.spans += 1
-        if len(pending) >= batch_spans:
+        if message_spans is not None:
+            left -= 1
+            if left == 0:
+                flush()
+        elif len(pending) >= batch_spans:
             flush()
     flush()
     return corpus

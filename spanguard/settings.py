@@ -220,9 +220,20 @@ class WorkerSettings:
     store: Literal["rocksdb", "memory"] = setting("rocksdb", "table store: rocksdb or memory")
     data_dir: str = setting("./spanguard-data", "RocksDB and worker state")
     state_ttl: float = setting(3600.0, "seconds after which an idle trace's state is evicted")
+    state_cache: int = setting(
+        5000,
+        "traces whose decoded state stays in memory between messages (about 13 kB each at"
+        " most); 0: every message reads and decodes its trace's state from the store",
+    )
     metrics_port: int = setting(9464, "port of /metrics, /livez and /readyz")
     metrics_host: str = setting("0.0.0.0", "address /metrics, /livez and /readyz listen on")
     recovery_delay: float = setting(0.0, "seconds to wait after a rebalance before table recovery")
+    standby_replicas: int = setting(
+        0,
+        "warm copies of each state partition kept by other workers (Faust's own default: 1);"
+        " each costs every worker a share of its throughput, and saves a worker taking over"
+        " a partition it never held the replay of its changelog",
+    )
     session_timeout: float = setting(
         30.0, "seconds before a silent worker's partitions move to another worker"
     )
@@ -269,6 +280,10 @@ class WorkerSettings:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
         if self.batch_size < 1:
             raise SettingsError("batch_size must be at least 1")
+        if self.state_cache < 0:
+            raise SettingsError("state_cache must be 0 or more")
+        if self.standby_replicas < 0:
+            raise SettingsError("standby_replicas must be 0 or more")
         if not 1 <= self.fetch_max_wait <= 1500:
             raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
         if self.state_ttl <= 0:

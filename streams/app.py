@@ -6,6 +6,7 @@ agent body (streams/agents/): this module builds the parts and hands them to eac
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import faust
@@ -60,6 +61,7 @@ def create_app(
         datadir=settings.data_dir,
         web_enabled=False,  # /metrics, /livez and /readyz are served by streams/health.py
         stream_recovery_delay=settings.recovery_delay,
+        table_standby_replicas=settings.standby_replicas,
         broker_commit_interval=settings.commit_interval,
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=min(3.0, settings.session_timeout / 3),
@@ -107,7 +109,9 @@ def create_app(
         else None
     )
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
-    states = SerializedStates(table, bucket_seconds=settings.state_ttl / 60)
+    states = SerializedStates(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
     table.states = states  # its rebalance hooks keep the expiry index right
     guard = Guard(policy, states=states)
     signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
@@ -151,8 +155,9 @@ def create_app(
         lag=lag,
     )
     registry.register(
+        # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
         WorkerMetrics(
-            guard, worker.pipeline, lambda: len(table), worker.paging, verifier, worker.webhook
+            guard, worker.pipeline, states.indexed, worker.paging, verifier, worker.webhook
         )
     )
     guard_spans.register(worker)
@@ -173,6 +178,16 @@ def create_app(
             await lag.refresh(app.consumer, consumed)
         except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
             log.debug("consumer lag not read", extra={"error": repr(exc)})
+
+    @app.task
+    async def freeze_startup_objects() -> None:
+        # Tasks start once the first table recovery is done: what the process holds now
+        # (modules, Faust's and aiokafka's services, about 140k objects) lives as long as it
+        # does. Frozen, full collections walk only what came later: measured on the
+        # pipeline benchmark, 200 ms pauses became 50 ms (and detection p99 followed).
+        gc.collect()
+        gc.freeze()
+        log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})
 
     @app.task
     async def serve_metrics() -> None:

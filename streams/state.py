@@ -15,6 +15,7 @@ import heapq
 import json
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
@@ -115,11 +116,29 @@ class SerializedStates(MutableMapping[str, TraceState]):
     a trace touched since (by another worker while the partition was away) is kept.
     A trace is evicted once the whole bucket it is in is older than the cutoff: at most
     `bucket_seconds` late.
+
+    Decoded states of the owned partitions are kept (up to `cache_size`, least recently used
+    dropped first), so a trace's next message skips the store's read and the decode; the table
+    and its changelog are still written once per batch. A cached state is exactly what the
+    batch that last wrote it wrote: a read takes it out of the cache (the guard changes it in
+    place), and only flush() puts it back, after its write. A batch that fails before its flush
+    thus leaves nothing changed in the cache, and the next read goes to the table. A revoked
+    partition's cached states are dropped with its index (another worker may change them while
+    it is away), and an evicted trace's with its stored state.
     """
 
-    def __init__(self, table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        table: MutableMapping[bytes, bytes],
+        bucket_seconds: float = 60.0,
+        cache_size: int = 0,
+    ) -> None:
         self.table = table
         self.bucket_seconds = bucket_seconds
+        self.cache_size = cache_size
+        # (partition, trace id) -> state as written, oldest use first. Keyed by partition like
+        # the store, which keeps one state per partition for a trace id arriving on several.
+        self._cache: OrderedDict[tuple[int, str], TraceState] = OrderedDict()
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
         self._expiry: dict[int, ExpiryIndex] = {}
@@ -130,10 +149,14 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget the indexes of partitions this worker no longer owns."""
-        for partition in partitions:
+        gone = set(partitions)
+        for partition in gone:
             self._owned.discard(partition)
             self._expiry.pop(partition, None)
             self._scans.pop(partition, None)
+        if gone and self._cache:
+            for key in [key for key in self._cache if key[0] in gone]:
+                del self._cache[key]
 
     def assigned(self, partition: int, stored: Iterator[tuple[bytes, bytes]]) -> None:
         """A partition is now owned: its stored traces are indexed lazily, from `stored`."""
@@ -146,6 +169,17 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def scanning(self) -> int:
         """Partitions whose stored traces are not all indexed yet."""
         return len(self._scans)
+
+    @property
+    def cached(self) -> int:
+        """Decoded states kept in memory."""
+        return len(self._cache)
+
+    def indexed(self) -> int:
+        """Traces in the expiry indexes of the owned partitions: every stored trace once the
+        scans are done. Counted without reading the store (a RocksDB table's len() reads
+        every key), so /metrics can ask for it on every scrape."""
+        return sum(len(index.bucket_of) for index in self._expiry.values())
 
     # -- batches ------------------------------------------------------------------------
 
@@ -162,6 +196,14 @@ class SerializedStates(MutableMapping[str, TraceState]):
             with event_context(event):
                 self.table[trace_id.encode()] = state.to_bytes()
             self._index(event, trace_id, state.last_seen)
+            self._keep(event.message.partition, trace_id, state)
+
+    def _keep(self, partition: int, trace_id: str, state: TraceState) -> None:
+        if self.cache_size <= 0:
+            return
+        self._cache[(partition, trace_id)] = state
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def evict_idle(
         self, events: list[Any], cutoff: float, limit: int, budget: float = EVICT_BUDGET
@@ -196,6 +238,7 @@ class SerializedStates(MutableMapping[str, TraceState]):
                         index.put(trace_id, self._bucket(last_seen))
                         continue
                     del self.table[key]
+                    self._cache.pop((partition, trace_id), None)
                     evicted += 1
         return evicted
 
@@ -235,23 +278,40 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def get(self, trace_id: str, default: TraceState | None = None) -> TraceState | None:  # type: ignore[override]
         if self._batch is not None and trace_id in self._batch:
             return self._batch[trace_id]
+        event = current_event()
+        if event is not None and self._cache:
+            # Taken out: the caller changes it in place, and only a flush makes that stored.
+            state = self._cache.pop((event.message.partition, trace_id), None)
+            if state is not None:
+                return state
         data = self.table.get(trace_id.encode())
         return default if data is None else TraceState.from_bytes(data)
 
     def __setitem__(self, trace_id: str, state: TraceState) -> None:
         event = current_event()
-        if self._batch is not None:
+        # Outside an event (a retraction after a failed send) a trace of the batch keeps the
+        # event that brought it in: its write goes to that message's partition.
+        if self._batch is not None and (event is not None or trace_id in self._event_of):
             self._batch[trace_id] = state
-            self._event_of[trace_id] = event
-        else:
-            self.table[trace_id.encode()] = state.to_bytes()
             if event is not None:
-                self._index(event, trace_id, state.last_seen)
+                self._event_of[trace_id] = event
+            return
+        self.table[trace_id.encode()] = state.to_bytes()
+        self._forget(trace_id)
+        if event is not None:
+            self._index(event, trace_id, state.last_seen)
+
+    def _forget(self, trace_id: str) -> None:
+        """Drop the cached states of a trace id, in any partition."""
+        if self._cache:
+            for key in [key for key in self._cache if key[1] == trace_id]:
+                del self._cache[key]
 
     def __delitem__(self, trace_id: str) -> None:
         if self._batch is not None:
             self._batch.pop(trace_id, None)
             self._event_of.pop(trace_id, None)
+        self._forget(trace_id)
         del self.table[trace_id.encode()]
 
     def __iter__(self) -> Iterator[str]:

@@ -233,6 +233,10 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
   value: {{ .Values.worker.commitInterval | toString | quote }}
 - name: SPANGUARD_RECOVERY_DELAY
   value: {{ .Values.worker.recoveryDelay | toString | quote }}
+- name: SPANGUARD_STANDBY_REPLICAS
+  value: {{ int .Values.worker.standbyReplicas | quote }}
+- name: SPANGUARD_STATE_CACHE
+  value: {{ int .Values.worker.stateCache | quote }}
 - name: SPANGUARD_METRICS_HOST
   value: "0.0.0.0"
 - name: SPANGUARD_METRICS_PORT

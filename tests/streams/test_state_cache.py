@@ -1,0 +1,140 @@
+"""Decoded states kept between batches: what the cache serves is what the table holds.
+
+Faust events and messages are the real types; the table is a dict, which SerializedStates
+takes like a Faust table (the Kafka tests run the worker, cache on, over the RocksDB store).
+"""
+
+from __future__ import annotations
+
+import faust
+from faust.types import Message
+
+from spanguard.detection.guard import Guard, TraceState
+from spanguard.streams.state import SerializedStates, event_context
+from tests.support.spans import AgentRecorder, encode
+
+APP = faust.App("state-cache-test")
+TRACE = "a" * 32
+
+
+def event(partition: int, offset: int = 0) -> faust.Event:
+    message = Message("otlp_spans", partition, offset, 0.0, 0, None, b"k", b"v", None)
+    return faust.Event(APP, b"k", b"v", None, message)
+
+
+def touch(states: SerializedStates, trace_id: str, partition: int, last_seen: float) -> TraceState:
+    """One batch reading, changing and writing one trace, as the guard does."""
+    states.begin_batch()
+    with event_context(event(partition)):
+        state = states.get(trace_id) or TraceState()
+        state.last_seen = last_seen
+        states[trace_id] = state
+    states.flush()
+    return state
+
+
+def read(states: SerializedStates, trace_id: str, partition: int) -> TraceState | None:
+    with event_context(event(partition)):
+        return states.get(trace_id)
+
+
+def test_a_batchs_writes_reach_the_table_and_the_next_read_skips_the_decode() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    written = touch(states, TRACE, 0, last_seen=5.0)
+    assert table[TRACE.encode()] == written.to_bytes()
+    assert states.cached == 1
+    assert read(states, TRACE, 0) is written  # the object itself, not a decode of the bytes
+
+
+def test_without_a_cache_every_read_decodes_the_table() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=0)
+    written = touch(states, TRACE, 0, last_seen=5.0)
+    assert states.cached == 0
+    again = read(states, TRACE, 0)
+    assert again is not written and again == written
+
+
+def test_a_revoked_partitions_cached_states_are_dropped() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    touch(states, TRACE, 1, last_seen=5.0)
+    touch(states, "b" * 32, 2, last_seen=5.0)
+    states.revoke({1})
+    # Another worker moved the trace on while partition 1 was away; it comes back recovered.
+    table[TRACE.encode()] = TraceState(service="elsewhere", last_seen=50.0).to_bytes()
+    states.assigned(1, iter(list(table.items())))
+    back = read(states, TRACE, 1)
+    assert back is not None and back.service == "elsewhere" and back.last_seen == 50.0
+    assert states.cached == 1  # partition 2, still owned, keeps its state
+    assert read(states, "b" * 32, 2) is not None
+
+
+def test_a_batch_that_fails_before_its_flush_changes_nothing_cached() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    touch(states, TRACE, 0, last_seen=5.0)
+    states.begin_batch()
+    with event_context(event(0)):
+        state = states.get(TRACE)
+        assert state is not None
+        state.fired.add("tool_loop:kill")  # changed in place, as the guard does
+        states[TRACE] = state
+    # ...and the batch dies before flush(): its messages are not acked, nothing was written.
+    states.begin_batch()
+    again = read(states, TRACE, 0)
+    assert again is not None and again.fired == set() and again.last_seen == 5.0
+    states.flush()
+
+
+def test_an_evicted_traces_cached_state_goes_with_it() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, bucket_seconds=1.0, cache_size=10)
+    touch(states, TRACE, 0, last_seen=10.0)
+    assert states.evict_idle([event(0)], cutoff=50.0, limit=256) == 1
+    assert table == {} and states.cached == 0
+    assert read(states, TRACE, 0) is None
+
+
+def test_the_cache_keeps_the_most_recently_used_states() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=2)
+    first = touch(states, "1" * 32, 0, last_seen=1.0)
+    touch(states, "2" * 32, 0, last_seen=2.0)
+    touch(states, "3" * 32, 0, last_seen=3.0)
+    assert states.cached == 2
+    # The oldest fell out of the cache, not out of the table.
+    again = read(states, "1" * 32, 0)
+    assert again is not first and again == first
+
+
+def test_one_trace_id_on_two_partitions_keeps_two_states_as_the_store_does() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    touch(states, TRACE, 0, last_seen=1.0)
+    touch(states, TRACE, 1, last_seen=2.0)
+    zero, one = read(states, TRACE, 0), read(states, TRACE, 1)
+    assert zero is not None and one is not None
+    assert (zero.last_seen, one.last_seen) == (1.0, 2.0)
+
+
+def test_a_retraction_outside_any_event_is_written_with_its_batch() -> None:
+    """The worker retracts a kill whose signal could not be sent after the batch's messages
+    were handled, outside any message's context: the retracted state is what gets written,
+    to the partition of the message that tripped it, and what the next message reads."""
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    guard = Guard(states=states)
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    states.begin_batch()
+    with event_context(event(3)):
+        (decision,) = guard.process(encode(agent.finished()))
+    guard.retract(decision)  # no current event here
+    states.flush()
+    (key,) = table
+    assert TraceState.from_bytes(table[key]).fired == set()
+    state = read(states, key.decode(), 3)
+    assert state is not None and state.fired == set()
