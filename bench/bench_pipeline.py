@@ -742,11 +742,12 @@ def main() -> int:
         p99 = latency.p99 if latency else None
         p99_ok = latency is not None and p99 is not None and p99 < 100
         p99_ok = p99_ok and latency.measured == latency.expected
-        line = (
-            f"targets: 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f});"
-            f" p99 < 100 ms at {args.rate:,.0f} spans/s: {met(p99_ok)}"
-            f" ({'-' if p99 is None else f'{p99:.0f} ms'})"
-        )
+        line = f"targets: 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f})"
+        if latency is not None:
+            line += (
+                f"; p99 < 100 ms at {args.rate:,.0f} spans/s: {met(p99_ok)}"
+                f" ({'-' if p99 is None else f'{p99:.0f} ms'} over {latency.measured} kills)"
+            )
         if two is not None:
             scale = two.spans_per_s / one.spans_per_s
             busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
