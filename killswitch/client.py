@@ -12,7 +12,7 @@ arrives between two `check()` calls is never lost. `check()` takes a lock and re
 is safe from threads and from asyncio code, and never blocks on Kafka.
 
 Anyone who can write to the topic can send anything: the consumer thread reads every record
-through `read_signal`, which turns any bytes into a signal or into a `BadSignal` naming its
+through `read_signal` (spanguard.schemas.decision), which turns any bytes into a signal or into a `BadSignal` naming its
 kind. A bad record is counted (`switch.ignored[kind]`), logged once per kind, and costs only
 itself: the thread never dies, and the next valid signal is delivered.
 
@@ -29,7 +29,6 @@ let it in.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -39,28 +38,20 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import jsonschema
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from spanguard.errors import SettingsError
 from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.signals import SignalBook, current_trace_id
-from spanguard.schemas.decision import (
-    KillSignal,
-    canonical_json,
+from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
+    MAX_SIGNAL_BYTES,
+    BadSignal,
     keyring,
-    schema_validator,
-    verify,
+    read_signal,
 )
 
 __all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
-
-# A signal the worker writes is about 1 kB; anything far larger is not one, and is refused
-# before it is decoded.
-MAX_SIGNAL_BYTES = 64 * 1024
-# A signal nests three levels deep (signal, evidence/agent, values).
-MAX_SIGNAL_DEPTH = 8
 
 # Kinds of bad records: the format ones count as `malformed`, the signature ones as `rejected`.
 MALFORMED_KINDS = frozenset(
@@ -268,89 +259,3 @@ class KillSwitch:
                 bad.kind,
                 exc_info=error,
             )
-
-
-class BadSignal(Exception):
-    """A record on the kill-signal topic that is not a signal this agent may act on."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        # The detail quotes attacker-controlled text: keep it short and printable.
-        detail = detail if len(detail) <= 200 else detail[:200] + "..."
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
-        self.detail = detail.encode("unicode_escape").decode("ascii")
-
-
-def read_signal(
-    value: bytes | None, keys: Mapping[str, bytes] | None, now: datetime | None = None
-) -> KillSignal:
-    """The kill signal in `value`, or BadSignal saying why not. Any bytes are safe here.
-
-    `keys` ({key id: key}, see `keyring`) are the keys a signal must be signed with; None
-    obeys unsigned signals. `now` (default: the current time) decides expiry."""
-    if not value:
-        raise BadSignal("empty", "no value")
-    if len(value) > MAX_SIGNAL_BYTES:
-        raise BadSignal("too_large", f"{len(value)} bytes (at most {MAX_SIGNAL_BYTES})")
-    try:
-        text = bytes(value).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadSignal("not_utf8", str(exc)) from None
-    try:
-        record = json.loads(text, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise BadSignal("too_deep", "nested too deeply to decode") from None
-    except ValueError as exc:
-        raise BadSignal("not_json", str(exc)) from None
-    if not isinstance(record, dict):
-        raise BadSignal("not_object", f"a JSON {type(record).__name__}, not an object")
-    if _depth(record) > MAX_SIGNAL_DEPTH:
-        raise BadSignal("too_deep", f"nested more than {MAX_SIGNAL_DEPTH} levels")
-    try:
-        canonical_json(record)  # what a signature covers must be UTF-8 text
-    except UnicodeEncodeError:
-        raise BadSignal("not_utf8", "a string holds a lone surrogate escape") from None
-    error = jsonschema.exceptions.best_match(schema_validator("kill-signal").iter_errors(record))
-    if error is not None:
-        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise BadSignal("invalid", f"field {where}: {error.message}")
-    if keys is not None:
-        check = verify(record, keys)
-        if check != "valid":
-            detail = f"signal for trace {record['trace_id']}"
-            if check == "unknown_key":
-                detail += f", signed with key id {record['key_id']}, not one of this agent's"
-            raise BadSignal(check, detail)
-    signal = KillSignal.from_dict(record)
-    try:
-        expired = signal.expired(now or datetime.now(UTC))
-    except ValueError as exc:  # the pattern lets through a date that does not exist
-        raise BadSignal("invalid", f"field expires_at: {exc}") from None
-    if expired:
-        raise BadSignal(
-            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
-        )
-    return signal
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _depth(document: Any) -> int:
-    """How deeply containers nest in `document`, without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(document, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_SIGNAL_DEPTH:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest

@@ -12,7 +12,7 @@ import hmac
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -24,14 +24,18 @@ __all__ = [
     "DEFAULT_SIGNAL_TTL_SECONDS",
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
+    "MAX_SIGNAL_BYTES",
     "NO_SPAN_ID",
     "AgentIdentity",
+    "BadSignal",
     "Decision",
     "KillSignal",
     "SignatureCheck",
     "canonical_json",
+    "decision_id",
     "key_id",
     "keyring",
+    "read_signal",
     "schema_validator",
     "sign",
     "signature_valid",
@@ -73,6 +77,17 @@ class AgentIdentity:
     name: str | None = None
 
 
+def decision_id(trace_id: str, rule: str, action: str, released_at: float = 0.0) -> str:
+    """A decision's id: deterministic, so a decision replayed after a crash carries the same
+    id and agents drop it as a duplicate. A rule fires once per trace and action, and once
+    more after each operator's release (`released_at`, when it was issued), so that decision
+    gets a new id of its own."""
+    text = f"{trace_id}:{rule}:{action}"
+    if released_at:
+        text += f":released:{released_at!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One guard decision on one trace."""
@@ -112,9 +127,9 @@ class Decision:
 
     def __post_init__(self) -> None:
         if not self.decision_id:
-            # Deterministic, so a decision replayed after a crash carries the same id.
-            digest = hashlib.sha256(f"{self.trace_id}:{self.rule}:{self.action}".encode())
-            object.__setattr__(self, "decision_id", digest.hexdigest()[:32])
+            object.__setattr__(
+                self, "decision_id", decision_id(self.trace_id, self.rule, self.action)
+            )
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -276,3 +291,98 @@ def schema_validator(name: Literal["detection", "kill-signal"]) -> jsonschema.Dr
 def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]) -> None:
     """Raise jsonschema.ValidationError when `record` breaks the named contract."""
     schema_validator(schema).validate(record)
+
+
+# -- reading a kill signal from any bytes ------------------------------------------------
+
+# A signal the worker writes is about 1 kB; anything far larger is not one, and is refused
+# before it is decoded.
+MAX_SIGNAL_BYTES = 64 * 1024
+# A signal nests three levels deep (signal, evidence/agent, values).
+MAX_SIGNAL_DEPTH = 8
+
+
+class BadSignal(Exception):
+    """A record on the kill-signal topic that is not a signal this agent may act on."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        # The detail quotes attacker-controlled text: keep it short and printable.
+        detail = detail if len(detail) <= 200 else detail[:200] + "..."
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail.encode("unicode_escape").decode("ascii")
+
+
+def read_signal(
+    value: bytes | None, keys: Mapping[str, bytes] | None, now: datetime | None = None
+) -> KillSignal:
+    """The kill signal in `value`, or BadSignal saying why not. Any bytes are safe here.
+
+    `keys` ({key id: key}, see `keyring`) are the keys a signal must be signed with; None
+    obeys unsigned signals. `now` (default: the current time) decides expiry."""
+    if not value:
+        raise BadSignal("empty", "no value")
+    if len(value) > MAX_SIGNAL_BYTES:
+        raise BadSignal("too_large", f"{len(value)} bytes (at most {MAX_SIGNAL_BYTES})")
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadSignal("not_utf8", str(exc)) from None
+    try:
+        record = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadSignal("too_deep", "nested too deeply to decode") from None
+    except ValueError as exc:
+        raise BadSignal("not_json", str(exc)) from None
+    if not isinstance(record, dict):
+        raise BadSignal("not_object", f"a JSON {type(record).__name__}, not an object")
+    if _depth(record) > MAX_SIGNAL_DEPTH:
+        raise BadSignal("too_deep", f"nested more than {MAX_SIGNAL_DEPTH} levels")
+    try:
+        canonical_json(record)  # what a signature covers must be UTF-8 text
+    except UnicodeEncodeError:
+        raise BadSignal("not_utf8", "a string holds a lone surrogate escape") from None
+    error = jsonschema.exceptions.best_match(schema_validator("kill-signal").iter_errors(record))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise BadSignal("invalid", f"field {where}: {error.message}")
+    if keys is not None:
+        check = verify(record, keys)
+        if check != "valid":
+            detail = f"signal for trace {record['trace_id']}"
+            if check == "unknown_key":
+                detail += f", signed with key id {record['key_id']}, not one of this agent's"
+            raise BadSignal(check, detail)
+    signal = KillSignal.from_dict(record)
+    try:
+        expired = signal.expired(now or datetime.now(UTC))
+    except ValueError as exc:  # the pattern lets through a date that does not exist
+        raise BadSignal("invalid", f"field expires_at: {exc}") from None
+    if expired:
+        raise BadSignal(
+            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
+        )
+    return signal
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth(document: Any) -> int:
+    """How deeply containers nest in `document`, without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_SIGNAL_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest

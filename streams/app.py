@@ -30,6 +30,7 @@ from spanguard.streams.metrics import (
     WorkerMetrics,
     worker_registry,
 )
+from spanguard.streams.releases import ReleaseReader
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
@@ -113,7 +114,8 @@ def create_app(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
     table.states = states  # its rebalance hooks keep the expiry index right
-    guard = Guard(policy, states=states)
+    releases = ReleaseReader(settings)  # operators' releases re-arm a killed trace's loop rules
+    guard = Guard(policy, states=states, released=releases.released)
     signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
     if signing_key is None:
         log.warning(
@@ -157,7 +159,13 @@ def create_app(
     registry.register(
         # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
         WorkerMetrics(
-            guard, worker.pipeline, states.indexed, worker.paging, verifier, worker.webhook
+            guard,
+            worker.pipeline,
+            states.indexed,
+            worker.paging,
+            verifier,
+            worker.webhook,
+            releases_read=lambda: releases.read,
         )
     )
     guard_spans.register(worker)
@@ -188,6 +196,10 @@ def create_app(
         gc.collect()
         gc.freeze()
         log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})
+
+    @app.task
+    async def read_releases() -> None:
+        releases.start()  # a daemon thread: it ends with the process
 
     @app.task
     async def serve_metrics() -> None:

@@ -133,7 +133,9 @@ class WorkerMetrics(Collector):
         paging: PagingService | None = None,
         verifier: GoalVerifier | None = None,
         webhook: WebhookService | None = None,
+        releases_read: Callable[[], int] = lambda: 0,
     ) -> None:
+        self.releases_read = releases_read
         self.verifier = verifier
         self.webhook = webhook
         self.guard = guard
@@ -215,6 +217,14 @@ class WorkerMetrics(Collector):
         for (rule, action, service), count in sorted(stats.decisions_by_service.items()):
             decisions.add_metric([rule, action, service], count)
         yield decisions
+        yield counter(
+            "releases_read", "operators' releases read from the kill topic", self.releases_read()
+        )
+        yield counter(
+            "releases_applied",
+            "killed traces whose loop rules an operator's release re-armed",
+            stats.releases_applied,
+        )
         yield GaugeMetricFamily(
             "spanguard_active_traces",
             "traces with state on this worker",

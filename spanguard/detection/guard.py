@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -56,7 +56,7 @@ from spanguard.detection.trace_state import (
     call_mark,
     iso_from_micros,
 )
-from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
@@ -100,6 +100,7 @@ class GuardStats:
     repeated_call_ids: int = 0
     missing_arguments: int = 0
     malformed_spans: int = 0
+    releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
     # (rule, action, service): the dashboards' decisions by service.
     decisions_by_service: Counter[tuple[str, str, str]] = field(default_factory=Counter)
@@ -173,8 +174,13 @@ class Guard:
         *,
         states: MutableMapping[str, TraceState] | None = None,
         clock: Callable[[], float] = time.time,
+        released: Mapping[str, float] | None = None,
     ) -> None:
         self.policy = policy or Policy()
+        # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
+        # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
+        # count again from a fresh window (see `_apply_release`).
+        self.released: Mapping[str, float] = {} if released is None else released
         self.states: MutableMapping[str, TraceState] = {} if states is None else states
         self.clock = clock
         self.stats = GuardStats()
@@ -216,6 +222,7 @@ class Guard:
         match = bool(match_keys)
         stats = self.stats
         no_rules = not self.policy.rules
+        released = self.released
         for resource_spans in view.resource_spans:
             resource: ResourceInfo | None = None  # read only when an event needs it
             for scope_spans in resource_spans.scope_spans:
@@ -238,6 +245,8 @@ class Guard:
                     state = touched.get(trace_id)
                     if state is None:
                         state = self.states.get(trace_id)
+                        if state is not None and released and trace_id in released:
+                            self._apply_release(trace_id, state)
                         if state is None or not no_rules:
                             if resource is None:
                                 resource = resource_info(
@@ -295,6 +304,30 @@ class Guard:
         if state is not None and mark in state.fired:
             state.fired.discard(mark)
             self.states[decision.trace_id] = state
+
+    def _apply_release(self, trace_id: str, state: TraceState) -> None:
+        """An operator released the trace (`spanguard release`): its agent may call tools
+        again, so the loop rules that killed it are re-armed and count from a fresh window; the
+        same loop repeated kills it again. The token budget stays spent: a released trace is
+        not killed again for tokens it had already used. Applied once per release."""
+        released_at = self.released.get(trace_id, 0.0)
+        if released_at <= state.released_at:
+            return  # applied already, or older than the one applied
+        state.released_at = released_at
+        rearmed = {
+            mark
+            for mark in state.fired
+            if mark.endswith(":kill") and not mark.startswith(TOKEN_BUDGET)
+        }
+        if rearmed:
+            state.fired -= rearmed
+            state.restart_window()
+            self.stats.releases_applied += 1
+            log.info(
+                "trace %s released by an operator: %s count again",
+                trace_id,
+                ", ".join(sorted(mark.split(":")[0] for mark in rearmed)),
+            )
 
     def _on_bad_span(self, exc: Exception) -> None:
         self.stats.malformed_spans += 1
@@ -563,6 +596,10 @@ class Guard:
         self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
     ) -> Decision:
         entry, match = self._entry_of(policy)
+        if state.released_at:
+            fields["decision_id"] = decision_id(
+                trace_id, fields["rule"], fields["action"], state.released_at
+            )
         decision = Decision(
             trace_id=trace_id,
             agent=AgentIdentity(state.service, state.agent_name),

@@ -52,6 +52,9 @@ class TraceState:
     aggregate_tokens: int = 0
     fired: set[str] = field(default_factory=set)  # "<rule>:<action>" already sent
     last_seen: float = 0.0
+    # When the operator's release last applied to this trace was issued (epoch seconds; 0:
+    # none): a release is applied once, and a kill after it stands.
+    released_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class TraceState:
             "aggregate_tokens": self.aggregate_tokens,
             "fired": sorted(self.fired),
             "last_seen": self.last_seen,
+            "released_at": self.released_at,
         }
 
     @classmethod
@@ -93,6 +97,7 @@ class TraceState:
             aggregate_tokens=record["aggregate_tokens"],
             fired=set(record["fired"]),
             last_seen=record["last_seen"],
+            released_at=record.get("released_at", 0.0),  # states written before releases
         )
 
     def to_bytes(self) -> bytes:

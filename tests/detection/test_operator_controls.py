@@ -208,3 +208,74 @@ def test_replay_applies_the_controls(tmp_path):
     assert sorted((r["trace_id"], r["tool_name"]) for r in records) == sorted(
         [(runner.trace_id, "wait_for_job"), (batch.trace_id, "search_docs")]
     )
+
+
+# -- an operator's release (streams/releases.py fills `released` from the kill topic) -----
+
+
+def _calls(agent: AgentRecorder, count: int, tool: str = "search_docs") -> list:
+    before = len(agent.finished())
+    for _ in range(count):
+        agent.tool(tool, REFUND)
+    return agent.finished()[before:]
+
+
+def test_a_release_rearms_the_loop_rule_and_the_same_loop_kills_again():
+    released: dict[str, float] = {}
+    guard = Guard(Policy(), released=released)
+    agent = AgentRecorder("support-bot", "support")
+    (first,) = run(guard, _calls(agent, 4))
+    assert (first.rule, first.action) == ("tool_loop", "kill")
+    assert run(guard, _calls(agent, 6)) == []  # killed: one kill per trace and rule
+
+    released[agent.trace_id] = 1000.0
+    assert run(guard, _calls(agent, 3)) == []  # a fresh window: three calls are not four
+    (again,) = run(guard, _calls(agent, 1))
+    assert (again.rule, again.action) == ("tool_loop", "kill")
+    assert again.decision_id != first.decision_id  # a new signal, not a duplicate
+    assert guard.stats.releases_applied == 1
+    assert guard.states[agent.trace_id].released_at == 1000.0
+
+    # The same release is applied once: the second kill stands.
+    assert run(guard, _calls(agent, 8)) == []
+    released[agent.trace_id] = 2000.0  # a second release re-arms again
+    (third,) = run(guard, _calls(agent, 4))
+    assert third.action == "kill" and guard.stats.releases_applied == 2
+
+
+def test_a_release_before_the_kill_does_not_undo_it():
+    released: dict[str, float] = {}
+    guard = Guard(Policy(), released=released)
+    agent = AgentRecorder("support-bot")
+    assert run(guard, _calls(agent, 1)) == []
+    released[agent.trace_id] = 1000.0  # released while nothing had tripped
+    (kill,) = run(guard, _calls(agent, 3))
+    assert kill.action == "kill"
+    assert run(guard, _calls(agent, 8)) == []  # that old release does not re-arm this kill
+    assert guard.stats.releases_applied == 0
+
+
+def test_a_release_leaves_the_token_budget_spent():
+    released: dict[str, float] = {}
+    guard = Guard(Policy.from_yaml("defaults: {token_budget: 1000}"), released=released)
+    agent = AgentRecorder("support-bot")
+    for _ in range(6):
+        agent.chat(200, 20)
+    (budget,) = run(guard, agent.finished())
+    assert budget.rule == "token_budget"
+    released[agent.trace_id] = 1000.0
+    before = len(agent.finished())
+    agent.chat(200, 20)
+    assert run(guard, agent.finished()[before:]) == []  # not killed again for spent tokens
+    (loop,) = run(guard, _calls(agent, 4))  # but a loop after the release is caught
+    assert (loop.rule, loop.action) == ("tool_loop", "kill")
+
+
+def test_a_release_survives_the_changelog_form():
+    from spanguard.detection.trace_state import TraceState
+
+    state = TraceState("svc", released_at=1234.5)
+    assert TraceState.from_bytes(state.to_bytes()).released_at == 1234.5
+    old = state.to_dict()
+    del old["released_at"]  # a state written before releases re-armed anything
+    assert TraceState.from_dict(old).released_at == 0.0

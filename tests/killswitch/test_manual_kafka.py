@@ -65,7 +65,7 @@ def running(tmp_path):
     process = WorkerProcess(topics, tmp_path / "data", policy=policy).start()
     collector = Collector(topics.kills, topics.detections)
     switch = KillSwitch(CLUSTER.bootstrap, topics.kills, signing_key=SIGNING_KEY)
-    yield topics, collector, switch
+    yield topics, collector, switch, process
     switch.close()
     collector.close()
     assert process.stop() == 0, process.log_tail()
@@ -73,7 +73,7 @@ def running(tmp_path):
 
 
 def test_release_lifts_a_detected_kill_and_a_later_detection_kills_again(running):
-    topics, collector, switch = running
+    topics, collector, switch, _ = running
     agent = AgentRecorder("support-bot", "support")
     for _ in range(4):
         agent.tool("search_docs", {"query": "refund policy"})
@@ -110,8 +110,44 @@ def test_release_lifts_a_detected_kill_and_a_later_detection_kills_again(running
     assert manual["decision_id"] == signals[1]["signal_id"]
 
 
+def test_after_a_release_the_same_loop_repeated_kills_again(running):
+    """The worker reads the release too: the loop rule that killed the trace is re-armed, and
+    the same loop repeated trips it again with a new signal id."""
+    topics, collector, switch, process = running
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    send_spans(topics.input, agent)
+    wait_until(lambda: killed(switch, agent.trace_id))
+
+    released = cli("release", agent.trace_id, topics, "--operator", "alice")
+    assert released.returncode == 0, released.stderr
+    wait_until(lambda: not killed(switch, agent.trace_id))
+    process.wait_for("spanguard_releases_read_total", 1)  # the worker has read it too
+
+    before = len(agent.finished())
+    for _ in range(3):  # a fresh window: three calls after the release are not a loop
+        agent.tool("search_docs", {"query": "refund policy"})
+    send_spans(topics.input, agent, agent.finished()[before:])
+    process.wait_for("spanguard_releases_applied_total", 1)
+    assert not killed(switch, agent.trace_id)
+    agent.tool("search_docs", {"query": "refund policy"})  # the fourth
+    send_spans(topics.input, agent, agent.finished()[-1:])
+    wait_until(lambda: killed(switch, agent.trace_id))
+
+    signals = collector.json_from(topics.kills, agent.trace_id)
+    assert [(s["rule"], s["kind"]) for s in signals] == [
+        ("tool_loop", "kill"),
+        ("manual", "release"),
+        ("tool_loop", "kill"),
+    ]
+    assert len({s["signal_id"] for s in signals}) == 3  # the second kill is no duplicate
+    for record in signals:
+        assert signature_valid(record, SIGNING_KEY.encode())
+
+
 def test_manual_kill_release_and_kill_again(running):
-    topics, collector, switch = running
+    topics, collector, switch, _ = running
     trace_id = AgentRecorder("batch-bot").trace_id
     assert switch.check(trace_id) is None
     for step, (command, args) in enumerate([
@@ -145,7 +181,7 @@ def test_manual_kill_release_and_kill_again(running):
 
 
 def test_kill_needs_a_reason_and_a_trace_id(running):
-    topics, _, _ = running
+    topics, *_ = running
     assert cli("kill", "0" * 32, topics).returncode == 2  # --reason is required
     bad = cli("kill", "not-a-trace", topics, "--reason", "x")
     assert bad.returncode == 2 and "not a trace id" in bad.stderr
