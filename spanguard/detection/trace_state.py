@@ -70,8 +70,9 @@ class TraceState:
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
             "fired": sorted(self.fired),
-            "last_seen": self.last_seen,
             "released_at": self.released_at,
+            # Last, so eviction can read it without decoding (streams/state.py).
+            "last_seen": self.last_seen,
         }
 
     @classmethod
