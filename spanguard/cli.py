@@ -236,7 +236,13 @@ def _add_manual_parsers(commands: argparse._SubParsersAction) -> None:
             description=(
                 f"{help}. Publishes to the kill topic, signed with the worker's signing key,"
                 " and writes an audit record (rule manual, the operator) to the detections"
-                " topic. A later kill, manual or detected, kills the trace again."
+                " topic. A later kill, manual or detected, kills the trace again"
+                + (
+                    ": the workers re-arm the released trace's loop rules, so the same loop"
+                    " repeated kills it again (its token budget stays spent)."
+                    if name == "release"
+                    else "."
+                )
             ),
         )
         command.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
