@@ -309,6 +309,56 @@ def test_template_existing_secrets_and_policy(helm: Path) -> None:
     ]
 
 
+def test_template_webhook_from_values_and_from_an_existing_secret(helm: Path) -> None:
+    url = "https://hooks.slack.com/services/T0/B0/S3CRET"
+    docs = render(helm, f"webhook.url={url}", "webhook.template=slack", "worker.deadAfter=90")
+    env = env_of(container(docs))
+    unknown = {k for k in env if k.startswith(ENV_PREFIX)} - KNOWN_ENV
+    assert not unknown, f"not in the settings registry: {unknown}"
+    assert env["SPANGUARD_WEBHOOK_URL_FILE"] == "/etc/spanguard/secrets/webhook-url"
+    assert env["SPANGUARD_WEBHOOK_TEMPLATE"] == "slack"
+    assert "SPANGUARD_WEBHOOK_SIGNING_KEY_FILE" not in env
+    dead_after = {"SPANGUARD_DEAD_AFTER": env["SPANGUARD_DEAD_AFTER"]}
+    assert WorkerSettings.from_sources({}, dead_after).dead_after == 90.0
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    stored = secrets[f"{FULLNAME}-webhook"]["data"]["webhook-url"]
+    assert base64.b64decode(stored).decode() == url
+    # The URL is a credential: it appears in its Secret only.
+    assert "S3CRET" not in json.dumps([d for d in docs if d["kind"] != "Secret"])
+
+    docs = render(
+        helm,
+        "webhook.existingSecret=team-hook",
+        "webhook.key=url",
+        "webhook.signingKeyKey=hmac",
+    )
+    assert f"{FULLNAME}-webhook" not in {d["metadata"]["name"] for d in docs}
+    env = env_of(container(docs))
+    assert env["SPANGUARD_WEBHOOK_TEMPLATE"] == "json"
+    assert env["SPANGUARD_WEBHOOK_SIGNING_KEY_FILE"] == "/etc/spanguard/secrets/webhook-signing-key"
+    pod = only(docs, "StatefulSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "secrets"]
+    sources = {s["secret"]["name"]: s["secret"]["items"] for s in volume["projected"]["sources"]}
+    assert sources["team-hook"] == [
+        {"key": "url", "path": "webhook-url"},
+        {"key": "hmac", "path": "webhook-signing-key"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["webhook.url=http://hooks.example/x"], "does not match pattern"),
+        (["webhook.url=https://a", "webhook.existingSecret=s"], "not both"),
+        (["webhook.url=https://a", "webhook.signingKeyKey=k"], "names a key of"),
+        (["webhook.template=teams"], "webhook/template"),
+    ],
+)
+def test_template_refuses_a_bad_webhook(helm: Path, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), *(f"--set={v}" for v in values))
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
 def test_template_without_policy_or_persistence(helm: Path) -> None:
     docs = render(helm, "policy=", "persistence.enabled=false", "replicaCount=8")
     assert not [d for d in docs if d["kind"] == "ConfigMap"]

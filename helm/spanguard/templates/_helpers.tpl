@@ -85,6 +85,12 @@ Checks that stop the render with a message, before anything reaches the cluster.
 {{- if and .Values.pagerduty.routingKey .Values.pagerduty.existingSecret }}
 {{- fail "set pagerduty.routingKey or pagerduty.existingSecret, not both" }}
 {{- end }}
+{{- if and .Values.webhook.url .Values.webhook.existingSecret }}
+{{- fail "set webhook.url or webhook.existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.webhook.signingKeyKey (not .Values.webhook.existingSecret) }}
+{{- fail "webhook.signingKeyKey names a key of webhook.existingSecret: put the URL and the signing key in one Secret of yours" }}
+{{- end }}
 {{- $sec := .Values.kafka.security }}
 {{- if has $sec.protocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
 {{- if not (and $sec.saslMechanism $sec.saslUsername $sec.existingSecret $sec.keys.saslPassword) }}
@@ -187,6 +193,15 @@ worker.allowUnsigned). */}}
 {{- end }}
 {{- end }}
 
+{{/* The Secret (name) holding the webhook URL, or "" when no webhook is configured. */}}
+{{- define "spanguard.webhookSecret" -}}
+{{- if .Values.webhook.existingSecret }}
+{{- .Values.webhook.existingSecret }}
+{{- else if .Values.webhook.url }}
+{{- printf "%s-webhook" (include "spanguard.fullname" .) }}
+{{- end }}
+{{- end }}
+
 {{/* The ConfigMap (name) holding the policy, or "" for the built-in defaults. */}}
 {{- define "spanguard.policyConfigMap" -}}
 {{- if .Values.existingPolicyConfigMap.name }}
@@ -237,6 +252,8 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
   value: {{ int .Values.worker.standbyReplicas | quote }}
 - name: SPANGUARD_STATE_CACHE
   value: {{ int .Values.worker.stateCache | quote }}
+- name: SPANGUARD_DEAD_AFTER
+  value: {{ .Values.worker.deadAfter | toString | quote }}
 - name: SPANGUARD_METRICS_HOST
   value: "0.0.0.0"
 - name: SPANGUARD_METRICS_PORT
