@@ -12,9 +12,10 @@ arrives between two `check()` calls is never lost. `check()` takes a lock and re
 is safe from threads and from asyncio code, and never blocks on Kafka.
 
 Anyone who can write to the topic can send anything: the consumer thread reads every record
-through `read_signal` (spanguard.schemas.decision), which turns any bytes into a signal or into a `BadSignal` naming its
-kind. A bad record is counted (`switch.ignored[kind]`), logged once per kind, and costs only
-itself: the thread never dies, and the next valid signal is delivered.
+through `read_signal` (spanguard.schemas.decision), which turns any bytes into a signal or
+into a `BadSignal` naming its kind. A bad record is counted (`switch.ignored[kind]`), logged
+once per kind, and costs only itself: the thread never dies, and the next valid signal is
+delivered.
 
 Signals are obeyed only when signed with one of the agent's keys (`signing_key=`, or
 `signing_keys=[new, old]` while the worker's key is rotated) and not past their `expires_at`.

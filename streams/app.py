@@ -114,9 +114,10 @@ def create_app(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
     table.states = states  # its rebalance hooks keep the expiry index right
-    releases = ReleaseReader(settings)  # operators' releases re-arm a killed trace's loop rules
-    guard = Guard(policy, states=states, released=releases.released)
     signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+    # Operators' releases (signed with the same key) re-arm a killed trace's loop rules.
+    releases = ReleaseReader(settings, signing_key)
+    guard = Guard(policy, states=states, released=releases.released)
     if signing_key is None:
         log.warning(
             "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"

@@ -48,6 +48,7 @@ class ReleaseReader:
     def __init__(
         self,
         settings: WorkerSettings,
+        signing_key: bytes | None,
         *,
         horizon: float | None = None,
         clock: Callable[[], float] = time.time,
@@ -55,8 +56,8 @@ class ReleaseReader:
         self.topic = settings.kill_topic
         self.horizon = settings.state_ttl if horizon is None else horizon
         self.clock = clock
-        key = settings.kill_signing_key()
-        self._keys = keyring(key) if key is not None else None  # None: unsigned accepted
+        # The worker's own key (settings.kill_signing_key()); None: unsigned accepted.
+        self._keys = keyring(signing_key) if signing_key is not None else None
         self._errors = ClientErrors(settings.bootstrap)
         self._config = {
             "bootstrap.servers": settings.bootstrap,

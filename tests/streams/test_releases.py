@@ -20,7 +20,7 @@ TRACE = "0af7651916cd43dd8448eb211c80319c"
 
 
 def reader(**settings) -> ReleaseReader:
-    return ReleaseReader(WorkerSettings(signing_key=SIGNING_KEY, **settings))
+    return ReleaseReader(WorkerSettings(**settings), SIGNING_KEY.encode())
 
 
 def record(action: str = "release", key: str | None = SIGNING_KEY, ttl: float = 3600) -> bytes:
