@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 		{ echo "spanguard needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,worker,demo,instrumentation-tests]"
+	@# setuptools tells every editable install of a package_dir layout that folders named like
+	@# the package may shadow it: here those folders are the package, so the notice is silenced.
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,worker,demo,instrumentation-tests]"
 	@touch $(STAMP)
 
 # The tests need the real broker (started here, idempotent, and left running for the next run;
