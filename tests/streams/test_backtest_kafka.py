@@ -97,7 +97,8 @@ def test_the_last_two_days_add_one_kill_and_skip_the_record_that_is_not_otlp(
     assert (change["service"], change["rule"], change["action"]) == (
         "support-bot", "tool_loop", "kill"
     )  # fmt: skip
-    assert change["added_traces"] == [recent.trace_id]
+    assert change["added_traces"] == [recent.trace_id]  # both policies kill `both`
+    assert both.trace_id not in result.stdout
     assert report["current_policy"] == "the built-in defaults"
     assert f"reading 10 records of {topic}" in result.stderr
     assert old.trace_id not in result.stdout
