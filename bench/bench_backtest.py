@@ -40,7 +40,17 @@ defaults:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+    """This process's peak RSS. Linux keeps getrusage's ru_maxrss across fork and exec (a
+    child starts with its parent's peak), so the memory map's own high-water mark is read
+    where there is one (/proc/self/status VmHWM), getrusage elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux, BSD: kB
 
 
 def produce(topic: str, spans: int, copies: int, partitions: int) -> tuple[int, int, float]:

@@ -414,12 +414,6 @@ class Backtest:
             self.report.evicted_early += 1
             self._fold(trace_id, trace)
 
-    def evict_all_idle(self) -> None:
-        """Evict every partition's idle traces (the reader calls this between batches)."""
-        for partition, clock in self._clocks.items():
-            for trace_id, trace in list(self.store.pop_idle(partition, clock - self.state_ttl)):
-                self._fold(trace_id, trace)
-
     def _record(self, new: list[Decision], current: list[Decision]) -> None:
         for index, decisions in ((NEW, new), (CURRENT, current)):
             for decision in decisions:

@@ -191,3 +191,18 @@ def test_the_reader_commits_nothing_and_reads_to_the_end_offsets(history) -> Non
     groups = AdminClient(CLUSTER.config()).list_consumer_groups().result(timeout=30)
     # No group of any kind consumed the topic: offsets were assigned, never committed.
     assert not [g for g in groups.valid if g.group_id.startswith("spanguard-backtest-")]
+
+
+def test_progress_says_records_read_of_how_many_and_time_left() -> None:
+    import io
+
+    from spanguard.streams.backtest import _Progress
+
+    stream = io.StringIO()
+    bar = _Progress(stream, 1000, enabled=True)
+    bar.update(250)
+    line = stream.getvalue()
+    assert "250 of 1,000 records ( 25%)" in line and "records/s" in line and "left" in line
+    quiet = io.StringIO()
+    _Progress(quiet, 1000, enabled=False).update(250)  # not a terminal: nothing
+    assert quiet.getvalue() == ""
