@@ -262,15 +262,19 @@ def describe_plan(plan: ReadPlan, requested_ms: int) -> list[str]:
     """The lines said before the read: what is read, and whether the start was retained."""
     lines = []
     if plan.oldest_ms is not None:
-        why = "its retention deleted older records" if plan.truncated else "it holds nothing older"
+        # The first retained record of each partition: the history's start, as far as record
+        # times grow with offsets (they do for a Collector's records).
+        why = (
+            "its retention deleted older records" if plan.truncated else "nothing older was written"
+        )
         lines.append(
-            f"backtest: {plan.topic} has no record before {_iso(plan.oldest_ms)} ({why}):"
-            f" reading from {_iso(plan.oldest_ms)}, not {_iso(requested_ms)}"
+            f"backtest: {plan.topic} holds records from {_iso(plan.oldest_ms)} on ({why}),"
+            f" not from {_iso(requested_ms)}: the whole retained history is read"
         )
     until = _iso(plan.end_ms) if plan.end_ms is not None else "now"
     lines.append(
         f"backtest: reading {plan.total:,} records of {plan.topic} ({len(plan.ranges)} of its"
-        f" partitions with records) from {_iso(max(requested_ms, plan.oldest_ms or 0))} to {until}"
+        f" partitions with records), record times from {_iso(requested_ms)} to {until}"
     )
     if plan.total > LARGE_HISTORY:
         lines.append(

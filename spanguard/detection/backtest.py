@@ -538,7 +538,8 @@ def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
     )
     if report.skipped:
         lines.append(
-            f"skipped: {report.skipped:,} records that are not OTLP trace requests"
+            f"skipped: {report.skipped:,} record{'s' * (report.skipped != 1)} that"
+            f" {'are' if report.skipped != 1 else 'is'} not OTLP trace requests"
             f" (first: {report.skip_reasons[0]})"
         )
     if report.evicted_early:

@@ -127,8 +127,8 @@ def test_a_start_before_the_oldest_record_says_what_is_there(history, tmp_path: 
     topic, *_ = history
     result = backtest(tmp_path, topic, "--since", "30d")
     assert result.returncode == 0, result.stderr
-    assert f"{topic} has no record before" in result.stderr
-    assert "(it holds nothing older)" in result.stderr
+    assert f"{topic} holds records from" in result.stderr
+    assert "(nothing older was written)" in result.stderr
 
 
 def test_records_deleted_by_retention_are_named_as_such(tmp_path: Path) -> None:
