@@ -6,7 +6,9 @@
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
 `GuardingSpanProcessor`) and, optionally, a fixed trace id; by default the trace of the current
 OpenTelemetry span. `AgentKilled` propagates out of the tool call; a downgrade's system message
-goes to `on_downgrade` (or waits in `pending_messages` for the agent to inject it).
+goes to `on_downgrade` (or waits in `pending_messages` for the agent to inject it). A paused
+trace waits in the checker's `wait()` (in a thread, for the async hooks) until an operator's
+release or kill, or the pause's deadline.
 """
 
 from __future__ import annotations

@@ -152,3 +152,63 @@ def test_the_page_and_the_webhook_say_the_agent_waits_and_how_to_answer() -> Non
     event = build_event(record, PagerSettings.from_sources({"routing_key": "r" * 32}))
     assert f"spanguard release {decision.trace_id}" in event["payload"]["summary"]
     assert event["payload"]["custom_details"]["pause_fallback"] == "kill"
+
+
+def test_the_async_gate_waits_off_the_event_loop() -> None:
+    import asyncio
+
+    book = SignalBook()
+    signal = pause_signal()
+    book.deliver(signal)
+    gate = _Gate(book, signal.trace_id, None)
+    release = replace(signal, signal_id="4" * 32, kind="release", reason="go on")
+
+    async def main() -> int:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        asyncio.get_running_loop().call_later(0.5, book.deliver, release)
+        await gate.before_tool_async()
+        ticker.cancel()
+        return ticks
+
+    assert asyncio.run(main()) > 10  # the loop kept running while the agent waited
+
+
+def test_the_in_process_processor_pauses_and_falls_back_to_a_kill() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch.processor import GuardingSpanProcessor
+
+    policy = Policy.from_yaml("defaults: {action: pause, pause: {timeout: 0.5, fallback: kill}}")
+    processor = GuardingSpanProcessor(
+        SimpleSpanProcessor(InMemorySpanExporter()), policy, tracer_provider=TracerProvider()
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("pause-tests")
+    with tracer.start_as_current_span("invoke_agent reconciler") as root:
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        for _ in range(4):
+            with tracer.start_as_current_span(
+                "execute_tool search_docs",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search_docs",
+                    "gen_ai.tool.call.arguments": '{"query": "refund policy"}',
+                },
+            ):
+                pass
+        with pytest.raises(AgentPaused):
+            processor.check()
+        with pytest.raises(AgentKilled, match="fallback kills"):
+            processor.wait()
+    assert processor.signals.is_killed(trace_id)
