@@ -217,7 +217,9 @@ def main() -> int:
         print(json.dumps({"topic": topic, "produced_records": records, **result}))
         return 0
     finally:
-        AdminClient(CLUSTER.config()).delete_topics([topic])
+        # Waited for: a client destroyed at once would drop the request.
+        for future in AdminClient(CLUSTER.config()).delete_topics([topic]).values():
+            future.result(timeout=60)
 
 
 if __name__ == "__main__":

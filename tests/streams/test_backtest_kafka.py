@@ -148,7 +148,8 @@ def test_records_deleted_by_retention_are_named_as_such(tmp_path: Path) -> None:
         assert "its retention deleted older records" in result.stderr
         assert json.loads(result.stdout)["records"] == 4
     finally:
-        admin.delete_topics([topic])
+        for future in admin.delete_topics([topic]).values():
+            future.result(timeout=30)
 
 
 def test_a_topic_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> None:
