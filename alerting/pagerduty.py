@@ -33,7 +33,7 @@ import pagerduty
 
 from spanguard.errors import PagerConfigError
 from spanguard.retry import Backoff, is_retryable_status, retry_after_seconds
-from spanguard.schemas.decision import EVIDENCE_FIELDS
+from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
 from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
 
 __all__ = [
@@ -63,6 +63,7 @@ DETAIL_FIELDS = (
     "span_id",
     "decision_id",
     "detected_at",
+    *PAUSE_FIELDS,
 )
 
 Status = Literal["accepted", "rejected", "failed"]
@@ -130,6 +131,9 @@ def build_event(detection: Mapping[str, Any], settings: PagerSettings) -> dict[s
     rule = detection["rule"]
     reason = detection.get("reason")
     summary = f"spanguard: {who} {rule}: {reason}" if reason else f"spanguard: {who} {rule}"
+    waiting = pause_instructions(detection)
+    if waiting is not None:  # kept whole: the answer is what on-call needs
+        summary = f"{summary[: SUMMARY_LIMIT - len(waiting) - 5]}; {waiting}"
     if len(summary) > SUMMARY_LIMIT:
         summary = summary[: SUMMARY_LIMIT - 3] + "..."
 

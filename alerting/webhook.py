@@ -40,6 +40,7 @@ import httpx2
 
 from spanguard import __version__
 from spanguard.alerting.pagerduty import dedup_key
+from spanguard.schemas.decision import pause_instructions
 from spanguard.settings import WebhookSettings
 
 __all__ = [
@@ -80,6 +81,9 @@ def summary_of(detection: Mapping[str, Any]) -> str:
         f"spanguard: {who} {detection.get('rule')} -> {detection.get('action')}:"
         f" {detection.get('reason')}"
     )
+    waiting = pause_instructions(detection)
+    if waiting is not None:  # before the cut: the answer is what the reader needs
+        text = f"{text[: SUMMARY_LIMIT - len(waiting) - 5]}; {waiting}"
     return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 3] + "..."
 
 

@@ -6,15 +6,18 @@
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
 `GuardingSpanProcessor`) and, optionally, a fixed trace id; by default the trace of the current
 OpenTelemetry span. `AgentKilled` propagates out of the tool call; a downgrade's system message
-goes to `on_downgrade` (or waits in `pending_messages` for the agent to inject it).
+goes to `on_downgrade` (or waits in `pending_messages` for the agent to inject it). A paused
+trace waits in the checker's `wait()` (in a thread, for the async hooks) until an operator's
+release or kill, or the pause's deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from spanguard.killswitch.signals import current_trace_id
+from spanguard.killswitch.signals import AgentPaused, current_trace_id
 
 __all__ = ["Checker", "SpanguardCallbackHandler", "SpanguardRunHooks"]  # noqa: F822 - built lazily
 
@@ -35,17 +38,35 @@ class _Gate:
         self.on_downgrade = on_downgrade
         self.pending_messages: list[str] = []
 
-    def before_tool(self) -> None:
+    def before_tool(self, wait: bool = True) -> None:
         trace_id = self.trace_id or current_trace_id()
         if trace_id is None:
             return
-        message = self.checker.check(trace_id)  # raises AgentKilled
+        message = self._check(trace_id, wait)  # raises AgentKilled
         if message is None:
             return
         if self.on_downgrade is not None:
             self.on_downgrade(message)
         else:
             self.pending_messages.append(message)
+
+    def _check(self, trace_id: str, wait: bool) -> str | None:
+        """check(); a paused trace waits here (the checker's `wait`) for an operator's answer
+        or the pause's deadline. A checker without `wait` lets AgentPaused out: the run stops."""
+        try:
+            return self.checker.check(trace_id)
+        except AgentPaused:
+            waiting = getattr(self.checker, "wait", None)
+            if waiting is None or not wait:
+                raise
+            return waiting(trace_id)
+
+    async def before_tool_async(self) -> None:
+        """before_tool() for async hooks: a pause waits in a thread, not on the event loop."""
+        try:
+            self.before_tool(wait=False)
+        except AgentPaused:
+            await asyncio.to_thread(self.before_tool)
 
 
 def _langchain_base() -> type:
@@ -105,12 +126,12 @@ def __getattr__(name: str) -> Any:
             ) -> None:
                 # Before each model call: a killed run stops before it pays for another turn,
                 # and the SDK lets AgentKilled out of this hook as it is.
-                self.before_tool()
+                await self.before_tool_async()
 
             async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
                 # Several tool calls in one turn: the SDK wraps what this raises in a
                 # UserError("Error running tool ...") whose __cause__ is the AgentKilled.
-                self.before_tool()
+                await self.before_tool_async()
 
         globals()[name] = SpanguardRunHooks
         return SpanguardRunHooks

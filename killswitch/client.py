@@ -141,6 +141,26 @@ class KillSwitch:
             return None
         return self.signals.check(trace_id)
 
+    # -- pause: kept apart from check(), which never blocks ---------------------------------
+
+    def wait(self, trace_id: str | None = None, timeout: float | None = None) -> str | None:
+        """`check()`; while the trace is paused (AgentPaused), block until an operator's
+        `spanguard release` (returns: go on) or `spanguard kill` (raises AgentKilled), or the
+        pause's deadline, when the policy's fallback applies. See SignalBook.wait."""
+        trace_id = trace_id or current_trace_id()
+        if trace_id is None:
+            return None
+        return self.signals.wait(trace_id, timeout)
+
+    async def wait_async(
+        self, trace_id: str | None = None, timeout: float | None = None
+    ) -> str | None:
+        """`wait()` for asyncio code: the blocking wait runs in a thread."""
+        import asyncio
+
+        trace_id = trace_id or current_trace_id()  # read here: the context is this task's
+        return await asyncio.to_thread(self.wait, trace_id, timeout)
+
     @property
     def malformed(self) -> int:
         """Records that are not a kill signal at all (bytes, JSON or shape)."""

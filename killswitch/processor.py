@@ -169,6 +169,14 @@ class GuardingSpanProcessor(SpanProcessor):
             return None
         return self.signals.check(trace_id)
 
+    def wait(self, trace_id: str | None = None, timeout: float | None = None) -> str | None:
+        """SignalBook.wait: while the trace is paused, block until a release or a kill (an
+        operator's, through a KillSwitch sharing this `signals` book) or the pause's deadline."""
+        trace_id = trace_id if trace_id is not None else current_trace_id()
+        if trace_id is None:
+            return None
+        return self.signals.wait(trace_id, timeout)
+
     # -- internals -----------------------------------------------------------------------
 
     @staticmethod
@@ -242,7 +250,7 @@ class GuardingSpanProcessor(SpanProcessor):
 
     def _act(self, decision: Decision, span: ReadableSpan) -> None:
         # Each step on its own: a failing callback must not stop the kill nor the record.
-        if decision.action in ("kill", "downgrade"):  # a flag is for people, not the agent
+        if decision.action in ("kill", "downgrade", "pause"):  # a flag is for people only
             try:
                 self.signals.deliver(KillSignal.from_decision(decision))
             except Exception:

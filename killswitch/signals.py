@@ -13,12 +13,14 @@ operations and never blocks on I/O, so a check from an event loop costs microsec
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
 from spanguard.schemas.decision import KillSignal
 
-__all__ = ["DEFAULT_MAX_TRACES", "AgentKilled", "SignalBook", "current_trace_id"]
+__all__ = ["DEFAULT_MAX_TRACES", "AgentKilled", "AgentPaused", "SignalBook", "current_trace_id"]
 
 DEFAULT_MAX_TRACES = 10_000
 
@@ -37,6 +39,27 @@ class AgentKilled(Exception):
         return (type(self), (self.signal,))
 
 
+class AgentPaused(Exception):
+    """Raised by `check()` in an agent whose trace is paused: it must wait for an operator's
+    `spanguard release` (go on) or `spanguard kill` (stop), or until `until`, when the policy's
+    `fallback` applies. `wait()` (SignalBook, KillSwitch, the adapters) does the waiting."""
+
+    def __init__(self, signal: KillSignal) -> None:
+        super().__init__(
+            f"spanguard paused trace {signal.trace_id}: {signal.reason}; waiting for"
+            f" `spanguard release` or `spanguard kill` until {signal.pause_until},"
+            f" then {signal.pause_fallback}"
+        )
+        self.signal = signal
+        self.trace_id = signal.trace_id
+        self.reason = signal.reason
+        self.until = signal.pause_until
+        self.fallback = signal.pause_fallback
+
+    def __reduce__(self) -> tuple[type[AgentPaused], tuple[KillSignal]]:
+        return (type(self), (self.signal,))
+
+
 @dataclass(slots=True)
 class _TraceSignals:
     """What one trace has been told, and what its agent has not read yet."""
@@ -44,6 +67,7 @@ class _TraceSignals:
     signal_ids: set[str] = field(default_factory=set)
     kill: KillSignal | None = None
     unread_messages: deque[str] = field(default_factory=deque)
+    pause: KillSignal | None = None  # waiting for an operator (see AgentPaused)
 
 
 class SignalBook:
@@ -73,6 +97,7 @@ class SignalBook:
             raise ValueError("max_traces must be at least 1")
         self.max_traces = max_traces
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # wakes `wait()` on any delivery
         self._others: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._watched: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._killed: dict[str, _TraceSignals] = {}
@@ -96,6 +121,13 @@ class SignalBook:
                 return False
             entry.signal_ids.add(signal.signal_id)
             self.delivered += 1
+            self._changed.notify_all()
+            if signal.kind == "pause":
+                if entry.kill is None:
+                    entry.pause = signal
+                return True
+            if signal.kind in ("release", "kill"):
+                entry.pause = None  # the operator's answer to a pause
             if signal.kind == "release":
                 # An operator's release: the agent may call tools again. The ids seen stay, so a
                 # redelivered old kill is still a duplicate; a new kill (a new id) kills again.
@@ -130,10 +162,53 @@ class SignalBook:
                 if entry.kill is not None:
                     self._watched.pop(trace_id, None)
                     self._killed[trace_id] = entry
+            if entry.pause is not None and entry.kill is None:
+                self._pause_over(trace_id, entry)
+                if entry.pause is not None:
+                    raise AgentPaused(entry.pause)
             kill = entry.kill
             if kill is None:
                 return entry.unread_messages.popleft() if entry.unread_messages else None
         raise AgentKilled(kill)
+
+    # -- pause: the one place that blocks -------------------------------------------------
+
+    def wait(self, trace_id: str, timeout: float | None = None) -> str | None:
+        """`check()`, and while the trace is paused, block until an operator answers: a
+        release returns (the agent goes on), a kill raises AgentKilled; unanswered at the
+        pause's `pause_until`, its fallback applies (kill raises, release returns). With
+        `timeout`, AgentPaused is raised again once that many seconds have passed. Blocks the
+        calling thread: from asyncio, run it in a thread (`asyncio.to_thread`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.check(trace_id)
+            except AgentPaused as paused:
+                left = _seconds_until(paused.until)
+                if deadline is not None:
+                    if time.monotonic() >= deadline:
+                        raise
+                    left = min(left, deadline - time.monotonic())
+                with self._changed:
+                    # Woken by any delivery; a short cap keeps the deadline exact either way.
+                    self._changed.wait(max(0.0, min(left, 1.0)))
+
+    def _pause_over(self, trace_id: str, entry: _TraceSignals) -> None:
+        """Past its `pause_until` with no answer: the policy's fallback applies (lock held)."""
+        pause = entry.pause
+        assert pause is not None
+        if _seconds_until(pause.pause_until) > 0:
+            return
+        entry.pause = None
+        if pause.pause_fallback == "kill":
+            entry.kill = replace(
+                pause,
+                kind="kill",
+                reason=f"{pause.reason}; paused with no answer by {pause.pause_until}:"
+                " the policy's fallback kills",
+            )
+            self._watched.pop(trace_id, None)
+            self._killed[trace_id] = entry
 
     def is_killed(self, trace_id: str) -> bool:
         trace_id = trace_id.lower()
@@ -156,6 +231,12 @@ class SignalBook:
         # would swap a shared (still empty) book for a private one.
         with self._lock:
             return len(self._others) + len(self._watched) + len(self._killed)
+
+
+def _seconds_until(moment: str | None) -> float:
+    if not moment:
+        return 0.0
+    return (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds()
 
 
 def _trim(entries: OrderedDict[str, _TraceSignals], limit: int) -> None:

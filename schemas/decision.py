@@ -35,6 +35,7 @@ __all__ = [
     "decision_id",
     "key_id",
     "keyring",
+    "pause_instructions",
     "read_signal",
     "schema_validator",
     "sign",
@@ -66,9 +67,28 @@ EVIDENCE_FIELDS = (
 # "manual": an operator's `spanguard kill` or `spanguard release`, not a rule of the guard.
 Rule = Literal["tool_loop", "tool_polling", "no_progress", "token_budget", "goal_unmet", "manual"]
 # "release" (manual only): the trace's agent may call tools again, until a later kill.
-Action = Literal["kill", "downgrade", "flag", "release"]
+# "pause": the agent waits for an operator's release or kill, or until `pause_until`, when
+# `pause_fallback` applies.
+Action = Literal["kill", "downgrade", "flag", "release", "pause"]
 # A manual signal trips on no span: its span_id is this.
 NO_SPAN_ID = "0" * 16
+# Set on a pause only (left out of other records, which stay as they were).
+PAUSE_FIELDS = ("pause_until", "pause_fallback")
+
+
+def pause_instructions(detection: Mapping[str, Any]) -> str | None:
+    """For a pause: that the agent is waiting and how to answer (the page and the webhook
+    carry it); None for any other action."""
+    if detection.get("action") != "pause":
+        return None
+    trace_id = detection.get("trace_id")
+    fallback = detection.get("pause_fallback") or "kill"
+    then = "it is killed" if fallback == "kill" else "it goes on"
+    return (
+        f"the agent is waiting for an answer: `spanguard release {trace_id}` lets it go on,"
+        f" `spanguard kill {trace_id} --reason TEXT` stops it; unanswered by"
+        f" {detection.get('pause_until')}, {then}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +142,10 @@ class Decision:
     policy_entry: str | None = None  # the policy entry in force: "defaults" or "agents.N"
     policy_match: dict[str, str] | None = None  # that entry's match
     operator: str | None = None  # manual: who issued it (`--operator`)
+    # action pause: until when the agent waits for an operator (ISO 8601, UTC), and then
+    # "kill" or "release" (it goes on).
+    pause_until: str | None = None
+    pause_fallback: str | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -133,7 +157,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        for name in ("tool_arguments", "operator"):
+        for name in ("tool_arguments", "operator", *PAUSE_FIELDS):
             if record[name] is None:
                 del record[name]
         return record
@@ -168,6 +192,8 @@ class KillSignal:
     expires_at: str
     system_message: str | None = None
     operator: str | None = None  # a manual signal: who issued it
+    pause_until: str | None = None  # kind pause: see Decision
+    pause_fallback: str | None = None
     schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
 
     def expired(self, now: datetime) -> bool:
@@ -198,12 +224,15 @@ class KillSignal:
             ).isoformat(timespec="milliseconds"),
             system_message=decision.system_message,
             operator=decision.operator,
+            pause_until=decision.pause_until,
+            pause_fallback=decision.pause_fallback,
         )
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        if record["operator"] is None:
-            del record["operator"]  # the signals of the guard's rules are as they always were
+        for name in ("operator", *PAUSE_FIELDS):
+            if record[name] is None:
+                del record[name]  # the signals of the guard's rules are as they always were
         return record
 
     def to_json(self) -> str:

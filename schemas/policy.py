@@ -11,8 +11,11 @@ Shape (every field optional):
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
-      action: kill               # kill | downgrade | flag (flag: shadow mode, every rule only
-                                 #   records and notifies; a token budget otherwise kills)
+      action: kill               # kill | downgrade | pause | flag (flag: shadow mode, every
+                                 #   rule only records and notifies; a token budget otherwise
+                                 #   kills, or pauses)
+      pause: {timeout: 900, fallback: kill}  # action pause: the agent waits for an operator's
+                                 #   release or kill; unanswered after `timeout` s, `fallback`
       autonomous: false          # true: also page on-call
       missing_args: skip         # skip | name_only
       record_arguments: false    # keep raw tool arguments in decisions
@@ -71,9 +74,12 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
 
 # What a policy may ask for on a loop. "flag" is shadow mode: every rule of the agent records,
 # counts and notifies its decision, and no signal reaches the agent.
-LoopAction = Literal["kill", "downgrade", "flag"]
+# "pause": the agent waits for an operator (`spanguard release` or `spanguard kill`), or for
+# `pause.timeout` seconds, after which `pause.fallback` applies.
+LoopAction = Literal["kill", "downgrade", "pause", "flag"]
 MissingArgs = Literal["skip", "name_only"]
-NoProgressAction = Literal["flag", "kill", "downgrade", "off"]
+NoProgressAction = Literal["flag", "kill", "downgrade", "pause", "off"]
+PauseFallback = Literal["kill", "release"]
 Severity = Literal["critical", "error", "warning", "info"]
 
 
@@ -117,6 +123,9 @@ class AgentPolicy:
     goal_model: str | None = None  # None: the judge's configured default model
     goal_min_confidence: float = 0.7
     goal_sample_rate: float = 1.0
+    # action pause: how long the agent waits for an operator, and what applies after that.
+    pause_timeout: float = 900.0
+    pause_fallback: PauseFallback = "kill"
 
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
@@ -165,6 +174,10 @@ class AgentPolicy:
         for name in ("enabled", "model", "min_confidence", "sample_rate"):
             if name in goal:
                 changes[f"goal_{name}"] = goal[name]
+        pause = settings.get("pause") or {}
+        for name in ("timeout", "fallback"):
+            if name in pause:
+                changes[f"pause_{name}"] = pause[name]
         return replace(self, **changes)
 
     @property
@@ -319,6 +332,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
             "min_confidence": policy.goal_min_confidence,
             "sample_rate": policy.goal_sample_rate,
         },
+        "pause": {"timeout": policy.pause_timeout, "fallback": policy.pause_fallback},
     }
 
 

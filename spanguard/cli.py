@@ -7,7 +7,7 @@ import logging
 import sys
 
 from spanguard import __version__
-from spanguard.errors import PolicyError, SettingsError, SpanguardError
+from spanguard.errors import BacktestError, PolicyError, SettingsError, SpanguardError
 from spanguard.schemas.policy import Policy
 
 EXIT_USAGE = 2
@@ -189,6 +189,154 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
     explain.set_defaults(handler=_cmd_explain)
 
 
+def _parse_time(text: str, flag: str) -> float:
+    """--from/--to: ISO 8601 (UTC unless it names its offset), as epoch seconds."""
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BacktestError(
+            f"{flag} {text!r} is not an ISO 8601 time (e.g. 2026-11-26T09:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _parse_since(text: str) -> float:
+    """--since: a duration such as 7d, 12h, 30m or 90s, in seconds."""
+    import re
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise BacktestError(f"--since {text!r} is not a duration such as 7d, 12h, 30m or 90s")
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def _cmd_backtest(args: argparse.Namespace) -> int:
+    import json
+    import time
+    from pathlib import Path
+
+    from spanguard.detection.backtest import Backtest, format_report, render_backtest_html
+
+    settings = _settings(args)
+    now = time.time()
+    if args.since is not None and args.start is not None:
+        raise BacktestError("give --since or --from, not both")
+    if args.since is None and args.start is None:
+        raise BacktestError("give the history to read: --since 7d, or --from TIME [--to TIME]")
+    start = now - _parse_since(args.since) if args.since is not None else 0.0
+    if args.start is not None:
+        start = _parse_time(args.start, "--from")
+    end = _parse_time(args.end, "--to") if args.end is not None else None
+    if end is not None and end <= start:
+        raise BacktestError("--to must be after the start of the history read")
+    if start >= now:
+        raise BacktestError("the start of the history read is in the future")
+    if args.max_traces < 1:
+        raise BacktestError("--max-traces must be at least 1")
+    current_path = args.against or settings.policy
+    new_policy = Policy.load(args.policy)
+    current_policy = _load_policy(current_path)  # bad policies stop here, before Kafka
+    backtest = Backtest(
+        new_policy,
+        current_policy,
+        state_ttl=settings.state_ttl,
+        max_traces=args.max_traces,
+        timelines=args.html is not None,
+        new_name=args.policy,
+        current_name=current_path or "the built-in defaults",
+    )
+    from spanguard.streams.backtest import describe_plan, read_history
+
+    def said(plan) -> None:
+        for line in describe_plan(plan, int(start * 1000)):
+            print(line, file=sys.stderr)
+
+    read_history(
+        settings.bootstrap,
+        settings.kafka,
+        settings.input_topic,
+        int(start * 1000),
+        int(end * 1000) if end is not None else None,
+        backtest,
+        on_plan=said,
+    )
+    report = backtest.finish()
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        sys.stdout.write(format_report(report))
+    if args.html:
+        try:
+            Path(args.html).write_text(render_backtest_html(report), encoding="utf-8")
+        except OSError as exc:
+            raise BacktestError(f"{args.html}: cannot write the page: {exc.strerror}") from None
+        print(f"backtest: wrote {args.html} ({len(report.kept)} changed traces)", file=sys.stderr)
+    return 0
+
+
+def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
+    from spanguard.detection.backtest import DEFAULT_MAX_TRACES
+    from spanguard.kafka_security import add_flags
+    from spanguard.settings import REGISTRY
+
+    backtest = commands.add_parser(
+        "backtest",
+        help="what a new policy would have decided on the spans the topic still holds",
+        description=(
+            "Read the spans topic's retained history (every partition, from the first record at"
+            " or after the start; no consumer group, nothing committed: the worker is untouched)"
+            " through the guard under the new policy and under the current one, and report the"
+            " decisions added and removed per agent, rule and action, the traces concerned and,"
+            " where a budget is tracked, the tokens spent after each decision. Memory stays"
+            " bounded: idle traces are evicted after --state-ttl in record time, at most"
+            " --max-traces are held. Exit status: 0 read and compared, 1 Kafka did not answer,"
+            " 2 bad usage (a bad policy, a bad time, a missing topic)."
+        ),
+    )
+    backtest.add_argument("--policy", required=True, metavar="NEW.yaml", help="the new policy")
+    backtest.add_argument(
+        "--against",
+        metavar="CURRENT.yaml",
+        help="the policy in force (default: $SPANGUARD_POLICY, else the built-in defaults)",
+    )
+    backtest.add_argument("--since", metavar="DURATION", help="e.g. 7d, 12h, 30m: up to now")
+    backtest.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601 start (UTC)")
+    backtest.add_argument("--to", dest="end", metavar="TIME", help="ISO 8601 end (default: now)")
+    backtest.add_argument(
+        "--max-traces",
+        type=int,
+        default=DEFAULT_MAX_TRACES,
+        metavar="N",
+        help=f"traces held at once; beyond, the oldest are evicted early (default {DEFAULT_MAX_TRACES:,})",
+    )
+    backtest.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    backtest.add_argument(
+        "--html", metavar="FILE", help="also write a page with a timeline per changed trace"
+    )
+    for entry in REGISTRY:  # the worker settings a backtest reads, env vars honoured
+        if entry.owner == "WorkerSettings" and entry.name in (
+            "bootstrap",
+            "input_topic",
+            "state_ttl",
+        ):
+            backtest.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                metavar="HOST:PORT"
+                if entry.name == "bootstrap"
+                else entry.name.split("_")[-1].upper(),
+                help=f"{entry.help} (${entry.env}; default {entry.default})",
+            )
+    add_flags(backtest)
+    backtest.set_defaults(handler=_cmd_backtest)
+
+
 def _cmd_manual(args: argparse.Namespace) -> int:
     """`spanguard kill` / `spanguard release`: a signed signal and its audit record."""
     import re
@@ -313,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_flags(create, "WorkerSettings")
     create.set_defaults(handler=_cmd_topics_create)
     _add_explain_parser(commands)
+    _add_backtest_parser(commands)
     _add_manual_parsers(commands)
 
     policy = commands.add_parser("policy", help="check a policy file")

@@ -15,6 +15,7 @@ from typing import Literal
 
 __all__ = [
     "AuditReadError",
+    "BacktestError",
     "JudgeError",
     "JudgeErrorKind",
     "KafkaConnectError",
@@ -71,6 +72,10 @@ class ReplayInputError(SpanguardError, OSError):
 
 class AuditReadError(SpanguardError, OSError):
     """The detections topic cannot be read (missing, unreachable, or not read in time)."""
+
+
+class BacktestError(SpanguardError):
+    """A backtest that cannot run as asked: a missing topic, a bad time range."""
 
 
 JudgeErrorKind = Literal["invalid_reply", "timeout", "unavailable", "rejected"]

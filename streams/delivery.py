@@ -148,7 +148,8 @@ class Outbox:
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
             sends.append(Send(self.detections, {"key": key, "value": decision.to_json().encode()}))
-            if decision.action in ("kill", "downgrade"):  # a flag is for people, not agents
+            # A flag is for people, not agents.
+            if decision.action in ("kill", "downgrade", "pause"):
                 record = KillSignal.from_decision(decision).to_dict()
                 if self.signing_key is not None:
                     record = sign(record, self.signing_key)

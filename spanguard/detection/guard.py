@@ -148,6 +148,8 @@ def _escalation(state: TraceState, rule: str, wanted: str) -> str:
         return "flag"
     if wanted == "downgrade" and f"{rule}:downgrade" not in state.fired:
         return "downgrade"
+    if wanted == "pause" and f"{rule}:pause" not in state.fired:
+        return "pause"  # once: released, the same rule tripping again kills
     return "kill"
 
 
@@ -565,6 +567,10 @@ class Guard:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
         budget = policy.token_budget
         action = "flag" if policy.shadow else "kill"
+        if policy.action == "pause":
+            if f"{TOKEN_BUDGET}:pause" in state.fired:
+                return None  # paused once: the operator's answer (or the fallback) stands
+            action = "pause"
         if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
             return None
         if f"{TOKEN_BUDGET}:{action}" in state.fired:
@@ -596,6 +602,12 @@ class Guard:
         self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
     ) -> Decision:
         entry, match = self._entry_of(policy)
+        if fields["action"] == "pause":
+            until = self.clock() + policy.pause_timeout
+            fields["pause_until"] = datetime.fromtimestamp(until, UTC).isoformat(
+                timespec="milliseconds"
+            )
+            fields["pause_fallback"] = policy.pause_fallback
         if state.released_at:
             fields["decision_id"] = decision_id(
                 trace_id, fields["rule"], fields["action"], state.released_at
