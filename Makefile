@@ -85,11 +85,13 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # Span fixtures from the real instrumentation libraries (tests/fixtures/instrumentation).
-# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's).
+# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's); the
+# TypeScript frameworks run under node from tests/support/ts_agents (its own lockfile).
 fixtures: install
 	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/python -m tests.support.instrumented_agents
+	$(BIN)/python -m tests.support.instrumented_agents --typescript
 
 bench: install
 	$(BIN)/python -m bench.bench_core

@@ -80,6 +80,7 @@ from spanguard.schemas.otlp import any_value_to_python
 __all__ = [
     "ARGS_HASH_KEY",
     "CAPTURE_SETTINGS",
+    "CAPTURE_SETTINGS_EXACT",
     "MISSING",
     "RESULT_HASH_KEY",
     "WANTED_KEYS",
@@ -103,12 +104,32 @@ SERVICE_NAME: Final = "service.name"
 
 ARGS_HASH_KEY: Final = "spanguard.tool.args_hash"
 RESULT_HASH_KEY: Final = "spanguard.tool.result_hash"
-TOOL_NAME_KEYS: Final = ("gen_ai.tool.name", "tool.name", "traceloop.entity.name")
-CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id")
+# The Vercel AI SDK's legacy spans (`ai.*`): what its own `ai.operationId` says a span is.
+AI_SDK_OPERATION: Final = "ai.operationId"
+AI_SDK_TOOL_OPERATION: Final = "ai.toolCall"
+# One provider call each; the `ai.generateText` / `ai.streamText` span around them repeats the sum.
+AI_SDK_INFERENCE_OPERATIONS: Final = frozenset(
+    {
+        "ai.generateText.doGenerate",
+        "ai.streamText.doStream",
+        "ai.generateObject.doGenerate",
+        "ai.streamObject.doStream",
+        "ai.embed.doEmbed",
+        "ai.embedMany.doEmbed",
+    }
+)
+TOOL_NAME_KEYS: Final = (
+    "gen_ai.tool.name",
+    "tool.name",
+    "traceloop.entity.name",
+    "ai.toolCall.name",
+)
+CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
 ARGUMENT_KEYS: Final = (
     "gen_ai.tool.call.arguments",
     "gcp.vertex.agent.tool_call_args",
+    "ai.toolCall.args",
     "input.value",
     "traceloop.entity.input",
     "tool_arguments",
@@ -117,6 +138,7 @@ ARGUMENT_KEYS: Final = (
 RESULT_KEYS: Final = (
     "gen_ai.tool.call.result",
     "gcp.vertex.agent.tool_response",
+    "ai.toolCall.result",
     "output.value",
     "traceloop.entity.output",
     "tool_response",
@@ -125,11 +147,15 @@ INPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.input_tokens",
     "gen_ai.usage.prompt_tokens",
     "llm.token_count.prompt",
+    "ai.usage.inputTokens",  # the AI SDK's legacy spans (>= 5; promptTokens before)
+    "ai.usage.promptTokens",
 )
 OUTPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.output_tokens",
     "gen_ai.usage.completion_tokens",
     "llm.token_count.completion",
+    "ai.usage.outputTokens",
+    "ai.usage.completionTokens",
 )
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
@@ -169,6 +195,7 @@ WANTED_KEYS: Final = frozenset(
         OPENINFERENCE_KIND,
         TRACELOOP_KIND,
         TRACELOOP_REQUEST_TYPE,
+        AI_SDK_OPERATION,
         AGENT_NAME,
         *TOOL_NAME_KEYS,
         *CALL_ID_KEYS,
@@ -279,11 +306,14 @@ def adapt_span(
     operation = attributes[OPERATION].string_value if OPERATION in present else None
     oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
     tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    ai_operation = (
+        attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
+    )
     match_keys = present - WANTED_KEYS
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
 
-    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind):
+    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
@@ -313,6 +343,7 @@ def adapt_span(
     inference = (
         operation in INFERENCE_OPERATIONS
         or oi_kind in OPENINFERENCE_INFERENCE_KINDS
+        or ai_operation in AI_SDK_INFERENCE_OPERATIONS
         or (
             TRACELOOP_REQUEST_TYPE in present
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
@@ -340,6 +371,7 @@ def _is_tool_span(
     operation: str | None,
     oi_kind: str | None,
     tl_kind: str | None,
+    ai_operation: str | None = None,
 ) -> bool:
     if operation is not None:
         return operation == "execute_tool"
@@ -347,6 +379,8 @@ def _is_tool_span(
         return oi_kind == "TOOL"
     if tl_kind is not None:
         return tl_kind == "tool"
+    if ai_operation is not None:
+        return ai_operation == AI_SDK_TOOL_OPERATION
     if name == "execute_tool":
         return True
     # pydantic-ai and strands name their tool spans but set no operation name.
@@ -409,8 +443,6 @@ def _not_recorded(value: Any, scope: str) -> bool:
     if type(value) is dict:
         if not value:
             return scope in EMPTY_WHEN_OFF_SCOPES
-        raw = value.get("_raw")
-        return len(value) == 1 and isinstance(raw, str) and raw.strip() in PLACEHOLDERS
     return False
 
 
@@ -438,9 +470,8 @@ def _unwrap_result(value: Any) -> Any:
     if type(value) is not dict:
         return value
     # A LangChain ToolMessage: its content, without the tool_call_id that changes every call.
-    kwargs = value.get("kwargs")
-    if value.get("lc") == 1 and type(kwargs) is dict and kwargs.get("type") == "tool":
-        return kwargs.get("content")
+    if _is_serialised_tool_message(value):
+        return value["kwargs"].get("content")
     data = value.get("data")
     if value.get("type") == "tool" and type(data) is dict and "content" in data:
         return data["content"]
@@ -448,6 +479,26 @@ def _unwrap_result(value: Any) -> Any:
     if "raw_output" in value and "raw_input" in value and "tool_name" in value:
         return value["raw_output"]
     return value
+
+
+def _is_serialised_tool_message(value: dict[str, Any]) -> bool:
+    """LangChain's serialised ToolMessage, Python's or LangChain.js's, whatever its `lc` version.
+
+    Python writes `kwargs.type == "tool"`; LangChain.js writes no type in kwargs, and names the
+    class as the last element of `id` (`["langchain_core", "messages", "ToolMessage"]`)."""
+    kwargs = value.get("kwargs")
+    lc = value.get("lc")
+    if type(kwargs) is not dict or type(lc) is not int or "content" not in kwargs:
+        return False
+    if kwargs.get("type") == "tool":
+        return True
+    class_path = value.get("id")
+    return (
+        value.get("type") == "constructor"
+        and type(class_path) is list
+        and bool(class_path)
+        and class_path[-1] in ("ToolMessage", "ToolMessageChunk")
+    )
 
 
 def _digest(attributes: AttributeMap, present: set[str], key: str) -> str | None:
@@ -471,7 +522,10 @@ def _decode_value(value: AnyValue, *, python_repr: bool = False) -> Any:
 
 
 def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
-    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else {"_raw": text}."""
+    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else the text itself.
+
+    A bare string is what a one-argument tool's input is written as (OpenInference JS's
+    `input.value` = `refund policy`), and what a truncated or malformed JSON document is."""
     try:
         return json.loads(text)
     except ValueError:
@@ -481,7 +535,7 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
             return _jsonable(ast.literal_eval(text))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
-    return {"_raw": text}
+    return text
 
 
 def _jsonable(value: Any) -> Any:
@@ -570,9 +624,35 @@ def _text(value: AnyValue) -> str:
     return python if isinstance(python, str) else json.dumps(python, sort_keys=True)
 
 
-# Which setting puts tool arguments on the spans, per instrumentation, by scope name prefix
-# (first match wins). Read from each library's source at the versions named above.
+# Which setting puts tool arguments on the spans, per instrumentation whose scope name is
+# exactly this (generic names a prefix must not catch: `ai`, `gen_ai`).
+CAPTURE_SETTINGS_EXACT: Final = {
+    "ai": (
+        "the Vercel AI SDK's legacy ai.* spans",
+        "experimental_telemetry: {isEnabled: true} with recordOutputs left on (AI SDK <= 6"
+        " records a tool call's arguments as an output of the model); through @ai-sdk/otel's"
+        " LegacyOpenTelemetry (AI SDK 7) with recordInputs left on",
+    ),
+    "gen_ai": (
+        "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",
+        "telemetry: {recordInputs: true} (its default) in generateText / streamText",
+    ),
+}
+# The same by scope name prefix (first match wins). Read from each library's source at the
+# versions named above.
 CAPTURE_SETTINGS: Final = (
+    (
+        "@arizeai/openinference-instrumentation",
+        "OpenInference JS",
+        "traceConfig: {hideInputs: false} (its default), or OPENINFERENCE_HIDE_INPUTS unset or"
+        " false; hideOutputs hides only results",
+    ),
+    (
+        "@mastra/",
+        "Mastra's observability",
+        "leave hideInput unset or false in the tracing options of the call (hideOutput hides"
+        " only results)",
+    ),
     (
         "openinference.instrumentation",
         "OpenInference",
@@ -624,6 +704,9 @@ UNKNOWN_INSTRUMENTATION: Final = (
 
 def capture_setting(scope: str) -> tuple[str, str]:
     """(instrumentation, the setting that puts tool arguments on its spans) for a scope name."""
+    exact = CAPTURE_SETTINGS_EXACT.get(scope)
+    if exact is not None:
+        return exact
     for prefix, instrumentation, setting in CAPTURE_SETTINGS:
         if scope.startswith(prefix):
             return instrumentation, setting
