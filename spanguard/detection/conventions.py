@@ -32,6 +32,18 @@ each convention's own source (the version read is given per convention):
   arguments in a `gen_ai.tool.message` event's `content`; older releases: `Tool: {name}` spans
   with `tool.name` and the actual arguments in `tool.parameters`; `invoke_agent` totals.
 
+- The Vercel AI SDK's legacy spans (ai 6.0.333 packages/ai/src/generate-text, and
+  @ai-sdk/otel 1.0.173's LegacyOpenTelemetry for ai 7): `ai.operationId` (`ai.toolCall`,
+  `ai.generateText.doGenerate`, `ai.streamText.doStream`, ...), `ai.toolCall.name`, `.id`,
+  `.args` (JSON text), `.result`; the provider call's usage on its `do*` span (also as
+  `gen_ai.usage.*`), the sum over the steps on the `ai.generateText` span (`ai.usage.*`, an
+  aggregate). AI SDK 7's own integration (@ai-sdk/otel `OpenTelemetry`, scope `gen_ai`) writes
+  the GenAI conventions above.
+- OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
+  0.2.15): as OpenInference; LangChain.js writes a one-argument tool's input bare
+  (`input.value` = `refund policy`, kept as that string) and its result as a serialised
+  ToolMessage (`{"lc": 1, "type": "constructor", "id": [..., "ToolMessage"], "kwargs": ...}`).
+
 Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `output.value`,
 `traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
 pydantic-ai <= 2 `tool_response`, strands' legacy `gen_ai.choice` event (`message`) on tool
@@ -47,7 +59,8 @@ opentelemetry-instrumentation-openai-agents-v2 0.1.0 (the OTel GenAI bridge); py
 2.68.0; openinference-instrumentation-smolagents 0.1.43 on smolagents 1.26.0;
 openinference-instrumentation-llama-index 4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0
 (both schemas) and strands-agents 1.62.0 (both conventions), whose OTel pins exclude this
-project's SDK, in virtualenvs of their own:
+project's SDK, in virtualenvs of their own; and the TypeScript frameworks above under node
+(tests/support/ts_agents, its own lockfile):
 
 - Not recorded: the redaction placeholders `__REDACTED__` (OpenInference's hide_inputs),
   `[REDACTED]` (strands' gen_ai_unredacted_attributes), `<elided>` and `<not specified>` (ADK),
@@ -440,9 +453,8 @@ def _not_recorded(value: Any, scope: str) -> bool:
         return True
     if type(value) is str:
         return value.strip() in PLACEHOLDERS
-    if type(value) is dict:
-        if not value:
-            return scope in EMPTY_WHEN_OFF_SCOPES
+    if type(value) is dict and not value:
+        return scope in EMPTY_WHEN_OFF_SCOPES
     return False
 
 
