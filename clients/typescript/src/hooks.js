@@ -69,9 +69,12 @@ export function guardTools(tools, checker, { traceId, onDowngrade, abortControll
  *   await agent.invoke(input, { callbacks: [handler] });
  *
  * raiseError makes LangChain.js let AgentKilled out of the tool call (it swallows handler errors
- * otherwise) and awaitHandlers runs the check before the tool. Needs @langchain/core.
+ * otherwise) and awaitHandlers runs the check before the tool. LangGraph's ToolNode turns a
+ * tool's error into a message for the model (handleToolErrors), so give `abortController` and
+ * pass its signal to invoke ({ signal: controller.signal }): a kill aborts the run with the
+ * AgentKilled as the reason. Needs @langchain/core.
  */
-export async function spanguardCallbackHandler(checker, { traceId, onDowngrade } = {}) {
+export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, abortController } = {}) {
   let BaseCallbackHandler;
   try {
     ({ BaseCallbackHandler } = await import('@langchain/core/callbacks/base'));
@@ -90,7 +93,12 @@ export async function spanguardCallbackHandler(checker, { traceId, onDowngrade }
     }
 
     handleToolStart() {
-      gate.beforeTool();
+      try {
+        gate.beforeTool();
+      } catch (error) {
+        if (error instanceof AgentKilled) abortController?.abort(error);
+        throw error;
+      }
     }
   }
   return new SpanguardCallbackHandler();
