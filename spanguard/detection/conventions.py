@@ -39,6 +39,8 @@ each convention's own source (the version read is given per convention):
   `gen_ai.usage.*`), the sum over the steps on the `ai.generateText` span (`ai.usage.*`, an
   aggregate). AI SDK 7's own integration (@ai-sdk/otel `OpenTelemetry`, scope `gen_ai`) writes
   the GenAI conventions above.
+- Mastra 1.71.0's observability through @mastra/otel-exporter 1.4.0: the GenAI conventions
+  above; `tracingOptions: {hideInput: true}` drops the arguments.
 - OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
   0.2.15): as OpenInference; LangChain.js writes a one-argument tool's input bare
   (`input.value` = `refund policy`, kept as that string) and its result as a serialised

@@ -51,6 +51,11 @@ LIBRARIES: dict[str, tuple[dict[str, str], tuple[str, str]]] = {
         {"capture": "full", "off": "none", "stream": "full"},
         ("Vercel AI SDK's legacy ai.* spans", "LegacyOpenTelemetry (AI SDK 7) with recordInputs"),
     ),
+    # Mastra's own observability through @mastra/otel-exporter (GenAI conventions).
+    "mastra": (
+        {"capture": "full", "redacted": "none", "outputs-off": "args"},
+        ("Mastra's observability", "hideInput"),
+    ),
     "langgraphjs-openinference": ({"capture": "full", "redacted": "none"}, OPENINFERENCE_JS_HINT),
     "openai-agents-js-openinference": (
         {"capture": "full", "redacted": "none"},

@@ -17,7 +17,7 @@ spanguard's ArgsHashingSpanProcessor, so only hashes leave); Google ADK adds `le
 Every (library, mode) runs in a process of its own: instrumentors patch globally and read their
 settings from the environment when they start.
 
-TypeScript frameworks (the Vercel AI SDK 6 and 7, LangGraph.js and the OpenAI Agents SDK for JS
+TypeScript frameworks (the Vercel AI SDK 6 and 7, Mastra, LangGraph.js and the OpenAI Agents SDK for JS
 under OpenInference JS) run the same scenarios under node: tests/support/ts_agents/generate.mjs,
 with its own package.json and lockfile (`--typescript` runs `npm ci` there first if needed).
 

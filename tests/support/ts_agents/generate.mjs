@@ -311,6 +311,66 @@ async function openaiAgentsOpenInference(mode, provider) {
   };
 }
 
+// -- Mastra, its own observability exported through @mastra/otel-exporter -------------------
+
+async function mastra(mode) {
+  const { Mastra } = await import('@mastra/core');
+  const { Agent } = await import('@mastra/core/agent');
+  const { createTool } = await import('@mastra/core/tools');
+  const { Observability } = await import('@mastra/observability');
+  const { OtelExporter } = await import('@mastra/otel-exporter');
+  const { MockLanguageModelV3 } = await import('ai6/test');
+
+  return async (script) => {
+    // Mastra builds its own tracer provider around the exporter it is given, and shuts it down
+    // with the Mastra instance: collect what it exports here and hand it to the caller.
+    const exported = [];
+    const exporter = {
+      export(spans, done) {
+        exported.push(...spans);
+        done({ code: 0 });
+      },
+      shutdown: async () => {},
+      forceFlush: async () => {},
+    };
+    const model = new MockLanguageModelV3({
+      doGenerate: async () => {
+        const turn = aiSdkTurn(script);
+        return {
+          content: turn.parts,
+          finishReason: { unified: turn.finish, raw: turn.finish },
+          usage: V3_USAGE,
+          warnings: [],
+        };
+      },
+    });
+    const tools = {};
+    for (const name of Object.keys(TOOL_DOCS)) {
+      tools[name] = createTool({
+        id: name,
+        description: TOOL_DOCS[name],
+        inputSchema: zodShape(name),
+        execute: async () => script.result(),
+      });
+    }
+    const agent = new Agent({ name: 'support', instructions: 'Answer from the knowledge base.', model, tools });
+    const otel = new OtelExporter({
+      exporter,
+      // Required by the exporter's set-up; nothing is sent there (the exporter above is used).
+      provider: { custom: { endpoint: 'http://127.0.0.1:9/v1/traces', protocol: 'http/json' } },
+      signals: { logs: false },
+    });
+    const instance = new Mastra({
+      agents: { support: agent },
+      logger: false,
+      observability: new Observability({ configs: { otel: { serviceName: SERVICE, exporters: [otel] } } }),
+    });
+    await instance.getAgent('support').generate(QUESTION, { maxSteps: 100, tracingOptions: mode.tracingOptions });
+    await instance.shutdown();
+    return exported;
+  };
+}
+
 // -- the libraries -------------------------------------------------------------------------
 
 // library -> {mode -> what the mode sets}, and how to make its agent. The modes are every
@@ -344,6 +404,14 @@ export const LIBRARIES = {
     },
     make: aiSdk7,
   },
+  mastra: {
+    modes: {
+      capture: {},
+      redacted: { tracingOptions: { hideInput: true } },
+      'outputs-off': { tracingOptions: { hideOutput: true } },
+    },
+    make: mastra,
+  },
   'langgraphjs-openinference': {
     modes: { capture: {}, redacted: HIDE_INPUTS },
     make: langgraphOpenInference,
@@ -373,12 +441,13 @@ async function generateOne(name, modeName, scenarios, out) {
   for (const [scenario, calls] of Object.entries(scenarios)) {
     exporter.reset();
     const script = new Script(calls);
-    await run(script);
+    // A framework with a tracer provider of its own returns the spans it exported.
+    const own = await run(script);
     await provider.forceFlush();
     if (script.turn !== calls.length || script.resultIndex !== calls.length) {
       throw new Error(`${name}/${modeName}/${scenario}: the agent stopped at call ${script.turn}`);
     }
-    const spans = exporter.getFinishedSpans();
+    const spans = Array.isArray(own) ? own : exporter.getFinishedSpans();
     const json = Buffer.from(JsonTraceSerializer.serializeRequest(spans));
     writeFileSync(join(folder, `${scenario}.json.gz`), gzipSync(Buffer.concat([json, Buffer.from('\n')])));
   }
