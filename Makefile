@@ -115,6 +115,7 @@ fixtures: install ts-agents
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/python -m tests.support.instrumented_agents
 	$(BIN)/python -m tests.support.instrumented_agents --typescript
+	$(BIN)/python -m tests.support.instrumented_agents --go
 
 bench: install
 	$(BIN)/python -m bench.bench_core

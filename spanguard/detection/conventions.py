@@ -39,6 +39,11 @@ each convention's own source (the version read is given per convention):
   `gen_ai.usage.*`), the sum over the steps on the `ai.generateText` span (`ai.usage.*`, an
   aggregate). AI SDK 7's own integration (@ai-sdk/otel `OpenTelemetry`, scope `gen_ai`) writes
   the GenAI conventions above.
+- Genkit for Go 1.4.0 (core/tracing): scope `genkit-tracer`; a tool's span has
+  `genkit:metadata:subtype` `tool` (or `tool.v2`), its name in `genkit:name`, the arguments in
+  `genkit:input` and the result in `genkit:output` (`{"output": ...}` for tool.v2); no call id,
+  and no usage outside the model span's `genkit:output` document (not read). It has no setting
+  that turns content off.
 - Mastra 1.71.0's observability through @mastra/otel-exporter 1.4.0: the GenAI conventions
   above; `tracingOptions: {hideInput: true}` drops the arguments.
 - OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
@@ -133,11 +138,15 @@ AI_SDK_INFERENCE_OPERATIONS: Final = frozenset(
         "ai.embedMany.doEmbed",
     }
 )
+# Genkit (Go, JS): every action's span says what it is in `genkit:metadata:subtype`.
+GENKIT_SUBTYPE: Final = "genkit:metadata:subtype"
+GENKIT_TOOL_SUBTYPES: Final = frozenset({"tool", "tool.v2"})
 TOOL_NAME_KEYS: Final = (
     "gen_ai.tool.name",
     "tool.name",
     "traceloop.entity.name",
     "ai.toolCall.name",
+    "genkit:name",
 )
 CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
@@ -149,6 +158,7 @@ ARGUMENT_KEYS: Final = (
     "traceloop.entity.input",
     "tool_arguments",
     "tool.parameters",
+    "genkit:input",
 )
 RESULT_KEYS: Final = (
     "gen_ai.tool.call.result",
@@ -157,6 +167,7 @@ RESULT_KEYS: Final = (
     "output.value",
     "traceloop.entity.output",
     "tool_response",
+    "genkit:output",
 )
 INPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.input_tokens",
@@ -211,6 +222,7 @@ WANTED_KEYS: Final = frozenset(
         TRACELOOP_KIND,
         TRACELOOP_REQUEST_TYPE,
         AI_SDK_OPERATION,
+        GENKIT_SUBTYPE,
         AGENT_NAME,
         *TOOL_NAME_KEYS,
         *CALL_ID_KEYS,
@@ -324,6 +336,8 @@ def adapt_span(
     ai_operation = (
         attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
     )
+    if GENKIT_SUBTYPE in present and ai_operation is None:
+        ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
     match_keys = present - WANTED_KEYS
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
@@ -402,6 +416,11 @@ def _is_tool_span(
     if "gen_ai.tool.name" in present:
         return name.startswith("execute_tool ") or name == "running tool"
     return "tool.name" in present and name.startswith("Tool: ")
+
+
+def _genkit_operation(subtype: str) -> str:
+    # A Genkit tool action reads as the AI SDK's tool operation; anything else as no tool.
+    return AI_SDK_TOOL_OPERATION if subtype in GENKIT_TOOL_SUBTYPES else f"genkit:{subtype}"
 
 
 def _arguments(
@@ -646,6 +665,11 @@ CAPTURE_SETTINGS_EXACT: Final = {
         "experimental_telemetry: {isEnabled: true} with recordOutputs left on (AI SDK <= 6"
         " records a tool call's arguments as an output of the model); through @ai-sdk/otel's"
         " LegacyOpenTelemetry (AI SDK 7) with recordInputs left on",
+    ),
+    "genkit-tracer": (
+        "Genkit",
+        "Genkit always records a tool's input (genkit:input); a span processor or the Collector"
+        " must have dropped it",
     ),
     "gen_ai": (
         "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",

@@ -1,8 +1,9 @@
-"""`spanguard replay` on spans real TypeScript agent frameworks emitted (scripted models).
+"""`spanguard replay` on spans real TypeScript and Go agent frameworks emitted (scripted models).
 
 tests/fixtures/instrumentation/<library>/<mode> comes from tests/support/ts_agents/generate.mjs
-(node, its own lockfile; `make fixtures`). These tests replay the checked-in files and need no
-node; the last one re-runs the agents when node and the packages are there.
+(node, its own lockfile) and tests/support/go_agents (go run, their own go.mod); `make fixtures`.
+These tests replay the checked-in files and need neither node nor go; the last two re-run the
+agents where node or go is there.
 
 Per (library, mode) the expected decisions follow from what the mode records:
 - `full`: arguments and results: both loops killed at their 4th call, the empty searches
@@ -28,7 +29,9 @@ from tests.detection.test_instrumentation_fixtures import (
 from tests.support.instrumented_agents import (
     FIXTURES,
     SCENARIOS,
+    generate_go,
     generate_typescript,
+    go_ready,
     typescript_ready,
 )
 
@@ -61,7 +64,12 @@ LIBRARIES: dict[str, tuple[dict[str, str], tuple[str, str]]] = {
         {"capture": "full", "redacted": "none"},
         OPENINFERENCE_JS_HINT,
     ),
+    # Go: Genkit's own tracing; it has no setting that turns content off.
+    "genkit": ({"capture": "full"}, ("Genkit", "genkit:input")),
 }
+TYPESCRIPT = [name for name in LIBRARIES if name != "genkit"]
+# Genkit keeps a model call's usage inside its genkit:output document only: no budget to check.
+WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
 LOOP = [("tool_loop", "kill", 4)]
 EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
@@ -85,7 +93,7 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
 }
 # The tool each scenario's loop is about, for the span id of its 4th call.
 LOOP_TOOL = {"loop_volatile": "search_docs", "loop_identical": "search_docs"}
-TOOL_NAME_KEYS = ("gen_ai.tool.name", "tool.name", "ai.toolCall.name")
+TOOL_NAME_KEYS = ("gen_ai.tool.name", "tool.name", "ai.toolCall.name", "genkit:name")
 
 
 @cache
@@ -177,7 +185,10 @@ PER_CALL = 140
 CALLS = len(SCENARIOS["distinct"]) + 1
 
 
-@pytest.mark.parametrize(("name", "mode"), [case for case in CASES if case[1] == "capture"])
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [case for case in CASES if case[1] == "capture" and case[0] not in WITHOUT_USAGE],
+)
 def test_token_budget_counts_every_inference_call_once(tmp_path, name, mode):
     """Over budget at the 8th call of 13 (1,120 > 1,000); 1,820 stays under 2,000, so neither
     the aggregate the framework writes around the calls nor a nested one is added again."""
@@ -207,15 +218,10 @@ def test_langgraphjs_results_are_serialised_tool_messages_with_changing_call_ids
     assert len({output["output"]["kwargs"]["tool_call_id"] for output in outputs}) == 6
 
 
-def test_the_generator_reproduces_the_fixtures(tmp_path):
-    """Re-run the TypeScript agents (node) in capture mode: the same decisions and hashes."""
-    why_not = typescript_ready()
-    if why_not is not None:
-        pytest.skip(f"TypeScript agents not runnable here: {why_not}")
-    generate_typescript(tmp_path, list(LIBRARIES))
-    for name, (modes, _) in LIBRARIES.items():
-        for mode in modes:
-            fresh = run_replay(name, mode, root=tmp_path).decisions
+def assert_reproduced(root, names: list[str]) -> None:
+    for name in names:
+        for mode in LIBRARIES[name][0]:
+            fresh = run_replay(name, mode, root=root).decisions
             kept = replayed(name, mode).decisions
             summary = {
                 s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
@@ -226,3 +232,21 @@ def test_the_generator_reproduces_the_fixtures(tmp_path):
                 for s, ds in kept.items()
             }
             assert summary == expected, (name, mode)
+
+
+def test_the_typescript_generator_reproduces_the_fixtures(tmp_path):
+    """Re-run the TypeScript agents (node): the same decisions and hashes in every mode."""
+    why_not = typescript_ready()
+    if why_not is not None:
+        pytest.skip(f"TypeScript agents not runnable here: {why_not}")
+    generate_typescript(tmp_path, TYPESCRIPT)
+    assert_reproduced(tmp_path, TYPESCRIPT)
+
+
+def test_the_go_generator_reproduces_the_fixtures(tmp_path):
+    """Re-run the Go agents (go run): the same decisions and hashes."""
+    why_not = go_ready()
+    if why_not is not None:
+        pytest.skip(f"Go agents not runnable here: {why_not}")
+    generate_go(tmp_path)
+    assert_reproduced(tmp_path, ["genkit"])
