@@ -620,3 +620,30 @@ def test_capture_settings_of_the_typescript_frameworks():
     assert "hideInput" in capture_setting("@mastra/otel-exporter")[1]
     # Exact names only: a scope that merely starts with "ai" is not the AI SDK.
     assert capture_setting("aiohttp")[0] == "an unknown instrumentation"
+
+
+def test_genkit_tool_actions_are_tool_calls_and_other_actions_are_not():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.span(
+            "search_docs",
+            {
+                "genkit:type": "action",
+                "genkit:metadata:subtype": "tool.v2",
+                "genkit:name": "search_docs",
+                "genkit:input": json.dumps(REFUND),
+                "genkit:output": json.dumps({"output": "no results"}),
+            },
+            scope="genkit-tracer",
+        )
+    agent.span(
+        "scripted/model",
+        {"genkit:metadata:subtype": "model", "genkit:name": "scripted/model", "genkit:input": "{}"},
+        scope="genkit-tracer",
+    )
+    first = adapted(agent.finished()[0])
+    assert isinstance(first, ToolCall)
+    assert (first.tool_name, first.arguments, first.result) == ("search_docs", REFUND, "no results")
+    assert adapted(agent.finished()[-1]) is None
+    assert [(d.rule, d.hits) for d in decisions(agent.finished())] == [("tool_loop", 4)]
+    assert capture_setting("genkit-tracer")[0] == "Genkit"
