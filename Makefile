@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go ts-agents test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -26,9 +26,32 @@ $(STAMP): pyproject.toml constraints.txt
 # `make kafka-down` stops it), the Collector binary and helm; all three are fetched or built
 # once into ~/.cache/spanguard, outside the repo, so the long first builds show up here;
 # `compose` checks docker-compose.yml with Compose v2 (built from Go modules if the plugin is missing).
-test: install kafka-up collector helm compose
+test: install kafka-up collector helm compose test-typescript test-go ts-agents
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+# The killswitch clients for TypeScript (node's test runner) and Go (go test), each on the shared
+# kill-signal vectors and against the real broker; npm ci and the Go module proxy fetch their
+# dependencies once (node >= 20 and go on PATH).
+TS_CLIENT := clients/typescript
+TS_AGENTS := tests/support/ts_agents
+
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	@touch $@
+
+# The TypeScript agents that make the span fixtures (the fixture tests re-run them when present).
+$(TS_AGENTS)/node_modules/.installed: $(TS_AGENTS)/package-lock.json
+	cd $(TS_AGENTS) && npm ci --no-audit --no-fund
+	@touch $@
+
+ts-agents: $(TS_AGENTS)/node_modules/.installed
+
+test-typescript: kafka-up $(TS_CLIENT)/node_modules/.installed
+	cd $(TS_CLIENT) && npm test
+
+test-go: kafka-up
+	cd clients/go && go mod download && go vet ./... && go test -count=1 ./...
 
 # Two workers across a SIGKILL of a broker of the test's own and its restart from its data
 # directory, with its figures (about a minute, so not in `make test`; the shared broker is not
@@ -88,11 +111,14 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # Span fixtures from the real instrumentation libraries (tests/fixtures/instrumentation).
-# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's).
-fixtures: install
+# Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's); the
+# TypeScript frameworks run under node from tests/support/ts_agents (its own lockfile).
+fixtures: install ts-agents
 	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/python -m tests.support.instrumented_agents
+	$(BIN)/python -m tests.support.instrumented_agents --typescript
+	$(BIN)/python -m tests.support.instrumented_agents --go
 
 bench: install
 	$(BIN)/python -m bench.bench_core

@@ -32,6 +32,25 @@ each convention's own source (the version read is given per convention):
   arguments in a `gen_ai.tool.message` event's `content`; older releases: `Tool: {name}` spans
   with `tool.name` and the actual arguments in `tool.parameters`; `invoke_agent` totals.
 
+- The Vercel AI SDK's legacy spans (ai 6.0.333 packages/ai/src/generate-text, and
+  @ai-sdk/otel 1.0.173's LegacyOpenTelemetry for ai 7): `ai.operationId` (`ai.toolCall`,
+  `ai.generateText.doGenerate`, `ai.streamText.doStream`, ...), `ai.toolCall.name`, `.id`,
+  `.args` (JSON text), `.result`; the provider call's usage on its `do*` span (also as
+  `gen_ai.usage.*`), the sum over the steps on the `ai.generateText` span (`ai.usage.*`, an
+  aggregate). AI SDK 7's own integration (@ai-sdk/otel `OpenTelemetry`, scope `gen_ai`) writes
+  the GenAI conventions above.
+- Genkit for Go 1.4.0 (core/tracing): scope `genkit-tracer`; a tool's span has
+  `genkit:metadata:subtype` `tool` (or `tool.v2`), its name in `genkit:name`, the arguments in
+  `genkit:input` and the result in `genkit:output` (`{"output": ...}` for tool.v2); no call id,
+  and no usage outside the model span's `genkit:output` document (not read). It has no setting
+  that turns content off.
+- Mastra 1.71.0's observability through @mastra/otel-exporter 1.4.0: the GenAI conventions
+  above; `tracingOptions: {hideInput: true}` drops the arguments.
+- OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
+  0.2.15): as OpenInference; LangChain.js writes a one-argument tool's input bare
+  (`input.value` = `refund policy`, kept as that string) and its result as a serialised
+  ToolMessage (`{"lc": 1, "type": "constructor", "id": [..., "ToolMessage"], "kwargs": ...}`).
+
 Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `output.value`,
 `traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
 pydantic-ai <= 2 `tool_response`, strands' legacy `gen_ai.choice` event (`message`) on tool
@@ -47,7 +66,8 @@ opentelemetry-instrumentation-openai-agents-v2 0.1.0 (the OTel GenAI bridge); py
 2.68.0; openinference-instrumentation-smolagents 0.1.43 on smolagents 1.26.0;
 openinference-instrumentation-llama-index 4.6.1 on llama-index-core 0.14.25; google-adk 2.13.0
 (both schemas) and strands-agents 1.62.0 (both conventions), whose OTel pins exclude this
-project's SDK, in virtualenvs of their own:
+project's SDK, in virtualenvs of their own; and the TypeScript frameworks above under node
+(tests/support/ts_agents, its own lockfile):
 
 - Not recorded: the redaction placeholders `__REDACTED__` (OpenInference's hide_inputs),
   `[REDACTED]` (strands' gen_ai_unredacted_attributes), `<elided>` and `<not specified>` (ADK),
@@ -80,6 +100,7 @@ from spanguard.schemas.otlp import any_value_to_python
 __all__ = [
     "ARGS_HASH_KEY",
     "CAPTURE_SETTINGS",
+    "CAPTURE_SETTINGS_EXACT",
     "MISSING",
     "RESULT_HASH_KEY",
     "WANTED_KEYS",
@@ -103,33 +124,64 @@ SERVICE_NAME: Final = "service.name"
 
 ARGS_HASH_KEY: Final = "spanguard.tool.args_hash"
 RESULT_HASH_KEY: Final = "spanguard.tool.result_hash"
-TOOL_NAME_KEYS: Final = ("gen_ai.tool.name", "tool.name", "traceloop.entity.name")
-CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id")
+# The Vercel AI SDK's legacy spans (`ai.*`): what its own `ai.operationId` says a span is.
+AI_SDK_OPERATION: Final = "ai.operationId"
+AI_SDK_TOOL_OPERATION: Final = "ai.toolCall"
+# One provider call each; the `ai.generateText` / `ai.streamText` span around them repeats the sum.
+AI_SDK_INFERENCE_OPERATIONS: Final = frozenset(
+    {
+        "ai.generateText.doGenerate",
+        "ai.streamText.doStream",
+        "ai.generateObject.doGenerate",
+        "ai.streamObject.doStream",
+        "ai.embed.doEmbed",
+        "ai.embedMany.doEmbed",
+    }
+)
+# Genkit (Go, JS): every action's span says what it is in `genkit:metadata:subtype`.
+GENKIT_SUBTYPE: Final = "genkit:metadata:subtype"
+GENKIT_TOOL_SUBTYPES: Final = frozenset({"tool", "tool.v2"})
+TOOL_NAME_KEYS: Final = (
+    "gen_ai.tool.name",
+    "tool.name",
+    "traceloop.entity.name",
+    "ai.toolCall.name",
+    "genkit:name",
+)
+CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
 ARGUMENT_KEYS: Final = (
     "gen_ai.tool.call.arguments",
     "gcp.vertex.agent.tool_call_args",
+    "ai.toolCall.args",
     "input.value",
     "traceloop.entity.input",
     "tool_arguments",
     "tool.parameters",
+    "genkit:input",
 )
 RESULT_KEYS: Final = (
     "gen_ai.tool.call.result",
     "gcp.vertex.agent.tool_response",
+    "ai.toolCall.result",
     "output.value",
     "traceloop.entity.output",
     "tool_response",
+    "genkit:output",
 )
 INPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.input_tokens",
     "gen_ai.usage.prompt_tokens",
     "llm.token_count.prompt",
+    "ai.usage.inputTokens",  # the AI SDK's legacy spans (>= 5; promptTokens before)
+    "ai.usage.promptTokens",
 )
 OUTPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.output_tokens",
     "gen_ai.usage.completion_tokens",
     "llm.token_count.completion",
+    "ai.usage.outputTokens",
+    "ai.usage.completionTokens",
 )
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
@@ -169,6 +221,8 @@ WANTED_KEYS: Final = frozenset(
         OPENINFERENCE_KIND,
         TRACELOOP_KIND,
         TRACELOOP_REQUEST_TYPE,
+        AI_SDK_OPERATION,
+        GENKIT_SUBTYPE,
         AGENT_NAME,
         *TOOL_NAME_KEYS,
         *CALL_ID_KEYS,
@@ -279,11 +333,16 @@ def adapt_span(
     operation = attributes[OPERATION].string_value if OPERATION in present else None
     oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
     tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    ai_operation = (
+        attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
+    )
+    if GENKIT_SUBTYPE in present and ai_operation is None:
+        ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
     match_keys = present - WANTED_KEYS
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
 
-    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind):
+    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
@@ -313,6 +372,7 @@ def adapt_span(
     inference = (
         operation in INFERENCE_OPERATIONS
         or oi_kind in OPENINFERENCE_INFERENCE_KINDS
+        or ai_operation in AI_SDK_INFERENCE_OPERATIONS
         or (
             TRACELOOP_REQUEST_TYPE in present
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
@@ -340,6 +400,7 @@ def _is_tool_span(
     operation: str | None,
     oi_kind: str | None,
     tl_kind: str | None,
+    ai_operation: str | None = None,
 ) -> bool:
     if operation is not None:
         return operation == "execute_tool"
@@ -347,12 +408,19 @@ def _is_tool_span(
         return oi_kind == "TOOL"
     if tl_kind is not None:
         return tl_kind == "tool"
+    if ai_operation is not None:
+        return ai_operation == AI_SDK_TOOL_OPERATION
     if name == "execute_tool":
         return True
     # pydantic-ai and strands name their tool spans but set no operation name.
     if "gen_ai.tool.name" in present:
         return name.startswith("execute_tool ") or name == "running tool"
     return "tool.name" in present and name.startswith("Tool: ")
+
+
+def _genkit_operation(subtype: str) -> str:
+    # A Genkit tool action reads as the AI SDK's tool operation; anything else as no tool.
+    return AI_SDK_TOOL_OPERATION if subtype in GENKIT_TOOL_SUBTYPES else f"genkit:{subtype}"
 
 
 def _arguments(
@@ -406,11 +474,8 @@ def _not_recorded(value: Any, scope: str) -> bool:
         return True
     if type(value) is str:
         return value.strip() in PLACEHOLDERS
-    if type(value) is dict:
-        if not value:
-            return scope in EMPTY_WHEN_OFF_SCOPES
-        raw = value.get("_raw")
-        return len(value) == 1 and isinstance(raw, str) and raw.strip() in PLACEHOLDERS
+    if type(value) is dict and not value:
+        return scope in EMPTY_WHEN_OFF_SCOPES
     return False
 
 
@@ -438,9 +503,8 @@ def _unwrap_result(value: Any) -> Any:
     if type(value) is not dict:
         return value
     # A LangChain ToolMessage: its content, without the tool_call_id that changes every call.
-    kwargs = value.get("kwargs")
-    if value.get("lc") == 1 and type(kwargs) is dict and kwargs.get("type") == "tool":
-        return kwargs.get("content")
+    if _is_serialised_tool_message(value):
+        return value["kwargs"].get("content")
     data = value.get("data")
     if value.get("type") == "tool" and type(data) is dict and "content" in data:
         return data["content"]
@@ -448,6 +512,26 @@ def _unwrap_result(value: Any) -> Any:
     if "raw_output" in value and "raw_input" in value and "tool_name" in value:
         return value["raw_output"]
     return value
+
+
+def _is_serialised_tool_message(value: dict[str, Any]) -> bool:
+    """LangChain's serialised ToolMessage, Python's or LangChain.js's, whatever its `lc` version.
+
+    Python writes `kwargs.type == "tool"`; LangChain.js writes no type in kwargs, and names the
+    class as the last element of `id` (`["langchain_core", "messages", "ToolMessage"]`)."""
+    kwargs = value.get("kwargs")
+    lc = value.get("lc")
+    if type(kwargs) is not dict or type(lc) is not int or "content" not in kwargs:
+        return False
+    if kwargs.get("type") == "tool":
+        return True
+    class_path = value.get("id")
+    return (
+        value.get("type") == "constructor"
+        and type(class_path) is list
+        and bool(class_path)
+        and class_path[-1] in ("ToolMessage", "ToolMessageChunk")
+    )
 
 
 def _digest(attributes: AttributeMap, present: set[str], key: str) -> str | None:
@@ -471,7 +555,10 @@ def _decode_value(value: AnyValue, *, python_repr: bool = False) -> Any:
 
 
 def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
-    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else {"_raw": text}."""
+    """Arguments recorded as text: JSON, else (LangChain) a Python literal, else the text itself.
+
+    A bare string is what a one-argument tool's input is written as (OpenInference JS's
+    `input.value` = `refund policy`), and what a truncated or malformed JSON document is."""
     try:
         return json.loads(text)
     except ValueError:
@@ -481,7 +568,7 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
             return _jsonable(ast.literal_eval(text))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
-    return {"_raw": text}
+    return text
 
 
 def _jsonable(value: Any) -> Any:
@@ -570,9 +657,40 @@ def _text(value: AnyValue) -> str:
     return python if isinstance(python, str) else json.dumps(python, sort_keys=True)
 
 
-# Which setting puts tool arguments on the spans, per instrumentation, by scope name prefix
-# (first match wins). Read from each library's source at the versions named above.
+# Which setting puts tool arguments on the spans, per instrumentation whose scope name is
+# exactly this (generic names a prefix must not catch: `ai`, `gen_ai`).
+CAPTURE_SETTINGS_EXACT: Final = {
+    "ai": (
+        "the Vercel AI SDK's legacy ai.* spans",
+        "experimental_telemetry: {isEnabled: true} with recordOutputs left on (AI SDK <= 6"
+        " records a tool call's arguments as an output of the model); through @ai-sdk/otel's"
+        " LegacyOpenTelemetry (AI SDK 7) with recordInputs left on",
+    ),
+    "genkit-tracer": (
+        "Genkit",
+        "Genkit always records a tool's input (genkit:input); a span processor or the Collector"
+        " must have dropped it",
+    ),
+    "gen_ai": (
+        "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",
+        "telemetry: {recordInputs: true} (its default) in generateText / streamText",
+    ),
+}
+# The same by scope name prefix (first match wins). Read from each library's source at the
+# versions named above.
 CAPTURE_SETTINGS: Final = (
+    (
+        "@arizeai/openinference-instrumentation",
+        "OpenInference JS",
+        "traceConfig: {hideInputs: false} (its default), or OPENINFERENCE_HIDE_INPUTS unset or"
+        " false; hideOutputs hides only results",
+    ),
+    (
+        "@mastra/",
+        "Mastra's observability",
+        "leave hideInput unset or false in the tracing options of the call (hideOutput hides"
+        " only results)",
+    ),
     (
         "openinference.instrumentation",
         "OpenInference",
@@ -624,6 +742,9 @@ UNKNOWN_INSTRUMENTATION: Final = (
 
 def capture_setting(scope: str) -> tuple[str, str]:
     """(instrumentation, the setting that puts tool arguments on its spans) for a scope name."""
+    exact = CAPTURE_SETTINGS_EXACT.get(scope)
+    if exact is not None:
+        return exact
     for prefix, instrumentation, setting in CAPTURE_SETTINGS:
         if scope.startswith(prefix):
             return instrumentation, setting

@@ -47,12 +47,10 @@ def test_hash_is_sixteen_hex_chars_equal_to_plain_sorted_json_sha256():
     assert args_hash(arguments, VOLATILE) == hashlib.sha256(plain_json.encode()).hexdigest()[:16]
 
 
-def test_non_json_arguments_hash_as_raw():
-    assert decode_arguments("refund policy") == {"_raw": "refund policy"}
+def test_non_json_arguments_hash_as_the_text_itself():
+    assert decode_arguments("refund policy") == "refund policy"
     assert decode_arguments('{"q": 1}') == {"q": 1}
-    assert args_hash(decode_arguments("not json"), VOLATILE) == args_hash(
-        {"_raw": "not json"}, VOLATILE
-    )
+    assert args_hash(decode_arguments("not json"), VOLATILE) == args_hash("not json", VOLATILE)
 
 
 def test_python_repr_is_parsed_safely_only_when_asked():
@@ -61,10 +59,11 @@ def test_python_repr_is_parsed_safely_only_when_asked():
         "k": [1, 2],
     }
     # Not a literal: never evaluated, kept raw.
-    assert decode_arguments("__import__('os').getcwd()", python_repr=True) == {
-        "_raw": "__import__('os').getcwd()"
-    }
-    assert decode_arguments("{'a': 1}") == {"_raw": "{'a': 1}"}
+    assert (
+        decode_arguments("__import__('os').getcwd()", python_repr=True)
+        == "__import__('os').getcwd()"
+    )
+    assert decode_arguments("{'a': 1}") == "{'a': 1}"
 
 
 def test_strings_are_nfc_normalised_at_every_depth_keys_included():

@@ -205,7 +205,7 @@ def test_traceloop_langchain_input_str_is_a_python_repr():
     )
     repr_call, text_call = (adapted(span) for span in agent.finished())
     assert repr_call.arguments == {"query": "refund", "k": 3}
-    assert text_call.arguments == {"_raw": "plain text query"}
+    assert text_call.arguments == "plain text query"
 
 
 def test_traceloop_decorated_tool_and_llm_span_tokens():
@@ -463,3 +463,187 @@ def test_results_are_unwrapped_from_their_framework_envelopes():
             "gen_ai.tool.call.result": json.dumps(result),
         })  # fmt: skip
     assert [adapted(span).result for span in agent.finished()] == ["no results"] * 4
+
+
+# -- TypeScript frameworks: the Vercel AI SDK's legacy spans, LangChain.js, OpenInference JS --
+
+
+def ai_sdk_tool_call(agent: AgentRecorder, args: str | None, result: str | None, call: int) -> None:
+    attributes = {
+        "operation.name": "ai.toolCall support",
+        "ai.operationId": "ai.toolCall",
+        "ai.toolCall.name": "search_docs",
+        "ai.toolCall.id": f"call_{call}",
+    }
+    if args is not None:
+        attributes["ai.toolCall.args"] = args
+    if result is not None:
+        attributes["ai.toolCall.result"] = result
+    agent.span("ai.toolCall", attributes, scope="ai")
+
+
+def test_ai_sdk_tool_call_spans_are_tool_calls():
+    agent = AgentRecorder()
+    for call in range(4):
+        ai_sdk_tool_call(agent, json.dumps(REFUND), json.dumps("no results"), call)
+    first = adapted(agent.finished()[0])
+    assert isinstance(first, ToolCall)
+    assert (first.tool_name, first.arguments, first.result, first.call_id) == (
+        "search_docs",
+        REFUND,
+        "no results",
+        "call_0",
+    )
+    assert [(d.rule, d.hits) for d in decisions(agent.finished())] == [("tool_loop", 4)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "refund policy",  # not JSON: the text itself
+        '{"query": "refund pol',  # truncated
+        json.dumps({"query": "x" * 1_000_000}),  # huge
+        "",
+    ],
+)
+def test_malformed_ai_sdk_arguments_are_hashed_as_text_never_dropped(args):
+    agent = AgentRecorder()
+    for call in range(4):
+        ai_sdk_tool_call(agent, args, None, call)
+    call = adapted(agent.finished()[0])
+    assert isinstance(call, ToolCall) and call.arguments is not MISSING
+    [decision] = decisions(agent.finished())
+    assert decision.rule == "tool_loop" and decision.hits == 4
+
+
+def test_ai_sdk_without_recorded_arguments_is_skipped_and_names_its_setting(caplog):
+    agent = AgentRecorder()
+    for call in range(6):
+        ai_sdk_tool_call(agent, None, None, call)
+    guard = Guard()
+    assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
+    assert guard.stats.missing_arguments == 6
+    [warning] = [r.getMessage() for r in caplog.records if "carry no arguments" in r.getMessage()]
+    assert "Vercel AI SDK" in warning and "recordOutputs" in warning and "recordInputs" in warning
+
+
+def test_ai_sdk_per_call_usage_counts_once_per_inference_call():
+    """doGenerate spans are inference calls; the ai.generateText span's sum is an aggregate."""
+    agent = AgentRecorder()
+    for _ in range(3):
+        agent.span(
+            "ai.generateText.doGenerate",
+            {
+                "ai.operationId": "ai.generateText.doGenerate",
+                "gen_ai.usage.input_tokens": 300,
+                "gen_ai.usage.output_tokens": 100,
+                "ai.usage.inputTokens": 300,
+                "ai.usage.outputTokens": 100,
+            },
+            scope="ai",
+        )
+    agent.span(
+        "ai.generateText",
+        {
+            "ai.operationId": "ai.generateText",
+            "ai.usage.inputTokens": 900,
+            "ai.usage.outputTokens": 300,
+        },
+        scope="ai",
+    )
+    inner = adapted(agent.finished()[0])
+    outer = adapted(agent.finished()[-1])
+    assert isinstance(inner, TokenUsage) and not inner.aggregate and inner.tokens == 400
+    assert isinstance(outer, TokenUsage) and outer.aggregate and outer.tokens == 1200
+    policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
+    [decision] = decisions(agent.finished(), policy)
+    assert decision.rule == "token_budget" and decision.tokens == 1200  # not 1200 + 1200
+    assert decision.span_id == span_id_of(agent.finished()[2])
+
+
+@pytest.mark.parametrize("lc", [1, 2, 0])
+def test_a_langchain_js_tool_message_counts_by_its_content(lc):
+    agent = AgentRecorder()
+    for call in range(4):
+        message = {
+            "lc": lc,
+            "type": "constructor",
+            "id": ["langchain_core", "messages", "ToolMessage"],
+            "kwargs": {
+                "status": "success",
+                "content": "no results",
+                "tool_call_id": f"call_{call}",
+            },
+        }
+        agent.span(
+            "search_docs",
+            {
+                "openinference.span.kind": "TOOL",
+                "tool.name": "search_docs",
+                "input.value": "refund policy",
+                "output.value": json.dumps({"output": message}),
+            },
+            scope="@arizeai/openinference-instrumentation-langchain",
+        )
+    call = adapted(agent.finished()[0])
+    assert call.arguments == "refund policy" and call.result == "no results"
+    [decision] = decisions(agent.finished())
+    assert (decision.rule, decision.hits) == ("tool_loop", 4)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"lc": "1", "type": "constructor", "id": ["ToolMessage"], "kwargs": {"content": "x"}},
+        {"lc": 1, "type": "constructor", "id": ["AIMessage"], "kwargs": {"content": "x"}},
+        {"lc": 1, "type": "constructor", "id": "ToolMessage", "kwargs": {"content": "x"}},
+        {"lc": 1, "type": "constructor", "id": ["ToolMessage"], "kwargs": {"text": "x"}},
+    ],
+)
+def test_other_lc_payloads_are_kept_whole(message):
+    agent = AgentRecorder()
+    agent.span(
+        "t",
+        {"openinference.span.kind": "TOOL", "tool.name": "t", "input.value": "q",
+         "output.value": json.dumps(message)},
+    )  # fmt: skip
+    assert adapted(agent.finished()[0]).result == message
+
+
+def test_capture_settings_of_the_typescript_frameworks():
+    legacy = capture_setting("ai")
+    assert "Vercel AI SDK" in legacy[0] and "recordOutputs" in legacy[1]
+    genai = capture_setting("gen_ai")
+    assert "@ai-sdk/otel" in genai[0] and "recordInputs" in genai[1]
+    langchain = capture_setting("@arizeai/openinference-instrumentation-langchain")
+    assert langchain[0] == "OpenInference JS" and "hideInputs" in langchain[1]
+    assert "hideInput" in capture_setting("@mastra/otel-exporter")[1]
+    # Exact names only: a scope that merely starts with "ai" is not the AI SDK.
+    assert capture_setting("aiohttp")[0] == "an unknown instrumentation"
+
+
+def test_genkit_tool_actions_are_tool_calls_and_other_actions_are_not():
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.span(
+            "search_docs",
+            {
+                "genkit:type": "action",
+                "genkit:metadata:subtype": "tool.v2",
+                "genkit:name": "search_docs",
+                "genkit:input": json.dumps(REFUND),
+                "genkit:output": json.dumps({"output": "no results"}),
+            },
+            scope="genkit-tracer",
+        )
+    agent.span(
+        "scripted/model",
+        {"genkit:metadata:subtype": "model", "genkit:name": "scripted/model", "genkit:input": "{}"},
+        scope="genkit-tracer",
+    )
+    first = adapted(agent.finished()[0])
+    assert isinstance(first, ToolCall)
+    assert (first.tool_name, first.arguments, first.result) == ("search_docs", REFUND, "no results")
+    assert adapted(agent.finished()[-1]) is None
+    assert [(d.rule, d.hits) for d in decisions(agent.finished())] == [("tool_loop", 4)]
+    assert capture_setting("genkit-tracer")[0] == "Genkit"

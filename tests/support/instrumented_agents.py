@@ -17,6 +17,15 @@ spanguard's ArgsHashingSpanProcessor, so only hashes leave); Google ADK adds `le
 Every (library, mode) runs in a process of its own: instrumentors patch globally and read their
 settings from the environment when they start.
 
+TypeScript frameworks (the Vercel AI SDK 6 and 7, Mastra, LangGraph.js and the OpenAI Agents SDK for JS
+under OpenInference JS) run the same scenarios under node: tests/support/ts_agents/generate.mjs,
+with its own package.json and lockfile (`--typescript` runs `npm ci` there first if needed).
+
+    python -m tests.support.instrumented_agents --typescript [LIBRARY...]
+
+A Go agent framework, Genkit for Go, runs them under `go run` (tests/support/go_agents/genkit,
+its own go.mod): `--go`.
+
 Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
 run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
 (`--venv LIBRARY` makes it: the library's exact pin, and this checkout without dependencies).
@@ -26,11 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +51,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "instrumentation"
 VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
+GO_AGENTS = ROOT / "tests" / "support" / "go_agents"
+GO_LIBRARIES = {"genkit": ("capture",)}  # Genkit has no setting that turns content off
 SERVICE = "scripted-agent"
 MODULE = "tests.support.instrumented_agents"
 
@@ -750,13 +765,84 @@ def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict
     return done
 
 
+def typescript_ready() -> str | None:
+    """None when the TypeScript agents can run here, else why not (one line)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return "node and npm are not on PATH"
+    if not (TS_AGENTS / "node_modules").is_dir():
+        return f"{TS_AGENTS}/node_modules is missing (run `npm ci` there)"
+    return None
+
+
+def generate_typescript(out: Path, names: list[str] | None = None) -> None:
+    """Run the TypeScript agents (node) over SCENARIOS; `npm ci` first when never installed."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise RuntimeError("the TypeScript fixtures need node (>= 20) and npm on PATH")
+    if not (TS_AGENTS / "node_modules").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS_AGENTS, check=True)
+    scenarios = {
+        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(scenarios, file)
+    try:
+        command = ["node", "generate.mjs", "--scenarios", file.name, "--out", str(out)]
+        subprocess.run([*command, *(names or [])], cwd=TS_AGENTS, check=True)
+    finally:
+        os.unlink(file.name)
+
+
+def go_ready() -> str | None:
+    """None when the Go agents can run here, else why not (one line)."""
+    return None if shutil.which("go") else "go is not on PATH"
+
+
+def generate_go(out: Path) -> None:
+    """Run the Go agents over SCENARIOS; each scenario's OTLP request becomes its JSON fixture."""
+    from spanguard.schemas.otlp import decode_protobuf, encode_json_line
+
+    if shutil.which("go") is None:
+        raise RuntimeError("the Go fixtures need go on PATH")
+    scenarios = {
+        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        scenario_file = Path(scratch) / "scenarios.json"
+        scenario_file.write_text(json.dumps(scenarios))
+        for name, modes in GO_LIBRARIES.items():
+            command = ["go", "run", ".", "-scenarios", str(scenario_file), "-out", scratch]
+            subprocess.run(command, cwd=GO_AGENTS / name, check=True)
+            for mode in modes:
+                folder = out / name / mode
+                folder.mkdir(parents=True, exist_ok=True)
+                for scenario in SCENARIOS:
+                    raw = (Path(scratch) / name / mode / f"{scenario}.pb").read_bytes()
+                    line = (encode_json_line(decode_protobuf(raw)) + "\n").encode()
+                    path = folder / f"{scenario}.json.gz"
+                    with (
+                        path.open("wb") as file,
+                        gzip.GzipFile(fileobj=file, mode="wb", mtime=0) as gz,
+                    ):
+                        gz.write(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("libraries", nargs="*", help=f"default: all ({', '.join(LIBRARIES)})")
     parser.add_argument("--out", type=Path, default=FIXTURES)
     parser.add_argument("--one", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--venv", metavar="LIBRARY", help="make LIBRARY's own virtualenv")
+    parser.add_argument(
+        "--typescript", action="store_true", help="the TypeScript frameworks' agents (node)"
+    )
+    parser.add_argument("--go", action="store_true", help="the Go frameworks' agents (go run)")
     args = parser.parse_args(argv)
+    if args.go:
+        generate_go(args.out)
+        return 0
+    if args.typescript:
+        generate_typescript(args.out, args.libraries)
+        return 0
     if args.venv:
         make_venv(LIBRARIES[args.venv])
         return 0

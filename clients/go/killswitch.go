@@ -1,0 +1,387 @@
+package killswitch
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// Security is how the reader connects: TLS, mutual TLS and SASL, with the names of the
+// SPANGUARD_KAFKA_* variables the worker and the Python killswitch read.
+type Security struct {
+	Protocol                  string // PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+	SSLCALocation             string
+	SSLCertificateLocation    string
+	SSLKeyLocation            string
+	SSLEndpointIdentification string // https (default) or none
+	SASLMechanism             string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	SASLUsername              string
+	SASLPassword              string
+}
+
+// SecurityFromEnv reads SPANGUARD_KAFKA_* (a password also from SPANGUARD_KAFKA_SASL_PASSWORD_FILE).
+func SecurityFromEnv() (Security, error) {
+	get := func(name string) string { return os.Getenv("SPANGUARD_KAFKA_" + name) }
+	password := get("SASL_PASSWORD")
+	if file := get("SASL_PASSWORD_FILE"); password == "" && file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return Security{}, fmt.Errorf("SPANGUARD_KAFKA_SASL_PASSWORD_FILE: cannot read %q", file)
+		}
+		password = strings.TrimRight(string(data), "\r\n")
+	}
+	return Security{
+		Protocol:                  get("SECURITY_PROTOCOL"),
+		SSLCALocation:             get("SSL_CA_LOCATION"),
+		SSLCertificateLocation:    get("SSL_CERTIFICATE_LOCATION"),
+		SSLKeyLocation:            get("SSL_KEY_LOCATION"),
+		SSLEndpointIdentification: get("SSL_ENDPOINT_IDENTIFICATION_ALGORITHM"),
+		SASLMechanism:             get("SASL_MECHANISM"),
+		SASLUsername:              get("SASL_USERNAME"),
+		SASLPassword:              password,
+	}, nil
+}
+
+// Options are franz-go client options for s; settings that cannot work together (a SASL
+// mechanism over PLAINTEXT, a certificate without its key) are refused before any connection.
+func (s Security) Options() ([]kgo.Opt, error) {
+	protocol := strings.ToUpper(strings.TrimSpace(s.Protocol))
+	if protocol == "" {
+		protocol = "PLAINTEXT"
+	}
+	usesSASL := strings.HasPrefix(protocol, "SASL_")
+	usesTLS := protocol == "SSL" || protocol == "SASL_SSL"
+	if protocol != "PLAINTEXT" && !usesSASL && !usesTLS || usesSASL && protocol != "SASL_SSL" && protocol != "SASL_PLAINTEXT" {
+		return nil, fmt.Errorf("security.protocol must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, not %q", s.Protocol)
+	}
+	var options []kgo.Opt
+	if usesSASL {
+		if s.SASLUsername == "" || s.SASLPassword == "" {
+			return nil, fmt.Errorf("security.protocol %s needs sasl.username and sasl.password", protocol)
+		}
+		switch strings.ToUpper(strings.TrimSpace(s.SASLMechanism)) {
+		case "PLAIN":
+			options = append(options, kgo.SASL(plain.Auth{User: s.SASLUsername, Pass: s.SASLPassword}.AsMechanism()))
+		case "SCRAM-SHA-256":
+			options = append(options, kgo.SASL(scram.Auth{User: s.SASLUsername, Pass: s.SASLPassword}.AsSha256Mechanism()))
+		case "SCRAM-SHA-512":
+			options = append(options, kgo.SASL(scram.Auth{User: s.SASLUsername, Pass: s.SASLPassword}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("security.protocol %s needs sasl.mechanism, one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (got %q)", protocol, s.SASLMechanism)
+		}
+	} else if s.SASLMechanism != "" || s.SASLUsername != "" || s.SASLPassword != "" {
+		return nil, fmt.Errorf("SASL settings are set but security.protocol is %s: use SASL_SSL (or SASL_PLAINTEXT)", protocol)
+	}
+	if !usesTLS {
+		if s.SSLCALocation != "" || s.SSLCertificateLocation != "" || s.SSLKeyLocation != "" {
+			return nil, fmt.Errorf("TLS settings are set but security.protocol is %s: use SSL or SASL_SSL", protocol)
+		}
+		return options, nil
+	}
+	if (s.SSLCertificateLocation == "") != (s.SSLKeyLocation == "") {
+		return nil, errors.New("ssl.certificate.location and ssl.key.location go together (mutual TLS): set both or neither")
+	}
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.SSLCALocation != "" {
+		pem, err := os.ReadFile(s.SSLCALocation)
+		if err != nil {
+			return nil, fmt.Errorf("ssl.ca.location: no such file %q", s.SSLCALocation)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ssl.ca.location: no certificate in %q", s.SSLCALocation)
+		}
+		config.RootCAs = pool
+	}
+	if s.SSLCertificateLocation != "" {
+		pair, err := tls.LoadX509KeyPair(s.SSLCertificateLocation, s.SSLKeyLocation)
+		if err != nil {
+			return nil, fmt.Errorf("ssl.certificate.location / ssl.key.location: %v", err)
+		}
+		config.Certificates = []tls.Certificate{pair}
+	}
+	switch strings.ToLower(s.SSLEndpointIdentification) {
+	case "", "https":
+	case "none":
+		// The chain is still verified; only the broker's name is not checked against it.
+		config.InsecureSkipVerify = true
+		roots := config.RootCAs
+		config.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			return verifyChainWithoutName(raw, roots)
+		}
+	default:
+		return nil, fmt.Errorf("ssl.endpoint.identification.algorithm must be https or none, not %q", s.SSLEndpointIdentification)
+	}
+	return append(options, kgo.DialTLSConfig(config)), nil
+}
+
+func verifyChainWithoutName(raw [][]byte, roots *x509.CertPool) error {
+	if len(raw) == 0 {
+		return errors.New("the broker sent no certificate")
+	}
+	certificates := make([]*x509.Certificate, len(raw))
+	for i, der := range raw {
+		certificate, err := x509.ParseCertificate(der)
+		if err != nil {
+			return err
+		}
+		certificates[i] = certificate
+	}
+	intermediates := x509.NewCertPool()
+	for _, certificate := range certificates[1:] {
+		intermediates.AddCert(certificate)
+	}
+	_, err := certificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates})
+	return err
+}
+
+// Config of a KillSwitch. SigningKeys (the worker's SPANGUARD_SIGNING_KEY; several while
+// rotating) or AllowUnsigned (INSECURE: anyone who can write the topic can stop the agent).
+type Config struct {
+	Brokers       []string
+	Topic         string // default agent-kill-signals
+	SigningKeys   [][]byte
+	AllowUnsigned bool
+	Signals       *SignalBook // default a new book
+	Security      *Security   // default SecurityFromEnv
+	Clock         func() time.Time
+	Logger        *log.Logger // default log.Default()
+	StartTimeout  time.Duration
+}
+
+// KillSwitch reads every partition of the kill topic, from the end offsets resolved when New
+// returns, with no consumer group (no rebalance, no commits), into a SignalBook; the agent
+// calls Check before each tool call. A bad record is counted in Ignored (by kind), logged once
+// per kind, and costs only itself: the reader never stops.
+type KillSwitch struct {
+	Signals  *SignalBook
+	topic    string
+	keys     map[string][]byte
+	clock    func() time.Time
+	logger   *log.Logger
+	client   *kgo.Client
+	cancel   context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	ignored  map[string]int
+	received atomic.Int64
+}
+
+// ErrSettings is wrapped by every refusal of a Config.
+var ErrSettings = errors.New("killswitch settings")
+
+// New connects, positions every partition at its end offset, and starts reading.
+func New(ctx context.Context, config Config) (*KillSwitch, error) {
+	if len(config.SigningKeys) > 0 && config.AllowUnsigned {
+		return nil, fmt.Errorf("%w: give signing keys or AllowUnsigned, not both", ErrSettings)
+	}
+	if len(config.SigningKeys) == 0 && !config.AllowUnsigned {
+		return nil, fmt.Errorf("%w: no signing key: pass SigningKeys (the worker's SPANGUARD_SIGNING_KEY), or AllowUnsigned to obey unsigned signals (insecure)", ErrSettings)
+	}
+	var keys map[string][]byte
+	if len(config.SigningKeys) > 0 {
+		ring, err := Keyring(config.SigningKeys...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrSettings, err)
+		}
+		keys = ring
+	}
+	security := config.Security
+	if security == nil {
+		fromEnv, err := SecurityFromEnv()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrSettings, err)
+		}
+		security = &fromEnv
+	}
+	securityOptions, err := security.Options()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSettings, err)
+	}
+	topic := config.Topic
+	if topic == "" {
+		topic = "agent-kill-signals"
+	}
+	timeout := config.StartTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	base := append([]kgo.Opt{kgo.SeedBrokers(config.Brokers...), kgo.ClientID("spanguard-killswitch")}, securityOptions...)
+	ends, err := endOffsets(ctx, base, topic, timeout)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kgo.NewClient(append(base,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: ends}),
+		kgo.FetchMaxWait(50*time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	signals := config.Signals
+	if signals == nil {
+		signals = NewSignalBook(0)
+	}
+	clock := config.Clock
+	if clock == nil {
+		clock = time.Now
+	}
+	logger := config.Logger
+	if logger == nil {
+		logger = log.Default()
+	}
+	runContext, cancel := context.WithCancel(context.Background())
+	k := &KillSwitch{
+		Signals: signals, topic: topic, keys: keys, clock: clock, logger: logger,
+		client: client, cancel: cancel, done: make(chan struct{}), ignored: map[string]int{},
+	}
+	go k.run(runContext)
+	return k, nil
+}
+
+// endOffsets resolves every partition's end offset now, retrying while a new topic settles; a
+// refused password or certificate fails at once.
+func endOffsets(ctx context.Context, base []kgo.Opt, topic string, timeout time.Duration) (map[int32]kgo.Offset, error) {
+	client, err := kgo.NewClient(base...)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	admin := kadm.NewClient(client)
+	deadline := time.Now().Add(timeout)
+	for {
+		ends := map[int32]kgo.Offset{}
+		listed, err := admin.ListEndOffsets(ctx, topic)
+		if err == nil {
+			listed.Each(func(o kadm.ListedOffset) {
+				if o.Err != nil && err == nil {
+					err = o.Err
+				}
+				ends[o.Partition] = kgo.NewOffset().At(o.Offset)
+			})
+			if err == nil && len(ends) == 0 {
+				err = fmt.Errorf("topic %q not found", topic)
+			}
+		}
+		if err == nil {
+			return ends, nil
+		}
+		if errors.Is(err, context.Canceled) || time.Now().After(deadline) || isAuthError(err) {
+			return nil, fmt.Errorf("kill-signal topic %q: %w", topic, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func isAuthError(err error) bool {
+	text := err.Error()
+	return strings.Contains(text, "SASL") || strings.Contains(text, "certificate") || strings.Contains(text, "tls:")
+}
+
+// Check returns *AgentKilled if traceID was killed; a downgrade's system message once; else "".
+// It reads memory only: it never waits on Kafka.
+func (k *KillSwitch) Check(traceID string) (string, error) {
+	if traceID == "" {
+		return "", nil
+	}
+	return k.Signals.Check(traceID)
+}
+
+// Received counts the records read (delivered to the book or ignored).
+func (k *KillSwitch) Received() int64 { return k.received.Load() }
+
+// Ignored returns the bad records by kind.
+func (k *KillSwitch) Ignored() map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[string]int, len(k.ignored))
+	for kind, n := range k.ignored {
+		out[kind] = n
+	}
+	return out
+}
+
+// Malformed counts records that are not a kill signal at all.
+func (k *KillSwitch) Malformed() int { return k.sum(MalformedKinds) }
+
+// Rejected counts signals unsigned, signed with a key the agent lacks, or forged.
+func (k *KillSwitch) Rejected() int { return k.sum(RejectedKinds) }
+
+// Expired counts valid signals read after their expires_at.
+func (k *KillSwitch) Expired() int { return k.Ignored()["expired"] }
+
+func (k *KillSwitch) sum(kinds map[string]bool) int {
+	total := 0
+	for kind, n := range k.Ignored() {
+		if kinds[kind] {
+			total += n
+		}
+	}
+	return total
+}
+
+// Close stops the reader.
+func (k *KillSwitch) Close() {
+	k.cancel()
+	<-k.done
+	k.client.Close()
+}
+
+func (k *KillSwitch) run(ctx context.Context) {
+	defer close(k.done)
+	for ctx.Err() == nil {
+		fetches := k.client.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		for _, fetchError := range fetches.Errors() {
+			// Leaders move and brokers restart; franz-go retries: count and go on, never stop.
+			k.ignore(&BadSignal{Kind: "consumer_error", Detail: fetchError.Err.Error()})
+		}
+		fetches.EachRecord(func(record *kgo.Record) { k.accept(record.Value) })
+	}
+}
+
+func (k *KillSwitch) accept(value []byte) {
+	defer k.received.Add(1) // counted once the record is in the book or in Ignored
+	defer func() {
+		if r := recover(); r != nil { // a bug must cost one record, never the reader
+			k.ignore(&BadSignal{Kind: "internal", Detail: fmt.Sprint(r)})
+		}
+	}()
+	signal, err := ReadSignal(value, k.keys, k.clock())
+	if err != nil {
+		var badSignal *BadSignal
+		if errors.As(err, &badSignal) {
+			k.ignore(badSignal)
+			return
+		}
+		k.ignore(&BadSignal{Kind: "internal", Detail: err.Error()})
+		return
+	}
+	k.Signals.Deliver(signal)
+}
+
+func (k *KillSwitch) ignore(b *BadSignal) {
+	k.mu.Lock()
+	k.ignored[b.Kind]++
+	first := k.ignored[b.Kind] == 1
+	k.mu.Unlock()
+	if first { // once per kind: a flood of junk must not flood the log
+		k.logger.Printf("spanguard killswitch: ignored a kill-signal record (%s): %s; further ones of this kind are counted in Ignored(), not logged", b.Kind, b.Detail)
+	}
+}

@@ -1,0 +1,114 @@
+// Types of @spanguard/killswitch (the package is plain ES modules; these describe its API).
+
+export interface KillSignal {
+  readonly signalId: string;
+  readonly traceId: string;
+  readonly kind: 'kill' | 'downgrade' | 'release';
+  readonly rule: 'tool_loop' | 'tool_polling' | 'no_progress' | 'token_budget' | 'manual';
+  readonly reason: string;
+  readonly evidence: Record<string, string | number>;
+  readonly agent: { service: string; name: string | null };
+  readonly detectedAt: string;
+  readonly expiresAt: string;
+  readonly systemMessage: string | null;
+  readonly operator: string | null;
+}
+
+/** Anything an agent can check before a tool call: a KillSwitch or a SignalBook. */
+export interface Checker {
+  check(traceId: string): string | null;
+}
+
+export class AgentKilled extends Error {
+  readonly signal: KillSignal;
+  readonly traceId: string;
+  readonly reason: string;
+}
+
+export const DEFAULT_MAX_TRACES: number;
+
+export class SignalBook implements Checker {
+  constructor(maxTraces?: number);
+  readonly delivered: number;
+  readonly duplicates: number;
+  readonly trackedTraces: number;
+  deliver(signal: KillSignal): boolean;
+  check(traceId: string): string | null;
+  isKilled(traceId: string): boolean;
+  forget(traceId: string): void;
+}
+
+export interface KafkaSecurity {
+  securityProtocol?: 'PLAINTEXT' | 'SSL' | 'SASL_PLAINTEXT' | 'SASL_SSL';
+  sslCaLocation?: string;
+  sslCertificateLocation?: string;
+  sslKeyLocation?: string;
+  sslKeyPassword?: string;
+  sslEndpointIdentificationAlgorithm?: 'https' | 'none';
+  saslMechanism?: 'PLAIN' | 'SCRAM-SHA-256' | 'SCRAM-SHA-512';
+  saslUsername?: string;
+  saslPassword?: string;
+}
+
+export class KafkaSecurityError extends Error {}
+export function securityFromEnv(environ?: Record<string, string | undefined>): KafkaSecurity;
+export function kafkajsSecurity(security: KafkaSecurity): { ssl?: object; sasl?: object };
+
+export class SettingsError extends Error {}
+
+export interface KillSwitchOptions {
+  brokers: string | string[];
+  topic?: string;
+  signingKey?: string | Uint8Array;
+  signingKeys?: Array<string | Uint8Array>;
+  /** INSECURE: obey unsigned signals. */
+  allowUnsigned?: boolean;
+  signals?: SignalBook;
+  security?: KafkaSecurity;
+  clock?: () => Date;
+  log?: (line: string) => void;
+  clientId?: string;
+}
+
+export class KillSwitch implements Checker {
+  constructor(options: KillSwitchOptions);
+  readonly signals: SignalBook;
+  readonly received: number;
+  readonly ignored: Map<string, number>;
+  readonly malformed: number;
+  readonly rejected: number;
+  readonly expired: number;
+  start(options?: { timeoutMs?: number }): Promise<this>;
+  check(traceId?: string | null): string | null;
+  close(): Promise<void>;
+}
+
+export function currentTraceId(): string | null;
+
+export interface HookOptions {
+  traceId?: string;
+  onDowngrade?: (message: string) => void;
+  abortController?: AbortController;
+}
+
+export function guardTools<T extends Record<string, unknown>>(tools: T, checker: Checker, options?: HookOptions): T & { readonly pendingMessages: string[] };
+export function spanguardCallbackHandler(checker: Checker, options?: HookOptions): Promise<object & { pendingMessages: string[] }>;
+
+export type BadSignalKind =
+  | 'empty' | 'too_large' | 'not_utf8' | 'not_json' | 'too_deep' | 'not_object' | 'invalid'
+  | 'unsigned' | 'unknown_key' | 'forged' | 'expired' | 'consumer_error' | 'internal';
+
+export class BadSignal extends Error {
+  readonly kind: BadSignalKind;
+  readonly detail: string;
+}
+
+export const MAX_SIGNAL_BYTES: number;
+export const MALFORMED_KINDS: ReadonlySet<string>;
+export const REJECTED_KINDS: ReadonlySet<string>;
+export function keyId(key: string | Uint8Array): string;
+export function keyring(keys: string | Uint8Array | Iterable<string | Uint8Array>): Map<string, Uint8Array>;
+export function readSignal(value: Uint8Array | null | undefined, keys: Map<string, Uint8Array> | null, now?: Date): KillSignal;
+export function sign(record: Record<string, unknown>, key: string | Uint8Array): Record<string, unknown>;
+export function verify(record: Record<string, unknown>, keys: Map<string, Uint8Array>): 'valid' | 'unsigned' | 'unknown_key' | 'forged';
+export function canonicalJson(value: unknown): string;

@@ -1,0 +1,17 @@
+// spanguard's killswitch for JavaScript and TypeScript agents (types in index.d.ts).
+export { AgentKilled, DEFAULT_MAX_TRACES, SignalBook } from './book.js';
+export { guardTools, spanguardCallbackHandler } from './hooks.js';
+export { KillSwitch, SettingsError, currentTraceId } from './killswitch.js';
+export { KafkaSecurityError, kafkajsSecurity, securityFromEnv } from './security.js';
+export {
+  BadSignal,
+  MALFORMED_KINDS,
+  MAX_SIGNAL_BYTES,
+  REJECTED_KINDS,
+  keyId,
+  keyring,
+  readSignal,
+  sign,
+  verify,
+} from './signal.js';
+export { canonicalJson } from './json.js';

@@ -1,0 +1,141 @@
+// The KillSwitch against a real broker: SPANGUARD_TEST_BOOTSTRAP, else scripts/kafka.sh's
+// 127.0.0.1:9092 (`make kafka-up`). A topic of its own per run, three partitions.
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, test } from 'node:test';
+
+import kafkajs from 'kafkajs';
+
+import { AgentKilled, KillSwitch, SettingsError, kafkajsSecurity, securityFromEnv, sign } from '../src/index.js';
+
+const { Kafka, logLevel } = kafkajs;
+const BOOTSTRAP = process.env.SPANGUARD_TEST_BOOTSTRAP ?? '127.0.0.1:9092';
+const KEY = 'typescript-killswitch-test-key-01';
+const TOPIC = `ts-killswitch-${randomBytes(4).toString('hex')}`;
+const kafka = new Kafka({
+  brokers: BOOTSTRAP.split(','),
+  clientId: 'spanguard-ts-test',
+  logLevel: logLevel.NOTHING,
+  ...kafkajsSecurity(securityFromEnv()),
+});
+const admin = kafka.admin();
+const producer = kafka.producer({ allowAutoTopicCreation: false });
+
+const hex = (n) => randomBytes(n).toString('hex');
+
+function signal(traceId, changes = {}) {
+  const now = Date.now();
+  return {
+    schema_version: 2,
+    signal_id: hex(16),
+    trace_id: traceId,
+    kind: 'kill',
+    rule: 'tool_loop',
+    reason: 'search_docs called 4x in last 4 steps',
+    evidence: { span_id: hex(8), tool_name: 'search_docs', hits: 4 },
+    agent: { service: 'ts-agent', name: null },
+    detected_at: new Date(now).toISOString(),
+    expires_at: new Date(now + 3_600_000).toISOString(),
+    system_message: null,
+    ...changes,
+  };
+}
+
+async function send(partition, value) {
+  await producer.send({ topic: TOPIC, acks: -1, messages: [{ partition, value }] });
+}
+
+async function until(condition, what, timeoutMs = 20_000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+before(async () => {
+  await admin.connect();
+  await admin.createTopics({ topics: [{ topic: TOPIC, numPartitions: 3, replicationFactor: 1 }], waitForLeaders: true });
+  await producer.connect();
+});
+
+after(async () => {
+  await producer.disconnect();
+  await admin.deleteTopics({ topics: [TOPIC] }).catch(() => {});
+  await admin.disconnect();
+});
+
+test('refuses to start without a key unless told to obey unsigned signals', () => {
+  assert.throws(() => new KillSwitch({ brokers: BOOTSTRAP }), SettingsError);
+  assert.throws(() => new KillSwitch({ brokers: BOOTSTRAP, signingKey: KEY, allowUnsigned: true }), SettingsError);
+});
+
+test('reads every partition from its end, with no consumer group; bad records cost only themselves', async () => {
+  const early = hex(16);
+  await send(0, JSON.stringify(sign(signal(early), KEY))); // before start: another process's
+  const groupsBefore = (await admin.listGroups()).groups.map((g) => g.groupId).sort();
+  const killswitch = await new KillSwitch({ brokers: BOOTSTRAP, topic: TOPIC, signingKey: KEY, log: () => {} }).start();
+  try {
+    const killed = hex(16);
+    const steered = hex(16);
+    const junk = [
+      Buffer.from([0xff, 0xfe]),
+      Buffer.from('not json'),
+      Buffer.from('{"a":1,"a":2}'),
+      Buffer.from(JSON.stringify(sign(signal(killed, { reason: 'x' }), 'an-other-key-of-enough-length'))),
+      Buffer.from(JSON.stringify({ ...sign(signal(killed), KEY), reason: 'tampered' })),
+      Buffer.from(JSON.stringify(signal(killed))), // unsigned
+      Buffer.from(JSON.stringify(sign(signal(killed, { expires_at: '2020-01-01T00:00:00Z' }), KEY))),
+    ];
+    for (const [index, value] of junk.entries()) await send(index % 3, value);
+    const message = 'You called search_docs 4 times; try something else.';
+    await send(1, JSON.stringify(sign(signal(steered, { kind: 'downgrade', system_message: message }), KEY)));
+    await send(2, JSON.stringify(sign(signal(killed), KEY)));
+    await until(() => killswitch.received === junk.length + 2, 'every record');
+    assert.throws(() => killswitch.check(killed), AgentKilled);
+    assert.throws(() => killswitch.check(killed), AgentKilled); // remembered
+    assert.equal(killswitch.check(steered), message);
+    assert.equal(killswitch.check(steered), null); // once
+    assert.equal(killswitch.check(early), null); // sent before start: not this process's
+    assert.deepEqual(Object.fromEntries(killswitch.ignored), {
+      not_utf8: 1,
+      not_json: 2,
+      unknown_key: 1,
+      forged: 1,
+      unsigned: 1,
+      expired: 1,
+    });
+    assert.equal(killswitch.malformed, 3);
+    assert.equal(killswitch.rejected, 3);
+    assert.equal(killswitch.expired, 1);
+    const groupsAfter = (await admin.listGroups()).groups.map((g) => g.groupId).sort();
+    assert.deepEqual(groupsAfter, groupsBefore);
+  } finally {
+    await killswitch.close();
+  }
+});
+
+test('a checked trace keeps its kill; an operator release lifts it; a new kill returns', async () => {
+  const killswitch = await new KillSwitch({ brokers: BOOTSTRAP, topic: TOPIC, signingKeys: [KEY, 'previous-key-still-accepted-01'], log: () => {} }).start();
+  try {
+    const trace = hex(16);
+    assert.equal(killswitch.check(trace), null);
+    const kill = sign(signal(trace), 'previous-key-still-accepted-01'); // rotation: the old key
+    await send(0, JSON.stringify(kill));
+    await until(() => killswitch.signals.isKilled(trace), 'the kill');
+    assert.throws(() => killswitch.check(trace), AgentKilled);
+    const release = sign(
+      signal(trace, { kind: 'release', rule: 'manual', operator: 'oncall@example.com', reason: 'released', evidence: { span_id: '0'.repeat(16) } }),
+      KEY,
+    );
+    await send(1, JSON.stringify(release));
+    await send(2, JSON.stringify(kill)); // redelivered old kill: a duplicate
+    await until(() => killswitch.received === 3, 'release and redelivery');
+    assert.equal(killswitch.check(trace), null);
+    await send(0, JSON.stringify(sign(signal(trace, { reason: 'killed again' }), KEY)));
+    await until(() => killswitch.received === 4, 'the second kill');
+    assert.throws(() => killswitch.check(trace), /killed again/);
+  } finally {
+    await killswitch.close();
+  }
+});

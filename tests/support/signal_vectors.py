@@ -1,0 +1,517 @@
+"""The shared kill-signal test vectors: schemas/testdata/kill-signal-vectors.json.
+
+Every killswitch (Python, clients/typescript, clients/go) reads that one file in its tests and
+must reach each vector's verdict, so a record that one language's JSON parser would read
+differently (duplicate keys, big integers, lone surrogates) is decided alike everywhere.
+
+    python -m tests.support.signal_vectors          # rewrite the file (deterministic)
+
+The verdicts follow the strict reading of a signal:
+- the bytes are UTF-8 and one JSON object, without duplicate keys, NaN or Infinity, nested at
+  most 8 levels, no string holding a lone surrogate (`not_json`, `not_utf8`, `too_deep`, ...);
+- the schema (schemas/kill-signal.schema.json), with patterns matched against the whole value
+  (an id with a trailing newline is `invalid`), integers written as integers within
+  +-(2**53 - 1) (the range every language's JSON numbers hold exactly), `detected_at` and
+  `expires_at` RFC 3339 date-times with a zone that exist on the calendar, and `kind: release`
+  only with `rule: manual` and an `operator`;
+- then the signature: HMAC-SHA256 over the canonical JSON (sorted keys, no spaces, UTF-8,
+  only `"`, `\\` and control characters escaped) with the key its `key_id` names
+  (`unsigned`, `unknown_key`, `forged`), and `expires_at` after `now` (`expired`).
+
+A vector with `"python_lax": true` is one the Python read_signal of this checkout does not yet
+decide strictly; its test expects the failure (xfail, strict) until read_signal is made strict.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from spanguard.schemas.decision import canonical_json, key_id, sign
+
+ROOT = Path(__file__).resolve().parents[2]
+VECTORS = ROOT / "schemas" / "testdata" / "kill-signal-vectors.json"
+
+NOW = "2026-06-01T12:00:00Z"
+KEYS = {
+    "current": "spanguard-test-key-current-0001",
+    "previous": "spanguard-test-key-previous-002",
+    "other": "someone-elses-key-of-32-bytes-xx",
+}
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SIGNAL = "0af7651916cd43dd8448eb211c80319c"
+
+BASE: dict[str, Any] = {
+    "schema_version": 2,
+    "signal_id": SIGNAL,
+    "trace_id": TRACE,
+    "kind": "kill",
+    "rule": "tool_loop",
+    "reason": "search_docs called 4x in last 4 steps",
+    "evidence": {
+        "span_id": "00f067aa0ba902b7",
+        "tool_name": "search_docs",
+        "args_hash": "1d79773f7dd21571",
+        "hits": 4,
+        "window": 10,
+    },
+    "agent": {"service": "support-agent", "name": None},
+    "detected_at": "2026-06-01T11:59:00.000+00:00",
+    "expires_at": "2026-06-01T12:59:00.000+00:00",
+    "system_message": None,
+}
+
+
+def signed(record: dict[str, Any], key: str = "current") -> dict[str, Any]:
+    return sign(record, KEYS[key].encode())
+
+
+def text(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    return {**BASE, **changes}
+
+
+def signature_over(document_text: str, key: str = "current") -> str:
+    """A signature over a record as the lax reader (last duplicate wins) sees it."""
+    record = json.loads(document_text)
+    return hmac.new(KEYS[key].encode(), canonical_json(record), hashlib.sha256).hexdigest()
+
+
+def vector(
+    name: str,
+    value: str | bytes,
+    verdict: str,
+    *,
+    keys: list[str] | None = None,
+    signal: dict[str, Any] | None = None,
+    python_lax: bool = False,
+    note: str = "",
+) -> dict[str, Any]:
+    """`verdict`: "obey" (then `signal` holds what the agent reads) or the bad record's kind.
+    `keys`: the agent's keys (names in KEYS); None obeys unsigned signals."""
+    entry: dict[str, Any] = {"name": name, "note": note} if note else {"name": name}
+    entry["keys"] = keys
+    if isinstance(value, bytes):
+        entry["value_base64"] = base64.b64encode(value).decode()
+    else:
+        entry["value"] = value
+    entry["verdict"] = verdict
+    if signal is not None:
+        entry["signal"] = signal
+    if python_lax:
+        entry["python_lax"] = True
+    return entry
+
+
+def seen(record: dict[str, Any]) -> dict[str, Any]:
+    """What an obeyed signal must read as."""
+    return {
+        "kind": record["kind"],
+        "trace_id": record["trace_id"],
+        "signal_id": record["signal_id"],
+        "rule": record["rule"],
+        "reason": record["reason"],
+        "system_message": record.get("system_message"),
+        "expires_at": record["expires_at"],
+    }
+
+
+def build() -> dict[str, Any]:
+    ring = ["current"]
+    rotating = ["current", "previous"]
+    kill = signed(BASE)
+    downgrade = signed(
+        with_(
+            kind="downgrade",
+            signal_id="1" * 32,
+            system_message="You called search_docs 4 times with the same arguments; stop.",
+        )
+    )
+    release = signed(
+        with_(
+            kind="release",
+            rule="manual",
+            signal_id="2" * 32,
+            reason="released by an operator",
+            operator="oncall@example.com",
+            evidence={"span_id": "0" * 16},
+        )
+    )
+    unicode_reason = signed(
+        with_(reason='résumé "quoted" \\ back\tslash \u2028 line sep \U0001f600 \x7f \x01')
+    )
+    vectors = [
+        vector("kill", text(kill), "obey", keys=ring, signal=seen(kill)),
+        vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
+        vector("release", text(release), "obey", keys=ring, signal=seen(release)),
+        vector(
+            "non-ASCII, escapes and U+2028 in a signed string",
+            text(unicode_reason),
+            "obey",
+            keys=ring,
+            signal=seen(unicode_reason),
+            note="the canonical JSON escapes only quote, backslash and control characters",
+        ),
+        vector(
+            "whitespace and key order do not change a signature",
+            json.dumps(dict(reversed(list(kill.items()))), indent=2),
+            "obey",
+            keys=ring,
+            signal=seen(kill),
+        ),
+        vector(
+            "signed with the previous key while rotating",
+            text(signed(BASE, "previous")),
+            "obey",
+            keys=rotating,
+            signal=seen(BASE),
+        ),
+        vector(
+            "signed with the previous key after rotation",
+            text(signed(BASE, "previous")),
+            "unknown_key",
+            keys=ring,
+        ),
+        vector("unknown key id", text(signed(BASE, "other")), "unknown_key", keys=ring),
+        vector("unsigned, keys held", text(BASE), "unsigned", keys=ring),
+        vector("unsigned, unsigned obeyed", text(BASE), "obey", keys=None, signal=seen(BASE)),
+        vector(
+            "forged: a field changed after signing",
+            text({**kill, "reason": "something else"}),
+            "forged",
+            keys=ring,
+        ),
+        vector(
+            "forged: signature not a string",
+            text({**kill, "signature": 12345}),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "forged: signature in upper case",
+            text({**kill, "signature": kill["signature"].upper()}),
+            "forged",
+            keys=ring,
+        ),
+        vector(
+            "key_id without signature",
+            text({**BASE, "key_id": key_id(KEYS["current"].encode())}),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "expired",
+            text(signed(with_(expires_at="2026-06-01T12:00:00Z"))),
+            "expired",
+            keys=ring,
+            note="now == expires_at is expired",
+        ),
+        vector(
+            "not yet expired, offset zone",
+            text(signed(with_(expires_at="2026-06-01T14:00:01+02:00"))),
+            "obey",
+            keys=ring,
+            signal=seen(with_(expires_at="2026-06-01T14:00:01+02:00")),
+        ),
+        vector(
+            "expired, offset zone",
+            text(signed(with_(expires_at="2026-06-01T13:59:59+02:00"))),
+            "expired",
+            keys=ring,
+        ),
+        vector(
+            "naive expires_at",
+            text(signed(with_(expires_at="2026-06-01T12:59:00"))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "naive detected_at",
+            text(signed(with_(detected_at="2026-06-01T11:59:00"))),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "unparseable detected_at",
+            text(signed(with_(detected_at="yesterday"))),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "expires_at on a day that does not exist",
+            text(signed(with_(expires_at="2026-02-30T12:00:00Z"))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "trailing newline in trace_id",
+            text(signed(with_(trace_id=TRACE + "\n"))),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "trailing newline in signal_id",
+            text(signed(with_(signal_id=SIGNAL + "\n"))),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "upper-case trace_id",
+            text(signed(with_(trace_id=TRACE.upper()))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "duplicate key: the last would be a kill",
+            _duplicate_kind(),
+            "not_json",
+            keys=ring,
+            python_lax=True,
+            note="a first-wins parser reads a downgrade, a last-wins one a kill: refused",
+        ),
+        vector(
+            "big integer beyond 2**53",
+            _with_raw_evidence('"hits":9007199254740993'),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "huge integer",
+            _with_raw_evidence('"tokens":' + "9" * 400),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "integer written as a float",
+            _with_raw_evidence('"hits":4.0'),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "schema_version written as a float",
+            _raw_document(text(signed(BASE)).replace('"schema_version":2', '"schema_version":2.0')),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "lone surrogate in a string",
+            text(signed(with_(reason="x"))).replace(
+                '"reason":"x"', '"reason":"lone \\ud800 surrogate"'
+            ),
+            "not_utf8",
+            keys=ring,
+        ),
+        vector(
+            "a surrogate pair written as escapes is one character",
+            _raw_document(
+                text(signed(with_(reason="x"))).replace('"reason":"x"', '"reason":"\\ud83d\\ude00"')
+            ),
+            "obey",
+            keys=ring,
+            signal=seen(with_(reason="\U0001f600")),
+        ),
+        vector("not UTF-8", b'{"kind":"kill","reason":"\xff"}', "not_utf8", keys=ring),
+        vector("empty", b"", "empty", keys=ring),
+        vector("not JSON", "kill 4bf92f3577b34da6a3ce929d0e0e4736", "not_json", keys=ring),
+        vector("truncated JSON", text(kill)[:-10], "not_json", keys=ring),
+        vector("NaN", text(kill).replace('"hits":4', '"hits":NaN'), "not_json", keys=ring),
+        vector("byte order mark", "\ufeff" + text(kill), "not_json", keys=ring),
+        vector("trailing garbage", text(kill) + " x", "not_json", keys=ring),
+        vector("a JSON array", "[" + text(kill) + "]", "not_object", keys=ring),
+        vector("a JSON string", '"kill"', "not_object", keys=ring),
+        vector("nested too deep", '{"a":' * 9 + "1" + "}" * 9, "too_deep", keys=ring),
+        vector("too large", '{"pad":"' + "x" * 70_000 + '"}', "too_large", keys=ring),
+        vector(
+            "release without an operator",
+            text(
+                signed(
+                    {
+                        k: v
+                        for k, v in release.items()
+                        if k not in ("operator", "key_id", "signature")
+                    }
+                )
+            ),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "release by a rule of the guard",
+            text(signed(with_(kind="release", signal_id="3" * 32, operator="oncall@example.com"))),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+        ),
+        vector(
+            "downgrade without a system message",
+            text(signed(with_(kind="downgrade"))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "unknown field",
+            text(signed({**BASE, "priority": "high"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "missing field",
+            text(signed({k: v for k, v in BASE.items() if k != "reason"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "wrong schema version",
+            text(signed(with_(schema_version=1))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "evidence hits below 1",
+            text(signed(with_(evidence={**BASE["evidence"], "hits": 0}))),
+            "invalid",
+            keys=ring,
+        ),
+    ]
+    names = [entry["name"] for entry in vectors]
+    assert len(names) == len(set(names)), "vector names must be unique"
+    return {
+        "description": (
+            "Kill-signal records and the verdict every spanguard killswitch must reach on each"
+            " (written by tests/support/signal_vectors.py, whose docstring gives the rules)."
+            " verdict: 'obey' or the kind of bad record; keys: the names of the agent's keys"
+            " (null: unsigned signals obeyed); value is the record's UTF-8 text, value_base64"
+            " its bytes when they are not text; python_lax: the Python reader of this checkout"
+            " does not decide it strictly yet."
+        ),
+        "now": NOW,
+        "keys": KEYS,
+        "key_ids": {name: key_id(key.encode()) for name, key in KEYS.items()},
+        "vectors": vectors,
+        "sequences": _sequences(kill, downgrade, release),
+    }
+
+
+def _duplicate_kind() -> str:
+    """A signed kill (last `kind` wins) whose text also says downgrade first."""
+    record = signed(BASE)
+    document = text(record)
+    return document.replace('"kind":"kill"', '"kind":"downgrade","kind":"kill"')
+
+
+def _raw_document(document: str) -> str:
+    """`document`, its own spelling of every value kept, signed as a lax reader parses it."""
+    record = json.loads(document)
+    record.pop("signature", None)
+    record.pop("key_id", None)
+    key = KEYS["current"].encode()
+    named = {**record, "key_id": key_id(key)}
+    signature = hmac.new(key, canonical_json(named), hashlib.sha256).hexdigest()
+    body = _without_signature_fields(document)
+    return body[:-1] + f',"key_id":"{named["key_id"]}","signature":"{signature}"}}'
+
+
+def _without_signature_fields(document: str) -> str:
+    for field in ("key_id", "signature"):
+        marker = f'"{field}":"'
+        start = document.find(marker)
+        if start == -1:
+            continue
+        end = document.index('"', start + len(marker)) + 1
+        if document[start - 1] == ",":  # the comma before the field, else the one after it
+            document = document[: start - 1] + document[end:]
+        else:
+            document = document[:start] + document[end + 1 :]
+    return document
+
+
+def _with_raw_evidence(member: str) -> str:
+    """BASE with one evidence member spelt exactly `member`, signed as the lax reader sees it."""
+    name = member.split(":", 1)[0].strip('"')
+    evidence = {k: v for k, v in BASE["evidence"].items() if k != name}
+    document = text(with_(evidence=evidence))
+    document = document.replace('"evidence":{', '"evidence":{' + member + ",", 1)
+    return _raw_document(document)
+
+
+def _sequences(
+    kill: dict[str, Any], downgrade: dict[str, Any], release: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """What a book of signals answers to an agent's checks, step by step (all signals valid).
+
+    Steps: {"deliver": NAME} (one of `signals`; `new` says whether it was recorded, false for a
+    duplicate id), {"check": TRACE, "expect": "pass" | "killed" | MESSAGE}."""
+    second_kill = {**kill, "signal_id": "4" * 32, "reason": "killed again after release"}
+    other_trace = {**kill, "trace_id": "f" * 32}
+    signals = {
+        "kill": kill,
+        "downgrade": downgrade,
+        "release": release,
+        "second_kill": signed(
+            {k: v for k, v in second_kill.items() if k not in ("key_id", "signature")}
+        ),
+        "other_trace_kill": signed(
+            {k: v for k, v in other_trace.items() if k not in ("key_id", "signature")}
+        ),
+    }
+    message = downgrade["system_message"]
+    return [
+        {
+            "name": "a downgrade's message is read once, then a kill stays",
+            "signals": {name: text(record) for name, record in signals.items()},
+            "steps": [
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "downgrade", "new": True},
+                {"deliver": "downgrade", "new": False},
+                {"check": TRACE, "expect": message},
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "kill", "new": True},
+                {"check": TRACE, "expect": "killed"},
+                {"check": TRACE, "expect": "killed"},
+                {"deliver": "other_trace_kill", "new": True},
+                {"check": "f" * 32, "expect": "killed"},
+            ],
+        },
+        {
+            "name": "a release lifts a kill; a redelivered old kill does not return; a new one does",
+            "signals": {name: text(record) for name, record in signals.items()},
+            "steps": [
+                {"deliver": "kill", "new": True},
+                {"check": TRACE, "expect": "killed"},
+                {"deliver": "release", "new": True},
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "kill", "new": False},
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "second_kill", "new": True},
+                {"check": TRACE.upper(), "expect": "killed"},
+            ],
+        },
+    ]
+
+
+def main() -> int:
+    VECTORS.parent.mkdir(parents=True, exist_ok=True)
+    VECTORS.write_text(json.dumps(build(), indent=2, ensure_ascii=True) + "\n")
+    print(f"wrote {VECTORS}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
