@@ -1,9 +1,16 @@
-"""The span agent: batches of OTLP messages through the guard, their sends acked before commit."""
+"""The span agent: batches of OTLP messages through the guard, their sends acked before commit.
+
+A message counts as done (acked, so committable) once its batch's sends are acked by the broker
+and the states it changed are written. States are written once per commit interval, not per
+batch (docs/design.md, "State writes once per commit"): each message holds one more reference
+until that flush, so Faust commits no offset past a state not yet written.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import faust
@@ -12,12 +19,14 @@ from spanguard.streams.delivery import Send, send_all
 from spanguard.streams.state import event_context
 from spanguard.streams.wiring import Worker
 
-__all__ = ["EVICT_PER_BATCH", "register"]
+__all__ = ["EVICT_PER_BATCH", "FLUSH_CHECK_INTERVAL", "register"]
 
 log = logging.getLogger("spanguard.worker")
 
 # Idle traces deleted per batch at most: eviction never stalls the event loop.
 EVICT_PER_BATCH = 256
+# Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
+FLUSH_CHECK_INTERVAL = 0.1
 
 
 def register(worker: Worker) -> None:
@@ -28,6 +37,31 @@ def register(worker: Worker) -> None:
     # of a completed batch, or the first one of a batch still running. Records between it and
     # the partition's highwater are waiting on the agent (health: stuck while lag grows).
     reached: dict[Any, int] = {}
+    # Events whose changed states are not written yet: each holds its message's ack.
+    held: list[Any] = []
+    flushed_at = time.monotonic()
+    in_batch = False
+
+    def flush_states() -> None:
+        """Write the states changed since the last flush, then let their messages be acked."""
+        nonlocal flushed_at
+        states.flush()
+        flushed_at = time.monotonic()
+        released = held.copy()
+        held.clear()
+        for event in released:
+            event.ack()  # our reference; the take buffer acked its own after the batch
+
+    def flush_due() -> bool:
+        # A rebalance waits for every message to be acked: flush at once, not at the interval.
+        due = time.monotonic() - flushed_at >= settings.commit_interval
+        return bool(held) and (due or bool(getattr(app, "rebalancing", False)))
+
+    @app.timer(interval=FLUSH_CHECK_INTERVAL)
+    async def flush_when_idle() -> None:
+        # Between batches only: a batch's retractions write to states it has open.
+        if not in_batch and flush_due():
+            flush_states()
 
     @app.on_partitions_revoked.connect
     async def forget_positions(_: Any, revoked: set[Any], **__: Any) -> None:
@@ -58,21 +92,39 @@ def register(worker: Worker) -> None:
 
     @worker.app.agent(worker.spans_in, name="guard-spans")
     async def guard_spans(stream: faust.StreamT) -> None:
-        # Messages come in small batches: each trace's state is written once per batch, and
-        # the batch's events are acknowledged (and later committed) only after its signals are
-        # acked by the broker and its state is written.
+        # Messages come in small batches: a batch's events are acknowledged (and later
+        # committed) only after its signals are acked by the broker and the states it changed
+        # are written, once per commit interval (flush_states).
+        nonlocal in_batch
+        crashed = False
         try:
             async for events in stream.take_events(settings.batch_size, within=0.002):
-                await guard_batch(events)
+                in_batch = True
+                try:
+                    await guard_batch(events)
+                finally:
+                    in_batch = False
                 health.progressed()
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
+                crashed = True
+                # Nothing since the last flush is written or acked: decided again on restart.
+                states.discard()
+                held.clear()
                 health.crashed(exc)
             raise
+        finally:
+            if held and not crashed:  # stopping: what was decided is written and acked
+                try:
+                    flush_states()
+                except Exception as exc:  # not committed: decided again after the restart
+                    log.warning("states not flushed on stop", extra={"error": repr(exc)})
 
     async def guard_batch(events: list[Any]) -> None:
         for event in events:
             reached.setdefault(event.message.tp, event.message.offset)
+            event.message.incref()  # acked by flush_states, once its states are written
+        held.extend(events)
         states.begin_batch()
         sends: list[Send] = []
         goal_sends: list[Send] = []
@@ -99,7 +151,8 @@ def register(worker: Worker) -> None:
                     extra={"trace_id": send.decision.trace_id},
                 )
         await dead_letter_unsent(failed)
-        states.flush()
+        if flush_due():
+            flush_states()
         evicted = states.evict_idle(events, guard.clock() - settings.state_ttl, EVICT_PER_BATCH)
         if evicted:
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
