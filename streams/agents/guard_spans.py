@@ -33,6 +33,8 @@ def register(worker: Worker) -> None:
     app, settings, states = worker.app, worker.settings, worker.states
     guard, health, outbox = worker.guard, worker.health, worker.outbox
     verify_goals = worker.verifier is not None and worker.verifier.wanted
+    # Packed records of the repartition topic are decided on the partition they were read from.
+    repartition_topic = settings.repartition_topic
     # Where the span agent got to in each source partition: the offset after the last message
     # of a completed batch, or the first one of a batch still running. Records between it and
     # the partition's highwater are waiting on the agent (health: stuck while lag grows).
@@ -52,16 +54,34 @@ def register(worker: Worker) -> None:
         for event in released:
             event.ack()  # our reference; the take buffer acked its own after the batch
 
+    draining = False  # Faust waits for every message to be acked: flush at once
+
     def flush_due() -> bool:
-        # A rebalance waits for every message to be acked: flush at once, not at the interval.
         due = time.monotonic() - flushed_at >= settings.commit_interval
-        return bool(held) and (due or bool(getattr(app, "rebalancing", False)))
+        return bool(held) and (due or draining)
 
     @app.timer(interval=FLUSH_CHECK_INTERVAL)
     async def flush_when_idle() -> None:
         # Between batches only: a batch's retractions write to states it has open.
         if not in_batch and flush_due():
             flush_states()
+
+    # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message taken
+    # is acked, with timers already stopped on a stop: the held messages are flushed first (a
+    # batch still running flushes as it ends), so neither waits out the interval or forever.
+    wait_empty = app._consumer_wait_empty
+
+    async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
+        nonlocal draining
+        draining = True
+        try:
+            if not in_batch and held:
+                flush_states()
+            await wait_empty(*args, **kwargs)
+        finally:
+            draining = False
+
+    app._consumer_wait_empty = flush_then_wait_empty  # type: ignore[method-assign]
 
     @app.on_partitions_revoked.connect
     async def forget_positions(_: Any, revoked: set[Any], **__: Any) -> None:
@@ -131,7 +151,8 @@ def register(worker: Worker) -> None:
         for event in events:
             message = event.message
             with event_context(event):
-                outcome = worker.pipeline.handle(message.key, message.value)  # never raises
+                repartitioned = message.partition if message.topic == repartition_topic else None
+                outcome = worker.pipeline.handle(message.key, message.value, repartitioned)
             sends.extend(outbox.sends_for(outcome, message))
             if verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
