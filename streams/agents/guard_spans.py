@@ -43,6 +43,10 @@ def register(worker: Worker) -> None:
     held: list[Any] = []
     flushed_at = time.monotonic()
     in_batch = False
+    # A failure (a batch that raised, a flush that failed) left messages that can never be
+    # acked, so no offset after them would be committed: every batch after it fails too,
+    # loudly, until the restart decides them again (health: crashed, then /livez red).
+    unackable: BaseException | None = None
 
     def flush_states() -> None:
         """Write the states changed since the last flush, then let their messages be acked."""
@@ -60,11 +64,22 @@ def register(worker: Worker) -> None:
         due = time.monotonic() - flushed_at >= settings.commit_interval
         return bool(held) and (due or draining)
 
+    def flush_between_batches() -> None:
+        nonlocal unackable
+        try:
+            flush_states()
+        except Exception as exc:
+            log.exception("states not written; their messages stay unacked until a restart")
+            unackable = exc
+            states.discard()
+            held.clear()
+            health.crashed(exc)
+
     @app.timer(interval=FLUSH_CHECK_INTERVAL)
     async def flush_when_idle() -> None:
         # Between batches only: a batch's retractions write to states it has open.
         if not in_batch and flush_due():
-            flush_states()
+            flush_between_batches()
 
     # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message taken
     # is acked, with timers already stopped on a stop: the held messages are flushed first (a
@@ -76,7 +91,7 @@ def register(worker: Worker) -> None:
         draining = True
         try:
             if not in_batch and held:
-                flush_states()
+                flush_between_batches()
             await wait_empty(*args, **kwargs)
         finally:
             draining = False
@@ -115,7 +130,7 @@ def register(worker: Worker) -> None:
         # Messages come in small batches: a batch's events are acknowledged (and later
         # committed) only after its signals are acked by the broker and the states it changed
         # are written, once per commit interval (flush_states).
-        nonlocal in_batch
+        nonlocal in_batch, unackable
         crashed = False
         try:
             async for events in stream.take_events(settings.batch_size, within=0.002):
@@ -129,6 +144,7 @@ def register(worker: Worker) -> None:
             if not isinstance(exc, asyncio.CancelledError):
                 crashed = True
                 # Nothing since the last flush is written or acked: decided again on restart.
+                unackable = unackable or exc
                 states.discard()
                 held.clear()
                 health.crashed(exc)
@@ -141,6 +157,8 @@ def register(worker: Worker) -> None:
                     log.warning("states not flushed on stop", extra={"error": repr(exc)})
 
     async def guard_batch(events: list[Any]) -> None:
+        if unackable is not None:
+            raise RuntimeError(f"messages left unacked by an earlier failure: {unackable!r}")
         for event in events:
             reached.setdefault(event.message.tp, event.message.offset)
             event.message.incref()  # acked by flush_states, once its states are written
