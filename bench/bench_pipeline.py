@@ -110,15 +110,17 @@ def keyed_messages(requests: list[bytes]) -> list[tuple[bytes, bytes, list[str]]
     return out
 
 
-def core_rate(requests: list[bytes], spans: int, runs: int) -> float:
+def core_rate(requests: list[bytes], spans: int, runs: int, cpu: bool = False) -> float:
+    """The core's spans per second of wall time, or with `cpu` of this process's CPU time."""
+    clock = time.process_time if cpu else time.perf_counter
     best = float("inf")
     for _ in range(runs):
         gc.collect()
         guard = Guard()
-        started = time.perf_counter()
+        started = clock()
         for data in requests:
             guard.process(data)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, clock() - started)
     return spans / best
 
 
@@ -606,6 +608,12 @@ class ShippedCollector:
             print(f"collector.sh down failed; state kept: {self.state_dir}\n{down.stderr}")
 
 
+def per_worker_cpu(drained: Drain) -> float:
+    """Spans per CPU second of worker 1 over the drain (0 where /proc says nothing)."""
+    busy = drained.cores.get("worker 1", 0.0)
+    return drained.spans_per_s / busy if busy > 0 else 0.0
+
+
 def topic_records(topic: str, partitions: int) -> int:
     return sum(end_offsets(topic, partitions))
 
@@ -908,6 +916,17 @@ def main() -> int:
                 f" posted in {fed.drain.produce_s:.1f}s, done in {fed.drain.seconds:.1f}s"
             )
             print(f"  during the drain: {fed.drain.meter.text(fed.drain.cores)}")
+            # Spans per second of the worker's own CPU: what the worker would move on a core of
+            # its own, whatever else this machine ran meanwhile (the core runs on one).
+            per_cpu = per_worker_cpu(fed.drain)
+            synthetic_per_cpu = per_worker_cpu(one)
+            core_cpu = core_rate(corpus.requests, corpus.spans, args.runs, cpu=True)
+            print(
+                f"  per worker CPU second: {per_cpu:,.0f} spans through the Collector"
+                f" ({per_cpu / core_cpu:.3f} of the core's {core_cpu:,.0f} per CPU second),"
+                f" {synthetic_per_cpu:,.0f} from the synthetic producer"
+                f" ({synthetic_per_cpu / core_cpu:.3f})"
+            )
             result.update(
                 {
                     "collector_spans_per_s": round(fed.drain.spans_per_s),
@@ -915,6 +934,10 @@ def main() -> int:
                     "collector_spans_per_repartition_record": round(per_hop, 1),
                     "collector_drain_complete": fed.drain.done,
                     "worker_cores_collector": round(fed.drain.cores["worker 1"], 2),
+                    "collector_spans_per_worker_cpu_s": round(per_cpu),
+                    "pipeline_spans_per_worker_cpu_s": round(synthetic_per_cpu),
+                    "core_spans_per_cpu_s": round(core_cpu),
+                    "collector_per_cpu_to_core": round(per_cpu / core_cpu, 3),
                 }
             )
             if "latency" in phases:
