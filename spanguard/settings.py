@@ -238,12 +238,14 @@ class WorkerSettings:
         30.0, "seconds before a silent worker's partitions move to another worker"
     )
     batch_size: int = setting(
-        500, "messages processed together; each trace's state is written once per batch"
+        500, "messages processed together; their signals are sent and acked per batch"
     )
     fetch_max_wait: int = setting(
         20, "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"
     )
-    commit_interval: float = setting(1.0, "seconds between offset commits")
+    commit_interval: float = setting(
+        1.0, "seconds between offset commits; a trace's state is written once per interval"
+    )
     dead_after: float = setting(
         60.0,
         "seconds the span agent may stay crashed, or stuck with records waiting, before /livez"

@@ -30,6 +30,7 @@ from spanguard.streams.metrics import (
     WorkerMetrics,
     worker_registry,
 )
+from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.releases import ReleaseReader
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
@@ -140,7 +141,10 @@ def create_app(
         notified=notified,
         states=states,
         guard=guard,
-        pipeline=SpanPipeline(guard),
+        # A packed record of the repartition topic holds traces of the partition it is on.
+        pipeline=SpanPipeline(
+            guard, home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions)
+        ),
         outbox=Outbox(
             repartition=app.topic(settings.repartition_topic, **RAW),
             detections=app.topic(settings.detections_topic, **RAW),

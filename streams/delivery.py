@@ -137,14 +137,41 @@ class Outbox:
             pointers.append(pointer)
         return pointers
 
-    def sends_for(self, outcome: Outcome, message: Any) -> list[Send]:
-        sends: list[Send] = []
-        for trace_id, part in outcome.repartition:
-            key = trace_id.encode()
-            partition = collector_partition(key, self.partitions)
-            sends.append(
-                Send(self.repartition, {"key": key, "value": part, "partition": partition})
+    def repartition_sends(self, parts: list[tuple[str, bytes]], message: Any) -> list[Send]:
+        """One record per partition the parts go to, holding every trace bound for it.
+
+        Serialized ExportTraceServiceRequests concatenate into one request (protobuf merges
+        repeated fields), so packing copies bytes and parses nothing. A record holds up to
+        MAX_RECORD_BYTES; a lone trace keeps its trace id as the key, a pack has none (the
+        worker decides it in place because every trace in it lives on that partition). A record
+        that cannot be written leaves a dead letter pointing at `message`, the source."""
+        packs: dict[int, list[tuple[str, bytes]]] = {}
+        for trace_id, part in parts:
+            packs.setdefault(collector_partition(trace_id.encode(), self.partitions), []).append(
+                (trace_id, part)
             )
+        sends: list[Send] = []
+        for partition, members in packs.items():
+            chunk: list[tuple[str, bytes]] = []
+            size = 0
+            for trace_id, part in members:
+                if chunk and size + len(part) > MAX_RECORD_BYTES:
+                    sends.append(self._pack(chunk, partition, message))
+                    chunk, size = [], 0
+                chunk.append((trace_id, part))
+                size += len(part)
+            sends.append(self._pack(chunk, partition, message))
+        return sends
+
+    def _pack(self, chunk: list[tuple[str, bytes]], partition: int, message: Any) -> Send:
+        key = chunk[0][0].encode() if len(chunk) == 1 else None
+        value = b"".join(part for _, part in chunk)
+        return Send(
+            self.repartition, {"key": key, "value": value, "partition": partition}, source=message
+        )
+
+    def sends_for(self, outcome: Outcome, message: Any) -> list[Send]:
+        sends: list[Send] = self.repartition_sends(outcome.repartition, message)
         for decision in outcome.decisions:
             key = decision.trace_id.encode()
             sends.append(Send(self.detections, {"key": key, "value": decision.to_json().encode()}))

@@ -104,11 +104,14 @@ class ExpiryIndex:
 
 
 class SerializedStates(MutableMapping[str, TraceState]):
-    """A MutableMapping[str, TraceState] over the table, batched, with bounded eviction.
+    """A MutableMapping[str, TraceState] over the table, write-coalescing, with bounded eviction.
 
     Between begin_batch() and flush(), states live in memory and each trace is written to the
-    table (one changelog record) once per batch, in the context of the last event that touched
-    it. Eviction reads no more than a bounded number of entries per batch (see docs/design.md,
+    table (one changelog record) once per flush, in the context of the last event that touched
+    it. The worker flushes once per commit interval, not per batch (docs/design.md, "State
+    writes once per commit"), and holds its messages' acks until then, as Kafka Streams'
+    record cache does: a trace touched by many records between two commits costs one
+    changelog record. Eviction reads no more than a bounded number of entries per batch (see docs/design.md,
     "Eviction") from an expiry index per owned partition, which holds the traces this worker
     wrote (indexed as it writes them) and those it found in the store when the partition was
     assigned (from the changelog or its local disk, indexed a few per batch by a scan). An
@@ -121,8 +124,9 @@ class SerializedStates(MutableMapping[str, TraceState]):
     dropped first), so a trace's next message skips the store's read and the decode; the table
     and its changelog are still written once per batch. A cached state is exactly what the
     batch that last wrote it wrote: a read takes it out of the cache (the guard changes it in
-    place), and only flush() puts it back, after its write. A batch that fails before its flush
-    thus leaves nothing changed in the cache, and the next read goes to the table. A revoked
+    place), and only flush() puts it back, after its write. States changed since the last flush
+    are read from the unflushed states first; if the process dies before the flush, the cache
+    and those states die with it. A revoked
     partition's cached states are dropped with its index (another worker may change them while
     it is away), and an evicted trace's with its stored state.
     """
@@ -139,6 +143,7 @@ class SerializedStates(MutableMapping[str, TraceState]):
         # (partition, trace id) -> state as written, oldest use first. Keyed by partition like
         # the store, which keeps one state per partition for a trace id arriving on several.
         self._cache: OrderedDict[tuple[int, str], TraceState] = OrderedDict()
+        # Changed since the last flush (None: no flush window open).
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
         self._expiry: dict[int, ExpiryIndex] = {}
@@ -150,6 +155,12 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget the indexes of partitions this worker no longer owns."""
         gone = set(partitions)
+        if gone and self._batch:
+            # Not written: their messages are not acked either, so the partition's next owner
+            # decides them again from what the changelog holds.
+            for trace_id in [t for t, e in self._event_of.items() if e.message.partition in gone]:
+                self._batch.pop(trace_id, None)
+                del self._event_of[trace_id]
         for partition in gone:
             self._owned.discard(partition)
             self._expiry.pop(partition, None)
@@ -184,11 +195,26 @@ class SerializedStates(MutableMapping[str, TraceState]):
     # -- batches ------------------------------------------------------------------------
 
     def begin_batch(self) -> None:
-        self._batch = {}
+        """Open a flush window, or go on with the one open: states changed since the last
+        flush stay in memory until the next."""
+        if self._batch is None:
+            self._batch = {}
+            self._event_of = {}
+
+    def discard(self) -> None:
+        """Drop the states changed since the last flush (a batch failed): nothing of them was
+        written, and their messages must not be acked, so they are decided again."""
+        self._batch = None
         self._event_of = {}
 
+    @property
+    def unflushed(self) -> int:
+        """Traces changed since the last flush."""
+        return len(self._batch or ())
+
     def flush(self) -> None:
-        """Write every state the batch changed; call it before the batch's messages are acked."""
+        """Write every state changed since the last flush, each once, in the context of the last
+        event that touched it; call it before those events' messages are acked."""
         batch, self._batch = self._batch, None
         events, self._event_of = self._event_of, {}
         for trace_id, state in (batch or {}).items():
@@ -229,6 +255,9 @@ class SerializedStates(MutableMapping[str, TraceState]):
                     if trace_id is None:
                         break
                     examined += 1
+                    if self._batch and trace_id in self._batch:  # touched, not yet flushed
+                        index.put(trace_id, self._bucket(self._batch[trace_id].last_seen))
+                        continue
                     key = trace_id.encode()
                     data = self.table.get(key)
                     if data is None:

@@ -7,6 +7,7 @@ this Faust-free lets the tests and the benchmarks drive the same routing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
@@ -41,19 +42,27 @@ class Outcome:
 
 
 class SpanPipeline:
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, home: Callable[[str], int] | None = None) -> None:
         self.guard = guard
+        # The partition a trace's state lives on (streams/partitioner.py): a repartitioned
+        # message whose traces all live on the partition it was read from is decided there.
+        self.home = home
         self.messages = 0
         self.repartitioned = 0
         self.dead_letters = 0
 
-    def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
-        """One message of the input (or repartition) topic.
+    def handle(
+        self, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> Outcome:
+        """One message of the input topic, or of the repartition topic's `partition`.
 
         A message keyed by the hex trace id of the single trace it holds (what the Collector's
-        kafka exporter writes with partition_traces_by_id) is run through the core. Any other
-        message is split by trace and handed back for re-keying, so a trace's state lives in
-        exactly one partition. Anything that is not an OTLP request is a dead letter.
+        kafka exporter writes with partition_traces_by_id) is run through the core, and so is
+        a repartitioned one whose traces all live on the partition it was read from (`home`):
+        the hop packs every trace bound for a partition into one record. Any other message is
+        split by trace and handed back for re-keying, so a trace's state lives in exactly one
+        partition, and its unkeyed spans all take the same hop, in order. Anything that is not
+        an OTLP request is a dead letter.
         """
         self.messages += 1
         if not value:
@@ -83,7 +92,15 @@ class SpanPipeline:
         if len(bad) == len(trace_ids):
             return self._dead(_bad_trace_id(len(bad[0])))
 
-        if len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode():
+        keyed = (
+            len(trace_ids) == 1 and key is not None and key == next(iter(trace_ids)).hex().encode()
+        )
+        if keyed or (
+            partition is not None
+            and self.home is not None
+            and not bad
+            and all(self.home(trace_id.hex()) == partition for trace_id in trace_ids)
+        ):
             try:
                 return Outcome(decisions=self.guard.process_view(view), has_root_span=has_root_span)
             except Exception as exc:  # a bug must cost one message, never the partition

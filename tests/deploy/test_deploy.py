@@ -437,6 +437,82 @@ def test_replicas_above_partitions_fail(helm: Path) -> None:
     assert proc.stdout == ""
 
 
+def test_autoscaling_on_consumer_lag_never_past_the_partitions(helm: Path) -> None:
+    """Off by default (the StatefulSet keeps replicaCount); on, a KEDA ScaledObject scales the
+    StatefulSet on the workers' lag metric, at most to the partition count, and the StatefulSet
+    leaves its replicas to it."""
+    assert not [d for d in render(helm) if d["kind"] == "ScaledObject"]
+    prometheus = "http://prometheus-operated.monitoring.svc:9090"
+    docs = render(
+        helm,
+        "autoscaling.enabled=true",
+        f"autoscaling.prometheus.serverAddress={prometheus}",
+        "kafka.partitions=12",
+        "autoscaling.minReplicas=2",
+    )
+    scaled = only(docs, "ScaledObject")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": only(docs, "StatefulSet")["metadata"]["name"],
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 12)  # 0 = the partitions
+    assert "replicas" not in only(docs, "StatefulSet")["spec"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    meta = trigger["metadata"]
+    assert meta["serverAddress"] == prometheus
+    assert meta["threshold"] == "20000"
+    # The metric the worker exports (streams/metrics.py), for this release's pods and the two
+    # topics the span agent reads.
+    query = promql_parser.parse(meta["query"])
+    assert "spanguard_consumer_lag" in meta["query"], meta["query"]
+    assert f'job="{FULLNAME}-metrics"' in meta["query"]
+    assert 'namespace="agents"' in meta["query"]
+    assert 'topic=~"otlp_spans|spanguard-otlp-repartition"' in meta["query"]
+    assert query is not None
+    # A cap below the partitions is kept as given.
+    capped = only(
+        render(
+            helm,
+            "autoscaling.enabled=true",
+            f"autoscaling.prometheus.serverAddress={prometheus}",
+            "autoscaling.maxReplicas=4",
+        ),
+        "ScaledObject",
+    )
+    assert capped["spec"]["maxReplicaCount"] == 4
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["autoscaling.maxReplicas=9", "kafka.partitions=8"],
+            "autoscaling.maxReplicas (9) must not exceed kafka.partitions (8)",
+        ),
+        (
+            ["autoscaling.minReplicas=5", "autoscaling.maxReplicas=4"],
+            "autoscaling.minReplicas (5) must not exceed autoscaling.maxReplicas (4)",
+        ),
+        ([], "autoscaling.prometheus.serverAddress is required"),
+    ],
+)
+def test_autoscaling_refuses_more_workers_than_partitions(
+    helm: Path, sets: list[str], message: str
+) -> None:
+    args = ["template", RELEASE, str(CHART), "--set", "autoscaling.enabled=true"]
+    if not any("serverAddress" in s for s in sets) and "serverAddress" not in message:
+        args += ["--set", "autoscaling.prometheus.serverAddress=http://prometheus:9090"]
+    for item in sets:
+        args += ["--set", item]
+    proc = run_helm(helm, *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
 def test_values_schema_rejects_typos(helm: Path) -> None:
     for setting, message in (
         ("kafka.bootstap=kafka:9092", "additional properties 'bootstap' not allowed"),

@@ -71,7 +71,7 @@ def test_a_revoked_partitions_cached_states_are_dropped() -> None:
     assert read(states, "b" * 32, 2) is not None
 
 
-def test_a_batch_that_fails_before_its_flush_changes_nothing_cached() -> None:
+def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
     table: dict[bytes, bytes] = {}
     states = SerializedStates(table, cache_size=10)
     touch(states, TRACE, 0, last_seen=5.0)
@@ -82,6 +82,7 @@ def test_a_batch_that_fails_before_its_flush_changes_nothing_cached() -> None:
         state.fired.add("tool_loop:kill")  # changed in place, as the guard does
         states[TRACE] = state
     # ...and the batch dies before flush(): its messages are not acked, nothing was written.
+    states.discard()
     states.begin_batch()
     again = read(states, TRACE, 0)
     assert again is not None and again.fired == set() and again.last_seen == 5.0
@@ -138,3 +139,63 @@ def test_a_retraction_outside_any_event_is_written_with_its_batch() -> None:
     assert TraceState.from_bytes(table[key]).fired == set()
     state = read(states, key.decode(), 3)
     assert state is not None and state.fired == set()
+
+
+def test_a_trace_touched_by_many_batches_between_flushes_is_written_once() -> None:
+    """The record cache: batches go on reading the unflushed state, and one flush writes each
+    trace once, in the context of the last event that touched it (its partition)."""
+
+    class CountingTable(dict[bytes, bytes]):
+        writes: list[tuple[bytes, int]] = []
+
+        def __setitem__(self, key: bytes, value: bytes) -> None:
+            from faust.streams import current_event
+
+            self.writes.append((key, current_event().message.offset))
+            super().__setitem__(key, value)
+
+    table = CountingTable()
+    states = SerializedStates(table, cache_size=10)
+    for offset in range(5):
+        states.begin_batch()  # one window across the batches: nothing written yet
+        with event_context(event(3, offset)):
+            state = states.get(TRACE) or TraceState()
+            state.last_seen = float(offset)
+            state.fired.add(f"seen:{offset}")
+            states[TRACE] = state
+        assert table == {} and states.unflushed == 1
+    states.flush()
+    assert table.writes == [(TRACE.encode(), 4)]  # once, in the last event's context
+    stored = TraceState.from_bytes(table[TRACE.encode()])
+    assert stored.last_seen == 4.0 and stored.fired == {f"seen:{n}" for n in range(5)}
+    assert states.unflushed == 0
+    assert read(states, TRACE, 3) == stored
+
+
+def test_an_unflushed_trace_is_not_evicted_on_its_stale_stored_state() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, bucket_seconds=1.0, cache_size=10)
+    touch(states, TRACE, 0, last_seen=10.0)
+    states.begin_batch()
+    with event_context(event(0, 1)):
+        state = states.get(TRACE)
+        assert state is not None
+        state.last_seen = 100.0  # touched again, not flushed yet
+        states[TRACE] = state
+    # The stale index entry (bucket 10) is examined; the stored state says idle, the open one
+    # does not.
+    assert states.evict_idle([event(0, 1)], cutoff=50.0, limit=256) == 0
+    states.flush()
+    assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 100.0
+
+
+def test_a_revoked_partitions_unflushed_states_are_not_written() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    states.begin_batch()
+    for partition, trace_id in ((1, TRACE), (2, "b" * 32)):
+        with event_context(event(partition)):
+            states[trace_id] = TraceState(last_seen=1.0)
+    states.revoke({1})  # its next owner decides those messages again
+    states.flush()
+    assert list(table) == [b"b" * 32]

@@ -13,8 +13,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.schemas.decision import key_id, signature_valid, validate
+from spanguard.streams.partitioner import collector_partition
 from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
@@ -149,17 +151,31 @@ def test_unkeyed_mixed_message_is_repartitioned(worker):
             lambda m, a=agent: m["topic"] == topics.kills and m["key"] == a.trace_id.encode(),
             timeout=DEADLINE,
         )
-    # Each trace was re-keyed into the repartition topic exactly once, with its spans only.
+    # Each trace went to the repartition topic exactly once, with its spans only, on the
+    # partition its key gives; the traces bound for one partition share one record (a lone
+    # trace keeps its id as the key, a pack has none).
+    ours = {a.trace_id for a in (first, second, calm)}
+
+    def traces_in(record: dict) -> list[str]:
+        request = ExportTraceServiceRequest.FromString(record["value"])
+        return [
+            span.trace_id.hex()
+            for resource_spans in request.resource_spans
+            for scope_spans in resource_spans.scope_spans
+            for span in scope_spans.spans
+        ]
+
+    homes = {trace_id: collector_partition(trace_id.encode(), 2) for trace_id in ours}
     rekeyed = collector.wait(
-        lambda m: (
-            m["topic"] == topics.repartition
-            and m["key"] in {a.trace_id.encode() for a in (first, second, calm)}
-        ),
-        count=3,
+        lambda m: m["topic"] == topics.repartition and bool(set(traces_in(m)) & ours),
+        count=len(set(homes.values())),
     )
-    assert sorted(m["key"] for m in rekeyed) == sorted(
-        a.trace_id.encode() for a in (first, second, calm)
-    )
+    seen = [trace_id for record in rekeyed for trace_id in dict.fromkeys(traces_in(record))]
+    assert sorted(seen) == sorted(ours)
+    for record in rekeyed:
+        held = set(traces_in(record))
+        assert {homes[trace_id] for trace_id in held} == {record["partition"]}
+        assert record["key"] == (next(iter(held)).encode() if len(held) == 1 else None)
     assert kills_for(collector, topics, calm.trace_id) == []
     assert (process.metrics() or {})["spanguard_messages_repartitioned_total"] >= 1
 

@@ -70,6 +70,19 @@ Checks that stop the render with a message, before anything reaches the cluster.
 {{- if gt $replicas $partitions }}
 {{- fail (printf "replicaCount (%d) must not exceed kafka.partitions (%d): each worker pod needs at least one partition of %s, and a pod beyond the partition count would sit idle. Lower replicaCount or raise kafka.partitions." $replicas $partitions .Values.kafka.topics.input) }}
 {{- end }}
+{{- if .Values.autoscaling.enabled }}
+{{- $min := int .Values.autoscaling.minReplicas }}
+{{- $max := int .Values.autoscaling.maxReplicas }}
+{{- if lt $min 1 }}
+{{- fail (printf "autoscaling.minReplicas must be at least 1 (got %d)" $min) }}
+{{- end }}
+{{- if gt $max $partitions }}
+{{- fail (printf "autoscaling.maxReplicas (%d) must not exceed kafka.partitions (%d): a worker beyond the partition count would hold no partition. Lower it, or 0 for the partition count." $max $partitions) }}
+{{- end }}
+{{- if gt $min (int (include "spanguard.maxReplicas" .)) }}
+{{- fail (printf "autoscaling.minReplicas (%d) must not exceed autoscaling.maxReplicas (%s)" $min (include "spanguard.maxReplicas" .)) }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.worker.store (list "rocksdb" "memory")) }}
 {{- fail (printf "worker.store must be rocksdb or memory (got %q)" .Values.worker.store) }}
 {{- end }}
@@ -261,4 +274,13 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
 - name: SPANGUARD_LOG_LEVEL
   value: {{ .Values.worker.logLevel | quote }}
 {{ include "spanguard.kafkaEnv" . }}
+{{- end }}
+
+{{/*
+The most worker pods the autoscaler may run: autoscaling.maxReplicas, or with 0 the partition
+count (a pod beyond it would hold no partition).
+*/}}
+{{- define "spanguard.maxReplicas" -}}
+{{- $max := int .Values.autoscaling.maxReplicas }}
+{{- if eq $max 0 }}{{ int .Values.kafka.partitions }}{{ else }}{{ $max }}{{ end }}
 {{- end }}
