@@ -51,6 +51,7 @@ from spanguard.schemas.decision import (  # read_signal and BadSignal re-exporte
     keyring,
     read_signal,
 )
+from spanguard.secrets import normalize_secret, signing_keys_from_env
 
 __all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
 
@@ -88,14 +89,21 @@ class KillSwitch:
         security: KafkaSecurity | None = None,
         start: bool = True,
         clock: Callable[[], datetime] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
-        keys = keyring([*([signing_key] if signing_key else []), *signing_keys])
+        given = [*([signing_key] if signing_key else []), *signing_keys]
+        if not given and not allow_unsigned:
+            # The worker's own variables and files, read by the same reader (spanguard.secrets).
+            given = list(signing_keys_from_env(environ))
+        # The same whitespace rule as the worker's: a key file's trailing newline is not the key.
+        keys = keyring([normalize_secret(key) for key in given])
         if keys and allow_unsigned:
             raise SettingsError("give signing keys or allow_unsigned=True, not both")
         if not keys and not allow_unsigned:
             raise SettingsError(
-                "no signing key: pass signing_key= (the worker's SPANGUARD_SIGNING_KEY), or"
-                " allow_unsigned=True to obey unsigned signals (insecure)"
+                "no signing key: pass signing_key=, or set SPANGUARD_SIGNING_KEY or"
+                " SPANGUARD_SIGNING_KEY_FILE (the worker's key), or pass allow_unsigned=True"
+                " to obey unsigned signals (insecure)"
             )
         self.topic = topic
         self.security = security if security is not None else KafkaSecurity.from_env()
@@ -120,13 +128,22 @@ class KillSwitch:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: Exception | None = None
+        # Checks that found no trace to check: each one is a tool call nothing guarded.
+        self.unguarded = 0
+        self._unguarded_warned: set[str] = set()
+        self._start_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="spanguard-killswitch", daemon=True)
         if start:
             self.start()
 
     def start(self, timeout: float = 30.0) -> KillSwitch:
-        """Start the consumer and wait until it is positioned at the latest offsets."""
-        self._thread.start()
+        """Start the consumer and wait until it is positioned at the latest offsets.
+
+        Idempotent: the constructor starts it (unless `start=False`), and a later `start()`
+        only waits for the same consumer to be ready (or raises its start error again)."""
+        with self._start_lock:
+            if self._thread.ident is None:  # never started
+                self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError(f"kill-signal consumer not ready in {timeout}s")
         if self._error is not None:
@@ -138,8 +155,28 @@ class KillSwitch:
         downgrade's system message once; else None."""
         trace_id = trace_id or current_trace_id()
         if trace_id is None:
+            self.note_unguarded(
+                "KillSwitch.check()",
+                "no trace id given and no OpenTelemetry span is current; pass the run's trace"
+                " id, check() inside the agent's span, or use an adapter of"
+                " spanguard.killswitch.adapters",
+            )
             return None
         return self.signals.check(trace_id)
+
+    def note_unguarded(self, where: str, what_to_do: str) -> None:
+        """Count a tool call that could not be checked (no trace found); warn once per `where`.
+
+        Never silent: an agent that cannot be told its trace was killed is not guarded."""
+        self.unguarded += 1
+        if where not in self._unguarded_warned:
+            self._unguarded_warned.add(where)
+            log.warning(
+                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
+                " guarded: %s (further ones are counted in KillSwitch.unguarded, not logged)",
+                where,
+                what_to_do,
+            )
 
     @property
     def malformed(self) -> int:
