@@ -2,10 +2,12 @@
 `smolagents`).
 
 smolagents turns an exception raised inside a tool into an observation for the model and
-carries on, so a check inside the tool could never stop the agent. A step callback runs
-after each step, before the next step's model call and tool calls, and what it raises leaves
-`agent.run()` as it is: the check there is before every tool call but the first step's (which
-no signal can precede). Tool calls of one step run together, without a check between them.
+carries on, so a check inside the tool alone could not stop the agent. A step callback runs
+after each step, and what it raises leaves `agent.run()` as it is. So the callback checks
+after each step, and at its first call it also puts a check in front of each of the agent's
+tools: a tool call of a killed trace does not run (smolagents records the refusal as the
+step's error) and the callback after that step raises `AgentKilled`. The first step's tool
+calls run before any check (no signal can precede the run's first call).
 The trace is the current span's (OpenInference's smolagents instrumentation makes the run's
 span current), else the one recorded at the first step.
 """
@@ -42,6 +44,11 @@ class SpanguardStepCallback(TraceGate):
         )
 
     def __call__(self, memory_step: Any, agent: Any = None, **kwargs: Any) -> None:
+        if agent is not None:
+            self._guard_tools(agent)
+        self._check(agent)
+
+    def _check(self, agent: Any) -> None:
         trace_id = current_trace_id()
         run = id(agent) if agent is not None else None
         if trace_id is not None and run is not None:
@@ -49,3 +56,16 @@ class SpanguardStepCallback(TraceGate):
         elif run is not None:
             trace_id = self.recorded_trace([run])
         self.check_trace(trace_id)
+
+    def _guard_tools(self, agent: Any) -> None:
+        for tool in getattr(agent, "tools", {}).values():
+            if getattr(tool.forward, "_spanguard_guarded", False):
+                continue
+            forward = tool.forward
+
+            def guarded(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+                self._check(agent)
+                return _forward(*args, **kwargs)
+
+            guarded._spanguard_guarded = True  # type: ignore[attr-defined]
+            tool.forward = guarded

@@ -192,6 +192,51 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, step_delay: 
     return outcome
 
 
+def run_offline(row: str) -> Outcome:
+    """The looping agent of `row` with no Kafka: spans in memory, and the kill delivered to a
+    SignalBook for the trace of the spans exported so far when the 4th call runs (as the
+    worker would). The adapter stops the agent only if it checks that trace."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch import AgentKilled, SignalBook
+    from tests.support.spans import kill_signal
+
+    library = agents.LIBRARIES[ROWS[row][0]]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    library.instrument(provider, "capture")
+    book = SignalBook()
+    seen = SeenTraces(book)
+    adapter = _adapter(library.name, seen)
+
+    class KilledAtTheTrip(PacedScript):
+        def result(self) -> str:
+            if len(self.call_times) == TRIPS_AT - 1:  # this is the call that trips the rule
+                traces = {span.context.trace_id for span in exporter.get_finished_spans()}
+                for trace in traces:
+                    book.deliver(kill_signal(format(trace, "032x")))
+            return super().result()
+
+    script = KilledAtTheTrip(
+        [agents.Call("search_docs", agents.REFUND, "no results")] * LOOP_CALLS, 0
+    )
+    outcome = Outcome(row, "loop", "in-memory", 0.0)
+    try:
+        library.run(script, adapter)
+    except Exception as exc:
+        outcome.exception = _chain(exc)
+        killed = any(isinstance(e, AgentKilled) for e in _chain_objects(exc))
+        outcome.status = "killed" if killed else "error"
+    provider.force_flush()
+    outcome.calls = len(script.call_times)
+    outcome.trace_ids = seen.trace_ids
+    outcome.unguarded = adapter.unguarded if hasattr(adapter, "unguarded") else 0
+    return outcome
+
+
 def _chain_objects(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     current: BaseException | None = exc
@@ -313,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--kill-topic", required=True)
     one.add_argument("--step-delay", type=float, default=STEP_DELAY)
     one.add_argument("--export", choices=EXPORTS, default="prompt")
+    offline = sub.add_parser("offline", help=argparse.SUPPRESS)
+    offline.add_argument("row", choices=ROWS)
     matrix = sub.add_parser("matrix", help="every row against the real stack")
     matrix.add_argument("rows", nargs="*", help=f"default: all ({', '.join(ROWS)})")
     export = sub.add_parser("export", help="calls before the stop: SDK defaults vs. spanguard's")
@@ -323,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(args.row, args.scenario, endpoint=args.endpoint,
                       kill_topic=args.kill_topic, step_delay=args.step_delay, export=args.export)  # fmt: skip
         print(json.dumps(asdict(outcome)))
+        return 0
+    if args.command == "offline":
+        print(json.dumps(asdict(run_offline(args.row))))
         return 0
     outcomes = []
     with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp)) as running:
