@@ -1,0 +1,78 @@
+"""The guard's promise, end to end: a guarded real agent stops.
+
+Framework x instrumentation x spanguard adapter (tests/support/guarded_agents.py), against the
+real stack: the Collector built from deploy/collector (scripts/collector.sh), the default
+`spanguard worker` signing with the stack's own key file (`scripts/stack.sh key-file`), and a
+`KillSwitch` in the agent reading that same file through SPANGUARD_SIGNING_KEY_FILE. The
+scripted model thinks STEP_DELAY seconds a turn; the looping agent asks for the same search 15
+times, the healthy twin makes 12 different ones. The looping agent must stop after exactly
+its 4th call (the default policy's threshold), with `AgentKilled` as the exception or its
+cause, the healthy twin must finish, and `spanguard explain` must find the trace.
+
+One row runs in `make test`; the whole matrix is `make test-agents` (marker `agents`). Each
+row prints its calls before the stop and the stop latency (the end of the 4th call to the
+kill in the agent's book).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.guarded_agents import ROWS, TRIPS_AT, format_rows, run_row, stack
+from tests.support.guarded_agents import explain as explain_trace
+from tests.support.instrumented_agents import LIBRARIES, installed
+
+pytestmark = pytest.mark.kafka
+
+# Tolerant of a loaded machine: the kill has a whole step to arrive (it takes ~0.2 s here).
+STEP_DELAY = float(os.environ.get("SPANGUARD_TEST_STEP_DELAY", "0.5"))
+IN_MAKE_TEST = "langgraph+openinference"
+# What the agent's code sees, outermost first (docs/agents.md says the same per framework).
+SEEN = {
+    "openai-agents+openinference": "UserError",  # "Error running tool ...", cause AgentKilled
+    "openai-agents+otel-bridge": "UserError",
+}
+
+
+@pytest.fixture(scope="module")
+def running_stack(tmp_path_factory):
+    with stack(Path(tmp_path_factory.mktemp("agents-e2e"))) as running:
+        yield running
+
+
+ROW_PARAMS = [
+    pytest.param(row, marks=[] if row == IN_MAKE_TEST else [pytest.mark.agents], id=row)
+    for row in ROWS
+]
+
+
+@pytest.mark.parametrize("row", ROW_PARAMS)
+def test_the_looping_agent_stops_at_its_4th_call_and_its_twin_finishes(running_stack, row):
+    library = LIBRARIES[ROWS[row][0]]
+    if not installed(library):
+        pytest.skip(f"{library.name} is not installed (the instrumentation-tests extra)")
+    # The twins run side by side, as two agents of a fleet do.
+    with ThreadPoolExecutor(2) as pool:
+        loop_run, healthy_run = (
+            pool.submit(run_row, running_stack, row, scenario, step_delay=STEP_DELAY)
+            for scenario in ("loop", "healthy")
+        )
+        loop, healthy = loop_run.result(), healthy_run.result()
+    print("\n" + format_rows([loop, healthy]))
+
+    assert loop.status == "killed", loop
+    assert loop.calls == TRIPS_AT, loop
+    assert "AgentKilled" in loop.exception, loop
+    assert loop.exception[0] == SEEN.get(row, "AgentKilled"), loop
+    assert loop.unguarded == 0 and len(loop.trace_ids) == 1, loop
+    assert loop.stop_latency_s is not None and loop.stop_latency_s < STEP_DELAY, loop
+
+    assert healthy.status == "finished" and healthy.calls == 12, healthy
+    assert healthy.unguarded == 0, healthy
+
+    explained = explain_trace(running_stack, loop.trace_ids[0])
+    assert loop.trace_ids[0] in explained and "tool_loop" in explained, explained
