@@ -7,9 +7,8 @@
 | `SpanguardCapability` | pydantic-ai | capability `before_tool_execute` | `pydantic-ai` |
 | `SpanguardStepCallback` | smolagents | `step_callbacks` (after each step, before the next) | `smolagents` |
 | `guard_llama_index_agent` | llama-index workflow agents | the agent's tool step | `llama-index` |
-
-Google ADK (plugins' `before_tool_callback`) and strands (`BeforeToolCallEvent` hooks) have the
-hooks, but pin OpenTelemetry versions this project's SDK pin excludes; they have no adapter yet.
+| `SpanguardAdkPlugin` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | `google-adk` |
+| `SpanguardHooks` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | `strands` |
 
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
 `GuardingSpanProcessor`) and finds the trace to check, in this order: a fixed `trace_id=`; the
@@ -38,8 +37,10 @@ from spanguard.killswitch.signals import current_trace_id
 
 __all__ = [  # noqa: F822 - the framework classes are built lazily
     "Checker",
+    "SpanguardAdkPlugin",
     "SpanguardCallbackHandler",
     "SpanguardCapability",
+    "SpanguardHooks",
     "SpanguardRunHooks",
     "SpanguardStepCallback",
     "TraceGate",
@@ -180,6 +181,8 @@ _BUILDERS = {
     "SpanguardCapability": "spanguard.killswitch.adapters_pydantic_ai",
     "SpanguardStepCallback": "spanguard.killswitch.adapters_smolagents",
     "guard_llama_index_agent": "spanguard.killswitch.adapters_llama_index",
+    "SpanguardAdkPlugin": "spanguard.killswitch.adapters_google_adk",
+    "SpanguardHooks": "spanguard.killswitch.adapters_strands",
 }
 
 

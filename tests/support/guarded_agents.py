@@ -44,15 +44,22 @@ LOOP_CALLS = 15  # the stuck agent's script: the same search, again and again
 TRIPS_AT = 4  # the default policy's tool_loop threshold
 STEP_DELAY = 0.3  # seconds the scripted model "thinks" per turn
 
-# (row name, instrumented_agents library, how the agent code sees the kill)
+# row -> (its instrumented_agents library, the exception the agent's code sees when the kill
+# is caught before a tool call: AgentKilled, or the framework's own with AgentKilled as its
+# cause; a kill caught before a model call is AgentKilled itself everywhere but ADK)
 ROWS: dict[str, tuple[str, str]] = {
     "langgraph+openinference": ("langgraph-openinference", "AgentKilled"),
     "langgraph+openllmetry": ("langgraph-openllmetry", "AgentKilled"),
-    "openai-agents+openinference": ("openai-agents-openinference", "AgentKilled"),
-    "openai-agents+otel-bridge": ("openai-agents-otel", "AgentKilled"),
+    # "Error running tool ...".
+    "openai-agents+openinference": ("openai-agents-openinference", "UserError"),
+    "openai-agents+otel-bridge": ("openai-agents-otel", "UserError"),
     "pydantic-ai": ("pydantic-ai", "AgentKilled"),
     "smolagents+openinference": ("smolagents-openinference", "AgentKilled"),
     "llama-index+openinference": ("llama-index-openinference", "AgentKilled"),
+    # Their OpenTelemetry pins exclude this project's SDK: virtualenvs of their own
+    # (`python -m tests.support.instrumented_agents --venv google-adk`).
+    "google-adk": ("google-adk", "RuntimeError"),  # "Error in plugin 'spanguard' ..."
+    "strands": ("strands", "EventLoopException"),
 }
 EXPORTS = ("prompt", "sdk-default")
 
@@ -124,6 +131,10 @@ def _adapter(library: str, switch: Any) -> Any:
         return adapters.SpanguardStepCallback(switch)
     if framework == "llama":
         return lambda agent: adapters.guard_llama_index_agent(agent, switch)
+    if framework == "google":
+        return adapters.SpanguardAdkPlugin(switch)
+    if framework == "strands":
+        return adapters.SpanguardHooks(switch)
     raise ValueError(f"no adapter for {library}")
 
 
@@ -301,6 +312,22 @@ def _without_keys(env: Any) -> dict[str, str]:
 
 def _key_env(key_file: str) -> dict[str, str]:
     return {"SPANGUARD_SIGNING_KEY_FILE": key_file}
+
+
+def missing(row: str) -> str | None:
+    """Why `row` cannot run here (its framework or, in a virtualenv of its own, what the
+    matrix needs there is not installed), or None."""
+    library = agents.LIBRARIES[ROWS[row][0]]
+    if not agents.installed(library):
+        return f"{library.name} is not installed (the instrumentation-tests extra, or its venv)"
+    if library.requirements:
+        check = "import confluent_kafka, opentelemetry.exporter.otlp.proto.http"
+        if subprocess.run([library.python, "-c", check], capture_output=True).returncode != 0:
+            return (
+                f"{library.python} lacks the matrix's clients: python -m"
+                f" tests.support.instrumented_agents --venv {library.name}"
+            )
+    return None
 
 
 def run_row(stack: Stack, row: str, scenario: str, *, step_delay: float = STEP_DELAY,

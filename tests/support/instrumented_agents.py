@@ -19,6 +19,7 @@ settings from the environment when they start.
 
 Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
 run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
+(or $SPANGUARD_FIXTURE_VENVS/fixtures-<library>)
 (`--venv LIBRARY` makes it: the library's exact pin, and this checkout without dependencies).
 """
 
@@ -38,7 +39,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "instrumentation"
-VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+# SPANGUARD_FIXTURE_VENVS: where the virtualenvs of their own live, for a checkout that must
+# not share them (each holds one checkout, installed editable).
+VENVS = Path(
+    os.environ.get("SPANGUARD_FIXTURE_VENVS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+)
 SERVICE = "scripted-agent"
 MODULE = "tests.support.instrumented_agents"
 
@@ -577,7 +583,8 @@ CONTENT_SETTINGS = frozenset(
         "OTEL_INSTRUMENTATION_OPENAI_AGENTS_CAPTURE_CONTENT",
     }
 )
-SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0")
+# confluent-kafka: the KillSwitch of the guarded-agent matrix (tests/support/guarded_agents.py).
+SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0", "confluent-kafka==2.16.1")
 LIBRARIES: dict[str, Library] = {
     library.name: library
     for library in (
@@ -650,7 +657,11 @@ LIBRARIES: dict[str, Library] = {
             },
             instrument_global_provider,
             run_google_adk,
-            ("google-adk==2.13.0", "opentelemetry-exporter-otlp-proto-common==1.44.0"),
+            (
+                "google-adk==2.13.0",
+                "opentelemetry-exporter-otlp-proto-common==1.44.0",
+                "opentelemetry-exporter-otlp-proto-http==1.44.0",  # the guarded-agent matrix
+            ),
         ),
         Library(
             "strands",
@@ -666,7 +677,11 @@ LIBRARIES: dict[str, Library] = {
             },
             instrument_global_provider,
             run_strands,
-            ("strands-agents==1.62.0", "opentelemetry-exporter-otlp-proto-common==1.45.1"),
+            (
+                "strands-agents==1.62.0",
+                "opentelemetry-exporter-otlp-proto-common==1.45.1",
+                "opentelemetry-exporter-otlp-proto-http==1.45.1",
+            ),
         ),
     )
 }
