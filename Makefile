@@ -36,7 +36,10 @@ test-failover: install
 # Every framework x instrumentation x adapter row against the real stack (Collector, default
 # worker, KillSwitch): the looping agent stops at its 4th call, its healthy twin finishes; each
 # row prints its calls before the stop and the stop latency (`make test` runs one row).
+# Google ADK and strands run in virtualenvs of their own (made or brought up to date here).
 test-agents: install kafka-up collector
+	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
+	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/pytest -q -s -m "agents or not agents" tests/killswitch/test_agents_e2e.py \
 		tests/killswitch/test_agents_adapters.py
 

@@ -7,8 +7,8 @@
 | `SpanguardCapability` | pydantic-ai | capability `before_tool_execute` | `pydantic-ai` |
 | `SpanguardStepCallback` | smolagents | `step_callbacks` (after each step, before the next) | `smolagents` |
 | `guard_llama_index_agent` | llama-index workflow agents | the agent's tool step | `llama-index` |
-| `SpanguardAdkPlugin` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | `google-adk` |
-| `SpanguardHooks` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | `strands` |
+| `SpanguardAdkPlugin` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | (google-adk) |
+| `SpanguardHooks` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | (strands-agents) |
 
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
 `GuardingSpanProcessor`) and finds the trace to check, in this order: a fixed `trace_id=`; the

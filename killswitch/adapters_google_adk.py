@@ -1,4 +1,4 @@
-"""Google ADK: `Runner(..., plugins=[SpanguardAdkPlugin(switch)])` (extra `google-adk`).
+"""Google ADK: `Runner(..., plugins=[SpanguardAdkPlugin(switch)])`.
 
 A runner's plugin sees every agent's calls: `before_model_callback` before each model call and
 `before_tool_callback` before each tool call. ADK traces through the global tracer provider
@@ -17,7 +17,7 @@ from spanguard.killswitch.signals import current_trace_id
 try:
     from google.adk.plugins.base_plugin import BasePlugin
 except ImportError as exc:  # pragma: no cover - depends on the extra
-    raise ImportError("SpanguardAdkPlugin needs `pip install spanguard[google-adk]`") from exc
+    raise ImportError("SpanguardAdkPlugin needs google-adk (`pip install google-adk`)") from exc
 
 __all__ = ["SpanguardAdkPlugin"]
 

@@ -1,4 +1,4 @@
-"""strands: `Agent(..., hooks=[SpanguardHooks(switch)])` (extra `strands`).
+"""strands: `Agent(..., hooks=[SpanguardHooks(switch)])`.
 
 A hook on `BeforeModelCallEvent` and `BeforeToolCallEvent` checks before each model call and
 each tool call. strands traces through the global tracer provider and makes its spans
@@ -23,7 +23,7 @@ try:
         HookRegistry,
     )
 except ImportError as exc:  # pragma: no cover - depends on the extra
-    raise ImportError("SpanguardHooks needs `pip install spanguard[strands]`") from exc
+    raise ImportError("SpanguardHooks needs strands (`pip install strands-agents`)") from exc
 
 __all__ = ["SpanguardHooks"]
 
