@@ -1,6 +1,6 @@
 """The agent side: a background consumer of agent-kill-signals and a `check()` before each step.
 
-    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=os.environ["SPANGUARD_SIGNING_KEY"])
+    switch = KillSwitch(bootstrap_servers="kafka:9092")  # the key as the worker reads it
     ...
     message = switch.check()      # raises AgentKilled once this trace is killed
     if message:                   # a downgrade: hand the model this system message
@@ -17,8 +17,15 @@ into a `BadSignal` naming its kind. A bad record is counted (`switch.ignored[kin
 once per kind, and costs only itself: the thread never dies, and the next valid signal is
 delivered.
 
-Signals are obeyed only when signed with one of the agent's keys (`signing_key=`, or
-`signing_keys=[new, old]` while the worker's key is rotated) and not past their `expires_at`.
+Signals are obeyed only when signed with one of the agent's keys and not past their
+`expires_at`. The keys: `signing_key=` / `signing_keys=[new, old]` (while the worker's key is
+rotated), else the worker's own variables, SPANGUARD_SIGNING_KEY or SPANGUARD_SIGNING_KEY_FILE
+and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.secrets (the
+worker's reader: surrounding whitespace is not part of a key).
+
+The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
+A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
+warned about once: a tool call nothing guarded is never silent.
 `allow_unsigned=True` obeys unsigned signals instead: anyone who can write to the topic can
 then stop or steer the agent.
 
