@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -51,10 +51,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from spanguard.errors import SettingsError
 from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
-from spanguard.killswitch.signals import SignalBook, current_trace_id
+from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
+from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
 from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
     MAX_SIGNAL_BYTES,
     BadSignal,
+    KillSignal,
     keyring,
     read_signal,
 )
@@ -81,6 +83,9 @@ _SETTLING = frozenset(
 
 log = logging.getLogger("spanguard.killswitch")
 
+# Signal ids acked, and downgrades waiting for their message to be read, kept per process.
+MAX_ACKED = 10_000
+
 
 class KillSwitch:
     def __init__(
@@ -97,6 +102,7 @@ class KillSwitch:
         start: bool = True,
         clock: Callable[[], datetime] | None = None,
         environ: Mapping[str, str] | None = None,
+        ack_topic: str | None = DEFAULT_ACK_TOPIC,
     ) -> None:
         given = [*([signing_key] if signing_key else []), *signing_keys]
         if not given and not allow_unsigned:
@@ -138,6 +144,17 @@ class KillSwitch:
         # Checks that found no trace to check: each one is a tool call nothing guarded.
         self.unguarded = 0
         self._unguarded_warned: set[str] = set()
+        # Acks of the signals this process obeyed (None: not written); see killswitch/acks.py.
+        producer_config = {
+            "bootstrap.servers": bootstrap_servers,
+            **self.security.confluent_config(),
+            "logger": LibrdkafkaLog(log),
+        }
+        self.acks = AckSender(ack_topic, producer_config) if ack_topic else None
+        self._ack_key = next(iter(keys.values())) if keys else None  # the first: the current
+        self._ack_lock = threading.Lock()
+        self._acked: OrderedDict[str, None] = OrderedDict()
+        self._downgrades: OrderedDict[str, deque[KillSignal]] = OrderedDict()
         self._start_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="spanguard-killswitch", daemon=True)
         if start:
@@ -169,7 +186,30 @@ class KillSwitch:
                 " spanguard.killswitch.adapters",
             )
             return None
-        return self.signals.check(trace_id)
+        try:
+            message = self.signals.check(trace_id)
+        except AgentKilled as killed:
+            self._acknowledge(killed.signal)
+            raise
+        if message is not None:
+            with self._ack_lock:
+                waiting = self._downgrades.get(trace_id.lower())
+                signal = waiting.popleft() if waiting else None
+            if signal is not None:
+                self._acknowledge(signal)
+        return message
+
+    def _acknowledge(self, signal: KillSignal) -> None:
+        """Write the ack of `signal` once (a killed trace's every later check raises again)."""
+        if self.acks is None:
+            return
+        with self._ack_lock:
+            if signal.signal_id in self._acked:
+                return
+            self._acked[signal.signal_id] = None
+            while len(self._acked) > MAX_ACKED:
+                self._acked.popitem(last=False)
+        self.acks.send(ack_record(signal, obeyed_at=self._clock(), key=self._ack_key))
 
     def note_unguarded(self, where: str, what_to_do: str) -> None:
         """Count a tool call that could not be checked (no trace found); warn once per `where`.
@@ -204,6 +244,8 @@ class KillSwitch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self.acks is not None:
+            self.acks.close()
 
     def __enter__(self) -> KillSwitch:
         return self
@@ -285,7 +327,15 @@ class KillSwitch:
 
     def _accept(self, value: bytes | None) -> None:
         try:
-            self.signals.deliver(read_signal(value, self._keys, self._clock()))
+            signal = read_signal(value, self._keys, self._clock())
+            if self.signals.deliver(signal) and signal.kind == "downgrade":
+                # Its message is handed over by a later check(): acked then, by this id.
+                with self._ack_lock:
+                    trace_id = signal.trace_id.lower()
+                    self._downgrades.setdefault(trace_id, deque()).append(signal)
+                    self._downgrades.move_to_end(trace_id)
+                    while len(self._downgrades) > MAX_ACKED:
+                        self._downgrades.popitem(last=False)
         except BadSignal as bad:
             self._ignore(bad)
         finally:

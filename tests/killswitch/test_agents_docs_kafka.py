@@ -44,7 +44,7 @@ def python_blocks(path: Path, section: str | None = None) -> list[str]:
 
 def for_the_test(code: str, topic: str) -> str:
     """The snippet with the test's broker and kill topic in place of `kafka:9092`."""
-    return code.replace('"kafka:9092"', f'"{BOOTSTRAP}", topic="{topic}"')
+    return code.replace('"kafka:9092"', f'"{BOOTSTRAP}", topic="{topic}", ack_topic="{topic}-acks"')
 
 
 def publish_kill(topic: str, trace_id: str) -> None:
@@ -160,3 +160,69 @@ def test_start_is_idempotent(topic):
         assert len(threads) == 1
     finally:
         deferred.close()
+
+
+def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
+    from spanguard.killswitch.acks import ack_status
+    from spanguard.schemas.decision import keyring
+    from spanguard.streams.audit import read_decisions
+
+    acks_topic = f"{topic}-obeyed-acks"
+    admin = AdminClient(CLUSTER.config())
+    admin.create_topics([NewTopic(acks_topic, 2, 1)])[acks_topic].result(30)
+    trace_id = uuid.uuid4().hex
+    switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
+    try:
+        out = producer()
+        for action in ("downgrade", "kill"):
+            record = sign(kill_signal(trace_id, action, "Stop and report.").to_dict(), KEY.encode())
+            out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
+        assert out.flush(10) == 0
+        for _ in range(200):
+            if switch.signals.is_killed(trace_id):
+                break
+            threading.Event().wait(0.05)
+        with pytest.raises(AgentKilled):  # the kill wins; the downgrade's message stays unread
+            switch.check(trace_id)
+        with pytest.raises(AgentKilled):  # raised again, acked once
+            switch.check(trace_id)
+    finally:
+        switch.close()  # flushes the acks
+    scan = read_decisions(BOOTSTRAP, acks_topic, trace_id, timeout=20)
+    admin.delete_topics([acks_topic])
+    assert [ack["action"] for ack in scan.records] == ["kill"], scan.records
+    ack = scan.records[0]
+    assert ack["kind"] == "ack" and ack["trace_id"] == trace_id and ":" in ack["process"]
+    assert ack_status(ack, keyring(KEY)) == "valid"
+    assert ack_status(ack, keyring("another-key-0123456789")) == "unknown_key"
+
+
+def test_a_read_downgrade_is_acknowledged(topic):
+    from spanguard.streams.audit import read_decisions
+
+    acks_topic = f"{topic}-acks-2"
+    admin = AdminClient(CLUSTER.config())
+    admin.create_topics([NewTopic(acks_topic, 1, 1)])[acks_topic].result(30)
+    trace_id = uuid.uuid4().hex
+    switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
+    try:
+        assert switch.check(trace_id) is None  # the agent runs the trace
+        signal = kill_signal(trace_id, "downgrade", "Try a different approach.")
+        record = sign(signal.to_dict(), KEY.encode())
+        out = producer()
+        out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
+        assert out.flush(10) == 0
+        message = None
+        for _ in range(200):
+            message = switch.check(trace_id)
+            if message:
+                break
+            threading.Event().wait(0.05)
+        assert message == "Try a different approach."
+    finally:
+        switch.close()
+    scan = read_decisions(BOOTSTRAP, acks_topic, trace_id, timeout=20)
+    admin.delete_topics([acks_topic])
+    assert [(a["action"], a["signal_id"]) for a in scan.records] == [
+        ("downgrade", signal.signal_id)
+    ]

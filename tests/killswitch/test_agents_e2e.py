@@ -7,7 +7,8 @@ real stack: the Collector built from deploy/collector (scripts/collector.sh), th
 scripted model thinks STEP_DELAY seconds a turn; the looping agent asks for the same search 15
 times, the healthy twin makes 12 different ones. The looping agent must stop after exactly
 its 4th call (the default policy's threshold), with `AgentKilled` as the exception or its
-cause, the healthy twin must finish, and `spanguard explain` must find the trace.
+cause, the healthy twin must finish, and `spanguard explain` must find the trace and the
+agent's signed ack of the kill.
 
 One row runs in `make test`; the whole matrix is `make test-agents` (marker `agents`). Each
 row prints its calls before the stop and the stop latency (the end of the 4th call to the
@@ -68,4 +69,7 @@ def test_the_looping_agent_stops_at_its_4th_call_and_its_twin_finishes(running_s
     assert healthy.unguarded == 0, healthy
 
     explained = explain_trace(running_stack, loop.trace_ids[0])
+    print(explained)
     assert loop.trace_ids[0] in explained and "tool_loop" in explained, explained
+    # The agent acknowledged the kill it obeyed, signed: explain says so.
+    assert "  obeyed: by " in explained and "not checked" not in explained, explained

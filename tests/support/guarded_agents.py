@@ -154,8 +154,8 @@ class SeenTraces:
         self.switch.note_unguarded(where, what_to_do)
 
 
-def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, step_delay: float,
-        export: str) -> Outcome:  # fmt: skip
+def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: str,
+        step_delay: float, export: str) -> Outcome:  # fmt: skip
     """One agent of `row` through `scenario` ("loop" or "healthy"), guarded."""
     from spanguard.killswitch import AgentKilled
     from spanguard.killswitch.client import KillSwitch
@@ -164,7 +164,7 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, step_delay: 
     provider = _provider(endpoint, export, f"{row}-{scenario}")
     library.instrument(provider, "capture")
     # The key from SPANGUARD_SIGNING_KEY_FILE: the variable the worker reads.
-    switch = KillSwitch(BOOTSTRAP, kill_topic)
+    switch = KillSwitch(BOOTSTRAP, kill_topic, ack_topic=ack_topic)
     seen = SeenTraces(switch)
     calls = (
         [agents.Call("search_docs", agents.REFUND, "no results")] * LOOP_CALLS
@@ -342,6 +342,7 @@ def run_row(stack: Stack, row: str, scenario: str, *, step_delay: float = STEP_D
     }
     command = [library.python, "-m", MODULE, "run", row, scenario,
                "--endpoint", stack.endpoint, "--kill-topic", stack.topics.kills,
+               "--ack-topic", stack.topics.acks,
                "--step-delay", str(step_delay), "--export", export]  # fmt: skip
     result = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
@@ -355,8 +356,10 @@ def explain(stack: Stack, trace_id: str, timeout: float = 20) -> str:
     """`spanguard explain TRACE_ID` on the stack's detections topic (exit 1 if none)."""
     result = subprocess.run(
         [sys.executable, "-m", "spanguard.cli", "explain", trace_id, "--bootstrap", BOOTSTRAP,
-         "--detections-topic", stack.topics.detections, "--timeout", str(timeout)],
+         "--detections-topic", stack.topics.detections, "--ack-topic", stack.topics.acks,
+         "--timeout", str(timeout)],
         capture_output=True, text=True, timeout=timeout + 30,
+        env={**_without_keys(os.environ), **_key_env(stack.key_file)},  # checks the acks' keys
     )  # fmt: skip
     return result.stdout if result.returncode == 0 else ""
 
@@ -383,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("scenario", choices=("loop", "healthy"))
     one.add_argument("--endpoint", required=True)
     one.add_argument("--kill-topic", required=True)
+    one.add_argument("--ack-topic", required=True)
     one.add_argument("--step-delay", type=float, default=STEP_DELAY)
     one.add_argument("--export", choices=EXPORTS, default="prompt")
     offline = sub.add_parser("offline", help=argparse.SUPPRESS)
@@ -394,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--steps", type=float, nargs="*", default=[0.1, 0.3, 1.0])
     args = parser.parse_args(argv)
     if args.command == "run":
-        outcome = run(args.row, args.scenario, endpoint=args.endpoint,
-                      kill_topic=args.kill_topic, step_delay=args.step_delay, export=args.export)  # fmt: skip
+        outcome = run(args.row, args.scenario, endpoint=args.endpoint, kill_topic=args.kill_topic,
+                      ack_topic=args.ack_topic, step_delay=args.step_delay, export=args.export)  # fmt: skip
         print(json.dumps(asdict(outcome)))
         return 0
     if args.command == "offline":
