@@ -21,13 +21,13 @@ Signals are obeyed only when signed with one of the agent's keys and not past th
 `expires_at`. The keys: `signing_key=` / `signing_keys=[new, old]` (while the worker's key is
 rotated), else the worker's own variables, SPANGUARD_SIGNING_KEY or SPANGUARD_SIGNING_KEY_FILE
 and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.secrets (the
-worker's reader: surrounding whitespace is not part of a key).
+worker's reader: surrounding whitespace is not part of a key). `allow_unsigned=True` obeys
+unsigned signals instead: anyone who can write to the topic can then stop or steer the agent.
 
 The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
 A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
-warned about once: a tool call nothing guarded is never silent.
-`allow_unsigned=True` obeys unsigned signals instead: anyone who can write to the topic can
-then stop or steer the agent.
+warned about once: a tool call nothing guarded is never silent. A kill or downgrade obeyed
+through `check()` is acknowledged on `ack_topic` (spanguard.killswitch.acks).
 
 TLS and SASL come from `security=` (a `KafkaSecurity`), by default from the same
 SPANGUARD_KAFKA_* variables the worker reads. A wrong password or an untrusted certificate makes
@@ -215,9 +215,11 @@ class KillSwitch:
         """Count a tool call that could not be checked (no trace found); warn once per `where`.
 
         Never silent: an agent that cannot be told its trace was killed is not guarded."""
-        self.unguarded += 1
-        if where not in self._unguarded_warned:
+        with self._ack_lock:
+            self.unguarded += 1
+            first = where not in self._unguarded_warned
             self._unguarded_warned.add(where)
+        if first:
             log.warning(
                 "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
                 " guarded: %s (further ones are counted in KillSwitch.unguarded, not logged)",
