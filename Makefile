@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-typescript test-go ts-agents test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -58,6 +58,16 @@ test-go: kafka-up
 # touched).
 test-failover: install
 	$(BIN)/pytest -q -s -m broker_failover tests/streams/test_failover_kafka.py
+
+# Every framework x instrumentation x adapter row against the real stack (Collector, default
+# worker, KillSwitch): the looping agent stops at its 4th call, its healthy twin finishes; each
+# row prints its calls before the stop and the stop latency (`make test` runs one row).
+# Google ADK and strands run in virtualenvs of their own (made or brought up to date here).
+test-agents: install kafka-up collector
+	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
+	$(BIN)/python -m tests.support.instrumented_agents --venv strands
+	$(BIN)/pytest -q -s -m "agents or not agents" tests/killswitch/test_agents_e2e.py \
+		tests/killswitch/test_agents_adapters.py
 
 kafka-up:
 	scripts/kafka.sh up

@@ -1,48 +1,142 @@
-"""Thin framework adapters that call `check()` before each tool call.
+"""Framework adapters that check the run's trace before each tool call.
 
-- `SpanguardCallbackHandler`: a LangChain callback handler (extra `langchain`).
-- `SpanguardRunHooks`: OpenAI Agents SDK run hooks (extra `openai-agents`).
+| adapter | framework | hook | extra |
+|---|---|---|---|
+| `SpanguardCallbackHandler` | LangChain / LangGraph | callback `on_tool_start` (and `on_chat_model_start`) | `langchain` |
+| `SpanguardRunHooks` | OpenAI Agents SDK | `RunHooks.on_llm_start` / `on_tool_start` | `openai-agents` |
+| `SpanguardCapability` | pydantic-ai | capability `before_tool_execute` | `pydantic-ai` |
+| `SpanguardStepCallback` | smolagents | `step_callbacks` (after each step, before the next) | `smolagents` |
+| `guard_llama_index_agent` | llama-index workflow agents | the agent's tool step | `llama-index` |
+| `SpanguardAdkPlugin` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | (google-adk) |
+| `SpanguardHooks` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | (strands-agents) |
 
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
-`GuardingSpanProcessor`) and, optionally, a fixed trace id; by default the trace of the current
-OpenTelemetry span. `AgentKilled` propagates out of the tool call; a downgrade's system message
-goes to `on_downgrade` (or waits in `pending_messages` for the agent to inject it). A paused
-trace waits in the checker's `wait()` (in a thread, for the async hooks) until an operator's
-release or kill, or the pause's deadline.
+`GuardingSpanProcessor`) and finds the trace to check, in this order: a fixed `trace_id=`; the
+current OpenTelemetry span; the framework's run (LangChain's `run_id` and its parents, with the
+span OpenInference keeps per run, which it never makes current; the Agents SDK's trace); the
+trace that was current when the run started. Where none is found, the tool call is not
+guarded: the adapter says so once, loudly (a warning naming the framework, the
+instrumentation it found and what to do), and counts it in `adapter.unguarded` and in the
+`KillSwitch`'s `unguarded`. Never a silent skip.
+
+`AgentKilled` propagates out of the hook; what the agent's code then sees is documented per
+framework in docs/agents.md. A downgrade's system message goes to `on_downgrade` (or waits in
+`pending_messages` for the agent to inject it). A paused trace waits in the checker's `wait()`
+(in a thread, for the async hooks) until an operator's release or kill, or the pause's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import importlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from spanguard.killswitch.signals import AgentPaused, current_trace_id
 
-__all__ = ["Checker", "SpanguardCallbackHandler", "SpanguardRunHooks"]  # noqa: F822 - built lazily
+__all__ = [  # noqa: F822 - the framework classes are built lazily
+    "Checker",
+    "SpanguardAdkPlugin",
+    "SpanguardCallbackHandler",
+    "SpanguardCapability",
+    "SpanguardHooks",
+    "SpanguardRunHooks",
+    "SpanguardStepCallback",
+    "TraceGate",
+    "guard_llama_index_agent",
+]
+
+log = logging.getLogger("spanguard.killswitch")
+
+# Runs remembered per adapter: their parent and the trace seen at their start.
+MAX_RUNS = 10_000
 
 
 class Checker(Protocol):
     def check(self, trace_id: str) -> str | None: ...
 
 
-class _Gate:
+class TraceGate:
+    """What every adapter shares: the check, the downgrade message, the unguarded count, and
+    the traces recorded per run of the framework."""
+
+    framework = "this framework"
+
     def __init__(
         self,
         checker: Checker,
-        trace_id: str | None,
-        on_downgrade: Callable[[str], None] | None,
+        trace_id: str | None = None,
+        on_downgrade: Callable[[str], None] | None = None,
     ) -> None:
         self.checker = checker
         self.trace_id = trace_id
         self.on_downgrade = on_downgrade
         self.pending_messages: list[str] = []
+        self.unguarded = 0
+        self._warned = False
+        self._runs_lock = threading.Lock()
+        # run id -> (parent run id, trace id seen at the run's start)
+        self._runs: OrderedDict[Hashable, tuple[Hashable | None, str | None]] = OrderedDict()
 
-    def before_tool(self, wait: bool = True) -> None:
-        trace_id = self.trace_id or current_trace_id()
+    # -- the runs of the framework -----------------------------------------------------------
+
+    def remember_run(
+        self, run_id: Hashable, parent_id: Hashable | None, trace_id: str | None
+    ) -> None:
+        with self._runs_lock:
+            self._runs[run_id] = (parent_id, trace_id)
+            self._runs.move_to_end(run_id)
+            while len(self._runs) > MAX_RUNS:
+                self._runs.popitem(last=False)
+
+    def forget_run(self, run_id: Hashable) -> None:
+        with self._runs_lock:
+            self._runs.pop(run_id, None)
+
+    def run_chain(self, run_id: Hashable, parent_id: Hashable | None = None) -> list[Hashable]:
+        """`run_id` and its ancestors, nearest first (`parent_id` where `run_id` is not
+        remembered yet; bounded and cycle-safe)."""
+        chain: list[Hashable] = []
+        current: Hashable | None = run_id
+        with self._runs_lock:
+            while current is not None and current not in chain and len(chain) < 1000:
+                chain.append(current)
+                entry = self._runs.get(current)
+                current = entry[0] if entry else parent_id
+                parent_id = None
+        return chain
+
+    def recorded_trace(self, chain: list[Hashable]) -> str | None:
+        with self._runs_lock:
+            for run_id in chain:
+                entry = self._runs.get(run_id)
+                if entry is not None and entry[1] is not None:
+                    return entry[1]
+        return None
+
+    # -- the check ---------------------------------------------------------------------------
+
+    def instrumentation(self) -> str:
+        """The OpenTelemetry instrumentation found for this framework (for the warning)."""
+        return "none found"
+
+    def what_to_do(self) -> str:
+        return (
+            "instrument the framework with OpenTelemetry before the agent runs, run the agent"
+            " inside a span of your own, or pass trace_id= to the adapter"
+        )
+
+    def check_trace(self, trace_id: str | None, wait: bool = True) -> None:
+        """Check `trace_id` (raises AgentKilled); None: count and report an unguarded call.
+        A paused trace waits here (`wait=False`: AgentPaused is raised instead)."""
+        trace_id = self.trace_id or trace_id
         if trace_id is None:
+            self._report_unguarded()
             return
-        message = self._check(trace_id, wait)  # raises AgentKilled
+        message = self._check_or_wait(trace_id, wait)  # raises AgentKilled
         if message is None:
             return
         if self.on_downgrade is not None:
@@ -50,9 +144,16 @@ class _Gate:
         else:
             self.pending_messages.append(message)
 
-    def _check(self, trace_id: str, wait: bool) -> str | None:
-        """check(); a paused trace waits here (the checker's `wait`) for an operator's answer
-        or the pause's deadline. A checker without `wait` lets AgentPaused out: the run stops."""
+    async def check_trace_async(self, trace_id: str | None) -> None:
+        """check_trace() for async hooks: a pause waits in a thread, not on the event loop."""
+        try:
+            self.check_trace(trace_id, wait=False)
+        except AgentPaused:
+            await asyncio.to_thread(self.check_trace, trace_id)
+
+    def _check_or_wait(self, trace_id: str, wait: bool) -> str | None:
+        """check(); a paused trace waits in the checker's `wait` for an operator's answer or
+        the pause's deadline. A checker without `wait` lets AgentPaused out: the run stops."""
         try:
             return self.checker.check(trace_id)
         except AgentPaused:
@@ -61,78 +162,59 @@ class _Gate:
                 raise
             return waiting(trace_id)
 
+    def before_tool(self, wait: bool = True) -> None:
+        """Check the current span's trace (the adapters with no run of their own)."""
+        self.check_trace(current_trace_id(), wait)
+
     async def before_tool_async(self) -> None:
-        """before_tool() for async hooks: a pause waits in a thread, not on the event loop."""
-        try:
-            self.before_tool(wait=False)
-        except AgentPaused:
-            await asyncio.to_thread(self.before_tool)
+        """before_tool() for async hooks: the current span is read on the event loop."""
+        await self.check_trace_async(current_trace_id())
+
+    def _report_unguarded(self) -> None:
+        self.unguarded += 1
+        where = (
+            f"{type(self).__name__} ({self.framework}, instrumentation: {self.instrumentation()})"
+        )
+        note = getattr(self.checker, "note_unguarded", None)
+        if callable(note):  # a KillSwitch: counted there too, and warned once per adapter
+            note(where, self.what_to_do())
+        elif not self._warned:
+            log.warning(
+                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
+                " guarded: %s (further ones are counted in .unguarded, not logged)",
+                where,
+                self.what_to_do(),
+            )
+        self._warned = True
 
 
-def _langchain_base() -> type:
+def span_trace_id(span: Any) -> str | None:
+    """The 32-hex trace id of an OpenTelemetry span, None if it has no valid context."""
     try:
-        from langchain_core.callbacks import BaseCallbackHandler
-    except ImportError as exc:  # pragma: no cover - depends on the extra
-        raise ImportError(
-            "SpanguardCallbackHandler needs `pip install spanguard[langchain]`"
-        ) from exc
-    return BaseCallbackHandler
+        context = span.get_span_context()
+    except Exception:
+        return None
+    if not context.is_valid:
+        return None
+    return format(context.trace_id, "032x")
 
 
-def _agents_base() -> type:
-    try:
-        from agents import RunHooks
-    except ImportError as exc:  # pragma: no cover - depends on the extra
-        raise ImportError("SpanguardRunHooks needs `pip install spanguard[openai-agents]`") from exc
-    return RunHooks
+# The framework classes, built on first use: importing this module needs no framework.
+_BUILDERS = {
+    "SpanguardCallbackHandler": "spanguard.killswitch.adapters_langchain",
+    "SpanguardRunHooks": "spanguard.killswitch.adapters_openai_agents",
+    "SpanguardCapability": "spanguard.killswitch.adapters_pydantic_ai",
+    "SpanguardStepCallback": "spanguard.killswitch.adapters_smolagents",
+    "guard_llama_index_agent": "spanguard.killswitch.adapters_llama_index",
+    "SpanguardAdkPlugin": "spanguard.killswitch.adapters_google_adk",
+    "SpanguardHooks": "spanguard.killswitch.adapters_strands",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Classes are built on first use, so importing this module needs neither framework.
-    if name == "SpanguardCallbackHandler":
-        base = _langchain_base()
-
-        class SpanguardCallbackHandler(base, _Gate):  # type: ignore[misc, valid-type]
-            """LangChain: `callbacks=[SpanguardCallbackHandler(switch)]`."""
-
-            raise_error = True  # LangChain swallows handler errors unless told otherwise
-
-            def __init__(self, checker: Checker, *, trace_id: str | None = None,
-                         on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
-                base.__init__(self)
-                _Gate.__init__(self, checker, trace_id, on_downgrade)
-
-            def on_tool_start(
-                self, serialized: dict[str, Any], input_str: str, **kwargs: Any
-            ) -> None:
-                self.before_tool()
-
-        globals()[name] = SpanguardCallbackHandler
-        return SpanguardCallbackHandler
-    if name == "SpanguardRunHooks":
-        base = _agents_base()
-
-        class SpanguardRunHooks(base, _Gate):  # type: ignore[misc, valid-type]
-            """OpenAI Agents SDK: `Runner.run(agent, input, hooks=SpanguardRunHooks(switch))`.
-
-            Checks before each model call and before each tool call."""
-
-            def __init__(self, checker: Checker, *, trace_id: str | None = None,
-                         on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
-                _Gate.__init__(self, checker, trace_id, on_downgrade)
-
-            async def on_llm_start(
-                self, context: Any, agent: Any, system_prompt: Any, input_items: Any
-            ) -> None:
-                # Before each model call: a killed run stops before it pays for another turn,
-                # and the SDK lets AgentKilled out of this hook as it is.
-                await self.before_tool_async()
-
-            async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
-                # Several tool calls in one turn: the SDK wraps what this raises in a
-                # UserError("Error running tool ...") whose __cause__ is the AgentKilled.
-                await self.before_tool_async()
-
-        globals()[name] = SpanguardRunHooks
-        return SpanguardRunHooks
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _BUILDERS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

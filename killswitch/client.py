@@ -1,6 +1,6 @@
 """The agent side: a background consumer of agent-kill-signals and a `check()` before each step.
 
-    switch = KillSwitch(bootstrap_servers="kafka:9092", signing_key=os.environ["SPANGUARD_SIGNING_KEY"])
+    switch = KillSwitch(bootstrap_servers="kafka:9092")  # the key as the worker reads it
     ...
     message = switch.check()      # raises AgentKilled once this trace is killed
     if message:                   # a downgrade: hand the model this system message
@@ -17,10 +17,17 @@ into a `BadSignal` naming its kind. A bad record is counted (`switch.ignored[kin
 once per kind, and costs only itself: the thread never dies, and the next valid signal is
 delivered.
 
-Signals are obeyed only when signed with one of the agent's keys (`signing_key=`, or
-`signing_keys=[new, old]` while the worker's key is rotated) and not past their `expires_at`.
-`allow_unsigned=True` obeys unsigned signals instead: anyone who can write to the topic can
-then stop or steer the agent.
+Signals are obeyed only when signed with one of the agent's keys and not past their
+`expires_at`. The keys: `signing_key=` / `signing_keys=[new, old]` (while the worker's key is
+rotated), else the worker's own variables, SPANGUARD_SIGNING_KEY or SPANGUARD_SIGNING_KEY_FILE
+and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.secrets (the
+worker's reader: surrounding whitespace is not part of a key). `allow_unsigned=True` obeys
+unsigned signals instead: anyone who can write to the topic can then stop or steer the agent.
+
+The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
+A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
+warned about once: a tool call nothing guarded is never silent. A kill or downgrade obeyed
+through `check()` is acknowledged on `ack_topic` (spanguard.killswitch.acks).
 
 TLS and SASL come from `security=` (a `KafkaSecurity`), by default from the same
 SPANGUARD_KAFKA_* variables the worker reads. A wrong password or an untrusted certificate makes
@@ -34,7 +41,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -44,13 +51,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from spanguard.errors import SettingsError
 from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
-from spanguard.killswitch.signals import SignalBook, current_trace_id
+from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
+from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
 from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
     MAX_SIGNAL_BYTES,
     BadSignal,
+    KillSignal,
     keyring,
     read_signal,
 )
+from spanguard.secrets import normalize_secret, signing_keys_from_env
 
 __all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
 
@@ -73,6 +83,9 @@ _SETTLING = frozenset(
 
 log = logging.getLogger("spanguard.killswitch")
 
+# Signal ids acked, and downgrades waiting for their message to be read, kept per process.
+MAX_ACKED = 10_000
+
 
 class KillSwitch:
     def __init__(
@@ -88,14 +101,22 @@ class KillSwitch:
         security: KafkaSecurity | None = None,
         start: bool = True,
         clock: Callable[[], datetime] | None = None,
+        environ: Mapping[str, str] | None = None,
+        ack_topic: str | None = DEFAULT_ACK_TOPIC,
     ) -> None:
-        keys = keyring([*([signing_key] if signing_key else []), *signing_keys])
+        given = [*([signing_key] if signing_key else []), *signing_keys]
+        if not given and not allow_unsigned:
+            # The worker's own variables and files, read by the same reader (spanguard.secrets).
+            given = list(signing_keys_from_env(environ))
+        # The same whitespace rule as the worker's: a key file's trailing newline is not the key.
+        keys = keyring([normalize_secret(key) for key in given])
         if keys and allow_unsigned:
             raise SettingsError("give signing keys or allow_unsigned=True, not both")
         if not keys and not allow_unsigned:
             raise SettingsError(
-                "no signing key: pass signing_key= (the worker's SPANGUARD_SIGNING_KEY), or"
-                " allow_unsigned=True to obey unsigned signals (insecure)"
+                "no signing key: pass signing_key=, or set SPANGUARD_SIGNING_KEY or"
+                " SPANGUARD_SIGNING_KEY_FILE (the worker's key), or pass allow_unsigned=True"
+                " to obey unsigned signals (insecure)"
             )
         self.topic = topic
         self.security = security if security is not None else KafkaSecurity.from_env()
@@ -120,13 +141,33 @@ class KillSwitch:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: Exception | None = None
+        # Checks that found no trace to check: each one is a tool call nothing guarded.
+        self.unguarded = 0
+        self._unguarded_warned: set[str] = set()
+        # Acks of the signals this process obeyed (None: not written); see killswitch/acks.py.
+        producer_config = {
+            "bootstrap.servers": bootstrap_servers,
+            **self.security.confluent_config(),
+            "logger": LibrdkafkaLog(log),
+        }
+        self.acks = AckSender(ack_topic, producer_config) if ack_topic else None
+        self._ack_key = next(iter(keys.values())) if keys else None  # the first: the current
+        self._ack_lock = threading.Lock()
+        self._acked: OrderedDict[str, None] = OrderedDict()
+        self._downgrades: OrderedDict[str, deque[KillSignal]] = OrderedDict()
+        self._start_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="spanguard-killswitch", daemon=True)
         if start:
             self.start()
 
     def start(self, timeout: float = 30.0) -> KillSwitch:
-        """Start the consumer and wait until it is positioned at the latest offsets."""
-        self._thread.start()
+        """Start the consumer and wait until it is positioned at the latest offsets.
+
+        Idempotent: the constructor starts it (unless `start=False`), and a later `start()`
+        only waits for the same consumer to be ready (or raises its start error again)."""
+        with self._start_lock:
+            if self._thread.ident is None:  # never started
+                self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError(f"kill-signal consumer not ready in {timeout}s")
         if self._error is not None:
@@ -138,8 +179,53 @@ class KillSwitch:
         downgrade's system message once; else None."""
         trace_id = trace_id or current_trace_id()
         if trace_id is None:
+            self.note_unguarded(
+                "KillSwitch.check()",
+                "no trace id given and no OpenTelemetry span is current; pass the run's trace"
+                " id, check() inside the agent's span, or use an adapter of"
+                " spanguard.killswitch.adapters",
+            )
             return None
-        return self.signals.check(trace_id)
+        try:
+            message = self.signals.check(trace_id)
+        except AgentKilled as killed:
+            self._acknowledge(killed.signal)
+            raise
+        if message is not None:
+            with self._ack_lock:
+                waiting = self._downgrades.get(trace_id.lower())
+                signal = waiting.popleft() if waiting else None
+            if signal is not None:
+                self._acknowledge(signal)
+        return message
+
+    def _acknowledge(self, signal: KillSignal) -> None:
+        """Write the ack of `signal` once (a killed trace's every later check raises again)."""
+        if self.acks is None:
+            return
+        with self._ack_lock:
+            if signal.signal_id in self._acked:
+                return
+            self._acked[signal.signal_id] = None
+            while len(self._acked) > MAX_ACKED:
+                self._acked.popitem(last=False)
+        self.acks.send(ack_record(signal, obeyed_at=self._clock(), key=self._ack_key))
+
+    def note_unguarded(self, where: str, what_to_do: str) -> None:
+        """Count a tool call that could not be checked (no trace found); warn once per `where`.
+
+        Never silent: an agent that cannot be told its trace was killed is not guarded."""
+        with self._ack_lock:
+            self.unguarded += 1
+            first = where not in self._unguarded_warned
+            self._unguarded_warned.add(where)
+        if first:
+            log.warning(
+                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
+                " guarded: %s (further ones are counted in KillSwitch.unguarded, not logged)",
+                where,
+                what_to_do,
+            )
 
     # -- pause: kept apart from check(), which never blocks ---------------------------------
 
@@ -180,6 +266,8 @@ class KillSwitch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self.acks is not None:
+            self.acks.close()
 
     def __enter__(self) -> KillSwitch:
         return self
@@ -261,7 +349,15 @@ class KillSwitch:
 
     def _accept(self, value: bytes | None) -> None:
         try:
-            self.signals.deliver(read_signal(value, self._keys, self._clock()))
+            signal = read_signal(value, self._keys, self._clock())
+            if self.signals.deliver(signal) and signal.kind == "downgrade":
+                # Its message is handed over by a later check(): acked then, by this id.
+                with self._ack_lock:
+                    trace_id = signal.trace_id.lower()
+                    self._downgrades.setdefault(trace_id, deque()).append(signal)
+                    self._downgrades.move_to_end(trace_id)
+                    while len(self._downgrades) > MAX_ACKED:
+                        self._downgrades.popitem(last=False)
         except BadSignal as bad:
             self._ignore(bad)
         finally:

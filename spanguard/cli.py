@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from spanguard import __version__
 from spanguard.errors import BacktestError, PolicyError, SettingsError, SpanguardError
@@ -152,12 +153,38 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    acks = _read_acks(settings, trace_id, args.timeout)
     if args.json:
         for record in scan.records:
             print(json.dumps(record, sort_keys=True))
     else:
-        sys.stdout.write(explain_records(trace_id, scan.records))
+        text = explain_records(trace_id, scan.records, acks, ack_within=args.ack_within)
+        sys.stdout.write(text)
     return 0
+
+
+def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, Any]] | None:
+    """The agents' acks of the trace, each with `_signature` (see spanguard.killswitch.acks);
+    None, with a note on stderr, when the ack topic cannot be read."""
+    from spanguard.errors import AuditReadError, SecretError
+    from spanguard.killswitch.acks import ack_status
+    from spanguard.schemas.decision import keyring
+    from spanguard.secrets import signing_keys_from_env
+    from spanguard.streams.audit import read_decisions
+
+    try:
+        scan = read_decisions(settings.bootstrap, settings.ack_topic, trace_id, timeout)
+    except AuditReadError as exc:
+        print(f"spanguard explain: no acks read: {exc}", file=sys.stderr)
+        return None
+    try:
+        keys = keyring(signing_keys_from_env()) or None
+    except SecretError:
+        keys = None
+    acks = [record for record in scan.records if record.get("kind") == "ack"]
+    for ack in acks:
+        ack["_signature"] = ack_status(ack, keys)
+    return acks
 
 
 def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
@@ -169,12 +196,17 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
         description=(
             "Read the detections topic and print the trace's decisions with their evidence:"
             " the window when the rule tripped (tool names, hash prefixes, span ids, times),"
-            " the policy entry in force and its threshold. Exit 1 if there is none."
+            " the policy entry in force and its threshold, and whether an agent acknowledged"
+            " obeying each kill or downgrade (the ack topic). Exit 1 if there is none."
         ),
     )
     explain.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
     for entry in REGISTRY:  # only the two worker settings explain needs, env vars honoured
-        if entry.owner == "WorkerSettings" and entry.name in ("bootstrap", "detections_topic"):
+        if entry.owner == "WorkerSettings" and entry.name in (
+            "bootstrap",
+            "detections_topic",
+            "ack_topic",
+        ):
             explain.add_argument(
                 entry.flag,
                 dest=f"{entry.owner}.{entry.name}",
@@ -184,6 +216,13 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
             )
     explain.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to read the topic (default 30)"
+    )
+    explain.add_argument(
+        "--ack-within",
+        type=float,
+        default=10.0,
+        help="seconds after which a kill or downgrade no agent acknowledged counts as not"
+        " obeyed (default 10)",
     )
     explain.add_argument("--json", action="store_true", help="print the records as JSON lines")
     explain.set_defaults(handler=_cmd_explain)

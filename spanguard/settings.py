@@ -205,6 +205,9 @@ class WorkerSettings:
     )
     input_topic: str = setting("otlp_spans", "OTLP spans from the Collector")
     kill_topic: str = setting("agent-kill-signals", "kill/downgrade signals")
+    ack_topic: str = setting(
+        "agent-kill-acks", "agents' signed acks of the signals they obeyed (`explain` reads them)"
+    )
     detections_topic: str = setting("spanguard-detections", "audit of every decision")
     dead_letter_topic: str = setting(
         "spanguard-dead-letters", "messages that could not be processed"
@@ -592,7 +595,13 @@ class WebhookSettings:
 
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings, WebhookSettings)
+SETTINGS_CLASSES: Final = (
+    WorkerSettings,
+    KafkaSecurity,
+    GoalSettings,
+    PagerSettings,
+    WebhookSettings,
+)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )

@@ -32,6 +32,7 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(settings.input_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.repartition_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.kill_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
+        TopicSpec(settings.ack_topic, n, {"retention.ms": week}),
         TopicSpec(settings.goal_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.detections_topic, n, {"retention.ms": week}),
         TopicSpec(settings.dead_letter_topic, n, {"retention.ms": week}),

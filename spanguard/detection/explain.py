@@ -6,13 +6,15 @@ so a record written by a newer worker with fields this one does not know still e
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["HASH_PREFIX", "explain_records", "latency_ms"]
+__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms"]
 
 # Hash prefixes shown: enough to tell the calls of one window apart at a glance.
 HASH_PREFIX = 8
+# Seconds after its decision a signal without an agent's ack counts as not obeyed.
+DEFAULT_ACK_WITHIN = 10.0
 
 
 def latency_ms(record: dict[str, Any]) -> float | None:
@@ -71,6 +73,44 @@ def _window(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _acknowledged(
+    record: dict[str, Any], acks: list[dict[str, Any]], now: datetime, within: float
+) -> list[str]:
+    """Whether an agent obeyed the decision's signal: its acks (`_signature` set by the reader:
+    valid, unchecked without a key, or why it is not trusted)."""
+    signal_id = record.get("decision_id")
+    lines, obeyed = [], []
+    for ack in acks:
+        if ack.get("signal_id") != signal_id:
+            continue
+        signature = ack.get("_signature", "unchecked")
+        if signature in ("valid", "unchecked"):
+            obeyed.append(ack)
+        else:
+            lines.append(f"  ack from {ack.get('process')} ignored: signature {signature}")
+    detected = record.get("detected_at")
+    if obeyed:
+        first = min(obeyed, key=lambda ack: str(ack.get("obeyed_at")))
+        line = f"  obeyed: by {first.get('process')} at {_clock(first.get('obeyed_at'))}"
+        if detected and first.get("obeyed_at"):
+            after = datetime.fromisoformat(first["obeyed_at"]) - datetime.fromisoformat(detected)
+            line += f" ({after.total_seconds() * 1000:.0f} ms after the decision)"
+        if len(obeyed) > 1:
+            line += f", and {len(obeyed) - 1} more ack(s)"
+        if first.get("_signature") == "unchecked":
+            line += " (ack signature not checked: no signing key here)"
+        return [*lines, line]
+    age = (now - datetime.fromisoformat(detected)).total_seconds() if detected else None
+    if age is None or age > within:
+        lines.append(
+            f"  not obeyed: no agent acknowledged it within {within:.0f} s (no agent running the"
+            " trace saw it, or none obeyed)"
+        )
+    else:
+        lines.append(f"  not acknowledged yet ({age:.1f} s after the decision)")
+    return lines
+
+
 def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
     agent = record.get("agent") or {}
     rule, action = record.get("rule"), record.get("action")
@@ -114,11 +154,22 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
     return lines
 
 
-def explain_records(trace_id: str, records: list[dict[str, Any]]) -> str:
-    """The text `spanguard explain` prints for `records` (one trace's, in topic order)."""
+def explain_records(
+    trace_id: str,
+    records: list[dict[str, Any]],
+    acks: list[dict[str, Any]] | None = None,
+    *,
+    now: datetime | None = None,
+    ack_within: float = DEFAULT_ACK_WITHIN,
+) -> str:
+    """The text `spanguard explain` prints for `records` (one trace's, in topic order), and,
+    with the agents' `acks` of the trace, whether each kill or downgrade was obeyed."""
     ordered = sorted(records, key=lambda r: str(r.get("detected_at") or ""))
     lines = [f"trace {trace_id}: {len(ordered)} decision{'s' if len(ordered) != 1 else ''}"]
+    now = now or datetime.now(UTC)
     for number, record in enumerate(ordered, start=1):
         lines.append("")
         lines.extend(_one(record, number, len(ordered)))
+        if acks is not None and record.get("action") in ("kill", "downgrade"):
+            lines.extend(_acknowledged(record, acks, now, ack_within))
     return "\n".join(lines) + "\n"

@@ -190,7 +190,6 @@ def test_sdk_spans_reach_kafka_as_whole_batches(binary: Path, tmp_path: Path):
     from tests.support.kafka_harness import CLUSTER, ensure_broker, free_port
     from tests.support.kafka_harness import Collector as TopicReader
 
-
     bootstrap = ensure_broker()
     topic = f"t{uuid.uuid4().hex[:8]}-otlp_spans"
     admin = AdminClient(CLUSTER.config())

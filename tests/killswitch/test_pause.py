@@ -14,7 +14,7 @@ import pytest
 from spanguard.alerting.pagerduty import build_event
 from spanguard.alerting.webhook import summary_of
 from spanguard.detection.guard import Guard
-from spanguard.killswitch.adapters import _Gate
+from spanguard.killswitch.adapters import TraceGate
 from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
 from spanguard.schemas.decision import KillSignal, read_signal, sign, validate
 from spanguard.schemas.policy import Policy
@@ -135,7 +135,7 @@ def test_the_adapters_gate_waits_for_the_answer() -> None:
     book = SignalBook()
     signal = pause_signal()
     book.deliver(signal)
-    gate = _Gate(book, signal.trace_id, None)
+    gate = TraceGate(book, signal.trace_id, None)
     release = replace(signal, signal_id="3" * 32, kind="release", reason="go on")
     threading.Timer(0.3, book.deliver, (release,)).start()
     gate.before_tool()  # returns once released
@@ -160,7 +160,7 @@ def test_the_async_gate_waits_off_the_event_loop() -> None:
     book = SignalBook()
     signal = pause_signal()
     book.deliver(signal)
-    gate = _Gate(book, signal.trace_id, None)
+    gate = TraceGate(book, signal.trace_id, None)
     release = replace(signal, signal_id="4" * 32, kind="release", reason="go on")
 
     async def main() -> int:

@@ -40,9 +40,7 @@ def per_partition(count: int) -> list[AgentRecorder]:
 
 
 def produce(topic: str, spans: list[tuple[AgentRecorder, object]]) -> None:
-    out = Producer(
-        CLUSTER.config(partitioner="fnv1a", **{"enable.idempotence": True})
-    )
+    out = Producer(CLUSTER.config(partitioner="fnv1a", **{"enable.idempotence": True}))
     for agent, span in spans:
         out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
     assert out.flush(20) == 0

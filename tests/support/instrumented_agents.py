@@ -28,6 +28,7 @@ its own go.mod): `--go`.
 
 Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
 run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
+(or $SPANGUARD_FIXTURE_VENVS/fixtures-<library>)
 (`--venv LIBRARY` makes it: the library's exact pin, and this checkout without dependencies).
 """
 
@@ -50,7 +51,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "instrumentation"
-VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+# SPANGUARD_FIXTURE_VENVS: where the virtualenvs of their own live, for a checkout that must
+# not share them (each holds one checkout, installed editable).
+VENVS = Path(
+    os.environ.get("SPANGUARD_FIXTURE_VENVS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
+)
 TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
 GO_AGENTS = ROOT / "tests" / "support" / "go_agents"
 GO_LIBRARIES = {"genkit": ("capture",)}  # Genkit has no setting that turns content off
@@ -136,7 +142,8 @@ class Library:
     modules: tuple[str, ...]  # all importable, or the library is skipped
     modes: dict[str, dict[str, str]]  # mode -> environment set before instrumenting
     instrument: Callable[[Any, str], None]  # (tracer provider, mode)
-    run: Callable[[Script], None]
+    # (script, adapter): the adapter is spanguard's for the framework, or None
+    run: Callable[[Script, Any], None]
     # Non-empty: the exact pins of a virtualenv of its own (its OTel pins exclude ours).
     requirements: tuple[str, ...] = ()
 
@@ -165,7 +172,7 @@ def _langchain_tools(script: Script) -> list[Any]:
     return [search_docs, read_doc, get_job_status]
 
 
-def run_langgraph(script: Script) -> None:
+def run_langgraph(script: Script, guard: Any = None) -> None:
     """LangGraph's prebuilt ReAct agent over a scripted LangChain chat model."""
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage
@@ -184,7 +191,10 @@ def run_langgraph(script: Script) -> None:
             return self  # the script already knows which tools it calls
 
     agent = create_react_agent(ScriptedChatModel(messages=messages()), _langchain_tools(script))
-    agent.invoke({"messages": [("user", "What is the refund policy?")]}, {"recursion_limit": 100})
+    config: dict[str, Any] = {"recursion_limit": 100}
+    if guard is not None:
+        config["callbacks"] = [guard]
+    agent.invoke({"messages": [("user", "What is the refund policy?")]}, config)
 
 
 def instrument_openinference_langchain(provider: Any, mode: str) -> None:
@@ -227,7 +237,7 @@ def _openai_agents_tools(script: Script) -> list[Any]:
     ]
 
 
-def run_openai_agents(script: Script) -> None:
+def run_openai_agents(script: Script, guard: Any = None) -> None:
     """The OpenAI Agents SDK's Runner over a scripted Model (the SDK's pluggable interface)."""
     from agents import Agent, RunConfig, Runner
     from agents.items import ModelResponse
@@ -273,6 +283,7 @@ def run_openai_agents(script: Script) -> None:
             agent,
             "What is the refund policy?",
             max_turns=100,
+            hooks=guard,
             run_config=RunConfig(model_provider=Provider()),
         )
     )
@@ -302,7 +313,7 @@ def instrument_pydantic_ai(provider: Any, mode: str) -> None:
     Agent.instrument_all(settings)
 
 
-def run_pydantic_ai(script: Script) -> None:
+def run_pydantic_ai(script: Script, guard: Any = None) -> None:
     """A pydantic-ai Agent over its FunctionModel, the library's own scriptable model."""
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -317,7 +328,8 @@ def run_pydantic_ai(script: Script) -> None:
         part = ToolCallPart(call.tool, call.arguments, tool_call_id=f"call_{script.turn}")
         return ModelResponse(parts=[part], usage=usage)
 
-    agent = Agent(FunctionModel(respond), name="support")
+    capabilities = [guard] if guard is not None else None
+    agent = Agent(FunctionModel(respond), name="support", capabilities=capabilities)
 
     @agent.tool_plain(description=TOOL_DOCS["search_docs"])
     def search_docs(query: str, request_id: str | None = None) -> str:
@@ -340,7 +352,7 @@ def instrument_openinference_smolagents(provider: Any, mode: str) -> None:
     SmolagentsInstrumentor().instrument(tracer_provider=provider)
 
 
-def run_smolagents(script: Script) -> None:
+def run_smolagents(script: Script, guard: Any = None) -> None:
     """smolagents' ToolCallingAgent over a scripted Model; it answers through final_answer."""
     from smolagents import Tool, ToolCallingAgent
     from smolagents.models import (
@@ -396,7 +408,11 @@ def run_smolagents(script: Script) -> None:
         make("get_job_status", {"job_id": text}),
     ]
     agent = ToolCallingAgent(
-        tools=tools, model=ScriptedModel(model_id="scripted"), max_steps=50, verbosity_level=-1
+        tools=tools,
+        model=ScriptedModel(model_id="scripted"),
+        max_steps=50,
+        verbosity_level=-1,
+        step_callbacks=[guard] if guard is not None else None,
     )
     agent.run("What is the refund policy?")
 
@@ -407,7 +423,7 @@ def instrument_openinference_llama_index(provider: Any, mode: str) -> None:
     LlamaIndexInstrumentor().instrument(tracer_provider=provider)
 
 
-def run_llama_index(script: Script) -> None:
+def run_llama_index(script: Script, guard: Any = None) -> None:
     """llama-index's FunctionAgent over its MockFunctionCallingLLM, scripted turn by turn."""
     from llama_index.core.agent.workflow import FunctionAgent
     from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
@@ -438,6 +454,8 @@ def run_llama_index(script: Script) -> None:
     ]
     llm = MockFunctionCallingLLM(response_generator=respond)
     agent = FunctionAgent(tools=tools, llm=llm, name="support")
+    if guard is not None:
+        guard(agent)
 
     async def run() -> None:
         await agent.run("What is the refund policy?", max_iterations=100)
@@ -452,7 +470,7 @@ def instrument_global_provider(provider: Any, mode: str) -> None:
     trace.set_tracer_provider(provider)
 
 
-def run_google_adk(script: Script) -> None:
+def run_google_adk(script: Script, guard: Any = None) -> None:
     """A Google ADK LlmAgent under InMemoryRunner, over a scripted BaseLlm."""
     from google.adk.agents import LlmAgent
     from google.adk.models.base_llm import BaseLlm
@@ -494,7 +512,8 @@ def run_google_adk(script: Script) -> None:
         model=ScriptedLlm(model="scripted"),
         tools=[search_docs, read_doc, get_job_status],
     )
-    runner = InMemoryRunner(agent=agent, app_name="support")
+    plugins = [guard] if guard is not None else None
+    runner = InMemoryRunner(agent=agent, app_name="support", plugins=plugins)
 
     async def run() -> None:
         session = await runner.session_service.create_session(app_name="support", user_id="u")
@@ -505,7 +524,7 @@ def run_google_adk(script: Script) -> None:
     asyncio.run(run())
 
 
-def run_strands(script: Script) -> None:
+def run_strands(script: Script, guard: Any = None) -> None:
     """A strands Agent over a scripted Model streaming the library's own events."""
     from strands import Agent, tool
     from strands.models import Model
@@ -557,6 +576,7 @@ def run_strands(script: Script) -> None:
         tools=[search_docs, read_doc, get_job_status],
         name="support",
         callback_handler=None,
+        hooks=[guard] if guard is not None else None,
     )
     agent("What is the refund policy?")
 
@@ -578,7 +598,8 @@ CONTENT_SETTINGS = frozenset(
         "OTEL_INSTRUMENTATION_OPENAI_AGENTS_CAPTURE_CONTENT",
     }
 )
-SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0")
+# confluent-kafka: the KillSwitch of the guarded-agent matrix (tests/support/guarded_agents.py).
+SIDE_VENV_COMMON = ("pyyaml==6.0.4", "jsonschema==4.26.0", "confluent-kafka==2.16.1")
 LIBRARIES: dict[str, Library] = {
     library.name: library
     for library in (
@@ -651,7 +672,11 @@ LIBRARIES: dict[str, Library] = {
             },
             instrument_global_provider,
             run_google_adk,
-            ("google-adk==2.13.0", "opentelemetry-exporter-otlp-proto-common==1.44.0"),
+            (
+                "google-adk==2.13.0",
+                "opentelemetry-exporter-otlp-proto-common==1.44.0",
+                "opentelemetry-exporter-otlp-proto-http==1.44.0",  # the guarded-agent matrix
+            ),
         ),
         Library(
             "strands",
@@ -667,7 +692,11 @@ LIBRARIES: dict[str, Library] = {
             },
             instrument_global_provider,
             run_strands,
-            ("strands-agents==1.62.0", "opentelemetry-exporter-otlp-proto-common==1.45.1"),
+            (
+                "strands-agents==1.62.0",
+                "opentelemetry-exporter-otlp-proto-common==1.45.1",
+                "opentelemetry-exporter-otlp-proto-http==1.45.1",
+            ),
         ),
     )
 }
@@ -702,7 +731,7 @@ def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
     for scenario, calls in SCENARIOS.items():
         exporter.clear()
         script = Script(calls)
-        library.run(script)
+        library.run(script, None)
         provider.force_flush()
         if script.turn != len(calls):
             raise RuntimeError(

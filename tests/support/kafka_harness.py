@@ -166,6 +166,10 @@ class Topics:
         return f"{self.prefix}-agent-kill-signals"
 
     @property
+    def acks(self) -> str:
+        return f"{self.prefix}-agent-kill-acks"
+
+    @property
     def detections(self) -> str:
         return f"{self.prefix}-detections"
 
@@ -198,6 +202,7 @@ class Topics:
             "--app-id", self.app_id,
             "--input-topic", self.input,
             "--kill-topic", self.kills,
+            "--ack-topic", self.acks,
             "--detections-topic", self.detections,
             "--dead-letter-topic", self.dead_letters,
             "--repartition-topic", self.repartition,

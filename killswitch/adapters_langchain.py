@@ -1,0 +1,117 @@
+"""LangChain and LangGraph: `callbacks=[SpanguardCallbackHandler(switch)]` (extra `langchain`).
+
+The trace of a tool call is, in this order: the current OpenTelemetry span's (OpenLLMetry's
+instrumentation makes its spans current); the span OpenInference's instrumentation keeps for
+the run or its nearest parent (it never makes its spans current during callbacks); the trace
+that was current when the run or a parent started (the agent run inside a span of its own).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from spanguard.killswitch.adapters import Checker, TraceGate, span_trace_id
+from spanguard.killswitch.signals import current_trace_id
+
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("SpanguardCallbackHandler needs `pip install spanguard[langchain]`") from exc
+
+__all__ = ["SpanguardCallbackHandler"]
+
+OPENINFERENCE = "openinference.instrumentation.langchain"
+OPENLLMETRY = "opentelemetry.instrumentation.langchain"
+
+
+def _openinference_tracer() -> Any:
+    """OpenInference's LangChain tracer when its instrumentor is active, else None."""
+    module = sys.modules.get(OPENINFERENCE)
+    if module is None:
+        return None
+    instrumentor = module.LangChainInstrumentor()  # a singleton
+    return getattr(instrumentor, "_tracer", None)
+
+
+class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
+    """Checks the run's trace before every tool call (and every chat model call).
+
+    `AgentKilled` propagates out of `invoke` / `ainvoke` as it is (`raise_error`)."""
+
+    framework = "LangChain"
+    raise_error = True  # LangChain swallows handler errors unless told otherwise
+    # Called in the run's own thread and context, in order: the current span is the run's.
+    run_inline = True
+
+    def __init__(self, checker: Checker, *, trace_id: str | None = None,
+                 on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        BaseCallbackHandler.__init__(self)
+        TraceGate.__init__(self, checker, trace_id, on_downgrade)
+
+    # -- where the trace is found ------------------------------------------------------------
+
+    def trace_of(self, run_id: UUID, parent_run_id: UUID | None) -> str | None:
+        current = current_trace_id()
+        if current is not None:
+            return current
+        chain = self.run_chain(run_id, parent_run_id)
+        tracer = _openinference_tracer()
+        if tracer is not None:
+            for run in chain:
+                span = tracer.get_span(run)
+                if span is not None and (trace_id := span_trace_id(span)) is not None:
+                    return trace_id
+        return self.recorded_trace(chain)
+
+    def instrumentation(self) -> str:
+        found = [name for name in (OPENINFERENCE, OPENLLMETRY) if name in sys.modules]
+        if OPENINFERENCE in found and _openinference_tracer() is None:
+            found.remove(OPENINFERENCE)  # imported, never instrumented
+        return ", ".join(found) or "none active"
+
+    def what_to_do(self) -> str:
+        return (
+            "call LangChainInstrumentor().instrument() (openinference-instrumentation-langchain"
+            " or opentelemetry-instrumentation-langchain) before the agent runs, run the agent"
+            " inside an OpenTelemetry span of your own, or pass trace_id="
+        )
+
+    def _start(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        # Remembered now: a tool run later in this run's tree finds the trace through it, even
+        # where no span is current by then.
+        self.remember_run(run_id, parent_run_id, self.trace_of(run_id, parent_run_id))
+
+    # -- LangChain's callbacks ---------------------------------------------------------------
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+        self._start(run_id, parent_run_id)
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID,
+                            parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+        # Before each model call too: a killed run does not pay for another turn.
+        self._start(run_id, parent_run_id)
+        self.check_trace(self.trace_of(run_id, parent_run_id))
+
+    def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: UUID,
+                     parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+        self._start(run_id, parent_run_id)
+        self.check_trace(self.trace_of(run_id, parent_run_id))
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
+                      parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+        self._start(run_id, parent_run_id)
+        self.check_trace(self.trace_of(run_id, parent_run_id))
+
+    def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID,
+                           parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+        self._start(run_id, parent_run_id)
+
+    def _end(self, *args: Any, run_id: UUID, **kwargs: Any) -> None:
+        self.forget_run(run_id)
+
+    on_chain_end = on_chain_error = on_llm_end = on_llm_error = _end
+    on_tool_end = on_tool_error = on_retriever_end = on_retriever_error = _end

@@ -1,0 +1,79 @@
+"""OpenAI Agents SDK: `Runner.run(agent, input, hooks=SpanguardRunHooks(switch))` (extra
+`openai-agents`).
+
+The trace is the current OpenTelemetry span's (OpenInference's and the OTel GenAI bridge's
+processors make theirs current); else the one current when the SDK's trace started
+(`on_agent_start`, keyed by the SDK's own trace id).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from spanguard.killswitch.adapters import Checker, TraceGate
+from spanguard.killswitch.signals import current_trace_id
+
+try:
+    from agents import RunHooks
+    from agents.tracing import get_current_trace
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("SpanguardRunHooks needs `pip install spanguard[openai-agents]`") from exc
+
+__all__ = ["SpanguardRunHooks"]
+
+INSTRUMENTATIONS = (
+    "openinference.instrumentation.openai_agents",
+    "opentelemetry.instrumentation.openai_agents",
+)
+
+
+class SpanguardRunHooks(RunHooks, TraceGate):
+    """Checks before each model call and before each tool call.
+
+    A kill before a model call leaves `Runner.run` as `AgentKilled` itself; before a tool call
+    (several in one turn) the SDK wraps it in `UserError("Error running tool ...")` whose
+    `__cause__` is the `AgentKilled`."""
+
+    framework = "OpenAI Agents SDK"
+
+    def __init__(self, checker: Checker, *, trace_id: str | None = None,
+                 on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        TraceGate.__init__(self, checker, trace_id, on_downgrade)
+
+    def _sdk_trace(self) -> str | None:
+        trace = get_current_trace()
+        return getattr(trace, "trace_id", None) if trace is not None else None
+
+    def trace_of(self) -> str | None:
+        current = current_trace_id()
+        if current is not None:
+            return current
+        sdk_trace = self._sdk_trace()
+        return self.recorded_trace([sdk_trace]) if sdk_trace is not None else None
+
+    def instrumentation(self) -> str:
+        return ", ".join(name for name in INSTRUMENTATIONS if name in sys.modules) or "none active"
+
+    def what_to_do(self) -> str:
+        return (
+            "call OpenAIAgentsInstrumentor().instrument() (openinference-instrumentation-openai-"
+            "agents or opentelemetry-instrumentation-openai-agents-v2) before Runner.run, run"
+            " it inside an OpenTelemetry span of your own, or pass trace_id="
+        )
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        sdk_trace = self._sdk_trace()
+        if sdk_trace is not None:
+            self.remember_run(sdk_trace, None, current_trace_id())
+
+    async def on_llm_start(
+        self, context: Any, agent: Any, system_prompt: Any, input_items: Any
+    ) -> None:
+        # Before each model call: a killed run stops before it pays for another turn, and the
+        # SDK lets AgentKilled out of this hook as it is.
+        await self.check_trace_async(self.trace_of())
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        await self.check_trace_async(self.trace_of())

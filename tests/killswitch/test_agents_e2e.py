@@ -1,0 +1,77 @@
+"""The guard's promise, end to end: a guarded real agent stops.
+
+Framework x instrumentation x spanguard adapter (tests/support/guarded_agents.py), against the
+real stack: the Collector built from deploy/collector (scripts/collector.sh), the default
+`spanguard worker` signing with the stack's own key file (`scripts/stack.sh key-file`), and a
+`KillSwitch` in the agent reading that same file through SPANGUARD_SIGNING_KEY_FILE. The
+scripted model thinks STEP_DELAY seconds a turn; the looping agent asks for the same search 15
+times, the healthy twin makes 12 different ones (at 0.2 s a turn). The looping agent must stop
+after exactly its 4th call (the default policy's threshold), with `AgentKilled` as the
+exception or its cause, the healthy twin must finish, and `spanguard explain` must find the trace and the
+agent's signed ack of the kill.
+
+One row runs in `make test`; the whole matrix is `make test-agents` (marker `agents`). Each
+row prints its calls before the stop and the stop latency (the end of the 4th call to the
+kill in the agent's book).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.guarded_agents import ROWS, TRIPS_AT, format_rows, missing, run_row, stack
+from tests.support.guarded_agents import explain as explain_trace
+
+pytestmark = pytest.mark.kafka
+
+# The looping agent's step: the kill must arrive within it (0.05-0.25 s on a quiet machine,
+# over a second at a load of 40 on 2 cores). The healthy twin only has to finish: short steps.
+STEP_DELAY = float(os.environ.get("SPANGUARD_TEST_STEP_DELAY", "1.0"))
+HEALTHY_STEP_DELAY = 0.2
+IN_MAKE_TEST = "langgraph+openinference"
+
+
+@pytest.fixture(scope="module")
+def running_stack(tmp_path_factory):
+    with stack(Path(tmp_path_factory.mktemp("agents-e2e"))) as running:
+        yield running
+
+
+ROW_PARAMS = [
+    pytest.param(row, marks=[] if row == IN_MAKE_TEST else [pytest.mark.agents], id=row)
+    for row in ROWS
+]
+
+
+@pytest.mark.parametrize("row", ROW_PARAMS)
+def test_the_looping_agent_stops_at_its_4th_call_and_its_twin_finishes(running_stack, row):
+    if (reason := missing(row)) is not None:
+        pytest.skip(reason)
+    # The twins run side by side, as two agents of a fleet do.
+    with ThreadPoolExecutor(2) as pool:
+        loop_run, healthy_run = (
+            pool.submit(run_row, running_stack, row, scenario, step_delay=delay)
+            for scenario, delay in (("loop", STEP_DELAY), ("healthy", HEALTHY_STEP_DELAY))
+        )
+        loop, healthy = loop_run.result(), healthy_run.result()
+    print("\n" + format_rows([loop, healthy]))
+
+    assert loop.status == "killed", loop
+    assert loop.calls == TRIPS_AT, loop
+    assert "AgentKilled" in loop.exception, loop
+    assert loop.exception[0] in {"AgentKilled", ROWS[row][1]}, loop
+    assert loop.unguarded == 0 and len(loop.trace_ids) == 1, loop
+    assert loop.stop_latency_s is not None, loop  # printed: the calls are the contract
+
+    assert healthy.status == "finished" and healthy.calls == 12, healthy
+    assert healthy.unguarded == 0, healthy
+
+    explained = explain_trace(running_stack, loop.trace_ids[0])
+    print(explained)
+    assert loop.trace_ids[0] in explained and "tool_loop" in explained, explained
+    # The agent acknowledged the kill it obeyed, signed: explain says so.
+    assert "  obeyed: by " in explained and "not checked" not in explained, explained
