@@ -202,6 +202,18 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
      "field defaults.token_budget: datetime.date(2026, 1, 1) is not of type"),
     ("a threshold beyond its window", b"defaults:\n  loop: {window: 3, threshold: 4}\n",
      "threshold 4 can never be reached in a window of 3 calls"),
+    ("a window with a decimal point", b"defaults: {loop: {window: 10.0, threshold: 4.0}}\n",
+     "field defaults.loop.window: 10.0 is not of type 'integer' (a count is a whole number"),
+    ("a budget with a decimal point", b"defaults: {token_budget: 1000.0}\n",
+     "field defaults.token_budget: 1000.0 is not of type"),
+    ("a tool's threshold with a decimal point", b"defaults: {tools: {t: {threshold: 3.0}}}\n",
+     "field defaults.tools.t.threshold: 3.0 is not of type 'integer'"),
+    ("a boolean as a window", b"defaults: {loop: {window: true}}\n",
+     "field defaults.loop.window: True is not of type 'integer'"),
+    ("a 5000-digit budget", b"defaults: {token_budget: " + b"9" * 5000 + b"}\n",
+     "an integer of 5000 characters (line 1): out of range"),
+    ("a 20-digit budget", b"defaults: {token_budget: 99999999999999999999}\n",
+     "field defaults.token_budget: an integer out of range"),
 ]  # fmt: skip
 
 
@@ -225,6 +237,35 @@ def test_policy_files(tmp_path, capsys, data, message):
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line.startswith("spanguard policy: bad policy: ") and message in line
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a character device", "a directory"])
+def test_policy_paths_that_are_no_file(tmp_path, kind):
+    """Refused at once: a FIFO with no writer would block the load for good (run in a thread
+    here, so that a blocking load fails the test instead of hanging it)."""
+    import os
+    import threading
+
+    from spanguard.schemas.policy import Policy, PolicyError
+
+    path = {"a FIFO": tmp_path / "fifo", "a character device": "/dev/zero",
+            "a directory": tmp_path}[kind]  # fmt: skip
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    errors: list[str] = []
+
+    def load() -> None:
+        try:
+            Policy.load(path)
+        except PolicyError as exc:
+            errors.append(str(exc))
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(timeout=10)
+    if loader.is_alive():  # unblock the thread: open the FIFO for writing once
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert errors == [f"{path}: not a regular file ({kind}): not a policy"]
 
 
 # -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
