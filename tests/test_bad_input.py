@@ -461,3 +461,139 @@ def test_a_trace_request_still_passes_the_check():
         agent.trace_id.encode(), encode(agent.finished()).SerializeToString()
     )
     assert outcome.dead_letter is None and [d.rule for d in outcome.decisions] == ["tool_loop"]
+
+
+# -- in-process mode (killswitch/processor.py, killswitch/signals.py) ---------------------------
+
+
+def _run_in_thread(target: Any, seconds: float = 20.0) -> bool:
+    """Run `target` in a daemon thread; whether it finished within `seconds` (a deadlocked
+    thread fails the test instead of hanging it)."""
+    import threading
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    return not worker.is_alive()
+
+
+def test_a_logging_handler_that_starts_a_span_never_blocks_the_agent():
+    """A log shipper whose HTTP call is traced: the guard's one-time warning about a tool span
+    without arguments reaches a handler that ends a span of its own, in span.end()."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch import GuardingSpanProcessor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = GuardingSpanProcessor(SimpleSpanProcessor(exporter), tracer_provider=provider)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("agent")
+
+    from opentelemetry.context import Context
+
+    class TracedShipper(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            # Without the handler's lock, which logging.shutdown() takes at exit: a thread
+            # deadlocked in emit must fail this test, not hang the interpreter's exit.
+            self.emit(record)
+            return True
+
+        def emit(self, record: logging.LogRecord) -> None:
+            # The shipper's request is a trace of its own (a root span), as from its thread.
+            with tracer.start_as_current_span("POST /logs", context=Context()):
+                pass
+
+    shipper = TracedShipper()
+    logger = logging.getLogger("spanguard")
+    logger.addHandler(shipper)
+
+    def agent() -> None:
+        with tracer.start_as_current_span("invoke_agent support"):
+            with tracer.start_as_current_span(
+                "execute_tool search_docs",
+                attributes={"gen_ai.operation.name": "execute_tool",
+                            "gen_ai.tool.name": "search_docs"},
+            ):  # fmt: skip
+                pass
+
+    try:
+        assert _run_in_thread(agent), "span.end() deadlocked on the guard's own lock"
+    finally:
+        logger.removeHandler(shipper)
+    names = sorted(span.name for span in exporter.get_finished_spans())
+    assert names == ["POST /logs", "execute_tool search_docs", "invoke_agent support"]
+    assert processor.guard.stats.missing_arguments == 1
+
+
+def test_an_old_release_delivered_again_cannot_lift_a_newer_kill():
+    """R1 lifts K1; other traces push R1's entry out of the bounded book; K2 kills the trace
+    again; R1 redelivered (within its TTL) is older than K2 and must not lift it."""
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from spanguard.killswitch import AgentKilled, SignalBook
+
+    book = SignalBook(max_traces=2)
+    start = datetime.now(UTC)
+
+    def at(seconds: int) -> str:
+        return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
+
+    kill = kill_signal(TRACE)
+    k1 = replace(kill, signal_id="01" * 16, detected_at=at(0))
+    r1 = replace(kill, signal_id="02" * 16, kind="release", rule="manual", operator="alice",
+                 detected_at=at(10))  # fmt: skip
+    k2 = replace(kill, signal_id="03" * 16, detected_at=at(20))
+    assert book.check(TRACE) is None
+    book.deliver(k1)
+    book.deliver(r1)
+    assert book.check(TRACE) is None
+    for number in range(1, 10):  # other traces this process runs push R1 out of the book
+        assert book.check(f"{number:032x}") is None
+    book.deliver(k2)
+    assert book.deliver(r1) is True  # forgotten, so not a duplicate: read again
+    with pytest.raises(AgentKilled) as caught:
+        book.check(TRACE)
+    assert caught.value.signal.signal_id == k2.signal_id
+    # A release issued after K2 lifts it.
+    book.deliver(replace(r1, signal_id="04" * 16, detected_at=at(30)))
+    assert book.check(TRACE) is None
+
+
+def test_killed_traces_are_forgotten_once_their_root_span_ends():
+    """In-process state goes when the root span ends, the kills of its traces included: a
+    long-running process that kills many traces keeps at most `max_traces` of them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch import AgentKilled, GuardingSpanProcessor
+
+    provider = TracerProvider()
+    processor = GuardingSpanProcessor(
+        SimpleSpanProcessor(InMemorySpanExporter()), tracer_provider=provider, max_traces=5
+    )
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("agent")
+    killed = 0
+    for _ in range(40):
+        try:
+            with tracer.start_as_current_span("invoke_agent support"):
+                for _ in range(10):
+                    processor.check()
+                    with tracer.start_as_current_span(
+                        "execute_tool search_docs",
+                        attributes={"gen_ai.operation.name": "execute_tool",
+                                    "gen_ai.tool.name": "search_docs",
+                                    "gen_ai.tool.call.arguments": '{"q": "refund"}'},
+                    ):  # fmt: skip
+                        pass
+        except AgentKilled:
+            killed += 1
+    assert killed == 40
+    assert processor.signals.tracked_traces <= 5
