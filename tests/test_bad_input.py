@@ -513,13 +513,12 @@ def test_a_logging_handler_that_starts_a_span_never_blocks_the_agent():
     logger.addHandler(shipper)
 
     def agent() -> None:
-        with tracer.start_as_current_span("invoke_agent support"):
-            with tracer.start_as_current_span(
-                "execute_tool search_docs",
-                attributes={"gen_ai.operation.name": "execute_tool",
-                            "gen_ai.tool.name": "search_docs"},
-            ):  # fmt: skip
-                pass
+        tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs"}
+        with (
+            tracer.start_as_current_span("invoke_agent support"),
+            tracer.start_as_current_span("execute_tool search_docs", attributes=tool),
+        ):
+            pass
 
     try:
         assert _run_in_thread(agent), "span.end() deadlocked on the guard's own lock"
