@@ -108,6 +108,52 @@ KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
     ("the key id edited after signing", _tampered(key_id="0" * 16), "unknown_key"),
     ("a non-ASCII signature", _tampered(signature="é" * 64), "forged"),
     ("signed, but expired", _signed(expires_at=PAST), "expired"),
+    ("a detection time that is no date", _signed(detected_at="yesterday"), "invalid"),
+    ("a detection time without a timezone", _signed(detected_at="2026-01-01T00:00:00"), "invalid"),
+    (
+        "a detection time on a day that does not exist",
+        _signed(detected_at="2026-02-30T00:00:00Z"),
+        "invalid",
+    ),
+    ("a trace id ending in a newline", _signed(trace_id=TRACE + "\n"), "invalid"),
+    ("a signal id ending in a newline", _signed(signal_id="ab" * 16 + "\n"), "invalid"),
+    ("a key id ending in a newline", _tampered(key_id=key_id(KEY) + "\n"), "invalid"),
+    (
+        "a span id ending in a newline",
+        _signed(evidence={"span_id": "00f067aa0ba902b7\n"}),
+        "invalid",
+    ),
+    (
+        "a key given twice (the last says release)",
+        b'{"kind": "kill", ' + _signed(kind="release", rule="manual", operator="a")[1:],
+        "invalid",
+    ),
+    (
+        "a kind given twice, signed as the first",
+        _signed()[:-1] + b', "kind": "release"}',
+        "invalid",
+    ),
+    (
+        "a release of a rule, not an operator's",
+        _signed(kind="release", operator="alice"),
+        "invalid",
+    ),
+    ("a release naming no operator", _signed(kind="release", rule="manual"), "invalid"),
+    (
+        "a manual downgrade",
+        _signed(kind="downgrade", rule="manual", operator="alice", system_message="slow down"),
+        "invalid",
+    ),
+    (
+        "a release issued a year ahead",
+        _signed(
+            kind="release",
+            rule="manual",
+            operator="alice",
+            detected_at="2999-01-01T00:00:00.000+00:00",
+        ),
+        "invalid",
+    ),
 ]
 
 
@@ -119,6 +165,24 @@ def test_kill_signal_records(value, kind):
         read_signal(value, KEYS)
     assert caught.value.kind == kind
     assert len(caught.value.detail) < 260 and caught.value.detail.isprintable()
+
+
+def test_the_release_reader_counts_every_bad_record_and_never_raises():
+    """streams/releases.py reads the kill topic with the worker's key: every bad record is
+    counted and skipped; a release issued a year ahead cannot outrank the real ones."""
+    import time
+
+    from spanguard.settings import WorkerSettings
+    from spanguard.streams.releases import ReleaseReader
+
+    reader = ReleaseReader(WorkerSettings(), KEY)
+    now = time.time()
+    for _, value, _ in KILL_RECORDS:
+        assert reader.accept(value, now) is False
+    assert reader.released == {}
+    assert sum(reader.ignored.values()) == len(KILL_RECORDS)
+    assert reader.accept(_signed(kind="release", rule="manual", operator="alice"), now) is True
+    assert list(reader.released) == [TRACE]
 
 
 def test_a_valid_signal_reads_after_every_bad_record():
