@@ -660,3 +660,68 @@ def test_killed_traces_are_forgotten_once_their_root_span_ends():
             killed += 1
     assert killed == 40
     assert processor.signals.tracked_traces <= 5
+
+
+# -- settings (spanguard/settings.py; every command that takes them) ----------------------------
+
+KEY_ENV = {"SPANGUARD_SIGNING_KEY": "a-signing-key-of-32-characters!!"}
+
+SETTINGS: list[tuple[str, dict[str, str], str]] = [
+    ("a signal TTL of a nanosecond", {"SPANGUARD_SIGNAL_TTL": "1e-9"},
+     "signal_ttl must be between 10 and 604800 seconds, not 1e-09"),
+    ("a signal TTL of a year", {"SPANGUARD_SIGNAL_TTL": "31536000"},
+     "signal_ttl must be between 10 and 604800 seconds"),
+    ("metrics port 99999", {"SPANGUARD_METRICS_PORT": "99999"},
+     "metrics_port must be between 1 and 65535, not 99999"),
+    ("metrics port -1", {"SPANGUARD_METRICS_PORT": "-1"}, "metrics_port must be between 1 and"),
+    ("a negative commit interval", {"SPANGUARD_COMMIT_INTERVAL": "-1"},
+     "commit_interval must be a positive number of seconds, not -1.0"),
+    ("a zero commit interval", {"SPANGUARD_COMMIT_INTERVAL": "0"},
+     "commit_interval must be a positive number of seconds"),
+    ("the kill topic is the input topic", {"SPANGUARD_KILL_TOPIC": "otlp_spans"},
+     "input_topic and kill_topic name the same topic 'otlp_spans'"),
+    ("a topic name with a space and a slash", {"SPANGUARD_INPUT_TOPIC": "bad topic/../x"},
+     "input_topic 'bad topic/../x' is not a Kafka topic name"),
+    ("a topic named ..", {"SPANGUARD_DETECTIONS_TOPIC": ".."}, "is not a Kafka topic name"),
+    ("a signing key and unsigned signals", {"SPANGUARD_ALLOW_UNSIGNED": "true"},
+     "sign, or send unsigned signals, not both"),
+    ("a bootstrap port out of range", {"SPANGUARD_BOOTSTRAP": "127.0.0.1:99999"},
+     "bootstrap must be HOST:PORT[,HOST:PORT...] with ports 1-65535"),
+    ("a second bootstrap address without a port", {"SPANGUARD_BOOTSTRAP": "a:9092,b"},
+     "bootstrap must be HOST:PORT"),
+    ("a judge URL with a broken IPv6 host", {"SPANGUARD_JUDGE_URL": "http://[::1/v1",
+                                             "SPANGUARD_JUDGE_MODEL": "m"},
+     "SPANGUARD_JUDGE_URL is not a usable URL: Invalid IPv6 URL"),
+    ("a judge URL with port 99999", {"SPANGUARD_JUDGE_URL": "http://127.0.0.1:99999/v1",
+                                     "SPANGUARD_JUDGE_MODEL": "m"},
+     "SPANGUARD_JUDGE_URL is not a usable URL: Port out of range"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "message"), [case[1:] for case in SETTINGS], ids=[case[0] for case in SETTINGS]
+)
+def test_settings(monkeypatch, capsys, env, message):
+    """One line and exit 2, before any connection: the bootstrap names a closed port, so a
+    command that got past its settings would report a broker error instead."""
+    from spanguard.cli import main
+
+    for name in [name for name in __import__("os").environ if name.startswith("SPANGUARD_")]:
+        monkeypatch.delenv(name)
+    for name, value in {"SPANGUARD_BOOTSTRAP": "127.0.0.1:9", **KEY_ENV, **env}.items():
+        monkeypatch.setenv(name, value)
+    commands = [["worker"]] if "JUDGE" in message else [["worker"], ["topics", "create"]]
+    for command in commands:
+        assert main(command) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"spanguard {command[0]}: bad setting: ") and message in line, line
+
+
+def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
+    from spanguard.settings import SettingsError, redact_url
+    from spanguard.streams.judge import OpenAICompatibleJudge
+
+    with pytest.raises(SettingsError, match="Port out of range"):
+        OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
+    assert redact_url("http://u:p@127.0.0.1:99999/v1?k=s") == "http://127.0.0.1:(bad port)/v1"
+    assert redact_url("http://[::1/v1") == "(not a URL)"
