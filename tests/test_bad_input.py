@@ -725,3 +725,60 @@ def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely()
         OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
     assert redact_url("http://u:p@127.0.0.1:99999/v1?k=s") == "http://127.0.0.1:(bad port)/v1"
     assert redact_url("http://[::1/v1") == "(not a URL)"
+
+
+# -- spans that would dodge the rules (spanguard/detection) -------------------------------------
+
+
+def _nested_arguments(depth: int, leaf: str = "refund policy") -> dict[str, Any]:
+    value: dict[str, Any] = {"query": leaf}
+    for step in range(depth):
+        value = {"a": value, "timestamp": step}  # a volatile key at every level
+    return value
+
+
+@pytest.mark.parametrize("depth", [60, 990])
+def test_deeply_nested_arguments_still_make_a_loop(depth):
+    """Arguments nested past the JSON decoder's or the canonical form's depth: the span is
+    not dropped, and identical calls key identically."""
+    from spanguard.detection.guard import Guard
+    from tests.support.spans import AgentRecorder, encode
+
+    # As text, written without recursion (json.dumps would hit the test's own stack limit).
+    text = '{"a": ' * depth + '{"query": "refund policy"}' + ', "timestamp": 1}' * depth
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", text)
+    guard = Guard()
+    decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [decision.rule for decision in decisions] == ["tool_loop"]
+
+
+def test_the_canonical_form_is_bounded_and_still_tells_calls_apart():
+    from spanguard.detection.canonical import MAX_CANONICAL_DEPTH, args_hash
+
+    volatile = frozenset({"timestamp"})
+    deep = _nested_arguments(20_000)
+    assert args_hash(deep, volatile) == args_hash(_nested_arguments(20_000), volatile)
+    assert args_hash(deep, volatile) != args_hash(_nested_arguments(20_000, "other"), volatile)
+    # Shallow arguments keep the plain canonical form (hashes recorded before stay valid).
+    shallow = _nested_arguments(MAX_CANONICAL_DEPTH - 2)
+    assert args_hash(shallow, volatile) == args_hash(_nested_arguments(MAX_CANONICAL_DEPTH - 2),
+                                                     volatile)  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
+    """The span's output tokens still count towards the budget."""
+    from spanguard.detection.guard import Guard
+    from spanguard.schemas.policy import Policy
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    agent.chat(input_tokens=bad, output_tokens=600)  # type: ignore[arg-type]
+    agent.chat(input_tokens=100, output_tokens=600)
+    guard = Guard(Policy.from_mapping({"defaults": {"token_budget": 1000}}))
+    decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
