@@ -427,6 +427,42 @@ def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
     assert (result.requests, result.skipped) == (1, 1)
 
 
+def test_a_compressed_protobuf_file_is_read_within_the_bound(tmp_path, monkeypatch):
+    """A .pb.gz is decompressed no further than MAX_LINE_BYTES (lowered to 4 kB here; at
+    64 MiB, 1.5 MB of gzip expanded to 1.5 GB in one call before), then skipped."""
+    import gzip
+    import io
+
+    from spanguard.detection import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
+    bomb = tmp_path / "bomb.pb.gz"
+    bomb.write_bytes(gzip.compress(b"\0" * 10_000_000))
+    err = io.StringIO()
+    result = replay_module.replay([str(bomb)], stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().splitlines()[0] == f"{bomb}: skipped: larger than 4096 bytes"
+    assert (result.requests, result.skipped) == (0, 1)
+
+
+def test_a_flood_of_compressed_blank_lines_is_skipped_quickly(tmp_path):
+    """20 MB of newlines gzip to 20 kB; read one line at a time they took seconds per MB."""
+    import gzip
+    import io
+    import time
+
+    from spanguard.detection.replay import replay
+
+    flood = tmp_path / "flood.jsonl.gz"
+    flood.write_bytes(gzip.compress(b"\n" * 20_000_000 + b"{\n" + _replay_line().encode() + b"\n"))
+    err = io.StringIO()
+    started = time.monotonic()
+    result = replay([str(flood)], stdout=io.StringIO(), stderr=err)
+    elapsed = time.monotonic() - started
+    assert err.getvalue().splitlines()[0].startswith(f"{flood}:20000001: skipped: not JSON")
+    assert (result.requests, result.skipped) == (1, 1)
+    assert elapsed < 15, f"{elapsed:.1f}s for 20 MB of blank lines"
+
+
 # -- OTLP messages on the input topic (spanguard/detection/pipeline.py: SpanPipeline.handle) ----
 
 
