@@ -818,3 +818,129 @@ def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
     decisions = guard.process(encode(agent.finished()).SerializeToString())
     assert guard.stats.malformed_spans == 0
     assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
+
+
+# -- outbound HTTP: the pager, the webhook (alerting/outbound.py) -------------------------------
+
+PAGER_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"
+WEBHOOK_PATH = "/hooks/XXXXsecretXXXX"
+DETECTION = {
+    "decision_id": "6a19b10dab573a231a78e69ba7700f09",
+    "trace_id": TRACE,
+    "span_id": "00f067aa0ba902b7",
+    "rule": "tool_loop",
+    "action": "kill",
+    "reason": "search_docs called 4x in last 4 steps",
+    "agent": {"service": "support-bot"},
+    "detected_at": "2026-12-03T07:14:26.502+00:00",
+    "autonomous": True,
+}
+
+
+@pytest.fixture
+def webhook_server():
+    from tests.support.webhook_server import WebhookServer
+
+    with WebhookServer() as running:
+        yield running
+
+
+@pytest.fixture
+def pager_server():
+    from tests.support.pagerduty_server import EventsApiServer
+
+    with EventsApiServer() as running:
+        yield running
+
+
+def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
+    from spanguard.alerting.webhook import Webhook
+    from spanguard.settings import WebhookSettings
+
+    environ = {"SPANGUARD_WEBHOOK_URL": server.url + WEBHOOK_PATH}
+    settings = WebhookSettings.from_sources({"ca_file": server.ca_bundle, **flags}, environ)
+    return Webhook(settings, sleep=sleeps.append, jitter=lambda: 1.0)
+
+
+def _pager(server: Any, sleeps: list[float], **overrides: Any) -> Any:
+    from spanguard.alerting.pagerduty import Pager, PagerSettings
+
+    environ = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": PAGER_KEY,
+               "SPANGUARD_PAGERDUTY_URL": server.url, "SSL_CERT_FILE": server.ca_bundle}  # fmt: skip
+    return Pager(PagerSettings.from_env(environ, **overrides), sleep=sleeps.append)
+
+
+def test_the_webhook_retries_408_as_the_pager_and_the_judge_do(webhook_server):
+    sleeps: list[float] = []
+    webhook_server.script(408)
+    result = _webhook(webhook_server, sleeps).notify(DETECTION)
+    assert (result.status, result.attempts) == ("delivered", 2)
+    assert sleeps == [0.5]
+
+
+def test_the_webhook_reads_retry_after_as_an_http_date(webhook_server):
+    from email.utils import formatdate
+
+    from tests.support.webhook_server import Fault
+
+    sleeps: list[float] = []
+    when = formatdate(__import__("time").time() + 20, usegmt=True)
+    webhook_server.script(Fault(status=503, headers={"Retry-After": when}))
+    result = _webhook(webhook_server, sleeps).notify(DETECTION)
+    assert (result.status, result.attempts) == ("delivered", 2)
+    (delay,) = sleeps
+    assert 15 <= delay <= 20, delay  # the server's date (less the time the test took), not 0.5
+
+
+def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_server):
+    """timeout=1: the whole attempt, not each read (the drip never lets a read time out)."""
+    import time
+
+    from tests.support.pagerduty_server import Fault
+
+    pager_server.script(Fault(status=400, body=b'{"message": "' + b"x" * 60 + b'"}', drip=0.25))
+    pager = _pager(pager_server, [], timeout=1.0, max_attempts=1)
+    started = time.monotonic()
+    result = pager.page(DETECTION)
+    elapsed = time.monotonic() - started
+    pager.close()
+    assert result.status == "failed" and "deadline" in (result.error or ""), result
+    assert elapsed < 6, f"one attempt took {elapsed:.1f}s"
+
+
+def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server):
+    import gzip
+
+    from tests.support.pagerduty_server import Fault
+
+    bomb = gzip.compress(b'{"message": "' + b"x" * 50_000_000 + b'"}')
+    errors = {"status": "invalid event", "message": "Event object is invalid",
+              "errors": [f"error number {n}" for n in range(100_000)]}  # fmt: skip
+    pager_server.script(
+        Fault(status=400, body=bomb, headers={"Content-Encoding": "gzip"}),
+        Fault(status=400, body=json.dumps(errors).encode()),
+    )
+    pager = _pager(pager_server, [], max_attempts=1)
+    try:
+        bombed, listed = pager.page(DETECTION), pager.page(DETECTION)
+    finally:
+        pager.close()
+    assert (bombed.status, bombed.http_status) == ("rejected", 400)
+    assert "xxxx" not in (bombed.error or "")
+    assert (listed.status, listed.http_status) == ("rejected", 400)
+    assert len(listed.error or "") <= 300 and len(listed.errors) <= 11
+
+
+def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
+    from tests.support.pagerduty_server import Fault
+
+    echo = {"message": f"bad key {PAGER_KEY}", "errors": ["Authorization: Bearer sk-live-123"]}
+    pager_server.script(Fault(status=400, body=json.dumps(echo).encode()))
+    pager = _pager(pager_server, [], max_attempts=1)
+    try:
+        result = pager.page(DETECTION)
+    finally:
+        pager.close()
+    assert result.status == "rejected"
+    text = f"{result.error} {result.errors}"
+    assert PAGER_KEY not in text and "sk-live-123" not in text and "***" in text
