@@ -158,12 +158,13 @@ async def deliver_async(
     *,
     max_attempts: int,
     backoff: Backoff,
-    timeout: float,
+    timeout: float | None,
     what: str,
     log: logging.Logger,
     context: dict[str, Any] | None = None,
 ) -> Delivery[T]:
-    """`deliver` for a coroutine: each attempt as a whole within `timeout`."""
+    """`deliver` for a coroutine: each attempt as a whole within `timeout` (None: the attempt
+    keeps its own deadline, e.g. one that starts once it holds a concurrency slot)."""
     for number in range(1, max_attempts + 1):
         try:
             async with asyncio.timeout(timeout):

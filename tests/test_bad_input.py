@@ -944,3 +944,35 @@ def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
     assert result.status == "rejected"
     text = f"{result.error} {result.errors}"
     assert PAGER_KEY not in text and "sk-live-123" not in text and "***" in text
+
+
+# -- outbound HTTP: the judge (streams/judge.py) ------------------------------------------------
+
+
+def test_a_judge_that_echoes_the_authorization_header_never_puts_the_key_in_an_error(caplog):
+    import asyncio
+    import logging
+
+    from spanguard.goal.invocations import InvocationEnd
+    from spanguard.goal.verdicts import JudgeError
+    from spanguard.streams.judge import OpenAICompatibleJudge
+    from tests.support.chat_server import ChatServer, Reply
+
+    key = "sk-live-0123456789abcdef"
+    echo = {"error": {"message": f"invalid key in 'Authorization: Bearer {key}'"}}
+    case = InvocationEnd(TRACE, "00f067aa0ba902b7", "support-bot", "support",
+                         request="refund?", answer="30 days", instructions=None)  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    with ChatServer() as server:
+        server.script(Reply(status=401, body=json.dumps(echo).encode()))
+
+        async def run() -> JudgeError:
+            async with OpenAICompatibleJudge(server.base_url, "model", key) as judge:
+                with pytest.raises(JudgeError) as caught:
+                    await judge.judge(case)
+                return caught.value
+
+        error = asyncio.run(run())
+    assert error.kind == "rejected" and "HTTP 401" in str(error)
+    assert key not in str(error) and "Bearer ***" in str(error)
+    assert key not in caplog.text
