@@ -607,7 +607,12 @@ class WebhookSettings:
         if url is None or not url.strip():
             raise SettingsError(f"no webhook URL: set {ENV_WEBHOOK_URL} or {ENV_WEBHOOK_URL}_FILE")
         url = url.strip()
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port out of range or not a number
+        except ValueError:
+            # The URL is a secret: not even the parser's message, which may quote it.
+            raise SettingsError(f"{ENV_WEBHOOK_URL} is not a usable URL") from None
         if parts.scheme.lower() != "https" or not parts.netloc:
             # The URL is a secret: name its scheme and host only.
             raise SettingsError(

@@ -376,6 +376,9 @@ REPLAY_LINES: list[tuple[str, bytes, str]] = [
     ("a lone surrogate, raw", _replay_line(name="\ud800").encode().replace(b"\\ud800", b"\xed\xa0\x80"),
      "Unpaired surrogate"),
     ("a lone surrogate escape", _replay_line(name="\ud800").encode(), "Unpaired surrogate"),
+    ("a lone surrogate where a value object belongs",
+     _replay_line(attributes=[{"key": "a", "value": "\ud800"}]).encode(),
+     "a string that is not valid Unicode"),
 ]  # fmt: skip
 
 
@@ -731,6 +734,8 @@ SETTINGS: list[tuple[str, dict[str, str], str]] = [
     ("a judge URL with port 99999", {"SPANGUARD_JUDGE_URL": "http://127.0.0.1:99999/v1",
                                      "SPANGUARD_JUDGE_MODEL": "m"},
      "SPANGUARD_JUDGE_URL is not a usable URL: Port out of range"),
+    ("a webhook URL with a broken IPv6 host", {"SPANGUARD_WEBHOOK_URL": "https://[::1/x"},
+     "SPANGUARD_WEBHOOK_URL is not a usable URL"),
 ]  # fmt: skip
 
 
@@ -746,7 +751,8 @@ def test_settings(monkeypatch, capsys, env, message):
         monkeypatch.delenv(name)
     for name, value in {"SPANGUARD_BOOTSTRAP": "127.0.0.1:9", **KEY_ENV, **env}.items():
         monkeypatch.setenv(name, value)
-    commands = [["worker"]] if "JUDGE" in message else [["worker"], ["topics", "create"]]
+    worker_only = "JUDGE" in message or "WEBHOOK" in message  # what `topics` does not read
+    commands = [["worker"]] if worker_only else [["worker"], ["topics", "create"]]
     for command in commands:
         assert main(command) == 2
         (line,) = capsys.readouterr().err.splitlines()
