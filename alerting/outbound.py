@@ -10,7 +10,8 @@ any other status, and a certificate we do not trust, is final at once.
 What every attempt shares, whoever sends it:
 - one deadline for the whole attempt, connect to last byte (`timeout` seconds): the HTTP
   client's own timeouts are per operation, so a server that drips a byte a second would never
-  trip them; `limit_responses` makes a sync client's body reads check it;
+  trip them; `limit_responses` makes a sync client's body reads check it and shuts the
+  attempt's socket down at the deadline (its clients keep no connection alive);
 - one body cap (`MAX_RESPONSE_BYTES`): a body is read as it streams in and cut there; bodies
   are asked uncompressed (`Accept-Encoding: identity`) and a compressed one is not read at all,
   so no gzip bomb is ever inflated;
@@ -21,8 +22,10 @@ What every attempt shares, whoever sends it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import socket
 import ssl
 import threading
 import time
@@ -150,6 +153,10 @@ def deliver(
             sleep(delay)
         finally:
             _deadline.at = None
+            for timer in _deadline.timers:  # the attempt is over: its watch too
+                timer.cancel()
+                timer.join()
+            _deadline.timers.clear()
     raise ValueError("max_attempts must be at least 1")
 
 
@@ -208,7 +215,9 @@ def _log_retry(
 
 
 class _Deadline(threading.local):
-    at: float | None = None
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.timers: list[threading.Timer] = []  # the running attempt's socket watches
 
 
 # The running sync attempt's deadline, per thread (each executor thread runs one attempt).
@@ -230,9 +239,45 @@ def limit_responses(client: httpx2.Client, max_bytes: int = MAX_RESPONSE_BYTES) 
         limit = 0 if compressed else max_bytes
         response.stream = _BoundedStream(response.stream, limit, _deadline.at)
 
+    def watch(request: httpx2.Request) -> None:
+        request.extensions["trace"] = _cut_at_deadline(_deadline.at)
+
     hooks = client.event_hooks
+    hooks["request"] = [*hooks.get("request", []), watch]
     hooks["response"] = [*hooks.get("response", []), bound]
     client.event_hooks = hooks
+
+
+_OPENED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
+
+
+def _cut_at_deadline(deadline: float | None) -> Callable[[str, dict[str, Any]], None]:
+    """An httpcore trace callback: once the attempt's connection is open, a timer shuts its
+    socket down at the deadline, so a server that drips its status line and headers a byte at
+    a time (each read within the client's per-read timeout) still ends the attempt. Works on
+    new connections only: a client that uses it keeps none alive between attempts."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        # The TLS socket replaces the TCP one (which wrapping detaches): watch each as it opens.
+        if deadline is None or event not in _OPENED:
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (sock,))
+        timer.daemon = True
+        timer.start()
+        _deadline.timers.append(timer)
+
+    return trace
+
+
+def _shut(sock: Any) -> None:
+    # SHUT_RDWR: a read blocked in another thread returns at once. OSError: the socket is
+    # closed already (the attempt ended in time).
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _BoundedStream(httpx2.SyncByteStream):

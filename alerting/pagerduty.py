@@ -243,7 +243,11 @@ class Pager:
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
         client = pagerduty.EventsApiV2Client(
-            settings.routing_key, base_url=settings.events_url, verify=verify
+            settings.routing_key,
+            base_url=settings.events_url,
+            verify=verify,
+            # A new connection per attempt: the attempt's deadline watches its socket.
+            limits=httpx2.Limits(max_keepalive_connections=0),
         )
         # Our retry loop is the only one. The library's own defaults would otherwise:
         # - retry 429 without limit (status absent from `retry` => unlimited) and 500/502/503/504

@@ -211,6 +211,8 @@ class Webhook:
             verify=verify,
             timeout=httpx2.Timeout(settings.timeout),
             follow_redirects=False,  # a redirect could carry the body somewhere unplanned
+            # A new connection per attempt: the attempt's deadline watches its socket.
+            limits=httpx2.Limits(max_keepalive_connections=0),
             headers={"User-Agent": f"spanguard/{__version__}"},
         )
         limit_responses(self._client)

@@ -51,7 +51,7 @@ FAULT_BODIES: dict[int, dict[str, Any]] = {
 class Fault:
     """One scripted response. status 202 with no body: handle the event normally (after `delay`).
     `drop`: close the connection without answering. `drip`: send the body one byte per `drip`
-    seconds (a server that never stops answering)."""
+    seconds (a server that never stops answering); `drip_headers`: the status line too."""
 
     status: int = 503
     body: Any = None
@@ -59,6 +59,7 @@ class Fault:
     delay: float = 0.0
     drop: bool = False
     drip: float = 0.0
+    drip_headers: bool = False  # with `drip`: the status line and headers dripped too
 
 
 @dataclass

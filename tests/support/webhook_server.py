@@ -130,6 +130,11 @@ class _Handler(BaseHTTPRequestHandler):
         fault = owner.next_fault()
         if fault is not None and fault.delay:
             time.sleep(fault.delay)
+        if fault is not None and fault.drip_headers:
+            record.status = fault.status
+            head = f"HTTP/1.1 {fault.status} Scripted\r\nContent-Length: 2\r\n\r\nok"
+            write_body(self, head.encode(), fault.drip)
+            return
         if fault is not None and not (fault.status == 200 and fault.body is None):
             record.status = fault.status
             self._reply(
