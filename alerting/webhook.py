@@ -250,11 +250,7 @@ class Webhook:
         failure = outcome.failure
         if failure is None:
             return NotifyResult("delivered", outcome.attempts, key, http_status=outcome.value)
-        status: Status = (
-            "rejected"
-            if isinstance(failure, Final) and failure.status == ("rejected")
-            else "failed"
-        )
+        status: Status = failure.status if isinstance(failure, Final) else "failed"
         log.error(
             "webhook %s after %d attempt(s): %s",
             status,
