@@ -9,10 +9,11 @@ slow or failing PagerDuty delays pages, never detection or kill signals.
         result = pager.page(detection)           # PageResult(status="accepted" | "rejected" | "failed")
 
 The event goes out with the real `pagerduty` client (`EventsApiV2Client`, built on httpx2), with
-its own retries switched off so that the retry policy here is the only one in force: 408, 429,
-5xx and network errors are retried up to `max_attempts`, waiting as `spanguard.retry` says
-(capped, jittered exponential backoff, or the server's Retry-After, capped); any other 4xx
-(a 400 "invalid event") is final after one attempt. The judge retries by the same rules. The dedup key
+its own retries switched off so that the delivery loop every outbound call shares
+(alerting/outbound.py) is the only one in force: 408, 429, 5xx and network errors are retried
+up to `max_attempts`, waiting as `spanguard.retry` says (capped, jittered exponential backoff,
+or the server's Retry-After, capped); any other 4xx (a 400 "invalid event") is final after one
+attempt; each attempt as a whole within `timeout`, its answer read within the body cap. The dedup key
 `spanguard:<trace_id>:<rule>` makes a retried or repeated trigger land on the same incident.
 
 The routing key is a credential: it is kept out of `repr`, logs and `PageResult.error`.
@@ -31,8 +32,19 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
+from spanguard.alerting.outbound import (
+    SUMMARY_LIMIT,
+    Final,
+    Retry,
+    deliver,
+    limit_responses,
+    retry_or_final,
+    scrub,
+    tls_reason,
+    tls_verify_failure,
+)
 from spanguard.errors import PagerConfigError
-from spanguard.retry import Backoff, is_retryable_status, retry_after_seconds
+from spanguard.retry import Backoff
 from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
 from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
 
@@ -49,8 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SUMMARY_LIMIT = 1024  # PagerDuty truncates payload.summary beyond this
 
 
 # Evidence copied from a detection into payload.custom_details, when present.
@@ -204,31 +214,6 @@ _client_log = logging.getLogger(f"{__name__}.client")
 _client_log.addFilter(_DropRetryExhausted())
 
 
-class _Retry(Exception):
-    def __init__(
-        self, error: str, http_status: int | None = None, retry_after: float | None = None
-    ):
-        super().__init__(error)
-        self.error = error
-        self.http_status = http_status
-        self.retry_after = retry_after
-
-
-class _Final(Exception):
-    def __init__(
-        self,
-        result_status: Status,
-        error: str,
-        http_status: int | None = None,
-        errors: tuple[str, ...] = (),
-    ):
-        super().__init__(error)
-        self.result_status = result_status
-        self.error = error
-        self.http_status = http_status
-        self.errors = errors
-
-
 class Pager:
     """Sends triggers for detections to PagerDuty; safe to share between threads.
 
@@ -262,7 +247,11 @@ class Pager:
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
         client = pagerduty.EventsApiV2Client(
-            settings.routing_key, base_url=settings.events_url, verify=verify
+            settings.routing_key,
+            base_url=settings.events_url,
+            verify=verify,
+            # A new connection per attempt: the attempt's deadline watches its socket.
+            limits=httpx2.Limits(max_keepalive_connections=0),
         )
         # Our retry loop is the only one. The library's own defaults would otherwise:
         # - retry 429 without limit (status absent from `retry` => unlimited) and 500/502/503/504
@@ -280,6 +269,8 @@ class Pager:
         # number of attempts (-1)": misleading, and we log every outcome ourselves. Drop just that
         # line, on a logger of our own (the library's global logger is left alone).
         client.log = _client_log
+        # Bodies uncompressed, within the cap and the attempt's deadline (alerting/outbound.py).
+        limit_responses(client)
         return client
 
     def close(self) -> None:
@@ -304,58 +295,45 @@ class Pager:
         delivery problems, which come back as a "rejected" or "failed" PageResult."""
         event = build_event(detection, self.settings)
         key = event["dedup_key"]
-        max_attempts = self.settings.max_attempts
         context = {"dedup_key": key, "decision_id": detection.get("decision_id")}
-        for attempt in range(1, max_attempts + 1):
-            try:
-                http_status = self._send(event)
-            except _Final as final:
-                log.error(
-                    "page %s after %d attempt(s): %s",
-                    final.result_status,
-                    attempt,
-                    final.error,
-                    extra={**context, "attempts": attempt, "http_status": final.http_status},
-                )
-                return PageResult(
-                    final.result_status, attempt, key, final.error, final.errors, final.http_status
-                )
-            except _Retry as retry:
-                if attempt == max_attempts:
-                    log.error(
-                        "page failed after %d attempt(s): %s",
-                        attempt,
-                        retry.error,
-                        extra={**context, "attempts": attempt, "http_status": retry.http_status},
-                    )
-                    return PageResult("failed", attempt, key, retry.error, (), retry.http_status)
-                delay = self.backoff(attempt, retry.retry_after)
-                log.warning(
-                    "page attempt %d/%d: %s; retrying in %.2fs",
-                    attempt,
-                    max_attempts,
-                    retry.error,
-                    delay,
-                    extra={**context, "attempts": attempt, "http_status": retry.http_status},
-                )
-                self._sleep(delay)
-            else:
-                log.info(
-                    "paged on-call",
-                    extra={
-                        **context,
-                        "attempts": attempt,
-                        "severity": event["payload"]["severity"],
-                    },
-                )
-                return PageResult("accepted", attempt, key, http_status=http_status)
-        raise AssertionError("unreachable")  # pragma: no cover
+        outcome = deliver(
+            lambda: self._send(event),
+            max_attempts=self.settings.max_attempts,
+            backoff=self._backoff,
+            timeout=self.settings.timeout,
+            what="page",
+            sleep=self._sleep,
+            log=log,
+            context=context,
+        )
+        failure = outcome.failure
+        if failure is None:
+            log.info(
+                "paged on-call",
+                extra={
+                    **context,
+                    "attempts": outcome.attempts,
+                    "severity": event["payload"]["severity"],
+                },
+            )
+            return PageResult("accepted", outcome.attempts, key, http_status=outcome.value)
+        status: Status = failure.status if isinstance(failure, Final) else "failed"
+        errors = failure.errors if isinstance(failure, Final) else ()
+        log.error(
+            "page %s after %d attempt(s): %s",
+            status,
+            outcome.attempts,
+            failure.error,
+            extra={**context, "attempts": outcome.attempts, "http_status": failure.http_status},
+        )
+        return PageResult(status, outcome.attempts, key, failure.error, errors, failure.http_status)
 
     def _send(self, event: dict[str, Any]) -> int:
-        """One HTTP attempt: the HTTP status when PagerDuty accepted the event, else _Retry or
-        _Final. (The client returns only the dedup_key on success, and the Events API's success
+        """One HTTP attempt: the HTTP status when PagerDuty accepted the event, else Retry or
+        Final. (The client returns only the dedup_key on success, and the Events API's success
         status is 202.)"""
         properties = {k: v for k, v in event.items() if k not in ("event_action", "dedup_key")}
+        secrets = (self.settings.routing_key,)
         try:
             self._client.send_event(
                 event["event_action"], dedup_key=event["dedup_key"], **properties
@@ -370,62 +348,50 @@ class Pager:
                 )
                 return status
             message, errors = _describe(response)
-            error = f"HTTP {status} from PagerDuty: {message}"
-            if is_retryable_status(status):
-                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
-                raise _Retry(error, status, retry_after) from None
-            raise _Final("rejected", error, status, errors) from None
+            error = scrub(f"HTTP {status} from PagerDuty: {message}", secrets)
+            retry_or_final(status, response.headers, error, errors)
         except pagerduty.Error as exc:
             # Network-level failure (the client raises Error from the httpx2 TransportError).
             cause = exc.__cause__
-            if _tls_verify_failure(cause):
-                raise _Final(
-                    "failed",
+            if tls_verify_failure(cause):
+                raise Final(
                     f"TLS certificate verification failed for {self.settings.events_url}: "
-                    f"{_tls_reason(cause)} (SSL_CERT_FILE names the CA bundle to trust)",
+                    f"{tls_reason(cause)} (SSL_CERT_FILE names the CA bundle to trust)",
+                    status="failed",
                 ) from None
-            raise _Retry(f"network error: {_describe_exception(cause or exc)}") from None
+            raise Retry(
+                scrub(f"network error: {_describe_exception(cause or exc)}", secrets)
+            ) from None
         except httpx2.HTTPError as exc:
-            raise _Retry(f"network error: {_describe_exception(exc)}") from None
+            raise Retry(scrub(f"network error: {_describe_exception(exc)}", secrets)) from None
         return 202
 
 
+# At most this many of the server's error reasons are kept (a 400 may list thousands).
+MAX_ERRORS = 10
+
+
 def _describe(response: httpx2.Response) -> tuple[str, tuple[str, ...]]:
-    """The server's message and errors list, from an Events API error body."""
+    """The server's message and errors list, from an Events API error body (read within the
+    body cap: a body over it is described by its status alone)."""
     try:
         body = response.json()
     except ValueError:
         text = response.text.strip()
         return (text[:200] or response.reason_phrase or "no body"), ()
+    except httpx2.HTTPError:
+        return response.reason_phrase or "an unreadable body", ()
     if not isinstance(body, dict):
         return str(body)[:200], ()
-    message = str(body.get("message") or body.get("status") or response.reason_phrase)
+    message = str(body.get("message") or body.get("status") or response.reason_phrase)[:200]
     raw = body.get("errors") or []
-    errors = tuple(str(e) for e in (raw if isinstance(raw, list) else [raw]))
+    listed = raw if isinstance(raw, list) else [raw]
+    errors = tuple(scrub(str(e), limit=200) for e in listed[:MAX_ERRORS])
+    if len(listed) > MAX_ERRORS:
+        errors += (f"... and {len(listed) - MAX_ERRORS} more",)
     if errors:
         message = f"{message}: {'; '.join(errors)}"
     return message, errors
-
-
-def _chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _tls_verify_failure(exc: BaseException | None) -> bool:
-    return any(isinstance(e, ssl.SSLCertVerificationError) for e in _chain(exc)) or (
-        exc is not None and "CERTIFICATE_VERIFY_FAILED" in str(exc)
-    )
-
-
-def _tls_reason(exc: BaseException | None) -> str:
-    for e in _chain(exc):
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return e.verify_message or str(e)
-    return str(exc)
 
 
 def _describe_exception(exc: BaseException) -> str:

@@ -39,7 +39,17 @@ from urllib.parse import urlsplit
 import httpx2
 
 from spanguard import __version__
+from spanguard.alerting.outbound import (
+    SUMMARY_LIMIT,
+    Final,
+    Retry,
+    deliver,
+    limit_responses,
+    retry_or_final,
+    tls_verify_failure,
+)
 from spanguard.alerting.pagerduty import dedup_key
+from spanguard.retry import Backoff
 from spanguard.schemas.decision import pause_instructions
 from spanguard.settings import WebhookSettings
 
@@ -55,8 +65,6 @@ __all__ = [
 log = logging.getLogger("spanguard.alerting")
 
 SIGNATURE_HEADER = "X-Spanguard-Signature"
-# Slack cuts a section's text at 3000 characters; a summary stays well under it.
-SUMMARY_LIMIT = 1000
 # What a Slack message shows of the evidence, when present.
 SLACK_FIELDS = (
     ("tool_name", "tool"),
@@ -161,31 +169,6 @@ class NotifyResult:
         return self.status == "delivered"
 
 
-class _Retry(Exception):
-    def __init__(
-        self, error: str, http_status: int | None = None, retry_after: float | None = None
-    ) -> None:
-        super().__init__(error)
-        self.error = error
-        self.http_status = http_status
-        self.retry_after = retry_after
-
-
-class _Final(Exception):
-    """Retrying cannot help (e.g. a certificate we do not trust)."""
-
-
-def _tls_verify_failure(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
-
-
 class _HideUrl(logging.Filter):
     """httpx2 logs every request's full URL at INFO: a webhook's path (and query) is its
     credential, so our URL is shown as its scheme and host only."""
@@ -222,7 +205,7 @@ class Webhook:
     ) -> None:
         self.settings = settings
         self._sleep = sleep
-        self._jitter = jitter
+        self._backoff = Backoff(settings.backoff_base, settings.backoff_cap, jitter)
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
@@ -232,8 +215,11 @@ class Webhook:
             verify=verify,
             timeout=httpx2.Timeout(settings.timeout),
             follow_redirects=False,  # a redirect could carry the body somewhere unplanned
+            # A new connection per attempt: the attempt's deadline watches its socket.
+            limits=httpx2.Limits(max_keepalive_connections=0),
             headers={"User-Agent": f"spanguard/{__version__}"},
         )
+        limit_responses(self._client)
 
     def __repr__(self) -> str:
         return f"Webhook(host={self.settings.host!r}, template={self.settings.template!r})"
@@ -242,9 +228,9 @@ class Webhook:
         self._client.close()
         _HTTPX_LOG.removeFilter(self._hide_url)
 
-    def backoff(self, attempt: int) -> float:
-        ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (attempt - 1))
-        return ceiling * (0.5 + 0.5 * self._jitter())
+    def backoff(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (spanguard.retry.Backoff)."""
+        return self._backoff.delay(attempt, retry_after)
 
     def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
         """Post `detection`; never raises for delivery problems (they come back as a result)."""
@@ -255,67 +241,50 @@ class Webhook:
             headers[SIGNATURE_HEADER] = f"sha256={digest.hexdigest()}"
         key = dedup_key(detection)
         context = {"dedup_key": key, "host": self.settings.host}
-        attempts = self.settings.max_attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                status = self._post(body, headers)
-            except _Final as final:
-                log.error("webhook failed: %s", final, extra={**context, "attempts": attempt})
-                return NotifyResult("failed", attempt, key, str(final))
-            except _Retry as retry:
-                if attempt == attempts:
-                    log.error(
-                        "webhook failed after %d attempt(s): %s",
-                        attempt,
-                        retry.error,
-                        extra={**context, "attempts": attempt},
-                    )
-                    return NotifyResult("failed", attempt, key, retry.error, retry.http_status)
-                delay = self.backoff(attempt)
-                if retry.retry_after is not None:
-                    delay = max(delay, min(retry.retry_after, self.settings.backoff_cap))
-                log.warning(
-                    "webhook attempt %d/%d: %s; retrying in %.2fs",
-                    attempt,
-                    attempts,
-                    retry.error,
-                    delay,
-                    extra={**context, "attempts": attempt},
-                )
-                self._sleep(delay)
-                continue
-            if 200 <= status < 300:
-                return NotifyResult("delivered", attempt, key, http_status=status)
-            error = f"HTTP {status} from {self.settings.host}"
-            log.error("webhook rejected: %s", error, extra={**context, "attempts": attempt})
-            return NotifyResult("rejected", attempt, key, error, status)
-        raise AssertionError("unreachable")  # pragma: no cover
+        outcome = deliver(
+            lambda: self._post(body, headers),
+            max_attempts=self.settings.max_attempts,
+            backoff=self._backoff,
+            timeout=self.settings.timeout,
+            what="webhook",
+            sleep=self._sleep,
+            log=log,
+            context=context,
+        )
+        failure = outcome.failure
+        if failure is None:
+            return NotifyResult("delivered", outcome.attempts, key, http_status=outcome.value)
+        status: Status = failure.status if isinstance(failure, Final) else "failed"
+        log.error(
+            "webhook %s after %d attempt(s): %s",
+            status,
+            outcome.attempts,
+            failure.error,
+            extra={**context, "attempts": outcome.attempts},
+        )
+        return NotifyResult(status, outcome.attempts, key, failure.error, failure.http_status)
 
     def _post(self, body: bytes, headers: dict[str, str]) -> int:
-        """One attempt: the final HTTP status, or _Retry."""
+        """One attempt: the 2xx status, else Retry or Final. A 2xx body is never read."""
         assert self.settings.url is not None
         try:
-            response = self._client.post(self.settings.url, content=body, headers=headers)
+            with self._client.stream(
+                "POST", self.settings.url, content=body, headers=headers
+            ) as response:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return status
+                retry_or_final(status, response.headers, f"HTTP {status} from {self.settings.host}")
         except httpx2.HTTPError as exc:
-            if _tls_verify_failure(exc):
-                raise _Final(
+            if tls_verify_failure(exc):
+                raise Final(
                     f"TLS certificate verification failed for {self.settings.host}"
-                    " (SPANGUARD_WEBHOOK_CA_FILE names the CA bundle to trust)"
+                    " (SPANGUARD_WEBHOOK_CA_FILE names the CA bundle to trust)",
+                    status="failed",
                 ) from None
             # str(exc) may hold the URL, whose path is a credential: the type and host only.
-            raise _Retry(f"network error: {type(exc).__name__} ({self.settings.host})") from None
-        status = response.status_code
-        if status == 429 or status >= 500:
-            error = f"HTTP {status} from {self.settings.host}"
-            raise _Retry(error, status, _retry_after(response))
-        return status
-
-
-def _retry_after(response: httpx2.Response) -> float | None:
-    try:
-        return max(0.0, float(response.headers.get("Retry-After", "")))
-    except ValueError:
-        return None
+            raise Retry(f"network error: {type(exc).__name__} ({self.settings.host})") from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class WebhookService:

@@ -128,6 +128,11 @@ class GuardingSpanProcessor(SpanProcessor):
         self._slim_resources: dict[int, tuple[Resource, Resource]] = {}
         # One Guard for every agent thread of the process: its state is not thread-safe.
         self._lock = threading.Lock()
+        # Set while this thread runs the guard. The guard logs (a one-time warning, errors),
+        # and a logging handler may itself end a span (a log shipper whose HTTP call is
+        # traced): that span reaches on_end again on this very thread, with the lock held.
+        # It is exported as usual but not guarded, so the thread never waits on its own lock.
+        self._busy = threading.local()
         self._tracer_provider = tracer_provider
         self._tracer: Tracer | None = None
         self._warned_no_provider = False
@@ -144,11 +149,15 @@ class GuardingSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         # Runs inside the agent's span.end(): whatever fails here must not reach the agent,
         # and the wrapped processor must get the span all the same.
-        try:
-            if not self._is_own(span):
-                self._observe(span)
-        except Exception:
-            self._log_error("guarding an ended span failed; the span is exported as usual")
+        if not getattr(self._busy, "active", False):
+            self._busy.active = True
+            try:
+                if not self._is_own(span):
+                    self._observe(span)
+            except Exception:
+                self._log_error("guarding an ended span failed; the span is exported as usual")
+            finally:
+                self._busy.active = False
         try:
             self.inner.on_end(span)
         except Exception:
@@ -198,15 +207,19 @@ class GuardingSpanProcessor(SpanProcessor):
         is_root = span.parent is None
         if data is None and not is_root:
             return  # nothing for the core: no lock taken
+        trace_id = format(span_context.trace_id, "032x")
         with self._lock:
             decisions = self.guard.process(data) if data is not None else []
             if is_root:
                 # The trace is over in this process: its state goes with it.
-                self._states.pop(format(span_context.trace_id, "032x"), None)
+                self._states.pop(trace_id, None)
             if self._states:
                 self._states.expire(self.guard.clock() - self.ttl_seconds)
         for decision in decisions:
             self._act(decision, span)
+        if is_root:
+            # Its signals need not be kept for good any more: bounded with other traces'.
+            self.signals.trace_ended(trace_id)
 
     def _encode(self, span: ReadableSpan) -> bytes | None:
         """The span as OTLP bytes for the core, or None when the core would ignore it.

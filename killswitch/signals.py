@@ -79,7 +79,9 @@ class SignalBook:
       check and every later one: an agent that swallows the exception cannot carry on calling
       tools. A downgrade's system message is returned exactly once; otherwise None.
     - a `release` (an operator's `spanguard release`) lifts the trace's kill: `check` passes
-      again, until a later kill signal (a new signal id) kills it again.
+      again, until a later kill signal (a new signal id) kills it again. A release lifts only a
+      kill detected before it was issued (their `detected_at`), whatever the book remembers: an
+      old release delivered again cannot lift a newer kill.
 
     Every agent process reads the whole fleet's signals, almost all of them about traces it
     never runs, so memory is bounded by `max_traces` per kind of entry:
@@ -87,9 +89,11 @@ class SignalBook:
       `max_traces` is forgotten (a flood of signals for other traces costs only those);
     - traces this process checks: the least recently checked beyond `max_traces` is forgotten
       while nothing kills it;
-    - a killed trace this process has checked is never forgotten (until `forget`): a kill that
-      the agent's checks depend on cannot be pushed out by other traces' signals. There is one
-      such entry per killed trace of this process's own agents.
+    - a killed trace this process has checked is not forgotten while its agent runs: a kill
+      that the agent's checks depend on cannot be pushed out by other traces' signals. Once
+      the trace is over (`trace_ended`, which in-process mode calls when the root span ends)
+      its entry joins the other traces'; at most `max_traces` killed traces are kept besides,
+      the least recently checked forgotten first.
     """
 
     def __init__(self, max_traces: int = DEFAULT_MAX_TRACES) -> None:
@@ -100,7 +104,7 @@ class SignalBook:
         self._changed = threading.Condition(self._lock)  # wakes `wait()` on any delivery
         self._others: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._watched: OrderedDict[str, _TraceSignals] = OrderedDict()
-        self._killed: dict[str, _TraceSignals] = {}
+        self._killed: OrderedDict[str, _TraceSignals] = OrderedDict()
         self.delivered = 0
         self.duplicates = 0
 
@@ -131,6 +135,8 @@ class SignalBook:
             if signal.kind == "release":
                 # An operator's release: the agent may call tools again. The ids seen stay, so a
                 # redelivered old kill is still a duplicate; a new kill (a new id) kills again.
+                if entry.kill is not None and not _issued_after(signal, entry.kill):
+                    return True  # it answers an earlier kill, not this one
                 entry.kill = None
                 if trace_id in self._killed:
                     self._watched[trace_id] = self._killed.pop(trace_id)
@@ -138,8 +144,9 @@ class SignalBook:
             elif signal.kind == "kill":
                 if entry.kill is None:  # the first kill's reason is the one the agent sees
                     entry.kill = signal
-                if trace_id in self._watched:  # its agent checks it: keep it for good
+                if trace_id in self._watched:  # its agent checks it: keep it
                     self._killed[trace_id] = self._watched.pop(trace_id)
+                    _trim(self._killed, self.max_traces)
             else:
                 entry.unread_messages.append(signal.system_message or _fallback_message(signal))
             return True
@@ -149,7 +156,9 @@ class SignalBook:
         trace_id = trace_id.lower()
         with self._lock:
             entry = self._killed.get(trace_id)
-            if entry is None:
+            if entry is not None:
+                self._killed.move_to_end(trace_id)
+            else:
                 entry = self._watched.get(trace_id)
                 if entry is not None:
                     self._watched.move_to_end(trace_id)
@@ -162,6 +171,7 @@ class SignalBook:
                 if entry.kill is not None:
                     self._watched.pop(trace_id, None)
                     self._killed[trace_id] = entry
+                    _trim(self._killed, self.max_traces)
             if entry.pause is not None and entry.kill is None:
                 self._pause_over(trace_id, entry)
                 if entry.pause is not None:
@@ -209,6 +219,7 @@ class SignalBook:
             )
             self._watched.pop(trace_id, None)
             self._killed[trace_id] = entry
+            _trim(self._killed, self.max_traces)
 
     def is_killed(self, trace_id: str) -> bool:
         trace_id = trace_id.lower()
@@ -217,6 +228,17 @@ class SignalBook:
                 return True
             entry = self._watched.get(trace_id) or self._others.get(trace_id)
             return entry is not None and entry.kill is not None
+
+    def trace_ended(self, trace_id: str) -> None:
+        """The trace is over in this process (its root span ended): what it was told joins the
+        other traces' entries, kept while room allows (a late check still sees its kill)."""
+        trace_id = trace_id.lower()
+        with self._lock:
+            entry = self._killed.pop(trace_id, None) or self._watched.pop(trace_id, None)
+            if entry is not None:
+                self._others[trace_id] = entry
+                self._others.move_to_end(trace_id)
+                _trim(self._others, self.max_traces)
 
     def forget(self, trace_id: str) -> None:
         """Drop everything about `trace_id` (its agent is done with it)."""
@@ -242,6 +264,18 @@ def _seconds_until(moment: str | None) -> float:
 def _trim(entries: OrderedDict[str, _TraceSignals], limit: int) -> None:
     while len(entries) > limit:
         entries.popitem(last=False)
+
+
+def _issued_after(release: KillSignal, kill: KillSignal) -> bool:
+    """Whether `release` was issued at or after `kill` was detected. Signals read from Kafka
+    carry RFC 3339 times with a zone (read_signal checks them); should either time still be
+    unreadable, the operator's release is obeyed."""
+    try:
+        return datetime.fromisoformat(release.detected_at) >= datetime.fromisoformat(
+            kill.detected_at
+        )
+    except (TypeError, ValueError):
+        return True
 
 
 def _fallback_message(signal: KillSignal) -> str:

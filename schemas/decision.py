@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -310,11 +311,25 @@ def signature_valid(record: Mapping[str, Any], keys: bytes | str | Iterable[byte
     return verify(record, keyring(keys)) == "valid"
 
 
+def _whole_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    # JSON Schema's regexes are ECMA-262, whose `$` is the end of the text; Python's `$` also
+    # matches before a final newline, so "<32 hex>\n" would pass `^[0-9a-f]{32}$`. Matching
+    # the whole text gives the ECMA reading.
+    if isinstance(instance, str) and re.fullmatch(pattern, instance) is None:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+# The draft's validator with `pattern` read as a whole-text match.
+_ContractValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, validators={"pattern": _whole_pattern}
+)
+
+
 @cache
 def schema_validator(name: Literal["detection", "kill-signal"]) -> jsonschema.Draft202012Validator:
     """The validator of one contract's JSON Schema (loaded once)."""
     text = resources.files("spanguard.schemas").joinpath(f"{name}.schema.json").read_text()
-    return jsonschema.Draft202012Validator(json.loads(text))
+    return _ContractValidator(json.loads(text))
 
 
 def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]) -> None:
@@ -329,6 +344,9 @@ def validate(record: dict[str, Any], schema: Literal["detection", "kill-signal"]
 MAX_SIGNAL_BYTES = 64 * 1024
 # A signal nests three levels deep (signal, evidence/agent, values).
 MAX_SIGNAL_DEPTH = 8
+# How far ahead of the reader's clock a release may be issued (clocks drift a little); one
+# issued later than that would outrank every real release of its trace until that time.
+MAX_CLOCK_SKEW_SECONDS = 300.0
 
 
 class BadSignal(Exception):
@@ -358,9 +376,11 @@ def read_signal(
     except UnicodeDecodeError as exc:
         raise BadSignal("not_utf8", str(exc)) from None
     try:
-        record = json.loads(text, parse_constant=_refuse_constant)
+        record = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise BadSignal("too_deep", "nested too deeply to decode") from None
+    except _DuplicateKey as exc:
+        raise BadSignal("invalid", str(exc)) from None
     except ValueError as exc:
         raise BadSignal("not_json", str(exc)) from None
     if not isinstance(record, dict):
@@ -383,15 +403,42 @@ def read_signal(
                 detail += f", signed with key id {record['key_id']}, not one of this agent's"
             raise BadSignal(check, detail)
     signal = KillSignal.from_dict(record)
-    try:
-        expired = signal.expired(now or datetime.now(UTC))
-    except ValueError as exc:  # the pattern lets through a date that does not exist
-        raise BadSignal("invalid", f"field expires_at: {exc}") from None
-    if expired:
+    times = {}
+    for name in ("detected_at", "expires_at"):
+        try:  # the pattern lets through a date that does not exist
+            times[name] = datetime.fromisoformat(record[name])
+        except ValueError as exc:
+            raise BadSignal("invalid", f"field {name}: {exc}") from None
+    now = now or datetime.now(UTC)
+    if now >= times["expires_at"]:
         raise BadSignal(
             "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
         )
+    if (
+        signal.kind == "release"
+        and (times["detected_at"] - now).total_seconds() > MAX_CLOCK_SKEW_SECONDS
+    ):
+        raise BadSignal(
+            "invalid",
+            f"field detected_at: release of trace {signal.trace_id} issued at {signal.detected_at}, more than"
+            f" {MAX_CLOCK_SKEW_SECONDS:g} s ahead of {now.isoformat(timespec='seconds')}",
+        )
     return signal
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # With a key given twice, parsers disagree on which one counts (Python's: the last): the
+    # same signed bytes could mean another kind to another reader.
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _DuplicateKey(f"key {duplicate!r} appears twice in one object")
+    return record
 
 
 def _refuse_constant(name: str) -> Any:

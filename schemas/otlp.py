@@ -75,7 +75,12 @@ def decode_json_line(line: str | bytes) -> ExportTraceServiceRequest:
         )
     except RecursionError:
         raise OtlpDecodeError("not an OTLP/JSON trace request: nested too deeply") from None
-    except (AttributeError, TypeError, ValueError, json_format.ParseError) as exc:
+    except SystemError:
+        # protobuf's C parser, handed a lone surrogate where it looks up a field name.
+        raise OtlpDecodeError(
+            "not an OTLP/JSON trace request: a string that is not valid Unicode"
+        ) from None
+    except (AttributeError, TypeError, ValueError, OverflowError, json_format.ParseError) as exc:
         # protobuf names every enclosing field ("Failed to parse resourceSpans field: ..."):
         # the cause is what is left, and its message ends with the path.
         cause = _ENCLOSING_FIELDS.sub("", str(exc))

@@ -38,6 +38,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -66,6 +68,8 @@ MAX_POLICY_BYTES = 1024 * 1024
 MAX_POLICY_DEPTH = 32
 # Values once every YAML alias is expanded (what validation and merging walk).
 MAX_POLICY_NODES = 100_000
+# No setting counts past this: a larger integer is a typo (or an attack on int parsing).
+MAX_POLICY_INTEGER = 2**53
 
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
@@ -269,10 +273,19 @@ class Policy:
     def load(cls, path: str | Path) -> Policy:
         path = Path(path)
         try:
-            with path.open("rb") as handle:
-                data = handle.read(MAX_POLICY_BYTES + 1)  # a bounded read, even of /dev/zero
+            # Non-blocking open: a FIFO with no writer would otherwise block here for good.
+            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(descriptor)
+            raise PolicyError(f"{path}: not a regular file ({_file_kind(mode)}): not a policy")
+        with os.fdopen(descriptor, "rb") as handle:
+            try:
+                data = handle.read(MAX_POLICY_BYTES + 1)  # bounded, whatever the file grows to
+            except OSError as exc:
+                raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
         return cls.from_yaml(data, source=str(path))
 
     @classmethod
@@ -420,6 +433,12 @@ def _check_nodes(root: yaml.Node, source: str) -> None:
 
 
 def _children(node: yaml.Node, source: str) -> list[yaml.Node]:
+    if isinstance(node, yaml.ScalarNode) and node.tag == _YAML_INT and len(node.value) > 24:
+        # Constructing it would cost time quadratic in its digits (or raise past 4300 of them).
+        raise PolicyError(
+            f"{source}: an integer of {len(node.value)} characters (line {_line(node)}):"
+            f" out of range (at most {MAX_POLICY_INTEGER})"
+        )
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     if isinstance(node, yaml.MappingNode):
@@ -434,6 +453,22 @@ def _children(node: yaml.Node, source: str) -> list[yaml.Node]:
                 seen.add((key.tag, key.value))
         return [part for pair in node.value for part in pair]
     return []
+
+
+_YAML_INT = "tag:yaml.org,2002:int"
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
 
 
 def _line(node: yaml.Node) -> int:
@@ -452,6 +487,11 @@ def _check_tree(document: Any, source: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise PolicyError(
                 f"{source}: field {where or '(top level)'}: {value} is not a finite number"
+            )
+        if type(value) is int and abs(value) > MAX_POLICY_INTEGER:
+            raise PolicyError(
+                f"{source}: field {where or '(top level)'}: an integer out of range"
+                f" (at most {MAX_POLICY_INTEGER})"
             )
         if isinstance(value, Mapping):
             for key, item in value.items():
@@ -514,8 +554,21 @@ def _schema() -> dict[str, Any]:
     return _SCHEMA
 
 
+def _is_count(checker: Any, instance: Any) -> bool:
+    # JSON Schema's "integer" takes 4.0 (a number whose fraction is zero); what counts things
+    # here takes only integers, so `window: 10.0` is refused instead of reaching islice().
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# One type rule for every integer field of the schema, present and future sections alike.
+_PolicyValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_count),
+)
+
+
 def _validate(document: Any, source: str) -> None:
-    validator = jsonschema.Draft202012Validator(_schema())
+    validator = _PolicyValidator(_schema())
     errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.path])
     if not errors:
         return
@@ -537,7 +590,10 @@ def _validate(document: Any, source: str) -> None:
             )
     error = jsonschema.exceptions.best_match(errors)
     where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-    raise PolicyError(f"{source}: field {where}: {_one_line(error.message)}")
+    hint = ""
+    if error.validator == "type" and isinstance(error.instance, float):
+        hint = " (a count is a whole number: write it without a decimal point)"
+    raise PolicyError(f"{source}: field {where}: {_one_line(error.message)}{hint}")
 
 
 def _allowed_keys(schema: Mapping[str, Any]) -> set[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -186,6 +187,32 @@ def _secret(
 
 # -- the worker ---------------------------------------------------------------------------------
 
+# A kill must outlive the time an agent takes to read it, and not be obeyed for weeks.
+MIN_SIGNAL_TTL: Final = 10.0
+MAX_SIGNAL_TTL: Final = 7 * 24 * 3600.0
+# The worker's topics: each has one use.
+TOPIC_SETTINGS: Final = (
+    "input_topic",
+    "kill_topic",
+    "detections_topic",
+    "dead_letter_topic",
+    "repartition_topic",
+    "goal_topic",
+)
+# What Kafka accepts as a topic name (kafka.common.internals.Topic).
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
+
+
+def _check_topic(name: str, topic: str) -> None:
+    if _TOPIC_NAME.fullmatch(topic) is None or topic in (".", ".."):
+        raise SettingsError(
+            f"{name} {topic!r} is not a Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
+        )
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -275,9 +302,33 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.store not in ("rocksdb", "memory"):
             raise SettingsError(f"store must be rocksdb or memory, not {self.store!r}")
-        host, _, port = self.bootstrap.rpartition(":")
-        if not host or not port.isdigit():
-            raise SettingsError(f"bootstrap must be HOST:PORT, not {self.bootstrap!r}")
+        for address in self.bootstrap.split(","):
+            host, _, port = address.strip().rpartition(":")
+            if not host or not _is_port(port):
+                raise SettingsError(
+                    f"bootstrap must be HOST:PORT[,HOST:PORT...] with ports 1-65535,"
+                    f" not {self.bootstrap!r}"
+                )
+        topics = {name: getattr(self, name) for name in TOPIC_SETTINGS}
+        for name, topic in topics.items():
+            _check_topic(name, topic)
+        if len(set(topics.values())) < len(topics):
+            same = sorted(
+                name for name, topic in topics.items() if list(topics.values()).count(topic) > 1
+            )
+            raise SettingsError(
+                f"{' and '.join(same)} name the same topic {topics[same[0]]!r}: each topic has"
+                " one use (a kill topic that is the input topic would feed signals to the guard)"
+            )
+        _check_topic("app_id", self.app_id)
+        if not 1 <= self.metrics_port <= 65535:
+            raise SettingsError(
+                f"metrics_port must be between 1 and 65535, not {self.metrics_port}"
+            )
+        for name in ("commit_interval", "recovery_delay"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "commit_interval" and value == 0):
+                raise SettingsError(f"{name} must be a positive number of seconds, not {value}")
         for name in ("partitions", "replication_factor"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
@@ -295,8 +346,16 @@ class WorkerSettings:
             raise SettingsError("state_ttl must be a positive number of seconds")
         if self.dead_after <= 0:
             raise SettingsError("dead_after must be a positive number of seconds")
-        if self.signal_ttl <= 0:
-            raise SettingsError("signal_ttl must be a positive number of seconds")
+        if not MIN_SIGNAL_TTL <= self.signal_ttl <= MAX_SIGNAL_TTL:
+            raise SettingsError(
+                f"signal_ttl must be between {MIN_SIGNAL_TTL:g} and {MAX_SIGNAL_TTL:g} seconds,"
+                f" not {self.signal_ttl:g} (agents must be able to read a kill before it expires)"
+            )
+        if self.allow_unsigned and (self.signing_key or self.signing_key_file):
+            raise SettingsError(
+                "a signing key and SPANGUARD_ALLOW_UNSIGNED=true: sign, or send unsigned signals,"
+                " not both"
+            )
 
     def signing_key_bytes(self) -> bytes | None:
         """The signing key, from SPANGUARD_SIGNING_KEY or the key file; None when unset."""
@@ -373,7 +432,12 @@ class GoalSettings:
     def __post_init__(self) -> None:
         if self.base_url is not None:
             url = self.base_url.strip().rstrip("/")
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - raises on a port out of range or not a number
+            except ValueError as exc:
+                raise SettingsError(f"{ENV_JUDGE_URL} is not a usable URL: {exc}") from None
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise SettingsError(
                     f"{ENV_JUDGE_URL} must be an http(s) URL, got {redact_url(url)!r}"
                 )
@@ -548,7 +612,12 @@ class WebhookSettings:
         if url is None or not url.strip():
             raise SettingsError(f"no webhook URL: set {ENV_WEBHOOK_URL} or {ENV_WEBHOOK_URL}_FILE")
         url = url.strip()
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port out of range or not a number
+        except ValueError:
+            # The URL is a secret: not even the parser's message, which may quote it.
+            raise SettingsError(f"{ENV_WEBHOOK_URL} is not a usable URL") from None
         if parts.scheme.lower() != "https" or not parts.netloc:
             # The URL is a secret: name its scheme and host only.
             raise SettingsError(
@@ -623,11 +692,19 @@ def _shown(value: Any) -> str:
 
 
 def redact_url(url: str) -> str:
-    """scheme://host[:port]/path: no credentials, query or fragment."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    """scheme://host[:port]/path: no credentials, query or fragment (never raises: it is
+    what error messages and reprs show of a URL that may be malformed)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return "(not a URL)"
+    try:
+        port = parts.port
+    except ValueError:
+        port = "(bad port)"
+    if port is not None:
+        host = f"{host}:{port}"
     return f"{parts.scheme}://{host}{parts.path}"
 
 

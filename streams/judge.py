@@ -7,9 +7,9 @@ for `{"satisfied": bool, "confidence": 0..1, "reason": "..."}`. The request is t
 answer): the agent's content is quoted data, never spliced into the instructions.
 
 The reply is parsed strictly (`parse_verdict`): anything but exactly that object is a
-`JudgeError`, never a pass. Retries follow `spanguard.retry` (`max_attempts` attempts in all,
-capped jittered backoff or the server's Retry-After): timeouts, connection errors, 408, 429 and
-5xx are retried; any other 4xx (bad model name, bad key) is final at once; an unparsable reply
+`JudgeError`, never a pass. Attempts run the delivery loop every outbound call shares
+(alerting/outbound.py, on `spanguard.retry`: `max_attempts` attempts in all, capped jittered
+backoff or the server's Retry-After): timeouts, connection errors, 408, 429 and 5xx are retried; any other 4xx (bad model name, bad key) is final at once; an unparsable reply
 (garbage, no content, a truncated object, a reply over the size cap) is asked again once (some
 servers ignore `response_format`, and a small model may slip once), and a second one is final.
 The client's own retries are off (`max_retries=0`), so this loop is the only one in force.
@@ -23,7 +23,8 @@ it, and close it (`async with judge` / `await judge.aclose()`), in the loop that
 
 Credentials: the API key is sent as `Authorization: Bearer <key>`; a `user:password@` in the URL
 is taken out of it and sent as HTTP Basic auth, so the URL that the HTTP client logs carries
-none. Neither reaches a repr, a log line (the client's loggers at DEBUG included) or an error.
+none. Neither reaches a repr, a log line (the client's loggers at DEBUG included) or an error,
+not even when the server's error body echoes them (they are scrubbed from it).
 The client reads no `OPENAI_API_KEY`, organisation or project from the environment: a local
 judge must not receive the credentials meant for another service.
 """
@@ -35,15 +36,24 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any
+from typing import Final as Constant
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
 
+from spanguard.alerting.outbound import (
+    MAX_RESPONSE_BYTES,
+    Final,
+    Retry,
+    deliver_async,
+    retry_or_final,
+    scrub,
+)
 from spanguard.goal.invocations import InvocationEnd
 from spanguard.goal.verdicts import JudgeError, Verdict, excerpt, parse_verdict
-from spanguard.retry import Backoff, is_retryable_status, retry_after_seconds
+from spanguard.retry import Backoff
 from spanguard.settings import (
     ENV_JUDGE_MODEL,
     ENV_JUDGE_URL,
@@ -57,7 +67,7 @@ __all__ = ["SYSTEM_PROMPT", "OpenAICompatibleJudge"]
 log = logging.getLogger("spanguard.goal")
 
 
-SYSTEM_PROMPT: Final = """\
+SYSTEM_PROMPT: Constant = """\
 You review the work of an AI agent. You get a JSON object with the user's request, the \
 agent's instructions (or null) and the agent's final answer. Decide whether the final answer \
 does what the user asked: it addresses this request, it completes the task rather than only \
@@ -69,17 +79,16 @@ Reply with exactly one JSON object and nothing else, no code fence, no other tex
 {"satisfied": true or false, "confidence": a number from 0 to 1, "reason": "one or two \
 sentences on why"}"""
 
-MAX_FIELD_CHARS: Final = 16_000
-# A verdict is a few hundred bytes; the strict parser takes 8 KiB of content. 64 KiB leaves room
-# for the chat-completion envelope and JSON escaping, and bounds what a server can make us read.
-MAX_RESPONSE_BYTES: Final = 65_536
-INVALID_REPLY_ATTEMPTS: Final = 2  # an unparsable reply is asked again once
+MAX_FIELD_CHARS: Constant = 16_000
+# A verdict is a few hundred bytes; the strict parser takes 8 KiB of content. The shared body
+# cap (64 KiB) leaves room for the chat-completion envelope and JSON escaping.
+INVALID_REPLY_ATTEMPTS: Constant = 2  # an unparsable reply is asked again once
 # The client refuses to start without a key; with none configured, this stands in for it and the
 # Authorization header is omitted from every request (a local server needs none).
-_NO_KEY: Final = "no-key"
-_NO_AUTHORIZATION: Final = {"Authorization": openai.Omit()}
+_NO_KEY: Constant = "no-key"
+_NO_AUTHORIZATION: Constant = {"Authorization": openai.Omit()}
 # Headers the client would fill from OPENAI_ORG_ID / OPENAI_PROJECT_ID: never sent to the judge.
-_NO_AMBIENT_IDS: Final = {"OpenAI-Organization": openai.Omit(), "OpenAI-Project": openai.Omit()}
+_NO_AMBIENT_IDS: Constant = {"OpenAI-Organization": openai.Omit(), "OpenAI-Project": openai.Omit()}
 
 
 class OpenAICompatibleJudge:
@@ -184,38 +193,43 @@ class OpenAICompatibleJudge:
         }
 
     async def judge(self, invocation: InvocationEnd) -> Verdict:
+        """A verdict, or JudgeError (never a pass) once the delivery loop every outbound call
+        shares (alerting/outbound.py) gives up."""
         payload = self.payload(invocation)
         invalid_replies = 0
-        last_error: JudgeError | None = None
-        for attempt in range(1, self.max_attempts + 1):
-            retry_after: float | None = None
+
+        async def attempt() -> Verdict:
+            nonlocal invalid_replies
             try:
                 async with self._semaphore:
                     return await self._attempt(payload)
-            except _TryAgain as again:
-                last_error, retry_after = again.error, again.retry_after
             except JudgeError as exc:
                 if exc.kind != "invalid_reply":
-                    raise
+                    raise Final(str(exc), cause=exc) from None
                 invalid_replies += 1
-                last_error = exc
                 if invalid_replies >= INVALID_REPLY_ATTEMPTS:
-                    break
-            if attempt < self.max_attempts:
-                delay = self._backoff.delay(attempt, retry_after)
-                log.warning(
-                    "judge attempt %d/%d failed (%s); retrying in %.2fs",
-                    attempt,
-                    self.max_attempts,
-                    last_error,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-        assert last_error is not None
-        raise JudgeError(f"{last_error} (after {attempt} attempts)", last_error.kind)
+                    raise Final(str(exc), cause=exc) from None
+                raise Retry(str(exc), cause=exc) from None
+
+        outcome = await deliver_async(
+            attempt,
+            max_attempts=self.max_attempts,
+            backoff=self._backoff,
+            timeout=None,  # each attempt's deadline starts once it holds a slot (_attempt)
+            what="judge",
+            log=log,
+        )
+        if outcome.failure is None:
+            assert outcome.value is not None
+            return outcome.value
+        error = outcome.failure.cause
+        assert isinstance(error, JudgeError)
+        if isinstance(outcome.failure, Final) and error.kind != "invalid_reply":
+            raise error  # final at once: the request itself is wrong
+        raise JudgeError(f"{error} (after {outcome.attempts} attempts)", error.kind)
 
     async def _attempt(self, payload: dict[str, Any]) -> Verdict:
-        """One request: a verdict, a final JudgeError, or _TryAgain."""
+        """One request: a verdict, a final JudgeError, or Retry (carrying its JudgeError)."""
         client = self._get_client()
         try:
             # The whole attempt, connect to last byte, within the timeout (the HTTP client's
@@ -226,29 +240,37 @@ class OpenAICompatibleJudge:
                 )
         except (TimeoutError, openai.APITimeoutError):
             error = JudgeError(f"the judge did not answer within {self.timeout:g}s", "timeout")
-            raise _TryAgain(error) from None
+            raise Retry(str(error), cause=error) from None
         except openai.APIConnectionError as exc:
             cause = type(exc.__cause__ or exc).__name__
             error = JudgeError(
                 f"cannot reach the judge at {redact_url(self.base_url)}: {cause}", "unavailable"
             )
-            raise _TryAgain(error) from None
+            raise Retry(str(error), cause=error) from None
         except openai.APIStatusError as exc:
             status = exc.status_code
-            if is_retryable_status(status):
+            try:
+                retry_or_final(status, exc.response.headers, "")
+            except Retry as retry:
                 error = JudgeError(f"the judge answered HTTP {status}", "unavailable")
-                retry_after = retry_after_seconds(exc.response.headers.get("retry-after"))
-                raise _TryAgain(error, retry_after) from None
-            raise JudgeError(
-                f"the judge rejected the request: HTTP {status}{_error_detail(exc.body)}",
-                "rejected",
-            ) from None
-        except openai.OpenAIError as exc:
+                raise Retry(str(error), status, retry.retry_after, error) from None
+            except Final:
+                pass
+            # The body may echo what we sent (a 401 quoting the Authorization header).
+            detail = self._scrub(f"HTTP {status}{_error_detail(exc.body)}")
+            raise JudgeError(f"the judge rejected the request: {detail}", "rejected") from None
+        except (openai.OpenAIError, httpx2.HTTPError, OSError, ValueError, ExceptionGroup) as exc:
+            # Whatever else the client stack raises (an ExceptionGroup from its transport, a
+            # URL it cannot use): a judge error, never a crash of the caller.
             error = JudgeError(f"the judge client failed: {type(exc).__name__}", "unavailable")
-            raise _TryAgain(error) from None
+            raise Retry(str(error), cause=error) from None
         # The body was read through _CappedStream; the strict reading is ours, not the SDK's
         # lenient model (which takes a body without choices, or HTML, for a completion).
         return parse_verdict(_reply_content(raw.content))
+
+    def _scrub(self, text: str) -> str:
+        password = self._basic_auth[1] if self._basic_auth else None
+        return scrub(text, (self._api_key, password), limit=300)
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is None:
@@ -294,15 +316,6 @@ class OpenAICompatibleJudge:
         return f"{text[:keep]}\n[... {omitted} characters omitted ...]\n{text[-keep:]}"
 
 
-class _TryAgain(Exception):
-    """An attempt that failed in a way another attempt may not: timeouts, 408/429/5xx."""
-
-    def __init__(self, error: JudgeError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
-
-
 class _CappedStream(httpx2.AsyncByteStream):
     """A response body that raises JudgeError once more than `limit` bytes have arrived."""
 
@@ -315,9 +328,7 @@ class _CappedStream(httpx2.AsyncByteStream):
         async for chunk in self._stream:
             received += len(chunk)
             if received > self._limit:
-                raise JudgeError(
-                    f"the judge's reply is over the {self._limit}-byte cap; cut there"
-                )
+                raise JudgeError(f"the judge's reply is over the {self._limit}-byte cap; cut there")
             yield chunk
 
     async def aclose(self) -> None:

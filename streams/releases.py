@@ -99,7 +99,11 @@ class ReleaseReader:
             return False
         if signal.kind != "release":
             return False  # kills and downgrades are the agents' business
-        issued = datetime.fromisoformat(signal.detected_at).timestamp()
+        try:  # read_signal checked the time; a record must still never stop the reader
+            issued = datetime.fromisoformat(signal.detected_at).timestamp()
+        except (TypeError, ValueError, OverflowError):
+            self.ignored["invalid"] += 1
+            return False
         trace_id = signal.trace_id.lower()
         if issued > self.released.get(trace_id, 0.0):
             self.released[trace_id] = issued

@@ -108,6 +108,52 @@ KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
     ("the key id edited after signing", _tampered(key_id="0" * 16), "unknown_key"),
     ("a non-ASCII signature", _tampered(signature="é" * 64), "forged"),
     ("signed, but expired", _signed(expires_at=PAST), "expired"),
+    ("a detection time that is no date", _signed(detected_at="yesterday"), "invalid"),
+    ("a detection time without a timezone", _signed(detected_at="2026-01-01T00:00:00"), "invalid"),
+    (
+        "a detection time on a day that does not exist",
+        _signed(detected_at="2026-02-30T00:00:00Z"),
+        "invalid",
+    ),
+    ("a trace id ending in a newline", _signed(trace_id=TRACE + "\n"), "invalid"),
+    ("a signal id ending in a newline", _signed(signal_id="ab" * 16 + "\n"), "invalid"),
+    ("a key id ending in a newline", _tampered(key_id=key_id(KEY) + "\n"), "invalid"),
+    (
+        "a span id ending in a newline",
+        _signed(evidence={"span_id": "00f067aa0ba902b7\n"}),
+        "invalid",
+    ),
+    (
+        "a key given twice (the last says release)",
+        b'{"kind": "kill", ' + _signed(kind="release", rule="manual", operator="a")[1:],
+        "invalid",
+    ),
+    (
+        "a kind given twice, signed as the first",
+        _signed()[:-1] + b', "kind": "release"}',
+        "invalid",
+    ),
+    (
+        "a release of a rule, not an operator's",
+        _signed(kind="release", operator="alice"),
+        "invalid",
+    ),
+    ("a release naming no operator", _signed(kind="release", rule="manual"), "invalid"),
+    (
+        "a manual downgrade",
+        _signed(kind="downgrade", rule="manual", operator="alice", system_message="slow down"),
+        "invalid",
+    ),
+    (
+        "a release issued a year ahead",
+        _signed(
+            kind="release",
+            rule="manual",
+            operator="alice",
+            detected_at="2999-01-01T00:00:00.000+00:00",
+        ),
+        "invalid",
+    ),
 ]
 
 
@@ -119,6 +165,24 @@ def test_kill_signal_records(value, kind):
         read_signal(value, KEYS)
     assert caught.value.kind == kind
     assert len(caught.value.detail) < 260 and caught.value.detail.isprintable()
+
+
+def test_the_release_reader_counts_every_bad_record_and_never_raises():
+    """streams/releases.py reads the kill topic with the worker's key: every bad record is
+    counted and skipped; a release issued a year ahead cannot outrank the real ones."""
+    import time
+
+    from spanguard.settings import WorkerSettings
+    from spanguard.streams.releases import ReleaseReader
+
+    reader = ReleaseReader(WorkerSettings(), KEY)
+    now = time.time()
+    for _, value, _ in KILL_RECORDS:
+        assert reader.accept(value, now) is False
+    assert reader.released == {}
+    assert sum(reader.ignored.values()) == len(KILL_RECORDS)
+    assert reader.accept(_signed(kind="release", rule="manual", operator="alice"), now) is True
+    assert list(reader.released) == [TRACE]
 
 
 def test_a_valid_signal_reads_after_every_bad_record():
@@ -202,6 +266,18 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
      "field defaults.token_budget: datetime.date(2026, 1, 1) is not of type"),
     ("a threshold beyond its window", b"defaults:\n  loop: {window: 3, threshold: 4}\n",
      "threshold 4 can never be reached in a window of 3 calls"),
+    ("a window with a decimal point", b"defaults: {loop: {window: 10.0, threshold: 4.0}}\n",
+     "field defaults.loop.window: 10.0 is not of type 'integer' (a count is a whole number"),
+    ("a budget with a decimal point", b"defaults: {token_budget: 1000.0}\n",
+     "field defaults.token_budget: 1000.0 is not of type"),
+    ("a tool's threshold with a decimal point", b"defaults: {tools: {t: {threshold: 3.0}}}\n",
+     "field defaults.tools.t.threshold: 3.0 is not of type 'integer'"),
+    ("a boolean as a window", b"defaults: {loop: {window: true}}\n",
+     "field defaults.loop.window: True is not of type 'integer'"),
+    ("a 5000-digit budget", b"defaults: {token_budget: " + b"9" * 5000 + b"}\n",
+     "an integer of 5000 characters (line 1): out of range"),
+    ("a 20-digit budget", b"defaults: {token_budget: 99999999999999999999}\n",
+     "field defaults.token_budget: an integer out of range"),
 ]  # fmt: skip
 
 
@@ -225,6 +301,35 @@ def test_policy_files(tmp_path, capsys, data, message):
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line.startswith("spanguard policy: bad policy: ") and message in line
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a character device", "a directory"])
+def test_policy_paths_that_are_no_file(tmp_path, kind):
+    """Refused at once: a FIFO with no writer would block the load for good (run in a thread
+    here, so that a blocking load fails the test instead of hanging it)."""
+    import os
+    import threading
+
+    from spanguard.schemas.policy import Policy, PolicyError
+
+    path = {"a FIFO": tmp_path / "fifo", "a character device": "/dev/zero",
+            "a directory": tmp_path}[kind]  # fmt: skip
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    errors: list[str] = []
+
+    def load() -> None:
+        try:
+            Policy.load(path)
+        except PolicyError as exc:
+            errors.append(str(exc))
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(timeout=10)
+    if loader.is_alive():  # unblock the thread: open the FIFO for writing once
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert errors == [f"{path}: not a regular file ({kind}): not a policy"]
 
 
 # -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
@@ -271,6 +376,9 @@ REPLAY_LINES: list[tuple[str, bytes, str]] = [
     ("a lone surrogate, raw", _replay_line(name="\ud800").encode().replace(b"\\ud800", b"\xed\xa0\x80"),
      "Unpaired surrogate"),
     ("a lone surrogate escape", _replay_line(name="\ud800").encode(), "Unpaired surrogate"),
+    ("a lone surrogate where a value object belongs",
+     _replay_line(attributes=[{"key": "a", "value": "\ud800"}]).encode(),
+     "a string that is not valid Unicode"),
 ]  # fmt: skip
 
 
@@ -320,6 +428,42 @@ def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
     )
     assert err.getvalue().splitlines()[0] == "-:1: skipped: longer than 4096 bytes"
     assert (result.requests, result.skipped) == (1, 1)
+
+
+def test_a_compressed_protobuf_file_is_read_within_the_bound(tmp_path, monkeypatch):
+    """A .pb.gz is decompressed no further than MAX_LINE_BYTES (lowered to 4 kB here; at
+    64 MiB, 1.5 MB of gzip expanded to 1.5 GB in one call before), then skipped."""
+    import gzip
+    import io
+
+    from spanguard.detection import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
+    bomb = tmp_path / "bomb.pb.gz"
+    bomb.write_bytes(gzip.compress(b"\0" * 10_000_000))
+    err = io.StringIO()
+    result = replay_module.replay([str(bomb)], stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().splitlines()[0] == f"{bomb}: skipped: larger than 4096 bytes"
+    assert (result.requests, result.skipped) == (0, 1)
+
+
+def test_a_flood_of_compressed_blank_lines_is_skipped_quickly(tmp_path):
+    """20 MB of newlines gzip to 20 kB; read one line at a time they took seconds per MB."""
+    import gzip
+    import io
+    import time
+
+    from spanguard.detection.replay import replay
+
+    flood = tmp_path / "flood.jsonl.gz"
+    flood.write_bytes(gzip.compress(b"\n" * 20_000_000 + b"{\n" + _replay_line().encode() + b"\n"))
+    err = io.StringIO()
+    started = time.monotonic()
+    result = replay([str(flood)], stdout=io.StringIO(), stderr=err)
+    elapsed = time.monotonic() - started
+    assert err.getvalue().splitlines()[0].startswith(f"{flood}:20000001: skipped: not JSON")
+    assert (result.requests, result.skipped) == (1, 1)
+    assert elapsed < 15, f"{elapsed:.1f}s for 20 MB of blank lines"
 
 
 # -- OTLP messages on the input topic (spanguard/detection/pipeline.py: SpanPipeline.handle) ----
@@ -420,3 +564,438 @@ def test_a_trace_request_still_passes_the_check():
         agent.trace_id.encode(), encode(agent.finished()).SerializeToString()
     )
     assert outcome.dead_letter is None and [d.rule for d in outcome.decisions] == ["tool_loop"]
+
+
+# -- in-process mode (killswitch/processor.py, killswitch/signals.py) ---------------------------
+
+
+def _run_in_thread(target: Any, seconds: float = 20.0) -> bool:
+    """Run `target` in a daemon thread; whether it finished within `seconds` (a deadlocked
+    thread fails the test instead of hanging it)."""
+    import threading
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    return not worker.is_alive()
+
+
+def test_a_logging_handler_that_starts_a_span_never_blocks_the_agent():
+    """A log shipper whose HTTP call is traced: the guard's one-time warning about a tool span
+    without arguments reaches a handler that ends a span of its own, in span.end()."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch import GuardingSpanProcessor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = GuardingSpanProcessor(SimpleSpanProcessor(exporter), tracer_provider=provider)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("agent")
+
+    from opentelemetry.context import Context
+
+    class TracedShipper(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            # Without the handler's lock, which logging.shutdown() takes at exit: a thread
+            # deadlocked in emit must fail this test, not hang the interpreter's exit.
+            self.emit(record)
+            return True
+
+        def emit(self, record: logging.LogRecord) -> None:
+            # The shipper's request is a trace of its own (a root span), as from its thread.
+            with tracer.start_as_current_span("POST /logs", context=Context()):
+                pass
+
+    shipper = TracedShipper()
+    logger = logging.getLogger("spanguard")
+    logger.addHandler(shipper)
+
+    def agent() -> None:
+        tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs"}
+        with (
+            tracer.start_as_current_span("invoke_agent support"),
+            tracer.start_as_current_span("execute_tool search_docs", attributes=tool),
+        ):
+            pass
+
+    try:
+        assert _run_in_thread(agent), "span.end() deadlocked on the guard's own lock"
+    finally:
+        logger.removeHandler(shipper)
+    names = sorted(span.name for span in exporter.get_finished_spans())
+    assert names == ["POST /logs", "execute_tool search_docs", "invoke_agent support"]
+    assert processor.guard.stats.missing_arguments == 1
+
+
+def test_an_old_release_delivered_again_cannot_lift_a_newer_kill():
+    """R1 lifts K1; other traces push R1's entry out of the bounded book; K2 kills the trace
+    again; R1 redelivered (within its TTL) is older than K2 and must not lift it."""
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from spanguard.killswitch import AgentKilled, SignalBook
+
+    book = SignalBook(max_traces=2)
+    start = datetime.now(UTC)
+
+    def at(seconds: int) -> str:
+        return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
+
+    kill = kill_signal(TRACE)
+    k1 = replace(kill, signal_id="01" * 16, detected_at=at(0))
+    r1 = replace(kill, signal_id="02" * 16, kind="release", rule="manual", operator="alice",
+                 detected_at=at(10))  # fmt: skip
+    k2 = replace(kill, signal_id="03" * 16, detected_at=at(20))
+    assert book.check(TRACE) is None
+    book.deliver(k1)
+    book.deliver(r1)
+    assert book.check(TRACE) is None
+    for number in range(1, 10):  # other traces this process runs push R1 out of the book
+        assert book.check(f"{number:032x}") is None
+    book.deliver(k2)
+    assert book.deliver(r1) is True  # forgotten, so not a duplicate: read again
+    with pytest.raises(AgentKilled) as caught:
+        book.check(TRACE)
+    assert caught.value.signal.signal_id == k2.signal_id
+    # A release issued after K2 lifts it.
+    book.deliver(replace(r1, signal_id="04" * 16, detected_at=at(30)))
+    assert book.check(TRACE) is None
+
+
+def test_killed_traces_are_forgotten_once_their_root_span_ends():
+    """In-process state goes when the root span ends, the kills of its traces included: a
+    long-running process that kills many traces keeps at most `max_traces` of them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanguard.killswitch import AgentKilled, GuardingSpanProcessor
+
+    provider = TracerProvider()
+    processor = GuardingSpanProcessor(
+        SimpleSpanProcessor(InMemorySpanExporter()), tracer_provider=provider, max_traces=5
+    )
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("agent")
+    killed = 0
+    for _ in range(40):
+        try:
+            with tracer.start_as_current_span("invoke_agent support"):
+                for _ in range(10):
+                    processor.check()
+                    with tracer.start_as_current_span(
+                        "execute_tool search_docs",
+                        attributes={"gen_ai.operation.name": "execute_tool",
+                                    "gen_ai.tool.name": "search_docs",
+                                    "gen_ai.tool.call.arguments": '{"q": "refund"}'},
+                    ):  # fmt: skip
+                        pass
+        except AgentKilled:
+            killed += 1
+    assert killed == 40
+    assert processor.signals.tracked_traces <= 5
+
+
+# -- settings (spanguard/settings.py; every command that takes them) ----------------------------
+
+KEY_ENV = {"SPANGUARD_SIGNING_KEY": "a-signing-key-of-32-characters!!"}
+
+SETTINGS: list[tuple[str, dict[str, str], str]] = [
+    ("a signal TTL of a nanosecond", {"SPANGUARD_SIGNAL_TTL": "1e-9"},
+     "signal_ttl must be between 10 and 604800 seconds, not 1e-09"),
+    ("a signal TTL of a year", {"SPANGUARD_SIGNAL_TTL": "31536000"},
+     "signal_ttl must be between 10 and 604800 seconds"),
+    ("metrics port 99999", {"SPANGUARD_METRICS_PORT": "99999"},
+     "metrics_port must be between 1 and 65535, not 99999"),
+    ("metrics port -1", {"SPANGUARD_METRICS_PORT": "-1"}, "metrics_port must be between 1 and"),
+    ("a negative commit interval", {"SPANGUARD_COMMIT_INTERVAL": "-1"},
+     "commit_interval must be a positive number of seconds, not -1.0"),
+    ("a zero commit interval", {"SPANGUARD_COMMIT_INTERVAL": "0"},
+     "commit_interval must be a positive number of seconds"),
+    ("the kill topic is the input topic", {"SPANGUARD_KILL_TOPIC": "otlp_spans"},
+     "input_topic and kill_topic name the same topic 'otlp_spans'"),
+    ("a topic name with a space and a slash", {"SPANGUARD_INPUT_TOPIC": "bad topic/../x"},
+     "input_topic 'bad topic/../x' is not a Kafka topic name"),
+    ("a topic named ..", {"SPANGUARD_DETECTIONS_TOPIC": ".."}, "is not a Kafka topic name"),
+    ("a signing key and unsigned signals", {"SPANGUARD_ALLOW_UNSIGNED": "true"},
+     "sign, or send unsigned signals, not both"),
+    ("a bootstrap port out of range", {"SPANGUARD_BOOTSTRAP": "127.0.0.1:99999"},
+     "bootstrap must be HOST:PORT[,HOST:PORT...] with ports 1-65535"),
+    ("a second bootstrap address without a port", {"SPANGUARD_BOOTSTRAP": "a:9092,b"},
+     "bootstrap must be HOST:PORT"),
+    ("a judge URL with a broken IPv6 host", {"SPANGUARD_JUDGE_URL": "http://[::1/v1",
+                                             "SPANGUARD_JUDGE_MODEL": "m"},
+     "SPANGUARD_JUDGE_URL is not a usable URL: Invalid IPv6 URL"),
+    ("a judge URL with port 99999", {"SPANGUARD_JUDGE_URL": "http://127.0.0.1:99999/v1",
+                                     "SPANGUARD_JUDGE_MODEL": "m"},
+     "SPANGUARD_JUDGE_URL is not a usable URL: Port out of range"),
+    ("a webhook URL with a broken IPv6 host", {"SPANGUARD_WEBHOOK_URL": "https://[::1/x"},
+     "SPANGUARD_WEBHOOK_URL is not a usable URL"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "message"), [case[1:] for case in SETTINGS], ids=[case[0] for case in SETTINGS]
+)
+def test_settings(monkeypatch, capsys, env, message):
+    """One line and exit 2, before any connection: the bootstrap names a closed port, so a
+    command that got past its settings would report a broker error instead."""
+    from spanguard.cli import main
+
+    for name in [name for name in __import__("os").environ if name.startswith("SPANGUARD_")]:
+        monkeypatch.delenv(name)
+    for name, value in {"SPANGUARD_BOOTSTRAP": "127.0.0.1:9", **KEY_ENV, **env}.items():
+        monkeypatch.setenv(name, value)
+    worker_only = "JUDGE" in message or "WEBHOOK" in message  # what `topics` does not read
+    commands = [["worker"]] if worker_only else [["worker"], ["topics", "create"]]
+    for command in commands:
+        assert main(command) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"spanguard {command[0]}: bad setting: ") and message in line, line
+
+
+def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
+    from spanguard.settings import SettingsError, redact_url
+    from spanguard.streams.judge import OpenAICompatibleJudge
+
+    with pytest.raises(SettingsError, match="Port out of range"):
+        OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
+    assert redact_url("http://u:p@127.0.0.1:99999/v1?k=s") == "http://127.0.0.1:(bad port)/v1"
+    assert redact_url("http://[::1/v1") == "(not a URL)"
+
+
+# -- spans that would dodge the rules (spanguard/detection) -------------------------------------
+
+
+def _nested_arguments(depth: int, leaf: str = "refund policy") -> dict[str, Any]:
+    value: dict[str, Any] = {"query": leaf}
+    for step in range(depth):
+        value = {"a": value, "timestamp": step}  # a volatile key at every level
+    return value
+
+
+@pytest.mark.parametrize("depth", [60, 990])
+def test_deeply_nested_arguments_still_make_a_loop(depth):
+    """Arguments nested past the JSON decoder's or the canonical form's depth: the span is
+    not dropped, and identical calls key identically."""
+    from spanguard.detection.guard import Guard
+    from tests.support.spans import AgentRecorder, encode
+
+    # As text, written without recursion (json.dumps would hit the test's own stack limit).
+    text = '{"a": ' * depth + '{"query": "refund policy"}' + ', "timestamp": 1}' * depth
+    agent = AgentRecorder("support-bot", "support")
+    for _ in range(4):
+        agent.tool("search_docs", text)
+    guard = Guard()
+    decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [decision.rule for decision in decisions] == ["tool_loop"]
+
+
+def test_the_canonical_form_is_bounded_and_still_tells_calls_apart():
+    from spanguard.detection.canonical import MAX_CANONICAL_DEPTH, args_hash
+
+    volatile = frozenset({"timestamp"})
+    deep = _nested_arguments(20_000)
+    assert args_hash(deep, volatile) == args_hash(_nested_arguments(20_000), volatile)
+    assert args_hash(deep, volatile) != args_hash(_nested_arguments(20_000, "other"), volatile)
+    # Shallow arguments keep the plain canonical form (hashes recorded before stay valid).
+    shallow = _nested_arguments(MAX_CANONICAL_DEPTH - 2)
+    assert args_hash(shallow, volatile) == args_hash(_nested_arguments(MAX_CANONICAL_DEPTH - 2),
+                                                     volatile)  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
+    """The span's output tokens still count towards the budget."""
+    from spanguard.detection.guard import Guard
+    from spanguard.schemas.policy import Policy
+    from tests.support.spans import AgentRecorder, encode
+
+    agent = AgentRecorder("support-bot", "support")
+    agent.chat(input_tokens=bad, output_tokens=600)  # type: ignore[arg-type]
+    agent.chat(input_tokens=100, output_tokens=600)
+    guard = Guard(Policy.from_mapping({"defaults": {"token_budget": 1000}}))
+    decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
+
+
+# -- outbound HTTP: the pager, the webhook (alerting/outbound.py) -------------------------------
+
+PAGER_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"
+WEBHOOK_PATH = "/hooks/XXXXsecretXXXX"
+DETECTION = {
+    "decision_id": "6a19b10dab573a231a78e69ba7700f09",
+    "trace_id": TRACE,
+    "span_id": "00f067aa0ba902b7",
+    "rule": "tool_loop",
+    "action": "kill",
+    "reason": "search_docs called 4x in last 4 steps",
+    "agent": {"service": "support-bot"},
+    "detected_at": "2026-12-03T07:14:26.502+00:00",
+    "autonomous": True,
+}
+
+
+@pytest.fixture
+def webhook_server():
+    from tests.support.webhook_server import WebhookServer
+
+    with WebhookServer() as running:
+        yield running
+
+
+@pytest.fixture
+def pager_server():
+    from tests.support.pagerduty_server import EventsApiServer
+
+    with EventsApiServer() as running:
+        yield running
+
+
+def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
+    from spanguard.alerting.webhook import Webhook
+    from spanguard.settings import WebhookSettings
+
+    environ = {"SPANGUARD_WEBHOOK_URL": server.url + WEBHOOK_PATH}
+    settings = WebhookSettings.from_sources({"ca_file": server.ca_bundle, **flags}, environ)
+    return Webhook(settings, sleep=sleeps.append, jitter=lambda: 1.0)
+
+
+def _pager(server: Any, sleeps: list[float], **overrides: Any) -> Any:
+    from spanguard.alerting.pagerduty import Pager, PagerSettings
+
+    environ = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": PAGER_KEY,
+               "SPANGUARD_PAGERDUTY_URL": server.url, "SSL_CERT_FILE": server.ca_bundle}  # fmt: skip
+    return Pager(PagerSettings.from_env(environ, **overrides), sleep=sleeps.append)
+
+
+def test_the_webhook_retries_408_as_the_pager_and_the_judge_do(webhook_server):
+    sleeps: list[float] = []
+    webhook_server.script(408)
+    result = _webhook(webhook_server, sleeps).notify(DETECTION)
+    assert (result.status, result.attempts) == ("delivered", 2)
+    assert sleeps == [0.5]
+
+
+def test_the_webhook_reads_retry_after_as_an_http_date(webhook_server):
+    from email.utils import formatdate
+
+    from tests.support.webhook_server import Fault
+
+    sleeps: list[float] = []
+    when = formatdate(__import__("time").time() + 20, usegmt=True)
+    webhook_server.script(Fault(status=503, headers={"Retry-After": when}))
+    result = _webhook(webhook_server, sleeps).notify(DETECTION)
+    assert (result.status, result.attempts) == ("delivered", 2)
+    (delay,) = sleeps
+    assert 15 <= delay <= 20, delay  # the server's date (less the time the test took), not 0.5
+
+
+def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_server):
+    """timeout=1: the whole attempt, not each read (the drip never lets a read time out)."""
+    import time
+
+    from tests.support.pagerduty_server import Fault
+
+    pager_server.script(Fault(status=400, body=b'{"message": "' + b"x" * 60 + b'"}', drip=0.25))
+    pager = _pager(pager_server, [], timeout=1.0, max_attempts=1)
+    started = time.monotonic()
+    result = pager.page(DETECTION)
+    elapsed = time.monotonic() - started
+    pager.close()
+    assert result.status == "failed", result  # cut at the deadline: a failure worth a retry
+    assert elapsed < 6, f"one attempt took {elapsed:.1f}s"
+
+
+def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server):
+    import gzip
+
+    from tests.support.pagerduty_server import Fault
+
+    bomb = gzip.compress(b'{"message": "' + b"x" * 50_000_000 + b'"}')
+    errors = {"status": "invalid event", "message": "Event object is invalid",
+              "errors": [f"error number {n}" for n in range(100_000)]}  # fmt: skip
+    pager_server.script(
+        Fault(status=400, body=bomb, headers={"Content-Encoding": "gzip"}),
+        Fault(status=400, body=json.dumps(errors).encode()),
+    )
+    pager = _pager(pager_server, [], max_attempts=1)
+    try:
+        bombed, listed = pager.page(DETECTION), pager.page(DETECTION)
+    finally:
+        pager.close()
+    assert (bombed.status, bombed.http_status) == ("rejected", 400)
+    assert "xxxx" not in (bombed.error or "")
+    assert (listed.status, listed.http_status) == ("rejected", 400)
+    assert len(listed.error or "") <= 300 and len(listed.errors) <= 11
+
+
+def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
+    from tests.support.pagerduty_server import Fault
+
+    echo = {"message": f"bad key {PAGER_KEY}", "errors": ["Authorization: Bearer sk-live-123"]}
+    pager_server.script(Fault(status=400, body=json.dumps(echo).encode()))
+    pager = _pager(pager_server, [], max_attempts=1)
+    try:
+        result = pager.page(DETECTION)
+    finally:
+        pager.close()
+    assert result.status == "rejected"
+    text = f"{result.error} {result.errors}"
+    assert PAGER_KEY not in text and "sk-live-123" not in text and "***" in text
+
+
+# -- outbound HTTP: the judge (streams/judge.py) ------------------------------------------------
+
+
+def test_a_judge_that_echoes_the_authorization_header_never_puts_the_key_in_an_error(caplog):
+    import asyncio
+    import logging
+
+    from spanguard.goal.invocations import InvocationEnd
+    from spanguard.goal.verdicts import JudgeError
+    from spanguard.streams.judge import OpenAICompatibleJudge
+    from tests.support.chat_server import ChatServer, Reply
+
+    key = "sk-live-0123456789abcdef"
+    echo = {"error": {"message": f"invalid key in 'Authorization: Bearer {key}'"}}
+    case = InvocationEnd(TRACE, "00f067aa0ba902b7", "support-bot", "support",
+                         request="refund?", answer="30 days", instructions=None)  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    with ChatServer() as server:
+        server.script(Reply(status=401, body=json.dumps(echo).encode()))
+
+        async def run() -> JudgeError:
+            async with OpenAICompatibleJudge(server.base_url, "model", key) as judge:
+                with pytest.raises(JudgeError) as caught:
+                    await judge.judge(case)
+                return caught.value
+
+        error = asyncio.run(run())
+    assert error.kind == "rejected" and "HTTP 401" in str(error)
+    assert key not in str(error) and "Bearer ***" in str(error)
+    assert key not in caplog.text
+
+
+def test_a_webhook_answered_a_byte_a_second_ends_at_the_attempts_deadline(webhook_server):
+    """The status line and headers dripped: every read returns within the client's per-read
+    timeout, so only the attempt's own deadline can end it."""
+    import time
+
+    from tests.support.webhook_server import Fault
+
+    webhook_server.script(Fault(status=200, drip=0.3, drip_headers=True))
+    webhook = _webhook(webhook_server, [], timeout="1", max_attempts="1")
+    started = time.monotonic()
+    result = webhook.notify(DETECTION)
+    elapsed = time.monotonic() - started
+    webhook.close()
+    assert result.status == "failed", result
+    assert elapsed < 6, f"one attempt took {elapsed:.1f}s"

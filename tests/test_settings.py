@@ -121,9 +121,10 @@ def test_the_worker_signs_by_default_and_unsigned_takes_an_explicit_setting():
     )
     insecure = WorkerSettings.from_sources({}, {"SPANGUARD_ALLOW_UNSIGNED": "true"})
     assert insecure.allow_unsigned is True and insecure.kill_signing_key() is None
-    # A key wins: allowing unsigned signals never turns signing off.
+    # Both at once is a contradiction, refused rather than resolved either way.
     both = {"SPANGUARD_ALLOW_UNSIGNED": "yes", "SPANGUARD_SIGNING_KEY": key}
-    assert WorkerSettings.from_sources({}, both).kill_signing_key() == key.encode()
+    with pytest.raises(SettingsError, match="not both"):
+        WorkerSettings.from_sources({}, both)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,10 @@ _CONTAINERS = (dict, list)
 # json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
 # implementation, same output) saves that on every tool call.
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
+# Arguments nested deeper than this are canonical as a digest of the deeper part, computed
+# without recursion: no depth an agent sends can raise RecursionError here or in the encoder,
+# and identical calls still hash identically.
+MAX_CANONICAL_DEPTH: Final = 64
 
 
 def _text(value: str, fold: frozenset[str]) -> str:
@@ -35,13 +39,54 @@ def _text(value: str, fold: frozenset[str]) -> str:
     return value
 
 
+class _Mark(bytes):
+    """Text of the digest's serialisation (brackets, keys, separators), not a value."""
+
+
+def _nested_digest(value: Any, volatile_keys: frozenset[str], fold: frozenset[str]) -> str:
+    """sha256 of a canonical serialisation of `value` (volatile keys dropped, strings
+    normalised), walked with an explicit stack: any depth."""
+    digest = hashlib.sha256()
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is _Mark:
+            digest.update(node)
+        elif kind is dict:
+            items = sorted(
+                ((_text(str(key), _NO_FOLDING), item) for key, item in node.items()
+                 if key not in volatile_keys),
+                key=lambda pair: pair[0],
+            )  # fmt: skip
+            stack.append(_Mark(b"}"))
+            for key, item in reversed(items):
+                stack.append(_Mark(b","))
+                stack.append(item)
+                stack.append(_Mark(json.dumps(key).encode() + b":"))
+            digest.update(b"{")
+        elif kind is list or kind is tuple:
+            stack.append(_Mark(b"]"))
+            for item in reversed(node):
+                stack.append(_Mark(b","))
+                stack.append(item)
+            digest.update(b"[")
+        else:
+            text = _text(node, fold) if kind is str else node
+            digest.update(_CANONICAL_JSON.encode(text).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
 def canonicalize(
-    value: Any, volatile_keys: frozenset[str], fold: frozenset[str] = _NO_FOLDING
+    value: Any, volatile_keys: frozenset[str], fold: frozenset[str] = _NO_FOLDING, _depth: int = 0
 ) -> Any:
-    """`value` without the volatile keys, at every depth, its strings NFC (and `fold`) normal."""
+    """`value` without the volatile keys, at every depth, its strings NFC (and `fold`) normal;
+    below MAX_CANONICAL_DEPTH, a nested container is {"_nested_sha256": its digest}."""
     # Scalars are tested inline: most arguments are flat, and a call per value costs more
     # than the whole comparison.
     kind = type(value)
+    if _depth >= MAX_CANONICAL_DEPTH and kind in _CONTAINERS:
+        return {"_nested_sha256": _nested_digest(value, volatile_keys, fold)}
     if kind is dict:
         result = {}
         for key, item in value.items():
@@ -53,14 +98,14 @@ def canonicalize(
             if item_kind is str:
                 item = _text(item, fold)
             elif item_kind in _CONTAINERS:
-                item = canonicalize(item, volatile_keys, fold)
+                item = canonicalize(item, volatile_keys, fold, _depth + 1)
             result[key] = item
         return result
     if kind is list:
         return [
             _text(item, fold)
             if type(item) is str
-            else canonicalize(item, volatile_keys, fold)
+            else canonicalize(item, volatile_keys, fold, _depth + 1)
             if type(item) in _CONTAINERS
             else item
             for item in value

@@ -89,6 +89,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -563,6 +564,8 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
         return json.loads(text)
     except ValueError:
         pass
+    except RecursionError:  # nested past the decoder's depth: identical texts still key alike
+        return {"_raw": text}
     if python_repr and len(text) <= MAX_REPR_CHARS:
         try:
             return _jsonable(ast.literal_eval(text))
@@ -630,6 +633,8 @@ def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...
         if kind == "int_value":
             return max(value.int_value, 0)
         if kind == "double_value":
+            if not math.isfinite(value.double_value):
+                continue  # Infinity or NaN counts nothing; the span's other data still does
             return max(int(value.double_value), 0)
         if kind == "string_value" and value.string_value.strip().isdigit():
             return int(value.string_value)

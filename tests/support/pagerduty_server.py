@@ -50,13 +50,16 @@ FAULT_BODIES: dict[int, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Fault:
     """One scripted response. status 202 with no body: handle the event normally (after `delay`).
-    `drop`: close the connection without answering."""
+    `drop`: close the connection without answering. `drip`: send the body one byte per `drip`
+    seconds (a server that never stops answering); `drip_headers`: the status line too."""
 
     status: int = 503
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     drop: bool = False
+    drip: float = 0.0
+    drip_headers: bool = False  # with `drip`: the status line and headers dripped too
 
 
 @dataclass
@@ -313,7 +316,7 @@ class _Handler(BaseHTTPRequestHandler):
                         else {"status": "error", "message": f"HTTP {fault.status}"}
                     )
                 record.status = fault.status
-                self._reply(fault.status, body, fault.headers)
+                self._reply(fault.status, body, fault.headers, drip=fault.drip)
                 return
         status, body = owner.handle_event(raw)
         record.status = status
@@ -325,7 +328,9 @@ class _Handler(BaseHTTPRequestHandler):
             owner.requests.append(Request("GET", self.path, dict(self.headers.items()), b"", 405))
         self._reply(405, {"status": "error", "message": "Method not allowed"})
 
-    def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def _reply(
+        self, status: int, body: Any, headers: dict[str, str] | None = None, drip: float = 0.0
+    ) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -333,4 +338,19 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        write_body(self, data, drip)
+
+
+def write_body(handler: BaseHTTPRequestHandler, data: bytes, drip: float) -> None:
+    """The body at once, or (`drip`) a byte at a time until the client hangs up."""
+    if not drip:
+        handler.wfile.write(data)
+        return
+    handler.close_connection = True
+    try:
+        for index in range(len(data)):
+            handler.wfile.write(data[index : index + 1])
+            handler.wfile.flush()
+            time.sleep(drip)
+    except OSError:
+        pass  # the client gave up: what a drip test wants

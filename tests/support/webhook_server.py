@@ -25,7 +25,7 @@ from typing import Any
 
 import trustme
 
-from tests.support.pagerduty_server import Fault, _Server
+from tests.support.pagerduty_server import Fault, _Server, write_body
 
 __all__ = ["Fault", "Received", "WebhookServer"]
 
@@ -130,9 +130,16 @@ class _Handler(BaseHTTPRequestHandler):
         fault = owner.next_fault()
         if fault is not None and fault.delay:
             time.sleep(fault.delay)
+        if fault is not None and fault.drip_headers:
+            record.status = fault.status
+            head = f"HTTP/1.1 {fault.status} Scripted\r\nContent-Length: 2\r\n\r\nok"
+            write_body(self, head.encode(), fault.drip)
+            return
         if fault is not None and not (fault.status == 200 and fault.body is None):
             record.status = fault.status
-            self._reply(fault.status, fault.body or f"scripted {fault.status}", fault.headers)
+            self._reply(
+                fault.status, fault.body or f"scripted {fault.status}", fault.headers, fault.drip
+            )
             return
         if self.path.startswith("/services/"):
             error = slack_errors(raw)
@@ -146,12 +153,17 @@ class _Handler(BaseHTTPRequestHandler):
         record.status = 200 if ok else 400
         self._reply(record.status, "ok" if ok else "not a JSON object")
 
-    def _reply(self, status: int, text: Any, headers: dict[str, str] | None = None) -> None:
-        data = text.encode() if isinstance(text, str) else json.dumps(text).encode()
+    def _reply(
+        self, status: int, text: Any, headers: dict[str, str] | None = None, drip: float = 0.0
+    ) -> None:
+        if isinstance(text, bytes):
+            data = text
+        else:
+            data = text.encode() if isinstance(text, str) else json.dumps(text).encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        write_body(self, data, drip)
