@@ -502,6 +502,14 @@ def _pause_vectors(
             keys=ring,
         ),
         vector(
+            "pause_until on a day that does not exist",
+            text(signed({**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"})),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+            note="the schema's pattern lets it through; no clock can tell when it comes",
+        ),
+        vector(
             "pause_until not a date-time",
             text(signed({**unsigned_pause, "pause_until": "in five minutes"})),
             "invalid",
