@@ -170,7 +170,7 @@ export class SignalBook {
    * AgentPaused again. Waiting never blocks the event loop: Kafka keeps being read meanwhile.
    */
   async wait(traceId, { timeoutMs, signal } = {}) {
-    const deadline = timeoutMs === undefined || timeoutMs === null ? null : Date.now() + timeoutMs;
+    const deadline = timeoutMs === undefined || timeoutMs === null ? null : performance.now() + timeoutMs;
     for (;;) {
       let paused;
       try {
@@ -181,8 +181,8 @@ export class SignalBook {
       }
       let left = Math.min(msUntil(paused.until, this.clock()), WAIT_RECHECK_MS);
       if (deadline !== null) {
-        if (Date.now() >= deadline) throw paused;
-        left = Math.min(left, deadline - Date.now());
+        if (performance.now() >= deadline) throw paused;
+        left = Math.min(left, deadline - performance.now());
       }
       if (signal?.aborted) throw paused;
       await new Promise((resolve) => {
