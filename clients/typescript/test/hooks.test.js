@@ -309,3 +309,33 @@ test('LangGraph.js: a kill while the agent waits on a pause stops the run with A
   assert.ok(controller.signal.reason instanceof AgentKilled);
   assert.equal(controller.signal.reason.reason, 'stuck on the index');
 });
+
+test('AI SDK: a streaming tool (async generator) waits through a pause too, then streams', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const tools = {
+    search_docs: tool({
+      description: 'Search.',
+      inputSchema: z.object({ query: z.string() }),
+      async *execute() {
+        runs += 1;
+        if (runs === 1) pause(book);
+        yield 'searching';
+        yield 'no results';
+      },
+    }),
+  };
+  const finished = generateText({
+    model: loopingModel(),
+    tools: guardTools(tools, checker, { traceId: TRACE }),
+    stopWhen: stepCountIs(2),
+    prompt: 'q',
+  });
+  await until(() => checker.waits === 1, 'the second tool call to wait');
+  assert.equal(runs, 1);
+  release(book);
+  const result = await finished;
+  assert.equal(runs, 2);
+  const outputs = result.steps.flatMap((step) => step.toolResults.map((r) => r.output));
+  assert.deepEqual(outputs, ['no results', 'no results']);
+});
