@@ -237,3 +237,66 @@ func TestReleaseAndRotation(t *testing.T) {
 		t.Fatalf("not killed again: %v", err)
 	}
 }
+
+func TestPauseThenReleaseEndsTheWait(t *testing.T) {
+	h := newHarness(t)
+	k, err := New(context.Background(), Config{
+		Brokers: bootstrap(), Topic: h.topic, Logger: log.New(io.Discard, "", 0),
+		SigningKeys: [][]byte{[]byte(testKey)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	trace, other := randomHex(t, 16), randomHex(t, 16)
+	if _, err := k.Check(trace); err != nil {
+		t.Fatal(err)
+	}
+	pauseUntil := time.Now().UTC().Add(10 * time.Minute).Format("2006-01-02T15:04:05.000000Z07:00")
+	pause := map[string]any{"kind": "pause", "pause_until": pauseUntil, "pause_fallback": "kill"}
+	// Signed for a short pause, then stretched: the deadline is inside the signature.
+	stretched := strings.Replace(string(h.signal(other, testKey, pause)), pauseUntil, "2099-01-01T00:00:00Z", 1)
+	h.send(2, []byte(stretched))
+	h.send(0, h.signal(trace, testKey, pause))
+	until(t, func() bool { return k.Received() == 2 }, "the pauses")
+	if got := k.Ignored(); got["forged"] != 1 || k.Rejected() != 1 {
+		t.Fatalf("the stretched pause was not refused as forged: %v", got)
+	}
+	if _, err := k.Check(other); err != nil {
+		t.Fatalf("a forged pause was obeyed: %v", err)
+	}
+	var paused *AgentPaused
+	if _, err := k.Check(trace); !errors.As(err, &paused) || paused.Until != pauseUntil || paused.Fallback != "kill" {
+		t.Fatalf("not paused until %s: %v", pauseUntil, err)
+	}
+	type ended struct {
+		message string
+		err     error
+		at      time.Time
+	}
+	done := make(chan ended, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		message, err := k.Wait(ctx, trace)
+		done <- ended{message, err, time.Now()}
+	}()
+	select {
+	case result := <-done:
+		t.Fatalf("the wait ended before any answer: %q %v", result.message, result.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	sentAt := time.Now()
+	h.send(1, h.signal(trace, testKey, map[string]any{
+		"kind": "release", "rule": "manual", "operator": "oncall@example.com", "reason": "looked fine",
+		"evidence": map[string]any{"span_id": strings.Repeat("0", 16)},
+	}))
+	result := <-done
+	if result.err != nil || result.message != "" {
+		t.Fatalf("the wait did not end on the release: %q %v", result.message, result.err)
+	}
+	t.Logf("the wait returned %v after the release was sent", result.at.Sub(sentAt))
+	if _, err := k.Check(trace); err != nil {
+		t.Fatalf("still paused after release: %v", err)
+	}
+}

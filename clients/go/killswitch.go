@@ -155,10 +155,10 @@ type Config struct {
 	Topic         string // default agent-kill-signals
 	SigningKeys   [][]byte
 	AllowUnsigned bool
-	Signals       *SignalBook // default a new book
-	Security      *Security   // default SecurityFromEnv
-	Clock         func() time.Time
-	Logger        *log.Logger // default log.Default()
+	Signals       *SignalBook      // default a new book
+	Security      *Security        // default SecurityFromEnv
+	Clock         func() time.Time // decides expiry (and pause deadlines, in the default book)
+	Logger        *log.Logger      // default log.Default()
 	StartTimeout  time.Duration
 }
 
@@ -232,13 +232,14 @@ func New(ctx context.Context, config Config) (*KillSwitch, error) {
 	if err != nil {
 		return nil, err
 	}
-	signals := config.Signals
-	if signals == nil {
-		signals = NewSignalBook(0)
-	}
 	clock := config.Clock
 	if clock == nil {
 		clock = time.Now
+	}
+	signals := config.Signals
+	if signals == nil {
+		signals = NewSignalBook(0)
+		signals.Clock = clock
 	}
 	logger := config.Logger
 	if logger == nil {
@@ -299,6 +300,16 @@ func (k *KillSwitch) Check(traceID string) (string, error) {
 		return "", nil
 	}
 	return k.Signals.Check(traceID)
+}
+
+// Wait is Check, and while the trace is paused (*AgentPaused), blocks until an operator's
+// release (returns: go on) or kill (*AgentKilled), or the pause's deadline, when the policy's
+// fallback applies; ctx bounds the wait (then *AgentPaused again). See SignalBook.Wait.
+func (k *KillSwitch) Wait(ctx context.Context, traceID string) (string, error) {
+	if traceID == "" {
+		return "", nil
+	}
+	return k.Signals.Wait(ctx, traceID)
 }
 
 // Received counts the records read (delivered to the book or ignored).

@@ -38,12 +38,13 @@ var (
 	hex32    = regexp.MustCompile(`^[0-9a-f]{32}$`)
 	hex16    = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	dateTime = regexp.MustCompile(`^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|([+-])([0-9]{2}):([0-9]{2}))$`)
-	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true}
+	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true, "pause": true}
 	rules    = map[string]bool{"tool_loop": true, "tool_polling": true, "no_progress": true, "token_budget": true, "manual": true}
 	fields   = map[string]bool{
 		"schema_version": true, "signal_id": true, "trace_id": true, "kind": true, "rule": true,
 		"reason": true, "evidence": true, "agent": true, "detected_at": true, "expires_at": true,
-		"system_message": true, "operator": true, "key_id": true, "signature": true,
+		"system_message": true, "operator": true, "pause_until": true, "pause_fallback": true,
+		"key_id": true, "signature": true,
 	}
 	required = []string{"schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence", "agent", "detected_at", "expires_at"}
 	// evidence field -> "string", "hex16", or the minimum of an integer
@@ -53,11 +54,11 @@ var (
 	}
 )
 
-// Signal is a kill, downgrade or release an agent may act on.
+// Signal is a kill, downgrade, release or pause an agent may act on.
 type Signal struct {
 	SignalID      string
 	TraceID       string
-	Kind          string // kill, downgrade or release
+	Kind          string // kill, downgrade, release or pause
 	Rule          string
 	Reason        string
 	Evidence      map[string]any
@@ -67,6 +68,8 @@ type Signal struct {
 	ExpiresAt     string
 	SystemMessage *string
 	Operator      *string
+	PauseUntil    *string // kind pause: until when the agent waits for an operator
+	PauseFallback *string // kind pause: what applies then, "kill" or "release"
 }
 
 // BadSignal is a record on the kill topic that is not a signal this agent may act on.
@@ -219,7 +222,7 @@ func checkSchema(record map[string]any) *BadSignal {
 	}
 	kind, _ := record["kind"].(string)
 	if !kinds[kind] {
-		return invalid("kind", "not kill, downgrade or release")
+		return invalid("kind", "not kill, downgrade, release or pause")
 	}
 	rule, _ := record["rule"].(string)
 	if !rules[rule] {
@@ -289,6 +292,20 @@ func checkSchema(record map[string]any) *BadSignal {
 	}
 	if kind == "release" && (rule != "manual" || !hasOperator) {
 		return invalid("kind", "a release is manual and names its operator")
+	}
+	pauseUntil, hasPauseUntil := record["pause_until"]
+	if hasPauseUntil {
+		text, _ := pauseUntil.(string)
+		if _, ok := ParseDateTime(text); !ok {
+			return invalid("pause_until", "not an RFC 3339 date-time with a zone")
+		}
+	}
+	pauseFallback, hasPauseFallback := record["pause_fallback"]
+	if hasPauseFallback && pauseFallback != "kill" && pauseFallback != "release" {
+		return invalid("pause_fallback", "not kill or release")
+	}
+	if kind == "pause" && (!hasPauseUntil || !hasPauseFallback) {
+		return invalid("kind", "a pause carries pause_until and pause_fallback")
 	}
 	_, hasKeyID := record["key_id"]
 	_, hasSignature := record["signature"]
@@ -371,6 +388,8 @@ func ReadSignal(value []byte, keys map[string][]byte, now time.Time) (*Signal, e
 		ExpiresAt:     record["expires_at"].(string),
 		SystemMessage: optionalText(record["system_message"]),
 		Operator:      optionalText(record["operator"]),
+		PauseUntil:    optionalText(record["pause_until"]),
+		PauseFallback: optionalText(record["pause_fallback"]),
 	}, nil
 }
 

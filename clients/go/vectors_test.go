@@ -1,14 +1,35 @@
 package killswitch
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
+
+// A wait that should end on a step of `meanwhile` gets this long before the test calls it stuck.
+const safetyTimeout = 10 * time.Second
+
+// sequenceStep is one step of a sequence (see tests/support/signal_vectors.py).
+type sequenceStep struct {
+	Deliver   string         `json:"deliver"`
+	New       bool           `json:"new"`
+	Check     string         `json:"check"`
+	Wait      string         `json:"wait"`
+	Timeout   *float64       `json:"timeout"`
+	Meanwhile []sequenceStep `json:"meanwhile"`
+	Clock     string         `json:"clock"`
+	Expect    string         `json:"expect"`
+	Reason    *string        `json:"reason"`
+	Until     *string        `json:"until"`
+	Fallback  *string        `json:"fallback"`
+}
 
 // The shared kill-signal vectors (schemas/testdata/kill-signal-vectors.json): every killswitch
 // must reach each verdict, so a record no two languages would read alike is decided alike.
@@ -27,12 +48,7 @@ type vectorFile struct {
 	Sequences []struct {
 		Name    string            `json:"name"`
 		Signals map[string]string `json:"signals"`
-		Steps   []struct {
-			Deliver string `json:"deliver"`
-			New     bool   `json:"new"`
-			Check   string `json:"check"`
-			Expect  string `json:"expect"`
-		} `json:"steps"`
+		Steps   []sequenceStep    `json:"steps"`
 	} `json:"sequences"`
 }
 
@@ -112,7 +128,8 @@ func TestVectors(t *testing.T) {
 			got := map[string]*string{
 				"kind": &signal.Kind, "trace_id": &signal.TraceID, "signal_id": &signal.SignalID,
 				"rule": &signal.Rule, "reason": &signal.Reason, "system_message": signal.SystemMessage,
-				"expires_at": &signal.ExpiresAt,
+				"expires_at": &signal.ExpiresAt, "pause_until": signal.PauseUntil,
+				"pause_fallback": signal.PauseFallback,
 			}
 			for name, want := range vector.Signal {
 				if (want == nil) != (got[name] == nil) || want != nil && *want != *got[name] {
@@ -130,38 +147,109 @@ func deref(s *string) any {
 	return *s
 }
 
+// testClock is the sequence's time: the steps give it, nothing sleeps for it.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) get() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) set(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = at
+}
+
+// checkOutcome fails the test unless a check or wait ended as step expects.
+func checkOutcome(t *testing.T, where string, step sequenceStep, message string, err error) {
+	t.Helper()
+	var killed *AgentKilled
+	var paused *AgentPaused
+	switch {
+	case step.Expect == "killed":
+		if !errors.As(err, &killed) {
+			t.Fatalf("%s: not killed (%q, %v)", where, message, err)
+		}
+		if step.Reason != nil && killed.Signal.Reason != *step.Reason {
+			t.Fatalf("%s: reason %q, want %q", where, killed.Signal.Reason, *step.Reason)
+		}
+	case step.Expect == "paused":
+		if !errors.As(err, &paused) {
+			t.Fatalf("%s: not paused (%q, %v)", where, message, err)
+		}
+		if step.Until != nil && (paused.Until != *step.Until || paused.Fallback != *step.Fallback) {
+			t.Fatalf("%s: paused until %s then %s, want %s then %s", where, paused.Until, paused.Fallback, *step.Until, *step.Fallback)
+		}
+	case err != nil:
+		t.Fatalf("%s: %v", where, err)
+	case step.Expect == "pass" && message != "":
+		t.Fatalf("%s: message %q", where, message)
+	case step.Expect != "pass" && message != step.Expect:
+		t.Fatalf("%s: message %q, want %q", where, message, step.Expect)
+	}
+}
+
 func TestSequences(t *testing.T) {
 	file := loadVectors(t)
 	now, _ := ParseDateTime(file.Now)
 	keys := file.ring(t, []string{"current"})
 	for _, sequence := range file.Sequences {
 		t.Run(sequence.Name, func(t *testing.T) {
+			clock := &testClock{now: now}
 			book := NewSignalBook(0)
-			for i, step := range sequence.Steps {
-				if step.Deliver != "" {
-					signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, now)
+			book.Clock = clock.get
+			var run func(where string, step sequenceStep)
+			run = func(where string, step sequenceStep) {
+				switch {
+				case step.Clock != "":
+					at, ok := ParseDateTime(step.Clock)
+					if !ok {
+						t.Fatalf("%s: bad clock %q", where, step.Clock)
+					}
+					clock.set(at)
+				case step.Deliver != "":
+					signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, clock.get())
 					if err != nil {
-						t.Fatalf("step %d: %v", i, err)
+						t.Fatalf("%s: %v", where, err)
 					}
 					if got := book.Deliver(signal); got != step.New {
-						t.Fatalf("step %d: deliver %s returned %v", i, step.Deliver, got)
+						t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
 					}
-					continue
-				}
-				message, err := book.Check(step.Check)
-				var killed *AgentKilled
-				switch {
-				case step.Expect == "killed":
-					if !errors.As(err, &killed) {
-						t.Fatalf("step %d: not killed (%q, %v)", i, message, err)
+				case step.Check != "":
+					message, err := book.Check(step.Check)
+					checkOutcome(t, where, step, message, err)
+				case step.Meanwhile == nil:
+					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*step.Timeout*float64(time.Second)))
+					message, err := book.Wait(ctx, step.Wait)
+					cancel()
+					checkOutcome(t, where, step, message, err)
+				default:
+					type ended struct {
+						message string
+						err     error
 					}
-				case err != nil:
-					t.Fatalf("step %d: %v", i, err)
-				case step.Expect == "pass" && message != "":
-					t.Fatalf("step %d: message %q", i, message)
-				case step.Expect != "pass" && message != step.Expect:
-					t.Fatalf("step %d: message %q, want %q", i, message, step.Expect)
+					done := make(chan ended, 1)
+					ctx, cancel := context.WithTimeout(context.Background(), safetyTimeout)
+					defer cancel()
+					go func() {
+						message, err := book.Wait(ctx, step.Wait)
+						done <- ended{message, err}
+					}()
+					time.Sleep(50 * time.Millisecond) // let it block; either order ends it the same way
+					for i, inner := range step.Meanwhile {
+						run(fmt.Sprintf("%s meanwhile %d", where, i), inner)
+					}
+					result := <-done
+					checkOutcome(t, where, step, result.message, result.err)
 				}
+			}
+			for i, step := range sequence.Steps {
+				run(fmt.Sprintf("step %d", i), step)
 			}
 		})
 	}

@@ -4,22 +4,31 @@ schemas/testdata/kill-signal-vectors.json is written by tests/support/signal_vec
 clients/typescript and clients/go run the same vectors in their own tests. A vector marked
 `python_lax` is decided strictly by those clients and not yet by this checkout's read_signal:
 it is an expected failure here (strict: once read_signal decides it, the mark must go).
+
+The sequences give the time instead of sleeping: the book's clock is set per step (SignalBook
+reads the time through its module's `datetime`), and a wait's `meanwhile` steps happen on this
+thread while the wait blocks on another.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime
+import threading
+import time
+from datetime import UTC, datetime
 
 import pytest
 
-from spanguard.killswitch.signals import AgentKilled, SignalBook
+from spanguard.killswitch import signals as signals_module
+from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
 from tests.support.signal_vectors import VECTORS, build
 
 DOCUMENT = json.loads(VECTORS.read_text())
 NOW = datetime.fromisoformat(DOCUMENT["now"].replace("Z", "+00:00"))
+# A wait that should end on a step of `meanwhile` gets this long before the test calls it stuck.
+SAFETY_TIMEOUT = 10.0
 
 
 def value_of(vector: dict) -> bytes:
@@ -73,18 +82,77 @@ def test_each_vector_gets_its_verdict(vector):
         assert {name: getattr(signal, name) for name in expected} == expected
 
 
+class _Clock(datetime):
+    """The sequence's time: `datetime.now()` in the signal book's module answers it."""
+
+    current = NOW
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[override]
+        return cls.current.astimezone(tz or UTC)
+
+
+def _at(moment: str) -> datetime:
+    return datetime.fromisoformat(moment.replace("Z", "+00:00"))
+
+
+def _outcome(call):
+    """How a check or wait ends: ("pass" | "message" | "killed" | "paused", detail)."""
+    try:
+        message = call()
+    except AgentKilled as killed:
+        return "killed", killed
+    except AgentPaused as paused:
+        return "paused", paused
+    return ("pass", None) if message is None else ("message", message)
+
+
+def _assert_outcome(outcome, step):
+    kind, detail = outcome
+    expect = step["expect"]
+    if expect in ("killed", "paused", "pass"):
+        assert kind == expect, (step, outcome)
+    else:
+        assert (kind, detail) == ("message", expect), step
+    if "reason" in step:
+        assert detail.reason == step["reason"], step
+    if "until" in step:
+        assert (detail.until, detail.fallback) == (step["until"], step["fallback"]), step
+
+
 @pytest.mark.parametrize("sequence", DOCUMENT["sequences"], ids=lambda s: s["name"])
-def test_each_sequence_through_the_signal_book(sequence):
+def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
     keys = keyring(DOCUMENT["keys"]["current"])
+    monkeypatch.setattr(signals_module, "datetime", _Clock)
+    monkeypatch.setattr(_Clock, "current", NOW)
     book = SignalBook()
-    for step in sequence["steps"]:
-        if "deliver" in step:
+
+    def run(step):
+        if "clock" in step:
+            _Clock.current = _at(step["clock"])
+        elif "deliver" in step:
             record = sequence["signals"][step["deliver"]].encode()
-            assert book.deliver(read_signal(record, keys, NOW)) is step["new"], step
-            continue
-        if step["expect"] == "killed":
-            with pytest.raises(AgentKilled):
-                book.check(step["check"])
+            signal = read_signal(record, keys, _Clock.current)
+            assert book.deliver(signal) is step["new"], step
+        elif "check" in step:
+            _assert_outcome(_outcome(lambda: book.check(step["check"])), step)
+        elif "meanwhile" not in step:
+            wait = lambda: book.wait(step["wait"], step["timeout"])  # noqa: E731
+            _assert_outcome(_outcome(wait), step)
         else:
-            expected = None if step["expect"] == "pass" else step["expect"]
-            assert book.check(step["check"]) == expected, step
+            ended: list = []
+            waiter = threading.Thread(
+                target=lambda: ended.append(
+                    _outcome(lambda: book.wait(step["wait"], SAFETY_TIMEOUT))
+                )
+            )
+            waiter.start()
+            time.sleep(0.05)  # let it block; either order ends the wait the same way
+            for inner in step["meanwhile"]:
+                run(inner)
+            waiter.join(SAFETY_TIMEOUT + 5)
+            assert ended, f"the wait did not end: {step}"
+            _assert_outcome(ended[0], step)
+
+    for step in sequence["steps"]:
+        run(step)

@@ -13,7 +13,8 @@ The verdicts follow the strict reading of a signal:
   (an id with a trailing newline is `invalid`), integers written as integers within
   +-(2**53 - 1) (the range every language's JSON numbers hold exactly), `detected_at` and
   `expires_at` RFC 3339 date-times with a zone that exist on the calendar, and `kind: release`
-  only with `rule: manual` and an `operator`;
+  only with `rule: manual` and an `operator`; `kind: pause` with `pause_until` (a date-time like
+  `expires_at`) and `pause_fallback` (`kill` or `release`), both covered by the signature;
 - then the signature: HMAC-SHA256 over the canonical JSON (sorted keys, no spaces, UTF-8,
   only `"`, `\\` and control characters escaped) with the key its `key_id` names
   (`unsigned`, `unknown_key`, `forged`), and `expires_at` after `now` (`expired`).
@@ -64,6 +65,17 @@ BASE: dict[str, Any] = {
     "detected_at": "2026-06-01T11:59:00.000+00:00",
     "expires_at": "2026-06-01T12:59:00.000+00:00",
     "system_message": None,
+}
+
+
+# A pause by the guard: the agent waits for an operator until PAUSE_UNTIL, then is killed.
+PAUSE_UNTIL = "2026-06-01T12:05:00.000+00:00"
+PAUSE: dict[str, Any] = {
+    **BASE,
+    "kind": "pause",
+    "signal_id": "6" * 32,
+    "pause_until": PAUSE_UNTIL,
+    "pause_fallback": "kill",
 }
 
 
@@ -121,6 +133,8 @@ def seen(record: dict[str, Any]) -> dict[str, Any]:
         "reason": record["reason"],
         "system_message": record.get("system_message"),
         "expires_at": record["expires_at"],
+        "pause_until": record.get("pause_until"),
+        "pause_fallback": record.get("pause_fallback"),
     }
 
 
@@ -145,6 +159,8 @@ def build() -> dict[str, Any]:
             evidence={"span_id": "0" * 16},
         )
     )
+    pause = signed(PAUSE)
+    pause_releasing = signed({**PAUSE, "signal_id": "5" * 32, "pause_fallback": "release"})
     unicode_reason = signed(
         with_(reason='résumé "quoted" \\ back\tslash \u2028 line sep \U0001f600 \x7f \x01')
     )
@@ -152,6 +168,15 @@ def build() -> dict[str, Any]:
         vector("kill", text(kill), "obey", keys=ring, signal=seen(kill)),
         vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
         vector("release", text(release), "obey", keys=ring, signal=seen(release)),
+        vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
+        vector(
+            "pause whose fallback is release",
+            text(pause_releasing),
+            "obey",
+            keys=ring,
+            signal=seen(pause_releasing),
+        ),
+        *_pause_vectors(pause, ring, rotating),
         vector(
             "non-ASCII, escapes and U+2028 in a signed string",
             text(unicode_reason),
@@ -405,8 +430,92 @@ def build() -> dict[str, Any]:
         "keys": KEYS,
         "key_ids": {name: key_id(key.encode()) for name, key in KEYS.items()},
         "vectors": vectors,
-        "sequences": _sequences(kill, downgrade, release),
+        "sequences": [
+            *_sequences(kill, downgrade, release),
+            *_pause_sequences(kill, downgrade, release),
+        ],
     }
+
+
+def _pause_vectors(
+    pause: dict[str, Any], ring: list[str], rotating: list[str]
+) -> list[dict[str, Any]]:
+    """A pause is signed, named by key id and expires as a kill does; its deadline and
+    fallback are inside the signature."""
+    unsigned_pause = {k: v for k, v in pause.items() if k not in ("key_id", "signature")}
+    return [
+        vector(
+            "pause signed with the previous key while rotating",
+            text(signed(unsigned_pause, "previous")),
+            "obey",
+            keys=rotating,
+            signal=seen(pause),
+        ),
+        vector(
+            "pause signed with an unknown key",
+            text(signed(unsigned_pause, "other")),
+            "unknown_key",
+            keys=ring,
+        ),
+        vector("pause unsigned, keys held", text(unsigned_pause), "unsigned", keys=ring),
+        vector(
+            "pause expired",
+            text(signed({**unsigned_pause, "expires_at": "2026-06-01T11:59:59.999999Z"})),
+            "expired",
+            keys=ring,
+        ),
+        vector(
+            "forged: pause_until moved after signing",
+            text({**pause, "pause_until": "2026-06-01T23:59:00.000+00:00"}),
+            "forged",
+            keys=ring,
+            note="an attacker must not stretch a pause: pause_until is signed",
+        ),
+        vector(
+            "forged: pause_fallback changed after signing",
+            text({**pause, "pause_fallback": "release"}),
+            "forged",
+            keys=ring,
+        ),
+        vector(
+            "pause without pause_until",
+            text(signed({k: v for k, v in unsigned_pause.items() if k != "pause_until"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "pause without pause_fallback",
+            text(signed({k: v for k, v in unsigned_pause.items() if k != "pause_fallback"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "pause_fallback neither kill nor release",
+            text(signed({**unsigned_pause, "pause_fallback": "downgrade"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "naive pause_until",
+            text(signed({**unsigned_pause, "pause_until": "2026-06-01T12:05:00"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "pause_until on a day that does not exist",
+            text(signed({**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"})),
+            "invalid",
+            keys=ring,
+            python_lax=True,
+            note="the schema's pattern lets it through; no clock can tell when it comes",
+        ),
+        vector(
+            "pause_until not a date-time",
+            text(signed({**unsigned_pause, "pause_until": "in five minutes"})),
+            "invalid",
+            keys=ring,
+        ),
+    ]
 
 
 def _duplicate_kind() -> str:
@@ -457,7 +566,8 @@ def _sequences(
     """What a book of signals answers to an agent's checks, step by step (all signals valid).
 
     Steps: {"deliver": NAME} (one of `signals`; `new` says whether it was recorded, false for a
-    duplicate id), {"check": TRACE, "expect": "pass" | "killed" | MESSAGE}."""
+    duplicate id), {"check": TRACE, "expect": "pass" | "killed" | MESSAGE}; the pause sequences
+    (`_pause_sequences`) add steps of their own."""
     second_kill = {**kill, "signal_id": "4" * 32, "reason": "killed again after release"}
     other_trace = {**kill, "trace_id": "f" * 32}
     signals = {
@@ -501,6 +611,138 @@ def _sequences(
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "second_kill", "new": True},
                 {"check": TRACE.upper(), "expect": "killed"},
+            ],
+        },
+    ]
+
+
+def _pause_sequences(
+    kill: dict[str, Any], downgrade: dict[str, Any], release: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A pause through the book, with the time given rather than slept (all signals valid).
+
+    The clock starts at NOW. Steps, besides deliver and check:
+    - {"clock": TIME}: the time from now on, for pause deadlines and for reading signals;
+    - {"check": TRACE, "expect": "paused", "until": ..., "fallback": ...}: check() raises the
+      paused error, carrying that deadline and fallback;
+    - {"check" | "wait": TRACE, "expect": "killed", "reason": TEXT}: the kill carries TEXT;
+    - {"wait": TRACE, "meanwhile": [STEP, ...], "expect": ...}: wait() on the trace, and while
+      it waits the steps of `meanwhile` happen (a delivery, a clock change); `expect` is how
+      the wait ends (a release returns what check() then returns: "pass" or a message). A
+      runner gives such a wait a generous timeout of its own, so a wrong book fails, not hangs;
+    - {"wait": TRACE, "timeout": 0, "expect": "paused"}: a wait that gives up at once raises
+      the paused error again."""
+
+    later = "2026-06-01T12:10:00.000+00:00"
+    other = "e" * 32
+    signals = {
+        "pause": signed(PAUSE),
+        "pause_releasing": signed({**PAUSE, "signal_id": "5" * 32, "pause_fallback": "release"}),
+        "second_pause": signed(
+            {**PAUSE, "signal_id": "7" * 32, "pause_until": later, "pause_fallback": "release"}
+        ),
+        "other_trace_pause": signed({**PAUSE, "signal_id": "8" * 32, "trace_id": other}),
+        "kill": kill,
+        "downgrade": downgrade,
+        "release": release,
+    }
+    texts = {name: text(record) for name, record in signals.items()}
+    paused = {"expect": "paused", "until": PAUSE_UNTIL, "fallback": "kill"}
+    fallback_kill = (
+        f"{PAUSE['reason']}; paused with no answer by {PAUSE_UNTIL}: the policy's fallback kills"
+    )
+    message = downgrade["system_message"]
+    return [
+        {
+            "name": "pause then release: checks raise paused, the wait returns on the release",
+            "signals": texts,
+            "steps": [
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "pause", "new": True},
+                {"check": TRACE, **paused},
+                {"deliver": "pause", "new": False},
+                {"deliver": "downgrade", "new": True},
+                {"check": TRACE, **paused},
+                {"wait": TRACE, "timeout": 0, **paused},
+                {
+                    "wait": TRACE,
+                    "meanwhile": [{"deliver": "release", "new": True}],
+                    "expect": message,
+                },
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "pause", "new": False},
+                {"check": TRACE, "expect": "pass"},
+            ],
+        },
+        {
+            "name": "pause then kill: the wait raises the kill; a later pause leaves the kill",
+            "signals": texts,
+            "steps": [
+                {"deliver": "pause", "new": True},
+                {"check": TRACE, **paused},
+                {
+                    "wait": TRACE,
+                    "meanwhile": [{"deliver": "kill", "new": True}],
+                    "expect": "killed",
+                    "reason": kill["reason"],
+                },
+                {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
+                {"deliver": "second_pause", "new": True},
+                {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
+                {"deliver": "release", "new": True},
+                {"check": TRACE, "expect": "pass"},
+            ],
+        },
+        {
+            "name": "pause then deadline, fallback kill: the wait raises a kill at pause_until",
+            "signals": texts,
+            "steps": [
+                {"deliver": "pause", "new": True},
+                {"clock": "2026-06-01T12:04:59.999Z"},
+                {"check": TRACE, **paused},
+                {
+                    "wait": TRACE,
+                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
+                    "expect": "killed",
+                    "reason": fallback_kill,
+                },
+                {"check": TRACE, "expect": "killed", "reason": fallback_kill},
+                {"deliver": "pause", "new": False},
+                {"check": TRACE, "expect": "killed", "reason": fallback_kill},
+                {"deliver": "release", "new": True},
+                {"check": TRACE, "expect": "pass"},
+            ],
+        },
+        {
+            "name": "pause then deadline, fallback release: the wait returns at pause_until",
+            "signals": texts,
+            "steps": [
+                {"deliver": "pause_releasing", "new": True},
+                {"check": TRACE, "expect": "paused", "until": PAUSE_UNTIL, "fallback": "release"},
+                {
+                    "wait": TRACE,
+                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
+                    "expect": "pass",
+                },
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "pause_releasing", "new": False},
+                {"check": TRACE, "expect": "pass"},
+            ],
+        },
+        {
+            "name": "a second pause replaces the first; a pause already past its deadline"
+            " applies its fallback at the first check",
+            "signals": texts,
+            "steps": [
+                {"deliver": "pause", "new": True},
+                {"deliver": "second_pause", "new": True},
+                {"check": TRACE, "expect": "paused", "until": later, "fallback": "release"},
+                {"clock": "2026-06-01T12:05:00Z"},
+                {"check": TRACE, "expect": "paused", "until": later, "fallback": "release"},
+                {"clock": "2026-06-01T12:10:00Z"},
+                {"check": TRACE, "expect": "pass"},
+                {"deliver": "other_trace_pause", "new": True},
+                {"check": other, "expect": "killed", "reason": fallback_kill},
             ],
         },
     ]

@@ -1,7 +1,11 @@
 // What each trace was told: the agent's check() reads it, the Kafka consumer writes it.
 // The same semantics as the Python killswitch's SignalBook (killswitch/signals.py).
 
+import { parseDateTime } from './signal.js';
+
 export const DEFAULT_MAX_TRACES = 10_000;
+// A wait re-checks at least this often, so a deadline is met even if the clock jumps.
+const WAIT_RECHECK_MS = 1000;
 
 /** Thrown by check() in an agent whose trace was killed; carries the signal. */
 export class AgentKilled extends Error {
@@ -14,8 +18,35 @@ export class AgentKilled extends Error {
   }
 }
 
+/**
+ * Thrown by check() in an agent whose trace is paused: it must wait for an operator's
+ * `spanguard release` (go on) or `spanguard kill` (stop), or until `until`, when the policy's
+ * `fallback` ('kill' or 'release') applies. wait() does the waiting.
+ */
+export class AgentPaused extends Error {
+  constructor(signal) {
+    super(
+      `spanguard paused trace ${signal.traceId}: ${signal.reason}; waiting for \`spanguard release\` or \`spanguard kill\` until ${signal.pauseUntil}, then ${signal.pauseFallback}`,
+    );
+    this.name = 'AgentPaused';
+    this.signal = signal;
+    this.traceId = signal.traceId;
+    this.reason = signal.reason;
+    this.until = signal.pauseUntil;
+    this.fallback = signal.pauseFallback;
+  }
+}
+
 function newEntry() {
-  return { signalIds: new Set(), kill: null, unread: [] };
+  // pause: the pause signal while the trace waits for an operator (see AgentPaused)
+  return { signalIds: new Set(), kill: null, unread: [], pause: null };
+}
+
+/** Milliseconds from `now` (a Date) to the RFC 3339 `moment`; 0 or less once it has come. */
+function msUntil(moment, now) {
+  const at = parseDateTime(moment);
+  if (at === null) return 0;
+  return at.ms - now.getTime() + at.micros / 1000;
 }
 
 // A Map keeps insertion order: re-inserting moves a trace to the most recent end.
@@ -33,18 +64,24 @@ function fallbackMessage(signal) {
 }
 
 /**
- * Kill, downgrade and release signals per trace.
+ * Kill, downgrade, release and pause signals per trace.
  * - deliver(signal) records it; an id already recorded for its trace is a duplicate (false).
  * - check(traceId) throws AgentKilled once a kill is recorded, on that check and every later
  *   one; returns a downgrade's system message exactly once; else null.
  * - a release lifts the trace's kill until a later kill (a new signal id).
+ * - a pause makes check() throw AgentPaused until a release (go on) or a kill, or until its
+ *   pauseUntil, when its fallback applies (kill: killed; release: go on); a later pause of the
+ *   trace replaces it; a pause of a killed trace leaves the kill. wait() blocks through it.
  * Memory is bounded by maxTraces per kind of entry; a killed trace this process has checked is
  * never forgotten (until forget()), so other traces' signals cannot push out its kill.
+ * `clock` (default: the system time) decides when a pause's deadline has come.
  */
 export class SignalBook {
-  constructor(maxTraces = DEFAULT_MAX_TRACES) {
+  constructor(maxTraces = DEFAULT_MAX_TRACES, { clock } = {}) {
     if (maxTraces < 1) throw new RangeError('maxTraces must be at least 1');
     this.maxTraces = maxTraces;
+    this.clock = clock ?? (() => new Date());
+    this.wakers = new Set(); // wait()s blocked on a pause, woken by any delivery
     this.others = new Map(); // traces this process has not checked
     this.watched = new Map(); // traces it checks, not killed
     this.killed = new Map(); // traces it checks, killed
@@ -71,6 +108,12 @@ export class SignalBook {
     }
     entry.signalIds.add(signal.signalId);
     this.delivered += 1;
+    this.wakeWaiters();
+    if (signal.kind === 'pause') {
+      if (entry.kill === null) entry.pause = signal;
+      return true;
+    }
+    if (signal.kind === 'release' || signal.kind === 'kill') entry.pause = null; // the answer
     if (signal.kind === 'release') {
       entry.kill = null;
       if (this.killed.has(traceId)) {
@@ -111,8 +154,69 @@ export class SignalBook {
         this.killed.set(id, entry);
       }
     }
+    if (entry.pause !== null && entry.kill === null) {
+      this.pauseOver(id, entry);
+      if (entry.pause !== null) throw new AgentPaused(entry.pause);
+    }
     if (entry.kill !== null) throw new AgentKilled(entry.kill);
     return entry.unread.length ? entry.unread.shift() : null;
+  }
+
+  /**
+   * check(), and while the trace is paused, wait until an operator answers: a release resolves
+   * (the agent goes on, with what check() then returns), a kill rejects with AgentKilled;
+   * unanswered at the pause's pauseUntil, its fallback applies (kill rejects, release
+   * resolves). With `timeoutMs`, or once `signal` (an AbortSignal) aborts, it rejects with
+   * AgentPaused again. Waiting never blocks the event loop: Kafka keeps being read meanwhile.
+   */
+  async wait(traceId, { timeoutMs, signal } = {}) {
+    const deadline = timeoutMs === undefined || timeoutMs === null ? null : performance.now() + timeoutMs;
+    for (;;) {
+      let paused;
+      try {
+        return this.check(traceId);
+      } catch (error) {
+        if (!(error instanceof AgentPaused)) throw error;
+        paused = error;
+      }
+      let left = Math.min(msUntil(paused.until, this.clock()), WAIT_RECHECK_MS);
+      if (deadline !== null) {
+        if (performance.now() >= deadline) throw paused;
+        left = Math.min(left, deadline - performance.now());
+      }
+      if (signal?.aborted) throw paused;
+      await new Promise((resolve) => {
+        const wake = () => {
+          clearTimeout(timer);
+          this.wakers.delete(wake);
+          signal?.removeEventListener('abort', wake);
+          resolve();
+        };
+        const timer = setTimeout(wake, Math.max(0, left));
+        this.wakers.add(wake);
+        signal?.addEventListener('abort', wake, { once: true });
+      });
+    }
+  }
+
+  wakeWaiters() {
+    for (const wake of [...this.wakers]) wake();
+  }
+
+  /** Past its pauseUntil with no answer: the policy's fallback applies. */
+  pauseOver(traceId, entry) {
+    const pause = entry.pause;
+    if (msUntil(pause.pauseUntil, this.clock()) > 0) return;
+    entry.pause = null;
+    if (pause.pauseFallback === 'kill') {
+      entry.kill = Object.freeze({
+        ...pause,
+        kind: 'kill',
+        reason: `${pause.reason}; paused with no answer by ${pause.pauseUntil}: the policy's fallback kills`,
+      });
+      this.watched.delete(traceId);
+      this.killed.set(traceId, entry);
+    }
   }
 
   isKilled(traceId) {

@@ -2,26 +2,55 @@
 // (killswitch/adapters.py). Each takes anything with check(traceId) -> string | null (a
 // KillSwitch or a SignalBook) and, optionally, a fixed trace id (default: the active span's).
 // AgentKilled stops the tool before it runs; a downgrade's system message goes to onDowngrade
-// (or waits in pendingMessages for the agent to inject it).
+// (or waits in pendingMessages for the agent to inject it). On a paused trace the tool waits in
+// the checker's wait() (off the event loop's critical path: it is a promise) until an
+// operator's release (the tool runs) or kill (AgentKilled), or the pause's deadline, when the
+// policy's fallback applies; a checker without wait() lets AgentPaused out, and the run stops.
 
-import { AgentKilled } from './book.js';
+import { AgentKilled, AgentPaused } from './book.js';
 import { currentTraceId } from './killswitch.js';
 
+const AsyncGeneratorFunction = Object.getPrototypeOf(async function* () {}).constructor;
+
 class Gate {
-  constructor(checker, { traceId, onDowngrade } = {}) {
+  constructor(checker, { traceId, onDowngrade, abortController } = {}) {
     this.checker = checker;
     this.traceId = traceId ?? null;
     this.onDowngrade = onDowngrade ?? null;
+    this.abortController = abortController ?? null;
     this.pendingMessages = [];
   }
 
+  /** Check before a tool: nothing to wait for (undefined), or a promise that settles when a
+   * pause is answered. Throws (or rejects with) AgentKilled, and AgentPaused when it cannot
+   * wait; either aborts the run through the abortController. */
   beforeTool() {
     const traceId = this.traceId ?? currentTraceId();
-    if (!traceId) return;
-    const message = this.checker.check(traceId); // throws AgentKilled
+    if (!traceId) return undefined;
+    let message;
+    try {
+      message = this.checker.check(traceId);
+    } catch (error) {
+      if (error instanceof AgentPaused && typeof this.checker.wait === 'function') {
+        return this.checker
+          .wait(traceId, { signal: this.abortController?.signal })
+          .then((answer) => this.hand(answer), (failure) => this.stop(failure));
+      }
+      this.stop(error);
+    }
+    this.hand(message);
+    return undefined;
+  }
+
+  hand(message) {
     if (message === null || message === undefined) return;
     if (this.onDowngrade) this.onDowngrade(message);
     else this.pendingMessages.push(message);
+  }
+
+  stop(error) {
+    if (error instanceof AgentKilled || error instanceof AgentPaused) this.abortController?.abort(error);
+    throw error;
   }
 }
 
@@ -34,10 +63,11 @@ class Gate {
  *
  * The AI SDK turns an error thrown by a tool into a tool-error result and lets the model go on;
  * so on a kill the tool does not run, and `abortController` (when given) is aborted with the
- * AgentKilled as its reason, which ends the whole generateText / streamText call.
+ * AgentKilled as its reason, which ends the whole generateText / streamText call. On a pause
+ * the tool call waits (see the module's comment) and then runs, or the call ends as on a kill.
  */
 export function guardTools(tools, checker, { traceId, onDowngrade, abortController } = {}) {
-  const gate = new Gate(checker, { traceId, onDowngrade });
+  const gate = new Gate(checker, { traceId, onDowngrade, abortController });
   const guarded = {};
   for (const [name, tool] of Object.entries(tools)) {
     if (typeof tool.execute !== 'function') {
@@ -48,13 +78,16 @@ export function guardTools(tools, checker, { traceId, onDowngrade, abortControll
     guarded[name] = {
       ...tool,
       execute(...args) {
-        try {
-          gate.beforeTool();
-        } catch (error) {
-          if (error instanceof AgentKilled) abortController?.abort(error);
-          throw error;
+        const waiting = gate.beforeTool();
+        if (waiting === undefined) return execute.apply(tool, args);
+        if (execute instanceof AsyncGeneratorFunction) {
+          // A streaming tool: the SDK iterates what execute returns, so the wait goes inside.
+          return (async function* () {
+            await waiting;
+            yield* execute.apply(tool, args);
+          })();
         }
-        return execute.apply(tool, args);
+        return waiting.then(() => execute.apply(tool, args));
       },
     };
   }
@@ -69,10 +102,10 @@ export function guardTools(tools, checker, { traceId, onDowngrade, abortControll
  *   await agent.invoke(input, { callbacks: [handler] });
  *
  * raiseError makes LangChain.js let AgentKilled out of the tool call (it swallows handler errors
- * otherwise) and awaitHandlers runs the check before the tool. LangGraph's ToolNode turns a
- * tool's error into a message for the model (handleToolErrors), so give `abortController` and
- * pass its signal to invoke ({ signal: controller.signal }): a kill aborts the run with the
- * AgentKilled as the reason. Needs @langchain/core.
+ * otherwise) and awaitHandlers runs the check, and the wait of a paused trace, before the tool.
+ * LangGraph's ToolNode turns a tool's error into a message for the model (handleToolErrors), so
+ * give `abortController` and pass its signal to invoke ({ signal: controller.signal }): a kill
+ * aborts the run with the AgentKilled as the reason. Needs @langchain/core.
  */
 export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, abortController } = {}) {
   let BaseCallbackHandler;
@@ -81,7 +114,7 @@ export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, 
   } catch {
     throw new Error('spanguardCallbackHandler needs @langchain/core installed beside the agent');
   }
-  const gate = new Gate(checker, { traceId, onDowngrade });
+  const gate = new Gate(checker, { traceId, onDowngrade, abortController });
   class SpanguardCallbackHandler extends BaseCallbackHandler {
     name = 'spanguard';
 
@@ -93,12 +126,7 @@ export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, 
     }
 
     handleToolStart() {
-      try {
-        gate.beforeTool();
-      } catch (error) {
-        if (error instanceof AgentKilled) abortController?.abort(error);
-        throw error;
-      }
+      return gate.beforeTool(); // a promise while a paused trace waits: LangChain awaits it
     }
   }
   return new SpanguardCallbackHandler();

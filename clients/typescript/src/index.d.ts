@@ -3,7 +3,7 @@
 export interface KillSignal {
   readonly signalId: string;
   readonly traceId: string;
-  readonly kind: 'kill' | 'downgrade' | 'release';
+  readonly kind: 'kill' | 'downgrade' | 'release' | 'pause';
   readonly rule: 'tool_loop' | 'tool_polling' | 'no_progress' | 'token_budget' | 'manual';
   readonly reason: string;
   readonly evidence: Record<string, string | number>;
@@ -12,11 +12,24 @@ export interface KillSignal {
   readonly expiresAt: string;
   readonly systemMessage: string | null;
   readonly operator: string | null;
+  /** kind pause: until when the agent waits for an operator (RFC 3339). */
+  readonly pauseUntil: string | null;
+  /** kind pause: what applies at pauseUntil. */
+  readonly pauseFallback: 'kill' | 'release' | null;
 }
 
-/** Anything an agent can check before a tool call: a KillSwitch or a SignalBook. */
+export interface WaitOptions {
+  /** Give up after this long: rejects with AgentPaused again. */
+  timeoutMs?: number;
+  /** Give up once this aborts: rejects with AgentPaused again. */
+  signal?: AbortSignal;
+}
+
+/** Anything an agent can check before a tool call: a KillSwitch or a SignalBook. A checker
+ * with wait() lets the hooks wait through a pause; without it, AgentPaused stops the run. */
 export interface Checker {
   check(traceId: string): string | null;
+  wait?(traceId: string, options?: WaitOptions): Promise<string | null>;
 }
 
 export class AgentKilled extends Error {
@@ -25,15 +38,27 @@ export class AgentKilled extends Error {
   readonly reason: string;
 }
 
+/** Thrown by check() on a paused trace: wait() for an operator's release or kill, or until
+ * `until`, when `fallback` applies. */
+export class AgentPaused extends Error {
+  readonly signal: KillSignal;
+  readonly traceId: string;
+  readonly reason: string;
+  readonly until: string;
+  readonly fallback: 'kill' | 'release';
+}
+
 export const DEFAULT_MAX_TRACES: number;
 
 export class SignalBook implements Checker {
-  constructor(maxTraces?: number);
+  /** clock: decides when a pause's deadline has come (default: the system time). */
+  constructor(maxTraces?: number, options?: { clock?: () => Date });
   readonly delivered: number;
   readonly duplicates: number;
   readonly trackedTraces: number;
   deliver(signal: KillSignal): boolean;
   check(traceId: string): string | null;
+  wait(traceId: string, options?: WaitOptions): Promise<string | null>;
   isKilled(traceId: string): boolean;
   forget(traceId: string): void;
 }
@@ -80,6 +105,7 @@ export class KillSwitch implements Checker {
   readonly expired: number;
   start(options?: { timeoutMs?: number }): Promise<this>;
   check(traceId?: string | null): string | null;
+  wait(traceId?: string | null, options?: WaitOptions): Promise<string | null>;
   close(): Promise<void>;
 }
 

@@ -3,6 +3,7 @@
 //   const killswitch = await new KillSwitch({ brokers: ['kafka:9092'],
 //     signingKey: process.env.SPANGUARD_SIGNING_KEY }).start();
 //   const message = killswitch.check(traceId); // throws AgentKilled once the trace is killed
+//   // AgentPaused: await killswitch.wait(traceId) until an operator's release or kill
 //
 // Every process reads every partition of the topic itself, from the end offsets resolved when
 // start() returns, with no consumer group (no rebalance, no commits): signals before it started
@@ -16,7 +17,7 @@ import { createRequire } from 'node:module';
 
 import kafkajs from 'kafkajs';
 
-import { SignalBook } from './book.js';
+import { DEFAULT_MAX_TRACES, SignalBook } from './book.js';
 import { kafkajsSecurity, securityFromEnv } from './security.js';
 import { BadSignal, MALFORMED_KINDS, REJECTED_KINDS, keyring, readSignal } from './signal.js';
 
@@ -65,7 +66,7 @@ export class KillSwitch {
    * @param {boolean} [options.allowUnsigned=false] INSECURE: obey unsigned signals
    * @param {SignalBook} [options.signals] a book shared with other readers
    * @param {object} [options.security] TLS/SASL (default: SPANGUARD_KAFKA_* from the environment)
-   * @param {() => Date} [options.clock]
+   * @param {() => Date} [options.clock] decides expiry (and pause deadlines, in its own book)
    * @param {(line: string) => void} [options.log] where warnings go (default console.warn)
    */
   constructor({
@@ -89,8 +90,8 @@ export class KillSwitch {
     }
     this.topic = topic;
     this.keys = keys.length ? keyring(keys) : null;
-    this.signals = signals ?? new SignalBook();
     this.clock = clock ?? (() => new Date());
+    this.signals = signals ?? new SignalBook(DEFAULT_MAX_TRACES, { clock: this.clock });
     this.log = log ?? ((line) => console.warn(line));
     this.received = 0;
     this.ignored = new Map();
@@ -148,6 +149,14 @@ export class KillSwitch {
   check(traceId = currentTraceId()) {
     if (!traceId) return null;
     return this.signals.check(traceId);
+  }
+
+  /** check(), and while the trace is paused (AgentPaused), wait for an operator's release
+   * (resolves: go on) or kill (rejects with AgentKilled), or the pause's deadline, when the
+   * policy's fallback applies. Options: timeoutMs, signal (an AbortSignal). See SignalBook.wait. */
+  async wait(traceId = currentTraceId(), options = {}) {
+    if (!traceId) return null;
+    return this.signals.wait(traceId, options);
   }
 
   get malformed() {

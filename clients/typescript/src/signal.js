@@ -28,11 +28,13 @@ const HEX32 = /^[0-9a-f]{32}$/;
 const HEX16 = /^[0-9a-f]{16}$/;
 // RFC 3339 with a zone; at most 6 fractional digits (what every reader keeps exactly).
 const DATE_TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
-const KINDS = new Set(['kill', 'downgrade', 'release']);
+const KINDS = new Set(['kill', 'downgrade', 'release', 'pause']);
+const PAUSE_FALLBACKS = new Set(['kill', 'release']);
 const RULES = new Set(['tool_loop', 'tool_polling', 'no_progress', 'token_budget', 'manual']);
 const TOP_FIELDS = new Set([
   'schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent',
-  'detected_at', 'expires_at', 'system_message', 'operator', 'key_id', 'signature',
+  'detected_at', 'expires_at', 'system_message', 'operator', 'pause_until', 'pause_fallback',
+  'key_id', 'signature',
 ]);
 const REQUIRED = ['schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent', 'detected_at', 'expires_at'];
 // evidence field -> its minimum (integers) or 'string' / 'hex16'
@@ -147,7 +149,7 @@ function checkSchema(record) {
   if (record.schema_version !== KILL_SIGNAL_SCHEMA_VERSION) invalid('schema_version', 'must be 2');
   if (typeof record.signal_id !== 'string' || !HEX32.test(record.signal_id)) invalid('signal_id', 'not 32 lowercase hex');
   if (typeof record.trace_id !== 'string' || !HEX32.test(record.trace_id)) invalid('trace_id', 'not 32 lowercase hex');
-  if (!KINDS.has(record.kind)) invalid('kind', 'not kill, downgrade or release');
+  if (!KINDS.has(record.kind)) invalid('kind', 'not kill, downgrade, release or pause');
   if (!RULES.has(record.rule)) invalid('rule', 'not a rule');
   if (typeof record.reason !== 'string' || record.reason.length === 0) invalid('reason', 'not a non-empty string');
   const evidence = record.evidence;
@@ -177,6 +179,13 @@ function checkSchema(record) {
   if ('operator' in record && (typeof record.operator !== 'string' || record.operator.length === 0)) invalid('operator', 'not a non-empty string');
   if (record.kind === 'release' && (record.rule !== 'manual' || !('operator' in record))) {
     invalid('kind', 'a release is manual and names its operator');
+  }
+  if ('pause_until' in record && parseDateTime(record.pause_until) === null) {
+    invalid('pause_until', 'not an RFC 3339 date-time with a zone');
+  }
+  if ('pause_fallback' in record && !PAUSE_FALLBACKS.has(record.pause_fallback)) invalid('pause_fallback', 'not kill or release');
+  if (record.kind === 'pause' && !('pause_until' in record && 'pause_fallback' in record)) {
+    invalid('kind', 'a pause carries pause_until and pause_fallback');
   }
   if ('key_id' in record !== 'signature' in record) invalid('(top level)', 'key_id and signature go together');
   if ('key_id' in record && (typeof record.key_id !== 'string' || !HEX16.test(record.key_id))) invalid('key_id', 'not 16 lowercase hex');
@@ -237,5 +246,7 @@ export function readSignal(value, keys, now = new Date()) {
     expiresAt: record.expires_at,
     systemMessage: record.system_message ?? null,
     operator: record.operator ?? null,
+    pauseUntil: record.pause_until ?? null, // kind pause: until when the agent waits
+    pauseFallback: record.pause_fallback ?? null, // and then: 'kill' or 'release'
   });
 }

@@ -1,5 +1,6 @@
 // The hooks in real frameworks (scripted models, no network): the AI SDK's generateText and
-// LangGraph.js's prebuilt ReAct agent stop before the tool call that follows a kill.
+// LangGraph.js's prebuilt ReAct agent stop before the tool call that follows a kill, and wait
+// before the one that follows a pause until a release (it runs) or a kill (the run stops).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
@@ -29,6 +30,40 @@ function kill(book, kind = 'kill', extra = {}) {
     systemMessage: null,
     ...extra,
   });
+}
+
+function pause(book, { fallback = 'kill', inMs = 600_000 } = {}) {
+  kill(book, 'pause', {
+    reason: 'search_docs called 4x in last 4 steps',
+    pauseUntil: new Date(Date.now() + inMs).toISOString(),
+    pauseFallback: fallback,
+  });
+}
+
+function release(book) {
+  kill(book, 'release', { rule: 'manual', reason: 'looked fine', operator: 'oncall@example.com' });
+}
+
+// The book, and how many times a hook has started waiting on it (the real wait runs).
+function watchedBook() {
+  const book = new SignalBook();
+  const checker = {
+    waits: 0,
+    check: (traceId) => book.check(traceId),
+    wait(traceId, options) {
+      this.waits += 1;
+      return book.wait(traceId, options);
+    },
+  };
+  return { book, checker };
+}
+
+async function until(condition, what, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
 }
 
 function loopingModel() {
@@ -95,11 +130,10 @@ test('AI SDK: a downgrade message is handed over once and the tools go on', asyn
   assert.deepEqual(messages, ['try another query']);
 });
 
-test('LangGraph.js: the callback handler stops the ReAct agent before the next tool call', async () => {
-  const book = new SignalBook();
-  let runs = 0;
+// A chat model that calls search_docs on each of its first `toolTurns` turns, then answers.
+function scriptedChatModel(toolTurns = Infinity) {
   let turn = 0;
-  class LoopingChatModel extends BaseChatModel {
+  class ScriptedChatModel extends BaseChatModel {
     _llmType() {
       return 'scripted';
     }
@@ -110,13 +144,32 @@ test('LangGraph.js: the callback handler stops the ReAct agent before the next t
 
     async _generate() {
       turn += 1;
-      const message = new AIMessage({
-        content: '',
-        tool_calls: [{ name: 'search_docs', args: { query: 'refund policy' }, id: `call_${turn}`, type: 'tool_call' }],
-      });
+      const message =
+        turn > toolTurns
+          ? new AIMessage({ content: 'The refund policy is 30 days.' })
+          : new AIMessage({
+              content: '',
+              tool_calls: [{ name: 'search_docs', args: { query: 'refund policy' }, id: `call_${turn}`, type: 'tool_call' }],
+            });
       return { generations: [{ text: '', message }] };
     }
   }
+  return new ScriptedChatModel({});
+}
+
+async function quietly(promise) {
+  const quiet = console.error;
+  console.error = () => {}; // LangChain.js prints every raised handler error
+  try {
+    return await promise;
+  } finally {
+    console.error = quiet;
+  }
+}
+
+test('LangGraph.js: the callback handler stops the ReAct agent before the next tool call', async () => {
+  const book = new SignalBook();
+  let runs = 0;
   const search = langchainTool(
     async () => {
       runs += 1;
@@ -125,21 +178,164 @@ test('LangGraph.js: the callback handler stops the ReAct agent before the next t
     },
     { name: 'search_docs', description: 'Search.', schema: z.object({ query: z.string() }) },
   );
-  const agent = createReactAgent({ llm: new LoopingChatModel({}), tools: [search] });
+  const agent = createReactAgent({ llm: scriptedChatModel(), tools: [search] });
   const controller = new AbortController();
   const handler = await spanguardCallbackHandler(book, { traceId: TRACE, abortController: controller });
-  const quiet = console.error;
-  console.error = () => {}; // LangChain.js prints every raised handler error
-  try {
-    await assert.rejects(
+  await assert.rejects(
+    quietly(
       agent.invoke(
         { messages: [{ role: 'user', content: 'q' }] },
         { recursionLimit: 50, callbacks: [handler], signal: controller.signal },
       ),
-    );
-  } finally {
-    console.error = quiet;
-  }
+    ),
+  );
   assert.equal(runs, 3);
   assert.ok(controller.signal.reason instanceof AgentKilled);
+});
+
+test('AI SDK: after a pause the next tool call waits; a release lets it run and the call go on', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const tools = {
+    search_docs: tool({
+      description: 'Search.',
+      inputSchema: z.object({ query: z.string() }),
+      execute: async () => {
+        runs += 1;
+        if (runs === 1) pause(book);
+        return 'no results';
+      },
+    }),
+  };
+  const controller = new AbortController();
+  const finished = generateText({
+    model: loopingModel(),
+    tools: guardTools(tools, checker, { traceId: TRACE, abortController: controller }),
+    stopWhen: stepCountIs(3),
+    abortSignal: controller.signal,
+    prompt: 'q',
+  });
+  await until(() => checker.waits === 1, 'the second tool call to wait');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.equal(runs, 1); // still waiting: the paused tool call has not run
+  release(book);
+  await finished;
+  assert.equal(runs, 3);
+  assert.equal(controller.signal.aborted, false);
+});
+
+test('AI SDK: a pause unanswered by its deadline with fallback kill ends the call with AgentKilled', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const tools = {
+    search_docs: tool({
+      description: 'Search.',
+      inputSchema: z.object({ query: z.string() }),
+      execute: async () => {
+        runs += 1;
+        if (runs === 1) pause(book, { fallback: 'kill', inMs: 300 });
+        return 'no results';
+      },
+    }),
+  };
+  const controller = new AbortController();
+  await assert.rejects(
+    generateText({
+      model: loopingModel(),
+      tools: guardTools(tools, checker, { traceId: TRACE, abortController: controller }),
+      stopWhen: stepCountIs(20),
+      abortSignal: controller.signal,
+      prompt: 'q',
+    }),
+  );
+  assert.equal(runs, 1);
+  assert.equal(checker.waits, 1);
+  assert.ok(controller.signal.reason instanceof AgentKilled);
+  assert.match(controller.signal.reason.reason, /paused with no answer by .*: the policy's fallback kills$/);
+});
+
+test('LangGraph.js: after a pause the ReAct agent waits before its next tool; a release lets it finish', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const search = langchainTool(
+    async () => {
+      runs += 1;
+      if (runs === 1) pause(book);
+      return 'no results';
+    },
+    { name: 'search_docs', description: 'Search.', schema: z.object({ query: z.string() }) },
+  );
+  const agent = createReactAgent({ llm: scriptedChatModel(3), tools: [search] });
+  const controller = new AbortController();
+  const handler = await spanguardCallbackHandler(checker, { traceId: TRACE, abortController: controller });
+  const finished = agent.invoke(
+    { messages: [{ role: 'user', content: 'q' }] },
+    { recursionLimit: 50, callbacks: [handler], signal: controller.signal },
+  );
+  await until(() => checker.waits === 1, 'the second tool call to wait');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.equal(runs, 1);
+  release(book);
+  const result = await finished;
+  assert.equal(runs, 3);
+  assert.equal(result.messages.at(-1).content, 'The refund policy is 30 days.');
+  assert.equal(controller.signal.aborted, false);
+});
+
+test('LangGraph.js: a kill while the agent waits on a pause stops the run with AgentKilled', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const search = langchainTool(
+    async () => {
+      runs += 1;
+      if (runs === 1) pause(book);
+      return 'no results';
+    },
+    { name: 'search_docs', description: 'Search.', schema: z.object({ query: z.string() }) },
+  );
+  const agent = createReactAgent({ llm: scriptedChatModel(), tools: [search] });
+  const controller = new AbortController();
+  const handler = await spanguardCallbackHandler(checker, { traceId: TRACE, abortController: controller });
+  const finished = quietly(
+    agent.invoke(
+      { messages: [{ role: 'user', content: 'q' }] },
+      { recursionLimit: 50, callbacks: [handler], signal: controller.signal },
+    ),
+  );
+  await until(() => checker.waits === 1, 'the second tool call to wait');
+  kill(book, 'kill', { reason: 'stuck on the index' });
+  await assert.rejects(finished);
+  assert.equal(runs, 1);
+  assert.ok(controller.signal.reason instanceof AgentKilled);
+  assert.equal(controller.signal.reason.reason, 'stuck on the index');
+});
+
+test('AI SDK: a streaming tool (async generator) waits through a pause too, then streams', async () => {
+  const { book, checker } = watchedBook();
+  let runs = 0;
+  const tools = {
+    search_docs: tool({
+      description: 'Search.',
+      inputSchema: z.object({ query: z.string() }),
+      async *execute() {
+        runs += 1;
+        if (runs === 1) pause(book);
+        yield 'searching';
+        yield 'no results';
+      },
+    }),
+  };
+  const finished = generateText({
+    model: loopingModel(),
+    tools: guardTools(tools, checker, { traceId: TRACE }),
+    stopWhen: stepCountIs(2),
+    prompt: 'q',
+  });
+  await until(() => checker.waits === 1, 'the second tool call to wait');
+  assert.equal(runs, 1);
+  release(book);
+  const result = await finished;
+  assert.equal(runs, 2);
+  const outputs = result.steps.flatMap((step) => step.toolResults.map((r) => r.output));
+  assert.deepEqual(outputs, ['no results', 'no results']);
 });

@@ -6,7 +6,7 @@ import { after, before, test } from 'node:test';
 
 import kafkajs from 'kafkajs';
 
-import { AgentKilled, KillSwitch, SettingsError, kafkajsSecurity, securityFromEnv, sign } from '../src/index.js';
+import { AgentKilled, AgentPaused, KillSwitch, SettingsError, kafkajsSecurity, securityFromEnv, sign } from '../src/index.js';
 
 const { Kafka, logLevel } = kafkajs;
 const BOOTSTRAP = process.env.SPANGUARD_TEST_BOOTSTRAP ?? '127.0.0.1:9092';
@@ -135,6 +135,41 @@ test('a checked trace keeps its kill; an operator release lifts it; a new kill r
     await send(0, JSON.stringify(sign(signal(trace, { reason: 'killed again' }), KEY)));
     await until(() => killswitch.received === 4, 'the second kill');
     assert.throws(() => killswitch.check(trace), /killed again/);
+  } finally {
+    await killswitch.close();
+  }
+});
+
+test('a signed pause holds the trace and a forged one is ignored; a signed release ends the wait', async (t) => {
+  const killswitch = await new KillSwitch({ brokers: BOOTSTRAP, topic: TOPIC, signingKey: KEY, log: () => {} }).start();
+  try {
+    const trace = hex(16);
+    const other = hex(16);
+    assert.equal(killswitch.check(trace), null);
+    const pauseUntil = new Date(Date.now() + 600_000).toISOString();
+    const paused = (traceId) => signal(traceId, { kind: 'pause', pause_until: pauseUntil, pause_fallback: 'kill' });
+    // Signed for a short pause, then stretched: the deadline is inside the signature.
+    const stretched = { ...sign(paused(other), KEY), pause_until: '2099-01-01T00:00:00Z' };
+    await send(2, JSON.stringify(stretched));
+    await send(0, JSON.stringify(sign(paused(trace), KEY)));
+    await until(() => killswitch.received === 2, 'the pauses');
+    assert.deepEqual(Object.fromEntries(killswitch.ignored), { forged: 1 });
+    assert.equal(killswitch.check(other), null);
+    assert.throws(() => killswitch.check(trace), (error) => error instanceof AgentPaused && error.until === pauseUntil && error.fallback === 'kill');
+    let settled = false;
+    const waiting = killswitch.wait(trace, { timeoutMs: 30_000 }).finally(() => {
+      settled = true;
+    });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.equal(settled, false); // still paused: nothing answered yet
+    const release = signal(trace, {
+      kind: 'release', rule: 'manual', operator: 'oncall@example.com', reason: 'looked fine', evidence: { span_id: '0'.repeat(16) },
+    });
+    const sentAt = performance.now();
+    await send(1, JSON.stringify(sign(release, KEY)));
+    assert.equal(await waiting, null);
+    t.diagnostic(`the wait returned ${(performance.now() - sentAt).toFixed(1)} ms after the release was sent`);
+    assert.equal(killswitch.check(trace), null);
   } finally {
     await killswitch.close();
   }

@@ -4,12 +4,14 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
-import { AgentKilled, BadSignal, SignalBook, keyId, keyring, readSignal } from '../src/index.js';
+import { AgentKilled, AgentPaused, BadSignal, SignalBook, keyId, keyring, readSignal } from '../src/index.js';
 
 const document = JSON.parse(
   readFileSync(new URL('../../../schemas/testdata/kill-signal-vectors.json', import.meta.url), 'utf8'),
 );
 const now = new Date(document.now);
+// A wait that should end on a step of `meanwhile` gets this long before the test calls it stuck.
+const SAFETY_TIMEOUT_MS = 10_000;
 
 function bytesOf(vector) {
   if ('value_base64' in vector) return Buffer.from(vector.value_base64, 'base64');
@@ -48,6 +50,8 @@ for (const vector of document.vectors) {
           reason: signal.reason,
           system_message: signal.systemMessage,
           expires_at: signal.expiresAt,
+          pause_until: signal.pauseUntil,
+          pause_fallback: signal.pauseFallback,
         },
         expected,
       );
@@ -55,19 +59,59 @@ for (const vector of document.vectors) {
   });
 }
 
+// How a check or wait ends: [kind, detail], kind 'pass' | 'message' | 'killed' | 'paused'.
+function outcomeOf(error, message) {
+  if (error instanceof AgentKilled) return ['killed', error];
+  if (error instanceof AgentPaused) return ['paused', error];
+  if (error !== undefined) throw error;
+  return message === null ? ['pass', null] : ['message', message];
+}
+
+async function settle(promise) {
+  try {
+    return outcomeOf(undefined, await promise);
+  } catch (error) {
+    return outcomeOf(error);
+  }
+}
+
+function assertOutcome([kind, detail], step) {
+  const where = JSON.stringify(step);
+  if (['pass', 'killed', 'paused'].includes(step.expect)) assert.equal(kind, step.expect, where);
+  else assert.deepEqual([kind, detail], ['message', step.expect], where);
+  if ('reason' in step) assert.equal(detail.reason, step.reason, where);
+  if ('until' in step) assert.deepEqual([detail.until, detail.fallback], [step.until, step.fallback], where);
+}
+
+// The time is given by the steps, never slept: the book reads this clock.
 for (const sequence of document.sequences) {
-  test(`sequence: ${sequence.name}`, () => {
+  test(`sequence: ${sequence.name}`, async () => {
     const keys = keyring(document.keys.current);
-    const book = new SignalBook();
-    for (const step of sequence.steps) {
-      if ('deliver' in step) {
+    let clock = now;
+    const book = new SignalBook(undefined, { clock: () => clock });
+    const run = async (step) => {
+      if ('clock' in step) {
+        clock = new Date(step.clock);
+      } else if ('deliver' in step) {
         const record = Buffer.from(sequence.signals[step.deliver], 'utf8');
-        assert.equal(book.deliver(readSignal(record, keys, now)), step.new, JSON.stringify(step));
-      } else if (step.expect === 'killed') {
-        assert.throws(() => book.check(step.check), AgentKilled);
+        assert.equal(book.deliver(readSignal(record, keys, clock)), step.new, JSON.stringify(step));
+      } else if ('check' in step) {
+        let outcome;
+        try {
+          outcome = outcomeOf(undefined, book.check(step.check));
+        } catch (error) {
+          outcome = outcomeOf(error);
+        }
+        assertOutcome(outcome, step);
+      } else if (!('meanwhile' in step)) {
+        assertOutcome(await settle(book.wait(step.wait, { timeoutMs: step.timeout * 1000 })), step);
       } else {
-        assert.equal(book.check(step.check), step.expect === 'pass' ? null : step.expect, JSON.stringify(step));
+        // wait() checks at once and then blocks: the steps below happen while it waits.
+        const waiting = settle(book.wait(step.wait, { timeoutMs: SAFETY_TIMEOUT_MS }));
+        for (const inner of step.meanwhile) await run(inner);
+        assertOutcome(await waiting, step);
       }
-    }
+    };
+    for (const step of sequence.steps) await run(step);
   });
 }
