@@ -376,12 +376,18 @@ def read_signal(
     except UnicodeDecodeError as exc:
         raise BadSignal("not_utf8", str(exc)) from None
     try:
-        record = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+        record = json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_refuse_unsafe_number,
+            parse_int=_safe_integer,
+            object_pairs_hook=_unique_keys,
+        )
     except RecursionError:
         raise BadSignal("too_deep", "nested too deeply to decode") from None
-    except _DuplicateKey as exc:
+    except _UnsafeNumber as exc:
         raise BadSignal("invalid", str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # duplicate keys included: parsers disagree on which one counts
         raise BadSignal("not_json", str(exc)) from None
     if not isinstance(record, dict):
         raise BadSignal("not_object", f"a JSON {type(record).__name__}, not an object")
@@ -404,7 +410,11 @@ def read_signal(
             raise BadSignal(check, detail)
     signal = KillSignal.from_dict(record)
     times = {}
-    for name in ("detected_at", "expires_at"):
+    for name in (
+        "detected_at",
+        "expires_at",
+        *(("pause_until",) if signal.kind == "pause" else ()),
+    ):
         try:  # the pattern lets through a date that does not exist
             times[name] = datetime.fromisoformat(record[name])
         except ValueError as exc:
@@ -428,6 +438,25 @@ def read_signal(
 
 class _DuplicateKey(ValueError):
     pass
+
+
+# The integers every language's JSON numbers hold exactly: a signal is read alike by the
+# Python, TypeScript and Go killswitches (schemas/testdata/kill-signal-vectors.json).
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class _UnsafeNumber(Exception):  # not a ValueError: it is `invalid`, not `not_json`
+    pass
+
+
+def _refuse_unsafe_number(literal: str) -> Any:
+    raise _UnsafeNumber(f"the number {literal[:40]} is not an integer within +-(2**53 - 1)")
+
+
+def _safe_integer(literal: str) -> int:
+    if len(literal) > 17 or abs(int(literal)) > MAX_SAFE_INTEGER:
+        _refuse_unsafe_number(literal)
+    return int(literal)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

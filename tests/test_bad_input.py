@@ -126,12 +126,12 @@ KILL_RECORDS: list[tuple[str, bytes | None, str]] = [
     (
         "a key given twice (the last says release)",
         b'{"kind": "kill", ' + _signed(kind="release", rule="manual", operator="a")[1:],
-        "invalid",
+        "not_json",
     ),
     (
         "a kind given twice, signed as the first",
         _signed()[:-1] + b', "kind": "release"}',
-        "invalid",
+        "not_json",
     ),
     (
         "a release of a rule, not an operator's",

@@ -19,8 +19,8 @@ The verdicts follow the strict reading of a signal:
   only `"`, `\\` and control characters escaped) with the key its `key_id` names
   (`unsigned`, `unknown_key`, `forged`), and `expires_at` after `now` (`expired`).
 
-A vector with `"python_lax": true` is one the Python read_signal of this checkout does not yet
-decide strictly; its test expects the failure (xfail, strict) until read_signal is made strict.
+Python's read_signal decides every vector strictly. `python_lax=True` marks a vector it does not
+(its test then expects the failure, xfail strict), for a rule added to the clients first.
 """
 
 from __future__ import annotations
@@ -263,14 +263,14 @@ def build() -> dict[str, Any]:
             text(signed(with_(detected_at="2026-06-01T11:59:00"))),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "unparseable detected_at",
             text(signed(with_(detected_at="yesterday"))),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "expires_at on a day that does not exist",
@@ -283,14 +283,14 @@ def build() -> dict[str, Any]:
             text(signed(with_(trace_id=TRACE + "\n"))),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "trailing newline in signal_id",
             text(signed(with_(signal_id=SIGNAL + "\n"))),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "upper-case trace_id",
@@ -303,7 +303,7 @@ def build() -> dict[str, Any]:
             _duplicate_kind(),
             "not_json",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
             note="a first-wins parser reads a downgrade, a last-wins one a kill: refused",
         ),
         vector(
@@ -311,28 +311,28 @@ def build() -> dict[str, Any]:
             _with_raw_evidence('"hits":9007199254740993'),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "huge integer",
             _with_raw_evidence('"tokens":' + "9" * 400),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "integer written as a float",
             _with_raw_evidence('"hits":4.0'),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "schema_version written as a float",
             _raw_document(text(signed(BASE)).replace('"schema_version":2', '"schema_version":2.0')),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "lone surrogate in a string",
@@ -375,14 +375,14 @@ def build() -> dict[str, Any]:
             ),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "release by a rule of the guard",
             text(signed(with_(kind="release", signal_id="3" * 32, operator="oncall@example.com"))),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
         ),
         vector(
             "downgrade without a system message",
@@ -506,7 +506,7 @@ def _pause_vectors(
             text(signed({**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"})),
             "invalid",
             keys=ring,
-            python_lax=True,
+            python_lax=False,
             note="the schema's pattern lets it through; no clock can tell when it comes",
         ),
         vector(
