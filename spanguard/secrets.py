@@ -43,6 +43,8 @@ def normalize_secret(value: str | bytes) -> str | bytes:
 def read_secret_file(path: str, file_name: str) -> str:
     """The stripped content of `path` (named by the variable `file_name` in errors), read at
     most MAX_SECRET_BYTES; an unreadable, empty, oversized or non-UTF-8 file is a SecretError."""
+    if "\0" in path:  # open() would raise ValueError, a traceback instead of one line
+        raise SecretError(f"{file_name}: {path!r} is not a file path (it holds a NUL byte)")
     try:
         with open(path, "rb") as file:
             raw = file.read(MAX_SECRET_BYTES + 1)

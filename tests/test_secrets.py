@@ -109,3 +109,10 @@ def test_a_key_file_that_is_not_text_or_empty_is_refused(tmp_path):
     for path, message in ((binary, "not UTF-8"), (blank, "empty")):
         with pytest.raises(SecretError, match=message):
             read_secret({"K_FILE": str(path)}, "K", "K_FILE")
+
+
+def test_a_key_file_path_holding_a_nul_byte_is_one_line_of_error():
+    env = {"SPANGUARD_SIGNING_KEY_FILE": "/run/secrets/key\0x"}
+    with pytest.raises(SecretError, match="NUL byte") as raised:
+        read_secret(env, "SPANGUARD_SIGNING_KEY", "SPANGUARD_SIGNING_KEY_FILE")
+    assert "\n" not in str(raised.value)
