@@ -590,7 +590,13 @@ class WebhookSettings:
 
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings, WebhookSettings)
+SETTINGS_CLASSES: Final = (
+    WorkerSettings,
+    KafkaSecurity,
+    GoalSettings,
+    PagerSettings,
+    WebhookSettings,
+)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )

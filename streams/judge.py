@@ -315,9 +315,7 @@ class _CappedStream(httpx2.AsyncByteStream):
         async for chunk in self._stream:
             received += len(chunk)
             if received > self._limit:
-                raise JudgeError(
-                    f"the judge's reply is over the {self._limit}-byte cap; cut there"
-                )
+                raise JudgeError(f"the judge's reply is over the {self._limit}-byte cap; cut there")
             yield chunk
 
     async def aclose(self) -> None:
