@@ -382,10 +382,10 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, policy.history, state.window_marks, mark)
         for rule in self._counting:
             rule.count(state, call, key, policy)
+        mark = call_mark(call.span_id, call.end_time_unix_nano)
+        _slide(state.window, state.counts, key, policy.history, state.window_marks, mark)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         shadow = policy.shadow

@@ -106,7 +106,8 @@ class ToolCallRule(Rule):
         return policy.window
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
-        """Bring the rule's own counts up to date with this call (before any rule decides)."""
+        """Bring the rule's own counts up to date with this call, before the call joins the
+        trace's window and before any rule decides."""
 
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy

@@ -44,11 +44,12 @@ class Cycle(ToolCallRule):
         return policy.cycle_max_period
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
+        """Called before the call joins the window, which holds the last max_period calls."""
         if not policy.cycle_enabled:
             return
-        if key[1] is None or state.counts.get(key, 0) < 2:
+        if key[1] is None or key not in state.counts:
             # Not recorded (a tool name alone cannot tell a cycle from fresh arguments), or
-            # new to the window, which holds at least max_period calls: every run breaks.
+            # not among the last max_period calls: every run breaks.
             state.cycle_runs = None
             return
         periods = policy.cycle_max_period
@@ -56,7 +57,7 @@ class Cycle(ToolCallRule):
         if len(runs) != periods:  # another policy entry's max_period: keep what fits
             runs = (runs + [0] * periods)[:periods]
         # The calls 1, 2, ... max_period back: run[p - 1] grows where the call p back is equal.
-        earlier = islice(reversed(state.window), 1, periods + 1)
+        earlier = islice(reversed(state.window), periods)
         fresh = [run + 1 if seen == key else 0 for run, seen in zip(runs, earlier, strict=False)]
         fresh += [0] * (periods - len(fresh))
         state.cycle_runs = fresh

@@ -91,7 +91,7 @@ def says_nothing(value: Any, depth: int = 0) -> bool:
             (key.lower() in COUNT_KEYS and item == 0)
             or (not isinstance(item, bool) and says_nothing(item, depth + 1))
             for key, item in value.items()
-            if isinstance(key, str)
+            if isinstance(key, str) and key not in ("isError", "is_error")  # False: no error
         )
     return False  # numbers and booleans are content
 
