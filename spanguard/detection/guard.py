@@ -186,6 +186,7 @@ class Guard:
         self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
+        self._plans: dict[int, tuple[AgentPolicy, tuple[list, list]]] = {}
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
         # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
@@ -388,14 +389,10 @@ class Guard:
         _slide(state.window, state.counts, key, policy.history, state.window_marks, mark)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
-        shadow = policy.shadow
         fired = state.fired
-        for rule in self._call_rules:
-            wanted = rule.wanted(policy)
-            if wanted == OFF:
-                continue
-            if shadow:
-                wanted = FLAG
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        for rule, wanted in plan[0]:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
             trip = rule.check(state, call, key, policy)
@@ -413,13 +410,10 @@ class Guard:
     ) -> Decision | None:
         self.stats.token_events += 1
         TokenBudget.count_tokens(state, usage)
-        for rule in self._token_rules:
-            wanted = rule.wanted(policy)
-            if wanted == OFF:
-                continue
-            if policy.shadow:
-                wanted = FLAG
-            fired = state.fired
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        fired = state.fired
+        for rule, wanted in plan[1]:
             if rule.killed in fired or (wanted == FLAG and rule.flagged in fired):
                 continue
             trip = rule.check_tokens(state, usage, policy)
@@ -437,6 +431,19 @@ class Guard:
                 if decision is not None:
                     return decision
         return None
+
+    def _plan(self, policy: AgentPolicy) -> tuple[list, list]:
+        """The rules `policy` switches on and what it wants of each (a flag in shadow mode),
+        worked out once per policy entry: (tool-call rules, token rules)."""
+        plan: tuple[list, list] = ([], [])
+        for rules, into in ((self._call_rules, plan[0]), (self._token_rules, plan[1])):
+            for rule in rules:
+                wanted = rule.wanted(policy)
+                if wanted != OFF:
+                    into.append((rule, FLAG if policy.shadow else wanted))
+        # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
+        self._plans[id(policy)] = (policy, plan)
+        return plan
 
     def _fire(
         self,

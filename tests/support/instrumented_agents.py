@@ -101,7 +101,7 @@ SCENARIOS: dict[str, list[Call]] = {
     # A healthy agent going round its tools, each time about something new.
     "round_fresh": [
         call
-        for topic in ("refunds", "shipping", "warranty", "invoices", "returns")
+        for topic in ("exchanges", "shipping", "warranty", "invoices", "returns")
         for call in (
             Call("search_docs", {"query": f"{topic} policy"}, f"3 documents about {topic}"),
             Call("read_doc", {"doc_id": f"kb-{topic}"}, f"The {topic} policy says ..."),
