@@ -58,7 +58,6 @@ from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
 from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
 from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
 from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
-from spanguard.detection.rules.token_budget import TokenBudget
 from spanguard.detection.trace_state import (
     MARK_BYTES,
     CallKey,
@@ -159,6 +158,17 @@ def _iso_from_ns(unix_nano: int) -> str | None:
     return iso_from_micros(unix_nano // 1000) if unix_nano > 0 else None
 
 
+@dataclass(slots=True)
+class _Plan:
+    """The rules one policy entry switches on, and what it wants of each."""
+
+    history: int  # calls the trace's window keeps (AgentPolicy.history)
+    # (rule, what the policy wants of it, its bound check): bound once, not looked up per call
+    call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
+    counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
+    token_rules: list[tuple[TokenRule, str, Any]] = field(default_factory=list)
+
+
 class Guard:
     """Runs the rules over OTLP requests, keeping per-trace state in `states`.
 
@@ -182,11 +192,10 @@ class Guard:
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
-        self._counting = [rule for rule in self._call_rules if rule.counts]
         self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
-        self._plans: dict[int, tuple[AgentPolicy, tuple[list, list]]] = {}
+        self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
         # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
@@ -297,10 +306,13 @@ class Guard:
             return None
         policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
         limit = max(MIN_RECENT_IDS, 4 * policy.window)
-        if event.span_id in state.recent_span_ids:
+        recent = state.recent_span_ids
+        if event.span_id in recent:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        _remember(state.recent_span_ids, event.span_id, limit)
+        recent[event.span_id] = None
+        if len(recent) > limit:
+            recent.popitem(last=False)
         if isinstance(event, ToolCall):
             if event.call_id is not None:
                 if event.call_id in state.recent_call_ids:
@@ -383,19 +395,19 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        for rule in self._counting:
-            rule.count(state, call, key, policy)
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        for count in plan.counting:
+            count(state, call, key, policy)
         mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, policy.history, state.window_marks, mark)
+        _slide(state.window, state.counts, key, plan.history, state.window_marks, mark)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
-        for rule, wanted in plan[0]:
+        for rule, wanted, check in plan.call_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
-            trip = rule.check(state, call, key, policy)
+            trip = check(state, call, key, policy)
             if trip is None:
                 continue
             decision = self._fire(
@@ -409,14 +421,19 @@ class Guard:
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Decision | None:
         self.stats.token_events += 1
-        TokenBudget.count_tokens(state, usage)
+        if usage.aggregate:
+            # Nested agents' aggregates overlap; the largest stands for the trace.
+            if usage.tokens > state.aggregate_tokens:
+                state.aggregate_tokens = usage.tokens
+        else:
+            state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
         entry = self._plans.get(id(policy))
         plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
         fired = state.fired
-        for rule, wanted in plan[1]:
+        for rule, wanted, check in plan.token_rules:
             if rule.killed in fired or (wanted == FLAG and rule.flagged in fired):
                 continue
-            trip = rule.check_tokens(state, usage, policy)
+            trip = check(state, usage, policy)
             if trip is not None:
                 decision = self._fire(
                     rule,
@@ -432,15 +449,21 @@ class Guard:
                     return decision
         return None
 
-    def _plan(self, policy: AgentPolicy) -> tuple[list, list]:
-        """The rules `policy` switches on and what it wants of each (a flag in shadow mode),
-        worked out once per policy entry: (tool-call rules, token rules)."""
-        plan: tuple[list, list] = ([], [])
-        for rules, into in ((self._call_rules, plan[0]), (self._token_rules, plan[1])):
-            for rule in rules:
-                wanted = rule.wanted(policy)
-                if wanted != OFF:
-                    into.append((rule, FLAG if policy.shadow else wanted))
+    def _plan(self, policy: AgentPolicy) -> _Plan:
+        """What `policy` switches on, worked out once per policy entry (not per call)."""
+        plan = _Plan(policy.history)
+        for rule in self._call_rules:
+            wanted = rule.wanted(policy)
+            if wanted != OFF:
+                plan.call_rules.append((rule, FLAG if policy.shadow else wanted, rule.check))
+                if rule.counts:
+                    plan.counting.append(rule.count)
+        for rule in self._token_rules:
+            wanted = rule.wanted(policy)
+            if wanted != OFF:
+                plan.token_rules.append(
+                    (rule, FLAG if policy.shadow else wanted, rule.check_tokens)
+                )
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
         return plan

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,9 +44,12 @@ def iso_from_micros(micros: int) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
+_MARK = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
+
+
 def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
     """What the window remembers of a call besides its key: 16 bytes, cheap to keep."""
-    return span_id[:8].ljust(8, b"\0") + max(end_unix_nano // 1000, 0).to_bytes(8, "big")
+    return _MARK(span_id, end_unix_nano // 1000 if end_unix_nano > 0 else 0)
 
 
 @dataclass(slots=True)

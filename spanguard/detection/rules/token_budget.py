@@ -26,14 +26,6 @@ class TokenBudget(TokenRule):
     def wanted(self, policy: AgentPolicy) -> str:
         return OFF if policy.token_budget is None else KILL
 
-    @staticmethod
-    def count_tokens(state: TraceState, usage: TokenUsage) -> None:
-        if usage.aggregate:
-            # Nested agents' aggregates overlap; the largest stands for the trace.
-            state.aggregate_tokens = max(state.aggregate_tokens, usage.tokens)
-        else:
-            state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-
     def check_tokens(
         self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Trip | None:

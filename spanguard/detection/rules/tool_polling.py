@@ -43,9 +43,10 @@ class ToolPolling(ToolCallRule):
         return digest is not None and (result is not None or tool in policy.polling_tools)
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
-        if not self.polled(key, policy):
-            return
-        poll_key = (key[0], key[1])
+        tool, digest, result = key
+        if digest is None or (result is None and tool not in policy.polling_tools):
+            return  # not polled (self.polled, inlined: this runs on every call)
+        poll_key = (tool, digest)
         polls, counts = state.polls, state.poll_counts
         polls.append(poll_key)  # type: ignore[arg-type]
         counts[poll_key] = counts.get(poll_key, 0) + 1  # type: ignore[index]
@@ -60,9 +61,9 @@ class ToolPolling(ToolCallRule):
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
-        if not self.polled(key, policy):
-            return None
-        tool, digest, _ = key
+        tool, digest, result = key
+        if digest is None or (result is None and tool not in policy.polling_tools):
+            return None  # not polled
         hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
         if hits < policy.polling_threshold:
             return None
