@@ -66,7 +66,9 @@ EVIDENCE_FIELDS = (
 )
 
 # "manual": an operator's `spanguard kill` or `spanguard release`, not a rule of the guard.
-Rule = Literal["tool_loop", "tool_polling", "no_progress", "token_budget", "goal_unmet", "manual"]
+Rule = Literal[
+    "tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "goal_unmet", "manual"
+]
 # "release" (manual only): the trace's agent may call tools again, until a later kill.
 # "pause": the agent waits for an operator's release or kill, or until `pause_until`, when
 # `pause_fallback` applies.
@@ -140,6 +142,8 @@ class Decision:
     # tool_loop: the window when it tripped, oldest first: {tool_name, args_hash, span_id,
     # ended_at} per call (hashes, never arguments)
     calls: list[dict[str, Any]] | None = None
+    # cycle: how many calls the repeated sequence has (the last `period` of `calls`)
+    period: int | None = None
     policy_entry: str | None = None  # the policy entry in force: "defaults" or "agents.N"
     policy_match: dict[str, str] | None = None  # that entry's match
     operator: str | None = None  # manual: who issued it (`--operator`)

@@ -6,8 +6,10 @@ Shape (every field optional):
       loop: {window: 10, threshold: 4, enabled: true}
       polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
       tools: {}                  # tool name -> {threshold, window} for tool_loop, or
-                                 #   {exempt: true}: no rule counts its calls
-      no_progress: {threshold: 4, action: flag}         # different calls, one same result
+                                 #   {exempt: true}: no rule counts its calls, or
+                                 #   {cycle: false}: a cycle with a call of it does not trip
+      cycle: {max_period: 10, repeats: 3, enabled: true}  # a sequence of calls repeated
+      no_progress: {threshold: 4, action: flag}  # different calls, one same empty result
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
@@ -94,6 +96,7 @@ class ToolPolicy:
     threshold: int | None = None
     window: int | None = None
     exempt: bool = False  # no rule counts its calls (a `sleep`, a `wait_for_job` poller)
+    cycle: bool = True  # False: a cycle with a call of this tool in it does not trip
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,12 @@ class AgentPolicy:
     polling_window: int = 30
     polling_threshold: int = 20
     polling_tools: frozenset[str] = frozenset()  # always polling, even when the result repeats
-    # No progress: `threshold` different calls of one tool in the window, all the same result.
+    # Cycle: a sequence of 2..`cycle_max_period` calls (same tools, arguments and results)
+    # repeated `cycle_repeats` times in a row.
+    cycle_enabled: bool = True
+    cycle_max_period: int = 10
+    cycle_repeats: int = 3
+    # No progress: `threshold` different calls of one tool in the window, one same empty result.
     no_progress_threshold: int = 4
     no_progress_action: NoProgressAction = "flag"
     volatile_keys: frozenset[str] = DEFAULT_VOLATILE_KEYS
@@ -154,6 +162,12 @@ class AgentPolicy:
                 changes[f"polling_{name}"] = polling[name]
         if "tools" in polling:
             changes["polling_tools"] = frozenset(polling["tools"])
+        cycle = settings.get("cycle") or {}
+        if "enabled" in cycle:
+            changes["cycle_enabled"] = cycle["enabled"]
+        for name in ("max_period", "repeats"):
+            if name in cycle:
+                changes[f"cycle_{name}"] = cycle[name]
         no_progress = settings.get("no_progress") or {}
         for name in ("threshold", "action"):
             if name in no_progress:
@@ -200,6 +214,13 @@ class AgentPolicy:
     def loop_span(self) -> int:
         """How many calls the trace's window keeps: the widest tool_loop window in force."""
         return max([self.window, *(t.window for _, t in self.tools if t.window is not None)])
+
+    @property
+    def history(self) -> int:
+        """How many calls the trace's window keeps: the widest tool_loop window in force, or
+        the longest cycle period (the cycle rule compares a call with the one a period ago)."""
+        span = self.loop_span if self.tools else self.window
+        return max(span, self.cycle_max_period) if self.cycle_enabled else span
 
     def folding(self, tool_name: str) -> frozenset[str]:
         """The foldings the policy asks for on `tool_name`'s string arguments."""
@@ -316,6 +337,11 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
             "tools": sorted(policy.polling_tools),
             "enabled": policy.polling_enabled,
         },
+        "cycle": {
+            "max_period": policy.cycle_max_period,
+            "repeats": policy.cycle_repeats,
+            "enabled": policy.cycle_enabled,
+        },
         "no_progress": {
             "threshold": policy.no_progress_threshold,
             "action": policy.no_progress_action,
@@ -327,6 +353,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
                     ("threshold", tool.threshold),
                     ("window", tool.window),
                     ("exempt", tool.exempt),
+                    ("cycle", tool.cycle),
                 )
                 if value is not None
             }

@@ -28,14 +28,16 @@ from prometheus_client.registry import Collector
 from spanguard import __version__
 from spanguard.alerting.service import PagingService
 from spanguard.alerting.webhook import WebhookService
-from spanguard.detection.guard import TOKEN_BUDGET, TOOL_LOOP, Guard
+from spanguard.detection.guard import Guard, GuardObserver, TraceState
 from spanguard.detection.pipeline import SpanPipeline
+from spanguard.detection.rules import RULES
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.schemas.decision import Decision
 
 __all__ = [
     "LATENCY_BUCKETS",
     "ConsumerLag",
+    "DecisionCounts",
     "DetectionLatency",
     "WorkerMetrics",
     "worker_registry",
@@ -58,8 +60,8 @@ class DetectionLatency:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        for rule in (TOOL_LOOP, TOKEN_BUDGET):  # a series from the start, at zero
-            self.histogram.labels(rule)
+        for rule in RULES:  # a series per rule from the start, at zero
+            self.histogram.labels(rule.name)
 
     def signal_sent(self, decision: Decision) -> float | None:
         """Observe one acked signal; return the latency, or None if the span had no end time."""
@@ -70,6 +72,18 @@ class DetectionLatency:
         latency = max(self.clock() - ended, 0.0)
         self.histogram.labels(decision.rule).observe(latency)
         return latency
+
+
+class DecisionCounts(GuardObserver):
+    """The guard's decisions by (rule, action, service), heard through the guard's observer
+    hook: every rule of the registry is counted, whatever rules are added later."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+
+    def on_decision(self, decision: Decision, state: TraceState) -> None:
+        key = (decision.rule, decision.action, state.service)
+        self.counts[key] = self.counts.get(key, 0) + 1
 
 
 class ConsumerLag(Collector):
@@ -139,6 +153,8 @@ class WorkerMetrics(Collector):
         self.verifier = verifier
         self.webhook = webhook
         self.guard = guard
+        self.decisions = DecisionCounts()
+        guard.add_observer(self.decisions)
         self.pipeline = pipeline
         self.active_traces = active_traces
         self.paging = paging
@@ -214,7 +230,7 @@ class WorkerMetrics(Collector):
         decisions = CounterMetricFamily(
             "spanguard_decisions", "decisions taken", labels=["rule", "action", "service"]
         )
-        for (rule, action, service), count in sorted(stats.decisions_by_service.items()):
+        for (rule, action, service), count in sorted(self.decisions.counts.items()):
             decisions.add_metric([rule, action, service], count)
         yield decisions
         yield counter(

@@ -25,7 +25,7 @@ from typing import Any
 
 from spanguard.detection.guard import Guard, TraceState
 from spanguard.detection.pipeline import SpanPipeline
-from spanguard.detection.report import Timeline, TimelineGuard
+from spanguard.detection.report import Timeline, Timelines
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 
@@ -305,7 +305,8 @@ class _GuardStates(MutableMapping[str, TraceState]):
 
 
 class _Timelines:
-    """TimelineGuard's `timelines`, kept in the store's entries: evicted with their trace."""
+    """The `timelines` of a Timelines observer, kept in the store's entries: evicted with
+    their trace."""
 
     def __init__(self, store: _Store) -> None:
         self.store = store
@@ -361,15 +362,15 @@ class Backtest:
         self.timelines = timelines
         self.store = _Store()
         self._clocks: dict[int, float] = {}
-        guard_type = TimelineGuard if timelines else Guard
         self.guards = tuple(
-            guard_type(policy, states=_GuardStates(self.store, index), clock=self._now)
+            Guard(policy, states=_GuardStates(self.store, index), clock=self._now)
             for index, policy in ((NEW, new), (CURRENT, current))
         )
         if timelines:
             # Only the new policy's calls are drawn: the spans are the same under both.
-            self.guards[NEW].timelines = _Timelines(self.store)  # type: ignore[attr-defined]
-            self.guards[CURRENT].timelines = _Discard()  # type: ignore[attr-defined]
+            observer = Timelines()
+            observer.timelines = _Timelines(self.store)  # type: ignore[assignment]
+            self.guards[NEW].add_observer(observer)
         self._token_guards = [g for g in self.guards if g.tracks_tokens]
         self.pipeline = SpanPipeline(_BothGuards(*self.guards, self._record))  # type: ignore[arg-type]
         self.report = BacktestReport(
@@ -505,13 +506,6 @@ class Backtest:
         report.kept.sort(key=lambda t: min(v.at for v in (*t.added, *t.removed)))
         report.seconds = time.monotonic() - self._started
         return report
-
-
-class _Discard:
-    """A `timelines` that keeps nothing (the current policy's guard under --html)."""
-
-    def __getitem__(self, trace_id: str) -> Timeline:
-        return Timeline()
 
 
 # -- the text report ------------------------------------------------------------------------

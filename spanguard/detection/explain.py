@@ -40,6 +40,11 @@ def _policy(record: dict[str, Any]) -> str:
     match = record.get("policy_match")
     where = f"{entry} (match {', '.join(f'{k}={v}' for k, v in match.items())})" if match else entry
     rule = record.get("rule")
+    if rule == "cycle":
+        return (
+            f"{where}: periods 2 to {record.get('window')}, {record.get('threshold')} repeats,"
+            f" action {record.get('action')}"
+        )
     if rule == "tool_loop":
         return (
             f"{where}: window {record.get('window')}, threshold {record.get('threshold')},"
@@ -56,19 +61,44 @@ def _window(record: dict[str, Any]) -> list[str]:
         return []
     key = (record.get("tool_name"), record.get("args_hash"))
     tool_width = max(len("tool"), *(len(call["tool_name"]) for call in calls))
-    lines = [
-        f"  window when it tripped ({len(calls)} of {record.get('window')} calls, oldest first;"
-        f" * = the repeated call, > = the span that tripped it):",
-        f"       #  {'ended (UTC)':<15}  {'tool':<{tool_width}}  {'args':<{HASH_PREFIX}}  span",
-    ]
+    period = record.get("period") if record.get("rule") == "cycle" else None
+    lines = []
+    if period:
+        sequence = calls[-period:]
+        lines.append(
+            f"  repeated sequence ({period} calls, {record.get('hits')}x in a row):"
+            f" {' -> '.join(call['tool_name'] for call in sequence)}"
+        )
+        lines.append(
+            f"  calls when it tripped ({len(calls)}, oldest first; [r.c] = round r, call c of"
+            " the sequence; > = the span that tripped it):"
+        )
+    else:
+        lines.append(
+            f"  window when it tripped ({len(calls)} of {record.get('window')} calls, oldest"
+            " first; * = the repeated call, > = the span that tripped it):"
+        )
+    lines.append(
+        f"       #  {'ended (UTC)':<15}  {'tool':<{tool_width}}  {'args':<{HASH_PREFIX}}  span"
+    )
     for number, call in enumerate(calls, start=1):
-        repeated = (call["tool_name"], call["args_hash"]) == key
         tripped = call["span_id"] is not None and call["span_id"] == record.get("span_id")
-        mark = (">" if tripped else " ") + ("*" if repeated else " ")
+        if period:
+            # The calls end with whole rounds: count rounds back from the last call.
+            from_end = len(calls) - number
+            rounds = (record.get("hits") or 1) - from_end // period
+            place = f"[{rounds}.{period - from_end % period}]"
+            mark = (">" if tripped else " ") + " "
+            suffix = f"  {place}"
+        else:
+            repeated = (call["tool_name"], call["args_hash"]) == key
+            mark = (">" if tripped else " ") + ("*" if repeated else " ")
+            suffix = ""
         digest = (call["args_hash"] or "(none)")[:HASH_PREFIX]
         lines.append(
             f"    {mark}{number:>2}  {_clock(call['ended_at']):<15}  "
             f"{call['tool_name']:<{tool_width}}  {digest:<{HASH_PREFIX}}  {call['span_id'] or '?'}"
+            + suffix
         )
     return lines
 

@@ -3,21 +3,13 @@
 The Faust worker, `spanguard replay`, the in-process SpanProcessor and the benchmarks all run
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
-Rules (see docs/design.md):
-- tool_loop: a sliding window of the last `window` tool calls per trace, keyed by
-  (tool_name, args_hash, result_hash); a key seen `threshold` times in the window trips it.
-  Calls whose arguments were not recorded are skipped, or (`missing_args: name_only`) keyed on
-  the tool name and only flagged: a tool name alone never kills.
-- tool_polling: the same call (tool_name, args_hash) whose recorded result changes, seen
-  `polling.threshold` times in the last `polling.window` calls.
-- no_progress: `no_progress.threshold` different calls of one tool in the loop window that all
-  returned the same result (a flag by default).
-- token_budget: input + output tokens per trace, from inference spans (agent spans repeat the
-  aggregate and are only used for a trace that has no inference usage); crossing the budget
-  trips it on the span that crossed it. A budget is a hard cap: it kills (unless shadow mode).
-
-Shadow mode (policy `action: flag`, or the worker's `--mode observe`): every rule of the agent
-records its decision as a flag, once per trace and rule; a flag sends no signal to the agent.
+The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
+cycle, tool_polling, no_progress, token_budget; the registry is `rules.RULES`). The guard keys
+each call once, keeps the trace's window, and runs every rule through one path: a rule decides
+at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
+`flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
+signal; an operator's release re-arms the rules that killed for what the agent did. Observers
+(`GuardObserver`: metrics, the replay page) hear of every call and decision.
 """
 
 from __future__ import annotations
@@ -25,10 +17,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -49,6 +40,25 @@ from spanguard.detection.conventions import (
     capture_setting,
     resource_info,
 )
+from spanguard.detection.rules import CYCLE as _CYCLE
+from spanguard.detection.rules import (
+    DOWNGRADE,
+    FLAG,
+    KILL,
+    OFF,
+    PAUSE,
+    RULES,
+    Fired,
+    GuardObserver,
+    Rule,
+    TokenRule,
+    ToolCallRule,
+    Trip,
+)
+from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
+from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
+from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
+from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
 from spanguard.detection.trace_state import (
     MARK_BYTES,
     CallKey,
@@ -62,21 +72,26 @@ from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
+    "CYCLE",
     "NO_PROGRESS",
     "TOKEN_BUDGET",
     "TOOL_LOOP",
     "TOOL_POLLING",
+    "Fired",
     "Guard",
+    "GuardObserver",
     "GuardStats",
     "TraceState",
 ]
 
 log = logging.getLogger("spanguard.core")
 
-TOOL_LOOP = "tool_loop"
-TOOL_POLLING = "tool_polling"
-NO_PROGRESS = "no_progress"
-TOKEN_BUDGET = "token_budget"
+# The rules' names (the rule objects are spanguard.detection.rules.TOOL_LOOP and so on).
+TOOL_LOOP = _TOOL_LOOP.name
+CYCLE = _CYCLE.name
+TOOL_POLLING = _TOOL_POLLING.name
+NO_PROGRESS = _NO_PROGRESS.name
+TOKEN_BUDGET = _TOKEN_BUDGET.name
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
 MIN_RECENT_IDS = 32
@@ -101,9 +116,7 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
-    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
-    # (rule, action, service): the dashboards' decisions by service.
-    decisions_by_service: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
@@ -137,22 +150,6 @@ def _slide(
             del counts[oldest]
 
 
-def _recorded(call: ToolCall) -> Any:
-    return None if call.arguments is MISSING else call.arguments
-
-
-def _escalation(state: TraceState, rule: str, wanted: str) -> str:
-    """`downgrade` the first time a rule trips where the policy asks for it, then `kill`;
-    `flag` (shadow mode) stays a flag."""
-    if wanted == "flag":
-        return "flag"
-    if wanted == "downgrade" and f"{rule}:downgrade" not in state.fired:
-        return "downgrade"
-    if wanted == "pause" and f"{rule}:pause" not in state.fired:
-        return "pause"  # once: released, the same rule tripping again kills
-    return "kill"
-
-
 def _now_iso(clock: Callable[[], float]) -> str:
     return datetime.fromtimestamp(clock(), UTC).isoformat(timespec="milliseconds")
 
@@ -160,6 +157,17 @@ def _now_iso(clock: Callable[[], float]) -> str:
 def _iso_from_ns(unix_nano: int) -> str | None:
     """A span's OTLP time as ISO 8601 (microseconds), or None when the span has none."""
     return iso_from_micros(unix_nano // 1000) if unix_nano > 0 else None
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The rules one policy entry switches on, and what it wants of each."""
+
+    history: int  # calls the trace's window keeps (AgentPolicy.history)
+    # (rule, what the policy wants of it, its bound check): bound once, not looked up per call
+    call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
+    counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
+    token_rules: list[tuple[TokenRule, str, Any]] = field(default_factory=list)
 
 
 class Guard:
@@ -177,8 +185,18 @@ class Guard:
         states: MutableMapping[str, TraceState] | None = None,
         clock: Callable[[], float] = time.time,
         released: Mapping[str, float] | None = None,
+        rules: Iterable[Rule] = RULES,
+        observers: Iterable[GuardObserver] = (),
     ) -> None:
+        """`rules`: the registry's rules by default (the benchmark runs subsets);
+        `observers`: told of every call and decision (`add_observer` adds more)."""
         self.policy = policy or Policy()
+        self.rules = tuple(rules)
+        self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
+        self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
+        self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
+        self.observers: list[GuardObserver] = list(observers)
+        self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
         # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
@@ -194,6 +212,9 @@ class Guard:
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
         self._wanted = base | self._match_keys
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
+
+    def add_observer(self, observer: GuardObserver) -> None:
+        self.observers.append(observer)
 
     @property
     def wanted_keys(self) -> frozenset[str]:
@@ -286,10 +307,13 @@ class Guard:
             return None
         policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
         limit = max(MIN_RECENT_IDS, 4 * policy.window)
-        if event.span_id in state.recent_span_ids:
+        recent = state.recent_span_ids
+        if event.span_id in recent:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        _remember(state.recent_span_ids, event.span_id, limit)
+        recent[event.span_id] = None
+        if len(recent) > limit:
+            recent.popitem(last=False)
         if isinstance(event, ToolCall):
             if event.call_id is not None:
                 if event.call_id in state.recent_call_ids:
@@ -297,11 +321,11 @@ class Guard:
                     return None
                 _remember(state.recent_call_ids, event.call_id, limit)
             return self._on_tool_call(trace_id, state, event, policy)
-        return self._check_token_budget(trace_id, state, event, policy)
+        return self._on_tokens(trace_id, state, event, policy)
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
-        mark = f"{decision.rule}:{decision.action}"
+        mark = Fired(decision.rule, decision.action)
         state = self.states.get(decision.trace_id)
         if state is not None and mark in state.fired:
             state.fired.discard(mark)
@@ -317,9 +341,7 @@ class Guard:
             return  # applied already, or older than the one applied
         state.released_at = released_at
         rearmed = {
-            mark
-            for mark in state.fired
-            if mark.endswith(":kill") and not mark.startswith(TOKEN_BUDGET)
+            mark for mark in state.fired if mark.action == KILL and mark.rule in self._rearmed
         }
         if rearmed:
             state.fired -= rearmed
@@ -328,7 +350,7 @@ class Guard:
             log.info(
                 "trace %s released by an operator: %s count again",
                 trace_id,
-                ", ".join(sorted(mark.split(":")[0] for mark in rearmed)),
+                ", ".join(sorted(mark.rule for mark in rearmed)),
             )
 
     def _on_bad_span(self, exc: Exception) -> None:
@@ -354,10 +376,11 @@ class Guard:
     def _on_tool_call(
         self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
     ) -> Decision | None:
-        """Key the call, slide the windows, then run the rules on tool calls in turn."""
+        """Key the call once, slide the window, let the rules count it, then decide in turn."""
         tool_policy = policy.tool(call.tool_name) if policy.tools else None
         if tool_policy is not None and tool_policy.exempt:
             self.stats.tool_calls += 1
+            self._tell_call(trace_id, state, call, None)
             return None  # the policy exempts this tool: no rule counts it
         digest = call.args_digest
         if digest is None and call.arguments is not MISSING:
@@ -366,235 +389,139 @@ class Guard:
         if digest is None and policy.missing_args == "skip":
             self.stats.missing_arguments += 1
             self._warn_missing_arguments(state.service, call.scope)
+            self._tell_call(trace_id, state, call, None)
             return None
         result = call.result_digest
         if result is None and call.result is not MISSING:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        for count in plan.counting:
+            count(state, call, key, policy)
         mark = call_mark(call.span_id, call.end_time_unix_nano)
-        span = policy.loop_span if policy.tools else policy.window
-        _slide(state.window, state.counts, key, span, state.window_marks, mark)
-        polled = digest is not None and (
-            result is not None or call.tool_name in policy.polling_tools
-        )
-        if polled:
-            poll_key = (call.tool_name, digest)
-            _slide(state.polls, state.poll_counts, poll_key, policy.polling_window)
-        decision = None
-        if policy.loop_enabled:
-            decision = self._check_repeated_tool_call(trace_id, state, call, key, policy)
-        if decision is None and polled and policy.polling_enabled:
-            decision = self._check_polling(trace_id, state, call, key, policy)
-        if decision is None and result is not None and digest is not None:
-            decision = self._check_no_progress(trace_id, state, call, key, policy)
-        return decision
-
-    def _check_repeated_tool_call(
-        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
-    ) -> Decision | None:
-        """The same call with the same result (or none recorded), `threshold` times."""
-        tool, digest, result = key
-        if f"{TOOL_LOOP}:kill" in state.fired:
-            return None  # killed already: one kill per trace and rule
-        if policy.shadow and f"{TOOL_LOOP}:flag" in state.fired:
-            return None  # flagged already: one flag per trace and rule
-        if digest is not None and tool in policy.polling_tools:
-            return None  # the policy says this tool polls: tool_polling governs it
-        window, threshold = policy.window, policy.threshold
-        tool_policy = policy.tool(tool) if policy.tools else None
-        if tool_policy is not None:
-            window = tool_policy.window or window
-            threshold = tool_policy.threshold or threshold
-        if len(state.window) > window:
-            # The trace keeps a wider window for some tool: count this one's own window.
-            hits = sum(1 for seen in islice(reversed(state.window), window) if seen == key)
-            steps = window
-        else:
-            hits = state.counts[key]
-            steps = len(state.window)
-        if hits < threshold:
-            return None
-        reason = f"{tool} called {hits}x in last {steps} steps"
-        if digest is None:
-            # A name alone cannot tell a loop from twelve different searches: flag, once.
-            if f"{TOOL_LOOP}:flag" in state.fired:
-                return None
-            state.fired.add(f"{TOOL_LOOP}:flag")
-            return self._decide(
-                trace_id,
-                state,
-                policy,
-                span_id=call.span_id.hex(),
-                rule=TOOL_LOOP,
-                action="flag",
-                reason=reason + " (arguments not recorded: keyed on the tool name alone, flagged"
-                " only)",
-                tool_name=tool,
-                result_hash=result,
-                hits=hits,
-                window=window,
-                steps=steps,
+        _slide(state.window, state.counts, key, plan.history, state.window_marks, mark)
+        if self.observers:
+            self._tell_call(trace_id, state, call, key)
+        fired = state.fired
+        for rule, wanted, check in plan.call_rules:
+            if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
+                continue  # decided already: once per trace and rule
+            trip = check(state, call, key, policy)
+            if trip is None:
+                continue
+            decision = self._fire(
+                rule, trip, wanted, trace_id, state, policy, call.span_id, call.end_time_unix_nano
             )
-        if result is not None:
-            reason += " with the same result"
-        action = _escalation(state, TOOL_LOOP, policy.action)
-        system_message = None
-        if action == "downgrade":
-            system_message = (
-                f"You called {tool} {hits} times with the same arguments; the tool returns the"
-                " same result. Try a different approach or stop and report what you found."
-            )
-        state.fired.add(f"{TOOL_LOOP}:{action}")
-        calls = state.window_calls()  # the evidence: the window as it was when it tripped
-        if action != "flag":
-            state.restart_window()  # after a downgrade the agent gets a fresh window
-        return self._decide(
-            trace_id,
-            state,
-            policy,
-            span_id=call.span_id.hex(),
-            span_ended_at=_iso_from_ns(call.end_time_unix_nano),
-            rule=TOOL_LOOP,
-            action=action,
-            reason=reason,
-            tool_name=tool,
-            args_hash=digest,
-            result_hash=result,
-            hits=hits,
-            window=window,
-            threshold=threshold,
-            calls=calls,
-            steps=steps,
-            system_message=system_message,
-            tool_arguments=_recorded(call) if policy.record_arguments else None,
-        )
+            if decision is not None:
+                return decision
+        return None
 
-    def _check_polling(
-        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
-    ) -> Decision | None:
-        """The same call whose result keeps changing (a job polled), `polling.threshold` times."""
-        tool, digest, _ = key
-        if f"{TOOL_POLLING}:kill" in state.fired:
-            return None
-        if policy.shadow and f"{TOOL_POLLING}:flag" in state.fired:
-            return None
-        hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
-        if hits < policy.polling_threshold:
-            return None
-        steps = len(state.polls)
-        action = _escalation(state, TOOL_POLLING, policy.action)
-        system_message = None
-        if action == "downgrade":
-            system_message = (
-                f"You polled {tool} {hits} times with the same arguments. Stop waiting: report"
-                " the last status you got, or try something else."
-            )
-        state.fired.add(f"{TOOL_POLLING}:{action}")
-        if action != "flag":
-            state.restart_window()
-        return self._decide(
-            trace_id,
-            state,
-            policy,
-            span_id=call.span_id.hex(),
-            rule=TOOL_POLLING,
-            action=action,
-            reason=f"{tool} polled {hits}x in last {steps} calls with the same arguments",
-            tool_name=tool,
-            args_hash=digest,
-            hits=hits,
-            window=policy.polling_window,
-            steps=steps,
-            system_message=system_message,
-            tool_arguments=_recorded(call) if policy.record_arguments else None,
-        )
-
-    def _check_no_progress(
-        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
-    ) -> Decision | None:
-        """Different calls of one tool that all come back with one same result (often empty)."""
-        wanted = policy.no_progress_action
-        if policy.shadow and wanted != "off":
-            wanted = "flag"
-        if wanted == "off" or f"{NO_PROGRESS}:{wanted}" in state.fired:
-            return None
-        if f"{NO_PROGRESS}:kill" in state.fired:
-            return None
-        tool, _, result = key
-        distinct = {
-            digest
-            for name, digest, same in islice(reversed(state.window), policy.window)
-            if name == tool and same == result and digest is not None
-        }
-        if len(distinct) < policy.no_progress_threshold:
-            return None
-        action = "flag" if wanted == "flag" else _escalation(state, NO_PROGRESS, wanted)
-        system_message = None
-        if action == "downgrade":
-            system_message = (
-                f"Your last {len(distinct)} different {tool} calls all returned the same result."
-                " Rephrasing will not help: report what you have or try another tool."
-            )
-        state.fired.add(f"{NO_PROGRESS}:{action}")
-        if action != "flag":
-            state.restart_window()
-        return self._decide(
-            trace_id,
-            state,
-            policy,
-            span_id=call.span_id.hex(),
-            rule=NO_PROGRESS,
-            action=action,
-            reason=f"{len(distinct)} different {tool} calls in last"
-            f" {min(len(state.window), policy.window)} steps all returned the same result",
-            tool_name=tool,
-            result_hash=result,
-            hits=len(distinct),
-            window=policy.window,
-            steps=min(len(state.window), policy.window),
-            system_message=system_message,
-        )
-
-    def _check_token_budget(
+    def _on_tokens(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Decision | None:
         self.stats.token_events += 1
         if usage.aggregate:
             # Nested agents' aggregates overlap; the largest stands for the trace.
-            state.aggregate_tokens = max(state.aggregate_tokens, usage.tokens)
+            if usage.tokens > state.aggregate_tokens:
+                state.aggregate_tokens = usage.tokens
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-        budget = policy.token_budget
-        action = "flag" if policy.shadow else "kill"
-        if policy.action == "pause":
-            if f"{TOKEN_BUDGET}:pause" in state.fired:
-                return None  # paused once: the operator's answer (or the fallback) stands
-            action = "pause"
-        if budget is None or f"{TOKEN_BUDGET}:kill" in state.fired:
-            return None
-        if f"{TOKEN_BUDGET}:{action}" in state.fired:
-            return None
-        used = (
-            state.inference_tokens
-            if state.inference_tokens is not None
-            else (state.aggregate_tokens)
-        )
-        if used <= budget:
-            return None
-        state.fired.add(f"{TOKEN_BUDGET}:{action}")
-        return self._decide(
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        fired = state.fired
+        for rule, wanted, check in plan.token_rules:
+            if (
+                rule.killed in fired
+                or (wanted == FLAG and rule.flagged in fired)
+                or (wanted == PAUSE and rule.paused in fired)  # the operator's answer stands
+            ):
+                continue
+            trip = check(state, usage, policy)
+            if trip is not None:
+                decision = self._fire(
+                    rule,
+                    trip,
+                    wanted,
+                    trace_id,
+                    state,
+                    policy,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                )
+                if decision is not None:
+                    return decision
+        return None
+
+    def _plan(self, policy: AgentPolicy) -> _Plan:
+        """What `policy` switches on, worked out once per policy entry (not per call)."""
+        plan = _Plan(policy.history)
+        for rule in self._call_rules:
+            wanted = rule.wanted(policy)
+            if wanted != OFF:
+                plan.call_rules.append((rule, FLAG if policy.shadow else wanted, rule.check))
+                if rule.counts:
+                    plan.counting.append(rule.count)
+        for rule in self._token_rules:
+            wanted = rule.wanted(policy)
+            if wanted != OFF:
+                plan.token_rules.append(
+                    (rule, FLAG if policy.shadow else wanted, rule.check_tokens)
+                )
+        # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
+        self._plans[id(policy)] = (policy, plan)
+        return plan
+
+    def _fire(
+        self,
+        rule: Rule,
+        trip: Trip,
+        wanted: str,
+        trace_id: str,
+        state: TraceState,
+        policy: AgentPolicy,
+        span_id: bytes,
+        end_unix_nano: int,
+    ) -> Decision | None:
+        """The one path from a rule's trip to a decision, the same for every rule."""
+        if trip.flag_only:
+            if rule.flagged in state.fired:
+                return None
+            action = FLAG
+        elif wanted == FLAG:
+            action = FLAG
+        elif wanted == DOWNGRADE and rule.downgraded not in state.fired:
+            action = DOWNGRADE  # once; the next trip of the rule kills
+        elif wanted == PAUSE and rule.paused not in state.fired:
+            action = PAUSE  # once: released, the same rule tripping again kills
+        else:
+            action = KILL
+        state.fired.add(Fired(rule.name, action))
+        if action != FLAG and rule.restarts_window:
+            state.restart_window()  # after a downgrade the agent gets a fresh window
+        fields = {key: value for key, value in trip.evidence.items() if value is not None}
+        decision = self._decide(
             trace_id,
             state,
             policy,
-            span_id=usage.span_id.hex(),
-            span_ended_at=_iso_from_ns(usage.end_time_unix_nano),
-            rule=TOKEN_BUDGET,
+            span_id=span_id.hex(),
+            span_ended_at=_iso_from_ns(end_unix_nano),
+            rule=rule.name,
             action=action,
-            reason=f"{used} tokens used, over the budget of {budget}",
-            tokens=used,
-            token_budget=budget,
+            reason=trip.reason,
+            system_message=trip.message if action == DOWNGRADE else None,
+            **fields,
         )
+        for observer in self.observers:
+            observer.on_decision(decision, state)
+        return decision
+
+    def _tell_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
+    ) -> None:
+        for observer in self.observers:
+            observer.on_tool_call(trace_id, state, call, key)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -623,7 +550,6 @@ class Guard:
             **fields,
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
-        self.stats.decisions_by_service[(decision.rule, decision.action, state.service)] += 1
         return decision
 
     def _entry_of(self, policy: AgentPolicy) -> tuple[str, dict[str, str] | None]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from spanguard.detection.guard import Guard
-from spanguard.detection.report import TimelineGuard, render_html
+from spanguard.detection.report import Timelines, render_html
 from spanguard.errors import ReplayInputError
 from spanguard.schemas.otlp import (
     ExportTraceServiceRequest,
@@ -198,7 +198,10 @@ def replay(
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
-    guard = TimelineGuard(policy) if html else Guard(policy)
+    guard = Guard(policy)
+    timelines = Timelines() if html else None
+    if timelines is not None:
+        guard.add_observer(timelines)
     progress = _Progress(err, total, enabled=err.isatty() and total > 1_000_000, guard=guard)
     result = ReplayResult(guard)
     started = time.monotonic()
@@ -234,12 +237,12 @@ def replay(
         f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
         f" in {time.monotonic() - started:.1f}s\n"
     )
-    if html and isinstance(guard, TimelineGuard):
+    if html and timelines is not None:
         try:
-            Path(html).write_text(render_html(guard, paths), encoding="utf-8")
+            Path(html).write_text(render_html(timelines, stats, paths), encoding="utf-8")
         except OSError as exc:
             raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
-        err.write(f"replay: wrote {html} ({len(guard.tripped())} tripped traces)\n")
+        err.write(f"replay: wrote {html} ({len(timelines.tripped())} tripped traces)\n")
     return result
 
 

@@ -2,7 +2,8 @@
 
 For owners who would rather look than read: each trace that tripped a rule gets its tool calls
 in order (tool name, a hash prefix, span id, time since the first call), the repeated key
-highlighted, and a marker where the rule fired. The page has no script and loads nothing:
+highlighted (for a cycle: every round of its repeated sequence), and a marker where the rule
+fired. The calls come from a guard observer (`Timelines`): the keys are the guard's own. The page has no script and loads nothing:
 one file to attach to a ticket. Arguments appear only as hash prefixes, as everywhere else.
 """
 
@@ -13,16 +14,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
-from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import MISSING, AgentSeen, ResourceInfo, TokenUsage, ToolCall
+from spanguard.detection.conventions import ToolCall
 from spanguard.detection.explain import HASH_PREFIX
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import GuardObserver, GuardStats
+from spanguard.detection.trace_state import CallKey, TraceState
 from spanguard.schemas.decision import Decision
-from spanguard.schemas.policy import Policy
 
-__all__ = ["MAX_CALLS_PER_TRACE", "TimelineGuard", "render_html"]
+__all__ = ["MAX_CALLS_PER_TRACE", "Timelines", "render_html"]
 
 # Calls kept per trace for the page; a trace that ran longer shows its first ones and a count.
 MAX_CALLS_PER_TRACE = 2000
@@ -33,8 +32,9 @@ class Call:
     span_id: str
     tool_name: str
     args_hash: str | None
+    result_hash: str | None
     ended_unix_nano: int
-    counted: bool  # False: no arguments recorded and `missing_args: skip`
+    counted: bool  # False: no rule counted it (no arguments recorded, or an exempt tool)
 
 
 @dataclass
@@ -45,52 +45,40 @@ class Timeline:
     agent_name: str | None = None
     calls: list[Call] = field(default_factory=list)
     dropped: int = 0  # calls beyond MAX_CALLS_PER_TRACE
-    span_ids: set[str] = field(default_factory=set)
     # (decision, calls seen when it fired): a token budget fires on an inference span.
     decisions: list[tuple[Decision, int]] = field(default_factory=list)
 
 
-class TimelineGuard(Guard):
-    """The guard, also remembering every tool call per trace for the page."""
+class Timelines(GuardObserver):
+    """A guard observer that remembers every tool call per trace, as the guard keyed it, and
+    the decisions: what the page draws (`guard.add_observer(Timelines())`)."""
 
-    def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
-        super().__init__(policy, **kwargs)
+    def __init__(self) -> None:
         self.timelines: dict[str, Timeline] = defaultdict(Timeline)
 
-    def observe(
-        self,
-        trace_id: str,
-        state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
-        resource: ResourceInfo | None = None,
-    ) -> Decision | None:
-        decision = super().observe(trace_id, state, event, resource)
+    def on_tool_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
+    ) -> None:
         timeline = self.timelines[trace_id]
         timeline.service, timeline.agent_name = state.service, state.agent_name
-        if isinstance(event, ToolCall) and event.span_id.hex() not in timeline.span_ids:
-            timeline.span_ids.add(event.span_id.hex())
-            if len(timeline.calls) < MAX_CALLS_PER_TRACE:
-                policy = self._policy_for(state, event, resource)
-                digest, counted = None, policy.missing_args != "skip"
-                if event.arguments is not MISSING:
-                    try:
-                        digest, counted = args_hash(event.arguments, policy.volatile_keys), True
-                    except Exception:  # unreadable arguments: the guard skipped this span too
-                        counted = False
-                timeline.calls.append(
-                    Call(
-                        span_id=event.span_id.hex(),
-                        tool_name=event.tool_name,
-                        args_hash=digest,
-                        ended_unix_nano=event.end_time_unix_nano,
-                        counted=counted,
-                    )
-                )
-            else:
-                timeline.dropped += 1
-        if decision is not None:
-            timeline.decisions.append((decision, len(timeline.calls)))
-        return decision
+        if len(timeline.calls) >= MAX_CALLS_PER_TRACE:
+            timeline.dropped += 1
+            return
+        timeline.calls.append(
+            Call(
+                span_id=call.span_id.hex(),
+                tool_name=call.tool_name,
+                args_hash=key[1] if key is not None else None,
+                result_hash=key[2] if key is not None else None,
+                ended_unix_nano=call.end_time_unix_nano,
+                counted=key is not None,
+            )
+        )
+
+    def on_decision(self, decision: Decision, state: TraceState) -> None:
+        timeline = self.timelines[decision.trace_id]
+        timeline.service, timeline.agent_name = state.service, state.agent_name
+        timeline.decisions.append((decision, len(timeline.calls)))
 
     def tripped(self) -> dict[str, Timeline]:
         """The timelines of traces with at least one decision, in the order they tripped."""
@@ -107,7 +95,7 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 4px}
 .decision.downgrade{border-color:#bc4c00;background:#fff1e5}
 table{border-collapse:collapse;margin-top:8px} th,td{padding:2px 10px;text-align:left}
 th{border-bottom:1px solid #d1d9e0;font-weight:600} td.n{text-align:right;color:#59636e}
-tr.repeated td{background:#ffebe9} tr.fired td{background:#ff8182;font-weight:600}
+tr.repeated td{background:#ffebe9} tr.cycle td{background:#ffebe9;border-top:1px dotted #cf222e} tr.fired td{background:#ff8182;font-weight:600}
 tr.skipped td,tr.after td{color:#8c959f} tr.marker td{background:#fff8c5;font-style:italic}
 svg{display:block;margin:8px 0} .legend span{margin-right:14px}
 .dot{display:inline-block;width:10px;height:10px;border-radius:50%;vertical-align:middle}
@@ -173,6 +161,11 @@ def _decision_box(decision: Decision) -> str:
         details.append(f"policy {e(where)}")
     if decision.rule == "tool_loop":
         details.append(f"window {decision.window}, threshold {decision.threshold}")
+    if decision.rule == "cycle" and decision.calls and decision.period:
+        sequence = " → ".join(call["tool_name"] for call in decision.calls[-decision.period :])
+        details.append(
+            f"repeated sequence ({decision.period} calls, {decision.hits}x): {e(sequence)}"
+        )
     if decision.token_budget is not None:
         details.append(f"budget {decision.token_budget}, used {decision.tokens}")
     details.append(f"span <code>{e(decision.span_id)}</code> at {e(decision.detected_at)}")
@@ -189,10 +182,15 @@ def _trace_section(trace_id: str, timeline: Timeline) -> str:
         if decision.span_id not in call_spans:
             markers[seen].append(decision)  # fired on a span that is not a tool call
 
+    calls = timeline.calls
+    cycle_notes = _cycle_notes(timeline)
+    in_cycle = {id(calls[index - 1]) for index in cycle_notes}
+
     def is_repeated(call: Call) -> bool:
+        if id(call) in in_cycle:
+            return True
         return call.counted and (call.tool_name, call.args_hash) in keys
 
-    calls = timeline.calls
     start = next((c.ended_unix_nano for c in calls if c.ended_unix_nano > 0), 0)
     agent = f" · agent {e(timeline.agent_name)}" if timeline.agent_name else ""
     out = [
@@ -227,7 +225,10 @@ def _trace_section(trace_id: str, timeline: Timeline) -> str:
             note = "after the kill: an agent obeying its killswitch stops before this call"
         elif not call.counted:
             classes.append("skipped")
-            note = "not counted: no arguments recorded"
+            note = "not counted: no arguments recorded, or a tool the policy exempts"
+        elif index in cycle_notes:
+            classes.append("cycle")
+            note = cycle_notes[index]
         elif is_repeated(call):
             classes.append("repeated")
         digest = (call.args_hash or "(none)")[:HASH_PREFIX]
@@ -244,6 +245,24 @@ def _trace_section(trace_id: str, timeline: Timeline) -> str:
     return "\n".join(out)
 
 
+def _cycle_notes(timeline: Timeline) -> dict[int, str]:
+    """Row number (1-based) -> its place in a cycle that tripped: the calls of every round, up
+    to the call that completed the last one."""
+    notes: dict[int, str] = {}
+    positions = {call.span_id: index for index, call in enumerate(timeline.calls, start=1)}
+    for decision, _ in timeline.decisions:
+        if decision.rule != "cycle" or not decision.period or decision.span_id not in positions:
+            continue
+        period, rounds = decision.period, decision.hits or 1
+        last = positions[decision.span_id]
+        first = max(last - period * rounds + 1, 1)
+        for index in range(first, last + 1):
+            step = (index - first) % period + 1
+            round_ = (index - first) // period + 1
+            notes[index] = f"cycle: round {round_} of {rounds}, call {step} of {period}"
+    return notes
+
+
 def _marker_row(decision: Decision) -> str:
     e = html.escape
     return (
@@ -253,11 +272,10 @@ def _marker_row(decision: Decision) -> str:
     )
 
 
-def render_html(guard: TimelineGuard, sources: list[str]) -> str:
+def render_html(timelines: Timelines, stats: GuardStats, sources: list[str]) -> str:
     """The page: a header, then one section per tripped trace."""
     e = html.escape
-    tripped = guard.tripped()
-    stats = guard.stats
+    tripped = timelines.tripped()
     sections = [_trace_section(trace_id, timeline) for trace_id, timeline in tripped.items()]
     if not sections:
         sections = ["<p>No trace tripped a rule.</p>"]

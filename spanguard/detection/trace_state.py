@@ -1,15 +1,35 @@
-"""What the guard remembers of one trace, and its compact serialised form (the changelog's)."""
+"""What the guard remembers of one trace, and its compact serialised form (the changelog's).
+
+The serialised form is versioned (`v`, STATE_VERSION): a state written by an earlier version
+loads (tests/fixtures/state holds one as version 1 wrote it), and keys a version does not know
+are ignored, so a worker rolled back still reads what a newer one wrote.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
-__all__ = ["MARK_BYTES", "CallKey", "TraceState", "call_mark", "iso_from_micros"]
+from spanguard.detection.rules.base import Fired
+
+__all__ = [
+    "MARK_BYTES",
+    "STATE_VERSION",
+    "CallKey",
+    "Fired",
+    "TraceState",
+    "call_mark",
+    "iso_from_micros",
+]
+
+# 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building.
+STATE_VERSION = 2
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
@@ -24,9 +44,12 @@ def iso_from_micros(micros: int) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
+_MARK = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
+
+
 def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
     """What the window remembers of a call besides its key: 16 bytes, cheap to keep."""
-    return span_id[:8].ljust(8, b"\0") + max(end_unix_nano // 1000, 0).to_bytes(8, "big")
+    return _MARK(span_id, end_unix_nano // 1000 if end_unix_nano > 0 else 0)
 
 
 @dataclass(slots=True)
@@ -50,14 +73,18 @@ class TraceState:
     recent_call_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
-    fired: set[str] = field(default_factory=set)  # "<rule>:<action>" already sent
+    fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
     last_seen: float = 0.0
     # When the operator's release last applied to this trace was issued (epoch seconds; 0:
     # none): a release is applied once, and a kill after it stands.
     released_at: float = 0.0
+    # The cycle rule's run lengths: [p - 1] = calls in a row equal to the call p before them;
+    # None while no call repeats one of the last max_period (most of the time).
+    cycle_runs: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        record = {
+            "v": STATE_VERSION,
             "service": self.service,
             "agent_name": self.agent_name,
             "window": [list(key) for key in self.window],
@@ -69,11 +96,14 @@ class TraceState:
             "recent_call_ids": list(self.recent_call_ids),
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
-            "fired": sorted(self.fired),
+            "fired": sorted(map(str, self.fired)),
             "released_at": self.released_at,
-            # Last, so eviction can read it without decoding (streams/state.py).
-            "last_seen": self.last_seen,
         }
+        if self.cycle_runs is not None:
+            record["cycle_runs"] = self.cycle_runs
+        # Last, so eviction can read it without decoding (streams/state.py).
+        record["last_seen"] = self.last_seen
+        return record
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
@@ -96,9 +126,10 @@ class TraceState:
             recent_call_ids=OrderedDict.fromkeys(record["recent_call_ids"]),
             inference_tokens=record["inference_tokens"],
             aggregate_tokens=record["aggregate_tokens"],
-            fired=set(record["fired"]),
+            fired={Fired.parse(text) for text in record["fired"]},
             last_seen=record["last_seen"],
             released_at=record.get("released_at", 0.0),  # states written before releases
+            cycle_runs=record.get("cycle_runs"),  # version 2
         )
 
     def to_bytes(self) -> bytes:
@@ -114,13 +145,17 @@ class TraceState:
         self.counts.clear()
         self.polls.clear()
         self.poll_counts.clear()
+        self.cycle_runs = None
 
-    def window_calls(self) -> list[dict[str, Any]]:
-        """The window, oldest first: tool name, args hash, span id and end time of each call."""
+    def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
+        """The window (or its `last` calls), oldest first: tool name, args hash, span id and
+        end time of each call."""
         calls = []
         marks = self.window_marks
-        starts = range(0, len(marks), MARK_BYTES)
-        for (tool_name, digest, _result), start in zip(self.window, starts, strict=True):
+        skip = 0 if last is None else max(len(self.window) - last, 0)
+        starts = range(skip * MARK_BYTES, len(marks), MARK_BYTES)
+        keys = islice(self.window, skip, None)
+        for (tool_name, digest, _result), start in zip(keys, starts, strict=True):
             mark = marks[start : start + MARK_BYTES]
             micros = int.from_bytes(mark[8:], "big")
             calls.append(

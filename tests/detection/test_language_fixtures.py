@@ -72,6 +72,7 @@ TYPESCRIPT = [name for name in LIBRARIES if name != "genkit"]
 WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
 LOOP = [("tool_loop", "kill", 4)]
+CYCLE = [("cycle", "kill", 3)]  # hits: the rounds (the default `repeats`)
 EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
     "full": {
         "loop_volatile": LOOP,
@@ -80,7 +81,14 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
         "retry": [],
         "polling": [],
         "no_progress": [("no_progress", "flag", 4)],
+        "cycle_4": CYCLE,
+        "cycle_8": CYCLE,
+        "round_fresh": [],
+        "tests_improving": [],
+        "canned_ok": [],
     },
+    # Results hidden: a call whose result changes (polling, tests re-run while the failures go
+    # down) is the same call again.
     "args": {
         "loop_volatile": LOOP,
         "loop_identical": LOOP,
@@ -88,6 +96,11 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
         "retry": [],
         "polling": LOOP,
         "no_progress": [],
+        "cycle_4": CYCLE,
+        "cycle_8": CYCLE,
+        "round_fresh": [],
+        "tests_improving": LOOP,
+        "canned_ok": [],
     },
     "none": {scenario: [] for scenario in SCENARIOS},
 }

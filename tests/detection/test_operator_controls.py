@@ -167,8 +167,8 @@ def test_the_effective_policy_keeps_the_controls():
     policy = Policy.from_yaml(CONTROLS)
     document = policy.effective()
     assert document["agents"][0]["tools"] == {
-        "sleep": {"exempt": True},
-        "wait_for_job": {"threshold": 8, "window": 12, "exempt": False},
+        "sleep": {"exempt": True, "cycle": True},
+        "wait_for_job": {"threshold": 8, "window": 12, "exempt": False, "cycle": True},
     }
     assert document["agents"][1]["loop"]["enabled"] is False
     assert Policy.from_mapping(document) == policy
@@ -205,9 +205,15 @@ def test_replay_applies_the_controls(tmp_path):
     ]
     defaults = run_replay(str(spans))
     records = [json.loads(line) for line in defaults.stdout.decode().splitlines()]
-    assert sorted((r["trace_id"], r["tool_name"]) for r in records) == sorted(
-        [(runner.trace_id, "wait_for_job"), (batch.trace_id, "search_docs")]
-    )
+    first = {}
+    for record in records:
+        first.setdefault(record["trace_id"], (record["rule"], record["tool_name"]))
+    # Without the policy the poller's (wait_for_job, sleep) round is a cycle, caught at the
+    # sleep that completes its third round; the batch bot's loop is tool_loop's.
+    assert first == {
+        runner.trace_id: ("cycle", "sleep"),
+        batch.trace_id: ("tool_loop", "search_docs"),
+    }
 
 
 # -- an operator's release (streams/releases.py fills `released` from the kill topic) -----

@@ -63,17 +63,29 @@ def test_flaky_index_agent_trips_on_its_fourth_identical_call():
     validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
 
 
-def test_oscillation_trips_on_the_fourth_a():
+def test_oscillation_is_a_cycle_caught_at_its_sixth_call():
     agent = AgentRecorder()
     for step in range(8):
         if step % 2 == 0:
             agent.tool("search_docs", REFUND)
         else:
             agent.tool("read_page", {"url": "https://kb/refunds"})
-    decisions = run(Guard(), agent.finished())
-    assert len(decisions) == 1
-    assert decisions[0].span_id == span_id_of(agent.finished()[6])  # A's 4th is the 7th call
-    assert decisions[0].reason == "search_docs called 4x in last 7 steps"
+    [decision] = run(Guard(), agent.finished())  # the cycle's kill restarts the window
+    assert (decision.rule, decision.action, decision.period, decision.hits) == (
+        "cycle",
+        "kill",
+        2,
+        3,
+    )
+    assert decision.span_id == span_id_of(agent.finished()[5])  # (A, B) three times: 6th call
+    assert decision.reason == (
+        "a sequence of 2 calls (search_docs -> read_page) repeated 3x with the same arguments"
+        " and results"
+    )
+    # Without the cycle rule, tool_loop catches the same agent at A's 4th call (the 7th).
+    [loop] = run(Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), agent.finished())
+    assert loop.span_id == span_id_of(agent.finished()[6])
+    assert loop.reason == "search_docs called 4x in last 7 steps"
 
 
 def test_three_repeats_in_a_window_are_exploration_not_a_loop():

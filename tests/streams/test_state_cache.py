@@ -9,7 +9,7 @@ from __future__ import annotations
 import faust
 from faust.types import Message
 
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import Fired, Guard, TraceState
 from spanguard.streams.state import SerializedStates, event_context
 from tests.support.spans import AgentRecorder, encode
 
@@ -79,7 +79,7 @@ def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
     with event_context(event(0)):
         state = states.get(TRACE)
         assert state is not None
-        state.fired.add("tool_loop:kill")  # changed in place, as the guard does
+        state.fired.add(Fired("tool_loop", "kill"))  # changed in place, as the guard does
         states[TRACE] = state
     # ...and the batch dies before flush(): its messages are not acked, nothing was written.
     states.discard()

@@ -72,6 +72,19 @@ class Call:
 
 
 REFUND = {"query": "refund policy"}
+CODING_ROUND = [
+    Call("search_docs", {"query": "list src/"}, "main.py util.py"),
+    Call("read_doc", {"doc_id": "src/main.py"}, "def main(): ..."),
+    Call("search_docs", {"query": "grep TODO"}, "main.py:12 TODO"),
+    Call("get_job_status", {"job_id": "run-tests"}, "2 tests failed"),
+]
+LONG_ROUND = [
+    *CODING_ROUND,
+    Call("read_doc", {"doc_id": "src/util.py"}, "def helper(): ..."),
+    Call("search_docs", {"query": "grep helper"}, "util.py:3 helper"),
+    Call("read_doc", {"doc_id": "README.md"}, "# project"),
+    Call("get_job_status", {"job_id": "lint"}, "lint: 1 warning"),
+]
 SCENARIOS: dict[str, list[Call]] = {
     # A stuck agent whose retries carry a fresh request id (a volatile key) each time.
     "loop_volatile": [
@@ -100,6 +113,35 @@ SCENARIOS: dict[str, list[Call]] = {
     "no_progress": [
         Call("search_docs", {"query": query}, "[]")
         for query in ("refund", "refunds", "refund policy", "returns", "money back", "reimburse")
+    ],
+    # A stuck coding agent going round four calls (list, read, grep, run the tests) with the
+    # same arguments and the same results: no call repeats 4 times in 10, the round does.
+    "cycle_4": CODING_ROUND * 4,
+    # The same with eight calls in the round, three rounds.
+    "cycle_8": LONG_ROUND * 3,
+    # A healthy agent going round its tools, each time about something new.
+    "round_fresh": [
+        call
+        for topic in ("exchanges", "shipping", "warranty", "invoices", "returns")
+        for call in (
+            Call("search_docs", {"query": f"{topic} policy"}, f"3 documents about {topic}"),
+            Call("read_doc", {"doc_id": f"kb-{topic}"}, f"The {topic} policy says ..."),
+            Call("search_docs", {"query": f"summary of {topic}"}, f"{topic}: summarised"),
+        )
+    ],
+    # A healthy coding agent: a fix, a read, the tests re-run while the failures go down.
+    "tests_improving": [
+        call
+        for failing in (5, 4, 3, 1, 0)
+        for call in (
+            Call("search_docs", {"query": f"fix failure {failing}"}, f"hint {failing}"),
+            Call("read_doc", {"doc_id": f"src/module_{failing}.py"}, f"source {failing}"),
+            Call("get_job_status", {"job_id": "run-tests"}, f"{failing} tests failed"),
+        )
+    ],
+    # Different edits, each answered with the same acknowledgement: progress, not a stall.
+    "canned_ok": [
+        Call("search_docs", {"query": f"apply edit {i}"}, '{"ok": true}') for i in range(6)
     ],
 }
 

@@ -1,0 +1,143 @@
+"""What a rule is: the interface each rule module implements, its fired mark and what it trips.
+
+A rule says what it keys a call on (`key`), over which window it counts (`window`), keeps its
+own counts up to date on every call (`count`) and decides (`check`): a `Trip` with the
+evidence, or None. What happens next is the same for every rule and lives in the guard (one
+decision per trace and rule, downgrade then kill where the policy says, a flag in shadow mode,
+re-armed by an operator's release); a rule never builds a Decision itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
+
+if TYPE_CHECKING:
+    from spanguard.detection.conventions import TokenUsage, ToolCall
+    from spanguard.detection.trace_state import CallKey, TraceState
+    from spanguard.schemas.decision import Decision
+    from spanguard.schemas.policy import AgentPolicy
+
+__all__ = [
+    "DOWNGRADE",
+    "FLAG",
+    "KILL",
+    "OFF",
+    "PAUSE",
+    "Fired",
+    "GuardObserver",
+    "Rule",
+    "TokenRule",
+    "ToolCallRule",
+    "Trip",
+]
+
+KILL: Final = "kill"
+DOWNGRADE: Final = "downgrade"
+FLAG: Final = "flag"
+PAUSE: Final = "pause"  # the agent waits for an operator's release or kill, or the timeout
+OFF: Final = "off"  # what `wanted` answers when the policy switches the rule off
+
+
+class Fired(NamedTuple):
+    """A decision a trace's rule has taken already: (rule, action)."""
+
+    rule: str
+    action: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}:{self.action}"  # the changelog's form, unchanged since version 1
+
+    @classmethod
+    def parse(cls, text: str) -> Fired:
+        rule, _, action = text.partition(":")
+        return cls(rule, action)
+
+
+@dataclass(slots=True)
+class Trip:
+    """What a rule found: the reason and the evidence (Decision fields) for the decision."""
+
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    # The system message the agent gets if this trip is a downgrade.
+    message: str | None = None
+    # The evidence cannot tell a loop from healthy work (arguments not recorded): only a flag.
+    flag_only: bool = False
+
+
+class Rule:
+    """One rule of the guard. Subclasses set the class attributes and implement `check`."""
+
+    name: ClassVar[str]
+    catches: ClassVar[str]  # one line for people: what it catches (the README's table)
+    settings: ClassVar[str]  # the policy section that configures it
+    default_action: ClassVar[str]  # what it does under the default policy
+    # An operator's release lets the agent call tools again: a rule that killed the trace for
+    # what it did counts again from a fresh window. A spent token budget stays spent.
+    rearm_on_release: ClassVar[bool] = True
+    # After a kill or downgrade the rules count from a fresh window (the agent got a message).
+    restarts_window: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.killed = Fired(self.name, KILL)
+        self.flagged = Fired(self.name, FLAG)
+        self.downgraded = Fired(self.name, DOWNGRADE)
+        self.paused = Fired(self.name, PAUSE)
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        """What `policy` asks of this rule: kill, downgrade, pause, flag, or off."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name}>"
+
+
+class ToolCallRule(Rule):
+    """A rule over a trace's tool calls. `key` is (tool name, args hash, result hash)."""
+
+    # True when `count` keeps state of its own: the guard calls it on every counted call.
+    counts: ClassVar[bool] = False
+
+    def key(self, key: CallKey) -> Hashable | None:
+        """What this rule counts a call as (None: the call is not this rule's business)."""
+        return key
+
+    def window(self, policy: AgentPolicy, tool_name: str) -> int:
+        """How many of the trace's last calls the rule looks at for `tool_name`."""
+        return policy.window
+
+    def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
+        """Bring the rule's own counts up to date with this call, before the call joins the
+        trace's window and before any rule decides."""
+
+    def check(
+        self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Trip | None:
+        raise NotImplementedError
+
+
+class TokenRule(Rule):
+    """A rule over a trace's token usage (the guard keeps the totals in the state)."""
+
+    def check_tokens(
+        self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Trip | None:
+        raise NotImplementedError
+
+
+class GuardObserver:
+    """What the guard tells observers (metrics, the replay page): override what you need.
+
+    Called on the hot path, in the guard's thread: keep it cheap and never raise.
+    """
+
+    def on_tool_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
+    ) -> None:
+        """A tool call the guard read: its key, or None when no rule counted it (arguments
+        not recorded under `missing_args: skip`, or a tool the policy exempts)."""
+
+    def on_decision(self, decision: Decision, state: TraceState) -> None:
+        """A decision the guard took (before it is returned to the caller)."""

@@ -1,0 +1,45 @@
+"""token_budget: input + output tokens per trace from inference spans (agent spans repeat the
+aggregate and count only for a trace without inference usage); crossing the budget trips it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
+
+if TYPE_CHECKING:
+    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.trace_state import TraceState
+    from spanguard.schemas.policy import AgentPolicy
+
+__all__ = ["TokenBudget"]
+
+
+class TokenBudget(TokenRule):
+    name = "token_budget"
+    catches = "input + output tokens of a trace over the budget (a hard cap: it kills)"
+    settings = "token_budget: null (no budget)"
+    default_action = "off (no budget); kill when one is set"
+    rearm_on_release = False  # tokens used stay used
+    restarts_window = False
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        if policy.token_budget is None:
+            return OFF
+        return PAUSE if policy.action == PAUSE else KILL  # paused once, then the answer stands
+
+    def check_tokens(
+        self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Trip | None:
+        budget = policy.token_budget
+        if budget is None:
+            return None
+        used = (
+            state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+        )
+        if used <= budget:
+            return None
+        return Trip(
+            f"{used} tokens used, over the budget of {budget}",
+            {"tokens": used, "token_budget": budget},
+        )

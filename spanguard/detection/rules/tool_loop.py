@@ -1,0 +1,93 @@
+"""tool_loop: the same call with the same result (or none recorded), `threshold` times in the
+last `window` calls of the trace. A sliding window, not a run: stuck agents interleave."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from spanguard.detection.conventions import MISSING
+from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
+
+if TYPE_CHECKING:
+    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.trace_state import CallKey, TraceState
+    from spanguard.schemas.policy import AgentPolicy
+
+__all__ = ["ToolLoop", "recorded_arguments"]
+
+
+def recorded_arguments(call: ToolCall, policy: AgentPolicy) -> Any:
+    """The raw arguments for a decision, only where the policy asks to keep them."""
+    if not policy.record_arguments or call.arguments is MISSING:
+        return None
+    return call.arguments
+
+
+class ToolLoop(ToolCallRule):
+    name = "tool_loop"
+    catches = "the same call with the same result, `threshold` times in the last `window` calls"
+    settings = "loop: {window: 10, threshold: 4}"
+    default_action = "kill"
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        return policy.action if policy.loop_enabled else OFF
+
+    def window(self, policy: AgentPolicy, tool_name: str) -> int:
+        tool_policy = policy.tool(tool_name) if policy.tools else None
+        if tool_policy is not None and tool_policy.window:
+            return tool_policy.window
+        return policy.window
+
+    def check(
+        self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Trip | None:
+        tool, digest, result = key
+        if digest is not None and tool in policy.polling_tools:
+            return None  # the policy says this tool polls: tool_polling governs it
+        window, threshold = policy.window, policy.threshold
+        tool_policy = policy.tool(tool) if policy.tools else None
+        if tool_policy is not None:
+            window = tool_policy.window or window
+            threshold = tool_policy.threshold or threshold
+        if len(state.window) > window:
+            # The trace keeps a wider window (another tool's, or the cycle rule's): count this
+            # tool's own window.
+            hits = sum(1 for seen in islice(reversed(state.window), window) if seen == key)
+            steps = window
+        else:
+            hits = state.counts[key]
+            steps = len(state.window)
+        if hits < threshold:
+            return None
+        reason = f"{tool} called {hits}x in last {steps} steps"
+        evidence: dict[str, Any] = {
+            "tool_name": tool,
+            "result_hash": result,
+            "hits": hits,
+            "window": window,
+            "steps": steps,
+        }
+        if digest is None:
+            # A name alone cannot tell a loop from twelve different searches: flag, once.
+            return Trip(
+                reason + " (arguments not recorded: keyed on the tool name alone, flagged only)",
+                evidence,
+                flag_only=True,
+            )
+        if result is not None:
+            reason += " with the same result"
+        evidence.update(
+            args_hash=digest,
+            threshold=threshold,
+            calls=state.window_calls(window),  # the evidence: the window as it tripped
+            tool_arguments=recorded_arguments(call, policy),
+        )
+        return Trip(
+            reason,
+            evidence,
+            message=(
+                f"You called {tool} {hits} times with the same arguments; the tool returns the"
+                " same result. Try a different approach or stop and report what you found."
+            ),
+        )

@@ -1,0 +1,85 @@
+"""tool_polling: the same call (tool, arguments) whose recorded result changes, seen
+`polling.threshold` times in the last `polling.window` such calls: a job waited on forever."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
+from spanguard.detection.rules.tool_loop import recorded_arguments
+
+if TYPE_CHECKING:
+    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.trace_state import CallKey, TraceState
+    from spanguard.schemas.policy import AgentPolicy
+
+__all__ = ["ToolPolling"]
+
+
+class ToolPolling(ToolCallRule):
+    name = "tool_polling"
+    catches = (
+        "the same call whose result keeps changing (a job polled), `threshold` times in the"
+        " last `window`"
+    )
+    settings = "polling: {window: 30, threshold: 20, tools: []}"
+    default_action = "kill"
+    counts = True
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        return policy.action if policy.polling_enabled else OFF
+
+    def key(self, key: CallKey) -> tuple[str, str] | None:
+        tool, digest, _ = key
+        return None if digest is None else (tool, digest)
+
+    def window(self, policy: AgentPolicy, tool_name: str) -> int:
+        return policy.polling_window
+
+    @staticmethod
+    def polled(key: CallKey, policy: AgentPolicy) -> bool:
+        """A call this rule counts: arguments recorded, and a result (or a polling tool)."""
+        tool, digest, result = key
+        return digest is not None and (result is not None or tool in policy.polling_tools)
+
+    def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
+        tool, digest, result = key
+        if digest is None or (result is None and tool not in policy.polling_tools):
+            return  # not polled (self.polled, inlined: this runs on every call)
+        poll_key = (tool, digest)
+        polls, counts = state.polls, state.poll_counts
+        polls.append(poll_key)  # type: ignore[arg-type]
+        counts[poll_key] = counts.get(poll_key, 0) + 1  # type: ignore[index]
+        while len(polls) > policy.polling_window:
+            oldest = polls.popleft()
+            remaining = counts[oldest] - 1
+            if remaining:
+                counts[oldest] = remaining
+            else:
+                del counts[oldest]
+
+    def check(
+        self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
+    ) -> Trip | None:
+        tool, digest, result = key
+        if digest is None or (result is None and tool not in policy.polling_tools):
+            return None  # not polled
+        hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
+        if hits < policy.polling_threshold:
+            return None
+        steps = len(state.polls)
+        return Trip(
+            f"{tool} polled {hits}x in last {steps} calls with the same arguments",
+            {
+                "tool_name": tool,
+                "args_hash": digest,
+                "hits": hits,
+                "window": policy.polling_window,
+                "steps": steps,
+                "tool_arguments": recorded_arguments(call, policy),
+            },
+            message=(
+                f"You polled {tool} {hits} times with the same arguments. Stop waiting: report"
+                " the last status you got, or try something else."
+            ),
+        )

@@ -1,0 +1,236 @@
+"""The cycle rule on its own: spans from the real SDK through the guard, one rule's behaviour
+per test (spanguard/detection/rules/cycle.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spanguard.detection.guard import Guard
+from spanguard.detection.rules import CYCLE
+from spanguard.detection.trace_state import TraceState
+from spanguard.schemas.decision import KillSignal, validate
+from spanguard.schemas.policy import Policy
+from tests.support.spans import AgentRecorder, one_request_per_span, span_id_of
+
+
+def call(agent: AgentRecorder, tool: str, arguments: dict, result: str):
+    return agent.tool(
+        tool,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.arguments": json.dumps(arguments),
+            "gen_ai.tool.call.result": result,
+        },
+    )
+
+
+def round_of(period: int) -> list[tuple[str, dict, str]]:
+    """`period` different calls: a coding agent's round (list, read, grep, tests, ...)."""
+    tools = ["list_dir", "read_file", "grep", "run_tests"]
+    return [(tools[i % 4], {"target": f"item-{i}"}, f"result {i}") for i in range(period)]
+
+
+def run(guard: Guard, spans) -> list:
+    return [d for request in one_request_per_span(spans) for d in guard.process(request)]
+
+
+def cycling(period: int, rounds: int, service: str = "coder") -> tuple[AgentRecorder, list]:
+    agent = AgentRecorder(service, "coder")
+    spans = [call(agent, *step) for _ in range(rounds) for step in round_of(period)]
+    return agent, spans
+
+
+@pytest.mark.parametrize("period", range(2, 11))
+def test_the_default_policy_catches_periods_2_to_10_at_the_call_ending_the_third_round(period):
+    agent, spans = cycling(period, 4)
+    decisions = run(Guard(), agent.finished())
+    assert [(d.rule, d.action) for d in decisions] == [("cycle", "kill")]
+    [decision] = decisions
+    assert decision.span_id == span_id_of(spans[3 * period - 1])  # the call ending round 3
+    assert (decision.period, decision.hits, decision.steps) == (period, 3, 3 * period)
+    assert (decision.threshold, decision.window) == (3, 10)
+    sequence = [call["tool_name"] for call in decision.calls[-period:]]
+    assert sequence == [tool for tool, _, _ in round_of(period)]
+    assert decision.calls[-1]["span_id"] == decision.span_id
+    validate(decision.to_dict(), "detection")
+    validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
+
+
+def test_a_period_longer_than_max_period_is_not_a_cycle_until_the_policy_says_so():
+    agent, spans = cycling(11, 4)
+    assert run(Guard(), agent.finished()) == []
+    policy = Policy.from_yaml("defaults: {cycle: {max_period: 12}}")
+    [decision] = run(Guard(policy), agent.finished())
+    assert (decision.rule, decision.period, decision.span_id) == (
+        "cycle",
+        11,
+        span_id_of(spans[32]),
+    )
+
+
+def test_repeats_come_from_the_policy():
+    agent, spans = cycling(4, 5)
+    policy = Policy.from_yaml("defaults: {cycle: {repeats: 5}}")
+    [decision] = run(Guard(policy), agent.finished())
+    assert (decision.hits, decision.span_id) == (5, span_id_of(spans[19]))
+
+
+def test_two_rounds_are_not_a_cycle():
+    agent, _ = cycling(5, 2)
+    assert run(Guard(), agent.finished()) == []
+
+
+def test_fresh_arguments_every_round_never_trip():
+    """search, fetch, summarize, each time about something new: 90 calls, nothing."""
+    agent = AgentRecorder("researcher", "research")
+    for topic in range(30):
+        call(agent, "search_web", {"q": f"topic {topic}"}, "3 hits")
+        call(agent, "fetch", {"url": f"https://example.org/{topic}"}, "page")
+        call(agent, "summarize", {"text_id": topic}, "a summary")
+    guard = Guard()
+    assert [d.rule for d in run(guard, agent.finished())] == []
+    assert guard.stats.tool_calls == 90
+
+
+def test_a_result_that_changes_breaks_the_cycle():
+    """A coding agent re-running its tests while the failures go down is making progress."""
+    agent = AgentRecorder("coder", "coder")
+    for failing in (9, 8, 7, 6, 5, 4, 3, 2, 1, 0):
+        call(agent, "read_file", {"path": "src/app.py"}, "def app(): ...")
+        call(agent, "run_tests", {"suite": "unit"}, f"{failing} failed")
+    policy = Policy.from_yaml("defaults: {loop: {threshold: 20, window: 20}}")  # not tool_loop's
+    assert run(Guard(policy), agent.finished()) == []
+    # The same agent whose failures stop going down is stuck: a cycle once the result holds.
+    for _ in range(3):
+        call(agent, "read_file", {"path": "src/app.py"}, "def app(): ...")
+        call(agent, "run_tests", {"suite": "unit"}, "0 failed")
+    [decision] = run(Guard(policy), agent.finished())
+    assert (decision.rule, decision.period) == ("cycle", 2)
+    # The last round of the first part and the first two added ones: three alike.
+    assert decision.span_id == span_id_of(agent.finished()[-3])
+
+
+def test_one_call_repeated_is_tool_loops_and_not_a_cycle():
+    agent = AgentRecorder("coder", "coder")
+    for _ in range(12):
+        call(agent, "search_docs", {"q": "refund"}, "none found")
+    policy = Policy.from_yaml("defaults: {loop: {enabled: false}}")
+    assert run(Guard(policy), agent.finished()) == []
+
+
+def test_calls_without_arguments_never_make_a_cycle():
+    """Keyed on the tool name alone, a round of fresh searches would look like a cycle."""
+    agent = AgentRecorder("coder", "coder")
+    for _ in range(6):
+        for tool in ("search", "fetch"):
+            agent.tool(tool)  # no arguments recorded
+    policy = Policy.from_yaml("defaults: {missing_args: name_only}")
+    decisions = run(Guard(policy), agent.finished())
+    assert {d.rule for d in decisions} <= {"tool_loop"}
+    assert all(d.action == "flag" for d in decisions)
+
+
+def test_a_polling_tool_or_a_tool_left_out_keeps_the_round_alive():
+    agent = AgentRecorder("runner", "runner")
+    for _ in range(6):
+        call(agent, "wait_for_job", {"job": "42"}, "running")
+        call(agent, "sleep", {"seconds": 5}, "slept")
+    polling = Policy.from_yaml(
+        "defaults: {polling: {tools: [wait_for_job]}, loop: {enabled: false}}"
+    )
+    left_out = Policy.from_yaml(
+        "defaults: {tools: {sleep: {cycle: false}}, loop: {enabled: false}}"
+    )
+    assert run(Guard(polling), agent.finished()) == []
+    assert run(Guard(left_out), agent.finished()) == []
+
+
+def test_per_agent_settings():
+    policy = Policy.from_yaml(
+        "agents:\n"
+        "  - match: {service.name: relaxed}\n"
+        "    cycle: {enabled: false}\n"
+        "  - match: {service.name: strict}\n"
+        "    cycle: {repeats: 2}\n"
+    )
+    relaxed, _ = cycling(4, 4, "relaxed")
+    strict, strict_spans = cycling(4, 4, "strict")
+    assert run(Guard(policy), relaxed.finished()) == []
+    [decision] = run(Guard(policy), strict.finished())
+    assert decision.span_id == span_id_of(strict_spans[7])
+    assert (decision.policy_entry, decision.threshold) == ("agents.1", 2)
+
+
+def test_shadow_mode_flags_once_and_downgrade_comes_before_the_kill():
+    agent, spans = cycling(3, 8)
+    flags = run(Guard(Policy.from_yaml("defaults: {action: flag}")), agent.finished())
+    # Each rule flags once; the cycle (three rounds) comes before tool_loop (4 in 10).
+    assert [(d.rule, d.action) for d in flags] == [("cycle", "flag"), ("tool_loop", "flag")]
+    assert flags[0].span_id == span_id_of(spans[8])
+    decisions = run(Guard(Policy.from_yaml("defaults: {action: downgrade}")), agent.finished())
+    assert [(d.rule, d.action) for d in decisions] == [("cycle", "downgrade"), ("cycle", "kill")]
+    downgrade, kill = decisions
+    assert "repeated the same 3 tool calls 3 times" in downgrade.system_message
+    # After the downgrade the rounds count from a fresh window: three more rounds to the kill.
+    assert downgrade.span_id == span_id_of(spans[8])
+    assert kill.span_id == span_id_of(spans[17])
+
+
+def test_a_release_rearms_the_cycle_rule():
+    released: dict[str, float] = {}
+    guard = Guard(released=released)
+    agent, _ = cycling(4, 3)
+    [first] = run(guard, agent.finished())
+    more = [call(agent, *step) for _ in range(3) for step in round_of(4)]
+    assert run(guard, more[:6]) == []  # killed: once per trace and rule
+    released[agent.trace_id] = 500.0
+    again = [call(agent, *step) for _ in range(3) for step in round_of(4)]
+    [second] = run(guard, again)
+    assert (second.rule, second.action) == ("cycle", "kill")
+    assert second.decision_id != first.decision_id
+
+
+def test_a_cycle_keeps_counting_across_the_changelog():
+    """The state written between two messages (as the worker's table does) loses no run."""
+    agent, spans = cycling(6, 3)
+    guard = Guard()
+    decisions = []
+    for request in one_request_per_span(agent.finished()):
+        decisions += guard.process(request)
+        for trace_id, state in list(guard.states.items()):
+            guard.states[trace_id] = TraceState.from_bytes(state.to_bytes())
+    [decision] = decisions
+    assert decision.span_id == span_id_of(spans[17])
+
+
+def test_runs_are_kept_only_while_a_call_repeats():
+    """The state stays compact: no run lengths while the calls are new (most of the time)."""
+    agent = AgentRecorder("researcher", "research")
+    for topic in range(20):
+        call(agent, "search_web", {"q": f"topic {topic}"}, "hits")
+    guard = Guard()
+    run(guard, agent.finished())
+    [state] = guard.states.values()
+    assert state.cycle_runs is None and b"cycle_runs" not in state.to_bytes()
+
+
+def test_the_rule_costs_max_period_per_call_at_most():
+    """count() reads at most max_period earlier calls, however long the window is."""
+
+    class CountingWindow(list):
+        reads = 0
+
+        def __reversed__(self):
+            for item in super().__reversed__():
+                CountingWindow.reads += 1
+                yield item
+
+    state = TraceState()
+    key = ("grep", "a" * 16, "b" * 16)
+    state.window = CountingWindow([key] * 500)  # type: ignore[assignment]
+    state.counts = {key: 500}
+    CYCLE.count(state, None, key, Policy().defaults)  # type: ignore[arg-type]
+    assert CountingWindow.reads <= Policy().defaults.cycle_max_period + 1
