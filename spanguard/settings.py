@@ -216,7 +216,10 @@ class WorkerSettings:
         "spanguard-goal-checks", "ended agent invocations waiting for the goal verifier"
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
-    replication_factor: int = setting(1, "replication of created topics")
+    replication_factor: int = setting(
+        0,
+        "replication of created topics; 0: min(3, brokers found), min.insync.replicas one less",
+    )
     store: Literal["rocksdb", "memory"] = setting("rocksdb", "table store: rocksdb or memory")
     data_dir: str = setting("./spanguard-data", "RocksDB and worker state")
     state_ttl: float = setting(3600.0, "seconds after which an idle trace's state is evicted")
@@ -273,9 +276,10 @@ class WorkerSettings:
         host, _, port = self.bootstrap.rpartition(":")
         if not host or not port.isdigit():
             raise SettingsError(f"bootstrap must be HOST:PORT, not {self.bootstrap!r}")
-        for name in ("partitions", "replication_factor"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be at least 1")
+        if self.partitions < 1:
+            raise SettingsError("partitions must be at least 1")
+        if self.replication_factor < 0:
+            raise SettingsError("replication_factor must be 0 (chosen for the cluster) or more")
         if self.session_timeout < 6:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
         if self.batch_size < 1:
@@ -590,7 +594,13 @@ class WebhookSettings:
 
 # -- the registry -------------------------------------------------------------------------------
 
-SETTINGS_CLASSES: Final = (WorkerSettings, KafkaSecurity, GoalSettings, PagerSettings, WebhookSettings)
+SETTINGS_CLASSES: Final = (
+    WorkerSettings,
+    KafkaSecurity,
+    GoalSettings,
+    PagerSettings,
+    WebhookSettings,
+)
 REGISTRY: Final[tuple[Setting, ...]] = tuple(
     entry for cls in SETTINGS_CLASSES for entry in settings_of(cls)
 )
