@@ -655,7 +655,9 @@ node_launch() {  # start node $NODE's JVM in the background (no waiting)
 
 node_wait() {  # wait until node $NODE answers (a node answers once the quorum registered it)
   local pid
-  pid=$(broker_pid) || { print_log_tail; die "node $NODE is not running"; }
+  # The pid file, not broker_pid: a node launched a moment ago may still be the shell's fork,
+  # whose command line is not the broker's yet.
+  pid=$(cat "$PID_FILE" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] || die "node $NODE is not running"
   wait_ready "$pid"
 }
 
