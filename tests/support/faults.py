@@ -14,9 +14,12 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +28,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from spanguard.streams.partitioner import collector_partition
-from tests.support.kafka_harness import ROOT, Cluster, Collector, WorkerProcess
+from tests.support.kafka_harness import ROOT, Cluster, Collector, WorkerProcess, free_port
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
+COLLECTOR_CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
+PERSISTENT_QUEUE = ROOT / "deploy" / "collector" / "persistent-queue.yaml"
 THRESHOLD = 4  # the shipped loop rule: the 4th identical call in the window trips
 SHIPPED_PARTITIONS = 8  # the shipped SPANGUARD_PARTITIONS
 
@@ -132,34 +137,65 @@ class KafkaCluster:
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:listen_port to 127.0.0.1:target_port. `stall()` stops moving bytes
-    both ways while every connection stays open (no RST, no FIN: what a partitioned network
-    looks like to both ends); `heal()` moves them again."""
+    """Forwards 127.0.0.1:listen_port to 127.0.0.1:target_port, and fails on demand:
+
+    - `stall()`: no byte moves either way and every connection stays open (no RST, no FIN):
+      a silent network partition. What a client wrote before it still reaches the other end
+      after `heal()` (it waits in the kernel's socket buffers).
+    - `cut()`: every connection reset and new ones refused: the brokers unreachable. What the
+      client had not written yet stays in the client.
+    - `heal()`: forwarding again (new connections accepted).
+    """
 
     def __init__(self, listen_port: int, target_port: int) -> None:
         self.listen_port = listen_port
         self.target_port = target_port
-        self._flowing = threading.Event()
-        self._flowing.set()
+        self._mode = "flowing"  # or "stalled", "cut"
         self._stop = threading.Event()
-        self._server = socket.create_server(("127.0.0.1", listen_port))
-        self._server.setblocking(False)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._server, selectors.EVENT_READ, None)
-        self._pending: dict[socket.socket, bytearray] = {}
+        self._server: socket.socket | None = None
+        self._peers: dict[socket.socket, socket.socket] = {}
+        self._listen()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _listen(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", self.listen_port))
+        self._server.setblocking(False)
+        self._selector.register(self._server, selectors.EVENT_READ, None)
+
     def stall(self) -> None:
-        self._flowing.clear()
+        self._mode = "stalled"
+
+    def cut(self) -> None:
+        self._mode = "cut"
+        deadline = time.monotonic() + 5
+        while self._server is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def heal(self) -> None:
-        self._flowing.set()
+        self._mode = "flowing"
+
+    def _drop(self, sock: socket.socket) -> None:
+        with contextlib.suppress(Exception):
+            self._selector.unregister(sock)
+        with contextlib.suppress(OSError):
+            # RST rather than FIN: the connection is gone, not closed by its peer.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        self._peers.pop(sock, None)
 
     def _run(self) -> None:
-        peers: dict[socket.socket, socket.socket] = {}
         while not self._stop.is_set():
-            if not self._flowing.is_set():
+            if self._mode == "cut" and self._server is not None:
+                for sock in list(self._peers):
+                    self._drop(sock)
+                self._drop(self._server)
+                self._server = None
+            if self._mode == "flowing" and self._server is None:
+                with contextlib.suppress(OSError):
+                    self._listen()
+            if self._mode != "flowing":
                 time.sleep(0.05)
                 continue
             for key, _ in self._selector.select(timeout=0.1):
@@ -172,9 +208,9 @@ class TcpProxy:
                         for s in (client, upstream):
                             s.setblocking(False)
                             self._selector.register(s, selectors.EVENT_READ, None)
-                        peers[client], peers[upstream] = upstream, client
+                        self._peers[client], self._peers[upstream] = upstream, client
                     continue
-                other = peers.get(sock)
+                other = self._peers.get(sock)
                 try:
                     data = sock.recv(65536)
                 except BlockingIOError:
@@ -187,20 +223,20 @@ class TcpProxy:
                             with contextlib.suppress(Exception):
                                 self._selector.unregister(s)
                             s.close()
-                            peers.pop(s, None)
+                            self._peers.pop(s, None)
                     continue
                 with contextlib.suppress(OSError):
                     other.setblocking(True)
                     other.sendall(data)
                     other.setblocking(False)
-        for s in list(peers):
-            s.close()
+        for sock in list(self._peers):
+            sock.close()
 
     def close(self) -> None:
         self._stop.set()
-        self._flowing.set()
         self._thread.join(timeout=5)
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         self._selector.close()
 
 
@@ -319,12 +355,16 @@ class KillLedger:
         wanted = {a.trace_id.encode() for a in self.loops}
         return wanted <= {m["key"] for m in collector.messages}
 
-    def summary(self, name: str, recovery: float) -> str:
+    def summary(self, name: str, recovery: float | None) -> str:
+        recovered = (
+            "never recovered"
+            if recovery is None
+            else f"recovered (every kill sent) {recovery:.1f} s after the fault began"
+        )
         return (
             f"{name}: kills expected {self.expected}, sent {self.sent}"
             f" ({self.redelivered} repeated records of one decision), doubled {len(self.doubled)},"
-            f" lost {len(self.lost)}, clean traces killed {len(self.false_kills)};"
-            f" recovery {recovery:.1f} s"
+            f" lost {len(self.lost)}, clean traces killed {len(self.false_kills)}; {recovered}"
         )
 
     def check(self) -> None:
@@ -422,3 +462,70 @@ class Pipeline:
             worker.stop()
         with contextlib.suppress(Exception):
             self.topics.delete()
+
+
+class RealCollector:
+    """scripts/collector.sh up/down on ports of its own, its state and queue under `home`."""
+
+    def __init__(self, home: Path, brokers: str, topic: str, persistent: bool) -> None:
+        self.home = home
+        (home / "queue").mkdir(parents=True, exist_ok=True)
+        self.http_port = free_port()
+        self.configs = [str(COLLECTOR_CONFIG)] + ([str(PERSISTENT_QUEUE)] if persistent else [])
+        self.env = {
+            **os.environ,
+            "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{self.http_port}",
+            "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "OTELCOL_METRICS_PORT": str(free_port()),
+            "KAFKA_BROKERS": brokers,
+            "SPANGUARD_INPUT_TOPIC": topic,
+            "COLLECTOR_STATE_DIR": str(home / "run"),
+            "SPANGUARD_COLLECTOR_QUEUE_DIR": str(home / "queue"),
+        }
+
+    def _script(self, *args: str) -> None:
+        result = subprocess.run(
+            [str(ROOT / "scripts" / "collector.sh"), *args],
+            env=self.env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"collector.sh {args} failed:\n{result.stdout}\n{result.stderr}")
+
+    def up(self) -> RealCollector:
+        self._script("up", *self.configs)
+        return self
+
+    def kill(self) -> None:
+        pid = int((self.home / "run" / "collector.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        while Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
+
+    def down(self) -> None:
+        self._script("down")
+
+    def post(self, body: bytes, attempts: int = 60) -> None:
+        """One OTLP/HTTP protobuf request, retried as an SDK exporter retries."""
+        for _attempt in range(attempts):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.http_port}/v1/traces",
+                data=body,
+                headers={"Content-Type": "application/x-protobuf"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"the Collector refused a request {attempts} times")
+
+    def export(self, agents: list, calls: slice) -> int:
+        """One request per trace of its spans `calls`; spans sent."""
+        sent = 0
+        for agent in agents:
+            spans = agent.finished()[calls]
+            self.post(encode(spans).SerializeToString())
+            sent += len(spans)
+        return sent
