@@ -247,6 +247,11 @@ class WorkerSettings:
         20, "milliseconds a Kafka fetch may wait for data (Faust's own: 1500)"
     )
     commit_interval: float = setting(1.0, "seconds between offset commits")
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = setting(
+        "at_least_once",
+        "at_least_once: redelivered records repeat decisions under the same id (agents obey an"
+        " id once); exactly_once: Faust's Kafka transactions (slower, docs/design.md)",
+    )
     dead_after: float = setting(
         60.0,
         "seconds the span agent may stay crashed, or stuck with records waiting, before /livez"
@@ -282,6 +287,11 @@ class WorkerSettings:
             raise SettingsError("replication_factor must be 0 (chosen for the cluster) or more")
         if self.session_timeout < 6:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
+        if self.processing_guarantee not in ("at_least_once", "exactly_once"):
+            raise SettingsError(
+                "processing_guarantee must be at_least_once or exactly_once,"
+                f" not {self.processing_guarantee!r}"
+            )
         if self.batch_size < 1:
             raise SettingsError("batch_size must be at least 1")
         if self.state_cache < 0:

@@ -64,6 +64,7 @@ def create_app(
         stream_recovery_delay=settings.recovery_delay,
         table_standby_replicas=settings.standby_replicas,
         broker_commit_interval=settings.commit_interval,
+        processing_guarantee=settings.processing_guarantee,
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=min(3.0, settings.session_timeout / 3),
         consumer_auto_offset_reset="earliest",
