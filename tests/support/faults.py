@@ -341,15 +341,31 @@ class KillLedger:
         found = self.by_trace()
         return [a.trace_id for a in self.clean if a.trace_id in found]
 
-    @property
-    def wrong_call(self) -> list[str]:
-        found = self.by_trace()
+    def _calls_off_threshold(self, first_only: bool) -> list[str]:
+        found = self.by_trace()  # in the kill topic's order: a trace's records share a partition
         wrong = []
         for agent in self.loops:
-            for record in found.get(agent.trace_id, []):
-                if record["evidence"]["span_id"] != span_id_of(agent.finished()[THRESHOLD - 1]):
-                    wrong.append(agent.trace_id)
+            calls = [span_id_of(span) for span in agent.finished()]
+            records = found.get(agent.trace_id, [])
+            for record in records[:1] if first_only else records[1:]:
+                span = record["evidence"]["span_id"]
+                if span != calls[THRESHOLD - 1]:
+                    at = calls.index(span) + 1 if span in calls else "?"
+                    wrong.append(f"{agent.trace_id}: call {at}")
         return wrong
+
+    @property
+    def wrong_call(self) -> list[str]:
+        """Looping traces whose kill (the first record, the one an agent obeys) is not at the
+        threshold call: 'trace: call N'."""
+        return self._calls_off_threshold(first_only=True)
+
+    @property
+    def stale_repeats(self) -> list[str]:
+        """Later records of a trace's decision made at another call than the threshold's: the
+        rule tripped again, so some worker's state had lost the trace's kill (stale state).
+        The agent obeys the decision id once; the audit and the kill topic get a repeat."""
+        return self._calls_off_threshold(first_only=False)
 
     def complete(self, collector: Collector) -> bool:
         wanted = {a.trace_id.encode() for a in self.loops}
@@ -364,16 +380,29 @@ class KillLedger:
         return (
             f"{name}: kills expected {self.expected}, sent {self.sent}"
             f" ({self.redelivered} repeated records of one decision), doubled {len(self.doubled)},"
-            f" lost {len(self.lost)}, clean traces killed {len(self.false_kills)}; {recovered}"
+            f" lost {len(self.lost)}, clean traces killed {len(self.false_kills)},"
+            f" killed at another call {len(self.wrong_call)}, tripped again later (stale state)"
+            f" {len(self.stale_repeats)}; {recovered}"
         )
 
-    def check(self) -> None:
+    def check(self, zombie_gaps_known: bool = False) -> None:
+        """Every property. With `zombie_gaps_known` (a worker frozen or cut off, then back),
+        a kill at a later call or a rule tripping again is the worker's known gap
+        (docs/operating.md): an expected failure, once nothing is lost, doubled or false."""
         assert not self.lost, f"{len(self.lost)}/{self.expected} loops never killed"
         assert not self.doubled, f"traces with two decisions: {self.doubled}"
         assert not self.false_kills, f"clean traces killed: {self.false_kills}"
+        if (self.wrong_call or self.stale_repeats) and zombie_gaps_known:
+            import pytest
+
+            pytest.xfail(
+                "known gap, a zombie worker's state: kills at a later call"
+                f" {self.wrong_call[:4]}, rules tripped again {self.stale_repeats[:4]}"
+            )
         assert not self.wrong_call, (
             f"killed at another call than the threshold's: {self.wrong_call}"
         )
+        assert not self.stale_repeats, f"rules tripped again (stale state): {self.stale_repeats}"
 
 
 def wait_for_kills(ledger: KillLedger, collector: Collector, timeout: float) -> float:
