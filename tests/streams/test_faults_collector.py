@@ -16,12 +16,16 @@ restarted.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.faults import (
+    COLLECTOR_CONFIG,
+    PERSISTENT_QUEUE,
     KafkaCluster,
     KillLedger,
     Pipeline,
@@ -110,3 +114,25 @@ def test_collector_sigkilled_with_its_queue_in_memory_loses_what_it_held(
     kafka_cluster: KafkaCluster, tmp_path
 ) -> None:
     run(kafka_cluster, tmp_path, persistent=False)
+
+
+def test_the_persistent_queue_overlay_validates(tmp_path) -> None:
+    """persistent-queue.yaml over config.yaml is a config the built Collector accepts (it has
+    the file_storage extension), and it takes the batch processor out of the pipeline."""
+    import yaml
+
+    overlay = yaml.safe_load(PERSISTENT_QUEUE.read_text(encoding="utf-8"))
+    assert overlay["service"]["pipelines"]["traces"]["processors"] == []
+    assert overlay["exporters"]["kafka"]["sending_queue"]["storage"] == "file_storage/queue"
+    binary = subprocess.run(
+        [str(ROOT / "scripts" / "collector.sh"), "path"],
+        capture_output=True, text=True, timeout=900, check=True,
+    ).stdout.strip()  # fmt: skip
+    result = subprocess.run(
+        [binary, "validate", "--config", str(COLLECTOR_CONFIG), "--config", str(PERSISTENT_QUEUE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SPANGUARD_COLLECTOR_QUEUE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
