@@ -16,8 +16,9 @@ At the end (traffic stopped, the pipeline drained) it prints:
 - the workers' RSS after the warm-up and at the end (a slot whose worker was SIGKILLed is
   measured on its replacement);
 - the longest consumer lag of the group over the input topic (end offsets minus committed,
-  sampled every 5 s, the dead worker's partitions included) and how long it took from that peak
-  to under a tenth of it;
+  sampled every 5 s, the dead worker's partitions included), how long it took from that peak
+  to under a tenth of it, and how long the pipeline took to drain once the traffic stopped
+  (`--drain` s at most; the lag left then is printed, and kills still unread count as lost);
 - detection latency: the kill record's timestamp minus the time the request holding the
   tripping span was posted to the Collector, p50/p99 over the run.
 
@@ -36,11 +37,9 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from bench.bench_pipeline import expected_kills, percentile
 from bench.corpus import build_corpus
@@ -56,8 +55,16 @@ from tests.support.kafka_harness import Collector, Topics, WorkerProcess
 CHUNK_SECONDS = 60
 
 
+def make_chunk(seed: int, spans: int) -> tuple[list[tuple[bytes, set[str]]], dict[str, str]]:
+    """One minute of the fleet (fresh trace ids), each request with its span ids, and the
+    kills the detection core makes over it (trace id -> tripping span id)."""
+    corpus = build_corpus(total_spans=spans, traces=1000, seed=seed)
+    return [(data, span_ids(data)) for data in corpus.requests], expected_kills(corpus.requests)
+
+
 class Traffic(threading.Thread):
-    """Fresh corpora, posted at a steady rate; remembers when each tripping span was sent."""
+    """Fresh corpora, posted at a steady rate; remembers when each tripping span was sent.
+    The next minute is built in another process while this one is posted, so the rate holds."""
 
     def __init__(self, collector: RealCollector, rate: float, seconds: float) -> None:
         super().__init__(daemon=True)
@@ -67,39 +74,48 @@ class Traffic(threading.Thread):
         self.expected: dict[str, str] = {}  # trace id -> span id of its tripping span
         self.posted_at: dict[str, float] = {}  # tripping span id -> wall time posted
         self.spans = 0
+        self.posting_seconds = 0.0
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+
         try:
-            started = time.monotonic()
             seed = random.randrange(1 << 30)
-            while not self.stopping.is_set() and time.monotonic() - started < self.seconds:
-                seed += 1
-                corpus = build_corpus(
-                    total_spans=int(self.rate * CHUNK_SECONDS), traces=1000, seed=seed
-                )
-                kills = expected_kills(corpus.requests)
-                tripping = set(kills.values())
-                self.expected.update(kills)
-                chunk_start = time.monotonic()
-                sent_in_chunk = 0
-                for data in corpus.requests:
-                    if self.stopping.is_set():
-                        break
-                    # Paced: this request leaves when the rate says it should.
-                    wait = chunk_start + sent_in_chunk / self.rate - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                    now = time.time()
-                    self.collector.post(data)
-                    ids = span_ids(data)
-                    for span_id in ids & tripping:
-                        self.posted_at[span_id] = now
-                    sent_in_chunk += len(ids)
-                    self.spans += len(ids)
+            per_chunk = int(self.rate * CHUNK_SECONDS)
+            with ProcessPoolExecutor(max_workers=1) as pool:
+                upcoming = pool.submit(make_chunk, seed, per_chunk)
+                started = time.monotonic()
+                while not self.stopping.is_set() and time.monotonic() - started < self.seconds:
+                    requests, kills = upcoming.result()
+                    seed += 1
+                    upcoming = pool.submit(make_chunk, seed, per_chunk)
+                    self._post(requests, kills)
+                self.posting_seconds = time.monotonic() - started
+                upcoming.cancel()
         except BaseException as exc:
             self.error = exc
+
+    def _post(self, requests: list[tuple[bytes, set[str]]], kills: dict[str, str]) -> None:
+        tripping = set(kills.values())
+        chunk_start = time.monotonic()
+        sent_in_chunk = 0
+        for data, ids in requests:
+            if self.stopping.is_set():
+                return
+            # Paced: this request leaves when the rate says it should.
+            wait = chunk_start + sent_in_chunk / self.rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            now = time.time()
+            self.collector.post(data)
+            for span_id in ids & tripping:
+                self.posted_at[span_id] = now
+            sent_in_chunk += len(ids)
+            self.spans += len(ids)
+        # Only what was posted is expected: a chunk cut short by a stop counts its part.
+        self.expected.update({t: s for t, s in kills.items() if s in self.posted_at})
 
 
 def span_ids(data: bytes) -> set[str]:
@@ -117,31 +133,25 @@ def span_ids(data: bytes) -> set[str]:
 
 
 class LagMeter(threading.Thread):
-    """The group's lag over the input topic: end offsets minus committed, every 5 s."""
+    """The group's lag over the input topic: end offsets minus committed, every 5 s, read with
+    one plain consumer that never joins the group (librdkafka's admin client crashed this
+    process once here, mid broker restart)."""
 
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
         super().__init__(daemon=True)
-        self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
-        self.consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": f"lag-{uuid.uuid4().hex}", "log_level": 2}
-        )
+        self.bootstrap = bootstrap
         self.group = group
         self.topic = topic
         self.samples: list[tuple[float, int]] = []
         self.stopping = threading.Event()
 
-    def read(self) -> int | None:
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
+    def read(self, consumer: Consumer) -> int | None:
         partitions = [TopicPartition(self.topic, p) for p in range(SHIPPED_PARTITIONS)]
         try:
-            future = self.admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(self.group, partitions)]
-            )[self.group]
-            committed = {tp.partition: tp.offset for tp in future.result(10).topic_partitions}
+            committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, 10)}
             lag = 0
             for p in range(SHIPPED_PARTITIONS):
-                _low, high = self.consumer.get_watermark_offsets(
+                _low, high = consumer.get_watermark_offsets(
                     TopicPartition(self.topic, p), timeout=10
                 )
                 lag += max(high - max(committed.get(p, 0), 0), 0)
@@ -150,12 +160,20 @@ class LagMeter(threading.Thread):
             return None  # a broker down mid-read: the next sample counts
 
     def run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,  # only to read its committed offsets: never subscribes
+                "enable.auto.commit": False,
+                "log_level": 2,
+            }
+        )
         while not self.stopping.is_set():
-            lag = self.read()
+            lag = self.read(consumer)
             if lag is not None:
                 self.samples.append((time.monotonic(), lag))
             self.stopping.wait(5)
-        self.consumer.close()
+        consumer.close()
 
     def peak_and_drain(self) -> tuple[int, float | None]:
         if not self.samples:
@@ -173,6 +191,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="spans per second")
     parser.add_argument("--chaos-every", type=float, default=180.0, help="seconds")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before RSS is read")
+    parser.add_argument(
+        "--drain", type=float, default=600.0, help="seconds to wait after the traffic at most"
+    )
     parser.add_argument(
         "--cluster-dir",
         help="a `scripts/kafka.sh cluster` data dir to use (started if needed) and leave running",
@@ -232,20 +253,33 @@ def main() -> int:
                     f"{time.monotonic() - started:.0f}s broker {node} SIGKILLed"
                     f" ({traffic.spans} spans sent so far)"
                 )
-            print(f"soak: {chaos_log[-1]}", flush=True)
+            peak_so_far = max((sample for _at, sample in lag.samples), default=0)
+            print(
+                f"soak: {chaos_log[-1]}; kills so far {len(kills.messages)},"
+                f" longest lag so far {peak_so_far}",
+                flush=True,
+            )
             step += 1
         if traffic.error is not None:
             raise traffic.error
 
-        # Drain: every expected kill, or two minutes at most.
+        # Drain: every expected kill, or the group's lag gone and 30 s more, or --drain s.
         print(f"soak: traffic done ({traffic.spans} spans), draining", flush=True)
-        deadline = time.monotonic() + 120
+        traffic_done = time.monotonic()
+        deadline = traffic_done + args.drain
         wanted = set(traffic.expected)
+        caught_up: float | None = None
         while time.monotonic() < deadline:
             got = {m["key"].decode() for m in kills.messages}
             if wanted <= got:
                 break
+            last = lag.samples[-1] if lag.samples else None
+            if last is not None and last[0] > traffic_done and last[1] == 0:
+                caught_up = caught_up or time.monotonic()
+                if time.monotonic() - caught_up > 30:
+                    break
             time.sleep(2)
+        drained_in = time.monotonic() - traffic_done
         time.sleep(10)  # late duplicates, were there any
         rss_end = [rss_kib(w.process.pid) for w in workers]
 
@@ -274,6 +308,7 @@ def main() -> int:
             "minutes": round((time.monotonic() - started) / 60, 1),
             "spans": traffic.spans,
             "rate": args.rate,
+            "spans_per_s": round(traffic.spans / max(traffic.posting_seconds, 1.0)),
             "chaos": chaos_log,
             "kills_expected": expected,
             "kills_sent": len(kills.messages),
@@ -284,6 +319,9 @@ def main() -> int:
             "rss_start_mib": [round(r / 1024) for r in rss_start],
             "rss_end_mib": [round(r / 1024) for r in rss_end],
             "max_lag": peak,
+            "final_drain_s": round(drained_in, 1),
+            # Not zero: the drain gave up with records unread, so "lost" counts late kills too.
+            "lag_at_end": lag.samples[-1][1] if lag.samples else None,
             "drain_s": None if drain is None else round(drain, 1),
             "latency_p50_s": round(percentile(latencies, 0.5), 3) if latencies else None,
             "latency_p99_s": round(percentile(latencies, 0.99), 3) if latencies else None,
@@ -291,10 +329,13 @@ def main() -> int:
             "load_avg_1m": os.getloadavg()[0],
         }
         print(
-            f"soak: {result['minutes']} min, {traffic.spans} spans; kills expected {expected},"
+            f"soak: {result['minutes']} min, {traffic.spans} spans ({result['spans_per_s']}/s"
+            f" offered); kills expected {expected},"
             f" sent {len(kills.messages)}, doubled {doubled}, lost {lost}, false {false};"
             f" RSS MiB start {result['rss_start_mib']} end {result['rss_end_mib']};"
-            f" longest lag {peak} messages, drained in {result['drain_s']} s;"
+            f" longest lag {peak} messages, under a tenth of it {result['drain_s']} s later;"
+            f" after the traffic, {result['final_drain_s']} s to drain (lag at the end"
+            f" {result['lag_at_end']});"
             f" detection latency p50 {result['latency_p50_s']} s p99 {result['latency_p99_s']} s"
             f" ({os.cpu_count()} cores, load {result['load_avg_1m']:.1f})"
         )
