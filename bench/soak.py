@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -239,7 +240,9 @@ def main() -> int:
                 slot = (step // 2) % len(workers)
                 victim = workers[slot]
                 victim.stop(signal.SIGKILL)
-                workers[slot] = shipped_worker(topics, home / f"worker-{slot}").start(240)
+                # Its replacement replays its partitions' changelog first: minutes on a busy
+                # machine with a backlog.
+                workers[slot] = shipped_worker(topics, home / f"worker-{slot}").start(900)
                 chaos_log.append(
                     f"{time.monotonic() - started:.0f}s worker {slot} SIGKILLed"
                     f" ({traffic.spans} spans sent so far)"
@@ -357,6 +360,7 @@ def main() -> int:
             kafka.up()  # a node the chaos step stopped comes back; the cluster stays up
         else:
             kafka.down()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
