@@ -113,12 +113,17 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
         pipeline.spans.flush()
         # The other worker takes the partitions after the session timeout; the cut-off one
         # may hold decisions it made before the cut, written to sockets that do not move.
-        time.sleep(max(0.0, cut + SESSION_TIMEOUT + 20 - time.monotonic()))
+        done: float | None = None
+        while time.monotonic() < cut + SESSION_TIMEOUT + 20:
+            if done is None and ledger.complete(pipeline.collector):
+                done = time.monotonic()  # every kill sent while the cut lasts
+            time.sleep(0.2)
         during = len(KillLedger(loops, clean).read(pipeline.collector).by_trace())
         for proxy in proxies:
             proxy.heal()
         healed = time.monotonic()
-        done = wait_for_kills(ledger, pipeline.collector, timeout=180)
+        if done is None:
+            done = wait_for_kills(ledger, pipeline.collector, timeout=180)
         rejoined = after_zombie(pipeline, ledger, everyone)
         print(
             "\n"
