@@ -36,7 +36,7 @@ test-failover: install
 # Faults of a three-broker cluster of their own (scripts/kafka.sh cluster, free ports) under two
 # workers on their shipped defaults: partition leaders SIGKILLed, a rolling restart, a frozen
 # worker, the Collector SIGKILLed (with and without its queue on disk), a worker cut off from
-# the brokers. Each prints kills expected/sent/doubled/lost and its recovery time (10-15 min
+# the brokers. Each prints kills expected/sent/doubled/lost and its recovery time (10-17 min
 # here). The Collector one with its queue on disk also runs in `make test`.
 test-faults: install collector
 	$(BIN)/pytest -q -s -m "kafka or faults" tests/streams/test_faults_brokers.py \
