@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -68,6 +68,21 @@ test-agents: install kafka-up collector
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/pytest -q -s -m "agents or not agents" tests/killswitch/test_agents_e2e.py \
 		tests/killswitch/test_agents_adapters.py
+
+# Faults of a three-broker cluster of their own (scripts/kafka.sh cluster, free ports) under two
+# workers on their shipped defaults: partition leaders SIGKILLed, a rolling restart, a frozen
+# worker, the Collector SIGKILLed (with and without its queue on disk), a worker cut off from
+# the brokers. Each prints kills expected/sent/doubled/lost and its recovery time (10-17 min
+# here). The Collector one with its queue on disk also runs in `make test`.
+test-faults: install collector
+	$(BIN)/pytest -q -s -m "kafka or faults" tests/streams/test_faults_brokers.py \
+		tests/streams/test_faults_collector.py tests/streams/test_faults_workers.py
+
+# 20-30 minutes of mixed traffic at 2,000 spans/s through the real Collector into two workers on
+# a three-broker cluster, a worker or a broker SIGKILLed every few minutes; prints kills
+# expected/sent/doubled/lost, RSS, the longest lag and its drain, detection latency p50/p99.
+soak: install collector
+	$(BIN)/python -m bench.soak
 
 kafka-up:
 	scripts/kafka.sh up

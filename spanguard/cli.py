@@ -128,10 +128,11 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        outcomes = create_topics(settings)
-    except KafkaException as exc:
+        replication, outcomes = create_topics(settings)
+    except (KafkaException, ValueError) as exc:
         print(f"spanguard topics create: {exc}", file=sys.stderr)
         return 1
+    print(f"spanguard topics create: {replication.describe()}")
     for name, outcome in outcomes.items():
         print(f"{name}: {outcome}")
     return 0

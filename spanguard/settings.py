@@ -198,6 +198,7 @@ TOPIC_SETTINGS: Final = (
     "dead_letter_topic",
     "repartition_topic",
     "goal_topic",
+    "ack_topic",
 )
 # What Kafka accepts as a topic name (kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -246,7 +247,10 @@ class WorkerSettings:
         "spanguard-goal-checks", "ended agent invocations waiting for the goal verifier"
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
-    replication_factor: int = setting(1, "replication of created topics")
+    replication_factor: int = setting(
+        0,
+        "replication of created topics; 0: min(3, brokers found), min.insync.replicas one less",
+    )
     store: Literal["rocksdb", "memory"] = setting("rocksdb", "table store: rocksdb or memory")
     data_dir: str = setting("./spanguard-data", "RocksDB and worker state")
     state_ttl: float = setting(3600.0, "seconds after which an idle trace's state is evicted")
@@ -275,6 +279,11 @@ class WorkerSettings:
     )
     commit_interval: float = setting(
         1.0, "seconds between offset commits; a trace's state is written once per interval"
+    )
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = setting(
+        "at_least_once",
+        "at_least_once: redelivered records repeat decisions under the same id (agents obey an"
+        " id once); exactly_once: Faust's Kafka transactions (slower, docs/design.md)",
     )
     dead_after: float = setting(
         60.0,
@@ -329,11 +338,17 @@ class WorkerSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "commit_interval" and value == 0):
                 raise SettingsError(f"{name} must be a positive number of seconds, not {value}")
-        for name in ("partitions", "replication_factor"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be at least 1")
+        if self.partitions < 1:
+            raise SettingsError("partitions must be at least 1")
+        if self.replication_factor < 0:
+            raise SettingsError("replication_factor must be 0 (chosen for the cluster) or more")
         if self.session_timeout < 6:
             raise SettingsError("session_timeout must be at least 6 seconds (the broker's minimum)")
+        if self.processing_guarantee not in ("at_least_once", "exactly_once"):
+            raise SettingsError(
+                "processing_guarantee must be at_least_once or exactly_once,"
+                f" not {self.processing_guarantee!r}"
+            )
         if self.batch_size < 1:
             raise SettingsError("batch_size must be at least 1")
         if self.state_cache < 0:

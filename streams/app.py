@@ -65,11 +65,14 @@ def create_app(
         stream_recovery_delay=settings.recovery_delay,
         table_standby_replicas=settings.standby_replicas,
         broker_commit_interval=settings.commit_interval,
+        processing_guarantee=settings.processing_guarantee,
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=min(3.0, settings.session_timeout / 3),
         consumer_auto_offset_reset="earliest",
         topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
+        # 0 (chosen for the cluster) is resolved by run_worker; an app built directly (benches,
+        # tests on one broker) gets one copy.
+        topic_replication_factor=settings.replication_factor or 1,
         producer_acks=-1,
     )
     # No use_partitioner: each changelog record goes to the partition of the message that

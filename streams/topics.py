@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -11,9 +12,48 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.settings import WorkerSettings
 
-__all__ = ["TopicSpec", "create_topics", "topic_specs"]
+__all__ = [
+    "Replication",
+    "TopicSpec",
+    "choose_replication",
+    "cluster_replication",
+    "create_topics",
+    "topic_specs",
+]
 
 log = logging.getLogger("spanguard.topics")
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How many copies of each partition, and how many must have a write before it counts."""
+
+    factor: int
+    min_insync: int
+    brokers: int
+    chosen: bool  # picked for the cluster found (replication_factor 0), not set by the operator
+
+    def describe(self) -> str:
+        how = "chosen for" if self.chosen else "as set, on"
+        return (
+            f"replication factor {self.factor}, min.insync.replicas {self.min_insync}"
+            f" ({how} {self.brokers} broker{'s' if self.brokers != 1 else ''})"
+        )
+
+
+def choose_replication(brokers: int, requested: int = 0) -> Replication:
+    """`requested` 0: three copies where the cluster has three brokers or more, else one per
+    broker. min.insync.replicas is one less than the factor (at least 1): with acks=all a
+    write then survives the loss of any one broker, and one broker down still takes writes."""
+    if brokers < 1:
+        raise ValueError("the cluster reported no broker")
+    if requested > brokers:
+        raise ValueError(
+            f"replication factor {requested} needs {requested} brokers, the cluster has {brokers}"
+            " (SPANGUARD_REPLICATION_FACTOR=0 picks one that fits)"
+        )
+    factor = requested or min(3, brokers)
+    return Replication(factor, max(1, factor - 1), brokers, chosen=requested == 0)
 
 
 @dataclass(frozen=True)
@@ -41,8 +81,7 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
     ]
 
 
-def create_topics(settings: WorkerSettings, timeout: float = 30.0) -> dict[str, str]:
-    """Create every topic; existing ones are left as they are. Returns name -> outcome."""
+def _connect(settings: WorkerSettings, timeout: float) -> tuple[AdminClient, Any]:
     errors = ClientErrors(settings.bootstrap)
     admin = AdminClient(
         {
@@ -53,11 +92,32 @@ def create_topics(settings: WorkerSettings, timeout: float = 30.0) -> dict[str, 
         }
     )
     # A wrong password or an untrusted certificate ends here, at once (KafkaConnectError).
-    wait_for_metadata(admin, errors, timeout=min(timeout, 15.0))
+    return admin, wait_for_metadata(admin, errors, timeout=min(timeout, 15.0))
+
+
+def cluster_replication(settings: WorkerSettings, timeout: float = 15.0) -> Replication:
+    """The replication `topics create` uses on the cluster `settings` point at."""
+    _, cluster = _connect(settings, timeout)
+    return choose_replication(len(cluster.brokers), settings.replication_factor)
+
+
+def create_topics(
+    settings: WorkerSettings, timeout: float = 30.0
+) -> tuple[Replication, dict[str, str]]:
+    """Create every topic; existing ones are left as they are. Returns the replication used
+    and name -> outcome."""
+    admin, cluster = _connect(settings, timeout)
+    replication = choose_replication(len(cluster.brokers), settings.replication_factor)
+    log.info("topics: %s", replication.describe())
     specs = topic_specs(settings)
     futures = admin.create_topics(
         [
-            NewTopic(spec.name, spec.partitions, settings.replication_factor, config=spec.config)
+            NewTopic(
+                spec.name,
+                spec.partitions,
+                replication.factor,
+                config={**spec.config, "min.insync.replicas": str(replication.min_insync)},
+            )
             for spec in specs
         ],
         request_timeout=timeout,
@@ -86,4 +146,4 @@ def create_topics(settings: WorkerSettings, timeout: float = 30.0) -> dict[str, 
                 found,
                 spec.partitions,
             )
-    return outcomes
+    return replication, outcomes

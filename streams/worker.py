@@ -18,6 +18,7 @@ from spanguard.schemas.policy import Policy
 from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.streams.app import create_app
 from spanguard.streams.judge import OpenAICompatibleJudge
+from spanguard.streams.topics import cluster_replication
 
 __all__ = ["run_worker"]
 
@@ -68,6 +69,11 @@ def run_worker(
             " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
         )
     check_broker(settings)
+    if settings.replication_factor == 0:
+        # Topics Faust makes itself (its assignor's) get the replication `topics create` chose.
+        replication = cluster_replication(settings)
+        log.info("topics Faust creates: %s", replication.describe())
+        settings = replace(settings, replication_factor=replication.factor)
     app = create_app(
         settings,
         policy,

@@ -222,7 +222,9 @@ class WorkerProcess:
         policy: Path | None = None,
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
+        session_timeout: float | None = 6.0,
     ) -> None:
+        """`session_timeout` None: the worker's shipped one."""
         self.topics = topics
         cluster = topics.cluster
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +237,8 @@ class WorkerProcess:
             "--partitions", str(partitions),
             "--metrics-port", str(self.port),
             "--metrics-host", "127.0.0.1",
-            "--session-timeout", "6",  # a kill -9'd worker's partitions come back quickly
+            # 6 s: a kill -9'd worker's partitions come back quickly
+            *(["--session-timeout", str(session_timeout)] if session_timeout else []),
             *topics.flags(),
             *(["--policy", str(policy)] if policy else []),
             *(extra or []),
