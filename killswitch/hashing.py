@@ -109,7 +109,7 @@ def _is_content(key: str, keys: frozenset[str], strip_content: bool) -> bool:
 
 
 def _is_event_content(key: str) -> bool:
-    """An event attribute that may carry content: the event names, and any span content name."""
+    """An event attribute that may carry content: a name events use for it, or any span content name."""
     return key in CONTENT_EVENT_KEYS or _is_content(key, CONTENT_KEYS, strip_content=True)
 
 
