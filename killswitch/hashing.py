@@ -84,10 +84,14 @@ CONTENT_PREFIXES: Final = (
     "embedding.embeddings.",
 )
 # Event attributes that carry content (strands' gen_ai.tool.message, GenAI message events).
+# strands 1.62 (telemetry/tracer.py) writes its legacy events with `content` (user, system and
+# tool-input messages), `message` (choices) and `tool.result` (the results fed back to the model,
+# on the event loop cycle's `gen_ai.choice`); its latest conventions use the gen_ai.* names.
 CONTENT_EVENT_KEYS: Final = frozenset(
     {
         "content",
         "message",
+        "tool.result",
         "gen_ai.input.messages",
         "gen_ai.output.messages",
         "gen_ai.system_instructions",
@@ -102,6 +106,11 @@ def _is_content(key: str, keys: frozenset[str], strip_content: bool) -> bool:
     if key in keys:
         return True
     return strip_content and key.startswith(CONTENT_PREFIXES)
+
+
+def _is_event_content(key: str) -> bool:
+    """An event attribute that may carry content: a name events use for it, or any span content name."""
+    return key in CONTENT_EVENT_KEYS or _is_content(key, CONTENT_KEYS, strip_content=True)
 
 
 class ArgsHashingSpanProcessor(SpanProcessor):
@@ -148,7 +157,7 @@ class ArgsHashingSpanProcessor(SpanProcessor):
         attributes = span.attributes or {}
         has_content = any(_is_content(key, self._keys, self.strip_content) for key in attributes)
         has_events = any(
-            not CONTENT_EVENT_KEYS.isdisjoint(event.attributes or {}) for event in span.events
+            _is_event_content(key) for event in span.events for key in event.attributes or {}
         )
         if not has_content and not has_events:
             return span
@@ -213,7 +222,7 @@ class ArgsHashingSpanProcessor(SpanProcessor):
         events = [
             Event(
                 event.name,
-                {k: v for k, v in (event.attributes or {}).items() if k not in CONTENT_EVENT_KEYS},
+                {k: v for k, v in (event.attributes or {}).items() if not _is_event_content(k)},
                 event.timestamp,
             )
             for event in span.events
