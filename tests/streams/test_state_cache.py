@@ -161,13 +161,13 @@ def test_a_trace_touched_by_many_batches_between_flushes_is_written_once() -> No
         with event_context(event(3, offset)):
             state = states.get(TRACE) or TraceState()
             state.last_seen = float(offset)
-            state.fired.add(f"seen:{offset}")
+            state.fired.add(Fired("seen", str(offset)))
             states[TRACE] = state
         assert table == {} and states.unflushed == 1
     states.flush()
     assert table.writes == [(TRACE.encode(), 4)]  # once, in the last event's context
     stored = TraceState.from_bytes(table[TRACE.encode()])
-    assert stored.last_seen == 4.0 and stored.fired == {f"seen:{n}" for n in range(5)}
+    assert stored.last_seen == 4.0 and stored.fired == {Fired("seen", str(n)) for n in range(5)}
     assert states.unflushed == 0
     assert read(states, TRACE, 3) == stored
 
