@@ -146,7 +146,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     trace_id = args.trace_id.lower()
-    scan = read_decisions(settings.bootstrap, settings.detections_topic, trace_id, args.timeout)
+    scan = read_decisions(
+        settings.bootstrap, settings.kafka, settings.detections_topic, trace_id, args.timeout
+    )
     if not scan.records:
         print(
             f"spanguard explain: no decision for trace {trace_id} in {settings.detections_topic}"
@@ -174,7 +176,9 @@ def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, A
     from spanguard.streams.audit import read_decisions
 
     try:
-        scan = read_decisions(settings.bootstrap, settings.ack_topic, trace_id, timeout)
+        scan = read_decisions(
+            settings.bootstrap, settings.kafka, settings.ack_topic, trace_id, timeout
+        )
     except AuditReadError as exc:
         print(f"spanguard explain: no acks read: {exc}", file=sys.stderr)
         return None
@@ -189,6 +193,7 @@ def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, A
 
 
 def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
+    from spanguard.kafka_security import add_flags
     from spanguard.settings import REGISTRY
 
     explain = commands.add_parser(
@@ -226,6 +231,7 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
         " obeyed (default 10)",
     )
     explain.add_argument("--json", action="store_true", help="print the records as JSON lines")
+    add_flags(explain)
     explain.set_defaults(handler=_cmd_explain)
 
 

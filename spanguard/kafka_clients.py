@@ -14,6 +14,7 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from spanguard.errors import KafkaConnectError
@@ -23,10 +24,20 @@ __all__ = [
     "ClientErrors",
     "LibrdkafkaLog",
     "check_aiokafka",
+    "client_config",
     "faust_credentials",
     "refusal",
     "wait_for_metadata",
 ]
+
+
+def client_config(
+    bootstrap: str, security: KafkaSecurity, properties: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The config of every confluent-kafka client (Producer, Consumer, AdminClient) a spanguard
+    command builds: the client's own `properties`, then the bootstrap servers and the connection
+    security, last so that no property can turn them off (never a plaintext fallback)."""
+    return {**(properties or {}), "bootstrap.servers": bootstrap, **security.confluent_config()}
 
 
 def faust_credentials(security: KafkaSecurity) -> Any:
@@ -76,8 +87,10 @@ class ClientErrors:
     """confluent-kafka's `error_cb`: keeps the first refusal and the last transport error, so a
     bad password or an untrusted certificate ends a start-up wait at once, with its cause."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        # A plaintext client that no broker answers may be knocking on a TLS or SASL listener.
+        self.plaintext = security is not None and security.security_protocol == "PLAINTEXT"
         self.refused: KafkaConnectError | None = None
         self.unreachable: str | None = None
 
@@ -142,9 +155,14 @@ def wait_for_metadata(
         if errors.refused is not None:
             raise errors.refused
         if time.monotonic() >= deadline:
+            hint = (
+                " (a TLS or SASL listener? set SPANGUARD_KAFKA_SECURITY_PROTOCOL and its settings)"
+                if errors.plaintext
+                else ""
+            )
             raise KafkaConnectError(
                 f"Kafka at {errors.bootstrap} did not answer in {timeout:.0f}s:"
-                f" {errors.unreachable or last}"
+                f" {errors.unreachable or last}{hint}"
             )
 
 

@@ -8,6 +8,7 @@ partition is read from its first offset up to the end offsets taken at the start
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,8 +17,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from spanguard.errors import AuditReadError
+from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, client_config, wait_for_metadata
+from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["AuditScan", "read_decisions"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,27 +34,43 @@ class AuditScan:
     unreadable: int = 0  # records under the key that are not JSON objects
 
 
-def read_decisions(bootstrap: str, topic: str, trace_id: str, timeout: float = 30.0) -> AuditScan:
-    """Every record of `topic` keyed by `trace_id`; AuditReadError if the topic is not there."""
+def read_decisions(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topic: str,
+    trace_id: str,
+    timeout: float = 30.0,
+) -> AuditScan:
+    """Every record of `topic` keyed by `trace_id`; AuditReadError if the topic is not there,
+    KafkaConnectError if the cluster refuses the connection or does not answer."""
+    errors = ClientErrors(bootstrap, security)
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            # A throwaway group that commits nothing: reading the audit never moves anyone's offsets.
-            "group.id": f"spanguard-explain-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+        client_config(
+            bootstrap,
+            security,
+            {
+                # A throwaway group that commits nothing: reading the audit never moves anyone's
+                # offsets.
+                "group.id": f"spanguard-explain-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "error_cb": errors,
+                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
+            },
+        )
     )
     try:
-        return _scan(consumer, topic, trace_id.lower().encode(), timeout)
+        return _scan(consumer, errors, topic, trace_id.lower().encode(), timeout)
     except KafkaException as exc:
         raise AuditReadError(f"cannot read {topic} from {bootstrap}: {exc}") from None
     finally:
         consumer.close()
 
 
-def _scan(consumer: Consumer, topic: str, key: bytes, timeout: float) -> AuditScan:
-    metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+def _scan(
+    consumer: Consumer, errors: ClientErrors, topic: str, key: bytes, timeout: float
+) -> AuditScan:
+    metadata = wait_for_metadata(consumer, errors, topic, min(timeout, 15.0)).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         raise AuditReadError(f"topic {topic} does not exist (is --detections-topic right?)")
     ends = {}

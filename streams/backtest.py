@@ -8,6 +8,7 @@ goes through spanguard/detection/backtest.py, which holds no Kafka.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -20,10 +21,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from spanguard.detection.backtest import Backtest
 from spanguard.errors import BacktestError
-from spanguard.kafka_clients import ClientErrors, wait_for_metadata
+from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, client_config, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["ReadPlan", "plan_read", "read_history"]
+
+log = logging.getLogger(__name__)
 
 BATCH = 1000  # records per consume() call
 # Seconds to wait for the first record of a partition when probing its oldest record time.
@@ -56,20 +59,23 @@ class ReadPlan:
 
 def _consumer(bootstrap: str, security: KafkaSecurity, errors: ClientErrors) -> Consumer:
     return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            **security.confluent_config(),
-            # The client wants a group id; assign() alone never joins it and nothing is
-            # committed, so no group appears on the cluster.
-            "group.id": f"spanguard-backtest-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            # A bounded prefetch: the read's memory does not grow with the topic's size.
-            "queued.max.messages.kbytes": 16384,
-            "error_cb": errors,
-        }
+        client_config(
+            bootstrap,
+            security,
+            {
+                # The client wants a group id; assign() alone never joins it and nothing is
+                # committed, so no group appears on the cluster.
+                "group.id": f"spanguard-backtest-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                # A bounded prefetch: the read's memory does not grow with the topic's size.
+                "queued.max.messages.kbytes": 16384,
+                "error_cb": errors,
+                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
+            },
+        )
     )
 
 
@@ -188,7 +194,7 @@ def read_history(
 
     Progress goes to `stderr` when it is a terminal (or `progress` says so)."""
     err = stderr or sys.stderr
-    errors = ClientErrors(bootstrap)
+    errors = ClientErrors(bootstrap, security)
     consumer = _consumer(bootstrap, security, errors)
     try:
         plan = plan_read(consumer, errors, topic, start_ms, end_ms, timeout)

@@ -11,6 +11,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaException, Producer
 
+from spanguard.kafka_clients import client_config
 from spanguard.schemas.decision import NO_SPAN_ID, AgentIdentity, Decision, KillSignal, sign
 from spanguard.settings import WorkerSettings
 
@@ -49,12 +50,9 @@ def publish_manual(
     if key is not None:
         record = sign(record, key)
     producer = Producer(
-        {
-            "bootstrap.servers": settings.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            **settings.kafka.confluent_config(),
-        }
+        client_config(
+            settings.bootstrap, settings.kafka, {"acks": "all", "enable.idempotence": True}
+        )
     )
     errors: list[str] = []
 

@@ -28,7 +28,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
+from spanguard.kafka_clients import (
+    ClientErrors,
+    LibrdkafkaLog,
+    client_config,
+    wait_for_metadata,
+)
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
 from spanguard.settings import WorkerSettings
 
@@ -59,15 +64,17 @@ class ReleaseReader:
         # The worker's own key (settings.kill_signing_key()); None: unsigned accepted.
         self._keys = keyring(signing_key) if signing_key is not None else None
         self._errors = ClientErrors(settings.bootstrap)
-        self._config = {
-            "bootstrap.servers": settings.bootstrap,
-            **settings.kafka.confluent_config(),
-            "error_cb": self._errors,
-            "logger": LibrdkafkaLog(log),
-            "group.id": f"spanguard-releases-{uuid.uuid4().hex}",  # never joins: assign()
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-        }
+        self._config = client_config(
+            settings.bootstrap,
+            settings.kafka,
+            {
+                "error_cb": self._errors,
+                "logger": LibrdkafkaLog(log),
+                "group.id": f"spanguard-releases-{uuid.uuid4().hex}",  # never joins: assign()
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+            },
+        )
         # Read by the guard on the event loop, written by the thread: single dict operations
         # only, each atomic under the GIL.
         self.released: dict[str, float] = {}

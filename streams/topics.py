@@ -9,7 +9,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
+from spanguard.kafka_clients import (
+    ClientErrors,
+    LibrdkafkaLog,
+    client_config,
+    wait_for_metadata,
+)
 from spanguard.settings import WorkerSettings
 
 __all__ = [
@@ -84,12 +89,14 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
 def _connect(settings: WorkerSettings, timeout: float) -> tuple[AdminClient, Any]:
     errors = ClientErrors(settings.bootstrap)
     admin = AdminClient(
-        {
-            "bootstrap.servers": settings.bootstrap,
-            **settings.kafka.confluent_config(),
-            "error_cb": errors,
-            "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
-        }
+        client_config(
+            settings.bootstrap,
+            settings.kafka,
+            {
+                "error_cb": errors,
+                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
+            },
+        )
     )
     # A wrong password or an untrusted certificate ends here, at once (KafkaConnectError).
     return admin, wait_for_metadata(admin, errors, timeout=min(timeout, 15.0))

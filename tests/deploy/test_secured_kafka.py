@@ -9,8 +9,11 @@ here with trustme; its SCRAM user is created when its storage is formatted.
   exporter (deploy/collector/kafka-tls.yaml + kafka-sasl.yaml), the worker (Faust over
   aiokafka) and the agent's killswitch (confluent-kafka), all from one set of SPANGUARD_KAFKA_*
   variables.
-- A wrong password and an untrusted certificate each end the worker, `topics create` and the
-  killswitch with one clear line and exit 1 instead of a hang or a retry loop.
+- A wrong password and an untrusted certificate each end the worker, `topics create`,
+  `explain`, `backtest` and the killswitch with one clear line and exit 1 instead of a hang or
+  a retry loop.
+- `explain` and `backtest` read the secured cluster; without the security settings they say so
+  in one line; a half-configured setting stops them (and `kill`, `topics create`) with exit 2.
 """
 
 from __future__ import annotations
@@ -194,13 +197,20 @@ def command(client: str, tmp_path: Path) -> tuple[list[str], str]:
                 "--data-dir", str(tmp_path), "--metrics-port", str(free_port())], "spanguard worker: "  # fmt: skip
     if client == "topics create":
         return [sys.executable, "-m", "spanguard.cli", "topics", "create"], "spanguard topics: "
+    if client == "explain":
+        return [sys.executable, "-m", "spanguard.cli", "explain", uuid.uuid4().hex], "spanguard explain: "  # fmt: skip
+    if client == "backtest":
+        policy = tmp_path / "policy.yaml"
+        policy.write_text("defaults:\n  loop: {threshold: 3}\n")
+        return [sys.executable, "-m", "spanguard.cli", "backtest", "--since", "1h",
+                "--policy", str(policy)], "spanguard backtest: "  # fmt: skip
     # An agent process whose KillSwitch cannot enter the cluster.
     return [sys.executable, "-m", "spanguard.demo", "agent", "support",
             "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.demo: "  # fmt: skip
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))
-@pytest.mark.parametrize("client", ["worker", "topics create", "killswitch"])
+@pytest.mark.parametrize("client", ["worker", "topics create", "explain", "backtest", "killswitch"])
 def test_a_refused_connection_ends_the_process_with_one_clear_line(
     secured, tmp_path, client, failure
 ):
@@ -267,3 +277,108 @@ def test_mutual_tls_topics_and_killswitch(secured, tmp_path):
     with pytest.raises(KafkaConnectError, match="refused the client certificate"):
         KillSwitch(cluster.bootstrap, topics.kills, signing_key=SIGNING_KEY, security=without_cert)
     topics.delete()
+
+
+# ---------------------------------------------------------------------- the operator's readers
+
+
+def spanguard(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The CLI with only `env` as its SPANGUARD_* settings (none inherited from this process)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPANGUARD_")}
+    return subprocess.run([sys.executable, "-m", "spanguard.cli", *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_explain_and_backtest_read_the_secured_cluster(secured, tmp_path):
+    """`spanguard kill` writes a decision over SASL_SSL, `explain` finds it there, `backtest`
+    reads the spans topic there; without the SPANGUARD_KAFKA_* settings each ends with one line
+    naming the cluster, never a hang or a traceback."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.support.spans import AgentRecorder, encode
+
+    cluster = secured.sasl_ssl
+    topics = Topics(cluster=cluster)
+    admin = AdminClient(cluster.config())
+    wanted = [NewTopic(name, num_partitions=2) for name in (topics.detections, topics.input)]
+    for future in admin.create_topics(wanted).values():
+        future.result(timeout=30)
+    names = ["--detections-topic", topics.detections, "--kill-topic", topics.kills]
+    env = {**cluster.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
+    trace_id = uuid.uuid4().hex
+
+    killed = spanguard("kill", trace_id, "--reason", "looping on refunds", *names, env=env)
+    assert killed.returncode == 0, killed.stderr
+    explained = spanguard("explain", trace_id, "--json", "--bootstrap", cluster.bootstrap,
+                          "--detections-topic", topics.detections, env=env)  # fmt: skip
+    assert explained.returncode == 0, explained.stderr
+    [record] = [json.loads(line) for line in explained.stdout.splitlines()]
+    assert (record["trace_id"], record["rule"], record["reason"]) == (
+        trace_id, "manual", "looping on refunds"
+    )  # fmt: skip
+
+    agent = AgentRecorder("support-bot", "bot")
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    agent.finish()
+    out = producer(cluster)
+    for span in agent.finished():
+        out.produce(
+            topics.input, key=agent.trace_id.encode(), value=encode([span]).SerializeToString()
+        )
+    assert out.flush(10) == 0
+    policy = tmp_path / "new.yaml"
+    policy.write_text("defaults:\n  loop: {threshold: 3}\n")
+    backtested = spanguard("backtest", "--since", "1h", "--policy", str(policy), "--json",
+                           "--input-topic", topics.input, env=env)  # fmt: skip
+    assert backtested.returncode == 0, backtested.stderr
+    report = json.loads(backtested.stdout)
+    assert report["records"] == 5 and report["skipped"] == 0, report
+    assert report["decisions"]["new"] == 1, report
+    assert f"reading 5 records of {topics.input}" in backtested.stderr
+
+    # The same commands, the same cluster, no security settings: a refusal, not plaintext.
+    bare = {"SPANGUARD_BOOTSTRAP": cluster.bootstrap}
+    for name, result in (
+        ("explain", spanguard("explain", trace_id, "--timeout", "5",
+                              "--detections-topic", topics.detections, env=bare)),
+        ("backtest", spanguard("backtest", "--since", "1h", "--policy", str(policy),
+                               "--input-topic", topics.input, env=bare)),
+    ):  # fmt: skip
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert lines[-1].startswith(f"spanguard {name}: Kafka at {cluster.bootstrap}"), lines
+        assert lines[-1].endswith("(a TLS or SASL listener? set SPANGUARD_KAFKA_SECURITY_PROTOCOL"
+                                  " and its settings)"), lines  # fmt: skip
+        # librdkafka's own line for the failure, at most once, beside ours: no retry log.
+        assert len(lines) <= 2, lines
+        assert "Traceback" not in result.stderr and not result.stdout
+    topics.delete()
+
+
+@pytest.mark.parametrize("command_name", ["explain", "backtest", "kill", "topics create"])
+def test_a_half_configured_security_setting_is_refused_before_any_connection(
+    secured, tmp_path, command_name
+):
+    """SASL_SSL without its password: exit 2 and one line naming the missing setting."""
+    args = {
+        "explain": ["explain", uuid.uuid4().hex],
+        "backtest": ["backtest", "--since", "1h", "--policy", str(tmp_path / "absent.yaml")],
+        "kill": ["kill", uuid.uuid4().hex, "--reason", "test"],
+        "topics create": ["topics", "create"],
+    }[command_name]
+    security = secured.sasl_ssl.security
+    env = {
+        "SPANGUARD_BOOTSTRAP": secured.sasl_ssl.bootstrap,
+        "SPANGUARD_SIGNING_KEY": SIGNING_KEY,
+        "SPANGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "SPANGUARD_KAFKA_SSL_CA_LOCATION": str(security.ssl_ca_location),
+        "SPANGUARD_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "SPANGUARD_KAFKA_SASL_USERNAME": USER,
+    }
+    result = spanguard(*args, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    first = command_name.split()[0]
+    assert result.stderr.strip().splitlines() == [
+        f"spanguard {first}: bad setting: security.protocol SASL_SSL needs sasl.password"
+    ]

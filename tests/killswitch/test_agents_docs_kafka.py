@@ -188,7 +188,7 @@ def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
             switch.check(trace_id)
     finally:
         switch.close()  # flushes the acks
-    scan = read_decisions(BOOTSTRAP, acks_topic, trace_id, timeout=20)
+    scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
     admin.delete_topics([acks_topic])
     assert [ack["action"] for ack in scan.records] == ["kill"], scan.records
     ack = scan.records[0]
@@ -221,7 +221,7 @@ def test_a_read_downgrade_is_acknowledged(topic):
         assert message == "Try a different approach."
     finally:
         switch.close()
-    scan = read_decisions(BOOTSTRAP, acks_topic, trace_id, timeout=20)
+    scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
     admin.delete_topics([acks_topic])
     assert [(a["action"], a["signal_id"]) for a in scan.records] == [
         ("downgrade", signal.signal_id)
