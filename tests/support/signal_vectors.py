@@ -159,6 +159,10 @@ def build() -> dict[str, Any]:
             evidence={"span_id": "0" * 16},
         )
     )
+    # A rule every reader must know: the TypeScript and Go readers list the rules themselves.
+    cycle_kill = signed(
+        with_(rule="cycle", signal_id="9" * 32, reason="a round of 4 calls repeated 3 times")
+    )
     pause = signed(PAUSE)
     pause_releasing = signed({**PAUSE, "signal_id": "5" * 32, "pause_fallback": "release"})
     unicode_reason = signed(
@@ -169,6 +173,7 @@ def build() -> dict[str, Any]:
         vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
         vector("release", text(release), "obey", keys=ring, signal=seen(release)),
         vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
+        vector("a cycle kill", text(cycle_kill), "obey", keys=ring, signal=seen(cycle_kill)),
         vector(
             "pause whose fallback is release",
             text(pause_releasing),
