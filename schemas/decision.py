@@ -458,9 +458,11 @@ def _refuse_unsafe_number(literal: str) -> Any:
 
 
 def _safe_integer(literal: str) -> int:
-    if len(literal) > 17 or abs(int(literal)) > MAX_SAFE_INTEGER:
+    # Past 17 characters (a sign and 16 digits) it cannot be safe: refused before int() reads it.
+    value = int(literal) if len(literal) <= 17 else None
+    if value is None or abs(value) > MAX_SAFE_INTEGER:
         _refuse_unsafe_number(literal)
-    return int(literal)
+    return value
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
