@@ -10,7 +10,7 @@ slow or failing PagerDuty delays pages, never detection or kill signals.
 
 The event goes out with the real `pagerduty` client (`EventsApiV2Client`, built on httpx2), with
 its own retries switched off so that the delivery loop every outbound call shares
-(alerting/outbound.py) is the only one in force: 408, 429, 5xx and network errors are retried
+(connectors/outbound.py) is the only one in force: 408, 429, 5xx and network errors are retried
 up to `max_attempts`, waiting as `spanguard.retry` says (capped, jittered exponential backoff,
 or the server's Retry-After, capped); any other 4xx (a 400 "invalid event") is final after one
 attempt; each attempt as a whole within `timeout`, its answer read within the body cap. The dedup key
@@ -32,7 +32,7 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
-from spanguard.alerting.outbound import (
+from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
@@ -269,7 +269,7 @@ class Pager:
         # number of attempts (-1)": misleading, and we log every outcome ourselves. Drop just that
         # line, on a logger of our own (the library's global logger is left alone).
         client.log = _client_log
-        # Bodies uncompressed, within the cap and the attempt's deadline (alerting/outbound.py).
+        # Bodies uncompressed, within the cap and the attempt's deadline (connectors/outbound.py).
         limit_responses(client)
         return client
 

@@ -39,7 +39,8 @@ from urllib.parse import urlsplit
 import httpx2
 
 from spanguard import __version__
-from spanguard.alerting.outbound import (
+from spanguard.alerting.pagerduty import dedup_key
+from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
@@ -48,7 +49,6 @@ from spanguard.alerting.outbound import (
     retry_or_final,
     tls_verify_failure,
 )
-from spanguard.alerting.pagerduty import dedup_key
 from spanguard.retry import Backoff
 from spanguard.schemas.decision import pause_instructions
 from spanguard.settings import WebhookSettings

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import faust
 
-from spanguard.kafka_clients import faust_credentials
+from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.logs import logging_config
 from spanguard.settings import WorkerSettings
 from spanguard.streams.faust_tuning import set_fetch_max_wait

@@ -48,8 +48,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.errors import SettingsError
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id

@@ -14,10 +14,11 @@ import faust
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PagingService
 from spanguard.alerting.webhook import Webhook, WebhookService
+from spanguard.connectors.kafka_clients import faust_credentials
+from spanguard.connectors.releases import ReleaseReader
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.goal.verifier import GoalVerifier
-from spanguard.kafka_clients import faust_credentials
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
 from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
@@ -31,7 +32,6 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.releases import ReleaseReader
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 

@@ -168,12 +168,12 @@ def test_kill_signal_records(value, kind):
 
 
 def test_the_release_reader_counts_every_bad_record_and_never_raises():
-    """streams/releases.py reads the kill topic with the worker's key: every bad record is
+    """connectors/releases.py reads the kill topic with the worker's key: every bad record is
     counted and skipped; a release issued a year ahead cannot outrank the real ones."""
     import time
 
+    from spanguard.connectors.releases import ReleaseReader
     from spanguard.settings import WorkerSettings
-    from spanguard.streams.releases import ReleaseReader
 
     reader = ReleaseReader(WorkerSettings(), KEY)
     now = time.time()
@@ -285,7 +285,7 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
     ("data", "message"), [case[1:] for case in POLICY_FILES], ids=[case[0] for case in POLICY_FILES]
 )
 def test_policy_files(tmp_path, capsys, data, message):
-    from spanguard.cli import main
+    from spanguard.cli.main import main
     from spanguard.schemas.policy import Policy, PolicyError
 
     path = tmp_path / "policy.yaml"
@@ -332,7 +332,7 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
     assert errors == [f"{path}: not a regular file ({kind}): not a policy"]
 
 
-# -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
+# -- replay lines (cli/replay.py; `spanguard replay`) ----------------------------
 
 
 def _replay_line(**span_changes: Any) -> str:
@@ -389,7 +389,7 @@ def test_replay_lines(line, message):
     """The broken line is reported with its number and skipped; the lines around it are read."""
     import io
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
 
     good = _replay_line().encode()
     out, err = io.StringIO(), io.StringIO()
@@ -402,7 +402,7 @@ def test_replay_lines(line, message):
 
 
 def test_replay_exit_status_says_whether_a_line_was_broken(tmp_path, capsys):
-    from spanguard.cli import main
+    from spanguard.cli.main import main
 
     path = tmp_path / "spans.jsonl"
     path.write_bytes(_replay_line().encode() + b"\n")
@@ -417,7 +417,7 @@ def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
     path reads the line in bounded pieces."""
     import io
 
-    from spanguard.detection import replay as replay_module
+    from spanguard.cli import replay as replay_module
 
     monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
     good = _replay_line().encode()
@@ -436,7 +436,7 @@ def test_a_compressed_protobuf_file_is_read_within_the_bound(tmp_path, monkeypat
     import gzip
     import io
 
-    from spanguard.detection import replay as replay_module
+    from spanguard.cli import replay as replay_module
 
     monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
     bomb = tmp_path / "bomb.pb.gz"
@@ -453,7 +453,7 @@ def test_a_flood_of_compressed_blank_lines_is_skipped_quickly(tmp_path):
     import io
     import time
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
 
     flood = tmp_path / "flood.jsonl.gz"
     flood.write_bytes(gzip.compress(b"\n" * 20_000_000 + b"{\n" + _replay_line().encode() + b"\n"))
@@ -745,7 +745,7 @@ SETTINGS: list[tuple[str, dict[str, str], str]] = [
 def test_settings(monkeypatch, capsys, env, message):
     """One line and exit 2, before any connection: the bootstrap names a closed port, so a
     command that got past its settings would report a broker error instead."""
-    from spanguard.cli import main
+    from spanguard.cli.main import main
 
     for name in [name for name in __import__("os").environ if name.startswith("SPANGUARD_")]:
         monkeypatch.delenv(name)
@@ -760,8 +760,8 @@ def test_settings(monkeypatch, capsys, env, message):
 
 
 def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
+    from spanguard.connectors.judge import OpenAICompatibleJudge
     from spanguard.settings import SettingsError, redact_url
-    from spanguard.streams.judge import OpenAICompatibleJudge
 
     with pytest.raises(SettingsError, match="Port out of range"):
         OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
@@ -826,7 +826,7 @@ def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
     assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
 
 
-# -- outbound HTTP: the pager, the webhook (alerting/outbound.py) -------------------------------
+# -- outbound HTTP: the pager, the webhook (connectors/outbound.py) -------------------------------
 
 PAGER_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"
 WEBHOOK_PATH = "/hooks/XXXXsecretXXXX"
@@ -952,16 +952,16 @@ def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
     assert PAGER_KEY not in text and "sk-live-123" not in text and "***" in text
 
 
-# -- outbound HTTP: the judge (streams/judge.py) ------------------------------------------------
+# -- outbound HTTP: the judge (connectors/judge.py) ------------------------------------------------
 
 
 def test_a_judge_that_echoes_the_authorization_header_never_puts_the_key_in_an_error(caplog):
     import asyncio
     import logging
 
+    from spanguard.connectors.judge import OpenAICompatibleJudge
     from spanguard.goal.invocations import InvocationEnd
     from spanguard.goal.verdicts import JudgeError
-    from spanguard.streams.judge import OpenAICompatibleJudge
     from tests.support.chat_server import ChatServer, Reply
 
     key = "sk-live-0123456789abcdef"

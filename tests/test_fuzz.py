@@ -209,7 +209,7 @@ def test_fuzz_otlp_messages():
 def test_fuzz_replay_lines():
     import io
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
     from spanguard.schemas.otlp import decode_protobuf, encode_json_line
 
     line = encode_json_line(decode_protobuf(_requests()[0])).encode()

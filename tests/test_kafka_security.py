@@ -21,8 +21,8 @@ import trustme
 from confluent_kafka import KafkaError
 from cryptography.hazmat.primitives import serialization
 
+from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, faust_credentials
 from spanguard.errors import KafkaSecurityError
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, faust_credentials
 from spanguard.kafka_security import KafkaSecurity
 from spanguard.settings import WorkerSettings
 

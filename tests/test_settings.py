@@ -70,7 +70,7 @@ def test_readme_settings_table_is_the_registry():
 
 
 def test_worker_help_lists_every_setting_with_a_flag():
-    from spanguard.cli import build_parser
+    from spanguard.cli.main import build_parser
 
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     # argparse wraps long words too: compare without the whitespace it adds.
@@ -94,7 +94,7 @@ def test_registry_declares_each_variable_once_with_its_type_and_default():
 
 
 def test_flags_win_over_the_environment_for_every_group():
-    from spanguard.cli import _flags, build_parser
+    from spanguard.cli.main import _flags, build_parser
 
     args = build_parser().parse_args(
         ["worker", "--judge-timeout", "2.5", "--pagerduty-max-attempts", "2", "--partitions", "3"]
@@ -142,7 +142,7 @@ def test_a_boolean_setting_that_is_no_boolean_is_an_error_not_false():
 
 
 def test_boolean_flags_are_on_off_switches_over_the_variable():
-    from spanguard.cli import _flags, build_parser
+    from spanguard.cli.main import _flags, build_parser
 
     env = {"SPANGUARD_ALLOW_UNSIGNED": "true"}
     for argv, expected in ((["worker"], True), (["worker", "--no-allow-unsigned"], False)):
@@ -154,7 +154,7 @@ def test_boolean_flags_are_on_off_switches_over_the_variable():
 
 def test_the_worker_command_refuses_to_start_without_a_key(tmp_path, monkeypatch, capsys):
     """Before any Kafka connection: one line, exit 2 (the broker address is unreachable)."""
-    from spanguard.cli import main
+    from spanguard.cli.main import main
 
     for name in ("SPANGUARD_SIGNING_KEY", "SPANGUARD_SIGNING_KEY_FILE", "SPANGUARD_ALLOW_UNSIGNED"):
         monkeypatch.delenv(name, raising=False)

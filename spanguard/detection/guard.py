@@ -198,7 +198,7 @@ class Guard:
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
-        # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
+        # connectors/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
         self.released: Mapping[str, float] = {} if released is None else released
         self.states: MutableMapping[str, TraceState] = {} if states is None else states

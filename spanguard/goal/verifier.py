@@ -1,7 +1,7 @@
 """Goal completion, step two: which invocation ends to judge, and what a verdict becomes.
 
 Pure: the judge comes from `judge_factory` (the worker passes the HTTP judge of
-`spanguard.streams.judge`). The worker forwards messages that hold a root span to a topic of their own; its
+`spanguard.connectors.judge`). The worker forwards messages that hold a root span to a topic of their own; its
 goal agent calls `GoalVerifier.check` there, so a slow judge never delays loop or budget rules.
 """
 

@@ -1,6 +1,6 @@
 """End to end: real agents -> OTLP -> the real Collector -> Kafka -> the worker -> KillSwitch.
 
-The agents are `python -m spanguard.demo agent ...` processes: OpenTelemetry SDK spans
+The agents are `python -m spanguard.cli.demo agent ...` processes: OpenTelemetry SDK spans
 exported over OTLP/HTTP to a Collector built from deploy/collector (scripts/collector.sh),
 whose kafka exporter writes to the worker's input topic; each agent calls check() on a
 KillSwitch before every tool call.
@@ -59,7 +59,7 @@ def stack(tmp_path: Path):
 
 def run_agent(kind: str, topics: Topics, http_port: int, signing_key: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "spanguard.demo", "agent", kind, "--step-delay", str(STEP_DELAY),
+        [sys.executable, "-m", "spanguard.cli.demo", "agent", kind, "--step-delay", str(STEP_DELAY),
          "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--bootstrap", BOOTSTRAP,
          "--kill-topic", topics.kills],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "SPANGUARD_SIGNING_KEY": signing_key},

@@ -147,7 +147,7 @@ def test_a_looping_agent_is_killed_with_every_hop_over_sasl_ssl(secured, tmp_pat
                             capture_output=True, text=True, timeout=900)  # fmt: skip
         assert up.returncode == 0, up.stdout + up.stderr
         agent = subprocess.run(
-            [sys.executable, "-m", "spanguard.demo", "agent", "support", "--step-delay", "0.3",
+            [sys.executable, "-m", "spanguard.cli.demo", "agent", "support", "--step-delay", "0.3",
              "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--bootstrap", cluster.bootstrap,
              "--kill-topic", topics.kills],
             env={**os.environ, **cluster.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY},
@@ -205,7 +205,7 @@ def command(client: str, tmp_path: Path) -> tuple[list[str], str]:
         return [sys.executable, "-m", "spanguard.cli", "backtest", "--since", "1h",
                 "--policy", str(policy)], "spanguard backtest: "  # fmt: skip
     # An agent process whose KillSwitch cannot enter the cluster.
-    return [sys.executable, "-m", "spanguard.demo", "agent", "support",
+    return [sys.executable, "-m", "spanguard.cli.demo", "agent", "support",
             "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.demo: "  # fmt: skip
 
 

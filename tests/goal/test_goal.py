@@ -19,12 +19,12 @@ from opentelemetry import trace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
 
+from spanguard.connectors.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
 from spanguard.goal.verdicts import Judge, JudgeError, Verdict, parse_verdict
 from spanguard.schemas.otlp import decode_protobuf
 from spanguard.settings import GoalSettings, SettingsError
-from spanguard.streams.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
 from tests.support.chat_server import GOOD, ChatServer, Reply
 from tests.support.spans import AgentRecorder, encode, span_id_of
 

@@ -163,9 +163,9 @@ def test_start_is_idempotent(topic):
 
 
 def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
+    from spanguard.connectors.audit import read_decisions
     from spanguard.killswitch.acks import ack_status
     from spanguard.schemas.decision import keyring
-    from spanguard.streams.audit import read_decisions
 
     acks_topic = f"{topic}-obeyed-acks"
     admin = AdminClient(CLUSTER.config())
@@ -198,7 +198,7 @@ def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
 
 
 def test_a_read_downgrade_is_acknowledged(topic):
-    from spanguard.streams.audit import read_decisions
+    from spanguard.connectors.audit import read_decisions
 
     acks_topic = f"{topic}-acks-2"
     admin = AdminClient(CLUSTER.config())

@@ -11,7 +11,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaException, Producer
 
-from spanguard.kafka_clients import client_config
+from spanguard.connectors.kafka_clients import client_config
 from spanguard.schemas.decision import NO_SPAN_ID, AgentIdentity, Decision, KillSignal, sign
 from spanguard.settings import WorkerSettings
 

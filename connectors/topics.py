@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from spanguard.kafka_clients import (
+from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
     client_config,

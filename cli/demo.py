@@ -1,8 +1,8 @@
 """The demo's two agents, for real: OpenTelemetry SDK spans over OTLP, a KillSwitch on Kafka.
 
-    python -m spanguard.demo agent research   # 80 distinct tool calls, then a final answer
-    python -m spanguard.demo agent support    # its vector index returns nothing: it loops
-    python -m spanguard.demo run              # `make demo`: the stack, both agents, the verdict
+    python -m spanguard.cli.demo agent research   # 80 distinct tool calls, then a final answer
+    python -m spanguard.cli.demo agent support    # its vector index returns nothing: it loops
+    python -m spanguard.cli.demo run              # `make demo`: the stack, both agents, the verdict
 
 No LLM is involved: each agent's "model" is a small script that picks its next tool call the
 way a real one would (the support agent retries the same search when it comes back empty).
@@ -240,7 +240,7 @@ def _run_both_agents(step_delay: float, env: dict[str, str]) -> dict[str, AgentR
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spanguard.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m spanguard.cli.demo", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     agent = commands.add_parser("agent", help="run one demo agent")
     agent.add_argument("kind", choices=["research", "support"])

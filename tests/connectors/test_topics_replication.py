@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from spanguard.connectors.topics import choose_replication
 from spanguard.settings import SettingsError, WorkerSettings
-from spanguard.streams.topics import choose_replication
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Operators' releases, read by every worker: `spanguard release` re-arms the loop rules.
 
-A release is a signed signal on the kill topic (streams/manual.py). The trace it names lives in
+A release is a signed signal on the kill topic (connectors/manual.py). The trace it names lives in
 whichever partition its spans arrive on, which depends on the producer's partitioner, so no
 one partition of the kill topic can be routed to the worker that holds the trace. Instead
 every worker reads every partition of the kill topic (no consumer group, no commits, like an
@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from spanguard.kafka_clients import (
+from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
     client_config,

@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from spanguard.connectors.backtest import read_history
 from spanguard.detection.backtest import Backtest
 from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Policy
-from spanguard.streams.backtest import read_history
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode
 
@@ -197,7 +197,7 @@ def test_the_reader_commits_nothing_and_reads_to_the_end_offsets(history) -> Non
 def test_progress_says_records_read_of_how_many_and_time_left() -> None:
     import io
 
-    from spanguard.streams.backtest import _Progress
+    from spanguard.connectors.backtest import _Progress
 
     stream = io.StringIO()
     bar = _Progress(stream, 1000, enabled=True)

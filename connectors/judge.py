@@ -8,7 +8,7 @@ answer): the agent's content is quoted data, never spliced into the instructions
 
 The reply is parsed strictly (`parse_verdict`): anything but exactly that object is a
 `JudgeError`, never a pass. Attempts run the delivery loop every outbound call shares
-(alerting/outbound.py, on `spanguard.retry`: `max_attempts` attempts in all, capped jittered
+(connectors/outbound.py, on `spanguard.retry`: `max_attempts` attempts in all, capped jittered
 backoff or the server's Retry-After): timeouts, connection errors, 408, 429 and 5xx are retried; any other 4xx (bad model name, bad key) is final at once; an unparsable reply
 (garbage, no content, a truncated object, a reply over the size cap) is asked again once (some
 servers ignore `response_format`, and a small model may slip once), and a second one is final.
@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import httpx2
 import openai
 
-from spanguard.alerting.outbound import (
+from spanguard.connectors.outbound import (
     MAX_RESPONSE_BYTES,
     Final,
     Retry,
@@ -194,7 +194,7 @@ class OpenAICompatibleJudge:
 
     async def judge(self, invocation: InvocationEnd) -> Verdict:
         """A verdict, or JudgeError (never a pass) once the delivery loop every outbound call
-        shares (alerting/outbound.py) gives up."""
+        shares (connectors/outbound.py) gives up."""
         payload = self.payload(invocation)
         invalid_replies = 0
 

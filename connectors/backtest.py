@@ -19,9 +19,14 @@ from typing import TextIO
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.connectors.kafka_clients import (
+    ClientErrors,
+    LibrdkafkaLog,
+    client_config,
+    wait_for_metadata,
+)
 from spanguard.detection.backtest import Backtest
 from spanguard.errors import BacktestError
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, client_config, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["ReadPlan", "plan_read", "read_history"]

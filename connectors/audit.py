@@ -16,8 +16,13 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.connectors.kafka_clients import (
+    ClientErrors,
+    LibrdkafkaLog,
+    client_config,
+    wait_for_metadata,
+)
 from spanguard.errors import AuditReadError
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, client_config, wait_for_metadata
 from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["AuditScan", "read_decisions"]

@@ -22,7 +22,7 @@ EXIT_SKIPPED = 1  # replay: every input read, but some broken lines or files wer
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
 
     result = replay(args.paths, _load_policy(args.policy), html=args.html)
     return EXIT_SKIPPED if result.skipped else 0
@@ -124,7 +124,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_topics_create(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from spanguard.streams.topics import create_topics
+    from spanguard.connectors.topics import create_topics
 
     settings = _settings(args)
     try:
@@ -141,8 +141,8 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     import json
 
+    from spanguard.connectors.audit import read_decisions
     from spanguard.detection.explain import explain_records
-    from spanguard.streams.audit import read_decisions
 
     settings = _settings(args)
     trace_id = args.trace_id.lower()
@@ -169,11 +169,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, Any]] | None:
     """The agents' acks of the trace, each with `_signature` (see spanguard.killswitch.acks);
     None, with a note on stderr, when the ack topic cannot be read."""
+    from spanguard.connectors.audit import read_decisions
     from spanguard.errors import AuditReadError, SecretError
     from spanguard.killswitch.acks import ack_status
     from spanguard.schemas.decision import keyring
     from spanguard.secrets import signing_keys_from_env
-    from spanguard.streams.audit import read_decisions
 
     try:
         scan = read_decisions(
@@ -296,7 +296,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
         new_name=args.policy,
         current_name=current_path or "the built-in defaults",
     )
-    from spanguard.streams.backtest import describe_plan, read_history
+    from spanguard.connectors.backtest import describe_plan, read_history
 
     def said(plan) -> None:
         for line in describe_plan(plan, int(start * 1000)):
@@ -389,7 +389,7 @@ def _cmd_manual(args: argparse.Namespace) -> int:
 
     from confluent_kafka import KafkaException
 
-    from spanguard.streams.manual import manual_decision, publish_manual
+    from spanguard.connectors.manual import manual_decision, publish_manual
 
     trace_id = args.trace_id.lower()
     if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
@@ -542,7 +542,3 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

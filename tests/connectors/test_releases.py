@@ -1,8 +1,8 @@
-"""The worker's release reader (streams/releases.py): what it takes from the kill topic.
+"""The worker's release reader (connectors/releases.py): what it takes from the kill topic.
 
 The records come from the same code that publishes them (`spanguard release`'s
 `manual_decision` and the worker's signing); the reader's Kafka side runs in
-tests/killswitch/test_manual_kafka.py against the real broker.
+tests/connectors/test_manual_kafka.py against the real broker.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from spanguard.connectors.manual import manual_decision
+from spanguard.connectors.releases import ReleaseReader
 from spanguard.schemas.decision import KillSignal, sign
 from spanguard.settings import WorkerSettings
-from spanguard.streams.manual import manual_decision
-from spanguard.streams.releases import ReleaseReader
 from tests.support.kafka_harness import SIGNING_KEY
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
