@@ -43,18 +43,13 @@ from spanguard.connectors.outbound import (
     tls_reason,
     tls_verify_failure,
 )
-from spanguard.errors import PagerConfigError
 from spanguard.retry import Backoff
 from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
-from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
+from spanguard.settings import SEVERITIES, PagerSettings
 
 __all__ = [
-    "DEFAULT_EVENTS_URL",
-    "SEVERITIES",
     "PageResult",
     "Pager",
-    "PagerConfigError",
-    "PagerSettings",
     "build_event",
     "dedup_key",
     "should_page",

@@ -40,7 +40,7 @@ import faust
 import rocksdict
 from faust.types import Message
 
-from spanguard.detection.guard import TraceState
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, TraceTable, event_context, stored_items
 
 TRACES = 1_000_000

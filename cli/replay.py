@@ -18,16 +18,11 @@ from typing import IO, Any, TextIO
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.report import Timelines, render_html
-from spanguard.errors import ReplayInputError
-from spanguard.schemas.otlp import (
-    ExportTraceServiceRequest,
-    OtlpDecodeError,
-    decode_json_line,
-    decode_protobuf,
-)
+from spanguard.errors import OtlpDecodeError, ReplayInputError
+from spanguard.schemas.otlp import ExportTraceServiceRequest, decode_json_line, decode_protobuf
 from spanguard.schemas.policy import Policy
 
-__all__ = ["MAX_LINE_BYTES", "ReplayInputError", "ReplayResult", "replay"]
+__all__ = ["MAX_LINE_BYTES", "ReplayResult", "replay"]
 
 PROTOBUF_SUFFIXES = (".pb", ".binpb")
 GZIP_SUFFIX = ".gz"

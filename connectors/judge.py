@@ -51,16 +51,11 @@ from spanguard.connectors.outbound import (
     retry_or_final,
     scrub,
 )
+from spanguard.errors import JudgeError, SettingsError
 from spanguard.goal.invocations import InvocationEnd
-from spanguard.goal.verdicts import JudgeError, Verdict, excerpt, parse_verdict
+from spanguard.goal.verdicts import Verdict, excerpt, parse_verdict
 from spanguard.retry import Backoff
-from spanguard.settings import (
-    ENV_JUDGE_MODEL,
-    ENV_JUDGE_URL,
-    GoalSettings,
-    SettingsError,
-    redact_url,
-)
+from spanguard.settings import ENV_JUDGE_MODEL, ENV_JUDGE_URL, GoalSettings, redact_url
 
 __all__ = ["SYSTEM_PROMPT", "OpenAICompatibleJudge"]
 

@@ -54,7 +54,6 @@ from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
 from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
-    MAX_SIGNAL_BYTES,
     BadSignal,
     KillSignal,
     keyring,
@@ -62,7 +61,9 @@ from spanguard.schemas.decision import (  # read_signal and BadSignal re-exporte
 )
 from spanguard.secrets import normalize_secret, signing_keys_from_env
 
-__all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
+__all__ = [
+    "KillSwitch",
+]
 
 # Kinds of bad records: the format ones count as `malformed`, the signature ones as `rejected`.
 MALFORMED_KINDS = frozenset(

@@ -39,7 +39,8 @@ from opentelemetry.trace import (
 )
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import Guard
+from spanguard.detection.trace_state import TraceState
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
 from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
 from spanguard.schemas.policy import Policy

@@ -60,7 +60,6 @@ __all__ = [
     "MAX_POLICY_NODES",
     "AgentPolicy",
     "Policy",
-    "PolicyError",
     "ToolPolicy",
 ]
 

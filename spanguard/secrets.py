@@ -20,7 +20,6 @@ __all__ = [
     "MAX_SECRET_BYTES",
     "PREVIOUS_SIGNING_KEY",
     "SIGNING_KEY",
-    "SecretError",
     "normalize_secret",
     "read_secret",
     "read_secret_file",

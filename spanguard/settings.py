@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
-from spanguard.errors import PagerConfigError, SettingsError
+from spanguard.errors import PagerConfigError, SecretError, SettingsError
 from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Severity
-from spanguard.secrets import SecretError, read_secret
+from spanguard.secrets import read_secret
 
 __all__ = [
     "ENV_PREFIX",
@@ -38,7 +38,6 @@ __all__ = [
     "GoalSettings",
     "PagerSettings",
     "Setting",
-    "SettingsError",
     "WebhookSettings",
     "WorkerSettings",
     "redact_url",
@@ -56,13 +55,12 @@ def setting(
     *,
     env: str | None = None,
     secret: bool = False,
-    aliases: tuple[str, ...] = (),
     compare: bool = True,
     repr: bool = True,
 ) -> Any:
-    """A settings field. `env` overrides the variable's name; `aliases` are older names still
-    read; `secret` keeps it out of reprs and off the command line."""
-    metadata = {"help": help, "env": env, "secret": secret, "aliases": aliases}
+    """A settings field. `env` overrides the variable's name; `secret` keeps it out of reprs
+    and off the command line."""
+    metadata = {"help": help, "env": env, "secret": secret}
     return field(default=default, repr=repr and not secret, compare=compare, metadata=metadata)
 
 
@@ -84,7 +82,6 @@ class Setting:
     default: Any
     help: str
     secret: bool
-    aliases: tuple[str, ...]
 
 
 def _env_name(cls: type, spec: Field) -> str:
@@ -124,7 +121,6 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
                 default=None if spec.default is MISSING else spec.default,
                 help=spec.metadata["help"],
                 secret=secret,
-                aliases=spec.metadata.get("aliases", ()),
             )
         )
     return tuple(entries)
@@ -167,11 +163,9 @@ def _load(cls: type, flags: Mapping[str, Any], environ: Mapping[str, str] | None
         if flag is not None:
             values[entry.name] = _convert(entry, flag, entry.flag or entry.name)
             continue
-        for name in (entry.env, *entry.aliases):
-            raw = environ.get(name)
-            if raw is not None and raw.strip() != "":
-                values[entry.name] = _convert(entry, raw, name)
-                break
+        raw = environ.get(entry.env)
+        if raw is not None and raw.strip() != "":
+            values[entry.name] = _convert(entry, raw, entry.env)
     return cls(**values)
 
 
@@ -517,9 +511,7 @@ class PagerSettings:
     )
     default_severity: Severity = setting("error", "severity of an incident whose policy names none")
     max_attempts: int = setting(6, "tries per page")
-    timeout: float = setting(
-        10.0, "seconds per Events API request", aliases=("SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS",)
-    )
+    timeout: float = setting(10.0, "seconds per Events API request")
     ca_file: str | None = setting(
         None, "CA bundle that verifies the Events API's certificate", env="SSL_CERT_FILE"
     )

@@ -28,9 +28,11 @@ from prometheus_client.registry import Collector
 from spanguard import __version__
 from spanguard.alerting.service import PagingService
 from spanguard.alerting.webhook import WebhookService
-from spanguard.detection.guard import Guard, GuardObserver, TraceState
+from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.detection.rules import RULES
+from spanguard.detection.rules.base import GuardObserver
+from spanguard.detection.trace_state import TraceState
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.schemas.decision import Decision
 

@@ -25,7 +25,7 @@ import faust
 from faust.streams import _current_event, current_event
 from faust.types import TP
 
-from spanguard.detection.guard import TraceState
+from spanguard.detection.trace_state import TraceState
 
 __all__ = ["EVICT_BUDGET", "ExpiryIndex", "SerializedStates", "TraceTable", "event_context"]
 

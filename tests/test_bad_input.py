@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
-from spanguard.killswitch.client import MAX_SIGNAL_BYTES, BadSignal, KillSwitch, read_signal
-from spanguard.schemas.decision import key_id, keyring, sign
+from spanguard.killswitch.client import KillSwitch
+from spanguard.schemas.decision import (
+    MAX_SIGNAL_BYTES,
+    BadSignal,
+    key_id,
+    keyring,
+    read_signal,
+    sign,
+)
 from tests.support.spans import kill_signal
 
 # -- the kill-signal topic (killswitch/client.py: read_signal) ----------------------------------
@@ -286,7 +293,8 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
 )
 def test_policy_files(tmp_path, capsys, data, message):
     from spanguard.cli.main import main
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     path = tmp_path / "policy.yaml"
     path.write_bytes(data)
@@ -310,7 +318,8 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
     import os
     import threading
 
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     path = {"a FIFO": tmp_path / "fifo", "a character device": "/dev/zero",
             "a directory": tmp_path}[kind]  # fmt: skip
@@ -761,7 +770,8 @@ def test_settings(monkeypatch, capsys, env, message):
 
 def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
     from spanguard.connectors.judge import OpenAICompatibleJudge
-    from spanguard.settings import SettingsError, redact_url
+    from spanguard.errors import SettingsError
+    from spanguard.settings import redact_url
 
     with pytest.raises(SettingsError, match="Port out of range"):
         OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
@@ -869,7 +879,8 @@ def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
 
 
 def _pager(server: Any, sleeps: list[float], **overrides: Any) -> Any:
-    from spanguard.alerting.pagerduty import Pager, PagerSettings
+    from spanguard.alerting.pagerduty import Pager
+    from spanguard.settings import PagerSettings
 
     environ = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": PAGER_KEY,
                "SPANGUARD_PAGERDUTY_URL": server.url, "SSL_CERT_FILE": server.ca_bundle}  # fmt: skip
@@ -960,8 +971,8 @@ def test_a_judge_that_echoes_the_authorization_header_never_puts_the_key_in_an_e
     import logging
 
     from spanguard.connectors.judge import OpenAICompatibleJudge
+    from spanguard.errors import JudgeError
     from spanguard.goal.invocations import InvocationEnd
-    from spanguard.goal.verdicts import JudgeError
     from tests.support.chat_server import ChatServer, Reply
 
     key = "sk-live-0123456789abcdef"

@@ -151,7 +151,8 @@ POLICY = {
 
 
 def test_fuzz_policies():
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     valid = yaml.safe_dump(POLICY).encode()
 

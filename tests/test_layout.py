@@ -180,3 +180,124 @@ def test_the_table_reader_sees_a_missing_row(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert "connectors" not in _design_layout_table()
     assert "streams" in _design_layout_table()
+
+
+# -- one import path per name -------------------------------------------------------------------
+
+# The package a user imports by its own name re-exports on purpose: agents write
+# `from spanguard.killswitch import SignalBook, AgentKilled` (docs/killswitch-clients.md), and the
+# in-process processor loads on first use so an agent that only reads signals needs no OTel SDK.
+PUBLIC_FACADES = {"spanguard.killswitch"}
+
+
+def _bound_at_top(tree: ast.Module) -> set[str]:
+    """Names a module defines itself (def, class, assignment), at its top level."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                bound.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return bound
+
+
+def _used_names(tree: ast.Module) -> set[str]:
+    """Every name read in the module, in code or in a string annotation."""
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            base = node
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name):
+                used.add(base.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", node.value))
+    return used
+
+
+def _all_names(tree: ast.Module) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [element.value for element in node.value.elts]
+    return []
+
+
+def _re_exports(module: str, source: str) -> list[str]:
+    """Names `module` hands on from another spanguard module: listed in `__all__` without being
+    defined here, or imported from spanguard and never used; and a module `__getattr__`."""
+    tree = ast.parse(source)
+    imported: dict[str, str] = {}  # local name -> where it comes from
+    for node in tree.body:
+        for inner in ast.walk(node):
+            if (
+                isinstance(inner, ast.ImportFrom)
+                and inner.level == 0
+                and (inner.module or "").startswith("spanguard")
+            ):
+                for alias in inner.names:
+                    imported[alias.asname or alias.name] = f"{inner.module}.{alias.name}"
+    bound = _bound_at_top(tree)
+    found = []
+    others = _imported_from_elsewhere(tree)
+    for name in _all_names(tree):
+        if name in imported or (name not in bound and name not in others):
+            where = imported.get(name, "nowhere in the module")
+            found.append(f"{module}.__all__ lists {name}, defined in {where}")
+    # Reads of a name, less the import statements themselves (they bind, they do not read).
+    used = _used_names(
+        ast.Module(body=[n for n in tree.body if not _is_import(n)], type_ignores=[])
+    )
+    for name, origin in sorted(imported.items()):
+        if name not in used and name not in _all_names(tree):
+            found.append(f"{module} imports {origin} and never uses it")
+    if "__getattr__" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
+        found.append(f"{module} defines names lazily in a module __getattr__")
+    return found
+
+
+def _imported_from_elsewhere(tree: ast.Module) -> set[str]:
+    """Names the module imports from outside spanguard (a library's type it returns, say)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("spanguard"):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _is_import(node: ast.stmt) -> bool:
+    return isinstance(node, (ast.Import, ast.ImportFrom))
+
+
+def test_every_name_has_one_import_path():
+    found = []
+    for module, path in sorted(_modules().items()):
+        if module not in PUBLIC_FACADES:
+            found += _re_exports(module, path.read_text())
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from spanguard.errors import PolicyError\n__all__ = ['PolicyError']\n",
+        "from spanguard.errors import PolicyError\n",
+        "def __getattr__(name):\n    raise AttributeError(name)\n",
+    ],
+)
+def test_the_check_sees_a_re_export(source):
+    assert _re_exports("spanguard.example", source)
+
+
+def test_a_name_used_where_it_is_imported_is_no_re_export():
+    source = (
+        "from spanguard.errors import PolicyError\n__all__ = ['check']\n"
+        "def check():\n    raise PolicyError('x')\n"
+    )
+    assert _re_exports("spanguard.example", source) == []

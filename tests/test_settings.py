@@ -5,14 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from spanguard.settings import (
-    REGISTRY,
-    GoalSettings,
-    PagerSettings,
-    SettingsError,
-    WorkerSettings,
-    settings_table,
-)
+from spanguard.errors import SettingsError
+from spanguard.settings import REGISTRY, GoalSettings, PagerSettings, WorkerSettings, settings_table
 
 
 def test_flags_win_over_environment_which_wins_over_defaults():
@@ -89,7 +83,6 @@ def test_registry_declares_each_variable_once_with_its_type_and_default():
     assert by_env["SPANGUARD_STORE"].default == "rocksdb"
     assert by_env["SPANGUARD_STORE"].choices == ("rocksdb", "memory")
     assert by_env["SPANGUARD_JUDGE_TIMEOUT"].kind is float
-    assert by_env["SPANGUARD_PAGERDUTY_TIMEOUT"].aliases == ("SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS",)
     assert by_env["SPANGUARD_SIGNING_KEY"].flag is None  # a secret: no flag
 
 
@@ -105,8 +98,8 @@ def test_flags_win_over_the_environment_for_every_group():
     assert _flags(args, "PagerSettings")["max_attempts"] == "2"
 
 
-def test_the_old_pagerduty_timeout_name_is_still_read():
-    env = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": "r" * 32, "SPANGUARD_PAGERDUTY_TIMEOUT_SECONDS": "3"}
+def test_a_setting_is_read_from_its_one_variable():
+    env = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": "r" * 32, "SPANGUARD_PAGERDUTY_TIMEOUT": "3"}
     assert PagerSettings.from_env(env).timeout == 3.0
 
 

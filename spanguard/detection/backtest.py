@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.detection.report import Timeline, Timelines
+from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 

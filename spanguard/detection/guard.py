@@ -41,13 +41,17 @@ from spanguard.detection.conventions import (
     resource_info,
 )
 from spanguard.detection.rules import CYCLE as _CYCLE
-from spanguard.detection.rules import (
+from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
+from spanguard.detection.rules import RULES
+from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
+from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
+from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
+from spanguard.detection.rules.base import (
     DOWNGRADE,
     FLAG,
     KILL,
     OFF,
     PAUSE,
-    RULES,
     Fired,
     GuardObserver,
     Rule,
@@ -55,10 +59,6 @@ from spanguard.detection.rules import (
     ToolCallRule,
     Trip,
 )
-from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
-from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
-from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
-from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
 from spanguard.detection.trace_state import (
     MARK_BYTES,
     CallKey,
@@ -66,8 +66,8 @@ from spanguard.detection.trace_state import (
     call_mark,
     iso_from_micros,
 )
+from spanguard.errors import OtlpDecodeError
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
-from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
@@ -77,11 +77,8 @@ __all__ = [
     "TOKEN_BUDGET",
     "TOOL_LOOP",
     "TOOL_POLLING",
-    "Fired",
     "Guard",
-    "GuardObserver",
     "GuardStats",
-    "TraceState",
 ]
 
 log = logging.getLogger("spanguard.core")

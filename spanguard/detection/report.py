@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 
 from spanguard.detection.conventions import ToolCall
 from spanguard.detection.explain import HASH_PREFIX
-from spanguard.detection.guard import GuardObserver, GuardStats
+from spanguard.detection.guard import GuardStats
+from spanguard.detection.rules.base import GuardObserver
 from spanguard.detection.trace_state import CallKey, TraceState
 from spanguard.schemas.decision import Decision
 

@@ -22,7 +22,6 @@ __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
-    "Fired",
     "TraceState",
     "call_mark",
     "iso_from_micros",

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.errors import JudgeError, OtlpDecodeError
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
-from spanguard.goal.verdicts import Judge, JudgeError
+from spanguard.goal.verdicts import Judge
 from spanguard.schemas.decision import AgentIdentity, Decision
-from spanguard.schemas.otlp import OtlpDecodeError, decode_protobuf
+from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
 from spanguard.settings import GoalSettings
 

@@ -17,15 +17,11 @@ import certifi
 import pagerduty
 import pytest
 
-from spanguard.alerting.pagerduty import (
-    Pager,
-    PagerConfigError,
-    PagerSettings,
-    build_event,
-    should_page,
-)
+from spanguard.alerting.pagerduty import Pager, build_event, should_page
+from spanguard.errors import PagerConfigError
 from spanguard.logs import JsonFormatter
 from spanguard.schemas.decision import AgentIdentity, Decision, validate
+from spanguard.settings import PagerSettings
 from tests.support.pagerduty_server import EventsApiServer, Fault
 
 ROUTING_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"  # 32 characters, like PagerDuty's

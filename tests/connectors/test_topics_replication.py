@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spanguard.connectors.topics import choose_replication
-from spanguard.settings import SettingsError, WorkerSettings
+from spanguard.errors import SettingsError
+from spanguard.settings import WorkerSettings
 
 
 @pytest.mark.parametrize(

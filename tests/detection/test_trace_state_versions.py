@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from spanguard.detection.guard import Guard
-from spanguard.detection.trace_state import STATE_VERSION, Fired, TraceState
+from spanguard.detection.rules.base import Fired
+from spanguard.detection.trace_state import STATE_VERSION, TraceState
 from tests.support.spans import AgentRecorder, one_request_per_span
 
 V1 = Path(__file__).resolve().parents[1] / "fixtures" / "state" / "trace-state-v1.json"

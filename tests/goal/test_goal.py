@@ -20,11 +20,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.trace import SpanKind
 
 from spanguard.connectors.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
+from spanguard.errors import JudgeError, SettingsError
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
-from spanguard.goal.verdicts import Judge, JudgeError, Verdict, parse_verdict
+from spanguard.goal.verdicts import Judge, Verdict, parse_verdict
 from spanguard.schemas.otlp import decode_protobuf
-from spanguard.settings import GoalSettings, SettingsError
+from spanguard.settings import GoalSettings
 from tests.support.chat_server import GOOD, ChatServer, Reply
 from tests.support.spans import AgentRecorder, encode, span_id_of
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import faust
 from faust.types import Message
 
-from spanguard.detection.guard import Fired, Guard, TraceState
+from spanguard.detection.guard import Guard
+from spanguard.detection.rules.base import Fired
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, event_context
 from tests.support.spans import AgentRecorder, encode
 

@@ -118,23 +118,36 @@ def _provider(endpoint: str, export: str, service: str) -> Any:
 
 
 def _adapter(library: str, switch: Any) -> Any:
-    from spanguard.killswitch import adapters
-
+    # Each adapter's module imports its framework, so only the one asked for is imported.
     framework = library.split("-")[0]
     if framework == "langgraph":
-        return adapters.SpanguardCallbackHandler(switch)
+        from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
+
+        return SpanguardCallbackHandler(switch)
     if framework == "openai":
-        return adapters.SpanguardRunHooks(switch)
+        from spanguard.killswitch.adapters_openai_agents import SpanguardRunHooks
+
+        return SpanguardRunHooks(switch)
     if framework == "pydantic":
-        return adapters.SpanguardCapability(switch)
+        from spanguard.killswitch.adapters_pydantic_ai import SpanguardCapability
+
+        return SpanguardCapability(switch)
     if framework == "smolagents":
-        return adapters.SpanguardStepCallback(switch)
+        from spanguard.killswitch.adapters_smolagents import SpanguardStepCallback
+
+        return SpanguardStepCallback(switch)
     if framework == "llama":
-        return lambda agent: adapters.guard_llama_index_agent(agent, switch)
+        from spanguard.killswitch.adapters_llama_index import guard_llama_index_agent
+
+        return lambda agent: guard_llama_index_agent(agent, switch)
     if framework == "google":
-        return adapters.SpanguardAdkPlugin(switch)
+        from spanguard.killswitch.adapters_google_adk import SpanguardAdkPlugin
+
+        return SpanguardAdkPlugin(switch)
     if framework == "strands":
-        return adapters.SpanguardHooks(switch)
+        from spanguard.killswitch.adapters_strands import SpanguardHooks
+
+        return SpanguardHooks(switch)
     raise ValueError(f"no adapter for {library}")
 
 

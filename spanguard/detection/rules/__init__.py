@@ -9,19 +9,7 @@ test fails when the two differ).
 
 from __future__ import annotations
 
-from spanguard.detection.rules.base import (
-    DOWNGRADE,
-    FLAG,
-    KILL,
-    OFF,
-    PAUSE,
-    Fired,
-    GuardObserver,
-    Rule,
-    TokenRule,
-    ToolCallRule,
-    Trip,
-)
+from spanguard.detection.rules.base import Rule
 from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.no_progress import NoProgress
 from spanguard.detection.rules.token_budget import TokenBudget
@@ -30,22 +18,11 @@ from spanguard.detection.rules.tool_polling import ToolPolling
 
 __all__ = [
     "CYCLE",
-    "DOWNGRADE",
-    "FLAG",
-    "KILL",
     "NO_PROGRESS",
-    "OFF",
-    "PAUSE",
     "RULES",
     "TOKEN_BUDGET",
     "TOOL_LOOP",
     "TOOL_POLLING",
-    "Fired",
-    "GuardObserver",
-    "Rule",
-    "TokenRule",
-    "ToolCallRule",
-    "Trip",
     "markdown_table",
     "rule_named",
 ]
