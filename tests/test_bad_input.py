@@ -898,7 +898,7 @@ def test_the_webhook_retries_408_as_the_pager_and_the_judge_do(webhook_server):
 def test_the_webhook_reads_retry_after_as_an_http_date(webhook_server):
     from email.utils import formatdate
 
-    from tests.support.webhook_server import Fault
+    from tests.support.https_receiver import Fault
 
     sleeps: list[float] = []
     when = formatdate(__import__("time").time() + 20, usegmt=True)
@@ -913,7 +913,7 @@ def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_ser
     """timeout=1: the whole attempt, not each read (the drip never lets a read time out)."""
     import time
 
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     pager_server.script(Fault(status=400, body=b'{"message": "' + b"x" * 60 + b'"}', drip=0.25))
     pager = _pager(pager_server, [], timeout=1.0, max_attempts=1)
@@ -928,7 +928,7 @@ def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_ser
 def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server):
     import gzip
 
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     bomb = gzip.compress(b'{"message": "' + b"x" * 50_000_000 + b'"}')
     errors = {"status": "invalid event", "message": "Event object is invalid",
@@ -949,7 +949,7 @@ def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server)
 
 
 def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     echo = {"message": f"bad key {PAGER_KEY}", "errors": ["Authorization: Bearer sk-live-123"]}
     pager_server.script(Fault(status=400, body=json.dumps(echo).encode()))
@@ -1000,7 +1000,7 @@ def test_a_webhook_answered_a_byte_a_second_ends_at_the_attempts_deadline(webhoo
     timeout, so only the attempt's own deadline can end it."""
     import time
 
-    from tests.support.webhook_server import Fault
+    from tests.support.https_receiver import Fault
 
     webhook_server.script(Fault(status=200, drip=0.3, drip_headers=True))
     webhook = _webhook(webhook_server, [], timeout="1", max_attempts="1")

@@ -22,7 +22,8 @@ from spanguard.errors import PagerConfigError
 from spanguard.logs import JsonFormatter
 from spanguard.schemas.decision import AgentIdentity, Decision, validate
 from spanguard.settings import PagerSettings
-from tests.support.pagerduty_server import EventsApiServer, Fault
+from tests.support.https_receiver import Fault
+from tests.support.pagerduty_server import EventsApiServer
 
 ROUTING_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"  # 32 characters, like PagerDuty's
 assert len(ROUTING_KEY) == 32

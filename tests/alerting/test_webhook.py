@@ -12,7 +12,8 @@ import pytest
 from spanguard.alerting.webhook import Webhook, WebhookService, build_body
 from spanguard.errors import SettingsError
 from spanguard.settings import WebhookSettings
-from tests.support.webhook_server import Fault, WebhookServer, slack_errors
+from tests.support.https_receiver import Fault
+from tests.support.webhook_server import WebhookServer, slack_errors
 
 SECRET_PATH = "/services/T000/B000/XXXXsecretXXXX"
 DETECTION = {

@@ -12,13 +12,12 @@ import pytest
 from spanguard.schemas.decision import validate
 from tests.support.kafka_harness import (
     BOOTSTRAP,
-    Collector,
     Topics,
-    WorkerProcess,
     ensure_broker,
     producer,
 )
 from tests.support.spans import AgentRecorder, encode, span_id_of
+from tests.support.worker import running_worker
 
 pytestmark = pytest.mark.kafka
 
@@ -33,17 +32,10 @@ agents:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    ensure_broker()
-    data = tmp_path_factory.mktemp("explain")
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    topics = Topics()
-    process = WorkerProcess(topics, data, policy=policy).start()
-    collector = Collector(topics.detections)
-    yield process, collector
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(
+        tmp_path_factory.mktemp("explain"), policy=POLICY, collect=("detections",)
+    ) as running:
+        yield running.process, running.collector
 
 
 def explain(topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:

@@ -3,49 +3,23 @@ beside a running worker whose own detections keep working after a release."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 
 from spanguard.detection.explain import explain_records
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import signature_valid, validate
-from tests.streams.test_worker_kafka import send_spans
 from tests.support.kafka_harness import (
     CLUSTER,
     SIGNING_KEY,
-    Collector,
-    Topics,
-    WorkerProcess,
-    ensure_broker,
 )
 from tests.support.spans import AgentRecorder
+from tests.support.waiting import wait_until
+from tests.support.worker import run_cli, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
 POLICY = "defaults: {token_budget: 1000}\n"
-
-
-def cli(command: str, trace_id: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
-    return subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", command, trace_id,
-         "--bootstrap", CLUSTER.bootstrap, *topics.flags(), *args],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-
-
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError("condition not met")
 
 
 def killed(switch: KillSwitch, trace_id: str) -> bool:
@@ -58,18 +32,10 @@ def killed(switch: KillSwitch, trace_id: str) -> bool:
 
 @pytest.fixture
 def running(tmp_path):
-    ensure_broker()
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    topics = Topics()
-    process = WorkerProcess(topics, tmp_path / "data", policy=policy).start()
-    collector = Collector(topics.kills, topics.detections)
-    switch = KillSwitch(CLUSTER.bootstrap, topics.kills, signing_key=SIGNING_KEY)
-    yield topics, collector, switch, process
-    switch.close()
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(tmp_path, policy=POLICY, collect=("kills", "detections")) as worker:
+        switch = KillSwitch(CLUSTER.bootstrap, worker.topics.kills, signing_key=SIGNING_KEY)
+        yield worker.topics, worker.collector, switch, worker.process
+        switch.close()
 
 
 def test_release_lifts_a_detected_kill_and_a_later_detection_kills_again(running):
@@ -81,7 +47,7 @@ def test_release_lifts_a_detected_kill_and_a_later_detection_kills_again(running
     send_spans(topics.input, agent)
     wait_until(lambda: killed(switch, agent.trace_id))  # the worker's tool_loop kill
 
-    released = cli("release", agent.trace_id, topics, "--operator", "alice")
+    released = run_cli("release", agent.trace_id, topics, "--operator", "alice")
     assert released.returncode == 0, released.stderr
     wait_until(lambda: not killed(switch, agent.trace_id))
     assert switch.check(agent.trace_id) is None  # the agent may call tools again
@@ -120,7 +86,7 @@ def test_after_a_release_the_same_loop_repeated_kills_again(running):
     send_spans(topics.input, agent)
     wait_until(lambda: killed(switch, agent.trace_id))
 
-    released = cli("release", agent.trace_id, topics, "--operator", "alice")
+    released = run_cli("release", agent.trace_id, topics, "--operator", "alice")
     assert released.returncode == 0, released.stderr
     wait_until(lambda: not killed(switch, agent.trace_id))
     process.wait_for("spanguard_releases_read_total", 1)  # the worker has read it too
@@ -155,7 +121,7 @@ def test_manual_kill_release_and_kill_again(running):
         ("release", ("--operator", "bob")),
         ("kill", ("--reason", "still looping", "--operator", "carol")),
     ]):  # fmt: skip
-        result = cli(command, trace_id, topics, *args)
+        result = run_cli(command, trace_id, topics, *args)
         assert result.returncode == 0, result.stderr
         wait_until(lambda n=step: switch.received >= n + 1)
         assert killed(switch, trace_id) == (command == "kill")
@@ -182,6 +148,6 @@ def test_manual_kill_release_and_kill_again(running):
 
 def test_kill_needs_a_reason_and_a_trace_id(running):
     topics, *_ = running
-    assert cli("kill", "0" * 32, topics).returncode == 2  # --reason is required
-    bad = cli("kill", "not-a-trace", topics, "--reason", "x")
+    assert run_cli("kill", "0" * 32, topics).returncode == 2  # --reason is required
+    bad = run_cli("kill", "not-a-trace", topics, "--reason", "x")
     assert bad.returncode == 2 and "not a trace id" in bad.stderr

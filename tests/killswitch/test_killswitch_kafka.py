@@ -18,6 +18,7 @@ from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from tests.support.spans import kill_signal
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -46,15 +47,6 @@ def publish(topic: str, record: dict, key: bytes | None = KEY) -> None:
     out = producer()
     out.produce(topic, key=record["trace_id"].encode(), value=json.dumps(record).encode())
     assert out.flush(10) == 0
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise TimeoutError("condition not met")
 
 
 def trace() -> str:

@@ -20,8 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spanguard import __version__
 from tests.support.helm import MONITORING_ON, render
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.kafka_harness import Collector, WorkerProcess, producer
 from tests.support.spans import AgentRecorder, encode
+from tests.support.worker import running_worker
 
 pytestmark = pytest.mark.kafka
 
@@ -94,14 +95,8 @@ def scrape(port: int) -> dict[str, list[Any]]:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    ensure_broker()
-    topics = Topics()
-    process = WorkerProcess(topics, tmp_path_factory.mktemp("metrics")).start()
-    collector = Collector(topics.kills)
-    yield process, collector
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(tmp_path_factory.mktemp("metrics")) as running:
+        yield running.process, running.collector
 
 
 def loop_through_worker(process: WorkerProcess, collector: Collector, service: str) -> list[Any]:
