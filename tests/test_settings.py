@@ -154,3 +154,50 @@ def test_the_worker_command_refuses_to_start_without_a_key(tmp_path, monkeypatch
     assert main(["worker", "--bootstrap", "127.0.0.1:9", "--data-dir", str(tmp_path)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("spanguard worker: bad setting: no signing key")
+
+
+# -- the goal verifier's judge (GoalSettings) --------------------------------------------------
+
+
+def test_goal_settings_from_env(tmp_path):
+    assert GoalSettings.from_env({}) == GoalSettings()
+    assert not GoalSettings.from_env({}).enabled
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-file\n")
+    settings = GoalSettings.from_env(
+        {
+            "SPANGUARD_JUDGE_URL": "http://vllm:8000/v1/",
+            "SPANGUARD_JUDGE_MODEL": "qwen2.5-7b-instruct",
+            "SPANGUARD_JUDGE_API_KEY_FILE": str(key_file),
+            "SPANGUARD_JUDGE_TIMEOUT": "2.5",
+            "SPANGUARD_JUDGE_MAX_ATTEMPTS": "2",
+            "SPANGUARD_JUDGE_MAX_CONCURRENCY": "8",
+        }
+    )
+    assert settings == GoalSettings(
+        "http://vllm:8000/v1", "qwen2.5-7b-instruct", "sk-from-file", 2.5, 2, 8
+    )
+    assert settings.enabled
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SPANGUARD_JUDGE_TIMEOUT": "soon"}, "not a valid float"),
+        ({"SPANGUARD_JUDGE_TIMEOUT": "0"}, "positive"),
+        ({"SPANGUARD_JUDGE_MAX_ATTEMPTS": "0"}, "at least 1"),
+        ({"SPANGUARD_JUDGE_MAX_CONCURRENCY": "0"}, "at least 1"),
+        ({"SPANGUARD_JUDGE_URL": "vllm:8000"}, "http(s) URL"),
+        ({"SPANGUARD_JUDGE_URL": "ftp://user:pw@host/v1"}, "'ftp://host/v1'"),  # no password
+        (
+            {"SPANGUARD_JUDGE_API_KEY": "a", "SPANGUARD_JUDGE_API_KEY_FILE": "/k"},
+            "not both",
+        ),
+        ({"SPANGUARD_JUDGE_API_KEY_FILE": "/nonexistent/key"}, "cannot read"),
+    ],
+)
+def test_goal_settings_errors(env, message):
+    with pytest.raises(SettingsError) as caught:
+        GoalSettings.from_env(env)
+    assert message in str(caught.value)
+    assert "pw" not in str(caught.value)
