@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -385,6 +385,22 @@ class Collector:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def scratch_topic(
+    partitions: int, suffix: str = "agent-kill-signals", cluster: Cluster | None = None
+) -> Iterator[str]:
+    """A topic of the test's own (a fresh name), deleted at the end."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"t{uuid.uuid4().hex[:8]}-{suffix}"
+    admin = AdminClient((cluster or CLUSTER).config())
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    try:
+        yield name
+    finally:
+        admin.delete_topics([name])
 
 
 def producer(cluster: Cluster | None = None) -> Producer:
