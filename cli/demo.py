@@ -213,7 +213,7 @@ def _run_both_agents(step_delay: float, env: dict[str, str]) -> dict[str, AgentR
             [
                 sys.executable,
                 "-m",
-                "spanguard.demo",
+                "spanguard.cli.demo",
                 "agent",
                 kind,
                 "--step-delay",
@@ -273,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             max_calls=args.max_calls,
         )
     except KafkaSecurityError as exc:  # SPANGUARD_KAFKA_* settings that cannot work together
-        print(f"spanguard.demo: bad setting: {exc}", file=sys.stderr)
+        print(f"spanguard.cli.demo: bad setting: {exc}", file=sys.stderr)
         return 2
     except KafkaConnectError as exc:  # the killswitch could not reach or enter the cluster
-        print(f"spanguard.demo: {exc}", file=sys.stderr)
+        print(f"spanguard.cli.demo: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(asdict(result)), flush=True)
     return 0

@@ -681,7 +681,7 @@ def test_compose_file_wiring() -> None:
         assert service["entrypoint"] + service["command"] == [
             "python",
             "-m",
-            "spanguard.demo",
+            "spanguard.cli.demo",
             "agent",
             agent,
         ]

@@ -206,7 +206,7 @@ def command(client: str, tmp_path: Path) -> tuple[list[str], str]:
                 "--policy", str(policy)], "spanguard backtest: "  # fmt: skip
     # An agent process whose KillSwitch cannot enter the cluster.
     return [sys.executable, "-m", "spanguard.cli.demo", "agent", "support",
-            "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.demo: "  # fmt: skip
+            "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.cli.demo: "  # fmt: skip
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))
