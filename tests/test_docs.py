@@ -440,7 +440,7 @@ def test_the_checks_catch_a_typo(tmp_path):
 def test_the_checks_accept_what_exists(tmp_path):
     doc = tmp_path / "fine.md"
     text = (
-        "`schemas/policy.schema.json`, `spanguard.detection.guard.Guard.process`,\n"
+        "`schemas/policy.schema.json`, `spanguard.schemas.decision.Decision.from_dict`,\n"
         "`spanguard.tool.args_hash`, `make test`, `spanguard topics create --partitions 12`,\n"
         "`spanguard worker --kafka-<name>`, `SPANGUARD_KAFKA_<NAME>`, `SPANGUARD_SIGNING_KEY_FILE`.\n"
     )
