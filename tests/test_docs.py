@@ -53,7 +53,8 @@ def split_fences(text: str) -> tuple[str, list[str]]:
 
 
 def code_spans(prose: str) -> list[str]:
-    return re.findall(r"`([^`\n]+)`", prose)
+    """Inline code; a span may run over a line break, which reads as a space (CommonMark)."""
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
 
 
 def command_lines(text: str) -> list[str]:
