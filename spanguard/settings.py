@@ -723,10 +723,9 @@ A test fails when this file and the registry differ. Edit the registry, then run
 A flag wins over its variable, which wins over the default. `spanguard worker --help` lists
 every flag with its variable. Secrets have no flag, because a command line shows in `ps`. Set
 the variable, or `<NAME>_FILE` naming a file that holds the value (a mounted Secret). The
-file has a flag, `--<name>-file` (`--kafka-sasl-password-file`). Setting both is an error.
-A file is read within bounds
-(64 kB), and whitespace around the value is not part of it. A value that cannot work stops the
-command with one line and exit 2, before any connection.
+file has a flag, `--<name>-file` (`--kafka-sasl-password-file`). Setting both is an error. A
+file is read within bounds (64 kB), and whitespace around the value is not part of it. A value
+that cannot work stops the command with one line and exit 2, before any connection.
 """
 
 
