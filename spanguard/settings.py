@@ -1,16 +1,18 @@
 """Every setting spanguard reads, declared once: flags, else environment variables, else defaults.
 
-A setting is a field of one of the settings classes below (`WorkerSettings`, `GoalSettings`,
-`PagerSettings`): its type is the field's annotation, its default the field's default, and its
-metadata give the help text and the environment variable (`SPANGUARD_<GROUP><NAME>` unless it
-says otherwise). `REGISTRY` lists them all; the worker's flags and `--help`, the README's
-settings table and the helm chart's environment are generated from it or checked against it
+A setting is a field of one of the settings classes in `SETTINGS_CLASSES`: `WorkerSettings`,
+`KafkaSecurity`, `GoalSettings`, `PagerSettings` and `WebhookSettings`. Its type is the field's
+annotation, its default the field's default, and its metadata give the help text and the
+environment variable (`SPANGUARD_<GROUP><NAME>` unless it says otherwise). `REGISTRY` lists them
+all. The worker's flags and `--help`, docs/settings.md (`python -m spanguard.settings` prints it)
+and the helm chart's environment are generated from it or checked against it
 (tests/test_settings.py). The flag of a setting is its variable without the `SPANGUARD_` prefix,
 in lower case with dashes (`SPANGUARD_JUDGE_URL` is `--judge-url`).
 
-Secrets (the signing key, the judge's API key, the PagerDuty routing key) have no flag, where
-`ps` would show them: they come from their variable or from a file named by `<NAME>_FILE` (a
-mounted Secret), which has a flag. They are kept out of reprs and error messages.
+Secrets (the signing key, the judge's API key, the PagerDuty routing key, the webhook URL and
+its signing key, the Kafka passwords) have no flag, where `ps` would show them. They come from
+their variable or from a file named by `<NAME>_FILE` (a mounted Secret), which has a flag. They
+are kept out of reprs and error messages.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "WebhookSettings",
     "WorkerSettings",
     "redact_url",
+    "settings_document",
     "settings_table",
 ]
 
@@ -683,14 +686,51 @@ REGISTRY: Final[tuple[Setting, ...]] = tuple(
 )
 
 
-def settings_table() -> str:
-    """The README's settings table, generated from the registry."""
+def settings_table(entries: tuple[Setting, ...] = REGISTRY) -> str:
+    """A markdown table of settings (all of the registry unless given some)."""
     rows = ["| variable | flag | default | what |", "|---|---|---|---|"]
-    for entry in REGISTRY:
+    for entry in entries:
         default = "" if entry.default is None else f"`{_shown(entry.default)}`"
         flag = f"`{entry.flag}`" if entry.flag else "(environment only)"
         rows.append(f"| `{entry.env}` | {flag} | {default} | {entry.help} |")
     return "\n".join(rows) + "\n"
+
+
+# A heading per settings class in docs/settings.md, in the registry's order.
+_GROUP_TITLES: Final = {
+    "WorkerSettings": "The worker, its topics and its state",
+    "KafkaSecurity": "Connecting to Kafka (TLS, mutual TLS, SASL)",
+    "GoalSettings": "The goal verifier's judge",
+    "PagerSettings": "Paging (PagerDuty)",
+    "WebhookSettings": "Webhooks (Slack and others)",
+}
+
+_DOCUMENT_HEAD: Final = """\
+# Settings reference
+
+Generated from the registry in `spanguard/settings.py` by `python -m spanguard.settings`.
+A test fails when this file and the registry differ. Edit the registry, then run
+`python -m spanguard.settings > docs/settings.md`.
+
+A flag wins over its variable, which wins over the default. `spanguard worker --help` lists
+every flag with its variable. Secrets have no flag, because a command line shows in `ps`. Set
+the variable, or `<NAME>_FILE` naming a file that holds the value (a mounted Secret). The
+file has a flag, `--<name>-file` (`--kafka-sasl-password-file`). Setting both is an error. A
+file is read within bounds (64 kB), and whitespace around the value is not part of it. A value
+that cannot work stops the command with one line and exit 2, before any connection.
+"""
+
+
+def settings_document() -> str:
+    """docs/settings.md: one table per settings class, from the registry."""
+    parts = [_DOCUMENT_HEAD]
+    for owner, title in _GROUP_TITLES.items():
+        entries = tuple(entry for entry in REGISTRY if entry.owner == owner)
+        parts.append(f"\n## {title}\n\n{settings_table(entries)}")
+    covered = {entry.owner for entry in REGISTRY} - set(_GROUP_TITLES)
+    if covered:
+        raise RuntimeError(f"settings classes without a heading in docs/settings.md: {covered}")
+    return "".join(parts)
 
 
 def _shown(value: Any) -> str:
@@ -723,5 +763,5 @@ def redact_userinfo(url: str) -> str:
     return url
 
 
-if __name__ == "__main__":  # python -m spanguard.settings: print the README's table
-    print(settings_table(), end="")
+if __name__ == "__main__":  # python -m spanguard.settings > docs/settings.md
+    print(settings_document(), end="")

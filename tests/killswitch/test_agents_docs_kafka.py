@@ -107,7 +107,8 @@ def test_the_documented_snippets_run_and_stop_a_langgraph_agent(topic, monkeypat
     namespace["switch"].close()
 
     guide = python_blocks(ROOT / "docs" / "agents.md")
-    assert len(guide) == 3, "the killswitch, the export processor, the LangGraph example"
+    # The fourth, the in-process guard, needs an agent's exporter: test_inprocess.py covers it.
+    assert len(guide) == 4, "the killswitch, the export processor, LangGraph, the in-process guard"
     exec(for_the_test(guide[0], topic), namespace)
     exec(guide[1], namespace)
     switch = namespace["switch"]
