@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from spanguard.alerting.pagerduty import Pager, PageResult, dedup_key, should_page
+from spanguard.outcomes import CountedOutcome, Tally
 
-__all__ = ["PagingService"]
+__all__ = ["PageOutcome", "PagingService"]
 
 log = logging.getLogger("spanguard.alerting")
+
+
+class PageOutcome(CountedOutcome):
+    """What became of a detection the paging agent read."""
+
+    ACCEPTED = "accepted"  # PagerDuty took the page (PageResult's statuses, then ours)
+    REJECTED = "rejected"
+    FAILED = "failed"
+    ALREADY_PAGED = "already_paged"  # this trace and rule paged before
+    NOT_CONFIGURED = "not_configured"  # it would page, but no routing key is set
+    UNREADABLE = "unreadable"  # not JSON
 
 
 class PagingService:
     def __init__(self, pager: Pager | None) -> None:
         self.pager = pager
-        self.outcomes: Counter[str] = Counter()  # accepted, rejected, failed, already_paged, ...
+        self.outcomes = Tally()
         self._warned_unconfigured = False
 
     def detection_to_page(
@@ -34,15 +45,15 @@ class PagingService:
         try:
             detection = json.loads(value or b"")
         except ValueError:
-            self.outcomes["unreadable"] += 1
+            self.outcomes.add(PageOutcome.UNREADABLE)
             return None
         if not isinstance(detection, dict) or not should_page(detection):
             return None
         if detection.get("rule") in paged_rules:
-            self.outcomes["already_paged"] += 1
+            self.outcomes.add(PageOutcome.ALREADY_PAGED)
             return None
         if self.pager is None:
-            self.outcomes["not_configured"] += 1
+            self.outcomes.add(PageOutcome.NOT_CONFIGURED)
             if not self._warned_unconfigured:
                 self._warned_unconfigured = True
                 log.warning(
@@ -56,7 +67,7 @@ class PagingService:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.pager is not None
         result = self.pager.page(detection)
-        self.outcomes[result.status] += 1
+        self.outcomes.add(PageOutcome(result.status))
         log.info(
             "page",
             extra={

@@ -30,7 +30,6 @@ import logging
 import random
 import ssl
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,6 +48,7 @@ from spanguard.alerting.outbound import (
     tls_verify_failure,
 )
 from spanguard.alerting.pagerduty import dedup_key
+from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.retry import Backoff
 from spanguard.schemas.decision import pause_instructions
 from spanguard.settings import WebhookSettings
@@ -56,6 +56,7 @@ from spanguard.settings import WebhookSettings
 __all__ = [
     "NotifyResult",
     "Webhook",
+    "WebhookOutcome",
     "WebhookService",
     "build_body",
     "json_body",
@@ -287,6 +288,16 @@ class Webhook:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+class WebhookOutcome(CountedOutcome):
+    """What became of a detection the webhook agent read."""
+
+    DELIVERED = "delivered"  # NotifyResult's statuses, then ours
+    REJECTED = "rejected"
+    FAILED = "failed"
+    ALREADY_SENT = "already_sent"  # this trace and rule sent before
+    UNREADABLE = "unreadable"  # not JSON, or no rule in it
+
+
 class WebhookService:
     """Which detections notify, and what became of each notification (the agent's Faust-free
     half): every detection, once per trace and rule (streams/agents/notify_webhook.py keeps
@@ -294,7 +305,7 @@ class WebhookService:
 
     def __init__(self, webhook: Webhook | None) -> None:
         self.webhook = webhook
-        self.outcomes: Counter[str] = Counter()  # delivered, rejected, failed, already_sent
+        self.outcomes = Tally()
 
     def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> dict[str, Any] | None:
         """The detection in `value` if it must be sent now, else None (and why is counted)."""
@@ -303,13 +314,13 @@ class WebhookService:
         try:
             detection = json.loads(value or b"")
         except ValueError:
-            self.outcomes["unreadable"] += 1
+            self.outcomes.add(WebhookOutcome.UNREADABLE)
             return None
         if not isinstance(detection, dict) or "rule" not in detection:
-            self.outcomes["unreadable"] += 1
+            self.outcomes.add(WebhookOutcome.UNREADABLE)
             return None
         if detection["rule"] in sent_rules:
-            self.outcomes["already_sent"] += 1
+            self.outcomes.add(WebhookOutcome.ALREADY_SENT)
             return None
         return detection
 
@@ -317,7 +328,7 @@ class WebhookService:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.webhook is not None
         result = self.webhook.notify(detection)
-        self.outcomes[result.status] += 1
+        self.outcomes.add(WebhookOutcome(result.status))
         log.info(
             "webhook",
             extra={

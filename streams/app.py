@@ -6,24 +6,25 @@ agent body (streams/agents/): this module builds the parts and hands them to eac
 
 from __future__ import annotations
 
-import gc
 import logging
 
 import faust
 
 from spanguard.alerting.pagerduty import Pager
-from spanguard.alerting.service import PagingService
-from spanguard.alerting.webhook import Webhook, WebhookService
-from spanguard.detection.guard import Guard
-from spanguard.detection.pipeline import SpanPipeline
-from spanguard.goal.verifier import GoalVerifier
+from spanguard.alerting.service import PageOutcome, PagingService
+from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
+from spanguard.detection.guard import Guard, GuardCount
+from spanguard.detection.pipeline import PipelineCount, SpanPipeline
+from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.kafka_clients import faust_credentials
+from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
-from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
+from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
+from spanguard.streams.agents.guard_spans import SpanAgent, SpanCount
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
-from spanguard.streams.health import Health, serve_http
+from spanguard.streams.health import Health
 from spanguard.streams.metrics import (
     ConsumerLag,
     DetectionLatency,
@@ -31,16 +32,14 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.releases import ReleaseReader
+from spanguard.streams.releases import ReleaseCount, ReleaseReader
+from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanguard.worker")
-
-# Seconds between two readings of the consumer lag (a scrape reads the last one).
-LAG_INTERVAL = 5.0
 
 # Every topic is bytes in, bytes out: the pipeline decodes, and bad bytes are its business.
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -55,7 +54,23 @@ def create_app(
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     set_fetch_max_wait(settings.fetch_max_wait)
-    app = faust.App(
+    app = faust_app(settings)
+    worker = build_worker(app, settings, policy, pager, verifier, webhook)
+    agent = SpanAgent(worker)
+    agent.attach(app)
+    page_on_call.register(worker)
+    verify_goals.register(worker)
+    notify_webhook.register(worker)
+    LagMeter(worker).attach(app)
+    StartupTasks(worker).attach(app)
+    MetricsServer(worker).attach(app)
+    worker.registry.register(outcome_metrics(worker, agent))
+    app.spanguard = worker  # type: ignore[attr-defined]
+    return app
+
+
+def faust_app(settings: WorkerSettings) -> faust.App:
+    return faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         broker_credentials=faust_credentials(settings.kafka),
@@ -75,10 +90,13 @@ def create_app(
         topic_replication_factor=settings.replication_factor or 1,
         producer_acks=-1,
     )
+
+
+def trace_table(app: faust.App, settings: WorkerSettings) -> TraceTable:
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    table = app.tables.add(
+    return app.tables.add(
         TraceTable(
             app,
             name=settings.table_name,
@@ -90,48 +108,46 @@ def create_app(
             value_type=bytes,
         )
     )
-    # What was paged, per trace: keyed by trace id like the detections topic it follows.
-    paged = app.Table(
-        "paged",
+
+
+def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
+    """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
+    detections topic it follows. Its changelog topic is created on start."""
+    return app.Table(
+        name,
         default=None,
         partitions=settings.partitions,
         use_partitioner=True,
         key_type=bytes,
         value_type=bytes,
     )
-    # What was sent to the webhook, per trace: the same shape as `paged` (only with a webhook:
-    # a table's changelog topic is created on start).
-    notified = (
-        app.Table(
-            "notified",
-            default=None,
-            partitions=settings.partitions,
-            use_partitioner=True,
-            key_type=bytes,
-            value_type=bytes,
-        )
-        if webhook is not None
-        else None
-    )
+
+
+def build_worker(
+    app: faust.App,
+    settings: WorkerSettings,
+    policy: Policy,
+    pager: Pager | None,
+    verifier: GoalVerifier | None,
+    webhook: Webhook | None,
+) -> Worker:
+    table = trace_table(app, settings)
+    paged = delivered_table(app, settings, "paged")
+    # Only with a webhook: a table's changelog topic is created on start.
+    notified = delivered_table(app, settings, "notified") if webhook is not None else None
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
     states = SerializedStates(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
     table.states = states  # its rebalance hooks keep the expiry index right
-    signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+    signing_key = kill_signing_key(settings)
     # Operators' releases (signed with the same key) re-arm a killed trace's loop rules.
     releases = ReleaseReader(settings, signing_key)
     guard = Guard(policy, states=states, released=releases.released)
-    if signing_key is None:
-        log.warning(
-            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
-            " can stop or steer agents that obey unsigned signals",
-            settings.kill_topic,
-        )
     registry = worker_registry()
     lag = ConsumerLag()
     registry.register(lag)
-    worker = Worker(
+    return Worker(
         app=app,
         settings=settings,
         # The Collector's topic and the repartition topic in one stream: both are keyed by
@@ -148,76 +164,53 @@ def create_app(
         pipeline=SpanPipeline(
             guard, home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions)
         ),
-        outbox=Outbox(
-            repartition=app.topic(settings.repartition_topic, **RAW),
-            detections=app.topic(settings.detections_topic, **RAW),
-            kill_signals=app.topic(settings.kill_topic, **RAW),
-            dead_letters=app.topic(settings.dead_letter_topic, **RAW),
-            partitions=settings.partitions,
-            signing_key=signing_key,
-        ),
+        outbox=outbox(app, settings, signing_key),
         health=Health(dead_after=settings.dead_after),
         paging=PagingService(pager),
         webhook=WebhookService(webhook),
         verifier=verifier,
+        releases=releases,
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
     )
-    registry.register(
-        # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
-        WorkerMetrics(
-            guard,
-            worker.pipeline,
-            states.indexed,
-            worker.paging,
-            verifier,
-            worker.webhook,
-            releases_read=lambda: releases.read,
+
+
+def kill_signing_key(settings: WorkerSettings) -> bytes | None:
+    """The key kill signals are signed with: None only with SPANGUARD_ALLOW_UNSIGNED, said
+    loudly."""
+    signing_key = settings.kill_signing_key()
+    if signing_key is None:
+        log.warning(
+            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
+            " can stop or steer agents that obey unsigned signals",
+            settings.kill_topic,
         )
+    return signing_key
+
+
+def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) -> Outbox:
+    return Outbox(
+        repartition=app.topic(settings.repartition_topic, **RAW),
+        detections=app.topic(settings.detections_topic, **RAW),
+        kill_signals=app.topic(settings.kill_topic, **RAW),
+        dead_letters=app.topic(settings.dead_letter_topic, **RAW),
+        partitions=settings.partitions,
+        signing_key=signing_key,
     )
-    guard_spans.register(worker)
-    page_on_call.register(worker)
-    verify_goals.register(worker)
-    notify_webhook.register(worker)
 
-    consumed = {
-        settings.input_topic,
-        settings.repartition_topic,
-        settings.detections_topic,
-        settings.goal_topic,
+
+def outcome_metrics(worker: Worker, agent: SpanAgent) -> WorkerMetrics:
+    """The counters on /metrics, each outcome enum read from the part that counts it."""
+    counts: dict[type[CountedOutcome], Counted] = {
+        GuardCount: worker.guard.stats,
+        PipelineCount: worker.pipeline,
+        SpanCount: agent.outcomes,
+        PageOutcome: worker.paging.outcomes,
+        WebhookOutcome: worker.webhook.outcomes,
+        ReleaseCount: worker.releases,
     }
-
-    @app.timer(interval=LAG_INTERVAL)
-    async def measure_lag() -> None:
-        try:
-            await lag.refresh(app.consumer, consumed)
-        except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
-            log.debug("consumer lag not read", extra={"error": repr(exc)})
-
-    @app.task
-    async def freeze_startup_objects() -> None:
-        # Tasks start once the first table recovery is done: what the process holds now
-        # (modules, Faust's and aiokafka's services, about 140k objects) lives as long as it
-        # does. Frozen, full collections walk only what came later: measured in the pipeline
-        # benchmark's latency run, 105-145 ms pauses became 20-35 ms.
-        gc.collect()
-        gc.freeze()
-        log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})
-
-    @app.task
-    async def read_releases() -> None:
-        releases.start()  # a daemon thread: it ends with the process
-
-    @app.task
-    async def serve_metrics() -> None:
-        worker.http = await serve_http(
-            worker.health, registry, settings.metrics_host, settings.metrics_port
-        )
-        log.info(
-            "metrics",
-            extra={"url": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"},
-        )
-
-    app.spanguard = worker  # type: ignore[attr-defined]
-    return app
+    if worker.verifier is not None:
+        counts[GoalOutcome] = worker.verifier.outcomes
+    # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
+    return WorkerMetrics(worker.guard, counts, active_traces=worker.states.indexed)

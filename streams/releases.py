@@ -34,10 +34,11 @@ from spanguard.kafka_clients import (
     client_config,
     wait_for_metadata,
 )
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
 from spanguard.settings import WorkerSettings
 
-__all__ = ["MAX_RELEASES", "ReleaseReader"]
+__all__ = ["MAX_RELEASES", "ReleaseCount", "ReleaseReader"]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -45,6 +46,12 @@ log = logging.getLogger("spanguard.worker")
 MAX_RELEASES = 100_000
 # Seconds between two prunings of releases older than the horizon.
 PRUNE_INTERVAL = 60.0
+
+
+class ReleaseCount(CountedOutcome):
+    """What the release reader counts: each member names a counter of ReleaseReader."""
+
+    READ = "read"  # releases read
 
 
 class ReleaseReader:
@@ -82,6 +89,9 @@ class ReleaseReader:
         self.ignored: Counter[str] = Counter()  # records skipped, by kind
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spanguard-releases", daemon=True)
+
+    def count(self, outcome: ReleaseCount) -> int:
+        return getattr(self, outcome.value)
 
     def start(self) -> ReleaseReader:
         self._thread.start()

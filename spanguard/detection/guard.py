@@ -66,6 +66,7 @@ from spanguard.detection.trace_state import (
     call_mark,
     iso_from_micros,
 )
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
 from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -79,6 +80,7 @@ __all__ = [
     "TOOL_POLLING",
     "Fired",
     "Guard",
+    "GuardCount",
     "GuardObserver",
     "GuardStats",
     "TraceState",
@@ -104,9 +106,25 @@ HASHING_HINT = (
 )
 
 
+class GuardCount(CountedOutcome):
+    """What the guard counts: each member names a field of GuardStats."""
+
+    SPANS = "spans"
+    TOOL_CALLS = "tool_calls"
+    TOKEN_EVENTS = "token_events"
+    DUPLICATE_SPANS = "duplicate_spans"
+    REPEATED_CALL_IDS = "repeated_call_ids"
+    MISSING_ARGUMENTS = "missing_arguments"
+    MALFORMED_SPANS = "malformed_spans"
+    RELEASES_APPLIED = "releases_applied"
+
+
 @dataclass
 class GuardStats:
-    """Counters the worker exports on /metrics and replay prints in its summary."""
+    """Counters the worker exports on /metrics and replay prints in its summary.
+
+    Plain integers, bumped on the hot path; read by member (`count`) like any other tally.
+    """
 
     spans: int = 0
     tool_calls: int = 0
@@ -117,6 +135,9 @@ class GuardStats:
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
+
+    def count(self, outcome: GuardCount) -> int:
+        return getattr(self, outcome.value)
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:

@@ -15,17 +15,26 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.slim import slim_part
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
 from spanguard.schemas.otlp_view import not_a_trace_request, parse_view
 
-__all__ = ["MAX_RECORD_BYTES", "Outcome", "SpanPipeline"]
+__all__ = ["MAX_RECORD_BYTES", "Outcome", "PipelineCount", "SpanPipeline"]
 
 log = logging.getLogger("spanguard.pipeline")
 
 # Every record the worker writes stays under the topics' default max.message.bytes (1 MiB),
 # with room for its key and headers.
 MAX_RECORD_BYTES = 900_000
+
+
+class PipelineCount(CountedOutcome):
+    """What the pipeline counts: each member names a counter of SpanPipeline."""
+
+    MESSAGES = "messages"  # every message handed to `handle`
+    REPARTITIONED = "repartitioned"  # split by trace and handed back for re-keying
+    DEAD_LETTERS = "dead_letters"  # bad input, sent (whole or in part) to the dead letters
 
 
 @dataclass
@@ -50,6 +59,9 @@ class SpanPipeline:
         self.messages = 0
         self.repartitioned = 0
         self.dead_letters = 0
+
+    def count(self, outcome: PipelineCount) -> int:
+        return getattr(self, outcome.value)
 
     def handle(
         self, key: bytes | None, value: bytes | None, partition: int | None = None
