@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
@@ -21,7 +22,7 @@ from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.policy import Policy
 from spanguard.settings import WorkerSettings
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
-from spanguard.streams.agents.guard_spans import SpanAgent, SpanCount
+from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health
@@ -56,15 +57,13 @@ def create_app(
     set_fetch_max_wait(settings.fetch_max_wait)
     app = faust_app(settings)
     worker = build_worker(app, settings, policy, pager, verifier, webhook)
-    agent = SpanAgent(worker)
-    agent.attach(app)
+    SpanAgent(worker).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)
     LagMeter(worker).attach(app)
     StartupTasks(worker).attach(app)
     MetricsServer(worker).attach(app)
-    worker.registry.register(outcome_metrics(worker, agent))
     app.spanguard = worker  # type: ignore[attr-defined]
     return app
 
@@ -92,11 +91,12 @@ def faust_app(settings: WorkerSettings) -> faust.App:
     )
 
 
-def trace_table(app: faust.App, settings: WorkerSettings) -> TraceTable:
+def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, SerializedStates]:
+    """The state table and the guard's view of it (decoded states, the expiry index)."""
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    return app.tables.add(
+    table = app.tables.add(
         TraceTable(
             app,
             name=settings.table_name,
@@ -108,6 +108,12 @@ def trace_table(app: faust.App, settings: WorkerSettings) -> TraceTable:
             value_type=bytes,
         )
     )
+    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
+    states = SerializedStates(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
+    table.states = states  # its rebalance hooks keep the expiry index right
+    return table, states
 
 
 def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
@@ -131,22 +137,22 @@ def build_worker(
     verifier: GoalVerifier | None,
     webhook: Webhook | None,
 ) -> Worker:
-    table = trace_table(app, settings)
+    table, states = trace_states(app, settings)
     paged = delivered_table(app, settings, "paged")
     # Only with a webhook: a table's changelog topic is created on start.
     notified = delivered_table(app, settings, "notified") if webhook is not None else None
-    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
-    states = SerializedStates(
-        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
-    )
-    table.states = states  # its rebalance hooks keep the expiry index right
     signing_key = kill_signing_key(settings)
     # Operators' releases (signed with the same key) re-arm a killed trace's loop rules.
     releases = ReleaseReader(settings, signing_key)
     guard = Guard(policy, states=states, released=releases.released)
-    registry = worker_registry()
-    lag = ConsumerLag()
-    registry.register(lag)
+    pipeline = SpanPipeline(
+        # A packed record of the repartition topic holds traces of the partition it is on.
+        guard,
+        home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
+    )
+    paging, notifying = PagingService(pager), WebhookService(webhook)
+    counted = counting_parts(guard, pipeline, paging, notifying, verifier, releases)
+    registry, lag = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
         settings=settings,
@@ -160,20 +166,30 @@ def build_worker(
         notified=notified,
         states=states,
         guard=guard,
-        # A packed record of the repartition topic holds traces of the partition it is on.
-        pipeline=SpanPipeline(
-            guard, home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions)
-        ),
+        pipeline=pipeline,
         outbox=outbox(app, settings, signing_key),
         health=Health(dead_after=settings.dead_after),
-        paging=PagingService(pager),
-        webhook=WebhookService(webhook),
+        paging=paging,
+        webhook=notifying,
         verifier=verifier,
         releases=releases,
+        counted=counted,
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
     )
+
+
+def metrics_registry(
+    guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
+) -> tuple[CollectorRegistry, ConsumerLag]:
+    """What /metrics serves; the consumer lag is refreshed by LagMeter."""
+    registry = worker_registry()
+    lag = ConsumerLag()
+    registry.register(lag)
+    # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
+    registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
+    return registry, lag
 
 
 def kill_signing_key(settings: WorkerSettings) -> bytes | None:
@@ -200,17 +216,22 @@ def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) 
     )
 
 
-def outcome_metrics(worker: Worker, agent: SpanAgent) -> WorkerMetrics:
-    """The counters on /metrics, each outcome enum read from the part that counts it."""
-    counts: dict[type[CountedOutcome], Counted] = {
-        GuardCount: worker.guard.stats,
-        PipelineCount: worker.pipeline,
-        SpanCount: agent.outcomes,
-        PageOutcome: worker.paging.outcomes,
-        WebhookOutcome: worker.webhook.outcomes,
-        ReleaseCount: worker.releases,
+def counting_parts(
+    guard: Guard,
+    pipeline: SpanPipeline,
+    paging: PagingService,
+    webhook: WebhookService,
+    verifier: GoalVerifier | None,
+    releases: ReleaseReader,
+) -> dict[type[CountedOutcome], Counted]:
+    """Which part counts each outcome enum (the streams parts add their own as they attach)."""
+    counted: dict[type[CountedOutcome], Counted] = {
+        GuardCount: guard.stats,
+        PipelineCount: pipeline,
+        PageOutcome: paging.outcomes,
+        WebhookOutcome: webhook.outcomes,
+        ReleaseCount: releases,
     }
-    if worker.verifier is not None:
-        counts[GoalOutcome] = worker.verifier.outcomes
-    # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
-    return WorkerMetrics(worker.guard, counts, active_traces=worker.states.indexed)
+    if verifier is not None:
+        counted[GoalOutcome] = verifier.outcomes
+    return counted

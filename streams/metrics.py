@@ -222,7 +222,8 @@ class WorkerMetrics(Collector):
     decisions by rule, action and service, and the traces held.
 
     `counts` names, per outcome enum, the object that counts it (the guard's stats, the
-    pipeline, the paging service's tally...); an enum without one is exported at zero.
+    pipeline, the paging service's tally...), read as it is at each scrape (parts that start
+    later add theirs); an enum without one is exported at zero.
     """
 
     def __init__(
@@ -231,7 +232,7 @@ class WorkerMetrics(Collector):
         counts: Mapping[type[CountedOutcome], Counted],
         active_traces: Callable[[], int],
     ) -> None:
-        self.counts = dict(counts)
+        self.counts = counts
         self.decisions = DecisionCounts()
         guard.add_observer(self.decisions)
         self.active_traces = active_traces

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from spanguard.detection.guard import Guard
     from spanguard.detection.pipeline import SpanPipeline
     from spanguard.goal.verifier import GoalVerifier
+    from spanguard.outcomes import Counted, CountedOutcome
     from spanguard.settings import WorkerSettings
     from spanguard.streams.delivery import Outbox
     from spanguard.streams.health import Health
@@ -44,6 +45,8 @@ class Worker:
     webhook: WebhookService
     verifier: GoalVerifier | None
     releases: ReleaseReader
+    # Which part counts each outcome enum: what /metrics reads (the agents add their own).
+    counted: dict[type[CountedOutcome], Counted]
     registry: CollectorRegistry  # what /metrics serves
     latency: DetectionLatency
     lag: ConsumerLag

@@ -49,6 +49,7 @@ class SpanAgent:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.outcomes = Tally()
+        worker.counted[SpanCount] = self.outcomes
         # Where the agent got to in each source partition: the offset after the last message
         # of a completed batch, or the first one of a batch still running. Records between it
         # and the partition's highwater are waiting on the agent (health: stuck while lag grows).
