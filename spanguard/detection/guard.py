@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.canonical import args_hash
@@ -68,7 +67,6 @@ from spanguard.detection.trace_state import (
 )
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
-from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
@@ -252,11 +250,7 @@ class Guard:
         """
         if isinstance(request, ExportTraceServiceRequest):
             return self.process_view(view_of(request))
-        try:
-            view = parse_view(request)
-        except DecodeError as exc:
-            raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
-        return self.process_view(view)
+        return self.process_view(parse_view(request))
 
     def process_view(self, view: Any) -> list[Decision]:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""

@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.slim import slim_part
+from spanguard.errors import OtlpDecodeError
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
@@ -82,9 +83,9 @@ class SpanPipeline:
         if not isinstance(value, bytes):
             return self._dead(f"message value is {type(value).__name__}, not bytes")
         try:
-            view = parse_view(value)
-        except DecodeError as exc:
-            return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
+            view = parse_view(value)  # the one decode: the guard reads this view
+        except OtlpDecodeError as exc:
+            return self._dead(str(exc))
         # Parsing is not enough: a metrics request parses too (see schemas/otlp_view.py).
         foreign = not_a_trace_request(value)
         if foreign is not None:
