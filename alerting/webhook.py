@@ -47,10 +47,10 @@ from spanguard.alerting.outbound import (
     retry_or_final,
     tls_verify_failure,
 )
-from spanguard.alerting.pagerduty import dedup_key
+from spanguard.alerting.pagerduty import dedup_key, record_of
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.retry import Backoff
-from spanguard.schemas.decision import pause_instructions
+from spanguard.schemas.decision import Decision, pause_instructions
 from spanguard.settings import WebhookSettings
 
 __all__ = [
@@ -233,8 +233,9 @@ class Webhook:
         """Seconds to wait after failed attempt number `attempt` (spanguard.retry.Backoff)."""
         return self._backoff.delay(attempt, retry_after)
 
-    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+    def notify(self, detection: Decision | Mapping[str, Any]) -> NotifyResult:
         """Post `detection`; never raises for delivery problems (they come back as a result)."""
+        detection = record_of(detection)
         body = build_body(detection, self.settings.template)
         headers = {"Content-Type": "application/json"}
         if self.settings.signing_key:
@@ -307,27 +308,24 @@ class WebhookService:
         self.webhook = webhook
         self.outcomes = Tally()
 
-    def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> dict[str, Any] | None:
+    def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> Decision | None:
         """The detection in `value` if it must be sent now, else None (and why is counted)."""
         if self.webhook is None:
             return None
         try:
-            detection = json.loads(value or b"")
+            decision = Decision.from_json(value or b"")
         except ValueError:
             self.outcomes.add(WebhookOutcome.UNREADABLE)
             return None
-        if not isinstance(detection, dict) or "rule" not in detection:
-            self.outcomes.add(WebhookOutcome.UNREADABLE)
-            return None
-        if detection["rule"] in sent_rules:
+        if decision.rule in sent_rules:
             self.outcomes.add(WebhookOutcome.ALREADY_SENT)
             return None
-        return detection
+        return decision
 
-    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+    def notify(self, decision: Decision) -> NotifyResult:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.webhook is not None
-        result = self.webhook.notify(detection)
+        result = self.webhook.notify(decision)
         self.outcomes.add(WebhookOutcome(result.status))
         log.info(
             "webhook",

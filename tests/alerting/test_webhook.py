@@ -11,6 +11,7 @@ import pytest
 
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService, build_body
 from spanguard.errors import SettingsError
+from spanguard.schemas.decision import Decision
 from spanguard.settings import WebhookSettings
 from tests.support.webhook_server import Fault, WebhookServer, slack_errors
 
@@ -151,7 +152,7 @@ def test_the_url_is_a_secret_and_must_be_https(server, caplog) -> None:
 def test_one_per_trace_and_rule_and_unreadable_records_are_counted(server) -> None:
     service = WebhookService(Webhook(settings(server)))
     value = json.dumps(DETECTION).encode()
-    assert service.detection_to_send(value, set()) == DETECTION
+    assert service.detection_to_send(value, set()) == Decision.from_dict(DETECTION)
     assert service.detection_to_send(value, {"tool_loop"}) is None
     assert service.detection_to_send(b"not json", set()) is None
     assert service.outcomes == {WebhookOutcome.ALREADY_SENT: 1, WebhookOutcome.UNREADABLE: 1}
