@@ -2,11 +2,12 @@
 
 The model is OpenTelemetry's: a counter's outcomes are a closed set of named values, not strings
 typed again wherever they are read. A module that counts (the guard, the span pipeline, paging,
-the webhook, the goal verifier, the release reader) declares an `CountedOutcome` enum and reports into
-a `Tally` (or, on the guard's hot path, plain integer fields behind the same `Counted` reading
-interface). The worker's /metrics reads every member of every such enum at scrape time, so an
-outcome added to an enum is exported without touching the metrics module's strings, and a test
-holds every member to appearing there.
+the webhook, the goal verifier, the release reader, the span agent) declares a `CountedOutcome`
+enum and reports into a `Tally`; the guard, the pipeline and the release reader keep plain
+integer fields instead (cheap on the hot path), named by their enum's members and read through
+the same `Counted` interface. The worker's /metrics reads every member of every such enum at
+scrape time (streams/metrics.py), and tests/streams/test_metrics.py fails when a member is not
+there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ __all__ = ["Counted", "CountedOutcome", "Tally"]
 
 
 class CountedOutcome(Enum):
-    """Base of every counted outcome; a member's value (a string) names it on /metrics.
+    """Base of every counted outcome; a member's value (a string) is its name in logs and its
+    label on /metrics where one metric holds the whole enum.
 
     A plain Enum, not a StrEnum: "rejected" of paging and "rejected" of the webhook are two
     outcomes, and a StrEnum's members would be equal as strings (one key in a dict).
