@@ -33,7 +33,7 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.releases import ReleaseCount, ReleaseReader
+from spanguard.streams.releases import ReleaseCount, ReleaseReader, ReleaseSkip
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
@@ -231,6 +231,7 @@ def counting_parts(
         PageOutcome: paging.outcomes,
         WebhookOutcome: webhook.outcomes,
         ReleaseCount: releases,
+        ReleaseSkip: releases.ignored,
     }
     if verifier is not None:
         counted[GoalOutcome] = verifier.outcomes

@@ -41,7 +41,7 @@ from spanguard.goal.verifier import GoalOutcome
 from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.streams.agents.guard_spans import SpanCount
-from spanguard.streams.releases import ReleaseCount
+from spanguard.streams.releases import ReleaseCount, ReleaseSkip
 
 __all__ = [
     "EXPORTED",
@@ -185,6 +185,8 @@ COUNTER_HELP = {
     "malformed_spans": "spans with invalid ids, skipped",
     "releases_read": "operators' releases read from the kill topic",
     "releases_applied": "killed traces whose loop rules an operator's release re-armed",
+    "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
+    " (not a signal, or not one signed with the worker's key)",
 }
 
 # Where each counted outcome is exported: every member of every CountedOutcome enum has an
@@ -207,6 +209,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
+    **by_outcome(ReleaseSkip, "kill_topic_records_skipped", label="why"),
 }
 for _undeliverable in (
     PageOutcome.REJECTED,
