@@ -1,7 +1,9 @@
 """The Faust app, wiring only: topics, tables, the guard, and the agents that connect them.
 
 No rule logic lives here (spanguard/detection/), no sending logic (streams/delivery.py), no
-agent body (streams/agents/): this module builds the parts and hands them to each agent.
+agent body (streams/agents/): this module builds the parts into a typed `Worker`
+(streams/wiring.py) and attaches each agent and service (streams/services.py) to the app,
+each by its own methods.
 """
 
 from __future__ import annotations
