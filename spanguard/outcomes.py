@@ -2,10 +2,10 @@
 
 The model is OpenTelemetry's: a counter's outcomes are a closed set of named values, not strings
 typed again wherever they are read. A module that counts (the guard, the span pipeline, paging,
-the webhook, the goal verifier, the release reader, the span agent) declares a `CountedOutcome`
-enum and reports into a `Tally`; the guard, the pipeline and the release reader keep plain
-integer fields instead (cheap on the hot path), named by their enum's members and read through
-the same `Counted` interface. The worker's /metrics reads every member of every such enum at
+the webhook, the goal verifier, the release reader, the span agent and its health) declares a
+`CountedOutcome` enum and reports into a `Tally`; the guard, the pipeline, the release reader
+and the health keep plain integer fields instead (cheap on the hot path), named by their enum's
+members and read through the same `Counted` interface. The worker's /metrics reads every member of every such enum at
 scrape time (streams/metrics.py), and tests/streams/test_metrics.py fails when a member is not
 there.
 """

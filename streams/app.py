@@ -27,7 +27,7 @@ from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
-from spanguard.streams.health import Health
+from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
     DetectionLatency,
@@ -153,7 +153,8 @@ def build_worker(
         home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
     )
     paging, notifying = PagingService(pager), WebhookService(webhook)
-    counted = counting_parts(guard, pipeline, paging, notifying, verifier, releases)
+    health = Health(dead_after=settings.dead_after)
+    counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     registry, lag = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
@@ -170,7 +171,7 @@ def build_worker(
         guard=guard,
         pipeline=pipeline,
         outbox=outbox(app, settings, signing_key),
-        health=Health(dead_after=settings.dead_after),
+        health=health,
         paging=paging,
         webhook=notifying,
         verifier=verifier,
@@ -221,6 +222,7 @@ def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) 
 def counting_parts(
     guard: Guard,
     pipeline: SpanPipeline,
+    health: Health,
     paging: PagingService,
     webhook: WebhookService,
     verifier: GoalVerifier | None,
@@ -230,6 +232,7 @@ def counting_parts(
     counted: dict[type[CountedOutcome], Counted] = {
         GuardCount: guard.stats,
         PipelineCount: pipeline,
+        HealthCount: health,
         PageOutcome: paging.outcomes,
         WebhookOutcome: webhook.outcomes,
         ReleaseCount: releases,

@@ -41,6 +41,7 @@ from spanguard.goal.verifier import GoalOutcome
 from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.streams.agents.guard_spans import SpanCount
+from spanguard.streams.health import HealthCount
 from spanguard.streams.releases import ReleaseCount, ReleaseSkip
 
 __all__ = [
@@ -185,6 +186,9 @@ COUNTER_HELP = {
     "malformed_spans": "spans with invalid ids, skipped",
     "releases_read": "operators' releases read from the kill topic",
     "releases_applied": "killed traces whose loop rules an operator's release re-armed",
+    "span_batches": "batches of messages the span agent completed",
+    "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
+    "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
 }
@@ -206,6 +210,9 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
     SpanCount.DEAD_LETTERS: (DEAD_LETTERS,),
     ReleaseCount.READ: (Series("releases_read"),),
+    HealthCount.BATCHES: (Series("span_batches"),),
+    HealthCount.CRASHES: (Series("span_agent_crashes"),),
+    HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),

@@ -91,6 +91,8 @@ def test_the_source_tree_declares_the_outcome_enums_the_worker_counts() -> None:
         "GoalOutcome",
         "ReleaseCount",
         "SpanCount",
+        "HealthCount",
+        "ReleaseSkip",
     } <= names
 
 
