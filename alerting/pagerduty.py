@@ -44,7 +44,12 @@ from spanguard.connectors.outbound import (
     tls_verify_failure,
 )
 from spanguard.retry import Backoff
-from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
+from spanguard.schemas.decision import (
+    EVIDENCE_FIELDS,
+    PAUSE_FIELDS,
+    Decision,
+    pause_instructions,
+)
 from spanguard.settings import SEVERITIES, PagerSettings
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "Pager",
     "build_event",
     "dedup_key",
+    "record_of",
     "should_page",
 ]
 
@@ -77,8 +83,15 @@ Status = Literal["accepted", "rejected", "failed"]
 # --- the event -------------------------------------------------------------------------------
 
 
-def should_page(detection: Mapping[str, Any]) -> bool:
+def record_of(detection: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
+    """A detection as its record on the topic: what a page's and a webhook's payload carry."""
+    return detection.to_dict() if isinstance(detection, Decision) else detection
+
+
+def should_page(detection: Decision | Mapping[str, Any]) -> bool:
     """Only detections on autonomous agents (policy `autonomous: true`) page the on-call."""
+    if isinstance(detection, Decision):
+        return detection.autonomous is True
     return detection.get("autonomous") is True
 
 
@@ -277,7 +290,7 @@ class Pager:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def should_page(self, detection: Mapping[str, Any]) -> bool:
+    def should_page(self, detection: Decision | Mapping[str, Any]) -> bool:
         return should_page(detection)
 
     def backoff(self, attempt: int, retry_after: float | None = None) -> float:
@@ -285,9 +298,10 @@ class Pager:
         from `backoff_base` up to `backoff_cap`."""
         return self._backoff.delay(attempt, retry_after)
 
-    def page(self, detection: Mapping[str, Any]) -> PageResult:
+    def page(self, detection: Decision | Mapping[str, Any]) -> PageResult:
         """Trigger an incident for `detection` (does not check `should_page`); never raises for
         delivery problems, which come back as a "rejected" or "failed" PageResult."""
+        detection = record_of(detection)
         event = build_event(detection, self.settings)
         key = event["dedup_key"]
         context = {"dedup_key": key, "decision_id": detection.get("decision_id")}

@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -34,10 +33,11 @@ from spanguard.connectors.kafka_clients import (
     client_config,
     wait_for_metadata,
 )
+from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
 from spanguard.settings import WorkerSettings
 
-__all__ = ["MAX_RELEASES", "ReleaseReader"]
+__all__ = ["MAX_RELEASES", "ReleaseCount", "ReleaseReader", "ReleaseSkip"]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -45,6 +45,28 @@ log = logging.getLogger("spanguard.worker")
 MAX_RELEASES = 100_000
 # Seconds between two prunings of releases older than the horizon.
 PRUNE_INTERVAL = 60.0
+
+
+class ReleaseCount(CountedOutcome):
+    """What the release reader counts: each member names a counter of ReleaseReader."""
+
+    READ = "read"  # releases read
+
+
+class ReleaseSkip(CountedOutcome):
+    """Why a record of the kill topic was skipped: the kinds of BadSignal (read_signal)."""
+
+    EMPTY = "empty"
+    TOO_LARGE = "too_large"
+    NOT_UTF8 = "not_utf8"
+    TOO_DEEP = "too_deep"
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    INVALID = "invalid"
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown_key"
+    FORGED = "forged"
+    EXPIRED = "expired"
 
 
 class ReleaseReader:
@@ -79,9 +101,12 @@ class ReleaseReader:
         # only, each atomic under the GIL.
         self.released: dict[str, float] = {}
         self.read = 0  # releases read (the metric spanguard_releases_read_total)
-        self.ignored: Counter[str] = Counter()  # records skipped, by kind
+        self.ignored = Tally()  # records skipped, by ReleaseSkip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spanguard-releases", daemon=True)
+
+    def count(self, outcome: ReleaseCount) -> int:
+        return getattr(self, outcome.value)
 
     def start(self) -> ReleaseReader:
         self._thread.start()
@@ -100,16 +125,17 @@ class ReleaseReader:
         try:
             signal = read_signal(value, self._keys, datetime.fromtimestamp(appended_at, UTC))
         except BadSignal as bad:
-            if not self.ignored[bad.kind]:
+            skip = ReleaseSkip(bad.kind)
+            if not self.ignored[skip]:
                 log.warning("kill topic: record skipped by the release reader (%s)", bad)
-            self.ignored[bad.kind] += 1
+            self.ignored.add(skip)
             return False
         if signal.kind != "release":
             return False  # kills and downgrades are the agents' business
         try:  # read_signal checked the time; a record must still never stop the reader
             issued = datetime.fromisoformat(signal.detected_at).timestamp()
         except (TypeError, ValueError, OverflowError):
-            self.ignored["invalid"] += 1
+            self.ignored.add(ReleaseSkip.INVALID)
             return False
         trace_id = signal.trace_id.lower()
         if issued > self.released.get(trace_id, 0.0):

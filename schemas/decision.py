@@ -176,6 +176,14 @@ class Decision:
         values["agent"] = AgentIdentity(**values["agent"])
         return cls(**values)
 
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Decision:
+        """The decision in a record of the detections topic; ValueError if it holds none."""
+        try:
+            return cls.from_dict(json.loads(data))
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a detection record: {exc!r}") from None
+
 
 @dataclass(frozen=True, slots=True)
 class KillSignal:

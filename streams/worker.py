@@ -34,6 +34,26 @@ def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
         loop.close()
 
 
+def warn_unconfigured(
+    policy: Policy, goal: GoalSettings, pager: PagerSettings | None, log: logging.Logger
+) -> None:
+    """What the policy asks for and the settings cannot do: said once, at start."""
+    if not goal.enabled and (
+        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
+    ):
+        log.warning(
+            "the policy turns the goal verifier on but no judge is configured"
+            " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
+        )
+    if pager is None and (
+        policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules)
+    ):
+        log.warning(
+            "the policy has autonomous agents but no PagerDuty routing key is set:"
+            " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
+        )
+
+
 def run_worker(
     settings: WorkerSettings,
     policy: Policy,
@@ -54,20 +74,7 @@ def run_worker(
         goal,
         judge_factory=lambda model: OpenAICompatibleJudge.from_settings(replace(goal, model=model)),
     )
-    if not goal.enabled and (
-        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
-    ):
-        log.warning(
-            "the policy turns the goal verifier on but no judge is configured"
-            " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
-        )
-    if pager is None and (
-        policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules)
-    ):
-        log.warning(
-            "the policy has autonomous agents but no PagerDuty routing key is set:"
-            " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
-        )
+    warn_unconfigured(policy, goal, pager, log)
     check_broker(settings)
     if settings.replication_factor == 0:
         # Topics Faust makes itself (its assignor's) get the replication `topics create` chose.

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.canonical import args_hash
@@ -66,7 +65,7 @@ from spanguard.detection.trace_state import (
     call_mark,
     iso_from_micros,
 )
-from spanguard.errors import OtlpDecodeError
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
@@ -78,6 +77,7 @@ __all__ = [
     "TOOL_LOOP",
     "TOOL_POLLING",
     "Guard",
+    "GuardCount",
     "GuardStats",
 ]
 
@@ -101,9 +101,25 @@ HASHING_HINT = (
 )
 
 
+class GuardCount(CountedOutcome):
+    """What the guard counts: each member names a field of GuardStats."""
+
+    SPANS = "spans"
+    TOOL_CALLS = "tool_calls"
+    TOKEN_EVENTS = "token_events"
+    DUPLICATE_SPANS = "duplicate_spans"
+    REPEATED_CALL_IDS = "repeated_call_ids"
+    MISSING_ARGUMENTS = "missing_arguments"
+    MALFORMED_SPANS = "malformed_spans"
+    RELEASES_APPLIED = "releases_applied"
+
+
 @dataclass
 class GuardStats:
-    """Counters the worker exports on /metrics and replay prints in its summary."""
+    """Counters the worker exports on /metrics and replay prints in its summary.
+
+    Plain integers, bumped on the hot path; read by member (`count`) like any other tally.
+    """
 
     spans: int = 0
     tool_calls: int = 0
@@ -114,6 +130,9 @@ class GuardStats:
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
+
+    def count(self, outcome: GuardCount) -> int:
+        return getattr(self, outcome.value)
 
 
 def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
@@ -228,11 +247,7 @@ class Guard:
         """
         if isinstance(request, ExportTraceServiceRequest):
             return self.process_view(view_of(request))
-        try:
-            view = parse_view(request)
-        except DecodeError as exc:
-            raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
-        return self.process_view(view)
+        return self.process_view(parse_view(request))
 
     def process_view(self, view: Any) -> list[Decision]:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""

@@ -7,11 +7,15 @@ tests/connectors/test_manual_kafka.py against the real broker.
 
 from __future__ import annotations
 
+import ast
 import json
+import typing
 from datetime import UTC, datetime
+from pathlib import Path
 
 from spanguard.connectors.manual import manual_decision
-from spanguard.connectors.releases import ReleaseReader
+from spanguard.connectors.releases import ReleaseReader, ReleaseSkip
+from spanguard.schemas import decision
 from spanguard.schemas.decision import KillSignal, sign
 from spanguard.settings import WorkerSettings
 from tests.support.kafka_harness import SIGNING_KEY
@@ -50,7 +54,11 @@ def test_kills_unsigned_and_foreign_releases_are_not_releases():
     assert not releases.accept(record(key="another key of 32 bytes or more...."), now())
     assert not releases.accept(b"\xff not json", now())
     assert releases.released == {}
-    assert releases.ignored == {"unsigned": 1, "unknown_key": 1, "not_utf8": 1}
+    assert releases.ignored == {
+        ReleaseSkip.UNSIGNED: 1,
+        ReleaseSkip.UNKNOWN_KEY: 1,
+        ReleaseSkip.NOT_UTF8: 1,
+    }
 
 
 def test_expiry_is_judged_when_the_record_was_appended():
@@ -65,3 +73,19 @@ def test_releases_older_than_the_horizon_are_pruned():
     releases.released.update({"a" * 32: now() - 601, "b" * 32: now() - 10})
     assert releases.prune() == 1
     assert list(releases.released) == ["b" * 32]
+
+
+def test_every_kind_of_bad_signal_is_a_reason_to_skip() -> None:
+    """The kinds read_signal raises (BadSignal literals, and the signature checks other than
+    valid) are ReleaseSkip's members: an unknown kind would stop the reader's count."""
+    source = Path(decision.__file__).read_text()
+    raised = {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "BadSignal"
+        and isinstance(node.args[0], ast.Constant)
+    }
+    checks = set(typing.get_args(decision.SignatureCheck)) - {"valid"}
+    assert raised and checks
+    assert {skip.value for skip in ReleaseSkip} == raised | checks
