@@ -13,6 +13,10 @@ Shape (every field optional):
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
+      usd_budget: null           # US dollars per trace, priced from the spans' models; null = none
+      prices: {}                 # model -> {input_mtok, output_mtok, cache_read_mtok,
+                                 #   cache_write_mtok}: USD per million tokens, before the
+                                 #   genai-prices database
       action: kill               # kill | downgrade | pause | flag (flag: shadow mode, every
                                  #   rule only records and notifies; a token budget otherwise
                                  #   kills, or pauses)
@@ -125,6 +129,10 @@ class AgentPolicy:
     # Tool name -> foldings ("case", "whitespace") applied to its string arguments.
     fold: tuple[tuple[str, frozenset[str]], ...] = ()
     token_budget: int | None = None
+    # US dollars per trace; the spans' usage priced by model (spanguard/detection/pricing.py).
+    usd_budget: float | None = None
+    # Model name (lower case) -> its prices, USD per million tokens: ((key, value), ...).
+    prices: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
@@ -178,8 +186,14 @@ class AgentPolicy:
             folds = dict(self.fold)
             folds.update((tool, frozenset(how)) for tool, how in settings["fold"].items())
             changes["fold"] = tuple(sorted(folds.items()))
+        if "prices" in settings:
+            prices = dict(self.prices)
+            for model, rates in settings["prices"].items():
+                prices[model.lower()] = tuple(sorted(rates.items()))
+            changes["prices"] = tuple(sorted(prices.items()))
         for name in (
             "token_budget",
+            "usd_budget",
             "action",
             "autonomous",
             "missing_args",
@@ -361,6 +375,8 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         },
         "volatile_keys": sorted(policy.volatile_keys),
         "token_budget": policy.token_budget,
+        "usd_budget": policy.usd_budget,
+        "prices": {model: dict(rates) for model, rates in policy.prices},
         "action": policy.action,
         "autonomous": policy.autonomous,
         "missing_args": policy.missing_args,

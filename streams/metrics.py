@@ -227,6 +227,15 @@ class WorkerMetrics(Collector):
         repeats.add_metric(["same_call_id"], stats.repeated_call_ids)
         yield repeats
         yield counter("malformed_spans", "spans with invalid ids, skipped", stats.malformed_spans)
+        priced = CounterMetricFamily(
+            "spanguard_usage_spans_priced",
+            "usage spans priced for a usd budget, by outcome (unpriced: no price for the model"
+            " they name; their tokens are counted as unpriced, never as free)",
+            labels=["outcome"],
+        )
+        priced.add_metric(["priced"], stats.priced_usage)
+        priced.add_metric(["unpriced"], stats.unpriced_usage)
+        yield priced
         decisions = CounterMetricFamily(
             "spanguard_decisions", "decisions taken", labels=["rule", "action", "service"]
         )

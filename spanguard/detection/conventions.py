@@ -103,6 +103,7 @@ __all__ = [
     "CAPTURE_SETTINGS",
     "CAPTURE_SETTINGS_EXACT",
     "MISSING",
+    "PRICE_KEYS",
     "RESULT_HASH_KEY",
     "WANTED_KEYS",
     "AgentSeen",
@@ -184,6 +185,37 @@ OUTPUT_TOKEN_KEYS: Final = (
     "ai.usage.outputTokens",
     "ai.usage.completionTokens",
 )
+# Cached input tokens, counted inside the input tokens by the conventions (pricing only).
+CACHE_READ_KEYS: Final = (
+    "gen_ai.usage.cache_read.input_tokens",  # GenAI conventions
+    "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry, strands
+    "llm.token_count.prompt_details.cache_read",  # OpenInference
+    "ai.usage.inputTokenDetails.cacheReadTokens",  # AI SDK 6
+    "ai.usage.cachedInputTokens",  # AI SDK 5
+)
+CACHE_WRITE_KEYS: Final = (
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
+    "gen_ai.usage.cache_write_input_tokens",  # strands
+    "llm.token_count.prompt_details.cache_write",
+    "ai.usage.inputTokenDetails.cacheWriteTokens",
+)
+# The model a span names: what answered first (a dated snapshot), then what was asked for.
+RESPONSE_MODEL_KEYS: Final = ("gen_ai.response.model", "ai.response.model")
+REQUEST_MODEL_KEYS: Final = ("gen_ai.request.model", "llm.model_name", "ai.model.id")
+PROVIDER_KEYS: Final = (
+    "gen_ai.provider.name",
+    "gen_ai.system",
+    "llm.provider",
+    "llm.system",
+    "ai.model.provider",
+)
+# Read only when some policy prices usage (a usd budget): then inference spans cost a few
+# lookups more, and nothing otherwise.
+PRICE_KEYS: Final = frozenset(
+    {*CACHE_READ_KEYS, *CACHE_WRITE_KEYS, *RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS, *PROVIDER_KEYS}
+)
+MODEL_KEYS: Final = frozenset({*RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS})
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 
@@ -288,6 +320,19 @@ class TokenUsage:
     agent_name: str | None
     match_attributes: dict[str, str] | None
     end_time_unix_nano: int = 0
+    # Read only when usage is priced (PRICE_KEYS wanted) and the span names a model.
+    input_tokens: int = 0  # cached ones included
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    request_model: str | None = None
+    response_model: str | None = None
+    provider: str | None = None
+
+    @property
+    def priced(self) -> bool:
+        """Whether the span names a model to price its tokens by."""
+        return self.request_model is not None or self.response_model is not None
 
 
 @dataclass(slots=True)
@@ -385,7 +430,7 @@ def adapt_span(
     if tokens is None:
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
-    return TokenUsage(
+    usage = TokenUsage(
         span_id=span.span_id,
         tokens=tokens,
         aggregate=not inference,
@@ -393,6 +438,34 @@ def adapt_span(
         match_attributes=match_attributes,
         end_time_unix_nano=span.end_time_unix_nano,
     )
+    if not present.isdisjoint(MODEL_KEYS):
+        _read_price_facts(usage, attributes, present, inference)
+    return usage
+
+
+def _read_price_facts(
+    usage: TokenUsage, attributes: AttributeMap, present: set[str], inference: bool
+) -> None:
+    """What pricing needs of a usage span: the model, the provider and the counts apart."""
+    usage.request_model = _bounded_first_text(attributes, present, REQUEST_MODEL_KEYS)
+    usage.response_model = _bounded_first_text(attributes, present, RESPONSE_MODEL_KEYS)
+    usage.provider = _bounded_first_text(attributes, present, PROVIDER_KEYS)
+    if inference:
+        input_keys, output_keys = INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS
+    else:
+        input_keys = (*INPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY)
+        output_keys = (*OUTPUT_TOKEN_KEYS, AGGREGATE_OUTPUT_KEY)
+    usage.input_tokens = _first_int(attributes, present, input_keys) or 0
+    usage.output_tokens = _first_int(attributes, present, output_keys) or 0
+    usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
+    usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+
+
+def _bounded_first_text(
+    attributes: AttributeMap, present: set[str], keys: tuple[str, ...]
+) -> str | None:
+    text = _first_text(attributes, present, keys)
+    return bounded_text(text) if text is not None else None
 
 
 def _is_tool_span(

@@ -29,6 +29,7 @@ from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
     MISSING,
+    PRICE_KEYS,
     SERVICE_NAME,
     USAGE_KEYS,
     WANTED_KEYS,
@@ -40,6 +41,8 @@ from spanguard.detection.conventions import (
     capture_setting,
     resource_info,
 )
+from spanguard.detection.pricing import ModelRates, Pricer
+from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
 from spanguard.detection.rules import CYCLE as _CYCLE
 from spanguard.detection.rules import (
     DOWNGRADE,
@@ -72,6 +75,7 @@ from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
+    "COST_BUDGET",
     "CYCLE",
     "NO_PROGRESS",
     "TOKEN_BUDGET",
@@ -92,6 +96,7 @@ CYCLE = _CYCLE.name
 TOOL_POLLING = _TOOL_POLLING.name
 NO_PROGRESS = _NO_PROGRESS.name
 TOKEN_BUDGET = _TOKEN_BUDGET.name
+COST_BUDGET = _COST_BUDGET.name
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
 MIN_RECENT_IDS = 32
@@ -116,6 +121,10 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
+    # Inference spans whose usage was priced, and those no price was found for (their tokens
+    # are counted as unpriced, never as free): spanguard/detection/pricing.py.
+    priced_usage: int = 0
+    unpriced_usage: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
 
@@ -168,6 +177,7 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
     counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
     token_rules: list[tuple[TokenRule, str, Any]] = field(default_factory=list)
+    prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
 class Guard:
@@ -187,9 +197,11 @@ class Guard:
         released: Mapping[str, float] | None = None,
         rules: Iterable[Rule] = RULES,
         observers: Iterable[GuardObserver] = (),
+        price_usage: bool = False,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
-        `observers`: told of every call and decision (`add_observer` adds more)."""
+        `observers`: told of every call and decision (`add_observer` adds more);
+        `price_usage`: price every trace's usage even without a usd budget (replay's page)."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -208,9 +220,16 @@ class Guard:
         self._defaults = self.policy.defaults
         # Without a token budget anywhere, usage is never read: chat spans yield no event.
         policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
-        self.tracks_tokens = any(policy.token_budget is not None for policy in policies)
+        # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
+        self.prices_usage = price_usage or any(policy.usd_budget is not None for policy in policies)
+        self.tracks_tokens = self.prices_usage or any(
+            policy.token_budget is not None for policy in policies
+        )
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
+        if self.prices_usage:
+            base = base | PRICE_KEYS
         self._wanted = base | self._match_keys
+        self.pricer: Pricer | None = Pricer() if self.prices_usage else None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -430,6 +449,8 @@ class Guard:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
         entry = self._plans.get(id(policy))
         plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        if self.pricer is not None:
+            self._price(state, usage, plan)
         fired = state.fired
         for rule, wanted, check in plan.token_rules:
             if (
@@ -454,9 +475,28 @@ class Guard:
                     return decision
         return None
 
+    def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> None:
+        """Add the span's cost to the trace's: an inference span's to the sum (or its tokens to
+        the unpriced ones), an agent's total (only when it names a model) as the largest."""
+        if usage.aggregate and not usage.priced:
+            return  # an agent's total without a model: its inference spans carry the cost
+        assert self.pricer is not None
+        cost = self.pricer.cost(usage, plan.prices)
+        if cost is None:
+            self.stats.unpriced_usage += 1
+            if not usage.aggregate:
+                state.unpriced_tokens += usage.tokens
+            return
+        self.stats.priced_usage += 1
+        if usage.aggregate:
+            state.aggregate_cost = max(state.aggregate_cost, cost)
+        else:
+            state.inference_cost = (state.inference_cost or 0) + cost
+
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""
         plan = _Plan(policy.history)
+        plan.prices = {model: ModelRates.per_million(dict(rates)) for model, rates in policy.prices}
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:

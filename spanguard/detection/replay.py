@@ -198,7 +198,8 @@ def replay(
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
-    guard = Guard(policy)
+    # The page shows each trace's tokens and cost: price usage for it, budget or not.
+    guard = Guard(policy, price_usage=bool(html))
     timelines = Timelines() if html else None
     if timelines is not None:
         guard.add_observer(timelines)
@@ -229,6 +230,10 @@ def replay(
         f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
     )
     skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
+    if guard.pricer is not None:
+        skipped += (
+            f", {stats.priced_usage:,} usage spans priced, {stats.unpriced_usage:,} without a price"
+        )
     err.write(
         f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
         f" {stats.tool_calls:,} tool calls,"
@@ -239,7 +244,9 @@ def replay(
     )
     if html and timelines is not None:
         try:
-            Path(html).write_text(render_html(timelines, stats, paths), encoding="utf-8")
+            Path(html).write_text(
+                render_html(timelines, stats, paths, guard.states), encoding="utf-8"
+            )
         except OSError as exc:
             raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
         err.write(f"replay: wrote {html} ({len(timelines.tripped())} tripped traces)\n")
