@@ -89,6 +89,8 @@ PAUSE_FIELDS = ("pause_until", "pause_fallback")
 # Set once usage is priced (left out of other records, which stay as they were). Money is in
 # whole micro-dollars: every killswitch reads integers exactly, not decimal fractions.
 COST_FIELDS = ("cost_micro_usd", "budget_micro_usd", "unpriced_tokens")
+# Set on a decision of the conversation scope (spanguard/detection/conversation.py) only.
+SCOPE_FIELDS = ("scope", "conversation_id", "traces")
 
 
 def pause_instructions(detection: Mapping[str, Any]) -> str | None:
@@ -168,6 +170,11 @@ class Decision:
     cost_micro_usd: int | None = None
     budget_micro_usd: int | None = None
     unpriced_tokens: int | None = None
+    # A decision of the conversation scope: "conversation", its id, and how many of its traces
+    # the evidence spans (None: a decision of the trace alone, as every rule's always was).
+    scope: str | None = None
+    conversation_id: str | None = None
+    traces: int | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -179,7 +186,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        for name in ("tool_arguments", "operator", *PAUSE_FIELDS, *COST_FIELDS):
+        for name in ("tool_arguments", "operator", *PAUSE_FIELDS, *COST_FIELDS, *SCOPE_FIELDS):
             if record[name] is None:
                 del record[name]
         return record

@@ -14,6 +14,9 @@ Shape (every field optional):
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
       usd_budget: null           # US dollars per trace, priced from the spans' models; null = none
+      conversation: {enabled: false, action: flag, token_budget: null, usd_budget: null}
+                                 # the traces of one conversation as one scope (loops, cycles
+                                 #   and budgets across them): docs/conversations.md
       prices: {}                 # model -> {input_mtok, output_mtok, cache_read_mtok,
                                  #   cache_write_mtok}: USD per million tokens, before the
                                  #   genai-prices database
@@ -133,6 +136,12 @@ class AgentPolicy:
     usd_budget: float | None = None
     # Model name (lower case) -> its prices, USD per million tokens: ((key, value), ...).
     prices: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    # The conversation scope: tool_loop and cycle over the calls of all of a conversation's
+    # traces (a repeat spanning traces: `conversation_action`), and its budgets.
+    conversation_enabled: bool = False
+    conversation_action: Literal["flag", "kill"] = "flag"
+    conversation_token_budget: int | None = None
+    conversation_usd_budget: float | None = None
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
@@ -202,6 +211,10 @@ class AgentPolicy:
         ):
             if name in settings:
                 changes[name] = settings[name]
+        conversation = settings.get("conversation") or {}
+        for name in ("enabled", "action", "token_budget", "usd_budget"):
+            if name in conversation:
+                changes[f"conversation_{name}"] = conversation[name]
         goal = settings.get("goal") or {}
         for name in ("enabled", "model", "min_confidence", "sample_rate"):
             if name in goal:
@@ -382,6 +395,12 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         "missing_args": policy.missing_args,
         "record_arguments": policy.record_arguments,
         "severity": policy.severity,
+        "conversation": {
+            "enabled": policy.conversation_enabled,
+            "action": policy.conversation_action,
+            "token_budget": policy.conversation_token_budget,
+            "usd_budget": policy.conversation_usd_budget,
+        },
         "goal": {
             "enabled": policy.goal_enabled,
             "model": policy.goal_model,

@@ -102,6 +102,7 @@ __all__ = [
     "ARGS_HASH_KEY",
     "CAPTURE_SETTINGS",
     "CAPTURE_SETTINGS_EXACT",
+    "CONVERSATION_KEY_SET",
     "MISSING",
     "PRICE_KEYS",
     "RESULT_HASH_KEY",
@@ -216,6 +217,16 @@ PRICE_KEYS: Final = frozenset(
     {*CACHE_READ_KEYS, *CACHE_WRITE_KEYS, *RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS, *PROVIDER_KEYS}
 )
 MODEL_KEYS: Final = frozenset({*RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS})
+# A conversation (thread, session) that spans traces, first present wins; where each
+# instrumentation writes it is in docs/conversations.md. Read only when a policy asks for the
+# conversation scope.
+CONVERSATION_KEYS: Final = (
+    "gen_ai.conversation.id",
+    "session.id",
+    "langfuse.session.id",
+    "ai.telemetry.metadata.sessionId",
+)
+CONVERSATION_KEY_SET: Final = frozenset(CONVERSATION_KEYS)
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 
@@ -310,6 +321,7 @@ class ToolCall:
     result_digest: str | None = None  # spanguard.tool.result_hash
     scope: str = ""  # the instrumentation scope's name: which library made the span
     end_time_unix_nano: int = 0  # 0: the span carries no end time
+    conversation_id: str | None = None  # read only when the conversation scope is on
 
 
 @dataclass(slots=True)
@@ -328,6 +340,7 @@ class TokenUsage:
     request_model: str | None = None
     response_model: str | None = None
     provider: str | None = None
+    conversation_id: str | None = None  # read only when the conversation scope is on
 
     @property
     def priced(self) -> bool:
@@ -342,6 +355,7 @@ class AgentSeen:
     span_id: bytes
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    conversation_id: str | None = None
 
 
 def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
@@ -387,6 +401,9 @@ def adapt_span(
     match_keys = present - WANTED_KEYS
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
+    conversation_id = (
+        None if present.isdisjoint(CONVERSATION_KEY_SET) else conversation_of(attributes, present)
+    )
 
     if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
@@ -408,12 +425,14 @@ def adapt_span(
             result_digest=_digest(attributes, present, RESULT_HASH_KEY),
             scope=scope,
             end_time_unix_nano=span.end_time_unix_nano,
+            conversation_id=conversation_id,
         )
 
     if present.isdisjoint(USAGE_KEYS):
-        if match and agent_name is not None:
-            # The policy matches on the agent's name, which may only be on this span.
-            return AgentSeen(span.span_id, agent_name, match_attributes)
+        if (match and agent_name is not None) or conversation_id is not None:
+            # The policy matches on the agent's name, which may only be on this span; the
+            # conversation may be named only on the agent's span.
+            return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id)
         return None
     inference = (
         operation in INFERENCE_OPERATIONS
@@ -437,6 +456,7 @@ def adapt_span(
         agent_name=agent_name,
         match_attributes=match_attributes,
         end_time_unix_nano=span.end_time_unix_nano,
+        conversation_id=conversation_id,
     )
     if not present.isdisjoint(MODEL_KEYS):
         _read_price_facts(usage, attributes, present, inference)
@@ -459,6 +479,17 @@ def _read_price_facts(
     usage.output_tokens = _first_int(attributes, present, output_keys) or 0
     usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
     usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+
+
+def conversation_of(attributes: AttributeMap, present: set[str]) -> str | None:
+    """The conversation a span names: the first non-empty of CONVERSATION_KEYS, at most
+    MAX_TEXT_CHARS (a longer one is cut and hashed: still one id per conversation)."""
+    for key in CONVERSATION_KEYS:
+        if key in present:
+            text = _text(attributes[key]).strip()
+            if text and text.lower() not in PLACEHOLDER_CALL_IDS:
+                return bounded_text(text)
+    return None
 
 
 def _bounded_first_text(

@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
+    CONVERSATION_KEY_SET,
     MISSING,
     PRICE_KEYS,
     SERVICE_NAME,
@@ -41,6 +42,7 @@ from spanguard.detection.conventions import (
     capture_setting,
     resource_info,
 )
+from spanguard.detection.conversation import ConversationGuard, ConversationUsage
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
 from spanguard.detection.rules import CYCLE as _CYCLE
@@ -125,6 +127,8 @@ class GuardStats:
     # are counted as unpriced, never as free): spanguard/detection/pricing.py.
     priced_usage: int = 0
     unpriced_usage: int = 0
+    # Spans naming a conversation other than the one their trace named first (the first wins).
+    conversation_conflicts: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
 
@@ -157,6 +161,15 @@ def _slide(
             counts[oldest] = remaining
         else:
             del counts[oldest]
+
+
+def _spent(state: TraceState) -> tuple[int, int]:
+    """A trace's tokens and cost (pico-dollars) as its budgets count them."""
+    tokens = (
+        state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+    )
+    cost = state.inference_cost if state.inference_cost is not None else state.aggregate_cost
+    return tokens, cost
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -198,10 +211,13 @@ class Guard:
         rules: Iterable[Rule] = RULES,
         observers: Iterable[GuardObserver] = (),
         price_usage: bool = False,
+        conversations: ConversationGuard | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
         `observers`: told of every call and decision (`add_observer` adds more);
-        `price_usage`: price every trace's usage even without a usd budget (replay's page)."""
+        `price_usage`: price every trace's usage even without a usd budget (replay's page);
+        `conversations`: the conversation scope, fed every counted call and usage change of
+        traces that name a conversation (spanguard/detection/conversation.py)."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -221,14 +237,33 @@ class Guard:
         # Without a token budget anywhere, usage is never read: chat spans yield no event.
         policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
         # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
-        self.prices_usage = price_usage or any(policy.usd_budget is not None for policy in policies)
-        self.tracks_tokens = self.prices_usage or any(
-            policy.token_budget is not None for policy in policies
+        self.conversations = conversations
+        conversation_budgets = conversations is not None and any(
+            policy.conversation_enabled
+            and (
+                policy.conversation_token_budget is not None
+                or policy.conversation_usd_budget is not None
+            )
+            for policy in policies
+        )
+        self.prices_usage = price_usage or any(
+            policy.usd_budget is not None
+            or (conversations is not None and policy.conversation_usd_budget is not None)
+            for policy in policies
+        )
+        self.tracks_tokens = (
+            self.prices_usage
+            or conversation_budgets
+            or any(policy.token_budget is not None for policy in policies)
         )
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
         if self.prices_usage:
             base = base | PRICE_KEYS
+        if conversations is not None:
+            base = base | CONVERSATION_KEY_SET
+            self.observers.append(conversations)
         self._wanted = base | self._match_keys
+        self._warned_conversations: set[str] = set()
         self.pricer: Pricer | None = Pricer() if self.prices_usage else None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
@@ -304,6 +339,8 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
+        if self.conversations is not None and self.conversations.pending:
+            decisions.extend(self.conversations.take())
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
@@ -322,6 +359,8 @@ class Guard:
         `resource` is needed only by a policy with per-agent rules."""
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
+        if event.conversation_id is not None and event.conversation_id != state.conversation_id:
+            self._join_conversation(trace_id, state, event.conversation_id)
         if isinstance(event, AgentSeen):
             return None
         policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
@@ -340,7 +379,53 @@ class Guard:
                     return None
                 _remember(state.recent_call_ids, event.call_id, limit)
             return self._on_tool_call(trace_id, state, event, policy)
+        if self.conversations is not None and state.conversation_id is not None:
+            return self._on_conversation_tokens(trace_id, state, event, policy)
         return self._on_tokens(trace_id, state, event, policy)
+
+    def _join_conversation(self, trace_id: str, state: TraceState, conversation_id: str) -> None:
+        """The first conversation a trace's spans name is its; another is counted and told
+        once per trace (a span of another thread, or an id set per call)."""
+        if state.conversation_id is None:
+            state.conversation_id = conversation_id
+            return
+        self.stats.conversation_conflicts += 1
+        if trace_id not in self._warned_conversations and len(self._warned_conversations) < 4096:
+            self._warned_conversations.add(trace_id)
+            log.warning(
+                "trace %s names conversation %.200r after %.200r: the first stands (%d such"
+                " spans so far)",
+                trace_id,
+                conversation_id,
+                state.conversation_id,
+                self.stats.conversation_conflicts,
+            )
+
+    def _on_conversation_tokens(
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Decision | None:
+        """The trace's own budgets, then what the span added to the trace's tokens and cost
+        handed to the conversation scope."""
+        tokens_before, cost_before = _spent(state)
+        decision = self._on_tokens(trace_id, state, usage, policy)
+        tokens_after, cost_after = _spent(state)
+        if tokens_after > tokens_before or cost_after > cost_before:
+            assert self.conversations is not None and state.conversation_id is not None
+            found = self.conversations.observe_usage(
+                ConversationUsage(
+                    state.conversation_id,
+                    trace_id,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                    max(tokens_after - tokens_before, 0),
+                    max(cost_after - cost_before, 0),
+                    state.service,
+                    state.agent_name,
+                )
+            )
+            if found is not None:
+                self.conversations.pending.append(found)
+        return decision
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
@@ -388,6 +473,8 @@ class Guard:
         idle = [trace_id for trace_id, state in self.states.items() if state.last_seen < cutoff]
         for trace_id in idle:
             del self.states[trace_id]
+        if self.conversations is not None:  # conversations idle as long are forgotten too
+            self.conversations.evict_idle(ttl_seconds)
         return len(idle)
 
     # -- rules ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.report import Timelines, render_html
 from spanguard.errors import ReplayInputError
@@ -199,7 +200,14 @@ def replay(
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
     # The page shows each trace's tokens and cost: price usage for it, budget or not.
-    guard = Guard(policy, price_usage=bool(html))
+    # The conversation scope, where a policy entry asks for it: every trace of the input is
+    # seen here, in the input's order.
+    policy = policy or Policy()
+    entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
+    conversations = (
+        ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
+    )
+    guard = Guard(policy, price_usage=bool(html), conversations=conversations)
     timelines = Timelines() if html else None
     if timelines is not None:
         guard.add_observer(timelines)

@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 # 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building; 3: the costs
-# (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced.
+# (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
+# `conversation_id` of a trace in the conversation scope.
 STATE_VERSION = 3
 
 CallKey = tuple[str, str | None, str | None]
@@ -88,6 +89,9 @@ class TraceState:
     inference_cost: int | None = None
     aggregate_cost: int = 0
     unpriced_tokens: int = 0
+    # The conversation the trace belongs to (the first id its spans named), when the
+    # conversation scope is on.
+    conversation_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         record = {
@@ -112,6 +116,8 @@ class TraceState:
             record["inference_cost"] = self.inference_cost  # version 3, when usage is priced
             record["aggregate_cost"] = self.aggregate_cost
             record["unpriced_tokens"] = self.unpriced_tokens
+        if self.conversation_id is not None:
+            record["conversation_id"] = self.conversation_id  # version 3
         # Last, so eviction can read it without decoding (streams/state.py).
         record["last_seen"] = self.last_seen
         return record
@@ -144,6 +150,7 @@ class TraceState:
             inference_cost=record.get("inference_cost"),  # version 3
             aggregate_cost=record.get("aggregate_cost", 0),
             unpriced_tokens=record.get("unpriced_tokens", 0),
+            conversation_id=record.get("conversation_id"),
         )
 
     def to_bytes(self) -> bytes:
