@@ -398,12 +398,12 @@ def adapt_span(
     )
     if GENKIT_SUBTYPE in present and ai_operation is None:
         ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
-    match_keys = present - WANTED_KEYS
+    # Without a policy matching per agent, the keys read for prices or conversations are
+    # no match attributes to build.
+    match_keys = present - WANTED_KEYS if match else None
     match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
-    conversation_id = (
-        None if present.isdisjoint(CONVERSATION_KEY_SET) else conversation_of(attributes, present)
-    )
+    named = not present.isdisjoint(CONVERSATION_KEY_SET)  # only with the conversation scope on
 
     if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
@@ -425,13 +425,19 @@ def adapt_span(
             result_digest=_digest(attributes, present, RESULT_HASH_KEY),
             scope=scope,
             end_time_unix_nano=span.end_time_unix_nano,
-            conversation_id=conversation_id,
+            conversation_id=conversation_of(attributes, present) if named else None,
         )
 
     if present.isdisjoint(USAGE_KEYS):
+        # The conversation may be named only on the agent's span: read it off any span a GenAI
+        # convention marks (`session.id` on a plain HTTP span is a web session, not a chat).
+        conversation_id = (
+            conversation_of(attributes, present)
+            if named and (operation or oi_kind or tl_kind or ai_operation)
+            else None
+        )
         if (match and agent_name is not None) or conversation_id is not None:
-            # The policy matches on the agent's name, which may only be on this span; the
-            # conversation may be named only on the agent's span.
+            # The policy matches on the agent's name, which may only be on this span.
             return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id)
         return None
     inference = (
@@ -456,7 +462,7 @@ def adapt_span(
         agent_name=agent_name,
         match_attributes=match_attributes,
         end_time_unix_nano=span.end_time_unix_nano,
-        conversation_id=conversation_id,
+        conversation_id=conversation_of(attributes, present) if named else None,
     )
     if not present.isdisjoint(MODEL_KEYS):
         _read_price_facts(usage, attributes, present, inference)

@@ -18,10 +18,12 @@ worker exports), and a warning names it once per (provider, model).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -47,9 +49,11 @@ _PICO_PER_TOKEN_PER_MTOK: Final = Decimal(10**6)
 MAX_LOOKUPS: Final = 4096
 # The per-token prices the simple path reads; anything else token-priced (tiers, a price per
 # request) goes through genai-prices' own calculation.
+_NANOS_PER_DAY: Final = 86_400 * 10**9
 _TOKEN_PRICE_KEYS: Final = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
 
 
+@lru_cache(maxsize=256)  # budgets are a handful of numbers, checked on every usage span
 def pico_usd(usd: float | Decimal | str) -> int:
     """An amount in USD as whole pico-dollars."""
     return int((Decimal(str(usd)) * PICO_USD_PER_USD).to_integral_value(ROUND_HALF_UP))
@@ -131,9 +135,10 @@ class Pricer:
     def __init__(self) -> None:
         # (provider, model) -> (provider, model info) of genai-prices, or _UNPRICED
         self._found: dict[tuple[str | None, str], Any] = {}
-        # id(ModelPrice) -> (that ModelPrice, its ModelRates, or None when it needs the
-        # library's own calculation: tiers, a price per request)
-        self._rates: dict[int, tuple[Any, ModelRates | None]] = {}
+        # (id(model info), day of the span) -> (the model info, its ModelPrice that day, its
+        # ModelRates or None when it needs the library's own calculation: tiers, a price per
+        # request). Prices change by date: a day's answer stands for the whole day.
+        self._rates: dict[tuple[int, int], tuple[Any, Any, ModelRates | None]] = {}
         self._warned: set[tuple[str | None, str | None]] = set()
         self.unpriced_events = 0  # inference spans with usage that nothing could price
         self.priced_events = 0
@@ -183,19 +188,16 @@ class Pricer:
 
     def _database_cost(self, found: tuple[Any, Any], usage: TokenUsage) -> int:
         _provider, model = found
-        when = (
-            datetime.fromtimestamp(usage.end_time_unix_nano / 1e9, UTC)
-            if usage.end_time_unix_nano > 0
-            else datetime.now(UTC)
-        )
-        price = model.get_prices(when)
-        entry = self._rates.get(id(price))
-        if entry is None or entry[0] is not price:
-            entry = (price, _simple_rates(price))
+        ended = usage.end_time_unix_nano if usage.end_time_unix_nano > 0 else time.time_ns()
+        key = (id(model), ended // _NANOS_PER_DAY)
+        entry = self._rates.get(key)
+        if entry is None or entry[0] is not model:
+            price = model.get_prices(datetime.fromtimestamp(ended / 1e9, UTC))
+            entry = (model, price, _simple_rates(price))
             if len(self._rates) >= MAX_LOOKUPS:
                 self._rates.clear()
-            self._rates[id(price)] = entry
-        rates = entry[1]
+            self._rates[key] = entry
+        price, rates = entry[1], entry[2]
         if rates is not None:
             return rates.cost(usage)
         from genai_prices import Usage
