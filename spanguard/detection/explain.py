@@ -165,6 +165,11 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
         + (f", name {agent['name']}" if agent.get("name") else ""),
         f"  policy: {_policy(record)}",
     ]
+    if record.get("scope") == "conversation":
+        lines.append(
+            f"  scope: conversation {record.get('conversation_id')}, the evidence across"
+            f" {record.get('traces')} of its traces (this trace's span completed it)"
+        )
     tripped = f"  tripped by span {record.get('span_id')}"
     if record.get("tool_name"):
         digest = (record.get("args_hash") or "(none)")[:HASH_PREFIX]

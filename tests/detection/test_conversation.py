@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from spanguard.detection.conversation import MAX_TRACES_REMEMBERED, ConversationGuard
+from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
 from spanguard.detection.replay import replay
 from spanguard.errors import PolicyError
@@ -66,6 +67,8 @@ def test_six_turns_of_two_identical_calls_are_flagged_once_across_traces():
     assert len({call["span_id"] for call in decision.calls}) == 4
     validate(decision.to_dict(), "detection")
     assert len(decision.decision_id) == 32
+    explained = explain_records(decision.trace_id, [decision.to_dict()])
+    assert "scope: conversation conv-1, the evidence across 2 of its traces" in explained
 
 
 def test_the_trace_scope_alone_catches_nothing_there():
