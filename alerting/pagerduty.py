@@ -45,7 +45,12 @@ from spanguard.alerting.outbound import (
 )
 from spanguard.errors import PagerConfigError
 from spanguard.retry import Backoff
-from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
+from spanguard.schemas.decision import (
+    EVIDENCE_FIELDS,
+    PAUSE_FIELDS,
+    SCOPE_FIELDS,
+    pause_instructions,
+)
 from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
 
 __all__ = [
@@ -74,6 +79,7 @@ DETAIL_FIELDS = (
     "decision_id",
     "detected_at",
     *PAUSE_FIELDS,
+    *SCOPE_FIELDS,  # a conversation's decision: which conversation, over how many traces
 )
 
 Status = Literal["accepted", "rejected", "failed"]

@@ -256,3 +256,28 @@ def test_replay_over_a_multi_trace_file(tmp_path):
     out = io.StringIO()
     replay([str(path)], Policy(), stdout=out, stderr=io.StringIO())
     assert out.getvalue() == ""
+
+
+def test_a_page_names_the_conversation_and_the_cost():
+    from spanguard.alerting.pagerduty import PagerSettings, build_event
+
+    guard = guard_for(
+        {
+            "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
+            "conversation": {"enabled": True, "usd_budget": 0.006},
+        }
+    )
+    decisions = []
+    for _ in range(2):
+        agent = AgentRecorder()
+        agent.chat(400, 100, **{"gen_ai.conversation.id": "c-7"})  # $0.005 a turn
+        decisions += run(guard, agent.finished())
+    (decision,) = decisions
+    settings = PagerSettings(routing_key="R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x")
+    details = build_event(decision.to_dict(), settings)["payload"]["custom_details"]
+    assert (details["scope"], details["conversation_id"], details["traces"]) == (
+        "conversation",
+        "c-7",
+        2,
+    )
+    assert (details["cost_micro_usd"], details["budget_micro_usd"]) == (10_000, 6_000)
