@@ -92,12 +92,15 @@ class ConversationUsage:
 @dataclass(slots=True)
 class ConversationState(TraceState):
     """A TraceState over the conversation's calls (the rules read it as they read a trace's),
-    with which trace each call of the window came from."""
+    with which trace each call of the window came from. Kept in memory (replay, in-process
+    mode); its changelog form is part of what the worker's side still needs."""
 
     window_traces: deque[str] = field(default_factory=deque)  # aligned with `window`
     traces: OrderedDict[str, None] = field(default_factory=OrderedDict)  # last seen, bounded
     trace_count: int = 0  # every trace seen, beyond what `traces` remembers
-    budget_killed: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # "rule:trace id" of the traces a kill of the scope stopped (bounded): one kill per trace
+    # and rule, as in the trace scope.
+    killed: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def restart_window(self) -> None:
         TraceState.restart_window(self)
@@ -170,7 +173,9 @@ class ConversationGuard(GuardObserver):
             if rule.wanted(policy) == "off":
                 continue
             action = FLAG if policy.shadow else policy.conversation_action
-            if rule.killed in state.fired or (action == FLAG and rule.flagged in state.fired):
+            if action == FLAG and rule.flagged in state.fired:
+                continue  # flagged once per conversation
+            if action == KILL and f"{rule.name}:{record.trace_id}" in state.killed:
                 continue
             trip = rule.check(state, _NO_CALL, key, policy)  # type: ignore[arg-type]
             if trip is None or trip.flag_only:
@@ -180,7 +185,8 @@ class ConversationGuard(GuardObserver):
                 continue  # within one trace: the trace's own rules decide
             decision = self._fire(rule.name, action, trip, traces, record, state, policy)
             if action == KILL:
-                state.restart_window()
+                _remember(state.killed, f"{rule.name}:{record.trace_id}")
+                state.restart_window()  # another kill needs a repeat of its own
             break
         self.states[record.conversation_id] = state
         return decision
@@ -196,14 +202,11 @@ class ConversationGuard(GuardObserver):
             state.inference_cost = (state.inference_cost or 0) + record.cost
         state.last_seen = self.clock()
         decision = None
-        if record.trace_id not in state.budget_killed:
-            trip, rule = self._over_budget(state, policy)
-            if trip is not None:
-                action = FLAG if policy.shadow else KILL
-                decision = self._fire(rule, action, trip, state.trace_count, record, state, policy)
-                state.budget_killed[record.trace_id] = None
-                if len(state.budget_killed) > MAX_TRACES_REMEMBERED:
-                    state.budget_killed.popitem(last=False)
+        trip, rule = self._over_budget(state, policy)
+        if trip is not None and f"{rule}:{record.trace_id}" not in state.killed:
+            action = FLAG if policy.shadow else KILL
+            decision = self._fire(rule, action, trip, state.trace_count, record, state, policy)
+            _remember(state.killed, f"{rule}:{record.trace_id}")
         self.states[record.conversation_id] = state
         return decision
 
@@ -313,7 +316,7 @@ class ConversationGuard(GuardObserver):
         # Deterministic, and apart from the trace scope's ids: the same conversation decision
         # replayed after a crash carries the same id. A budget kill is one per trace.
         text = f"conversation:{record.conversation_id}:{rule}:{action}"
-        if rule in ("token_budget", "cost_budget"):
+        if action == KILL:  # one per trace and rule
             text += f":{record.trace_id}"
         entry, match = "defaults", None
         for index, agent_rule in enumerate(self.policy.rules):
@@ -350,6 +353,12 @@ class ConversationGuard(GuardObserver):
     @staticmethod
     def _window_calls(state: ConversationState, last: int) -> list[dict[str, Any]]:
         return state.window_calls(last)
+
+
+def _remember(seen: OrderedDict[str, None], key: str) -> None:
+    seen[key] = None
+    if len(seen) > MAX_TRACES_REMEMBERED:
+        seen.popitem(last=False)
 
 
 class _NoCall:

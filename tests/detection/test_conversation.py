@@ -281,3 +281,16 @@ def test_a_page_names_the_conversation_and_the_cost():
         2,
     )
     assert (details["cost_micro_usd"], details["budget_micro_usd"]) == (10_000, 6_000)
+
+
+def test_a_kill_action_kills_once_per_trace_and_again_on_a_new_repeat():
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    turns = [turn("c") for _ in range(6)]
+    decisions = [d for agent in turns for d in run(guard, agent.finished())]
+    # 4 identical calls across traces kill; the window starts afresh; 4 more kill again.
+    assert [(d.action, d.trace_id) for d in decisions] == [
+        ("kill", turns[1].trace_id),
+        ("kill", turns[3].trace_id),
+        ("kill", turns[5].trace_id),
+    ]
+    assert len({d.decision_id for d in decisions}) == 3
