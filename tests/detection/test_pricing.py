@@ -267,3 +267,24 @@ print(pricer.cost(usage), pricer.cost(usage))
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.split()
     assert first == second and int(first) > 0
+
+
+def test_the_replay_page_shows_each_tripped_traces_tokens_and_cost(tmp_path):
+    import io
+
+    from spanguard.detection.replay import replay
+    from spanguard.schemas.otlp import encode_json_line
+    from tests.support.spans import encode
+
+    agent = AgentRecorder()
+    chat = agent.chat(100_000, 10_000, **{"gen_ai.provider.name": "openai"})
+    for _ in range(4):
+        agent.tool("search_docs", {"query": "refund policy"})
+    path = tmp_path / "spans.jsonl"
+    path.write_text(encode_json_line(encode(agent.finished())) + "\n")
+    page = tmp_path / "page.html"
+    err = io.StringIO()
+    replay([str(path)], Policy(), stdout=io.StringIO(), stderr=err, html=str(page))
+    cost = database_micro_usd("gpt-4o", "openai", chat, input_tokens=100_000, output_tokens=10_000)
+    assert f"110,000 tokens · ${cost / 1e6:,.4f}" in page.read_text()
+    assert "1 usage spans priced, 0 without a price" in err.getvalue()
