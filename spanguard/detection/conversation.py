@@ -210,6 +210,15 @@ class ConversationGuard(GuardObserver):
         self.states[record.conversation_id] = state
         return decision
 
+    def retract(self, decision: Decision) -> None:
+        """Undo the mark of a decision of this scope whose signal could not be sent."""
+        state = self.states.get(decision.conversation_id or "")
+        if state is None:
+            return
+        state.fired.discard(Fired(decision.rule, decision.action))
+        state.killed.pop(f"{decision.rule}:{decision.trace_id}", None)
+        self.states[decision.conversation_id or ""] = state
+
     def evict_idle(self, ttl_seconds: float) -> int:
         """Forget conversations not seen for `ttl_seconds`; return how many."""
         cutoff = self.clock() - ttl_seconds

@@ -429,6 +429,10 @@ class Guard:
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
+        if decision.scope is not None:  # the conversation scope's: its mark is there
+            if self.conversations is not None:
+                self.conversations.retract(decision)
+            return
         mark = Fired(decision.rule, decision.action)
         state = self.states.get(decision.trace_id)
         if state is not None and mark in state.fired:

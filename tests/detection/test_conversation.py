@@ -294,3 +294,19 @@ def test_a_kill_action_kills_once_per_trace_and_again_on_a_new_repeat():
         ("kill", turns[5].trace_id),
     ]
     assert len({d.decision_id for d in decisions}) == 3
+
+
+def test_a_conversation_decision_not_sent_is_retracted_in_the_conversation_only():
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    first, second = turn("c"), turn("c", calls=5)
+    run(guard, first.finished())
+    trace_decisions = run(guard, second.finished())
+    # The second turn: the conversation's kill at its 2nd call, then its own at its 4th.
+    assert [(d.rule, d.scope) for d in trace_decisions] == [
+        ("tool_loop", "conversation"),
+        ("tool_loop", None),
+    ]
+    conversation_kill, trace_kill = trace_decisions
+    guard.retract(conversation_kill)
+    assert "tool_loop:" + second.trace_id not in guard.conversations.states["c"].killed
+    assert trace_kill.rule in {mark.rule for mark in guard.states[second.trace_id].fired}
