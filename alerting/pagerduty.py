@@ -47,6 +47,7 @@ from spanguard.retry import Backoff
 from spanguard.schemas.decision import (
     EVIDENCE_FIELDS,
     PAUSE_FIELDS,
+    SCOPE_FIELDS,
     Decision,
     pause_instructions,
 )
@@ -75,6 +76,7 @@ DETAIL_FIELDS = (
     "decision_id",
     "detected_at",
     *PAUSE_FIELDS,
+    *SCOPE_FIELDS,  # a conversation's decision: which conversation, over how many traces
 )
 
 Status = Literal["accepted", "rejected", "failed"]

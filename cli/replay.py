@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.report import Timelines, render_html
 from spanguard.errors import OtlpDecodeError, ReplayInputError
@@ -193,7 +194,15 @@ def replay(
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
-    guard = Guard(policy)
+    # The page shows each trace's tokens and cost: price usage for it, budget or not.
+    # The conversation scope, where a policy entry asks for it: every trace of the input is
+    # seen here, in the input's order.
+    policy = policy or Policy()
+    entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
+    conversations = (
+        ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
+    )
+    guard = Guard(policy, price_usage=bool(html), conversations=conversations)
     timelines = Timelines() if html else None
     if timelines is not None:
         guard.add_observer(timelines)
@@ -224,6 +233,10 @@ def replay(
         f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
     )
     skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
+    if guard.pricer is not None:
+        skipped += (
+            f", {stats.priced_usage:,} usage spans priced, {stats.unpriced_usage:,} without a price"
+        )
     err.write(
         f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
         f" {stats.tool_calls:,} tool calls,"
@@ -234,7 +247,9 @@ def replay(
     )
     if html and timelines is not None:
         try:
-            Path(html).write_text(render_html(timelines, stats, paths), encoding="utf-8")
+            Path(html).write_text(
+                render_html(timelines, stats, paths, guard.states), encoding="utf-8"
+            )
         except OSError as exc:
             raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
         err.write(f"replay: wrote {html} ({len(timelines.tripped())} tripped traces)\n")

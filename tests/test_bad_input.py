@@ -836,7 +836,53 @@ def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
     assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
 
 
-# -- outbound HTTP: the pager, the webhook (connectors/outbound.py) -------------------------------
+BAD_PRICED_SPANS = [
+    pytest.param({"gen_ai.request.model": "m" * 1_000_000}, id="a megabyte model name"),
+    pytest.param({"gen_ai.request.model": ""}, id="an empty model name"),
+    pytest.param(
+        {"gen_ai.request.model": "gpt-4o", "gen_ai.provider.name": "x" * 100_000},
+        id="a huge provider",
+    ),
+    pytest.param({"gen_ai.request.model": ["gpt-4o", "o3"]}, id="a list for a model"),
+    pytest.param({"gen_ai.usage.cache_read.input_tokens": 10**15}, id="cache counts past input"),
+    pytest.param({"gen_ai.usage.cache_read.input_tokens": float("nan")}, id="a NaN cache count"),
+    pytest.param({"gen_ai.conversation.id": "c" * 1_000_000}, id="a megabyte conversation id"),
+    pytest.param({"gen_ai.conversation.id": ""}, id="an empty conversation id"),
+    pytest.param({"gen_ai.conversation.id": 42}, id="a number for a conversation id"),
+]
+
+
+@pytest.mark.parametrize("extra", BAD_PRICED_SPANS)
+def test_a_bad_price_or_conversation_attribute_costs_only_its_span(extra, caplog):
+    """The priced span after it still counts; the guard holds a few hundred bytes for it."""
+    from spanguard.detection.conversation import ConversationGuard
+    from spanguard.detection.guard import Guard
+    from spanguard.schemas.policy import Policy
+    from tests.support.spans import AgentRecorder, encode
+
+    policy = Policy.from_mapping(
+        {
+            "defaults": {
+                "usd_budget": 0.01,
+                "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
+                "conversation": {"enabled": True},
+            }
+        }
+    )
+    agent = AgentRecorder("support-bot", "support")
+    agent.chat(input_tokens=100, output_tokens=100, **extra)
+    agent.chat(input_tokens=1_000, output_tokens=1_000)  # $0.02: over the budget
+    guard = Guard(policy, conversations=ConversationGuard(policy))
+    with caplog.at_level("WARNING"):
+        decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [d.rule for d in decisions] == ["cost_budget"]
+    state = guard.states[agent.trace_id]
+    assert len(state.to_bytes()) < 2_000
+    assert all(len(record.getMessage()) < 1_000 for record in caplog.records)
+
+
+# -- outbound HTTP: the pager, the webhook (connectors/outbound.py) ------------------------------
 
 PAGER_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"
 WEBHOOK_PATH = "/hooks/XXXXsecretXXXX"

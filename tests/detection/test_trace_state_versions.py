@@ -37,7 +37,7 @@ def test_a_state_written_by_version_1_loads():
 def test_version_1_written_again_is_version_2_with_the_same_content():
     old = json.loads(V1.read_bytes())
     new = json.loads(TraceState.from_bytes(V1.read_bytes()).to_bytes())
-    assert new.pop("v") == STATE_VERSION == 2
+    assert new.pop("v") == STATE_VERSION == 3
     assert new == old
     assert list(new)[-1] == "last_seen"  # eviction reads it off the end of the bytes
 

@@ -518,3 +518,58 @@ def test_the_processor_decides_exactly_as_the_core_on_full_otlp_requests():
     assert [comparable(d) for d in got] == [comparable(d) for d in expected]
     for name in ("tool_calls", "token_events", "missing_arguments", "decisions"):
         assert getattr(processor.guard.stats, name) == getattr(reference.stats, name), name
+
+
+# -- the conversation scope ---------------------------------------------------------------
+
+
+def chat_turn(fleet: Fleet, conversation: str, calls: int) -> Run:
+    """One turn of a chat app: a trace of its own, the same empty search each time, every
+    GenAI span naming the conversation (as OpenInference's `using_session` does)."""
+    run = Run()
+    try:
+        with fleet.tracer.start_as_current_span(
+            "invoke_agent support", attributes={"gen_ai.operation.name": "invoke_agent"}
+        ) as root:
+            run.trace_id = format(root.get_span_context().trace_id, "032x")
+            for _ in range(calls):
+                fleet.processor.check()
+                with fleet.tracer.start_as_current_span(
+                    "execute_tool search_docs",
+                    attributes={
+                        **tool_attributes("search_docs", REFUND),
+                        "gen_ai.tool.call.result": "[]",
+                        "session.id": conversation,
+                    },
+                ):
+                    run.calls += 1
+    except AgentKilled as exc:
+        run.killed = exc
+    return run
+
+
+def test_a_repeat_across_turns_of_one_chat_is_stopped_in_process():
+    policy = Policy.from_mapping(
+        {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
+    )
+    fleet = Fleet(policy)
+    first = chat_turn(fleet, "chat-1", calls=2)
+    other = chat_turn(fleet, "chat-2", calls=2)  # another chat: counts apart
+    second = chat_turn(fleet, "chat-1", calls=5)
+    assert (first.calls, first.killed, other.calls, other.killed) == (2, None, 2, None)
+    # The conversation's 4th identical call is the second turn's 2nd: the check before its
+    # 3rd raises.
+    assert second.calls == 2 and second.killed is not None
+    assert second.killed.trace_id == second.trace_id
+    (decision,) = fleet.decisions
+    assert (decision.scope, decision.conversation_id, decision.traces) == (
+        "conversation",
+        "chat-1",
+        2,
+    )
+
+
+def test_without_the_scope_each_turn_counts_alone():
+    fleet = Fleet()
+    runs = [chat_turn(fleet, "chat-1", calls=3) for _ in range(4)]
+    assert all(run.killed is None for run in runs) and fleet.decisions == []

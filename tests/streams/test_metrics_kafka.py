@@ -163,6 +163,10 @@ def test_latency_build_info_lag_and_process_metrics(worker) -> None:
         s.labels for s in decisions
     ]
 
+    # Usage is priced only for a usd budget: the default policy has none, the series are 0.
+    priced = {s.labels["outcome"]: s.value for s in samples["spanguard_usage_spans_priced_total"]}
+    assert priced == {"priced": 0, "unpriced": 0}
+
     (build,) = samples["spanguard_build_info"]
     assert build.labels["version"] == __version__ and build.value == 1
     for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):

@@ -10,6 +10,7 @@ test fails when the two differ).
 from __future__ import annotations
 
 from spanguard.detection.rules.base import Rule
+from spanguard.detection.rules.cost_budget import CostBudget
 from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.no_progress import NoProgress
 from spanguard.detection.rules.token_budget import TokenBudget
@@ -17,6 +18,7 @@ from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.rules.tool_polling import ToolPolling
 
 __all__ = [
+    "COST_BUDGET",
     "CYCLE",
     "NO_PROGRESS",
     "RULES",
@@ -32,9 +34,10 @@ CYCLE = Cycle()
 TOOL_POLLING = ToolPolling()
 NO_PROGRESS = NoProgress()
 TOKEN_BUDGET = TokenBudget()
+COST_BUDGET = CostBudget()
 
 # In the order the guard runs them on a call.
-RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET)
+RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
 
 
 def rule_named(name: str) -> Rule:
