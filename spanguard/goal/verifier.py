@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.errors import JudgeError, OtlpDecodeError
@@ -21,13 +22,23 @@ from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings
 
 __all__ = ["GoalOutcome", "GoalVerifier"]
 
 log = logging.getLogger("spanguard.goal")
 
 GOAL_UNMET = "goal_unmet"
+
+
+class JudgeChoice(Protocol):
+    """The two judge settings the verifier reads (`spanguard.config.settings.GoalSettings` has
+    them); a protocol, so that the kernel does not import the layer that reads the environment."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def model(self) -> str | None: ...
 
 
 class GoalOutcome(CountedOutcome):
@@ -46,7 +57,7 @@ class GoalVerifier:
     def __init__(
         self,
         policy: Policy,
-        settings: GoalSettings,
+        settings: JudgeChoice,
         *,
         judge_factory: Callable[[str], Judge],
         clock: Callable[[], float] = time.time,
