@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
+from spanguard.config.settings import SEVERITIES, PagerSettings
 from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
@@ -51,7 +52,6 @@ from spanguard.schemas.decision import (
     Decision,
     pause_instructions,
 )
-from spanguard.settings import SEVERITIES, PagerSettings
 
 __all__ = [
     "PageResult",

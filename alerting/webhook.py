@@ -39,6 +39,7 @@ import httpx2
 
 from spanguard import __version__
 from spanguard.alerting.pagerduty import dedup_key, record_of
+from spanguard.config.settings import WebhookSettings
 from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
@@ -51,7 +52,6 @@ from spanguard.connectors.outbound import (
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.retry import Backoff
 from spanguard.schemas.decision import Decision, pause_instructions
-from spanguard.settings import WebhookSettings
 
 __all__ = [
     "NotifyResult",

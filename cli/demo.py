@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spanguard.settings import WorkerSettings
+from spanguard.config.settings import WorkerSettings
 
 __all__ = ["AgentResult", "main"]
 

@@ -45,7 +45,7 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
 def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
     """One flag per setting of the registry (settings of `owners`); unset flags fall back to
     their environment variables, then to the defaults."""
-    from spanguard.settings import REGISTRY
+    from spanguard.config.settings import REGISTRY
 
     for entry in REGISTRY:
         if entry.owner not in owners or entry.flag is None:
@@ -73,7 +73,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, *owners: str) -> None:
             metavar="HOST:PORT" if entry.name == "bootstrap" else entry.name.split("_")[-1].upper(),
             help=help,
         )
-    from spanguard.kafka_security import add_flags
+    from spanguard.config.kafka_security import add_flags
 
     add_flags(parser)
 
@@ -84,7 +84,7 @@ def _flags(args: argparse.Namespace, owner: str) -> dict[str, str]:
 
 
 def _settings(args: argparse.Namespace):
-    from spanguard.settings import WorkerSettings
+    from spanguard.config.settings import WorkerSettings
 
     # The Kafka connection flags (--kafka-*) are the worker's too: one security for every client.
     kafka = {k: v for k, v in vars(args).items() if k.startswith("kafka_")}
@@ -92,7 +92,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings
+    from spanguard.config.settings import GoalSettings, PagerSettings, WebhookSettings
 
     try:
         from spanguard.streams.worker import run_worker
@@ -169,11 +169,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, Any]] | None:
     """The agents' acks of the trace, each with `_signature` (see spanguard.killswitch.acks);
     None, with a note on stderr, when the ack topic cannot be read."""
+    from spanguard.config.secrets import signing_keys_from_env
     from spanguard.connectors.audit import read_decisions
     from spanguard.errors import AuditReadError, SecretError
     from spanguard.killswitch.acks import ack_status
     from spanguard.schemas.decision import keyring
-    from spanguard.secrets import signing_keys_from_env
 
     try:
         scan = read_decisions(
@@ -193,8 +193,8 @@ def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, A
 
 
 def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
-    from spanguard.kafka_security import add_flags
-    from spanguard.settings import REGISTRY
+    from spanguard.config.kafka_security import add_flags
+    from spanguard.config.settings import REGISTRY
 
     explain = commands.add_parser(
         "explain",
@@ -326,9 +326,9 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
+    from spanguard.config.kafka_security import add_flags
+    from spanguard.config.settings import REGISTRY
     from spanguard.detection.backtest import DEFAULT_MAX_TRACES
-    from spanguard.kafka_security import add_flags
-    from spanguard.settings import REGISTRY
 
     backtest = commands.add_parser(
         "backtest",

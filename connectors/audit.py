@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
@@ -23,7 +24,6 @@ from spanguard.connectors.kafka_clients import (
     wait_for_metadata,
 )
 from spanguard.errors import AuditReadError
-from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["AuditScan", "read_decisions"]
 

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
@@ -27,7 +28,6 @@ from spanguard.connectors.kafka_clients import (
 )
 from spanguard.detection.backtest import Backtest
 from spanguard.errors import BacktestError
-from spanguard.kafka_security import KafkaSecurity
 
 __all__ = ["ReadPlan", "plan_read", "read_history"]
 

@@ -43,6 +43,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import httpx2
 import openai
 
+from spanguard.config.settings import ENV_JUDGE_MODEL, ENV_JUDGE_URL, GoalSettings, redact_url
 from spanguard.connectors.outbound import (
     MAX_RESPONSE_BYTES,
     Final,
@@ -55,7 +56,6 @@ from spanguard.errors import JudgeError, SettingsError
 from spanguard.goal.invocations import InvocationEnd
 from spanguard.goal.verdicts import Verdict, excerpt, parse_verdict
 from spanguard.retry import Backoff
-from spanguard.settings import ENV_JUDGE_MODEL, ENV_JUDGE_URL, GoalSettings, redact_url
 
 __all__ = ["SYSTEM_PROMPT", "OpenAICompatibleJudge"]
 

@@ -3,7 +3,7 @@ refused password or certificate (every client would retry forever), librdkafka's
 
 Not part of the pure kernel: this is the one module of `spanguard/` that imports the Kafka
 libraries, shared by the worker and the killswitch (which may not import each other). The
-settings themselves are `spanguard/kafka_security.py`.
+settings themselves are `config/kafka_security.py`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.errors import KafkaConnectError
-from spanguard.kafka_security import KafkaSecurity
 
 __all__ = [
     "ClientErrors",

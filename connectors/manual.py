@@ -11,9 +11,9 @@ from typing import Literal
 
 from confluent_kafka import KafkaException, Producer
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import client_config
 from spanguard.schemas.decision import NO_SPAN_ID, AgentIdentity, Decision, KillSignal, sign
-from spanguard.settings import WorkerSettings
 
 __all__ = ["manual_decision", "publish_manual"]
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
@@ -35,7 +36,6 @@ from spanguard.connectors.kafka_clients import (
 )
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
-from spanguard.settings import WorkerSettings
 
 __all__ = ["MAX_RELEASES", "ReleaseCount", "ReleaseReader", "ReleaseSkip"]
 

@@ -9,13 +9,13 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
     LibrdkafkaLog,
     client_config,
     wait_for_metadata,
 )
-from spanguard.settings import WorkerSettings
 
 __all__ = [
     "Replication",

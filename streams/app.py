@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
 from spanguard.detection.guard import Guard, GuardCount
@@ -23,7 +24,6 @@ from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.policy import Policy
-from spanguard.settings import WorkerSettings
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.delivery import Outbox

@@ -12,12 +12,12 @@ if TYPE_CHECKING:
 
     from spanguard.alerting.service import PagingService
     from spanguard.alerting.webhook import WebhookService
+    from spanguard.config.settings import WorkerSettings
     from spanguard.connectors.releases import ReleaseReader
     from spanguard.detection.guard import Guard
     from spanguard.detection.pipeline import SpanPipeline
     from spanguard.goal.verifier import GoalVerifier
     from spanguard.outcomes import Counted, CountedOutcome
-    from spanguard.settings import WorkerSettings
     from spanguard.streams.delivery import Outbox
     from spanguard.streams.health import Health
     from spanguard.streams.metrics import ConsumerLag, DetectionLatency

@@ -11,13 +11,13 @@ import faust
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.webhook import Webhook
+from spanguard.config.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.connectors.judge import OpenAICompatibleJudge
 from spanguard.connectors.kafka_clients import check_aiokafka
 from spanguard.connectors.topics import cluster_replication
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.streams.app import create_app
 
 __all__ = ["run_worker"]

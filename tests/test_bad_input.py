@@ -179,8 +179,8 @@ def test_the_release_reader_counts_every_bad_record_and_never_raises():
     counted and skipped; a release issued a year ahead cannot outrank the real ones."""
     import time
 
+    from spanguard.config.settings import WorkerSettings
     from spanguard.connectors.releases import ReleaseReader
-    from spanguard.settings import WorkerSettings
 
     reader = ReleaseReader(WorkerSettings(), KEY)
     now = time.time()
@@ -710,7 +710,7 @@ def test_killed_traces_are_forgotten_once_their_root_span_ends():
     assert processor.signals.tracked_traces <= 5
 
 
-# -- settings (spanguard/settings.py; every command that takes them) ----------------------------
+# -- settings (config/settings.py; every command that takes them) ----------------------------
 
 KEY_ENV = {"SPANGUARD_SIGNING_KEY": "a-signing-key-of-32-characters!!"}
 
@@ -769,9 +769,9 @@ def test_settings(monkeypatch, capsys, env, message):
 
 
 def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
+    from spanguard.config.settings import redact_url
     from spanguard.connectors.judge import OpenAICompatibleJudge
     from spanguard.errors import SettingsError
-    from spanguard.settings import redact_url
 
     with pytest.raises(SettingsError, match="Port out of range"):
         OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
@@ -917,7 +917,7 @@ def pager_server():
 
 def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
     from spanguard.alerting.webhook import Webhook
-    from spanguard.settings import WebhookSettings
+    from spanguard.config.settings import WebhookSettings
 
     environ = {"SPANGUARD_WEBHOOK_URL": server.url + WEBHOOK_PATH}
     settings = WebhookSettings.from_sources({"ca_file": server.ca_bundle, **flags}, environ)
@@ -926,7 +926,7 @@ def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
 
 def _pager(server: Any, sleeps: list[float], **overrides: Any) -> Any:
     from spanguard.alerting.pagerduty import Pager
-    from spanguard.settings import PagerSettings
+    from spanguard.config.settings import PagerSettings
 
     environ = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": PAGER_KEY,
                "SPANGUARD_PAGERDUTY_URL": server.url, "SSL_CERT_FILE": server.ca_bundle}  # fmt: skip

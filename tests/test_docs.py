@@ -300,7 +300,7 @@ def wrong_commands(doc: Path, text: str) -> Iterator[str]:
 
 
 def registry_variables() -> tuple[set[str], set[str]]:
-    from spanguard.settings import REGISTRY
+    from spanguard.config.settings import REGISTRY
 
     names = {entry.env for entry in REGISTRY}
     files = {f"{entry.env}_FILE" for entry in REGISTRY if entry.secret}
@@ -318,7 +318,7 @@ def wrong_variables(doc: Path, text: str) -> Iterator[str]:
             if variable not in source_text():
                 yield f"{doc.name}: {variable} ({OTHER_VARIABLES[variable]}) is read nowhere"
         elif variable not in names and variable not in files:
-            yield f"{doc.name}: {variable} is not a setting of spanguard/settings.py"
+            yield f"{doc.name}: {variable} is not a setting of config/settings.py"
 
 
 def wrong_citations() -> Iterator[str]:

@@ -235,9 +235,9 @@ def test_fuzz_replay_lines():
 
 
 def test_fuzz_settings():
-    from spanguard.settings import REGISTRY, GoalSettings, WebhookSettings, WorkerSettings
+    from spanguard.config.settings import REGISTRY, GoalSettings, WebhookSettings, WorkerSettings
 
-    # Secret files are read by spanguard/secrets.py, fuzzed with it; here the plain settings.
+    # Secret files are read by config/secrets.py, fuzzed with it; here the plain settings.
     entries = [
         e
         for e in REGISTRY

@@ -21,10 +21,10 @@ import trustme
 from confluent_kafka import KafkaError
 from cryptography.hazmat.primitives import serialization
 
+from spanguard.config.kafka_security import KafkaSecurity
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, faust_credentials
 from spanguard.errors import KafkaSecurityError
-from spanguard.kafka_security import KafkaSecurity
-from spanguard.settings import WorkerSettings
 
 PASSWORD = "s3cret-never-logged"
 

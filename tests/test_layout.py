@@ -3,7 +3,7 @@
 Each top-level folder is one layer, installed as `spanguard.<folder>` (`spanguard/` itself is the
 kernel), and imports point one way:
 
-    errors <- schemas <- kernel <- connectors <- (streams, alerting, killswitch) <- cli
+    errors <- schemas <- kernel <- config <- connectors <- (streams, alerting, killswitch) <- cli
 
 `spanguard.errors` is the bottom layer, so every layer may raise its errors; the worker
 (streams) pages through alerting. The pure layers (errors, schemas, kernel) touch no transport
@@ -48,14 +48,16 @@ ALLOWED = {
     "errors": {"errors"},
     "schemas": {"errors", "schemas"},
     "kernel": {"errors", "schemas", "kernel"},
-    "connectors": {"errors", "schemas", "kernel", "connectors"},
-    "alerting": {"errors", "schemas", "kernel", "connectors", "alerting"},
-    "killswitch": {"errors", "schemas", "kernel", "connectors", "killswitch"},
-    "streams": {"errors", "schemas", "kernel", "connectors", "alerting", "streams"},
+    "config": {"errors", "schemas", "kernel", "config"},
+    "connectors": {"errors", "schemas", "kernel", "config", "connectors"},
+    "alerting": {"errors", "schemas", "kernel", "config", "connectors", "alerting"},
+    "killswitch": {"errors", "schemas", "kernel", "config", "connectors", "killswitch"},
+    "streams": {"errors", "schemas", "kernel", "config", "connectors", "alerting", "streams"},
     "cli": {
         "errors",
         "schemas",
         "kernel",
+        "config",
         "connectors",
         "alerting",
         "killswitch",
@@ -121,6 +123,7 @@ def test_the_layer_check_sees_a_wrong_import(tmp_path):
     assert _imports(bad) == {"spanguard.streams.app", "faust"}
     assert _layer("spanguard.streams.app") not in ALLOWED["kernel"]
     assert _layer("spanguard.connectors.topics") not in ALLOWED["kernel"]
+    assert _layer("spanguard.config.settings") not in ALLOWED["kernel"]
     assert _layer("spanguard.cli.main") not in ALLOWED["connectors"]
     assert _layer("spanguard.killswitch.client") not in ALLOWED["connectors"]
 

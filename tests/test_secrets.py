@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from spanguard.config.secrets import MAX_SECRET_BYTES, read_secret, signing_keys_from_env
+from spanguard.config.settings import WorkerSettings
 from spanguard.errors import SecretError, SettingsError
 from spanguard.killswitch.client import KillSwitch
 from spanguard.schemas.decision import key_id, sign
-from spanguard.secrets import MAX_SECRET_BYTES, read_secret, signing_keys_from_env
-from spanguard.settings import WorkerSettings
 from tests.support.kafka_harness import ROOT
 from tests.support.spans import kill_signal
 

@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from spanguard.config.settings import (
+    REGISTRY,
+    GoalSettings,
+    PagerSettings,
+    WorkerSettings,
+    settings_table,
+)
 from spanguard.errors import SettingsError
-from spanguard.settings import REGISTRY, GoalSettings, PagerSettings, WorkerSettings, settings_table
 
 
 def test_flags_win_over_environment_which_wins_over_defaults():
@@ -55,11 +61,13 @@ SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 
 def test_the_settings_reference_is_the_registry():
-    """docs/settings.md is generated (`python -m spanguard.settings`); it must not drift."""
-    from spanguard.settings import settings_document
+    """docs/settings.md is generated (`python -m spanguard.config.settings`); it must not drift."""
+    from spanguard.config.settings import settings_document
 
     document = SETTINGS_DOC.read_text()
-    assert document == settings_document(), "run `python -m spanguard.settings > docs/settings.md`"
+    assert document == settings_document(), (
+        "run `python -m spanguard.config.settings > docs/settings.md`"
+    )
     for row in settings_table().splitlines()[2:]:  # every setting is in it once
         assert document.count(row) == 1, row
 

@@ -20,10 +20,10 @@ import pytest
 
 from spanguard.alerting.pagerduty import Pager, build_event, record_of, should_page
 from spanguard.alerting.service import PageOutcome, PagingService
+from spanguard.config.settings import PagerSettings
 from spanguard.errors import PagerConfigError
 from spanguard.logs import JsonFormatter
 from spanguard.schemas.decision import AgentIdentity, Decision, validate
-from spanguard.settings import PagerSettings
 from tests.support.https_receiver import Fault
 from tests.support.pagerduty_server import EventsApiServer
 

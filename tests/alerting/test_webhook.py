@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService, build_body
+from spanguard.config.settings import WebhookSettings
 from spanguard.errors import SettingsError
 from spanguard.schemas.decision import Decision
-from spanguard.settings import WebhookSettings
 from tests.support.https_receiver import Fault
 from tests.support.webhook_server import WebhookServer, slack_errors
 

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.backtest import read_history
 from spanguard.detection.backtest import Backtest
-from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Policy
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from spanguard.config.settings import GoalSettings
 from spanguard.connectors.judge import SYSTEM_PROMPT, OpenAICompatibleJudge
 from spanguard.errors import JudgeError, SettingsError
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.verdicts import Judge, Verdict
-from spanguard.settings import GoalSettings
 from tests.support.chat_server import GOOD, ChatServer, Reply
 from tests.support.goal_runs import (
     ANSWER,

@@ -13,11 +13,11 @@ import typing
 from datetime import UTC, datetime
 from pathlib import Path
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.manual import manual_decision
 from spanguard.connectors.releases import ReleaseReader, ReleaseSkip
 from spanguard.schemas import decision
 from spanguard.schemas.decision import KillSignal, sign
-from spanguard.settings import WorkerSettings
 from tests.support.kafka_harness import SIGNING_KEY
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.topics import choose_replication
 from spanguard.errors import SettingsError
-from spanguard.settings import WorkerSettings
 
 
 @pytest.mark.parametrize(

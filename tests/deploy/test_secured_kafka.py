@@ -31,8 +31,8 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.errors import KafkaConnectError
-from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign

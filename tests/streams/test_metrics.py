@@ -16,10 +16,10 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from spanguard.config.settings import GoalSettings, WorkerSettings
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, WorkerSettings
 from spanguard.streams.app import create_app
 from spanguard.streams.metrics import EXPORTED, Series
 

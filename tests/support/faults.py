@@ -459,7 +459,7 @@ class Pipeline:
     partitioned as the Collector does. Closed by `close()`, which stops all it started."""
 
     def __init__(self, kafka: KafkaCluster, tmp_path: Path, worker_clusters=(None, None)) -> None:
-        from spanguard.settings import WorkerSettings
+        from spanguard.config.settings import WorkerSettings
         from tests.support.kafka_harness import Topics
 
         self.kafka = kafka

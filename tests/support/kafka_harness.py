@@ -32,7 +32,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from spanguard.kafka_security import KafkaSecurity
+from spanguard.config.kafka_security import KafkaSecurity
 
 ROOT = Path(__file__).resolve().parents[2]
 # Workers sign by default and refuse to start without a key: the tests set one the way the

@@ -4,9 +4,9 @@ A setting is a field of one of the settings classes in `SETTINGS_CLASSES`: `Work
 `KafkaSecurity`, `GoalSettings`, `PagerSettings` and `WebhookSettings`. Its type is the field's
 annotation, its default the field's default, and its metadata give the help text and the
 environment variable (`SPANGUARD_<GROUP><NAME>` unless it says otherwise). `REGISTRY` lists them
-all. The worker's flags and `--help`, docs/settings.md (`python -m spanguard.settings` prints it)
-and the helm chart's environment are generated from it or checked against it
-(tests/test_settings.py). The flag of a setting is its variable without the `SPANGUARD_` prefix,
+all. The worker's flags and `--help`, docs/settings.md (printed by `python -m
+spanguard.config.settings`) and the helm chart's environment are generated from it or checked
+against it (tests/test_settings.py). The flag of a setting is its variable without the `SPANGUARD_` prefix,
 in lower case with dashes (`SPANGUARD_JUDGE_URL` is `--judge-url`).
 
 Secrets (the signing key, the judge's API key, the PagerDuty routing key, the webhook URL and
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
+from spanguard.config.kafka_security import KafkaSecurity
+from spanguard.config.secrets import read_secret
 from spanguard.errors import PagerConfigError, SecretError, SettingsError
-from spanguard.kafka_security import KafkaSecurity
 from spanguard.schemas.policy import Severity
-from spanguard.secrets import read_secret
 
 __all__ = [
     "ENV_PREFIX",
@@ -302,7 +302,7 @@ class WorkerSettings:
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
         "INFO", "DEBUG, INFO, WARNING, ERROR"
     )
-    # TLS and SASL, shared with every other Kafka client (spanguard/kafka_security.py).
+    # TLS and SASL, shared with every other Kafka client (config/kafka_security.py).
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity, metadata={"nested": KafkaSecurity})
 
     def __post_init__(self) -> None:
@@ -708,9 +708,9 @@ _GROUP_TITLES: Final = {
 _DOCUMENT_HEAD: Final = """\
 # Settings reference
 
-Generated from the registry in `spanguard/settings.py` by `python -m spanguard.settings`.
+Generated from the registry in `config/settings.py` by `python -m spanguard.config.settings`.
 A test fails when this file and the registry differ. Edit the registry, then run
-`python -m spanguard.settings > docs/settings.md`.
+`python -m spanguard.config.settings > docs/settings.md`.
 
 A flag wins over its variable, which wins over the default. `spanguard worker --help` lists
 every flag with its variable. Secrets have no flag, because a command line shows in `ps`. Set
@@ -763,5 +763,5 @@ def redact_userinfo(url: str) -> str:
     return url
 
 
-if __name__ == "__main__":  # python -m spanguard.settings > docs/settings.md
+if __name__ == "__main__":  # python -m spanguard.config.settings > docs/settings.md
     print(settings_document(), end="")

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from spanguard.config.secrets import read_secret
 from spanguard.errors import KafkaSecurityError, SecretError
-from spanguard.secrets import read_secret
 
 __all__ = [
     "ENV_PREFIX",
