@@ -6,8 +6,8 @@ annotation, its default the field's default, and its metadata give the help text
 environment variable (`SPANGUARD_<GROUP><NAME>` unless it says otherwise). `REGISTRY` lists them
 all. The worker's flags and `--help`, docs/settings.md (printed by `python -m
 spanguard.config.settings`) and the helm chart's environment are generated from it or checked
-against it (tests/test_settings.py). The flag of a setting is its variable without the `SPANGUARD_` prefix,
-in lower case with dashes (`SPANGUARD_JUDGE_URL` is `--judge-url`).
+against it (tests/config/test_settings.py). The flag of a setting is its variable without the
+`SPANGUARD_` prefix, in lower case with dashes (`SPANGUARD_JUDGE_URL` is `--judge-url`).
 
 Secrets (the signing key, the judge's API key, the PagerDuty routing key, the webhook URL and
 its signing key, the Kafka passwords) have no flag, where `ps` would show them. They come from

@@ -57,7 +57,7 @@ def test_signing_key_from_the_environment_or_a_file(tmp_path):
         empty.signing_key_bytes()
 
 
-SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+SETTINGS_DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
 
 def test_the_settings_reference_is_the_registry():
