@@ -52,6 +52,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def collector_env(
+    brokers: str, topic: str, state_dir: Path, **more: str
+) -> tuple[dict[str, str], int]:
+    """The environment of `scripts/collector.sh up`: OTLP received on free ports, exported to
+    `topic` at `brokers`, its state under `state_dir`, plus `more`; and the OTLP/HTTP port."""
+    http_port = free_port()
+    env = {
+        **os.environ,
+        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "KAFKA_BROKERS": brokers,
+        "SPANGUARD_INPUT_TOPIC": topic,
+        "COLLECTOR_STATE_DIR": str(state_dir),
+        **more,
+    }
+    return env, http_port
+
+
 def docker_answers(timeout: float = 3.0) -> bool:
     """A Docker engine answers a ping (through the docker SDK testcontainers uses)."""
     try:
