@@ -4,7 +4,6 @@ local HTTPS server that speaks Events API v2 (tests/support/pagerduty_server.py,
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.pagerduty_server import EventsApiServer
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
-from tests.support.worker import running_worker, send_spans
+from tests.support.worker import restart_mid_retry, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -140,23 +139,18 @@ def test_a_restart_mid_retry_does_not_page_twice(tmp_path):
     ensure_broker()
     with EventsApiServer() as server:
         topics = Topics()
-        worker = start_worker(topics, tmp_path, server)
         try:
             server.script(503, 503, 503)
-            agent = loop(topics.input, "autopilot")
-            wait_until(
-                lambda: len(requests_for(server, agent.trace_id)) >= 2, what="two failed tries"
+            agent = restart_mid_retry(
+                lambda: start_worker(topics, tmp_path, server),
+                lambda: loop(topics.input, "autopilot"),
+                failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
+                delivered=lambda agent: any(
+                    r.status == 202 for r in requests_for(server, agent.trace_id)
+                ),
             )
-            worker.stop(signal.SIGKILL)  # mid-retry: the detection was never acknowledged
-            worker = start_worker(topics, tmp_path, server)
-            wait_until(
-                lambda: any(r.status == 202 for r in requests_for(server, agent.trace_id)),
-                what="the page after the restart",
-            )
-            time.sleep(1.5)
             accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
             assert len(accepted) == 1
             assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1
         finally:
-            worker.stop()
             topics.delete()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
 from tests.support.webhook_server import WebhookServer, slack_errors
-from tests.support.worker import running_worker, send_spans
+from tests.support.worker import restart_mid_retry, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -150,25 +149,18 @@ def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
     slack_path = "/services/T000/B000/XXXXXXXX"
     with WebhookServer() as server:
         topics = Topics()
-        worker = start_worker(
-            topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-        )
         try:
             server.script(503, 503, 503)
-            agent = loop(topics.input, "support-bot")
-            wait_until(
-                lambda: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
-                what="two failed tries",
+            agent = restart_mid_retry(
+                lambda: start_worker(
+                    topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
+                ),
+                lambda: loop(topics.input, "support-bot"),
+                failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
+                delivered=lambda agent: any(
+                    r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
+                ),
             )
-            worker.stop(signal.SIGKILL)  # mid-retry: the detection was never acknowledged
-            worker = start_worker(
-                topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-            )
-            wait_until(
-                lambda: any(r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)),
-                what="the notification after the restart",
-            )
-            time.sleep(1.5)
             posts = posts_for(server, agent.trace_id, slack_path)
             delivered = [r for r in posts if r.status == 200]
             assert len(delivered) == 1
@@ -177,5 +169,4 @@ def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
             assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
             assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
         finally:
-            worker.stop()
             topics.delete()

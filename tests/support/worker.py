@@ -5,9 +5,11 @@ and its topics deleted at the end. Also what tests feed it and how they run the 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from tests.support.kafka_harness import (
     producer,
 )
 from tests.support.spans import AgentRecorder, encode
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -57,6 +60,28 @@ def running_worker(
         code = process.stop()
         topics.delete()
     assert code == 0, process.log_tail()
+
+
+def restart_mid_retry(
+    start: Callable[[], WorkerProcess],
+    send: Callable[[], AgentRecorder],
+    failed_twice: Callable[[AgentRecorder], object],
+    delivered: Callable[[AgentRecorder], object],
+) -> AgentRecorder:
+    """A worker SIGKILLed while it retries a delivery (the detection never acknowledged), then
+    started again on the same data: `send` the spans, wait for two failed tries, restart, wait
+    for the delivery and leave room for a second one, were there one. The caller asserts."""
+    worker = start()
+    try:
+        agent = send()
+        wait_until(lambda: failed_twice(agent), what="two failed tries")
+        worker.stop(signal.SIGKILL)
+        worker = start()
+        wait_until(lambda: delivered(agent), what="the delivery after the restart")
+        time.sleep(1.5)
+        return agent
+    finally:
+        worker.stop()
 
 
 def send_spans(
