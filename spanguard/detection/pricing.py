@@ -10,6 +10,10 @@ Amounts are integers: pico-dollars (1e-12 USD) in the state, so a token of the c
 still costs a whole number; decisions and signals carry micro-dollars (`cost_micro_usd`),
 which every killswitch reads as a safe integer.
 
+The database is the `prices` extra (`pip install "spanguard[prices]"`; the worker has it).
+Without it only the policy's prices apply: a warning says so once, and every other model is
+unpriced, counted as below.
+
 A model neither the policy nor the database knows is never priced at zero silently: its tokens
 are counted as unpriced (in the trace's state, in the decision's reason, in GuardStats, which the
 worker exports), and a warning names it once per (provider, model).
@@ -17,6 +21,7 @@ worker exports), and a warning names it once per (provider, model).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Mapping
@@ -140,6 +145,7 @@ class Pricer:
         # request). Prices change by date: a day's answer stands for the whole day.
         self._rates: dict[tuple[int, int], tuple[Any, Any, ModelRates | None]] = {}
         self._warned: set[tuple[str | None, str | None]] = set()
+        self.has_database = importlib.util.find_spec("genai_prices") is not None
         self.unpriced_events = 0  # inference spans with usage that nothing could price
         self.priced_events = 0
 
@@ -169,6 +175,8 @@ class Pricer:
         found = self._found.get(key)
         if found is not None:
             return found
+        if not self.has_database:
+            return _UNPRICED
         from genai_prices import data_snapshot  # a 1.6 MB table: loaded when first needed
 
         snapshot = data_snapshot.get_snapshot()
@@ -223,6 +231,15 @@ class Pricer:
                 "inference spans of provider %r name no model (gen_ai.request.model,"
                 " gen_ai.response.model, llm.model_name): their tokens are counted as unpriced,"
                 " not as free",
+                provider,
+            )
+            return
+        if not self.has_database:
+            log.warning(
+                "no price for model %r (provider %r): genai-prices is not installed"
+                ' (pip install "spanguard[prices]") and the policy gives no price for it; its'
+                " tokens are counted as unpriced, not as free",
+                model,
                 provider,
             )
             return

@@ -179,6 +179,32 @@ def test_a_model_without_a_price_is_warned_once_counted_and_never_free(caplog):
     assert (guard.stats.priced_usage, guard.stats.unpriced_usage) == (0, 3)
 
 
+def test_without_the_price_database_only_policy_prices_apply_and_the_rest_is_unpriced(caplog):
+    """An agent's lean install has no genai-prices (the `prices` extra): gpt-4o, which the
+    database knows, is then unpriced and warned about with the install line, never free."""
+    policy = Policy.from_mapping(
+        {
+            "defaults": {
+                "usd_budget": 100,
+                "prices": {"my-model": {"input_mtok": 1, "output_mtok": 1}},
+            }
+        }
+    )
+    agent = AgentRecorder()
+    agent.chat(1_000_000, 0, **{"gen_ai.request.model": "my-model"})
+    agent.chat(1_000, 100, **{"gen_ai.request.model": "gpt-4o"})
+    guard = Guard(policy)
+    assert guard.pricer is not None
+    guard.pricer.has_database = False
+    with caplog.at_level(logging.WARNING, logger="spanguard.core"):
+        run(guard, agent.finished())
+    warnings = [r.getMessage() for r in caplog.records if "gpt-4o" in r.getMessage()]
+    assert len(warnings) == 1 and "spanguard[prices]" in warnings[0]
+    assert spent(guard, agent.trace_id) == 1_000_000
+    assert guard.states[agent.trace_id].unpriced_tokens == 1_100
+    assert (guard.stats.priced_usage, guard.stats.unpriced_usage) == (1, 1)
+
+
 def test_a_cost_with_unpriced_tokens_says_it_is_a_lower_bound():
     policy = Policy.from_mapping(
         {"defaults": {"usd_budget": 0.5, "prices": {"gpt-4o": {"input_mtok": 5, "output_mtok": 5}}}}
