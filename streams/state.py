@@ -375,6 +375,23 @@ class TraceTable(faust.Table):
 
     states: SerializedStates | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Changelog records sent and not yet handed to whoever waits for their acks.
+        self.unconfirmed: list[Any] = []
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+        """Keep each changelog record's future: the span agent waits for the broker's ack of
+        a flush's writes before it lets their messages' offsets be committed."""
+        future = super().send_changelog(*args, **kwargs)
+        self.unconfirmed.append(future)
+        return future
+
+    def take_unconfirmed(self) -> list[Any]:
+        """The changelog records sent since the last call (their futures)."""
+        taken, self.unconfirmed = self.unconfirmed, []
+        return taken
+
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
     ) -> None:

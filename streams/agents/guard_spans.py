@@ -1,9 +1,11 @@
 """The span agent: batches of OTLP messages through the guard, their sends acked before commit.
 
 A message counts as done (acked, so committable) once its batch's sends are acked by the broker
-and the states it changed are written. States are written once per commit interval, not per
-batch (docs/design.md, "State writes once per commit"): each message holds one more reference
-until that flush, so Faust commits no offset past a state not yet written.
+and the states it changed are written and their changelog records acked. States are written once
+per commit interval, not per batch (docs/design.md, "State writes once per commit"): each message
+holds one more reference until that flush, so Faust commits no offset past a state not yet in
+the changelog. A worker whose lease on its partitions lapsed (streams/fence.py) neither decides,
+sends, writes nor acks until a heartbeat renews it; fenced, it drops all of that unwritten.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 import faust
 
 from spanguard.streams.delivery import Send, send_all
+from spanguard.streams.fence import Lease
 from spanguard.streams.state import event_context
 from spanguard.streams.wiring import Worker
 
-__all__ = ["EVICT_PER_BATCH", "FLUSH_CHECK_INTERVAL", "register"]
+__all__ = ["CHANGELOG_ACK_TIMEOUT", "EVICT_PER_BATCH", "FLUSH_CHECK_INTERVAL", "register"]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -27,6 +30,9 @@ log = logging.getLogger("spanguard.worker")
 EVICT_PER_BATCH = 256
 # Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
 FLUSH_CHECK_INTERVAL = 0.1
+# Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
+# again after the restart); running, it waits as long as the lease holds.
+CHANGELOG_ACK_TIMEOUT = 10.0
 
 
 def register(worker: Worker) -> None:
@@ -41,22 +47,50 @@ def register(worker: Worker) -> None:
     reached: dict[Any, int] = {}
     # Events whose changed states are not written yet: each holds its message's ack.
     held: list[Any] = []
+    # Events whose states are written, waiting for the changelog's acks (one list per flush).
+    confirming: list[list[Any]] = []
     flushed_at = time.monotonic()
     in_batch = False
     # A failure (a batch that raised, a flush that failed) left messages that can never be
     # acked, so no offset after them would be committed: every batch after it fails too,
     # loudly, until the restart decides them again (health: crashed, then /livez red).
     unackable: BaseException | None = None
+    lease = Lease(settings.session_timeout)
 
-    def flush_states() -> None:
-        """Write the states changed since the last flush, then let their messages be acked."""
+    async def flush_states(ack_timeout: float | None = None) -> None:
+        """Write the states changed since the last flush and, once the changelog has acked
+        them, let their messages be acked: no offset is committed ahead of its state."""
         nonlocal flushed_at
+        epoch = lease.epoch
         states.flush()
         flushed_at = time.monotonic()
-        released = held.copy()
+        written = held.copy()
         held.clear()
-        for event in released:
+        confirming.append(written)
+        try:
+            writes = worker.table.take_unconfirmed()
+            if not await changelog_acked(writes, epoch, ack_timeout):
+                return  # fenced meanwhile (the revocation released them) or stopping
+        finally:
+            confirming.remove(written)
+        for event in written:
             event.ack()  # our reference; the take buffer acked its own after the batch
+
+    async def changelog_acked(writes: list[Any], epoch: int, timeout: float | None) -> bool:
+        """Wait for the broker's acks of `writes`; False if fenced or out of time first. A
+        refused write raises: its messages can never be acked."""
+        pending = {asyncio.ensure_future(write) for write in writes}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            if epoch != lease.epoch:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                log.warning("changelog not acked in time; its messages stay unacked")
+                return False
+            done, pending = await asyncio.wait(pending, timeout=FLUSH_CHECK_INTERVAL)
+            for write in done:
+                write.result()
+        return epoch == lease.epoch
 
     draining = False  # Faust waits for every message to be acked: flush at once
 
@@ -64,10 +98,10 @@ def register(worker: Worker) -> None:
         due = time.monotonic() - flushed_at >= settings.commit_interval
         return bool(held) and (due or draining)
 
-    def flush_between_batches() -> None:
+    async def flush_between_batches() -> None:
         nonlocal unackable
         try:
-            flush_states()
+            await flush_states()
         except Exception as exc:
             log.exception("states not written; their messages stay unacked until a restart")
             unackable = exc
@@ -77,26 +111,61 @@ def register(worker: Worker) -> None:
 
     @app.timer(interval=FLUSH_CHECK_INTERVAL)
     async def flush_when_idle() -> None:
-        # Between batches only: a batch's retractions write to states it has open.
-        if not in_batch and flush_due():
-            flush_between_batches()
+        # Between batches only: a batch's retractions write to states it has open. Not on a
+        # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
+        if not in_batch and flush_due() and lease.held():
+            await flush_between_batches()
+
+    def drop_unwritten() -> None:
+        """Fenced: what was decided since the last flush is not written and its messages are
+        not acked (nor left for Faust to wait on): the next owner decides them again from the
+        committed offsets and the changelog."""
+        states.discard()
+        release(held + [event for written in confirming for event in written])
+
+    def release(events: list[Any]) -> None:
+        """Let go of `events` unacked: Faust stops waiting on them and commits none of them."""
+        dropped = {id(event) for event in events}
+        held[:] = [event for event in held if id(event) not in dropped]
+        unacked = app.consumer._unacked_messages  # what Faust waits on before rebalancing
+        for event in events:
+            unacked.discard(event.message)
+        if events:
+            log.warning("fenced messages dropped", extra={"messages": len(events)})
 
     # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message taken
     # is acked, with timers already stopped on a stop: the held messages are flushed first (a
     # batch still running flushes as it ends), so neither waits out the interval or forever.
+    # A worker whose lease lapsed writes nothing more: the partitions may be another's already.
     wait_empty = app._consumer_wait_empty
 
     async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
         nonlocal draining
+        if lease.fence_if_lapsed():
+            drop_unwritten()
         draining = True
         try:
-            if not in_batch and held:
-                flush_between_batches()
+            if not in_batch and held and lease.held():
+                await flush_between_batches()
             await wait_empty(*args, **kwargs)
         finally:
             draining = False
 
     app._consumer_wait_empty = flush_then_wait_empty  # type: ignore[method-assign]
+
+    # The lease starts with the rebalance that assigns the partitions, and is renewed by each
+    # heartbeat answered after (the consumer's thread calls both).
+    rebalance_start = app.on_rebalance_start
+
+    def note_rebalance_start() -> None:
+        lease.rebalance_began()
+        rebalance_start()
+
+    app.on_rebalance_start = note_rebalance_start  # type: ignore[method-assign]
+
+    @app.on_partitions_assigned.connect
+    async def hold_lease(_: Any, assigned: set[Any], **__: Any) -> None:
+        lease.assigned(app.consumer._thread._consumer._coordinator)
 
     @app.on_partitions_revoked.connect
     async def forget_positions(_: Any, revoked: set[Any], **__: Any) -> None:
@@ -135,34 +204,42 @@ def register(worker: Worker) -> None:
         try:
             async for events in stream.take_events(settings.batch_size, within=0.002):
                 in_batch = True
-                try:
-                    await guard_batch(events)
-                finally:
-                    in_batch = False
+                await guard_batch(events)
+                in_batch = False
                 health.progressed()
         except BaseException as exc:
+            # Stopped or failed mid-batch, maybe with kills not yet acked: the batch's states
+            # (fired marks among them) are not written; decided again on restart.
+            cut_short = in_batch
+            in_batch = False
             if not isinstance(exc, asyncio.CancelledError):
                 crashed = True
-                # Nothing since the last flush is written or acked: decided again on restart.
                 unackable = unackable or exc
+                health.crashed(exc)
+            if crashed or cut_short:
                 states.discard()
                 held.clear()
-                health.crashed(exc)
             raise
         finally:
-            if held and not crashed:  # stopping: what was decided is written and acked
+            if held and not crashed and lease.held():  # stopping: what was decided is written
                 try:
-                    flush_states()
+                    await flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
                 except Exception as exc:  # not committed: decided again after the restart
                     log.warning("states not flushed on stop", extra={"error": repr(exc)})
 
     async def guard_batch(events: list[Any]) -> None:
         if unackable is not None:
             raise RuntimeError(f"messages left unacked by an earlier failure: {unackable!r}")
+        epoch = lease.epoch
         for event in events:
             reached.setdefault(event.message.tp, event.message.offset)
             event.message.incref()  # acked by flush_states, once its states are written
         held.extend(events)
+        # Decide only what was fetched under a lease that holds (a frozen worker wakes with
+        # it lapsed): fenced while waiting, the batch is dropped, released by the revocation.
+        if not await lease.wait(epoch):
+            release(events)
+            return
         states.begin_batch()
         sends: list[Send] = []
         goal_sends: list[Send] = []
@@ -176,6 +253,8 @@ def register(worker: Worker) -> None:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
         failed = await send_all(sends)
+        if epoch != lease.epoch:
+            return  # fenced while sending: what it decided is dropped unwritten
         lost = {id(send) for send in failed}
         for send in sends:
             if send.decision is not None and id(send) not in lost:
@@ -191,7 +270,11 @@ def register(worker: Worker) -> None:
                 )
         await dead_letter_unsent(failed)
         if flush_due():
-            flush_states()
+            if not await lease.wait(epoch):
+                return  # fenced: nothing of it written
+            await flush_states()
+        if not lease.holds(epoch):
+            return  # eviction deletes from the changelog: only under a lease that holds
         evicted = states.evict_idle(events, guard.clock() - settings.state_ttl, EVICT_PER_BATCH)
         if evicted:
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
