@@ -169,6 +169,12 @@ class SerializedStates(MutableMapping[str, TraceState]):
             for key in [key for key in self._cache if key[0] in gone]:
                 del self._cache[key]
 
+    def revoke_all(self) -> None:
+        """Forget every partition, as if all were revoked: for a worker fenced out of the
+        group, which may get its partitions back in the next generation without Faust seeing
+        them revoked, after another worker changed their traces."""
+        self.revoke(set(self._owned) | set(self._expiry) | {key[0] for key in self._cache})
+
     def assigned(self, partition: int, stored: Iterator[tuple[bytes, bytes]]) -> None:
         """A partition is now owned: its stored traces are indexed lazily, from `stored`."""
         if partition in self._owned:

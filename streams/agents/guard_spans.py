@@ -121,6 +121,9 @@ def register(worker: Worker) -> None:
         not acked (nor left for Faust to wait on): the next owner decides them again from the
         committed offsets and the changelog."""
         states.discard()
+        # The partitions may come back in the next generation without Faust calling them
+        # revoked: what this worker cached and indexed of them may be stale by then.
+        states.revoke_all()
         release(held + [event for written in confirming for event in written])
 
     def release(events: list[Any]) -> None:
