@@ -20,6 +20,7 @@ from tests.support.faults import (
     freeze,
     loops_and_clean,
     processed,
+    recovery_stalls,
     thaw,
     wait_for_kills,
     wait_processed,
@@ -44,6 +45,19 @@ def progress(workers: list) -> list[dict[str, float]]:
         }
         for worker in workers
     ]
+
+
+def kills_or_known_stall(pipeline: Pipeline, ledger: KillLedger, timeout: float) -> float:
+    """wait_for_kills, except where the loops were not killed because the taking-over worker's
+    restore of the zombie's changelog got no record at all: the one gap left
+    (docs/operating.md), an expected failure naming the partitions; any other miss fails."""
+    try:
+        return wait_for_kills(ledger, pipeline.collector, timeout=timeout)
+    except AssertionError as exc:
+        stalls = recovery_stalls(pipeline.workers)
+        if stalls:
+            pytest.xfail(f"known gap, a takeover's changelog restore stalled ({stalls}): {exc}")
+        raise
 
 
 def after_zombie(pipeline: Pipeline, ledger: KillLedger, everyone: list) -> float:
@@ -87,7 +101,7 @@ def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp
         frozen = time.monotonic()
         pipeline.spans.send(everyone, slice(4, 8))
         pipeline.spans.flush()
-        done = wait_for_kills(ledger, pipeline.collector, timeout=SESSION_TIMEOUT + 180)
+        done = kills_or_known_stall(pipeline, ledger, timeout=SESSION_TIMEOUT + 180)
         time.sleep(max(0.0, frozen + SESSION_TIMEOUT + 10 - time.monotonic()))
         thaw(zombie.process.pid)
         thawed = time.monotonic()
@@ -139,7 +153,7 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
             proxy.heal()
         healed = time.monotonic()
         if done is None:
-            done = wait_for_kills(ledger, pipeline.collector, timeout=180)
+            done = kills_or_known_stall(pipeline, ledger, timeout=180)
         rejoined = after_zombie(pipeline, ledger, everyone)
         print(
             "\n"

@@ -408,6 +408,22 @@ def wait_for_kills(ledger: KillLedger, collector: Collector, timeout: float) -> 
     raise AssertionError(f"after {timeout:.0f}s, {len(ledger.lost)} loops still not killed")
 
 
+# Faust's words when a worker's table recovery gets nothing from a changelog partition it must
+# restore before it may process that partition's spans.
+RECOVERY_STALLED = "No event received for active tp"
+
+
+def recovery_stalls(workers: list[WorkerProcess]) -> list[str]:
+    """Changelog partitions whose restore got no record, as each worker logged them."""
+    stalled = []
+    for worker in workers:
+        for line in worker.log_text().splitlines():
+            if RECOVERY_STALLED in line:
+                at = line.find("TopicPartition(")
+                stalled.append(f"worker {worker.port}: {line[at:].split(')')[0]})")
+    return sorted(set(stalled))
+
+
 def shipped_worker(topics, data_dir: Path, cluster: Cluster | None = None) -> WorkerProcess:
     """`spanguard worker` on its shipped defaults (session timeout, partitions, commit interval),
     only the connection, the topic names, the data dir and the metrics port given."""
