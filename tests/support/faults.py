@@ -408,20 +408,15 @@ def wait_for_kills(ledger: KillLedger, collector: Collector, timeout: float) -> 
     raise AssertionError(f"after {timeout:.0f}s, {len(ledger.lost)} loops still not killed")
 
 
-# Faust's words when a worker's table recovery gets nothing from a changelog partition it must
-# restore before it may process that partition's spans.
-RECOVERY_STALLED = "No event received for active tp"
-
-
-def recovery_stalls(workers: list[WorkerProcess]) -> list[str]:
-    """Changelog partitions whose restore got no record, as each worker logged them."""
-    stalled = []
-    for worker in workers:
-        for line in worker.log_text().splitlines():
-            if RECOVERY_STALLED in line:
-                at = line.find("TopicPartition(")
-                stalled.append(f"worker {worker.port}: {line[at:].split(')')[0]})")
-    return sorted(set(stalled))
+def unconsumed(worker: WorkerProcess, topic: str, partitions: int) -> dict[int, float | None]:
+    """Partitions of `topic` the worker has records of left to consume: its lag, or None where
+    it has no fetch position at all (never fetched: spanguard_consumer_lag leaves it out)."""
+    lags: dict[int, float | None] = dict.fromkeys(range(partitions))
+    for name, value in (worker.metrics() or {}).items():
+        if name.startswith("spanguard_consumer_lag{") and f'topic="{topic}"' in name:
+            partition = int(name.split('partition="')[1].split('"')[0])
+            lags[partition] = value
+    return {p: lag for p, lag in lags.items() if lag is None or lag > 0}
 
 
 def shipped_worker(topics, data_dir: Path, cluster: Cluster | None = None) -> WorkerProcess:
