@@ -276,11 +276,13 @@ def register(worker: Worker) -> None:
             if not await lease.wait(epoch):
                 return  # fenced: nothing of it written
             await flush_states()
-        if not lease.holds(epoch):
-            return  # eviction deletes from the changelog: only under a lease that holds
-        evicted = states.evict_idle(events, guard.clock() - settings.state_ttl, EVICT_PER_BATCH)
-        if evicted:
-            log.info("evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl})
+        if lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
+            now = guard.clock()
+            evicted = states.evict_idle(events, now - settings.state_ttl, EVICT_PER_BATCH)
+            if evicted:
+                log.info(
+                    "evicted idle traces", extra={"evicted": evicted, "ttl": settings.state_ttl}
+                )
         if goal_sends:
             await dead_letter_unsent(await send_all(goal_sends))
         for event in events:
