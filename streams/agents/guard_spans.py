@@ -190,10 +190,11 @@ class SpanAgent:
         dropped = {id(event) for event in events}
         self.held = [event for event in self.held if id(event) not in dropped]
         unacked = self.worker.app.consumer._unacked_messages  # Faust waits on these to rebalance
-        for event in events:
+        waited_on = [event for event in events if event.message in unacked]
+        for event in waited_on:
             unacked.discard(event.message)
-        if events:
-            log.warning("fenced messages dropped", extra={"messages": len(events)})
+        if waited_on:  # counted once: a batch dropped by the revocation is released again
+            log.warning("fenced messages dropped", extra={"messages": len(waited_on)})
 
     def _noting_rebalance_start(self, rebalance_start: Callable[[], None]) -> Callable[[], None]:
         def note_rebalance_start() -> None:
