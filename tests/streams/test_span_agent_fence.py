@@ -16,9 +16,9 @@ import pytest
 from faust.events import Event
 from faust.types.tuples import Message
 
+from spanguard.config.settings import WorkerSettings
 from spanguard.detection.pipeline import PipelineCount
 from spanguard.schemas.policy import Policy
-from spanguard.settings import WorkerSettings
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import build_worker, faust_app
 from spanguard.streams.fence import Lease
