@@ -43,7 +43,7 @@ from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
-from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
+from spanguard.schemas.decision import EVIDENCE_FIELDS, AgentIdentity, Decision, KillSignal
 from spanguard.schemas.policy import Policy
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
@@ -186,8 +186,15 @@ class GuardingSpanProcessor(SpanProcessor):
 
     # -- the agent's side ----------------------------------------------------------------
 
-    def check(self, trace_id: str | None = None) -> str | None:
-        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one)."""
+    def check(
+        self,
+        trace_id: str | None = None,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | None = None,
+    ) -> str | None:
+        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one),
+        and on the conversation and agent given (an agent kill of the agent budget)."""
+        self.signals.check_scopes(conversation_id, agent)
         trace_id = trace_id if trace_id is not None else current_trace_id()
         if trace_id is None:
             return None
