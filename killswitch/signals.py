@@ -428,14 +428,16 @@ def current_conversation_id() -> str | None:
     return None
 
 
-def current_agent() -> AgentIdentity | None:
-    """The agent named by the global tracer provider's resource (`service.name` and
-    `gen_ai.agent.name`), or None without an SDK provider or a service name."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    resource = getattr(trace.get_tracer_provider(), "resource", None)
+def current_agent(provider: Any = None) -> AgentIdentity | None:
+    """The agent named by the resource of `provider` (default: the global tracer provider):
+    `service.name` and `gen_ai.agent.name`; None without an SDK provider or a service name."""
+    if provider is None:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            return None
+        provider = trace.get_tracer_provider()
+    resource = getattr(provider, "resource", None)
     attributes = getattr(resource, "attributes", None) or {}
     service = attributes.get("service.name")
     if not isinstance(service, str) or not service:
