@@ -21,6 +21,7 @@ from spanguard.detection.agent_budget import (
     AgentUsage,
     bucket_seconds,
 )
+from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
 from spanguard.killswitch import AgentKilled, GuardingSpanProcessor
 from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, validate
@@ -64,6 +65,8 @@ def test_many_small_traces_cross_the_agents_hourly_budget_once():
     validate(signal.to_dict(), "kill-signal")
     # Another agent of the same service has a window of its own.
     assert feed(guard, [usage(T0 + 1800, 9000, agent="billing")]) == []
+    text = explain_records(decision.trace_id, [decision.to_dict()])
+    assert "agent budget 10000 tokens per window, every trace of the agent refused until" in text
 
 
 def test_spend_spread_wider_than_the_window_never_crosses_and_a_new_crossing_decides_again():
