@@ -32,7 +32,7 @@ export interface WaitOptions {
 /** Anything an agent can check before a tool call: a KillSwitch or a SignalBook. A checker
  * with wait() lets the hooks wait through a pause; without it, AgentPaused stops the run. */
 export interface Checker {
-  check(traceId: string): string | null;
+  check(traceId: string, scope?: CheckScope): string | null;
   wait?(traceId: string, options?: WaitOptions): Promise<string | null>;
 }
 
@@ -137,6 +137,9 @@ export function parseAgent(text: string): { service: string; name: string | null
 
 export interface HookOptions {
   traceId?: string;
+  /** The run's conversation and agent, passed to every check (see CheckScope). */
+  conversationId?: string;
+  agent?: { service: string; name?: string | null };
   onDowngrade?: (message: string) => void;
   abortController?: AbortController;
 }
