@@ -512,7 +512,7 @@ def read_signal(
     now = now or datetime.now(UTC)
     if now >= times["expires_at"]:
         raise BadSignal(
-            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
+            "expired", f"signal for {signal.describe_target()} expired at {signal.expires_at}"
         )
     if (
         signal.kind == "release"

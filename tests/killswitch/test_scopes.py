@@ -76,3 +76,16 @@ def test_scopes_held_are_bounded_and_expired_kills_lift():
     book.check_scopes(agent=AgentIdentity("service-0", "triage"))  # forgotten: passes
     clock[0] = NOW + timedelta(minutes=30)
     book.check_scopes(agent=AgentIdentity("service-9", "triage"))
+
+
+def test_an_operators_scoped_kill_and_its_audit_record_keep_their_contracts():
+    from spanguard.connectors.manual import manual_decision
+
+    for scope in ({"conversation_id": "conv-1"}, {"agent": AgentIdentity("support", None)}):
+        decision = manual_decision(None, "kill", "stop", "alice", **scope)
+        validate(decision.to_dict(), "detection")
+        signal = KillSignal.from_decision(decision)
+        validate(signal.to_dict(), "kill-signal")
+        assert signal.stops == decision.scope
+    with pytest.raises(ValueError, match="name one of"):
+        manual_decision("a" * 32, "kill", "stop", "alice", conversation_id="conv-1")
