@@ -212,3 +212,28 @@ def test_in_process_an_agent_kill_stops_a_new_trace_of_that_agent_only():
     # service only, which a kill of support/triage does not cover.
     assert processor.check(uuid.uuid4().hex) is None
     processor.shutdown()
+
+
+def test_spanguard_replay_applies_agent_budgets_across_the_inputs_traces(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text("defaults:\n  agent_budget: {window: 1h, tokens: 2500, action: kill}\n")
+    inputs = []
+    for number in range(4):  # four traces of 1,000 tokens, each far under any trace budget
+        _, request = chat_request("support", "triage", 1000)
+        path = tmp_path / f"run-{number}.pb"
+        path.write_bytes(request.SerializeToString())
+        inputs.append(str(path))
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "replay", "--policy", str(policy_file), *inputs],
+        capture_output=True,
+        timeout=120,
+    )
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [(r["rule"], r["scope"], r["tokens"]) for r in records] == [
+        ("agent_budget", "agent", 3000)
+    ], result.stderr.decode()
+    assert "scope_until" in records[0]
