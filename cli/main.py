@@ -390,23 +390,48 @@ def _cmd_manual(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from spanguard.connectors.manual import manual_decision, publish_manual
+    from spanguard.killswitch.client import parse_agent
+    from spanguard.schemas.decision import MAX_CONVERSATION_ID_CHARS
 
-    trace_id = args.trace_id.lower()
-    if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
+    named = [args.trace_id, args.conversation, args.agent]
+    if sum(value is not None for value in named) != 1:
+        print(f"spanguard {args.command}: name one of TRACE_ID, --conversation ID or"
+              " --agent SERVICE[/NAME]", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    trace_id = args.trace_id.lower() if args.trace_id is not None else None
+    agent = None
+    if trace_id is not None and not re.fullmatch(r"[0-9a-f]{32}", trace_id):
         print(f"spanguard {args.command}: {args.trace_id!r} is not a trace id (32 hex digits)",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
+    if args.conversation is not None and not (
+        0 < len(args.conversation) <= MAX_CONVERSATION_ID_CHARS
+    ):
+        print(f"spanguard {args.command}: a conversation id has 1 to"
+              f" {MAX_CONVERSATION_ID_CHARS} characters", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if args.agent is not None:
+        try:
+            agent = parse_agent(args.agent)
+        except ValueError as exc:
+            print(f"spanguard {args.command}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     operator = args.operator or _login()
     reason = args.reason or f"released by {operator}"
     settings = _settings(args)
-    decision = manual_decision(trace_id, args.command, reason, operator)
+    decision = manual_decision(
+        trace_id, args.command, reason, operator, conversation_id=args.conversation, agent=agent
+    )
     try:
         signal = publish_manual(settings, decision)
     except KafkaException as exc:
         print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
         return 1
-    print(f"{args.command}: trace {trace_id} signal {signal.signal_id} by {operator}"
-          f" on {settings.kill_topic}")  # fmt: skip
+    until = (
+        f" until {signal.expires_at}" if signal.stops != "trace" and args.command == "kill" else ""
+    )
+    print(f"{args.command}: {signal.describe_target()} signal {signal.signal_id} by {operator}"
+          f" on {settings.kill_topic}{until}")  # fmt: skip
     return 0
 
 
@@ -439,7 +464,20 @@ def _add_manual_parsers(commands: argparse._SubParsersAction) -> None:
                 )
             ),
         )
-        command.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
+        command.add_argument(
+            "trace_id", metavar="TRACE_ID", nargs="?", help="32 hex digits (or a scope below)"
+        )
+        command.add_argument(
+            "--conversation",
+            metavar="ID",
+            help=f"{name} every trace of this conversation (gen_ai.conversation.id / session.id)",
+        )
+        command.add_argument(
+            "--agent",
+            metavar="SERVICE[/NAME]",
+            help=f"{name} every trace of this agent (service.name, gen_ai.agent.name; without"
+            " /NAME every agent of the service); a kill lasts the signal TTL",
+        )
         command.add_argument(
             "--reason",
             required=name == "kill",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.report import Timelines, render_html
@@ -202,7 +203,14 @@ def replay(
     conversations = (
         ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
     )
-    guard = Guard(policy, price_usage=bool(html), conversations=conversations)
+    # The agent scope over time, where a policy entry gives an agent budget (record time).
+    agent_budgets = AgentBudgetGuard(policy)
+    guard = Guard(
+        policy,
+        price_usage=bool(html),
+        conversations=conversations,
+        agent_budgets=agent_budgets if agent_budgets.enabled else None,
+    )
     timelines = Timelines() if html else None
     if timelines is not None:
         guard.add_observer(timelines)

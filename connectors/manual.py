@@ -13,7 +13,14 @@ from confluent_kafka import KafkaException, Producer
 
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import client_config
-from spanguard.schemas.decision import NO_SPAN_ID, AgentIdentity, Decision, KillSignal, sign
+from spanguard.schemas.decision import (
+    NO_SPAN_ID,
+    NO_TRACE_ID,
+    AgentIdentity,
+    Decision,
+    KillSignal,
+    sign,
+)
 
 __all__ = ["manual_decision", "publish_manual"]
 
@@ -22,19 +29,31 @@ MANUAL_SERVICE = "(manual)"
 
 
 def manual_decision(
-    trace_id: str, action: Literal["kill", "release"], reason: str, operator: str
+    trace_id: str | None,
+    action: Literal["kill", "release"],
+    reason: str,
+    operator: str,
+    *,
+    conversation_id: str | None = None,
+    agent: AgentIdentity | None = None,
 ) -> Decision:
-    """The audit record of an operator's kill or release. Its id is new on every issue: a
+    """The audit record of an operator's kill or release of a trace, or (`conversation_id`,
+    `agent`) of every trace of a conversation or of an agent. Its id is new on every issue: a
     second kill after a release is a new signal, not a duplicate of the first."""
+    if sum(target is not None for target in (trace_id, conversation_id, agent)) != 1:
+        raise ValueError("name one of a trace, a conversation or an agent")
+    scope = "conversation" if conversation_id is not None else "agent" if agent else None
     return Decision(
-        trace_id=trace_id,
+        trace_id=trace_id or NO_TRACE_ID,
         span_id=NO_SPAN_ID,
         rule="manual",
         action=action,
         reason=reason,
-        agent=AgentIdentity(MANUAL_SERVICE),
+        agent=agent or AgentIdentity(MANUAL_SERVICE),
         detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         operator=operator,
+        scope=scope,
+        conversation_id=conversation_id,
         decision_id=uuid.uuid4().hex,
     )
 
@@ -60,7 +79,13 @@ def publish_manual(
         if error is not None:
             errors.append(f"{message.topic()}: {error}")
 
-    trace_key = decision.trace_id.encode()
+    # A conversation's or an agent's signals keep their order under their own key.
+    if decision.scope == "conversation":
+        trace_key = f"conversation:{decision.conversation_id}".encode()
+    elif decision.scope == "agent":
+        trace_key = f"agent:{decision.agent.service}/{decision.agent.name or ''}".encode()
+    else:
+        trace_key = decision.trace_id.encode()
     value = json.dumps(record, sort_keys=True).encode()
     producer.produce(settings.kill_topic, key=trace_key, value=value, on_delivery=delivered)
     producer.produce(

@@ -130,8 +130,10 @@ class ReleaseReader:
                 log.warning("kill topic: record skipped by the release reader (%s)", bad)
             self.ignored.add(skip)
             return False
-        if signal.kind != "release":
-            return False  # kills and downgrades are the agents' business
+        if signal.kind != "release" or signal.stops != "trace":
+            # Kills and downgrades are the agents' business; a conversation's or an agent's
+            # release lifts the agents' scoped kill and re-arms no trace's rules.
+            return False
         try:  # read_signal checked the time; a record must still never stop the reader
             issued = datetime.fromisoformat(signal.detected_at).timestamp()
         except (TypeError, ValueError, OverflowError):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from spanguard.killswitch.signals import AgentPaused, current_trace_id
+from spanguard.schemas.decision import AgentIdentity
 
 __all__ = ["Checker", "TraceGate"]
 
@@ -46,7 +47,7 @@ MAX_RUNS = 10_000
 
 
 class Checker(Protocol):
-    def check(self, trace_id: str) -> str | None: ...
+    def check(self, trace_id: str, **scope: Any) -> str | None: ...
 
 
 class TraceGate:
@@ -60,9 +61,19 @@ class TraceGate:
         checker: Checker,
         trace_id: str | None = None,
         on_downgrade: Callable[[str], None] | None = None,
+        *,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | None = None,
     ) -> None:
         self.checker = checker
         self.trace_id = trace_id
+        # Passed to every check, so a conversation or agent kill stops this run too (a
+        # KillSwitch otherwise reads them from OpenTelemetry baggage and resource).
+        self.scope: dict[str, Any] = {
+            name: value
+            for name, value in (("conversation_id", conversation_id), ("agent", agent))
+            if value is not None
+        }
         self.on_downgrade = on_downgrade
         self.pending_messages: list[str] = []
         self.unguarded = 0
@@ -145,7 +156,7 @@ class TraceGate:
         """check(); a paused trace waits in the checker's `wait` for an operator's answer or
         the pause's deadline. A checker without `wait` lets AgentPaused out: the run stops."""
         try:
-            return self.checker.check(trace_id)
+            return self.checker.check(trace_id, **self.scope)
         except AgentPaused:
             waiting = getattr(self.checker, "wait", None)
             if waiting is None or not wait:

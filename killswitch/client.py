@@ -53,8 +53,15 @@ from spanguard.config.secrets import normalize_secret, signing_keys_from_env
 from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.errors import SettingsError
 from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
-from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
+from spanguard.killswitch.signals import (
+    AgentKilled,
+    SignalBook,
+    current_agent,
+    current_conversation_id,
+    current_trace_id,
+)
 from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
+    AgentIdentity,
     BadSignal,
     KillSignal,
     keyring,
@@ -63,7 +70,17 @@ from spanguard.schemas.decision import (  # read_signal and BadSignal re-exporte
 
 __all__ = [
     "KillSwitch",
+    "parse_agent",
 ]
+
+
+def parse_agent(text: str) -> AgentIdentity:
+    """ "SERVICE/NAME" or "SERVICE" (every agent name of the service) as an AgentIdentity."""
+    service, _, name = text.partition("/")
+    if not service:
+        raise ValueError(f"{text!r} names no service: SERVICE or SERVICE/NAME")
+    return AgentIdentity(service, name or None)
+
 
 # Kinds of bad records: the format ones count as `malformed`, the signature ones as `rejected`.
 MALFORMED_KINDS = frozenset(
@@ -104,6 +121,8 @@ class KillSwitch:
         clock: Callable[[], datetime] | None = None,
         environ: Mapping[str, str] | None = None,
         ack_topic: str | None = DEFAULT_ACK_TOPIC,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | str | None = None,
     ) -> None:
         given = [*([signing_key] if signing_key else []), *signing_keys]
         if not given and not allow_unsigned:
@@ -123,9 +142,13 @@ class KillSwitch:
         self.topic = topic
         self.security = security if security is not None else KafkaSecurity.from_env()
         self._errors = ClientErrors(bootstrap_servers)
-        self.signals = signals if signals is not None else SignalBook()
-        self._keys: Mapping[str, bytes] | None = keys or None  # None: unsigned signals obeyed
         self._clock = clock or (lambda: datetime.now(UTC))
+        self.signals = signals if signals is not None else SignalBook(clock=self._clock)
+        # The process's conversation and agent, when it has one of each (a check's own win;
+        # else the OpenTelemetry baggage and the tracer provider's resource are read).
+        self.conversation_id = conversation_id
+        self.agent = parse_agent(agent) if isinstance(agent, str) else agent
+        self._keys: Mapping[str, bytes] | None = keys or None  # None: unsigned signals obeyed
         self._config = {
             "bootstrap.servers": bootstrap_servers,
             **self.security.confluent_config(),
@@ -176,9 +199,30 @@ class KillSwitch:
             raise self._error
         return self
 
-    def check(self, trace_id: str | None = None) -> str | None:
-        """Raise AgentKilled if the trace (default: the current span's) was killed; return a
-        downgrade's system message once; else None."""
+    def check(
+        self,
+        trace_id: str | None = None,
+        *,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | str | None = None,
+    ) -> str | None:
+        """Raise AgentKilled if the trace (default: the current span's), its conversation or
+        its agent was killed; return a downgrade's system message once; else None.
+
+        The conversation: `conversation_id`, else the KillSwitch's, else the OpenTelemetry
+        baggage's `gen_ai.conversation.id` / `session.id`. The agent: `agent` (an
+        AgentIdentity or "SERVICE[/NAME]"), else the KillSwitch's, else the tracer provider's
+        resource (`service.name`, `gen_ai.agent.name`)."""
+        if isinstance(agent, str):
+            agent = parse_agent(agent)
+        try:
+            self.signals.check_scopes(
+                conversation_id or self.conversation_id or current_conversation_id(),
+                agent or self.agent or current_agent(),
+            )
+        except AgentKilled as killed:
+            self._acknowledge(killed.signal)
+            raise
         trace_id = trace_id or current_trace_id()
         if trace_id is None:
             self.note_unguarded(

@@ -38,12 +38,18 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
-from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
-from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
+from spanguard.killswitch.signals import (
+    DEFAULT_MAX_TRACES,
+    SignalBook,
+    current_agent,
+    current_trace_id,
+)
+from spanguard.schemas.decision import EVIDENCE_FIELDS, AgentIdentity, Decision, KillSignal
 from spanguard.schemas.policy import Policy
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
@@ -136,7 +142,16 @@ class GuardingSpanProcessor(SpanProcessor):
                 states=self._conversations,  # type: ignore[arg-type]
                 clock=clock,
             )
-        self.guard = Guard(policy, states=self._states, clock=clock, conversations=conversations)
+        # The agent scope over time, where the policy gives an agent budget: a crossing with
+        # action kill stops every trace of the agent until its window frees.
+        agent_budgets = AgentBudgetGuard(policy, clock=clock)
+        self.guard = Guard(
+            policy,
+            states=self._states,
+            clock=clock,
+            conversations=conversations,
+            agent_budgets=agent_budgets if agent_budgets.enabled else None,
+        )
         # What the core reads of a span and of its resource (adapt_span, resource_info).
         self._wanted = self.guard.wanted_keys
         self._wanted_resource = {SERVICE_NAME, AGENT_NAME} | self.guard.policy.match_keys
@@ -186,12 +201,30 @@ class GuardingSpanProcessor(SpanProcessor):
 
     # -- the agent's side ----------------------------------------------------------------
 
-    def check(self, trace_id: str | None = None) -> str | None:
-        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one)."""
+    def check(
+        self,
+        trace_id: str | None = None,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | None = None,
+    ) -> str | None:
+        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one),
+        and on the conversation and agent given (an agent kill of the agent budget)."""
         trace_id = trace_id if trace_id is not None else current_trace_id()
+        if agent is None and self.guard.agent_budgets is not None:
+            agent = self._agent_of(trace_id)
+        self.signals.check_scopes(conversation_id, agent)
         if trace_id is None:
             return None
         return self.signals.check(trace_id)
+
+    def _agent_of(self, trace_id: str | None) -> AgentIdentity | None:
+        """The agent of a trace whose spans this processor has read, else the one the tracer
+        provider's resource names (a new trace, before its first span ends): `tracer_provider`
+        or the global one."""
+        state = self._states.get(trace_id) if trace_id is not None else None
+        if state is not None:
+            return AgentIdentity(state.service, state.agent_name)
+        return current_agent(self._tracer_provider)
 
     def wait(self, trace_id: str | None = None, timeout: float | None = None) -> str | None:
         """SignalBook.wait: while the trace is paused, block until a release or a kill (an

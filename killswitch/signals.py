@@ -15,12 +15,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
-from spanguard.schemas.decision import KillSignal
+from spanguard.schemas.decision import AgentIdentity, KillSignal
 
-__all__ = ["DEFAULT_MAX_TRACES", "AgentKilled", "AgentPaused", "SignalBook", "current_trace_id"]
+__all__ = [
+    "DEFAULT_MAX_TRACES",
+    "AgentKilled",
+    "AgentPaused",
+    "SignalBook",
+    "current_agent",
+    "current_conversation_id",
+    "current_trace_id",
+]
 
 DEFAULT_MAX_TRACES = 10_000
 
@@ -29,10 +39,11 @@ class AgentKilled(Exception):
     """Raised by `check()` in an agent whose trace was killed; carries the signal."""
 
     def __init__(self, signal: KillSignal) -> None:
-        super().__init__(f"spanguard killed trace {signal.trace_id}: {signal.reason}")
+        super().__init__(f"spanguard killed {signal.describe_target()}: {signal.reason}")
         self.signal = signal
         self.trace_id = signal.trace_id
         self.reason = signal.reason
+        self.scope = signal.stops  # "trace", "conversation" or "agent"
 
     def __reduce__(self) -> tuple[type[AgentKilled], tuple[KillSignal]]:
         # The default reduce would call AgentKilled(message): keep it picklable (multiprocessing).
@@ -70,6 +81,14 @@ class _TraceSignals:
     pause: KillSignal | None = None  # waiting for an operator (see AgentPaused)
 
 
+@dataclass(slots=True)
+class _ScopeSignals:
+    """What one conversation or agent has been told: its kill, until the kill expires."""
+
+    signal_ids: set[str] = field(default_factory=set)
+    kill: KillSignal | None = None
+
+
 class SignalBook:
     """Kill and downgrade signals per trace, read by the agent's `check()`.
 
@@ -82,6 +101,12 @@ class SignalBook:
       again, until a later kill signal (a new signal id) kills it again. A release lifts only a
       kill detected before it was issued (their `detected_at`), whatever the book remembers: an
       old release delivered again cannot lift a newer kill.
+
+    Scoped signals (`scope` conversation or agent) are kept apart, by what they stop: `check`
+    given the trace's conversation or agent raises AgentKilled for a kill of either, until the
+    kill's `expires_at` (an agent kill lasts until its budget window frees) or a later-issued
+    release of the same scope. At most `max_traces` scopes are kept, the least recently
+    touched forgotten first.
 
     Every agent process reads the whole fleet's signals, almost all of them about traces it
     never runs, so memory is bounded by `max_traces` per kind of entry:
@@ -96,7 +121,11 @@ class SignalBook:
       the least recently checked forgotten first.
     """
 
-    def __init__(self, max_traces: int = DEFAULT_MAX_TRACES) -> None:
+    def __init__(
+        self,
+        max_traces: int = DEFAULT_MAX_TRACES,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         if max_traces < 1:
             raise ValueError("max_traces must be at least 1")
         self.max_traces = max_traces
@@ -105,11 +134,15 @@ class SignalBook:
         self._others: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._watched: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._killed: OrderedDict[str, _TraceSignals] = OrderedDict()
+        self._scopes: OrderedDict[tuple[str, ...], _ScopeSignals] = OrderedDict()
+        self._clock = clock or (lambda: datetime.now(UTC))
         self.delivered = 0
         self.duplicates = 0
 
     def deliver(self, signal: KillSignal) -> bool:
         """Record `signal` for its trace; False when this signal id was already recorded."""
+        if signal.stops != "trace":
+            return self._deliver_scoped(signal)
         trace_id = signal.trace_id.lower()
         with self._lock:
             entry = self._killed.get(trace_id) or self._watched.get(trace_id)
@@ -151,8 +184,71 @@ class SignalBook:
                 entry.unread_messages.append(signal.system_message or _fallback_message(signal))
             return True
 
-    def check(self, trace_id: str) -> str | None:
-        """Raise AgentKilled if `trace_id` is killed; else a downgrade message not yet read."""
+    def _deliver_scoped(self, signal: KillSignal) -> bool:
+        key = signal.scope_key()
+        with self._lock:
+            entry = self._scopes.get(key)
+            if entry is None:
+                entry = self._scopes[key] = _ScopeSignals()
+                _trim(self._scopes, self.max_traces)
+            else:
+                self._scopes.move_to_end(key)
+            if signal.signal_id in entry.signal_ids:
+                self.duplicates += 1
+                return False
+            entry.signal_ids.add(signal.signal_id)
+            self.delivered += 1
+            self._changed.notify_all()
+            if signal.kind == "release":
+                if entry.kill is not None and _issued_after(signal, entry.kill):
+                    entry.kill = None
+            elif signal.kind == "kill" and (
+                entry.kill is None or _expires_later(signal, entry.kill)
+            ):
+                entry.kill = signal  # the longest-lasting kill of the scope holds
+            return True
+
+    def check_scopes(
+        self, conversation_id: str | None = None, agent: AgentIdentity | None = None
+    ) -> None:
+        """Raise AgentKilled if the conversation or the agent (its service, with its name or
+        any name) is under a kill not yet expired nor released."""
+        keys: list[tuple[str, ...]] = []
+        if conversation_id:
+            keys.append(("conversation", conversation_id))
+        if agent is not None and agent.service:
+            keys.append(("agent", agent.service, agent.name or ""))
+            if agent.name:
+                keys.append(("agent", agent.service, ""))
+        if not keys:
+            return
+        with self._lock:
+            if not self._scopes:
+                return
+            now = self._clock()
+            for key in keys:
+                entry = self._scopes.get(key)
+                if entry is None or entry.kill is None:
+                    continue
+                if entry.kill.expired(now):
+                    entry.kill = None  # its window freed: the scope goes on
+                    continue
+                self._scopes.move_to_end(key)
+                kill = entry.kill
+                break
+            else:
+                return
+        raise AgentKilled(kill)
+
+    def check(
+        self,
+        trace_id: str,
+        conversation_id: str | None = None,
+        agent: AgentIdentity | None = None,
+    ) -> str | None:
+        """Raise AgentKilled if `trace_id`, its conversation or its agent is killed; else a
+        downgrade message not yet read."""
+        self.check_scopes(conversation_id, agent)
         trace_id = trace_id.lower()
         with self._lock:
             entry = self._killed.get(trace_id)
@@ -248,6 +344,11 @@ class SignalBook:
                 entries.pop(trace_id, None)
 
     @property
+    def tracked_scopes(self) -> int:
+        with self._lock:
+            return len(self._scopes)
+
+    @property
     def tracked_traces(self) -> int:
         # Not __len__ on purpose: an empty book must stay truthy, or `signals or SignalBook()`
         # would swap a shared (still empty) book for a private one.
@@ -261,7 +362,14 @@ def _seconds_until(moment: str | None) -> float:
     return (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds()
 
 
-def _trim(entries: OrderedDict[str, _TraceSignals], limit: int) -> None:
+def _expires_later(signal: KillSignal, than: KillSignal) -> bool:
+    try:
+        return datetime.fromisoformat(signal.expires_at) > datetime.fromisoformat(than.expires_at)
+    except (TypeError, ValueError):
+        return False
+
+
+def _trim(entries: OrderedDict[Any, Any], limit: int) -> None:
     while len(entries) > limit:
         entries.popitem(last=False)
 
@@ -300,3 +408,39 @@ def current_trace_id() -> str | None:
     if not context.is_valid:
         return None
     return format(context.trace_id, "032x")
+
+
+# Where a process's conversation is named in OpenTelemetry baggage, first present wins (the
+# detection side reads the same names off spans: spanguard/detection/conventions.py).
+CONVERSATION_BAGGAGE_KEYS = ("gen_ai.conversation.id", "session.id")
+
+
+def current_conversation_id() -> str | None:
+    """The conversation named in the current OpenTelemetry baggage, or None."""
+    try:
+        from opentelemetry import baggage
+    except ImportError:
+        return None
+    for name in CONVERSATION_BAGGAGE_KEYS:
+        value = baggage.get_baggage(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def current_agent(provider: Any = None) -> AgentIdentity | None:
+    """The agent named by the resource of `provider` (default: the global tracer provider):
+    `service.name` and `gen_ai.agent.name`; None without an SDK provider or a service name."""
+    if provider is None:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            return None
+        provider = trace.get_tracer_provider()
+    resource = getattr(provider, "resource", None)
+    attributes = getattr(resource, "attributes", None) or {}
+    service = attributes.get("service.name")
+    if not isinstance(service, str) or not service:
+        return None
+    name = attributes.get("gen_ai.agent.name")
+    return AgentIdentity(service, name if isinstance(name, str) and name else None)

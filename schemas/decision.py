@@ -27,10 +27,12 @@ __all__ = [
     "KILL_SIGNAL_SCHEMA_VERSION",
     "MAX_SIGNAL_BYTES",
     "NO_SPAN_ID",
+    "NO_TRACE_ID",
     "AgentIdentity",
     "BadSignal",
     "Decision",
     "KillSignal",
+    "SignalScope",
     "SignatureCheck",
     "canonical_json",
     "decision_id",
@@ -75,6 +77,7 @@ Rule = Literal[
     "no_progress",
     "token_budget",
     "cost_budget",
+    "agent_budget",
     "goal_unmet",
     "manual",
 ]
@@ -89,8 +92,17 @@ PAUSE_FIELDS = ("pause_until", "pause_fallback")
 # Set once usage is priced (left out of other records, which stay as they were). Money is in
 # whole micro-dollars: every killswitch reads integers exactly, not decimal fractions.
 COST_FIELDS = ("cost_micro_usd", "budget_micro_usd", "unpriced_tokens")
-# Set on a decision of the conversation scope (spanguard/detection/conversation.py) only.
-SCOPE_FIELDS = ("scope", "conversation_id", "traces")
+# Set on a decision of the conversation scope (spanguard/detection/conversation.py) or the
+# agent scope (spanguard/detection/agent_budget.py) only; `scope_until`: when an agent kill lifts.
+SCOPE_FIELDS = ("scope", "conversation_id", "traces", "scope_until")
+# What a kill signal may stop: one trace (the default, and every signal before scopes), every
+# trace of one conversation, or every trace of one agent (service.name + gen_ai.agent.name; a
+# null name: every agent of the service). Scoped signals are kills and releases only.
+SignalScope = Literal["trace", "conversation", "agent"]
+# The trace id a scoped manual signal names: it stops no trace by its id.
+NO_TRACE_ID = "0" * 32
+# A conversation id a signal may carry (as a detection's).
+MAX_CONVERSATION_ID_CHARS = 200
 
 
 def pause_instructions(detection: Mapping[str, Any]) -> str | None:
@@ -175,6 +187,9 @@ class Decision:
     scope: str | None = None
     conversation_id: str | None = None
     traces: int | None = None
+    # scope "agent" (a kill of the agent budget): when its window frees and the agent kill lifts
+    # (ISO 8601, UTC).
+    scope_until: str | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -231,7 +246,33 @@ class KillSignal:
     operator: str | None = None  # a manual signal: who issued it
     pause_until: str | None = None  # kind pause: see Decision
     pause_fallback: str | None = None
+    # What it stops (see SignalScope; None: the trace, as every signal before scopes did); for
+    # a conversation, its id; for an agent, `agent` names it.
+    scope: SignalScope | None = None
+    conversation_id: str | None = None
     schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
+
+    @property
+    def stops(self) -> SignalScope:
+        return self.scope or "trace"
+
+    def scope_key(self) -> tuple[str, ...]:
+        """What the signal stops, as a key: ("trace", id), ("conversation", id) or
+        ("agent", service, name or "")."""
+        if self.scope == "conversation":
+            return ("conversation", self.conversation_id or "")
+        if self.scope == "agent":
+            return ("agent", self.agent.service, self.agent.name or "")
+        return ("trace", self.trace_id.lower())
+
+    def describe_target(self) -> str:
+        """What it stops, for people: "trace X", "conversation X", "agent S/N"."""
+        if self.scope == "conversation":
+            return f"conversation {self.conversation_id}"
+        if self.scope == "agent":
+            name = f"/{self.agent.name}" if self.agent.name else " (every agent name)"
+            return f"agent {self.agent.service}{name}"
+        return f"trace {self.trace_id}"
 
     def expired(self, now: datetime) -> bool:
         """Whether `now` (timezone-aware) is past the signal's expiry."""
@@ -246,6 +287,19 @@ class KillSignal:
             value = getattr(decision, name)
             if value is not None:
                 evidence[name] = value
+        expires_at = (
+            datetime.fromisoformat(decision.detected_at) + timedelta(seconds=ttl_seconds)
+        ).isoformat(timespec="milliseconds")
+        scope: SignalScope | None = None
+        if decision.scope == "agent":
+            # An agent kill lasts until its budget window frees, not the usual TTL.
+            scope = "agent"
+            if decision.scope_until is not None:
+                expires_at = decision.scope_until
+        elif decision.scope == "conversation" and decision.rule == "manual":
+            # An operator's conversation kill or release; the guard's conversation rules still
+            # stop the trace that tripped them (the next turn trips them again).
+            scope = "conversation"
         return cls(
             signal_id=decision.decision_id,
             trace_id=decision.trace_id,
@@ -256,18 +310,18 @@ class KillSignal:
             agent=decision.agent,
             detected_at=decision.detected_at,
             # From the detection time, so a signal re-sent after a crash is the same signal.
-            expires_at=(
-                datetime.fromisoformat(decision.detected_at) + timedelta(seconds=ttl_seconds)
-            ).isoformat(timespec="milliseconds"),
+            expires_at=expires_at,
             system_message=decision.system_message,
             operator=decision.operator,
             pause_until=decision.pause_until,
             pause_fallback=decision.pause_fallback,
+            scope=scope,
+            conversation_id=decision.conversation_id if scope == "conversation" else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        for name in ("operator", *PAUSE_FIELDS):
+        for name in ("operator", *PAUSE_FIELDS, "scope", "conversation_id"):
             if record[name] is None:
                 del record[name]  # the signals of the guard's rules are as they always were
         return record
@@ -458,7 +512,7 @@ def read_signal(
     now = now or datetime.now(UTC)
     if now >= times["expires_at"]:
         raise BadSignal(
-            "expired", f"signal for trace {signal.trace_id} expired at {signal.expires_at}"
+            "expired", f"signal for {signal.describe_target()} expired at {signal.expires_at}"
         )
     if (
         signal.kind == "release"

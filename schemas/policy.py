@@ -17,6 +17,10 @@ Shape (every field optional):
       conversation: {enabled: false, action: flag, token_budget: null, usd_budget: null}
                                  # the traces of one conversation as one scope (loops, cycles
                                  #   and budgets across them): docs/conversations.md
+      agent_budget: {window: 1h, tokens: null, usd: null, action: flag}
+                                 # per agent over a rolling window (1h, 1d or seconds), across
+                                 #   all its traces; kill: every trace of the agent refused
+                                 #   until the window frees: docs/agent-scope.md
       prices: {}                 # model -> {input_mtok, output_mtok, cache_read_mtok,
                                  #   cache_write_mtok}: USD per million tokens, before the
                                  #   genai-prices database
@@ -78,6 +82,8 @@ MAX_POLICY_DEPTH = 32
 MAX_POLICY_NODES = 100_000
 # No setting counts past this: a larger integer is a typo (or an attack on int parsing).
 MAX_POLICY_INTEGER = 2**53
+# The agent budget's window by name, in seconds.
+WINDOW_NAMES = {"1h": 3600, "1d": 86400}
 
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
@@ -141,6 +147,12 @@ class AgentPolicy:
     conversation_action: Literal["flag", "kill"] = "flag"
     conversation_token_budget: int | None = None
     conversation_usd_budget: float | None = None
+    # The agent scope over time: tokens and US dollars per agent over a rolling window of
+    # `agent_budget_window` seconds, across all of its traces (spanguard/detection/agent_budget.py).
+    agent_budget_window: int = 3600
+    agent_budget_tokens: int | None = None
+    agent_budget_usd: float | None = None
+    agent_budget_action: Literal["flag", "kill"] = "flag"
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
@@ -214,6 +226,13 @@ class AgentPolicy:
         for name in ("enabled", "action", "token_budget", "usd_budget"):
             if name in conversation:
                 changes[f"conversation_{name}"] = conversation[name]
+        agent_budget = settings.get("agent_budget") or {}
+        for name in ("tokens", "usd", "action"):
+            if name in agent_budget:
+                changes[f"agent_budget_{name}"] = agent_budget[name]
+        if "window" in agent_budget:
+            window = agent_budget["window"]
+            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
         goal = settings.get("goal") or {}
         for name in ("enabled", "model", "min_confidence", "sample_rate"):
             if name in goal:
@@ -399,6 +418,12 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
             "action": policy.conversation_action,
             "token_budget": policy.conversation_token_budget,
             "usd_budget": policy.conversation_usd_budget,
+        },
+        "agent_budget": {
+            "window": policy.agent_budget_window,
+            "tokens": policy.agent_budget_tokens,
+            "usd": policy.agent_budget_usd,
+            "action": policy.agent_budget_action,
         },
         "goal": {
             "enabled": policy.goal_enabled,

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,7 +21,82 @@ type AgentKilled struct {
 }
 
 func (k *AgentKilled) Error() string {
-	return fmt.Sprintf("spanguard killed trace %s: %s", k.Signal.TraceID, k.Signal.Reason)
+	return fmt.Sprintf("spanguard killed %s: %s", describeTarget(k.Signal), k.Signal.Reason)
+}
+
+// Scope is what a kill stops: "trace", "conversation" or "agent".
+func (k *AgentKilled) Scope() string { return signalScope(k.Signal) }
+
+func signalScope(signal *Signal) string {
+	if signal.Scope == nil {
+		return "trace"
+	}
+	return *signal.Scope
+}
+
+func describeTarget(signal *Signal) string {
+	switch signalScope(signal) {
+	case "conversation":
+		return "conversation " + *signal.ConversationID
+	case "agent":
+		if signal.AgentName != nil && *signal.AgentName != "" {
+			return "agent " + signal.AgentService + "/" + *signal.AgentName
+		}
+		return "agent " + signal.AgentService + " (every agent name)"
+	}
+	return "trace " + signal.TraceID
+}
+
+// Agent is an agent's identity: service.name and gen_ai.agent.name ("" when it has none).
+type Agent struct {
+	Service string
+	Name    string
+}
+
+// ParseAgent reads "SERVICE/NAME" or "SERVICE" (every agent name of the service).
+func ParseAgent(text string) (Agent, error) {
+	service, name, _ := strings.Cut(text, "/")
+	if service == "" {
+		return Agent{}, fmt.Errorf("%w: %q names no service: SERVICE or SERVICE/NAME", ErrSettings, text)
+	}
+	return Agent{Service: service, Name: name}, nil
+}
+
+// CheckScope is who checks, beyond the trace: a conversation or agent kill stops every trace
+// of it. Empty fields are not checked.
+type CheckScope struct {
+	ConversationID string
+	Agent          *Agent
+}
+
+type scopeSignals struct {
+	signalIDs map[string]bool
+	kill      *Signal
+}
+
+func scopeKeyOf(signal *Signal) string {
+	if signalScope(signal) == "conversation" {
+		return scopeKey("conversation", *signal.ConversationID, "")
+	}
+	name := ""
+	if signal.AgentName != nil {
+		name = *signal.AgentName
+	}
+	return scopeKey("agent", signal.AgentService, name)
+}
+
+func scopeKey(scope, id, name string) string {
+	return fmt.Sprintf("%s\x00%s\x00%s", scope, id, name)
+}
+
+// atOrAfter: whether RFC 3339 time later is at or after earlier (unreadable: true).
+func atOrAfter(later, earlier string) bool {
+	a, okA := ParseDateTime(later)
+	b, okB := ParseDateTime(earlier)
+	if !okA || !okB {
+		return true
+	}
+	return !a.Before(b)
 }
 
 // AgentPaused is returned by Check in an agent whose trace is paused: it must wait for an
@@ -121,6 +197,8 @@ type SignalBook struct {
 	others     *lru
 	watched    *lru
 	killed     map[string]*traceSignals
+	scopes     map[string]*list.Element // of *scopeItem, in scopeOrder
+	scopeOrder *list.List               // front: least recently touched
 	Delivered  int
 	Duplicates int
 }
@@ -132,8 +210,100 @@ func NewSignalBook(maxTraces int) *SignalBook {
 	}
 	return &SignalBook{
 		MaxTraces: maxTraces, others: newLRU(), watched: newLRU(), killed: map[string]*traceSignals{},
-		changed: make(chan struct{}),
+		changed: make(chan struct{}), scopes: map[string]*list.Element{}, scopeOrder: list.New(),
 	}
+}
+
+type scopeItem struct {
+	key   string
+	entry *scopeSignals
+}
+
+func (b *SignalBook) deliverScoped(signal *Signal) bool {
+	key := scopeKeyOf(signal)
+	var entry *scopeSignals
+	if element, ok := b.scopes[key]; ok {
+		b.scopeOrder.MoveToBack(element)
+		entry = element.Value.(*scopeItem).entry
+	} else {
+		entry = &scopeSignals{signalIDs: map[string]bool{}}
+		b.scopes[key] = b.scopeOrder.PushBack(&scopeItem{key, entry})
+		for b.scopeOrder.Len() > b.MaxTraces {
+			oldest := b.scopeOrder.Front()
+			b.scopeOrder.Remove(oldest)
+			delete(b.scopes, oldest.Value.(*scopeItem).key)
+		}
+	}
+	if entry.signalIDs[signal.SignalID] {
+		b.Duplicates++
+		return false
+	}
+	entry.signalIDs[signal.SignalID] = true
+	b.Delivered++
+	close(b.changed)
+	b.changed = make(chan struct{})
+	switch signal.Kind {
+	case "release":
+		if entry.kill != nil && atOrAfter(signal.DetectedAt, entry.kill.DetectedAt) {
+			entry.kill = nil
+		}
+	case "kill":
+		// The longest-lasting kill of the scope holds.
+		if entry.kill == nil || !atOrAfter(entry.kill.ExpiresAt, signal.ExpiresAt) {
+			entry.kill = signal
+		}
+	}
+	return true
+}
+
+// CheckScopes returns *AgentKilled if the conversation or the agent (that name, or a kill
+// naming every agent of the service) is under a kill not yet expired nor released.
+func (b *SignalBook) CheckScopes(scope CheckScope) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.checkScopes(scope)
+}
+
+func (b *SignalBook) checkScopes(scope CheckScope) error {
+	if len(b.scopes) == 0 {
+		return nil
+	}
+	var keys []string
+	if scope.ConversationID != "" {
+		keys = append(keys, scopeKey("conversation", scope.ConversationID, ""))
+	}
+	if scope.Agent != nil && scope.Agent.Service != "" {
+		keys = append(keys, scopeKey("agent", scope.Agent.Service, scope.Agent.Name))
+		if scope.Agent.Name != "" {
+			keys = append(keys, scopeKey("agent", scope.Agent.Service, ""))
+		}
+	}
+	now := b.now()
+	for _, key := range keys {
+		element, ok := b.scopes[key]
+		if !ok {
+			continue
+		}
+		entry := element.Value.(*scopeItem).entry
+		if entry.kill == nil {
+			continue
+		}
+		if expires, ok := ParseDateTime(entry.kill.ExpiresAt); ok && !now.Before(expires) {
+			entry.kill = nil // its window freed: the scope goes on
+			continue
+		}
+		b.scopeOrder.MoveToBack(element)
+		return &AgentKilled{Signal: entry.kill}
+	}
+	return nil
+}
+
+// CheckIn is Check for a trace of a conversation or agent: a kill of either stops it too.
+func (b *SignalBook) CheckIn(traceID string, scope CheckScope) (string, error) {
+	if err := b.CheckScopes(scope); err != nil {
+		return "", err
+	}
+	return b.Check(traceID)
 }
 
 func newTraceSignals() *traceSignals { return &traceSignals{signalIDs: map[string]bool{}} }
@@ -143,6 +313,9 @@ func (b *SignalBook) Deliver(signal *Signal) bool {
 	traceID := normalizeTraceID(signal.TraceID)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if scope := signalScope(signal); scope == "conversation" || scope == "agent" {
+		return b.deliverScoped(signal)
+	}
 	entry := b.killed[traceID]
 	if entry == nil {
 		entry = b.watched.get(traceID)

@@ -300,3 +300,48 @@ func TestPauseThenReleaseEndsTheWait(t *testing.T) {
 		t.Fatalf("still paused after release: %v", err)
 	}
 }
+
+func TestConversationAndAgentKillsStopTheirScopeOnlyUntilReleased(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	triage := &Agent{Service: "go-agent", Name: "triage"}
+	k, err := New(ctx, Config{Brokers: bootstrap(), Topic: h.topic, SigningKeys: [][]byte{[]byte(testKey)}, Logger: log.New(io.Discard, "", 0), Agent: triage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	conversation := "conv-" + randomHex(t, 4)
+	manual := map[string]any{"rule": "manual", "operator": "alice", "evidence": map[string]any{"span_id": strings.Repeat("0", 16)}}
+	scoped := func(changes map[string]any) map[string]any {
+		merged := map[string]any{}
+		for name, value := range manual {
+			merged[name] = value
+		}
+		for name, value := range changes {
+			merged[name] = value
+		}
+		return merged
+	}
+	noTrace := strings.Repeat("0", 32)
+	h.send(0, h.signal(noTrace, testKey, scoped(map[string]any{"scope": "conversation", "conversation_id": conversation})))
+	h.send(1, h.signal(noTrace, testKey, scoped(map[string]any{"scope": "agent", "agent": map[string]any{"service": "go-agent", "name": "triage"}})))
+	until(t, func() bool { return k.Received() >= 2 }, "the scoped kills")
+	var killed *AgentKilled
+	if _, err := k.Check(randomHex(t, 16)); !errors.As(err, &killed) || killed.Scope() != "agent" {
+		t.Fatalf("the switch's agent: got %v", err)
+	}
+	billing := &Agent{Service: "go-agent", Name: "billing"}
+	if _, err := k.CheckIn(randomHex(t, 16), CheckScope{ConversationID: conversation, Agent: billing}); !errors.As(err, &killed) || killed.Scope() != "conversation" {
+		t.Fatalf("the conversation: got %v", err)
+	}
+	if _, err := k.CheckIn(randomHex(t, 16), CheckScope{ConversationID: "another", Agent: billing}); err != nil {
+		t.Fatalf("another agent outside the conversation: %v", err)
+	}
+	later := time.Now().UTC().Add(time.Second).Format("2006-01-02T15:04:05.000000Z07:00")
+	h.send(2, h.signal(noTrace, testKey, scoped(map[string]any{"kind": "release", "detected_at": later, "scope": "agent", "agent": map[string]any{"service": "go-agent", "name": "triage"}})))
+	until(t, func() bool { return k.Received() >= 3 }, "the release")
+	if _, err := k.Check(randomHex(t, 16)); err != nil {
+		t.Fatalf("after the release: %v", err)
+	}
+}

@@ -160,6 +160,9 @@ type Config struct {
 	Clock         func() time.Time // decides expiry (and pause deadlines, in the default book)
 	Logger        *log.Logger      // default log.Default()
 	StartTimeout  time.Duration
+	// This process's conversation and agent, checked on every Check (CheckIn's own win).
+	ConversationID string
+	Agent          *Agent
 }
 
 // KillSwitch reads every partition of the kill topic, from the end offsets resolved when New
@@ -178,6 +181,7 @@ type KillSwitch struct {
 	mu       sync.Mutex
 	ignored  map[string]int
 	received atomic.Int64
+	scope    CheckScope
 }
 
 // ErrSettings is wrapped by every refusal of a Config.
@@ -249,6 +253,7 @@ func New(ctx context.Context, config Config) (*KillSwitch, error) {
 	k := &KillSwitch{
 		Signals: signals, topic: topic, keys: keys, clock: clock, logger: logger,
 		client: client, cancel: cancel, done: make(chan struct{}), ignored: map[string]int{},
+		scope: CheckScope{ConversationID: config.ConversationID, Agent: config.Agent},
 	}
 	go k.run(runContext)
 	return k, nil
@@ -296,6 +301,21 @@ func isAuthError(err error) bool {
 // Check returns *AgentKilled if traceID was killed; a downgrade's system message once; else "".
 // It reads memory only: it never waits on Kafka.
 func (k *KillSwitch) Check(traceID string) (string, error) {
+	return k.CheckIn(traceID, CheckScope{})
+}
+
+// CheckIn is Check for a trace of a conversation or agent (empty fields: the Config's): a
+// conversation or agent kill stops it too.
+func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
+	if scope.ConversationID == "" {
+		scope.ConversationID = k.scope.ConversationID
+	}
+	if scope.Agent == nil {
+		scope.Agent = k.scope.Agent
+	}
+	if err := k.Signals.CheckScopes(scope); err != nil {
+		return "", err
+	}
 	if traceID == "" {
 		return "", nil
 	}

@@ -39,12 +39,13 @@ var (
 	hex16    = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	dateTime = regexp.MustCompile(`^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|([+-])([0-9]{2}):([0-9]{2}))$`)
 	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true, "pause": true}
-	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "manual": true}
+	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "agent_budget": true, "manual": true}
+	scopes   = map[string]bool{"trace": true, "conversation": true, "agent": true}
 	fields   = map[string]bool{
 		"schema_version": true, "signal_id": true, "trace_id": true, "kind": true, "rule": true,
 		"reason": true, "evidence": true, "agent": true, "detected_at": true, "expires_at": true,
 		"system_message": true, "operator": true, "pause_until": true, "pause_fallback": true,
-		"key_id": true, "signature": true,
+		"scope": true, "conversation_id": true, "key_id": true, "signature": true,
 	}
 	required = []string{"schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence", "agent", "detected_at", "expires_at"}
 	// evidence field -> "string", "hex16", or the minimum of an integer
@@ -71,7 +72,14 @@ type Signal struct {
 	Operator      *string
 	PauseUntil    *string // kind pause: until when the agent waits for an operator
 	PauseFallback *string // kind pause: what applies then, "kill" or "release"
+	// What it stops: nil or "trace" its trace; "conversation" every trace of ConversationID;
+	// "agent" every trace of AgentService/AgentName (a nil name: every agent of the service).
+	Scope          *string
+	ConversationID *string
 }
+
+// maxConversationIDChars bounds a conversation id (characters, as JSON Schema's maxLength).
+const maxConversationIDChars = 200
 
 // BadSignal is a record on the kill topic that is not a signal this agent may act on.
 type BadSignal struct {
@@ -308,6 +316,29 @@ func checkSchema(record map[string]any) *BadSignal {
 	if kind == "pause" && (!hasPauseUntil || !hasPauseFallback) {
 		return invalid("kind", "a pause carries pause_until and pause_fallback")
 	}
+	scope, hasScope := record["scope"]
+	scopeText, _ := scope.(string)
+	if hasScope && !scopes[scopeText] {
+		return invalid("scope", "not trace, conversation or agent")
+	}
+	conversation, hasConversation := record["conversation_id"]
+	if hasConversation {
+		text, isText := conversation.(string)
+		if !isText || text == "" || utf8.RuneCountInString(text) > maxConversationIDChars {
+			return invalid("conversation_id", fmt.Sprintf("not a string of 1 to %d characters", maxConversationIDChars))
+		}
+	}
+	if (scopeText == "conversation") != hasConversation {
+		return invalid("conversation_id", "a conversation signal, and only it, names its conversation")
+	}
+	if scopeText == "agent" {
+		if service, _ := record["agent"].(map[string]any)["service"].(string); service == "" {
+			return invalid("agent.service", "an agent signal names its service")
+		}
+	}
+	if (scopeText == "conversation" || scopeText == "agent") && kind != "kill" && kind != "release" {
+		return invalid("kind", "a scoped signal is a kill or a release")
+	}
 	_, hasKeyID := record["key_id"]
 	_, hasSignature := record["signature"]
 	if hasKeyID != hasSignature {
@@ -377,20 +408,22 @@ func ReadSignal(value []byte, keys map[string][]byte, now time.Time) (*Signal, e
 	}
 	agent := record["agent"].(map[string]any)
 	return &Signal{
-		SignalID:      record["signal_id"].(string),
-		TraceID:       traceID,
-		Kind:          record["kind"].(string),
-		Rule:          record["rule"].(string),
-		Reason:        record["reason"].(string),
-		Evidence:      maps.Clone(record["evidence"].(map[string]any)),
-		AgentService:  agent["service"].(string),
-		AgentName:     optionalText(agent["name"]),
-		DetectedAt:    record["detected_at"].(string),
-		ExpiresAt:     record["expires_at"].(string),
-		SystemMessage: optionalText(record["system_message"]),
-		Operator:      optionalText(record["operator"]),
-		PauseUntil:    optionalText(record["pause_until"]),
-		PauseFallback: optionalText(record["pause_fallback"]),
+		SignalID:       record["signal_id"].(string),
+		TraceID:        traceID,
+		Kind:           record["kind"].(string),
+		Rule:           record["rule"].(string),
+		Reason:         record["reason"].(string),
+		Evidence:       maps.Clone(record["evidence"].(map[string]any)),
+		AgentService:   agent["service"].(string),
+		AgentName:      optionalText(agent["name"]),
+		DetectedAt:     record["detected_at"].(string),
+		ExpiresAt:      record["expires_at"].(string),
+		SystemMessage:  optionalText(record["system_message"]),
+		Operator:       optionalText(record["operator"]),
+		PauseUntil:     optionalText(record["pause_until"]),
+		PauseFallback:  optionalText(record["pause_fallback"]),
+		Scope:          optionalText(record["scope"]),
+		ConversationID: optionalText(record["conversation_id"]),
 	}, nil
 }
 

@@ -18,9 +18,15 @@ const safetyTimeout = 10 * time.Second
 
 // sequenceStep is one step of a sequence (see tests/support/signal_vectors.py).
 type sequenceStep struct {
-	Deliver   string         `json:"deliver"`
-	New       bool           `json:"new"`
-	Check     string         `json:"check"`
+	Deliver string `json:"deliver"`
+	New     bool   `json:"new"`
+	Check   string `json:"check"`
+	// The checking trace's conversation and agent, when it has them.
+	Conversation string `json:"conversation"`
+	Agent        *struct {
+		Service string  `json:"service"`
+		Name    *string `json:"name"`
+	} `json:"agent"`
 	Wait      string         `json:"wait"`
 	Timeout   *float64       `json:"timeout"`
 	Meanwhile []sequenceStep `json:"meanwhile"`
@@ -129,7 +135,9 @@ func TestVectors(t *testing.T) {
 				"kind": &signal.Kind, "trace_id": &signal.TraceID, "signal_id": &signal.SignalID,
 				"rule": &signal.Rule, "reason": &signal.Reason, "system_message": signal.SystemMessage,
 				"expires_at": &signal.ExpiresAt, "pause_until": signal.PauseUntil,
-				"pause_fallback": signal.PauseFallback,
+				"pause_fallback": signal.PauseFallback, "scope": signal.Scope,
+				"conversation_id": signal.ConversationID, "agent_service": &signal.AgentService,
+				"agent_name": signal.AgentName,
 			}
 			for name, want := range vector.Signal {
 				if (want == nil) != (got[name] == nil) || want != nil && *want != *got[name] {
@@ -221,7 +229,14 @@ func TestSequences(t *testing.T) {
 						t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
 					}
 				case step.Check != "":
-					message, err := book.Check(step.Check)
+					scope := CheckScope{ConversationID: step.Conversation}
+					if step.Agent != nil {
+						scope.Agent = &Agent{Service: step.Agent.Service}
+						if step.Agent.Name != nil {
+							scope.Agent.Name = *step.Agent.Name
+						}
+					}
+					message, err := book.CheckIn(step.Check, scope)
 					checkOutcome(t, where, step, message, err)
 				case step.Meanwhile == nil:
 					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*step.Timeout*float64(time.Second)))

@@ -59,6 +59,15 @@ def _policy(record: dict[str, Any]) -> str:
         return f"{where}: token budget {record.get('token_budget')}"
     if rule == "cost_budget":
         return f"{where}: budget {usd(record.get('budget_micro_usd'))} per trace"
+    if rule == "agent_budget":
+        budgets = [
+            f"{record['token_budget']} tokens" if record.get("token_budget") else None,
+            usd(record["budget_micro_usd"]) if record.get("budget_micro_usd") else None,
+        ]
+        until = record.get("scope_until")
+        return f"{where}: agent budget {' and '.join(b for b in budgets if b)} per window" + (
+            f", every trace of the agent refused until {until}" if until else ""
+        )
     return where
 
 

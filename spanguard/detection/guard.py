@@ -24,6 +24,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsage
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
@@ -231,12 +232,15 @@ class Guard:
         observers: Iterable[GuardObserver] = (),
         price_usage: bool = False,
         conversations: ConversationGuard | None = None,
+        agent_budgets: AgentBudgetGuard | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
         `observers`: told of every call and decision (`add_observer` adds more);
         `price_usage`: price every trace's usage even without a usd budget (replay's page);
         `conversations`: the conversation scope, fed every counted call and usage change of
-        traces that name a conversation (spanguard/detection/conversation.py)."""
+        traces that name a conversation (spanguard/detection/conversation.py);
+        `agent_budgets`: the agent scope over time, fed every change of a trace's usage
+        (spanguard/detection/agent_budget.py)."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -265,14 +269,21 @@ class Guard:
             )
             for policy in policies
         )
-        self.prices_usage = price_usage or any(
-            policy.usd_budget is not None
-            or (conversations is not None and policy.conversation_usd_budget is not None)
-            for policy in policies
+        self.agent_budgets = agent_budgets if agent_budgets and agent_budgets.enabled else None
+        agent_usd = self.agent_budgets is not None and self.agent_budgets.prices_usage
+        self.prices_usage = (
+            price_usage
+            or agent_usd
+            or any(
+                policy.usd_budget is not None
+                or (conversations is not None and policy.conversation_usd_budget is not None)
+                for policy in policies
+            )
         )
         self.tracks_tokens = (
             self.prices_usage
             or conversation_budgets
+            or self.agent_budgets is not None
             or any(policy.token_budget is not None for policy in policies)
         )
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
@@ -356,6 +367,8 @@ class Guard:
                         decisions.append(decision)
         if self.conversations is not None and self.conversations.pending:
             decisions.extend(self.conversations.take())
+        if self.agent_budgets is not None and self.agent_budgets.pending:
+            decisions.extend(self.agent_budgets.take())
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
@@ -394,9 +407,37 @@ class Guard:
                     return None
                 _remember(state.recent_call_ids, event.call_id, limit)
             return self._on_tool_call(trace_id, state, event, policy)
+        if self.agent_budgets is not None:
+            return self._on_agent_tokens(trace_id, state, event, policy)
         if self.conversations is not None and state.conversation_id is not None:
             return self._on_conversation_tokens(trace_id, state, event, policy)
         return self._on_tokens(trace_id, state, event, policy)
+
+    def _on_agent_tokens(
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Decision | None:
+        """The trace's (and its conversation's) budgets, then what the span added to the
+        trace's tokens and cost handed to the agent's rolling window."""
+        tokens_before, cost_before = _spent(state)
+        if self.conversations is not None and state.conversation_id is not None:
+            decision = self._on_conversation_tokens(trace_id, state, usage, policy)
+        else:
+            decision = self._on_tokens(trace_id, state, usage, policy)
+        tokens_after, cost_after = _spent(state)
+        if tokens_after > tokens_before or cost_after > cost_before:
+            assert self.agent_budgets is not None
+            self.agent_budgets.observe_usage(
+                AgentUsage(
+                    state.service,
+                    state.agent_name,
+                    trace_id,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                    max(tokens_after - tokens_before, 0),
+                    max(cost_after - cost_before, 0),
+                )
+            )
+        return decision
 
     def _join_conversation(self, trace_id: str, state: TraceState, conversation_id: str) -> None:
         """The first conversation a trace's spans name is its; another is counted and told
@@ -444,6 +485,10 @@ class Guard:
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
+        if decision.scope == "agent":  # the agent scope's: its mark is there
+            if self.agent_budgets is not None:
+                self.agent_budgets.retract(decision)
+            return
         if decision.scope is not None:  # the conversation scope's: its mark is there
             if self.conversations is not None:
                 self.conversations.retract(decision)

@@ -22,7 +22,7 @@ import pytest
 
 from spanguard.killswitch import signals as signals_module
 from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
-from spanguard.schemas.decision import BadSignal, keyring, read_signal
+from spanguard.schemas.decision import AgentIdentity, BadSignal, keyring, read_signal
 from tests.support.signal_vectors import VECTORS, build
 
 DOCUMENT = json.loads(VECTORS.read_text())
@@ -79,7 +79,13 @@ def test_each_vector_gets_its_verdict(vector):
     assert kind == vector["verdict"]
     if signal is not None:
         expected = vector["signal"]
-        assert {name: getattr(signal, name) for name in expected} == expected
+        read = {
+            **signal.to_dict(),
+            "scope": signal.scope,
+            "conversation_id": signal.conversation_id,
+        }
+        read["agent_service"], read["agent_name"] = signal.agent.service, signal.agent.name
+        assert {name: read.get(name) for name in expected} == expected
 
 
 class _Clock(datetime):
@@ -135,7 +141,9 @@ def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
             signal = read_signal(record, keys, _Clock.current)
             assert book.deliver(signal) is step["new"], step
         elif "check" in step:
-            _assert_outcome(_outcome(lambda: book.check(step["check"])), step)
+            agent = AgentIdentity(**step["agent"]) if "agent" in step else None
+            check = lambda: book.check(step["check"], step.get("conversation"), agent)  # noqa: E731
+            _assert_outcome(_outcome(check), step)
         elif "meanwhile" not in step:
             wait = lambda: book.wait(step["wait"], step["timeout"])  # noqa: E731
             _assert_outcome(_outcome(wait), step)

@@ -135,7 +135,36 @@ def seen(record: dict[str, Any]) -> dict[str, Any]:
         "expires_at": record["expires_at"],
         "pause_until": record.get("pause_until"),
         "pause_fallback": record.get("pause_fallback"),
+        "scope": record.get("scope"),
+        "conversation_id": record.get("conversation_id"),
+        "agent_service": record["agent"]["service"],
+        "agent_name": record["agent"]["name"],
     }
+
+
+# Scoped kills: every trace of one conversation, or of one agent until its budget window frees.
+CONVERSATION = "conv-7f3a"
+CONVERSATION_KILL: dict[str, Any] = {
+    **BASE,
+    "signal_id": "a" * 32,
+    "rule": "manual",
+    "reason": "the conversation keeps asking for refunds",
+    "operator": "oncall@example.com",
+    "evidence": {"span_id": "0" * 16},
+    "trace_id": "0" * 32,
+    "scope": "conversation",
+    "conversation_id": CONVERSATION,
+}
+AGENT_KILL: dict[str, Any] = {
+    **BASE,
+    "signal_id": "b" * 32,
+    "rule": "agent_budget",
+    "reason": "support-agent/triage spent 5000000 tokens in the last 1h",
+    "evidence": {"span_id": "00f067aa0ba902b7", "tokens": 5_000_000},
+    "agent": {"service": "support-agent", "name": "triage"},
+    "scope": "agent",
+    "expires_at": "2026-06-01T12:30:00.000+00:00",
+}
 
 
 def build() -> dict[str, Any]:
@@ -182,8 +211,80 @@ def build() -> dict[str, Any]:
     unicode_reason = signed(
         with_(reason='résumé "quoted" \\ back\tslash \u2028 line sep \U0001f600 \x7f \x01')
     )
+    conversation_kill = signed(CONVERSATION_KILL)
+    agent_kill = signed(AGENT_KILL)
+    conversation_release = signed(
+        {**CONVERSATION_KILL, "kind": "release", "signal_id": "c" * 32, "reason": "released"}
+    )
     vectors = [
         vector("kill", text(kill), "obey", keys=ring, signal=seen(kill)),
+        vector(
+            "a conversation kill",
+            text(conversation_kill),
+            "obey",
+            keys=ring,
+            signal=seen(conversation_kill),
+        ),
+        vector("an agent kill", text(agent_kill), "obey", keys=ring, signal=seen(agent_kill)),
+        vector(
+            "a conversation release",
+            text(conversation_release),
+            "obey",
+            keys=ring,
+            signal=seen(conversation_release),
+        ),
+        vector(
+            "a trace scope named outright",
+            text(signed(with_(scope="trace"))),
+            "obey",
+            keys=ring,
+            signal=seen(with_(scope="trace")),
+        ),
+        vector(
+            "a conversation scope without its id",
+            text(signed({k: v for k, v in CONVERSATION_KILL.items() if k != "conversation_id"})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "a conversation id without the conversation scope",
+            text(signed(with_(conversation_id=CONVERSATION))),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "an agent scope without its service",
+            text(signed({**AGENT_KILL, "agent": {"service": "", "name": "triage"}})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "an empty conversation id",
+            text(signed({**CONVERSATION_KILL, "conversation_id": ""})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "a conversation id over 200 characters",
+            text(signed({**CONVERSATION_KILL, "conversation_id": "c" * 201})),
+            "invalid",
+            keys=ring,
+        ),
+        vector(
+            "a scoped downgrade",
+            text(
+                signed({**AGENT_KILL, "kind": "downgrade", "system_message": "slow down, please"})
+            ),
+            "invalid",
+            keys=ring,
+            note="a scoped signal is a kill or a release",
+        ),
+        vector(
+            "an unknown scope",
+            text(signed(with_(scope="fleet"))),
+            "invalid",
+            keys=ring,
+        ),
         vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
         vector("release", text(release), "obey", keys=ring, signal=seen(release)),
         vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
@@ -466,6 +567,7 @@ def build() -> dict[str, Any]:
         "vectors": vectors,
         "sequences": [
             *_sequences(kill, downgrade, release),
+            *_scope_sequences(),
             *_pause_sequences(kill, downgrade, release),
         ],
     }
@@ -645,6 +747,100 @@ def _sequences(
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "second_kill", "new": True},
                 {"check": TRACE.upper(), "expect": "killed"},
+            ],
+        },
+    ]
+
+
+def _scope_sequences() -> list[dict[str, Any]]:
+    """Conversation and agent kills through the book: a check names its trace and, when it
+    has them, its conversation and agent (`conversation`, `agent`: {service, name})."""
+    agent = {"service": "support-agent", "name": "triage"}
+    other_agent = {"service": "support-agent", "name": "billing"}
+    unsigned = ("key_id", "signature")
+    signals = {
+        "conversation_kill": signed(CONVERSATION_KILL),
+        "conversation_release": signed(
+            {**CONVERSATION_KILL, "kind": "release", "signal_id": "c" * 32, "reason": "released"}
+        ),
+        "old_conversation_release": signed(
+            {
+                **CONVERSATION_KILL,
+                "kind": "release",
+                "signal_id": "d" * 32,
+                "reason": "released",
+                "detected_at": "2026-06-01T11:00:00.000+00:00",
+            }
+        ),
+        "agent_kill": signed(AGENT_KILL),
+        "service_kill": signed(
+            {
+                **{k: v for k, v in AGENT_KILL.items() if k not in unsigned},
+                "signal_id": "e" * 32,
+                "agent": {"service": "support-agent", "name": None},
+                "rule": "manual",
+                "operator": "oncall@example.com",
+                "reason": "every support agent stops",
+                "expires_at": "2026-06-01T13:00:00.000+00:00",
+                "evidence": {"span_id": "0" * 16},
+                "trace_id": "0" * 32,
+            }
+        ),
+    }
+    texts = {name: text(record) for name, record in signals.items()}
+    other = "f" * 32
+    return [
+        {
+            "name": "a conversation kill stops every trace of that conversation, and only those,"
+            " until a release issued after it",
+            "signals": texts,
+            "steps": [
+                {"check": TRACE, "conversation": CONVERSATION, "expect": "pass"},
+                {"deliver": "conversation_kill", "new": True},
+                {"deliver": "conversation_kill", "new": False},
+                {
+                    "check": TRACE,
+                    "conversation": CONVERSATION,
+                    "expect": "killed",
+                    "reason": CONVERSATION_KILL["reason"],
+                },
+                {"check": other, "conversation": CONVERSATION, "expect": "killed"},
+                {"check": other, "conversation": "another-conversation", "expect": "pass"},
+                {"check": other, "expect": "pass"},
+                {"deliver": "old_conversation_release", "new": True},
+                {"check": other, "conversation": CONVERSATION, "expect": "killed"},
+                {"deliver": "conversation_release", "new": True},
+                {"check": other, "conversation": CONVERSATION, "expect": "pass"},
+                {"deliver": "conversation_kill", "new": False},
+                {"check": other, "conversation": CONVERSATION, "expect": "pass"},
+            ],
+        },
+        {
+            "name": "an agent kill stops that agent's traces until it expires; a null name"
+            " stops every agent of the service",
+            "signals": texts,
+            "steps": [
+                {"deliver": "agent_kill", "new": True},
+                {
+                    "check": TRACE,
+                    "agent": agent,
+                    "expect": "killed",
+                    "reason": AGENT_KILL["reason"],
+                },
+                {"check": other, "agent": agent, "expect": "killed"},
+                {"check": other, "agent": other_agent, "expect": "pass"},
+                {"check": other, "expect": "pass"},
+                {"clock": "2026-06-01T12:29:59.999Z"},
+                {"check": other, "agent": agent, "expect": "killed"},
+                {"clock": "2026-06-01T12:30:00Z"},
+                {"check": other, "agent": agent, "expect": "pass"},
+                {"deliver": "service_kill", "new": True},
+                {"check": other, "agent": other_agent, "expect": "killed"},
+                {
+                    "check": other,
+                    "agent": {"service": "another-service", "name": "triage"},
+                    "expect": "pass",
+                },
             ],
         },
     ]

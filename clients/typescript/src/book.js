@@ -10,11 +10,12 @@ const WAIT_RECHECK_MS = 1000;
 /** Thrown by check() in an agent whose trace was killed; carries the signal. */
 export class AgentKilled extends Error {
   constructor(signal) {
-    super(`spanguard killed trace ${signal.traceId}: ${signal.reason}`);
+    super(`spanguard killed ${describeTarget(signal)}: ${signal.reason}`);
     this.name = 'AgentKilled';
     this.signal = signal;
     this.traceId = signal.traceId;
     this.reason = signal.reason;
+    this.scope = signal.scope ?? 'trace'; // 'trace', 'conversation' or 'agent'
   }
 }
 
@@ -35,6 +36,32 @@ export class AgentPaused extends Error {
     this.until = signal.pauseUntil;
     this.fallback = signal.pauseFallback;
   }
+}
+
+function describeTarget(signal) {
+  if (signal.scope === 'conversation') return `conversation ${signal.conversationId}`;
+  if (signal.scope === 'agent') {
+    return `agent ${signal.agent.service}${signal.agent.name ? `/${signal.agent.name}` : ' (every agent name)'}`;
+  }
+  return `trace ${signal.traceId}`;
+}
+
+// What a scoped signal stops, as a Map key (the Python book's SignalBook scope_key).
+function scopeKey(scope, id, name = '') {
+  return JSON.stringify([scope, id, name]);
+}
+
+function signalScopeKey(signal) {
+  if (signal.scope === 'conversation') return scopeKey('conversation', signal.conversationId);
+  return scopeKey('agent', signal.agent.service, signal.agent.name ?? '');
+}
+
+/** Whether `later` (an RFC 3339 time) is at or after `earlier`; unreadable: true. */
+function atOrAfter(later, earlier) {
+  const a = parseDateTime(later);
+  const b = parseDateTime(earlier);
+  if (a === null || b === null) return true;
+  return a.ms > b.ms || (a.ms === b.ms && a.micros >= b.micros);
 }
 
 function newEntry() {
@@ -85,11 +112,13 @@ export class SignalBook {
     this.others = new Map(); // traces this process has not checked
     this.watched = new Map(); // traces it checks, not killed
     this.killed = new Map(); // traces it checks, killed
+    this.scopes = new Map(); // conversations and agents under a kill (or released), by scopeKey
     this.delivered = 0;
     this.duplicates = 0;
   }
 
   deliver(signal) {
+    if (signal.scope === 'conversation' || signal.scope === 'agent') return this.deliverScoped(signal);
     const traceId = signal.traceId.toLowerCase();
     let entry = this.killed.get(traceId) ?? this.watched.get(traceId);
     if (entry === undefined) {
@@ -133,7 +162,51 @@ export class SignalBook {
     return true;
   }
 
-  check(traceId) {
+  deliverScoped(signal) {
+    const key = signalScopeKey(signal);
+    const entry = this.scopes.get(key) ?? { signalIds: new Set(), kill: null };
+    touch(this.scopes, key, entry);
+    trim(this.scopes, this.maxTraces);
+    if (entry.signalIds.has(signal.signalId)) {
+      this.duplicates += 1;
+      return false;
+    }
+    entry.signalIds.add(signal.signalId);
+    this.delivered += 1;
+    this.wakeWaiters();
+    if (signal.kind === 'release') {
+      if (entry.kill !== null && atOrAfter(signal.detectedAt, entry.kill.detectedAt)) entry.kill = null;
+    } else if (signal.kind === 'kill') {
+      // The longest-lasting kill of the scope holds.
+      if (entry.kill === null || !atOrAfter(entry.kill.expiresAt, signal.expiresAt)) entry.kill = signal;
+    }
+    return true;
+  }
+
+  /** Throw AgentKilled if the conversation or the agent ({service, name}: that name, or a
+   * kill naming every agent of the service) is under a kill not expired nor released. */
+  checkScopes({ conversationId, agent } = {}) {
+    if (this.scopes.size === 0) return;
+    const keys = [];
+    if (conversationId) keys.push(scopeKey('conversation', conversationId));
+    if (agent?.service) {
+      keys.push(scopeKey('agent', agent.service, agent.name ?? ''));
+      if (agent.name) keys.push(scopeKey('agent', agent.service));
+    }
+    for (const key of keys) {
+      const entry = this.scopes.get(key);
+      if (entry === undefined || entry.kill === null) continue;
+      if (msUntil(entry.kill.expiresAt, this.clock()) <= 0) {
+        entry.kill = null; // its window freed: the scope goes on
+        continue;
+      }
+      throw new AgentKilled(entry.kill);
+    }
+  }
+
+  /** `scope`: {conversationId, agent} of the trace, when it has them (see checkScopes). */
+  check(traceId, scope = {}) {
+    this.checkScopes(scope);
     const id = traceId.toLowerCase();
     let entry = this.killed.get(id);
     if (entry === undefined) {

@@ -13,9 +13,11 @@ import { currentTraceId } from './killswitch.js';
 const AsyncGeneratorFunction = Object.getPrototypeOf(async function* () {}).constructor;
 
 class Gate {
-  constructor(checker, { traceId, onDowngrade, abortController } = {}) {
+  constructor(checker, { traceId, onDowngrade, abortController, conversationId, agent } = {}) {
     this.checker = checker;
     this.traceId = traceId ?? null;
+    // Passed to every check: a conversation or agent kill stops this run too.
+    this.scope = { conversationId: conversationId ?? undefined, agent: agent ?? undefined };
     this.onDowngrade = onDowngrade ?? null;
     this.abortController = abortController ?? null;
     this.pendingMessages = [];
@@ -29,7 +31,7 @@ class Gate {
     if (!traceId) return undefined;
     let message;
     try {
-      message = this.checker.check(traceId);
+      message = this.checker.check(traceId, this.scope);
     } catch (error) {
       if (error instanceof AgentPaused && typeof this.checker.wait === 'function') {
         return this.checker

@@ -4,7 +4,7 @@ export interface KillSignal {
   readonly signalId: string;
   readonly traceId: string;
   readonly kind: 'kill' | 'downgrade' | 'release' | 'pause';
-  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'manual';
+  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'agent_budget' | 'manual';
   readonly reason: string;
   readonly evidence: Record<string, string | number>;
   readonly agent: { service: string; name: string | null };
@@ -16,6 +16,10 @@ export interface KillSignal {
   readonly pauseUntil: string | null;
   /** kind pause: what applies at pauseUntil. */
   readonly pauseFallback: 'kill' | 'release' | null;
+  /** What it stops: null or 'trace' its trace; 'conversation' every trace of conversationId;
+   * 'agent' every trace of `agent` (a null name: every agent of the service). */
+  readonly scope: 'trace' | 'conversation' | 'agent' | null;
+  readonly conversationId: string | null;
 }
 
 export interface WaitOptions {
@@ -28,7 +32,7 @@ export interface WaitOptions {
 /** Anything an agent can check before a tool call: a KillSwitch or a SignalBook. A checker
  * with wait() lets the hooks wait through a pause; without it, AgentPaused stops the run. */
 export interface Checker {
-  check(traceId: string): string | null;
+  check(traceId: string, scope?: CheckScope): string | null;
   wait?(traceId: string, options?: WaitOptions): Promise<string | null>;
 }
 
@@ -36,6 +40,15 @@ export class AgentKilled extends Error {
   readonly signal: KillSignal;
   readonly traceId: string;
   readonly reason: string;
+  /** What the kill stops: the trace, its conversation or its agent. */
+  readonly scope: 'trace' | 'conversation' | 'agent';
+}
+
+/** Who is checking, beyond the trace: a conversation or agent kill stops every trace of it. */
+export interface CheckScope {
+  conversationId?: string | null;
+  /** An agent's identity; a kill with a null name stops every agent of the service. */
+  agent?: { service: string; name?: string | null } | null;
 }
 
 /** Thrown by check() on a paused trace: wait() for an operator's release or kill, or until
@@ -57,7 +70,8 @@ export class SignalBook implements Checker {
   readonly duplicates: number;
   readonly trackedTraces: number;
   deliver(signal: KillSignal): boolean;
-  check(traceId: string): string | null;
+  check(traceId: string, scope?: CheckScope): string | null;
+  checkScopes(scope?: CheckScope): void;
   wait(traceId: string, options?: WaitOptions): Promise<string | null>;
   isKilled(traceId: string): boolean;
   forget(traceId: string): void;
@@ -91,6 +105,10 @@ export interface KillSwitchOptions {
   signals?: SignalBook;
   security?: KafkaSecurity;
   clock?: () => Date;
+  /** This process's conversation, for every check (else read from OpenTelemetry baggage). */
+  conversationId?: string;
+  /** This process's agent, {service, name} or 'SERVICE[/NAME]', for every check. */
+  agent?: { service: string; name?: string | null } | string;
   log?: (line: string) => void;
   clientId?: string;
 }
@@ -104,15 +122,24 @@ export class KillSwitch implements Checker {
   readonly rejected: number;
   readonly expired: number;
   start(options?: { timeoutMs?: number }): Promise<this>;
-  check(traceId?: string | null): string | null;
+  readonly conversationId: string | null;
+  readonly agent: { service: string; name: string | null } | null;
+  check(traceId?: string | null, scope?: CheckScope): string | null;
   wait(traceId?: string | null, options?: WaitOptions): Promise<string | null>;
   close(): Promise<void>;
 }
 
 export function currentTraceId(): string | null;
+/** The conversation named in the active OpenTelemetry baggage (gen_ai.conversation.id, session.id). */
+export function currentConversationId(): string | null;
+/** 'SERVICE/NAME' or 'SERVICE' as an agent identity. */
+export function parseAgent(text: string): { service: string; name: string | null };
 
 export interface HookOptions {
   traceId?: string;
+  /** The run's conversation and agent, passed to every check (see CheckScope). */
+  conversationId?: string;
+  agent?: { service: string; name?: string | null };
   onDowngrade?: (message: string) => void;
   abortController?: AbortController;
 }

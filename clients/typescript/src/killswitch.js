@@ -41,6 +41,28 @@ export function currentTraceId() {
   return otel.isSpanContextValid(context) ? context.traceId : null;
 }
 
+// Where a process's conversation is named in OpenTelemetry baggage, first present wins.
+const CONVERSATION_BAGGAGE_KEYS = ['gen_ai.conversation.id', 'session.id'];
+
+/** The conversation named in the active OpenTelemetry baggage, or null. */
+export function currentConversationId() {
+  const bag = otel?.propagation.getBaggage(otel.context.active());
+  for (const name of CONVERSATION_BAGGAGE_KEYS) {
+    const value = bag?.getEntry(name)?.value;
+    if (value) return value;
+  }
+  return null;
+}
+
+/** 'SERVICE/NAME' or 'SERVICE' (every agent name of the service) as {service, name}. */
+export function parseAgent(text) {
+  const slash = text.indexOf('/');
+  const service = slash < 0 ? text : text.slice(0, slash);
+  const name = slash < 0 ? '' : text.slice(slash + 1);
+  if (!service) throw new SettingsError(`${JSON.stringify(text)} names no service: SERVICE or SERVICE/NAME`);
+  return { service, name: name || null };
+}
+
 export class SettingsError extends Error {}
 
 // The Cluster kafkajs builds for its own consumers, with the client's brokers, TLS and SASL:
@@ -80,6 +102,8 @@ export class KillSwitch {
     clock,
     log,
     clientId = 'spanguard-killswitch',
+    conversationId,
+    agent,
   }) {
     const keys = [...(signingKey ? [signingKey] : []), ...signingKeys];
     if (keys.length && allowUnsigned) throw new SettingsError('give signing keys or allowUnsigned: true, not both');
@@ -93,6 +117,10 @@ export class KillSwitch {
     this.clock = clock ?? (() => new Date());
     this.signals = signals ?? new SignalBook(DEFAULT_MAX_TRACES, { clock: this.clock });
     this.log = log ?? ((line) => console.warn(line));
+    // The process's conversation and agent ({service, name}, or 'SERVICE[/NAME]'), when it has
+    // one of each; a check's own win, and the conversation is else read from OTel baggage.
+    this.conversationId = conversationId ?? null;
+    this.agent = typeof agent === 'string' ? parseAgent(agent) : (agent ?? null);
     this.received = 0;
     this.ignored = new Map();
     this.kafka = new Kafka({
@@ -146,9 +174,16 @@ export class KillSwitch {
 
   /** Throw AgentKilled if the trace (default: the active span's) was killed; return a
    * downgrade's system message once; else null. Reads memory only: never waits on Kafka. */
-  check(traceId = currentTraceId()) {
-    if (!traceId) return null;
-    return this.signals.check(traceId);
+  check(traceId = currentTraceId(), { conversationId, agent } = {}) {
+    const scope = {
+      conversationId: conversationId ?? this.conversationId ?? currentConversationId(),
+      agent: agent ?? this.agent,
+    };
+    if (!traceId) {
+      this.signals.checkScopes(scope);
+      return null;
+    }
+    return this.signals.check(traceId, scope);
   }
 
   /** check(), and while the trace is paused (AgentPaused), wait for an operator's release

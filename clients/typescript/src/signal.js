@@ -30,11 +30,14 @@ const HEX16 = /^[0-9a-f]{16}$/;
 const DATE_TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
 const KINDS = new Set(['kill', 'downgrade', 'release', 'pause']);
 const PAUSE_FALLBACKS = new Set(['kill', 'release']);
-const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'manual']);
+const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'agent_budget', 'manual']);
+// What a signal stops: its trace (also when absent), every trace of a conversation, or of an agent.
+const SCOPES = new Set(['trace', 'conversation', 'agent']);
+const MAX_CONVERSATION_ID_CHARS = 200;
 const TOP_FIELDS = new Set([
   'schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent',
   'detected_at', 'expires_at', 'system_message', 'operator', 'pause_until', 'pause_fallback',
-  'key_id', 'signature',
+  'scope', 'conversation_id', 'key_id', 'signature',
 ]);
 const REQUIRED = ['schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent', 'detected_at', 'expires_at'];
 // evidence field -> its minimum (integers) or 'string' / 'hex16'
@@ -189,6 +192,21 @@ function checkSchema(record) {
   if (record.kind === 'pause' && !('pause_until' in record && 'pause_fallback' in record)) {
     invalid('kind', 'a pause carries pause_until and pause_fallback');
   }
+  if ('scope' in record && !SCOPES.has(record.scope)) invalid('scope', 'not trace, conversation or agent');
+  if ('conversation_id' in record) {
+    const id = record.conversation_id;
+    // JSON Schema's maxLength counts characters (code points), not UTF-16 units.
+    if (typeof id !== 'string' || id.length === 0 || [...id].length > MAX_CONVERSATION_ID_CHARS) {
+      invalid('conversation_id', `not a string of 1 to ${MAX_CONVERSATION_ID_CHARS} characters`);
+    }
+  }
+  if ((record.scope === 'conversation') !== ('conversation_id' in record)) {
+    invalid('conversation_id', 'a conversation signal, and only it, names its conversation');
+  }
+  if (record.scope === 'agent' && agent.service.length === 0) invalid('agent.service', 'an agent signal names its service');
+  if ((record.scope === 'conversation' || record.scope === 'agent') && record.kind !== 'kill' && record.kind !== 'release') {
+    invalid('kind', 'a scoped signal is a kill or a release');
+  }
   if ('key_id' in record !== 'signature' in record) invalid('(top level)', 'key_id and signature go together');
   if ('key_id' in record && (typeof record.key_id !== 'string' || !HEX16.test(record.key_id))) invalid('key_id', 'not 16 lowercase hex');
   if ('signature' in record && typeof record.signature !== 'string') invalid('signature', 'not a string');
@@ -250,5 +268,7 @@ export function readSignal(value, keys, now = new Date()) {
     operator: record.operator ?? null,
     pauseUntil: record.pause_until ?? null, // kind pause: until when the agent waits
     pauseFallback: record.pause_fallback ?? null, // and then: 'kill' or 'release'
+    scope: record.scope ?? null, // null or 'trace': the trace; 'conversation'; 'agent'
+    conversationId: record.conversation_id ?? null,
   });
 }

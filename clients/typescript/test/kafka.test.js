@@ -174,3 +174,32 @@ test('a signed pause holds the trace and a forged one is ignored; a signed relea
     await killswitch.close();
   }
 });
+
+test('a conversation kill and an agent kill stop new traces of their scope only, until released', async () => {
+  const conversation = `conv-${hex(4)}`;
+  const killswitch = await new KillSwitch({
+    brokers: BOOTSTRAP, topic: TOPIC, signingKey: KEY, log: () => {}, agent: 'ts-agent/triage',
+  }).start();
+  try {
+    const scoped = (changes) => signal('0'.repeat(32), { rule: 'manual', operator: 'alice', evidence: { span_id: '0'.repeat(16) }, ...changes });
+    const killConversation = scoped({ scope: 'conversation', conversation_id: conversation, reason: 'refund loop' });
+    const killAgent = scoped({ scope: 'agent', agent: { service: 'ts-agent', name: 'triage' }, reason: 'spend' });
+    await send(0, JSON.stringify(sign(killConversation, KEY)));
+    await send(1, JSON.stringify(sign(killAgent, KEY)));
+    await until(() => killswitch.received >= 2, 'the scoped kills');
+    // The switch's own agent (ts-agent/triage) is killed for every trace...
+    assert.throws(() => killswitch.check(hex(16)), (error) => error instanceof AgentKilled && error.scope === 'agent');
+    // ... another agent's trace in the conversation is killed by the conversation kill ...
+    const billing = { service: 'ts-agent', name: 'billing' };
+    assert.throws(() => killswitch.check(hex(16), { conversationId: conversation, agent: billing }), (error) => error.scope === 'conversation');
+    // ... and another agent outside it goes on.
+    assert.equal(killswitch.check(hex(16), { conversationId: 'another', agent: billing }), null);
+    const release = (kill) => ({ ...kill, kind: 'release', signal_id: hex(16), detected_at: new Date(Date.now() + 1000).toISOString() });
+    await send(2, JSON.stringify(sign(release(killConversation), KEY)));
+    await send(0, JSON.stringify(sign(release(killAgent), KEY)));
+    await until(() => killswitch.received >= 4, 'the releases');
+    assert.equal(killswitch.check(hex(16), { conversationId: conversation }), null);
+  } finally {
+    await killswitch.close();
+  }
+});

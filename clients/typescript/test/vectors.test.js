@@ -52,6 +52,10 @@ for (const vector of document.vectors) {
           expires_at: signal.expiresAt,
           pause_until: signal.pauseUntil,
           pause_fallback: signal.pauseFallback,
+          scope: signal.scope,
+          conversation_id: signal.conversationId,
+          agent_service: signal.agent.service,
+          agent_name: signal.agent.name,
         },
         expected,
       );
@@ -98,7 +102,7 @@ for (const sequence of document.sequences) {
       } else if ('check' in step) {
         let outcome;
         try {
-          outcome = outcomeOf(undefined, book.check(step.check));
+          outcome = outcomeOf(undefined, book.check(step.check, { conversationId: step.conversation, agent: step.agent }));
         } catch (error) {
           outcome = outcomeOf(error);
         }

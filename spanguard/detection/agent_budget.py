@@ -1,0 +1,313 @@
+"""The agent scope over time: tokens and dollars per agent over a rolling window, across all of
+its traces.
+
+A weekend of spend is made of runs that each look fine alone: a thousand short traces under
+every trace budget. The trace guard (guard.py) hands each change of a trace's usage to an
+AgentBudgetGuard as a compact record (`AgentUsage`: the agent, the trace, the span's end time,
+token and cost deltas), and the policy entry matching the agent (`agent_budget: {window, tokens,
+usd, action}`) says what the agent may spend per window. Pure Python, no I/O.
+
+Time is record time (the spans' end times), so replay decides what a live run decided. State
+is bounded: per agent at most MAX_BUCKETS buckets of counts (a minute each for a window of up
+to 4 hours, wider for longer ones), and at most `max_agents` agents, the least recently seen
+forgotten first. A clock that jumps costs the agent's own window only:
+- a span that ended before the newest bucket (late, or a clock set back) within the window is
+  counted into the newest bucket (`late`);
+- a span a whole window or more before or after the newest bucket (a clock far off either way)
+  starts the window afresh from it (`resets`): one bad clock cannot pin the window in the
+  future or the past.
+
+Crossing a budget is a decision like any other (flag: recorded and notified); with
+`action: kill`, a kill of the agent's scope (every trace of the agent, see KillSignal.scope)
+that expires when the window frees: when enough of the oldest buckets leave it that the
+agent is back under budget. One decision per crossing: the next comes after that time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.pricing import micro_usd, pico_usd
+from spanguard.detection.rules.base import FLAG, GuardObserver
+from spanguard.detection.trace_state import iso_from_micros
+from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.policy import AgentPolicy, Policy
+
+__all__ = [
+    "DEFAULT_MAX_AGENTS",
+    "MAX_BUCKETS",
+    "AgentBudgetGuard",
+    "AgentUsage",
+    "AgentWindow",
+    "bucket_seconds",
+]
+
+log = logging.getLogger("spanguard.core")
+
+SCOPE = "agent"
+RULE = "agent_budget"
+# Buckets per window at most: a minute each up to a 4-hour window, then wider.
+MAX_BUCKETS = 240
+MIN_BUCKET_SECONDS = 60
+DEFAULT_MAX_AGENTS = 10_000
+
+
+def bucket_seconds(window: int) -> int:
+    """How wide one bucket of a `window`-second window is (whole seconds, the window a whole
+    number of them, rounded up)."""
+    return max(MIN_BUCKET_SECONDS, -(-window // MAX_BUCKETS))
+
+
+@dataclass(slots=True)
+class AgentUsage:
+    """What one usage span added to its trace's tokens and cost, with the agent it belongs to."""
+
+    service: str
+    agent_name: str | None
+    trace_id: str
+    span_id: bytes
+    end_time_unix_nano: int
+    tokens: int
+    cost: int  # pico-dollars; 0 when usage is not priced
+
+
+@dataclass(slots=True)
+class AgentWindow:
+    """One agent's spend over its rolling window: [bucket index, tokens, cost] oldest first."""
+
+    buckets: deque[list[int]] = field(default_factory=deque)
+    tokens: int = 0
+    cost: int = 0  # pico-dollars
+    # Until when (epoch seconds, record time) the last crossing holds: no new decision before.
+    tripped_until: float = 0.0
+    late: int = 0  # spans counted into the newest bucket though they ended before it
+    resets: int = 0  # windows started afresh by a span a whole window away
+
+
+class AgentBudgetGuard(GuardObserver):
+    """Keeps each agent's rolling window and decides when one crosses its budget.
+
+    `Guard(agent_budgets=AgentBudgetGuard(policy))` feeds it every change of a trace's usage
+    and returns its decisions with its own; `observe_usage` may also be fed directly."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_agents: int = DEFAULT_MAX_AGENTS,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.max_agents = max_agents
+        self.windows: OrderedDict[tuple[str, str | None], AgentWindow] = OrderedDict()
+        self.pending: list[Decision] = []
+        self.decisions = 0
+        self.forgotten = 0  # agents pushed out by `max_agents`
+        self._told: set[str] = set()  # what was logged once
+
+    @property
+    def enabled(self) -> bool:
+        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        return any(_has_budget(policy) for policy in policies)
+
+    @property
+    def prices_usage(self) -> bool:
+        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        return any(policy.agent_budget_usd is not None for policy in policies)
+
+    def take(self) -> list[Decision]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    def observe_usage(self, record: AgentUsage) -> Decision | None:
+        policy = self._policy(record.service, record.agent_name)
+        if not _has_budget(policy) or (record.tokens <= 0 and record.cost <= 0):
+            return None
+        window_seconds = policy.agent_budget_window
+        width = bucket_seconds(window_seconds)
+        span = -(-window_seconds // width)  # buckets in the window
+        ended = record.end_time_unix_nano / 1e9 if record.end_time_unix_nano > 0 else self.clock()
+        index = int(ended // width)
+        key = (record.service, record.agent_name)
+        window = self._window(key)
+        if window.buckets:
+            newest = window.buckets[-1][0]
+            if abs(index - newest) >= span:
+                self._reset(window, key, index, newest)
+            elif index < newest:
+                window.late += 1
+                index = newest
+        while window.buckets and window.buckets[0][0] <= index - span:
+            _, tokens, cost = window.buckets.popleft()
+            window.tokens -= tokens
+            window.cost -= cost
+        if window.buckets and window.buckets[-1][0] == index:
+            bucket = window.buckets[-1]
+            bucket[1] += record.tokens
+            bucket[2] += record.cost
+        else:
+            window.buckets.append([index, record.tokens, record.cost])
+        window.tokens += record.tokens
+        window.cost += record.cost
+        if ended < window.tripped_until:
+            return None  # this crossing was decided; the next after the window frees
+        decision = self._crossed(window, record, policy, width, span)
+        if decision is not None:
+            self.pending.append(decision)
+        return decision
+
+    def retract(self, decision: Decision) -> None:
+        """Undo the mark of a decision whose signal could not be sent: it may trip again."""
+        window = self.windows.get((decision.agent.service, decision.agent.name))
+        if window is not None:
+            window.tripped_until = 0.0
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _crossed(
+        self,
+        window: AgentWindow,
+        record: AgentUsage,
+        policy: AgentPolicy,
+        width: int,
+        span: int,
+    ) -> Decision | None:
+        token_budget = policy.agent_budget_tokens
+        cost_budget = pico_usd(policy.agent_budget_usd) if policy.agent_budget_usd else None
+        over_tokens = token_budget is not None and window.tokens > token_budget
+        over_cost = cost_budget is not None and window.cost > cost_budget
+        if not (over_tokens or over_cost):
+            return None
+        # When the window frees: the oldest buckets leave it, one by one, until the agent is
+        # back within every budget it crossed.
+        tokens, cost = window.tokens, window.cost
+        frees_at = (window.buckets[-1][0] + span) * width
+        for index, bucket_tokens, bucket_cost in window.buckets:
+            tokens -= bucket_tokens
+            cost -= bucket_cost
+            if (token_budget is None or tokens <= token_budget) and (
+                cost_budget is None or cost <= cost_budget
+            ):
+                frees_at = (index + span) * width
+                break
+        window.tripped_until = float(frees_at)
+        agent = _agent_text(record.service, record.agent_name)
+        period = _period(policy.agent_budget_window)
+        if over_tokens:
+            reason = (
+                f"agent {agent} used {window.tokens} tokens in the last {period}, over its"
+                f" budget of {token_budget}"
+            )
+        else:
+            reason = (
+                f"agent {agent} spent ${window.cost / 1e12:.4f} in the last {period}, over its"
+                f" budget of ${policy.agent_budget_usd:g}"
+            )
+        action = FLAG if policy.shadow else policy.agent_budget_action
+        until = datetime.fromtimestamp(frees_at, UTC).isoformat(timespec="milliseconds")
+        entry, match = "defaults", None
+        for number, agent_rule in enumerate(self.policy.rules):
+            if agent_rule.policy is policy:
+                entry, match = f"agents.{number}", dict(agent_rule.match)
+                break
+        # Deterministic: the same crossing replayed carries the same id.
+        text = f"agent:{record.service}/{record.agent_name or ''}:{RULE}:{action}:{frees_at}"
+        self.decisions += 1
+        return Decision(
+            trace_id=record.trace_id,
+            span_id=record.span_id.hex(),
+            rule=RULE,
+            action=action,  # type: ignore[arg-type]
+            reason=f"{reason}; the window frees at {until}",
+            agent=AgentIdentity(record.service, record.agent_name),
+            detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            autonomous=policy.autonomous,
+            severity=policy.severity,
+            span_ended_at=(
+                iso_from_micros(record.end_time_unix_nano // 1000)
+                if record.end_time_unix_nano > 0
+                else None
+            ),
+            tokens=window.tokens,
+            token_budget=token_budget,
+            cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
+            budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
+            policy_entry=entry,
+            policy_match=match,
+            scope=SCOPE,
+            scope_until=until if action == "kill" else None,
+            decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
+        )
+
+    def _window(self, key: tuple[str, str | None]) -> AgentWindow:
+        window = self.windows.get(key)
+        if window is not None:
+            self.windows.move_to_end(key)
+            return window
+        window = self.windows[key] = AgentWindow()
+        if len(self.windows) > self.max_agents:
+            self.windows.popitem(last=False)
+            self.forgotten += 1
+            self._tell_once(
+                "forgotten",
+                "agent budgets: more than %d agents; the least recently seen is forgotten"
+                " (counted in AgentBudgetGuard.forgotten)",
+                self.max_agents,
+            )
+        return window
+
+    def _reset(
+        self, window: AgentWindow, key: tuple[str, str | None], index: int, newest: int
+    ) -> None:
+        window.buckets.clear()
+        window.tokens = window.cost = 0
+        window.tripped_until = 0.0
+        window.resets += 1
+        self._tell_once(
+            f"reset:{key}",
+            "agent budget of %s: a span ended a whole window away from the newest one (bucket"
+            " %d, newest %d): its window starts afresh (counted in AgentWindow.resets)",
+            _agent_text(*key),
+            index,
+            newest,
+        )
+
+    def _tell_once(self, what: str, message: str, *args: object) -> None:
+        if what in self._told or len(self._told) >= 4096:
+            return
+        self._told.add(what)
+        log.warning(message, *args)
+
+    def _policy(self, service: str, agent_name: str | None) -> AgentPolicy:
+        if not self.policy.rules:
+            return self.policy.defaults
+        attributes = {SERVICE_NAME: service}
+        if agent_name is not None:
+            attributes[AGENT_NAME] = agent_name
+        return self.policy.for_attributes(attributes)
+
+
+def _has_budget(policy: AgentPolicy) -> bool:
+    return policy.agent_budget_tokens is not None or policy.agent_budget_usd is not None
+
+
+def _agent_text(service: str, agent_name: str | None) -> str:
+    return f"{service}/{agent_name}" if agent_name else service
+
+
+def _period(seconds: int) -> str:
+    if seconds % 86400 == 0:
+        return "day" if seconds == 86400 else f"{seconds // 86400} days"
+    if seconds % 3600 == 0:
+        return "hour" if seconds == 3600 else f"{seconds // 3600} hours"
+    return f"{seconds} s"

@@ -1,0 +1,91 @@
+"""Scoped signals without a broker: where a check finds its agent, what a scoped decision
+sends, and that scopes held by the book stay bounded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from spanguard.killswitch.adapters import TraceGate
+from spanguard.killswitch.client import parse_agent
+from spanguard.killswitch.signals import AgentKilled, SignalBook, current_agent
+from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, validate
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def agent_kill(service: str = "support", name: str | None = "triage", minutes: int = 30):
+    decision = Decision(
+        trace_id="a" * 32,
+        span_id="b" * 16,
+        rule="agent_budget",
+        action="kill",
+        reason="over budget",
+        agent=AgentIdentity(service, name),
+        detected_at=NOW.isoformat(timespec="milliseconds"),
+        scope="agent",
+        scope_until=(NOW + timedelta(minutes=minutes)).isoformat(timespec="milliseconds"),
+    )
+    return KillSignal.from_decision(decision, ttl_seconds=3600)
+
+
+def test_an_agent_decision_sends_an_agent_kill_lasting_until_its_window_frees():
+    signal = agent_kill()
+    assert (signal.scope, signal.expires_at) == ("agent", "2026-06-01T12:30:00.000+00:00")
+    validate(signal.to_dict(), "kill-signal")
+    # A trace's signal stays as it always was: no scope field at all.
+    assert "scope" not in KillSignal.from_dict({**signal.to_dict(), "scope": None}).to_dict()
+
+
+def test_the_agent_comes_from_the_tracer_providers_resource(monkeypatch):
+    resource = Resource.create({"service.name": "support", "gen_ai.agent.name": "triage"})
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: TracerProvider(resource=resource))
+    assert current_agent() == AgentIdentity("support", "triage")
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
+    assert current_agent() is None
+
+
+def test_parse_agent():
+    assert parse_agent("support/triage") == AgentIdentity("support", "triage")
+    assert parse_agent("support") == AgentIdentity("support", None)
+    with pytest.raises(ValueError, match="names no service"):
+        parse_agent("/triage")
+
+
+def test_a_trace_gate_passes_its_scope_to_every_check():
+    book = SignalBook(clock=lambda: NOW)
+    book.deliver(agent_kill())
+    gate = TraceGate(book, trace_id="c" * 32, agent=AgentIdentity("support", "triage"))
+    with pytest.raises(AgentKilled):
+        gate.check_trace("c" * 32)
+    assert TraceGate(book, trace_id="c" * 32).check_trace("c" * 32) is None
+
+
+def test_scopes_held_are_bounded_and_expired_kills_lift():
+    clock = [NOW]
+    book = SignalBook(max_traces=3, clock=lambda: clock[0])
+    for number in range(10):
+        book.deliver(agent_kill(service=f"service-{number}"))
+    assert book.tracked_scopes == 3
+    with pytest.raises(AgentKilled):
+        book.check_scopes(agent=AgentIdentity("service-9", "triage"))
+    book.check_scopes(agent=AgentIdentity("service-0", "triage"))  # forgotten: passes
+    clock[0] = NOW + timedelta(minutes=30)
+    book.check_scopes(agent=AgentIdentity("service-9", "triage"))
+
+
+def test_an_operators_scoped_kill_and_its_audit_record_keep_their_contracts():
+    from spanguard.connectors.manual import manual_decision
+
+    for scope in ({"conversation_id": "conv-1"}, {"agent": AgentIdentity("support", None)}):
+        decision = manual_decision(None, "kill", "stop", "alice", **scope)
+        validate(decision.to_dict(), "detection")
+        signal = KillSignal.from_decision(decision)
+        validate(signal.to_dict(), "kill-signal")
+        assert signal.stops == decision.scope
+    with pytest.raises(ValueError, match="name one of"):
+        manual_decision("a" * 32, "kill", "stop", "alice", conversation_id="conv-1")
