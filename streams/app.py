@@ -18,7 +18,6 @@ from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
-from spanguard.detection.conversation import ConversationState
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
@@ -31,6 +30,7 @@ from spanguard.streams.conversations import (
     ConversationAgent,
     ConversationCount,
     ConversationRecorder,
+    conversation_view,
     conversations_wanted,
 )
 from spanguard.streams.delivery import Outbox
@@ -143,11 +143,8 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
             value_type=bytes,
         )
     )
-    states = SerializedStates(
-        table,
-        bucket_seconds=settings.state_ttl / 60,
-        cache_size=settings.state_cache,
-        decode=ConversationState.from_bytes,
+    states = conversation_view(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
     table.states = states
     return states

@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import faust
@@ -29,6 +29,7 @@ from faust.types import EventT
 from spanguard.detection.conversation import (
     ConversationCall,
     ConversationGuard,
+    ConversationState,
     ConversationUsage,
 )
 from spanguard.detection.pipeline import Outcome
@@ -49,6 +50,7 @@ __all__ = [
     "WorkerConversations",
     "conversation_sends",
     "conversation_tally",
+    "conversation_view",
     "conversations_wanted",
     "decode_records",
     "encode_records",
@@ -206,6 +208,19 @@ def decode_records(key: bytes | None, value: bytes | None) -> list[Record]:
 
 
 # -- the conversation side: decide ---------------------------------------------------------
+
+
+def conversation_view(
+    table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
+) -> SerializedStates:
+    """The conversation table as the scope reads it: ConversationStates, written once per
+    batch, idle ones evicted with bounded work (streams/state.py)."""
+    return SerializedStates(
+        table,
+        bucket_seconds=bucket_seconds,
+        cache_size=cache_size,
+        decode=ConversationState.from_bytes,
+    )
 
 
 class WorkerConversations(ConversationGuard):
