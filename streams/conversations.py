@@ -106,6 +106,7 @@ class ConversationRecorder(ConversationGuard):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.records: list[Record] = []
+        self.sources: list[Any] = []  # aligned with `records`: the message each came from
 
     def observe_call(self, record: ConversationCall) -> Decision | None:
         if self._policy(record.service, record.agent_name).conversation_enabled:
@@ -120,8 +121,15 @@ class ConversationRecorder(ConversationGuard):
     def retract(self, decision: Decision) -> None:
         """Nothing to undo: the trace side takes no conversation decision."""
 
-    def drain(self) -> list[Record]:
-        taken, self.records = self.records, []
+    def sourced(self, message: Any) -> None:
+        """The records since the last call came from `message`."""
+        self.sources.extend([message] * (len(self.records) - len(self.sources)))
+
+    def drain(self) -> tuple[list[Record], list[Any]]:
+        """The records and the message each came from, in order."""
+        self.sourced(None)  # records of no message (a direct caller): no source
+        taken = self.records, self.sources
+        self.records, self.sources = [], []
         return taken
 
 
@@ -342,13 +350,16 @@ class ConversationAgent:
             log.info("evicted idle conversations", extra={"evicted": evicted, "ttl": ttl})
 
 
-def conversation_sends(worker: Worker, records: list[Record], source: Any) -> list[Send]:
-    """The span agent's records for the conversation topic, one per conversation; a record
-    that cannot be written leaves a dead letter pointing at `source`."""
+def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]) -> list[Send]:
+    """The span agent's records for the conversation topic, one per conversation, in order; a
+    record that cannot be written leaves a dead letter pointing at the first message that
+    contributed to it (`sources` is aligned with `records`)."""
     topic = worker.conversations_out
     assert topic is not None
-    encoded = encode_records(records)
+    first_source: dict[str, Any] = {}
+    for record, source in zip(records, sources, strict=True):
+        first_source.setdefault(record.conversation_id, source)
     return [
-        Send(topic, {"key": conversation_id.encode(), "value": value}, source=source)
-        for conversation_id, value in encoded.items()
+        Send(topic, {"key": cid.encode(), "value": value}, source=first_source[cid])
+        for cid, value in encode_records(records).items()
     ]

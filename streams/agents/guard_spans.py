@@ -216,13 +216,16 @@ class SpanAgent:
                 )
                 outcome = worker.pipeline.handle(message.key, message.value, repartitioned)
             sends.extend(worker.outbox.sends_for(outcome, message))
-            if worker.recorder is not None and worker.recorder.records:
-                records = worker.recorder.drain()
-                self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
-                sends.extend(conversation_sends(worker, records, message))
+            if worker.recorder is not None:
+                worker.recorder.sourced(message)
             if self.verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
+        if worker.recorder is not None and worker.recorder.records:
+            # One record per conversation and batch: a Kafka record each costs both agents.
+            records, sources = worker.recorder.drain()
+            self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
+            sends.extend(conversation_sends(worker, records, sources))
         return sends, goal_sends
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:

@@ -20,6 +20,7 @@ from spanguard.streams.conversations import (
     MAX_RECENT_SPANS,
     ConversationRecorder,
     WorkerConversations,
+    conversation_sends,
     conversation_view,
     conversations_wanted,
     decode_records,
@@ -138,8 +139,23 @@ def test_the_recorder_records_only_agents_whose_policy_turns_the_scope_on():
         },
     )
     assert run(guard, off.finished() + on.finished()) == []  # support-bot: the scope is off
-    assert recorder.drain() == []
+    assert recorder.drain() == ([], [])
     assert run(guard, chat.finished()) == []  # recorded, not decided, on the trace side
-    (record,) = recorder.drain()
+    (record,), (source,) = recorder.drain()
+    assert source is None  # no message named
     assert (record.conversation_id, record.trace_id) == ("conv", chat.trace_id)
     assert b"refund" not in encode_records([record])["conv"]
+
+
+def test_a_batch_sends_one_record_per_conversation_pointing_at_its_first_message():
+    class Out:
+        conversations_out = "the conversation topic"
+
+    records = [call("a", "t1", 1), call("b", "t2", 2), call("a", "t3", 3), usage("a", "t3", 4, 9)]
+    sources = ["message 1", "message 2", "message 3", "message 3"]
+    sends = conversation_sends(Out(), records, sources)  # type: ignore[arg-type]
+    assert [(s.kwargs["key"], s.source) for s in sends] == [
+        (b"a", "message 1"),
+        (b"b", "message 2"),
+    ]
+    assert decode_records(b"a", sends[0].kwargs["value"]) == [records[0], records[2], records[3]]

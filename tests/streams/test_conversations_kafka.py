@@ -48,6 +48,11 @@ def records_of(collector: Collector, topic: str) -> list[dict]:
     return [m for m in list(collector.messages) if m["topic"] == topic]
 
 
+def calls_on(collector: Collector, topic: str) -> int:
+    """Call and usage records on the conversation topic (a Kafka record holds a batch's)."""
+    return sum(len(json.loads(m["value"])["r"]) for m in records_of(collector, topic))
+
+
 @pytest.mark.parametrize(
     ("action", "expected_actions"),
     [("kill", ["kill", "kill", "kill"]), (None, ["flag"])],
