@@ -37,10 +37,12 @@ def core_decisions(policy_text: dict, conversations: list[list[AgentRecorder]]) 
     return [d for turns in conversations for agent in turns for d in run(guard, agent.finished())]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, seen: Callable[[], object] = str
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; seen: {seen()}"
         time.sleep(0.2)
 
 
@@ -76,11 +78,10 @@ def test_a_conversation_of_six_traces_is_decided_once_per_repeat(
             # In call order across traces, as the core reads them: the next turn waits for
             # this one's records on the conversation topic.
             wait_until(
-                lambda i=index: (
-                    len(records_of(worker.collector, topics.conversations)) >= 2 * (i + 1)
-                ),
+                lambda i=index: calls_on(worker.collector, topics.conversations) >= 2 * (i + 1),
                 60,
                 f"turn {index}'s conversation records",
+                lambda: calls_on(worker.collector, topics.conversations),
             )
         wait_until(
             lambda: len(records_of(worker.collector, topics.detections)) >= len(expected),
@@ -156,8 +157,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
         def records_through(index: int) -> None:
             wait_until(
                 lambda: (
-                    len(records_of(collector, topics.conversations))
-                    >= 2 * CONVERSATIONS * (index + 1)
+                    calls_on(collector, topics.conversations) >= 2 * CONVERSATIONS * (index + 1)
                 ),
                 90,
                 f"turn {index}'s conversation records",
