@@ -11,7 +11,7 @@ signed kill signal, and from the detections topic paging and the webhook.
 
 What the records hold: ids, the call's key (tool name, hashes of its arguments and result), its
 span id and end time, token and cost deltas; never arguments. One Kafka record per conversation
-and source message: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
+and span batch: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
 """
 
 from __future__ import annotations
