@@ -74,6 +74,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench.bench_scopes import with_conversations
 from bench.corpus import build_corpus
 from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
@@ -811,6 +812,13 @@ def main() -> int:
         help="spans per message, uniformly (the Collector's batch timeout decides it)",
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--conversations",
+        action="store_true",
+        help="every span of the drain corpus names its trace's conversation, six traces a"
+        " conversation (the conversation scope's load, with a policy that turns it on:"
+        " --worker-arg=--policy=FILE)",
+    )
     args = parser.parse_args()
     phases = set(args.phases.split(","))
     bench_started = time.monotonic()
@@ -820,7 +828,9 @@ def main() -> int:
     low, high = (int(n) for n in args.message_spans.split(","))
     mix = {"per_trace": True, "message_spans": (low, high)}
     corpus = build_corpus(args.spans, args.traces, seed=7, **mix)
-    messages = keyed_messages(corpus.requests)
+    messages = keyed_messages(
+        with_conversations(corpus.requests) if args.conversations else corpus.requests
+    )
     second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
     latency_corpus = build_corpus(int(args.rate * args.seconds), args.latency_traces, seed=8, **mix)
     paced = keyed_messages(latency_corpus.requests)

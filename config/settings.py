@@ -196,6 +196,7 @@ TOPIC_SETTINGS: Final = (
     "repartition_topic",
     "goal_topic",
     "ack_topic",
+    "conversation_topic",
 )
 # What Kafka accepts as a topic name (kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -242,6 +243,10 @@ class WorkerSettings:
     )
     goal_topic: str = setting(
         "spanguard-goal-checks", "ended agent invocations waiting for the goal verifier"
+    )
+    conversation_topic: str = setting(
+        "spanguard-conversation-calls",
+        "compact call and usage records keyed by conversation id (the conversation scope)",
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
     replication_factor: int = setting(
@@ -401,6 +406,15 @@ class WorkerSettings:
     def changelog_topic(self) -> str:
         """What Faust names the state table's changelog topic."""
         return f"{self.app_id}-{self.table_name}-changelog"
+
+    @property
+    def conversation_table_name(self) -> str:
+        return "conversation-state"
+
+    @property
+    def conversation_changelog_topic(self) -> str:
+        """What Faust names the conversation table's changelog topic."""
+        return f"{self.app_id}-{self.conversation_table_name}-changelog"
 
     @property
     def store_url(self) -> str:

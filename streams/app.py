@@ -22,10 +22,17 @@ from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSk
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
-from spanguard.outcomes import Counted, CountedOutcome
+from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_spans import SpanAgent
+from spanguard.streams.conversations import (
+    ConversationAgent,
+    ConversationCount,
+    ConversationRecorder,
+    conversation_view,
+    conversations_wanted,
+)
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, HealthCount
@@ -60,6 +67,9 @@ def create_app(
     app = faust_app(settings)
     worker = build_worker(app, settings, policy, pager, verifier, webhook)
     SpanAgent(worker).attach(app)
+    if worker.conversations_out is not None:
+        conversations = conversation_states(app, settings)
+        ConversationAgent(worker, worker.conversations_out, conversations).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)
@@ -118,6 +128,28 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
     return table, states
 
 
+def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
+    """The conversation table (conversation id -> ConversationState bytes) and its view: like
+    the trace table, its changelog follows the partition each record arrives on."""
+    table = app.tables.add(
+        TraceTable(
+            app,
+            name=settings.conversation_table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            use_partitioner=False,
+            key_type=bytes,
+            value_type=bytes,
+        )
+    )
+    states = conversation_view(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
+    table.states = states
+    return states
+
+
 def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
     """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
     detections topic it follows. Its changelog topic is created on start."""
@@ -146,7 +178,9 @@ def build_worker(
     signing_key = kill_signing_key(settings)
     # Operators' releases (signed with the same key) re-arm a killed trace's loop rules.
     releases = ReleaseReader(settings, signing_key)
-    guard = Guard(policy, states=states, released=releases.released)
+    # The conversation scope only where a policy entry turns it on: off, nothing is read or sent.
+    recorder = ConversationRecorder(policy) if conversations_wanted(policy) else None
+    guard = Guard(policy, states=states, released=releases.released, conversations=recorder)
     pipeline = SpanPipeline(
         # A packed record of the repartition topic holds traces of the partition it is on.
         guard,
@@ -180,6 +214,10 @@ def build_worker(
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
+        recorder=recorder,
+        conversations_out=(
+            app.topic(settings.conversation_topic, **RAW) if recorder is not None else None
+        ),
     )
 
 
@@ -237,6 +275,8 @@ def counting_parts(
         WebhookOutcome: webhook.outcomes,
         ReleaseCount: releases,
         ReleaseSkip: releases.ignored,
+        # The span agent and the conversation agent count into it; zeros while it is off.
+        ConversationCount: Tally(),
     }
     if verifier is not None:
         counted[GoalOutcome] = verifier.outcomes

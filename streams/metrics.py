@@ -44,6 +44,7 @@ from spanguard.goal.verifier import GoalOutcome
 from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.streams.agents.guard_spans import SpanCount
+from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.health import HealthCount
 
 __all__ = [
@@ -191,6 +192,10 @@ COUNTER_HELP = {
     "usage_spans_priced": "usage spans priced for a usd budget, by outcome (unpriced: no price"
     " for the model they name; their tokens are counted as unpriced, never as free)",
     "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
+    "conversation_records": "the conversation scope's call and usage records, by what became"
+    " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
+    "conversation_decisions": "decisions the conversation agent took",
+    "conversations_evicted": "idle conversations whose state was deleted",
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
@@ -218,6 +223,11 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
     SpanCount.DEAD_LETTERS: (DEAD_LETTERS,),
     ReleaseCount.READ: (Series("releases_read"),),
+    ConversationCount.RECORDS_SENT: (Series("conversation_records", (("what", "sent"),)),),
+    ConversationCount.RECORDS_READ: (Series("conversation_records", (("what", "read"),)),),
+    ConversationCount.DUPLICATES: (Series("conversation_records", (("what", "duplicate"),)),),
+    ConversationCount.DECISIONS: (Series("conversation_decisions"),),
+    ConversationCount.EVICTED: (Series("conversations_evicted"),),
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),

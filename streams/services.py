@@ -40,6 +40,8 @@ class LagMeter:
             settings.detections_topic,
             settings.goal_topic,
         }
+        if worker.conversations_out is not None:
+            self.consumed.add(settings.conversation_topic)
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=LAG_INTERVAL)(self.measure_lag)

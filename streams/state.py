@@ -16,7 +16,7 @@ import json
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 import faust
@@ -136,8 +136,10 @@ class SerializedStates(MutableMapping[str, TraceState]):
         table: MutableMapping[bytes, bytes],
         bucket_seconds: float = 60.0,
         cache_size: int = 0,
+        decode: Callable[[bytes], TraceState] = TraceState.from_bytes,
     ) -> None:
         self.table = table
+        self.decode = decode  # a subclass's from_bytes (the conversation table's states)
         self.bucket_seconds = bucket_seconds
         self.cache_size = cache_size
         # (partition, trace id) -> state as written, oldest use first. Keyed by partition like
@@ -320,7 +322,7 @@ class SerializedStates(MutableMapping[str, TraceState]):
             if state is not None:
                 return state
         data = self.table.get(trace_id.encode())
-        return default if data is None else TraceState.from_bytes(data)
+        return default if data is None else self.decode(data)
 
     def __setitem__(self, trace_id: str, state: TraceState) -> None:
         event = current_event()

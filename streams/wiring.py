@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from spanguard.detection.pipeline import SpanPipeline
     from spanguard.goal.verifier import GoalVerifier
     from spanguard.outcomes import Counted, CountedOutcome
+    from spanguard.streams.conversations import ConversationRecorder
     from spanguard.streams.delivery import Outbox
     from spanguard.streams.health import Health
     from spanguard.streams.metrics import ConsumerLag, DetectionLatency
@@ -50,3 +51,7 @@ class Worker:
     registry: CollectorRegistry  # what /metrics serves
     latency: DetectionLatency
     lag: ConsumerLag
+    # The conversation scope, when a policy entry turns it on: what the span agent's guard
+    # records, and the topic it sends the records to (streams/conversations.py).
+    recorder: ConversationRecorder | None = None
+    conversations_out: faust.TopicT | None = None

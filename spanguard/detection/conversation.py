@@ -7,8 +7,8 @@ twice are twelve identical calls that no trace alone counts to 4. The trace guar
 hands each counted call and each change of a trace's usage to a ConversationGuard as a compact
 record (`ConversationCall`, `ConversationUsage`: ids, the call's key and times, token and cost
 deltas; never arguments), keyed by the conversation id the trace's spans name. Pure Python, no
-I/O: replay and tests run it beside the guard with a dict for state; a worker would feed it
-from a repartition of these records by conversation id.
+I/O: replay and tests run it beside the guard with a dict for state; the worker feeds it
+from a repartition of these records by conversation id (streams/conversations.py).
 
 What it decides (docs/design.md has why):
 - a tool_loop or cycle whose evidence spans two traces or more: the policy's
@@ -63,8 +63,8 @@ SCOPE = "conversation"
 
 @dataclass(slots=True)
 class ConversationCall:
-    """One counted tool call, as the conversation scope needs it (what a worker would
-    repartition by `conversation_id`)."""
+    """One counted tool call, as the conversation scope needs it (what the worker
+    repartitions by `conversation_id`)."""
 
     conversation_id: str
     trace_id: str
@@ -94,7 +94,7 @@ class ConversationUsage:
 class ConversationState(TraceState):
     """A TraceState over the conversation's calls (the rules read it as they read a trace's),
     with which trace each call of the window came from. Kept in memory (replay, in-process
-    mode); its changelog form is part of what the worker's side still needs."""
+    mode) or as `to_bytes()` in the worker's conversation table (streams/conversations.py)."""
 
     window_traces: deque[str] = field(default_factory=deque)  # aligned with `window`
     traces: OrderedDict[str, None] = field(default_factory=OrderedDict)  # last seen, bounded
@@ -106,6 +106,27 @@ class ConversationState(TraceState):
     def restart_window(self) -> None:
         TraceState.restart_window(self)
         self.window_traces.clear()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace state's record and the conversation's own fields, `last_seen` still last
+        (the worker's eviction reads it without decoding)."""
+        record = TraceState.to_dict(self)
+        last_seen = record.pop("last_seen")
+        record["window_traces"] = list(self.window_traces)
+        record["traces"] = list(self.traces)
+        record["trace_count"] = self.trace_count
+        record["killed"] = list(self.killed)
+        record["last_seen"] = last_seen
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> ConversationState:
+        state = TraceState.from_dict.__func__(cls, record)  # type: ignore[attr-defined]
+        state.window_traces = deque(record.get("window_traces", ()))
+        state.traces = OrderedDict.fromkeys(record.get("traces", ()))
+        state.trace_count = record.get("trace_count", len(state.traces))
+        state.killed = OrderedDict.fromkeys(record.get("killed", ()))
+        return state
 
 
 class ConversationGuard(GuardObserver):

@@ -20,6 +20,11 @@ import faust
 from faust.types import TP, EventT
 
 from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.streams.conversations import (
+    ConversationCount,
+    conversation_sends,
+    conversation_tally,
+)
 from spanguard.streams.delivery import Send, send_all
 from spanguard.streams.fence import Lease
 from spanguard.streams.state import event_context
@@ -63,6 +68,7 @@ class SpanAgent:
         self.worker = worker
         self.outcomes = Tally()
         worker.counted[SpanCount] = self.outcomes
+        self.conversation_records = conversation_tally(worker)
         # Where the agent got to in each source partition: the offset after the last message
         # of a completed batch, or the first one of a batch still running. Records between it
         # and the partition's highwater are waiting on the agent (health: stuck while lag grows).
@@ -320,9 +326,16 @@ class SpanAgent:
                 )
                 outcome = worker.pipeline.handle(message.key, message.value, repartitioned)
             sends.extend(worker.outbox.sends_for(outcome, message))
+            if worker.recorder is not None:
+                worker.recorder.sourced(message)
             if self.verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
+        if worker.recorder is not None and worker.recorder.records:
+            # One record per conversation and batch: a Kafka record each costs both agents.
+            records, sources = worker.recorder.drain()
+            self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
+            sends.extend(conversation_sends(worker, records, sources))
         return sends, goal_sends
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:

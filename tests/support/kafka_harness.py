@@ -203,6 +203,10 @@ class Topics:
     def goal_checks(self) -> str:
         return f"{self.prefix}-goal-checks"
 
+    @property
+    def conversations(self) -> str:
+        return f"{self.prefix}-conversation-calls"
+
     def delete(self) -> None:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
         from confluent_kafka.admin import AdminClient
@@ -225,6 +229,7 @@ class Topics:
             "--dead-letter-topic", self.dead_letters,
             "--repartition-topic", self.repartition,
             "--goal-topic", self.goal_checks,
+            "--conversation-topic", self.conversations,
         ]  # fmt: skip
 
 

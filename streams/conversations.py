@@ -1,0 +1,365 @@
+"""The conversation scope in the worker: a repartition of compact call records by conversation.
+
+A conversation's traces land on different partitions (they are keyed by trace id), so the span
+agent cannot decide across them. Instead its guard records each counted call and usage change of
+a trace that names a conversation (`ConversationRecorder`), and the span agent sends them, with
+the batch's other records, to the conversation topic keyed by conversation id. The conversation
+agent (`ConversationAgent`) reads that topic, keeps each conversation's `ConversationState` in a
+table keyed by conversation id (its changelog follows the partition a record arrives on, as the
+trace table's does), and sends its decisions down the trace decisions' path: detections topic,
+signed kill signal, and from the detections topic paging and the webhook.
+
+What the records hold: ids, the call's key (tool name, hashes of its arguments and result), its
+span id and end time, token and cost deltas; never arguments. One Kafka record per conversation
+and span batch: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import faust
+from faust.types import EventT
+
+from spanguard.detection.conversation import (
+    ConversationCall,
+    ConversationGuard,
+    ConversationState,
+    ConversationUsage,
+)
+from spanguard.detection.pipeline import Outcome
+from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.schemas.decision import Decision
+from spanguard.schemas.policy import Policy
+from spanguard.streams.delivery import Send, send_all
+from spanguard.streams.state import SerializedStates, event_context
+
+if TYPE_CHECKING:
+    from spanguard.streams.wiring import Worker
+
+__all__ = [
+    "MAX_RECENT_SPANS",
+    "ConversationAgent",
+    "ConversationCount",
+    "ConversationRecorder",
+    "WorkerConversations",
+    "conversation_sends",
+    "conversation_tally",
+    "conversation_view",
+    "conversations_wanted",
+    "decode_records",
+    "encode_records",
+]
+
+log = logging.getLogger("spanguard.worker")
+
+RECORD_VERSION = 1
+# Span ids a conversation remembers to drop records sent twice (a span batch decided again
+# after a crash re-sends what it had sent): a commit interval's calls of one conversation.
+MAX_RECENT_SPANS = 256
+# Conversations whose idle state is deleted per batch at most: bounded work.
+EVICT_PER_BATCH = 256
+# Longest text field a record may carry (trace ids are 32 hex, names are bounded upstream).
+MAX_FIELD_CHARS = 512
+
+Record = ConversationCall | ConversationUsage
+
+
+def conversations_wanted(policy: Policy) -> bool:
+    """Whether any policy entry turns the conversation scope on: when none does, the worker
+    builds none of it (no conversation keys read, no record sent)."""
+    return policy.defaults.conversation_enabled or any(
+        rule.policy.conversation_enabled for rule in policy.rules
+    )
+
+
+class ConversationCount(CountedOutcome):
+    """What the conversation scope counts in the worker."""
+
+    RECORDS_SENT = "conversation_records_sent"
+    RECORDS_READ = "conversation_records_read"
+    DUPLICATES = "conversation_duplicates"
+    DECISIONS = "conversation_decisions"
+    EVICTED = "conversations_evicted"
+
+
+def conversation_tally(worker: Worker) -> Tally:
+    """Where the span agent and the conversation agent count (streams/app.py makes it)."""
+    tally = worker.counted[ConversationCount]
+    assert isinstance(tally, Tally)
+    return tally
+
+
+# -- the trace side: record, do not decide ----------------------------------------------------
+
+
+class ConversationRecorder(ConversationGuard):
+    """Given to the span agent's guard as its conversation scope: it keeps the records of the
+    calls and usage of agents whose policy turns the scope on, for the span agent to send, and
+    decides nothing (the conversation agent does, from the topic)."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.records: list[Record] = []
+        self.sources: list[Any] = []  # aligned with `records`: the message each came from
+
+    def observe_call(self, record: ConversationCall) -> Decision | None:
+        if self._policy(record.service, record.agent_name).conversation_enabled:
+            self.records.append(record)
+        return None
+
+    def observe_usage(self, record: ConversationUsage) -> Decision | None:
+        if self._policy(record.service, record.agent_name).conversation_enabled:
+            self.records.append(record)
+        return None
+
+    def retract(self, decision: Decision) -> None:
+        """Nothing to undo: the trace side takes no conversation decision."""
+
+    def sourced(self, message: Any) -> None:
+        """The records since the last call came from `message`."""
+        self.sources.extend([message] * (len(self.records) - len(self.sources)))
+
+    def drain(self) -> tuple[list[Record], list[Any]]:
+        """The records and the message each came from, in order."""
+        self.sourced(None)  # records of no message (a direct caller): no source
+        taken = self.records, self.sources
+        self.records, self.sources = [], []
+        return taken
+
+
+def encode_records(records: Iterable[Record]) -> dict[str, bytes]:
+    """{conversation id: one record value holding its calls and usage, in order}."""
+    grouped: dict[str, list[list[Any]]] = defaultdict(list)
+    for record in records:
+        if isinstance(record, ConversationCall):
+            tool, args_hash, result_hash = record.key
+            row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
+            row += [record.end_time_unix_nano, tool, args_hash, result_hash]
+        else:
+            row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
+            row += [record.tokens, record.cost]
+        row += [record.service, record.agent_name]
+        grouped[record.conversation_id].append(row)
+    return {
+        conversation_id: json.dumps(
+            {"v": RECORD_VERSION, "r": rows}, separators=(",", ":")
+        ).encode()
+        for conversation_id, rows in grouped.items()
+    }
+
+
+def _text(value: Any, what: str, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_FIELD_CHARS:
+        raise ValueError(f"{what} is not a string of 1-{MAX_FIELD_CHARS} characters")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} is not a non-negative integer")
+    return value
+
+
+def decode_records(key: bytes | None, value: bytes | None) -> list[Record]:
+    """The records of one message of the conversation topic; ValueError says what is wrong."""
+    if not key:
+        raise ValueError("no conversation id in the key")
+    try:
+        conversation_id = key.decode()
+        body = json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not a conversation record: {exc}") from None
+    _text(conversation_id, "conversation id")
+    if not isinstance(body, dict) or body.get("v") != RECORD_VERSION:
+        raise ValueError(f"not a version {RECORD_VERSION} conversation record")
+    rows = body.get("r")
+    if not isinstance(rows, list):
+        raise ValueError("no record list")
+    records: list[Record] = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) not in (8, 9) or row[0] not in ("c", "u"):
+            raise ValueError("a record is not a call or usage row")
+        trace_id = _text(row[1], "trace id")
+        try:
+            span_id = bytes.fromhex(_text(row[2], "span id"))
+        except ValueError:
+            raise ValueError("span id is not hex") from None
+        end = _count(row[3], "end time")
+        service, agent = _text(row[-2], "service"), _text(row[-1], "agent name", optional=True)
+        if row[0] == "c" and len(row) == 9:
+            key_ = (
+                _text(row[4], "tool name"),
+                _text(row[5], "arguments hash", optional=True),
+                _text(row[6], "result hash", optional=True),
+            )
+            records.append(
+                ConversationCall(conversation_id, trace_id, span_id, end, key_, service, agent)
+            )
+        elif row[0] == "u" and len(row) == 8:
+            tokens, cost = _count(row[4], "tokens"), _count(row[5], "cost")
+            records.append(
+                ConversationUsage(
+                    conversation_id, trace_id, span_id, end, tokens, cost, service, agent
+                )
+            )
+        else:
+            raise ValueError(f"a {row[0]!r} record of {len(row)} fields")
+    return records
+
+
+# -- the conversation side: decide ---------------------------------------------------------
+
+
+def conversation_view(
+    table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
+) -> SerializedStates:
+    """The conversation table as the scope reads it: ConversationStates, written once per
+    batch, idle ones evicted with bounded work (streams/state.py)."""
+    return SerializedStates(
+        table,
+        bucket_seconds=bucket_seconds,
+        cache_size=cache_size,
+        decode=ConversationState.from_bytes,
+    )
+
+
+class WorkerConversations(ConversationGuard):
+    """The conversation scope over the worker's table: a record seen before (a span batch
+    decided again after a crash sends its records again) is dropped by its span id."""
+
+    def __init__(self, policy: Policy, states: SerializedStates, **kwargs: Any) -> None:
+        super().__init__(policy, states=states, **kwargs)  # type: ignore[arg-type]
+        self.duplicates = 0
+
+    def observe(self, record: Record) -> Decision | None:
+        conversation_id = record.conversation_id
+        state = self.states.get(conversation_id)
+        if state is not None:
+            if record.span_id in state.recent_span_ids:
+                self.duplicates += 1
+                return None
+            # Kept in the batch's states: the scope's own read below is a dict lookup.
+            self.states[conversation_id] = state
+        if isinstance(record, ConversationCall):
+            decision = self.observe_call(record)
+        else:
+            decision = self.observe_usage(record)
+        state = self.states.get(conversation_id)
+        if state is not None:  # none when the policy turns the scope off for this agent
+            recent = state.recent_span_ids
+            recent[record.span_id] = None
+            if len(recent) > MAX_RECENT_SPANS:
+                recent.popitem(last=False)
+            self.states[conversation_id] = state
+        return decision
+
+
+class ConversationAgent:
+    """Reads the conversation topic in batches: decides each record, sends the decisions
+    (acked by the broker), writes the changed conversation states, then acks the batch."""
+
+    def __init__(self, worker: Worker, topic: faust.TopicT, states: SerializedStates) -> None:
+        self.worker = worker
+        self.topic = topic
+        self.states = states
+        self.outcomes = conversation_tally(worker)
+        self.guard = WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
+
+    def attach(self, app: faust.App) -> None:
+        app.agent(self.topic, name="guard-conversations")(self.guard_conversations)
+
+    async def guard_conversations(self, stream: faust.StreamT) -> None:
+        async for events in stream.take_events(self.worker.settings.batch_size, within=0.01):
+            await self.guard_batch(events)
+
+    async def guard_batch(self, events: list[EventT]) -> None:
+        for event in events:
+            event.message.incref()  # acked below, once the states are written
+        self.states.begin_batch()
+        try:
+            sends = self.decide(events)
+            failed = await send_all(sends)
+            self.settle(sends, failed)
+            pointers = self.worker.outbox.pointers_to_unsent(failed)
+            for send in await send_all(pointers):
+                log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
+            self.states.flush()
+        except BaseException as exc:
+            # Not written and not acked: the messages are decided again after a restart.
+            self.states.discard()
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("conversation batch failed; its messages stay unacked")
+                self.worker.health.crashed(exc)
+            raise
+        for event in events:
+            event.ack()
+        self.evict_idle(events)
+
+    def decide(self, events: list[EventT]) -> list[Send]:
+        outbox = self.worker.outbox
+        sends: list[Send] = []
+        for event in events:
+            message = event.message
+            try:
+                records = decode_records(message.key, message.value)
+            except ValueError as exc:
+                sends.append(outbox.dead_letter(message, f"conversation record: {exc}"))
+                continue
+            self.outcomes.add(ConversationCount.RECORDS_READ, len(records))
+            decisions: list[Decision] = []
+            before = self.guard.duplicates
+            with event_context(event):
+                for record in records:
+                    decision = self.guard.observe(record)
+                    if decision is not None:
+                        decisions.append(decision)
+            self.outcomes.add(ConversationCount.DUPLICATES, self.guard.duplicates - before)
+            self.outcomes.add(ConversationCount.DECISIONS, len(decisions))
+            sends.extend(outbox.sends_for(Outcome(decisions=decisions), message))
+        return sends
+
+    def settle(self, sends: list[Send], failed: list[Send]) -> None:
+        """A decision whose signal was not sent is not decided: it can trip again."""
+        lost = {id(send) for send in failed}
+        for send in sends:
+            if send.decision is not None and id(send) not in lost:
+                self.worker.latency.signal_sent(send.decision)
+        for send in failed:
+            if send.decision is not None:
+                self.guard.retract(send.decision)
+                self.worker.health.lost_signals += 1
+                log.error(
+                    "conversation kill signal not sent; it can trip again",
+                    extra={"conversation_id": send.decision.conversation_id},
+                )
+
+    def evict_idle(self, events: list[EventT]) -> None:
+        ttl = self.worker.settings.state_ttl
+        cutoff = self.worker.guard.clock() - ttl
+        evicted = self.states.evict_idle(events, cutoff, EVICT_PER_BATCH)
+        if evicted:
+            self.outcomes.add(ConversationCount.EVICTED, evicted)
+            log.info("evicted idle conversations", extra={"evicted": evicted, "ttl": ttl})
+
+
+def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]) -> list[Send]:
+    """The span agent's records for the conversation topic, one per conversation, in order; a
+    record that cannot be written leaves a dead letter pointing at the first message that
+    contributed to it (`sources` is aligned with `records`)."""
+    topic = worker.conversations_out
+    assert topic is not None
+    first_source: dict[str, Any] = {}
+    for record, source in zip(records, sources, strict=True):
+        first_source.setdefault(record.conversation_id, source)
+    return [
+        Send(topic, {"key": cid.encode(), "value": value}, source=first_source[cid])
+        for cid, value in encode_records(records).items()
+    ]
