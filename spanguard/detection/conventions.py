@@ -90,9 +90,9 @@ import ast
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -212,6 +212,8 @@ LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
+# The scanner json.loads uses (a decoder with its defaults): a value and where it ends.
+_scan_json = json.JSONDecoder().scan_once
 
 USAGE_KEYS: Final = frozenset(
     {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
@@ -315,21 +317,90 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
     )
 
 
+class _Reading(NamedTuple):
+    """What adapt_span looks for given its `wanted` keys, worked out once per key set."""
+
+    # A span carrying none of these (and not named `execute_tool`) is no event: what makes a
+    # span a tool call, an inference or an agent's, and its usage keys when wanted.
+    gate: tuple[str, ...]
+    gate_with_agent: tuple[str, ...]  # the same and the agent's name, for `match`
+    usage: tuple[str, ...]  # the usage keys wanted
+    input_tokens: tuple[str, ...]
+    output_tokens: tuple[str, ...]
+    aggregate_input: tuple[str, ...]
+    aggregate_output: tuple[str, ...]
+    match_keys: tuple[str, ...]  # wanted keys beyond the conventions': the policy's match keys
+    # Every convention key but usage is wanted: the attribute map itself answers "present?"
+    # (a hash lookup in C per key read) instead of a set built from all the span's keys.
+    whole: bool
+
+
+# The keys that can make a span an event (see adapt_span), commonest first.
+_GATE_KEYS: Final = (
+    OPERATION,
+    OPENINFERENCE_KIND,
+    TRACELOOP_KIND,
+    AI_SDK_OPERATION,
+    GENKIT_SUBTYPE,
+    "gen_ai.tool.name",
+    "tool.name",
+)
+_READINGS: dict[frozenset[str], _Reading] = {}
+
+
+def _reading(wanted: frozenset[str]) -> _Reading:
+    reading = _READINGS.get(wanted)
+    if reading is not None:
+        return reading
+
+    def only_wanted(keys: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(key for key in keys if key in wanted)
+
+    usage = only_wanted(
+        (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY)
+    )
+    gate = only_wanted(_GATE_KEYS) + usage
+    reading = _Reading(
+        gate=gate,
+        gate_with_agent=gate + only_wanted((AGENT_NAME,)),
+        usage=usage,
+        input_tokens=only_wanted(INPUT_TOKEN_KEYS),
+        output_tokens=only_wanted(OUTPUT_TOKEN_KEYS),
+        aggregate_input=only_wanted((AGGREGATE_INPUT_KEY,)),
+        aggregate_output=only_wanted((AGGREGATE_OUTPUT_KEY,)),
+        match_keys=tuple(sorted(wanted - WANTED_KEYS)),
+        whole=wanted >= WANTED_KEYS - USAGE_KEYS,
+    )
+    if len(_READINGS) >= 64:  # one per guard's policy in practice; bounded all the same
+        _READINGS.clear()
+    _READINGS[wanted] = reading
+    return reading
+
+
 def adapt_span(
     span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False, scope: str = ""
 ) -> ToolCall | TokenUsage | AgentSeen | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
     `wanted` is WANTED_KEYS (less the usage keys when no budget is set anywhere: then chat
-    spans cost one lookup pass and nothing more) plus the policy's match keys, which are
-    returned when `match` is set. The span's attributes are a map
-    (see schemas/otlp_view.py): one pass in C finds which wanted keys are present, and only
-    those values are read. `scope` is the name of the span's instrumentation scope.
+    spans cost a few lookups and nothing more) plus the policy's match keys, which are
+    returned when `match` is set. The span's attributes are a map (see
+    schemas/otlp_view.py): the keys that can make a span an event are looked up first (most
+    spans are none: HTTP clients, retrievers), then only the wanted keys the span's kind
+    needs, and only the values of those present are read. `scope` is the name of the span's
+    instrumentation scope.
     """
+    reading = _READINGS.get(wanted) or _reading(wanted)
     attributes: AttributeMap = span.attributes
-    present = wanted.intersection(attributes)
-    if not present and span.name != "execute_tool":
-        return None
+    for key in reading.gate_with_agent if match else reading.gate:
+        if key in attributes:
+            break
+    else:
+        if span.name != "execute_tool":
+            return None
+    # Which keys are there: the map itself when it can only be asked for wanted keys (every
+    # key asked below is a convention key, the usage and match keys come filtered by wanted).
+    present: Any = attributes if reading.whole else wanted.intersection(attributes)
 
     operation = attributes[OPERATION].string_value if OPERATION in present else None
     oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
@@ -339,8 +410,12 @@ def adapt_span(
     )
     if GENKIT_SUBTYPE in present and ai_operation is None:
         ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
-    match_keys = present - WANTED_KEYS
-    match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
+    match_attributes = None
+    for key in reading.match_keys:
+        if key in present:
+            if match_attributes is None:
+                match_attributes = {}
+            match_attributes[key] = _text(attributes[key])
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
 
     if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
@@ -352,20 +427,23 @@ def adapt_span(
         if call_id is None and envelope_call_id:
             call_id = bounded_text(envelope_call_id)
         return ToolCall(
-            span_id=span.span_id,
-            tool_name=bounded_text(tool_name),
-            arguments=arguments,
-            call_id=call_id,
-            agent_name=agent_name,
-            match_attributes=match_attributes,
-            result=_result(span, attributes, present, scope),
-            args_digest=_digest(attributes, present, ARGS_HASH_KEY),
-            result_digest=_digest(attributes, present, RESULT_HASH_KEY),
-            scope=scope,
-            end_time_unix_nano=span.end_time_unix_nano,
+            span.span_id,
+            bounded_text(tool_name),
+            arguments,
+            call_id,
+            agent_name,
+            match_attributes,
+            _result(span, attributes, present, scope),
+            _digest(attributes, present, ARGS_HASH_KEY),
+            _digest(attributes, present, RESULT_HASH_KEY),
+            scope,
+            span.end_time_unix_nano,
         )
 
-    if present.isdisjoint(USAGE_KEYS):
+    for key in reading.usage:
+        if key in present:
+            break
+    else:
         if match and agent_name is not None:
             # The policy matches on the agent's name, which may only be on this span.
             return AgentSeen(span.span_id, agent_name, match_attributes)
@@ -379,25 +457,20 @@ def adapt_span(
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
         )
     )
-    tokens = _tokens(attributes, present, INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS)
+    tokens = _tokens(attributes, present, reading.input_tokens, reading.output_tokens)
     if tokens is None and not inference:
-        tokens = _tokens(attributes, present, (AGGREGATE_INPUT_KEY,), (AGGREGATE_OUTPUT_KEY,))
+        tokens = _tokens(attributes, present, reading.aggregate_input, reading.aggregate_output)
     if tokens is None:
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
     return TokenUsage(
-        span_id=span.span_id,
-        tokens=tokens,
-        aggregate=not inference,
-        agent_name=agent_name,
-        match_attributes=match_attributes,
-        end_time_unix_nano=span.end_time_unix_nano,
+        span.span_id, tokens, not inference, agent_name, match_attributes, span.end_time_unix_nano
     )
 
 
 def _is_tool_span(
     name: str,
-    present: set[str],
+    present: Container[str],
     operation: str | None,
     oi_kind: str | None,
     tl_kind: str | None,
@@ -425,7 +498,7 @@ def _genkit_operation(subtype: str) -> str:
 
 
 def _arguments(
-    span: Any, attributes: AttributeMap, present: set[str], oi_kind: str | None, scope: str
+    span: Any, attributes: AttributeMap, present: Container[str], oi_kind: str | None, scope: str
 ) -> tuple[Any, str | None]:
     """The call's arguments (MISSING when not recorded) and a call id found in an envelope."""
     for key in ARGUMENT_KEYS:
@@ -480,7 +553,7 @@ def _not_recorded(value: Any, scope: str) -> bool:
     return False
 
 
-def _result(span: Any, attributes: AttributeMap, present: set[str], scope: str) -> Any:
+def _result(span: Any, attributes: AttributeMap, present: Container[str], scope: str) -> Any:
     for key in RESULT_KEYS:
         if key not in present:
             continue
@@ -535,7 +608,7 @@ def _is_serialised_tool_message(value: dict[str, Any]) -> bool:
     )
 
 
-def _digest(attributes: AttributeMap, present: set[str], key: str) -> str | None:
+def _digest(attributes: AttributeMap, present: Container[str], key: str) -> str | None:
     if key not in present:
         return None
     text = _text(attributes[key]).strip().lower()
@@ -561,7 +634,15 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
     A bare string is what a one-argument tool's input is written as (OpenInference JS's
     `input.value` = `refund policy`), and what a truncated or malformed JSON document is."""
     try:
-        return json.loads(text)
+        try:
+            # json.loads's own scanner without its whitespace handling: a whole document with
+            # nothing around it (what instrumentations write) is decoded in one C call.
+            value, end = _scan_json(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError):  # not JSON from its first character
+            pass
+        return json.loads(text)  # whitespace around, or not JSON: as json.loads says
     except ValueError:
         pass
     except RecursionError:  # nested past the decoder's depth: identical texts still key alike
@@ -589,7 +670,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _call_id(attributes: AttributeMap, present: set[str]) -> str | None:
+def _call_id(attributes: AttributeMap, present: Container[str]) -> str | None:
     for key in CALL_ID_KEYS:
         if key in present:
             text = _text(attributes[key])
@@ -613,7 +694,7 @@ def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
 
 def _tokens(
     attributes: AttributeMap,
-    present: set[str],
+    present: Container[str],
     input_keys: tuple[str, ...],
     output_keys: tuple[str, ...],
 ) -> int | None:
@@ -624,7 +705,9 @@ def _tokens(
     return (tokens_in or 0) + (tokens_out or 0)
 
 
-def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> int | None:
+def _first_int(
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
+) -> int | None:
     for key in keys:
         if key not in present:
             continue
@@ -641,7 +724,9 @@ def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...
     return None
 
 
-def _first_text(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> str | None:
+def _first_text(
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
+) -> str | None:
     for key in keys:
         if key in present:
             text = _text(attributes[key])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -119,30 +119,12 @@ class GuardStats:
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
 
-def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
-    recent[key] = None
-    if len(recent) > limit:
-        recent.popitem(last=False)
-
-
-def _slide(
-    window: Any,
-    counts: dict,
-    key: Any,
-    size: int,
-    marks: bytearray | None = None,
-    mark: bytes = b"",
-) -> None:
-    """Append `key` to a sliding window of `size` and keep its counts (and the calls' marks,
-    aligned with the window) in step."""
-    window.append(key)
-    if marks is not None:
-        marks += mark
-    counts[key] = counts.get(key, 0) + 1
+def _trim(window: Any, counts: dict, marks: bytearray, size: int) -> None:
+    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
+    aligned with it."""
     while len(window) > size:
         oldest = window.popleft()
-        if marks is not None:
-            del marks[:MARK_BYTES]
+        del marks[:MARK_BYTES]
         remaining = counts[oldest] - 1
         if remaining:
             counts[oldest] = remaining
@@ -164,6 +146,7 @@ class _Plan:
     """The rules one policy entry switches on, and what it wants of each."""
 
     history: int  # calls the trace's window keeps (AgentPolicy.history)
+    recent_ids: int  # span ids and call ids a trace remembers (redeliveries, partial spans)
     # (rule, what the policy wants of it, its bound check): bound once, not looked up per call
     call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
     counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
@@ -306,22 +289,29 @@ class Guard:
         if isinstance(event, AgentSeen):
             return None
         policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
-        limit = max(MIN_RECENT_IDS, 4 * policy.window)
+        entry = self._plans.get(id(policy))
+        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        limit = plan.recent_ids
         recent = state.recent_span_ids
-        if event.span_id in recent:
+        span_id = event.span_id
+        if span_id in recent:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        recent[event.span_id] = None
+        recent[span_id] = None
         if len(recent) > limit:
             recent.popitem(last=False)
         if isinstance(event, ToolCall):
-            if event.call_id is not None:
-                if event.call_id in state.recent_call_ids:
+            call_id = event.call_id
+            if call_id is not None:
+                recent_calls = state.recent_call_ids
+                if call_id in recent_calls:
                     self.stats.repeated_call_ids += 1  # a partial span of a call already counted
                     return None
-                _remember(state.recent_call_ids, event.call_id, limit)
-            return self._on_tool_call(trace_id, state, event, policy)
-        return self._on_tokens(trace_id, state, event, policy)
+                recent_calls[call_id] = None
+                if len(recent_calls) > limit:
+                    recent_calls.popitem(last=False)
+            return self._on_tool_call(trace_id, state, event, policy, plan)
+        return self._on_tokens(trace_id, state, event, policy, plan)
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
@@ -374,18 +364,23 @@ class Guard:
     # -- rules ---------------------------------------------------------------------------
 
     def _on_tool_call(
-        self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
+        self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
         """Key the call once, slide the window, let the rules count it, then decide in turn."""
-        tool_policy = policy.tool(call.tool_name) if policy.tools else None
-        if tool_policy is not None and tool_policy.exempt:
-            self.stats.tool_calls += 1
-            self._tell_call(trace_id, state, call, None)
-            return None  # the policy exempts this tool: no rule counts it
+        if policy.tools:
+            tool_policy = policy.tool(call.tool_name)
+            if tool_policy is not None and tool_policy.exempt:
+                self.stats.tool_calls += 1
+                self._tell_call(trace_id, state, call, None)
+                return None  # the policy exempts this tool: no rule counts it
         digest = call.args_digest
         if digest is None and call.arguments is not MISSING:
-            folding = policy.folding(call.tool_name) if policy.fold else frozenset()
-            digest = args_hash(call.arguments, policy.volatile_keys, folding)
+            if policy.fold:
+                digest = args_hash(
+                    call.arguments, policy.volatile_keys, policy.folding(call.tool_name)
+                )
+            else:
+                digest = args_hash(call.arguments, policy.volatile_keys)
         if digest is None and policy.missing_args == "skip":
             self.stats.missing_arguments += 1
             self._warn_missing_arguments(state.service, call.scope)
@@ -396,12 +391,15 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
         for count in plan.counting:
             count(state, call, key, policy)
-        mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, plan.history, state.window_marks, mark)
+        # The call joins the window (_slide, inlined: this runs on every call).
+        window, counts, marks = state.window, state.counts, state.window_marks
+        window.append(key)
+        marks += call_mark(call.span_id, call.end_time_unix_nano)
+        counts[key] = counts.get(key, 0) + 1
+        if len(window) > plan.history:
+            _trim(window, counts, marks, plan.history)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired
@@ -419,7 +417,7 @@ class Guard:
         return None
 
     def _on_tokens(
-        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
         self.stats.token_events += 1
         if usage.aggregate:
@@ -428,8 +426,6 @@ class Guard:
                 state.aggregate_tokens = usage.tokens
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
         fired = state.fired
         for rule, wanted, check in plan.token_rules:
             if (
@@ -456,7 +452,7 @@ class Guard:
 
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""
-        plan = _Plan(policy.history)
+        plan = _Plan(policy.history, max(MIN_RECENT_IDS, 4 * policy.window))
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
