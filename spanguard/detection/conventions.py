@@ -107,11 +107,14 @@ __all__ = [
     "WANTED_KEYS",
     "AgentSeen",
     "ResourceInfo",
+    "SpanReading",
     "TokenUsage",
     "ToolCall",
+    "adapt_read",
     "adapt_span",
     "capture_setting",
     "decode_arguments",
+    "reading_of",
     "resource_info",
 ]
 
@@ -317,7 +320,7 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
     )
 
 
-class _Reading(NamedTuple):
+class SpanReading(NamedTuple):
     """What adapt_span looks for given its `wanted` keys, worked out once per key set."""
 
     # A span carrying none of these (and not named `execute_tool`) is no event: what makes a
@@ -333,6 +336,7 @@ class _Reading(NamedTuple):
     # Every convention key but usage is wanted: the attribute map itself answers "present?"
     # (a hash lookup in C per key read) instead of a set built from all the span's keys.
     whole: bool
+    wanted: frozenset[str]
 
 
 # The keys that can make a span an event (see adapt_span), commonest first.
@@ -345,10 +349,11 @@ _GATE_KEYS: Final = (
     "gen_ai.tool.name",
     "tool.name",
 )
-_READINGS: dict[frozenset[str], _Reading] = {}
+_READINGS: dict[frozenset[str], SpanReading] = {}
 
 
-def _reading(wanted: frozenset[str]) -> _Reading:
+def reading_of(wanted: frozenset[str]) -> SpanReading:
+    """What adapt_span looks for given `wanted` (made once per key set)."""
     reading = _READINGS.get(wanted)
     if reading is not None:
         return reading
@@ -360,7 +365,7 @@ def _reading(wanted: frozenset[str]) -> _Reading:
         (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY)
     )
     gate = only_wanted(_GATE_KEYS) + usage
-    reading = _Reading(
+    reading = SpanReading(
         gate=gate,
         gate_with_agent=gate + only_wanted((AGENT_NAME,)),
         usage=usage,
@@ -370,6 +375,7 @@ def _reading(wanted: frozenset[str]) -> _Reading:
         aggregate_output=only_wanted((AGGREGATE_OUTPUT_KEY,)),
         match_keys=tuple(sorted(wanted - WANTED_KEYS)),
         whole=wanted >= WANTED_KEYS - USAGE_KEYS,
+        wanted=wanted,
     )
     if len(_READINGS) >= 64:  # one per guard's policy in practice; bounded all the same
         _READINGS.clear()
@@ -390,7 +396,14 @@ def adapt_span(
     needs, and only the values of those present are read. `scope` is the name of the span's
     instrumentation scope.
     """
-    reading = _READINGS.get(wanted) or _reading(wanted)
+    return adapt_read(span, reading_of(wanted), match, scope)
+
+
+def adapt_read(
+    span: Any, reading: SpanReading, match: bool, scope: str
+) -> ToolCall | TokenUsage | AgentSeen | None:
+    """adapt_span with its `wanted` keys worked out already (`reading_of`): the guard's call,
+    once per span."""
     attributes: AttributeMap = span.attributes
     for key in reading.gate_with_agent if match else reading.gate:
         if key in attributes:
@@ -400,7 +413,7 @@ def adapt_span(
             return None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
-    present: Any = attributes if reading.whole else wanted.intersection(attributes)
+    present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
 
     operation = attributes[OPERATION].string_value if OPERATION in present else None
     oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
@@ -418,26 +431,35 @@ def adapt_span(
             match_attributes[key] = _text(attributes[key])
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
 
-    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
+    if (
+        operation == "execute_tool"
+        if operation is not None
+        else _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation)
+    ):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
+        if len(tool_name) > MAX_TEXT_CHARS:
+            tool_name = bounded_text(tool_name)
         arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
         call_id = _call_id(attributes, present)
         if call_id is None and envelope_call_id:
             call_id = bounded_text(envelope_call_id)
         return ToolCall(
-            span.span_id,
-            bounded_text(tool_name),
-            arguments,
-            call_id,
-            agent_name,
-            match_attributes,
-            _result(span, attributes, present, scope),
-            _digest(attributes, present, ARGS_HASH_KEY),
-            _digest(attributes, present, RESULT_HASH_KEY),
-            scope,
-            span.end_time_unix_nano,
+            span_id=span.span_id,
+            tool_name=tool_name,
+            arguments=arguments,
+            call_id=call_id,
+            agent_name=agent_name,
+            match_attributes=match_attributes,
+            result=_result(span, attributes, present, scope),
+            # Hashes made before the span left (rare: most spans carry the values).
+            args_digest=_digest(attributes, ARGS_HASH_KEY) if ARGS_HASH_KEY in present else None,
+            result_digest=(
+                _digest(attributes, RESULT_HASH_KEY) if RESULT_HASH_KEY in present else None
+            ),
+            scope=scope,
+            end_time_unix_nano=span.end_time_unix_nano,
         )
 
     for key in reading.usage:
@@ -464,7 +486,12 @@ def adapt_span(
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
     return TokenUsage(
-        span.span_id, tokens, not inference, agent_name, match_attributes, span.end_time_unix_nano
+        span_id=span.span_id,
+        tokens=tokens,
+        aggregate=not inference,
+        agent_name=agent_name,
+        match_attributes=match_attributes,
+        end_time_unix_nano=span.end_time_unix_nano,
     )
 
 
@@ -507,6 +534,8 @@ def _arguments(
         if key == "tool.parameters" and oi_kind is not None:
             continue  # OpenInference: the parameter schema, the same for every call
         value = _decode_value(attributes[key], python_repr=key == "traceloop.entity.input")
+        if type(value) is dict and value and not ("input_str" in value or "inputs" in value):
+            return value, None  # the common case: a JSON object, recorded, no envelope
         arguments, call_id = _unwrap_envelope(value)
         if not _not_recorded(arguments, scope):
             return arguments, call_id
@@ -608,9 +637,8 @@ def _is_serialised_tool_message(value: dict[str, Any]) -> bool:
     )
 
 
-def _digest(attributes: AttributeMap, present: Container[str], key: str) -> str | None:
-    if key not in present:
-        return None
+def _digest(attributes: AttributeMap, key: str) -> str | None:
+    """The hash under `key` (present), if it is one of ours: 16 hex digits."""
     text = _text(attributes[key]).strip().lower()
     return text if _is_hex_digest(text) else None
 
@@ -714,7 +742,8 @@ def _first_int(
         value = attributes[key]
         kind = value.WhichOneof("value")
         if kind == "int_value":
-            return max(value.int_value, 0)
+            count = value.int_value
+            return count if count > 0 else 0
         if kind == "double_value":
             if not math.isfinite(value.double_value):
                 continue  # Infinity or NaN counts nothing; the span's other data still does

@@ -36,8 +36,9 @@ from spanguard.detection.conventions import (
     ResourceInfo,
     TokenUsage,
     ToolCall,
-    adapt_span,
+    adapt_read,
     capture_setting,
+    reading_of,
     resource_info,
 )
 from spanguard.detection.rules import CYCLE as _CYCLE
@@ -194,6 +195,7 @@ class Guard:
         self.tracks_tokens = any(policy.token_budget is not None for policy in policies)
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
         self._wanted = base | self._match_keys
+        self._reading = reading_of(self._wanted)
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -224,7 +226,7 @@ class Guard:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
-        wanted, match_keys = self._wanted, self._match_keys
+        reading, match_keys = self._reading, self._match_keys
         match = bool(match_keys)
         stats = self.stats
         no_rules = not self.policy.rules
@@ -241,7 +243,7 @@ class Guard:
                         stats.malformed_spans += 1
                         continue
                     try:
-                        event = adapt_span(span, wanted, match=match, scope=scope)
+                        event = adapt_read(span, reading, match, scope)
                     except Exception as exc:  # a bad span costs itself, never its neighbours
                         self._on_bad_span(exc)
                         continue
