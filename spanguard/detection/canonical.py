@@ -117,7 +117,8 @@ def canonicalize(
                 key = unicodedata.normalize("NFC", key)
             item_kind = type(item)
             if item_kind is str:
-                item = _text(item, fold)
+                if fold or not item.isascii():  # an ASCII string is its own NFC form
+                    item = _text(item, fold)
             elif item_kind in _CONTAINERS:
                 item = canonicalize(item, volatile_keys, fold, _depth + 1)
             result[key] = item

@@ -181,6 +181,7 @@ class Guard:
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
+        self._defaults_plan: _Plan | None = None
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
         # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
@@ -290,9 +291,13 @@ class Guard:
             state.agent_name = event.agent_name
         if isinstance(event, AgentSeen):
             return None
-        policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        if self.policy.rules:
+            policy = self._policy_for(state, event, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        else:  # one policy for every agent: its plan is made once
+            policy = self._defaults
+            plan = self._defaults_plan or self._plan(policy)
         limit = plan.recent_ids
         recent = state.recent_span_ids
         span_id = event.span_id
@@ -469,6 +474,8 @@ class Guard:
                 )
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
+        if policy is self._defaults:
+            self._defaults_plan = plan
         return plan
 
     def _fire(
