@@ -146,5 +146,6 @@ def args_hash(
     NFC-normalised value: killswitch.hashing.ArgsHashingSpanProcessor, which writes
     `spanguard.tool.args_hash` in the agent's process, runs this very function.
     """
-    canonical = _canonical_json(canonicalize(arguments, volatile_keys, fold))
-    return _sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    canonical = canonicalize(arguments, volatile_keys, fold)
+    text = "".join(_encode_chunks(canonical, 0)) if _encode_chunks else _canonical_json(canonical)
+    return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -327,6 +327,9 @@ class SpanReading(NamedTuple):
     # span a tool call, an inference or an agent's, and its usage keys when wanted.
     gate: tuple[str, ...]
     gate_with_agent: tuple[str, ...]  # the same and the agent's name, for `match`
+    gate_set: frozenset[str]  # the gate as a set, for spans with few attributes
+    gate_set_with_agent: frozenset[str]
+    operation_wanted: bool  # gen_ai.operation.name (the commonest gate key) is wanted
     usage: tuple[str, ...]  # the usage keys wanted
     input_tokens: tuple[str, ...]
     output_tokens: tuple[str, ...]
@@ -365,9 +368,13 @@ def reading_of(wanted: frozenset[str]) -> SpanReading:
         (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY)
     )
     gate = only_wanted(_GATE_KEYS) + usage
+    gate_with_agent = gate + only_wanted((AGENT_NAME,))
     reading = SpanReading(
         gate=gate,
-        gate_with_agent=gate + only_wanted((AGENT_NAME,)),
+        gate_with_agent=gate_with_agent,
+        gate_set=frozenset(gate),
+        gate_set_with_agent=frozenset(gate_with_agent),
+        operation_wanted=OPERATION in wanted,
         usage=usage,
         input_tokens=only_wanted(INPUT_TOKEN_KEYS),
         output_tokens=only_wanted(OUTPUT_TOKEN_KEYS),
@@ -405,11 +412,19 @@ def adapt_read(
     """adapt_span with its `wanted` keys worked out already (`reading_of`): the guard's call,
     once per span."""
     attributes: AttributeMap = span.attributes
-    for key in reading.gate_with_agent if match else reading.gate:
-        if key in attributes:
-            break
-    else:
-        if span.name != "execute_tool":
+    if OPERATION not in attributes or not reading.operation_wanted:
+        gate = reading.gate_with_agent if match else reading.gate
+        if 2 * len(attributes) < len(gate):
+            # Few attributes: one pass over the span's keys costs less than a lookup per key.
+            gate_set = reading.gate_set_with_agent if match else reading.gate_set
+            through = not gate_set.isdisjoint(attributes)
+        else:
+            through = False
+            for key in gate:
+                if key in attributes:
+                    through = True
+                    break
+        if not through and span.name != "execute_tool":
             return None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).

@@ -98,7 +98,13 @@ def test_the_gated_map_reading_equals_the_plain_intersection(views, wanted, matc
     reading = reading_of(wanted)
     everything = tuple(sorted(wanted))
     # The plain algorithm: any wanted key lets a span through, the present keys are a set.
-    plain = reading._replace(gate=everything, gate_with_agent=everything, whole=False)
+    plain = reading._replace(
+        gate=everything,
+        gate_with_agent=everything,
+        gate_set=wanted,
+        gate_set_with_agent=wanted,
+        whole=False,
+    )
     events = 0
     for scope, span in views:
         fast = adapt_read(span, reading, match, scope)
