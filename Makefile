@@ -114,7 +114,7 @@ down:
 
 # The README's main command: both demo agents against the real stack, from nothing.
 demo: install
-	$(BIN)/python -m spanguard.demo run
+	$(BIN)/python -m spanguard.cli.demo run
 
 kafka-down:
 	scripts/kafka.sh down

@@ -10,7 +10,7 @@ slow or failing PagerDuty delays pages, never detection or kill signals.
 
 The event goes out with the real `pagerduty` client (`EventsApiV2Client`, built on httpx2), with
 its own retries switched off so that the delivery loop every outbound call shares
-(alerting/outbound.py) is the only one in force: 408, 429, 5xx and network errors are retried
+(connectors/outbound.py) is the only one in force: 408, 429, 5xx and network errors are retried
 up to `max_attempts`, waiting as `spanguard.retry` says (capped, jittered exponential backoff,
 or the server's Retry-After, capped); any other 4xx (a 400 "invalid event") is final after one
 attempt; each attempt as a whole within `timeout`, its answer read within the body cap. The dedup key
@@ -32,7 +32,8 @@ from typing import Any, Literal
 import httpx2
 import pagerduty
 
-from spanguard.alerting.outbound import (
+from spanguard.config.settings import SEVERITIES, PagerSettings
+from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
@@ -43,20 +44,21 @@ from spanguard.alerting.outbound import (
     tls_reason,
     tls_verify_failure,
 )
-from spanguard.errors import PagerConfigError
 from spanguard.retry import Backoff
-from spanguard.schemas.decision import EVIDENCE_FIELDS, PAUSE_FIELDS, pause_instructions
-from spanguard.settings import DEFAULT_EVENTS_URL, SEVERITIES, PagerSettings
+from spanguard.schemas.decision import (
+    EVIDENCE_FIELDS,
+    PAUSE_FIELDS,
+    SCOPE_FIELDS,
+    Decision,
+    pause_instructions,
+)
 
 __all__ = [
-    "DEFAULT_EVENTS_URL",
-    "SEVERITIES",
     "PageResult",
     "Pager",
-    "PagerConfigError",
-    "PagerSettings",
     "build_event",
     "dedup_key",
+    "record_of",
     "should_page",
 ]
 
@@ -74,6 +76,7 @@ DETAIL_FIELDS = (
     "decision_id",
     "detected_at",
     *PAUSE_FIELDS,
+    *SCOPE_FIELDS,  # a conversation's decision: which conversation, over how many traces
 )
 
 Status = Literal["accepted", "rejected", "failed"]
@@ -82,8 +85,15 @@ Status = Literal["accepted", "rejected", "failed"]
 # --- the event -------------------------------------------------------------------------------
 
 
-def should_page(detection: Mapping[str, Any]) -> bool:
+def record_of(detection: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
+    """A detection as its record on the topic: what a page's and a webhook's payload carry."""
+    return detection.to_dict() if isinstance(detection, Decision) else detection
+
+
+def should_page(detection: Decision | Mapping[str, Any]) -> bool:
     """Only detections on autonomous agents (policy `autonomous: true`) page the on-call."""
+    if isinstance(detection, Decision):
+        return detection.autonomous is True
     return detection.get("autonomous") is True
 
 
@@ -269,7 +279,7 @@ class Pager:
         # number of attempts (-1)": misleading, and we log every outcome ourselves. Drop just that
         # line, on a logger of our own (the library's global logger is left alone).
         client.log = _client_log
-        # Bodies uncompressed, within the cap and the attempt's deadline (alerting/outbound.py).
+        # Bodies uncompressed, within the cap and the attempt's deadline (connectors/outbound.py).
         limit_responses(client)
         return client
 
@@ -282,7 +292,7 @@ class Pager:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def should_page(self, detection: Mapping[str, Any]) -> bool:
+    def should_page(self, detection: Decision | Mapping[str, Any]) -> bool:
         return should_page(detection)
 
     def backoff(self, attempt: int, retry_after: float | None = None) -> float:
@@ -290,9 +300,10 @@ class Pager:
         from `backoff_base` up to `backoff_cap`."""
         return self._backoff.delay(attempt, retry_after)
 
-    def page(self, detection: Mapping[str, Any]) -> PageResult:
+    def page(self, detection: Decision | Mapping[str, Any]) -> PageResult:
         """Trigger an incident for `detection` (does not check `should_page`); never raises for
         delivery problems, which come back as a "rejected" or "failed" PageResult."""
+        detection = record_of(detection)
         event = build_event(detection, self.settings)
         key = event["dedup_key"]
         context = {"dedup_key": key, "decision_id": detection.get("decision_id")}

@@ -10,39 +10,47 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
-from collections.abc import Mapping
-from typing import Any
 
-from spanguard.alerting.pagerduty import Pager, PageResult, dedup_key, should_page
+from spanguard.alerting.pagerduty import Pager, PageResult, should_page
+from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.schemas.decision import Decision
 
-__all__ = ["PagingService"]
+__all__ = ["PageOutcome", "PagingService"]
 
 log = logging.getLogger("spanguard.alerting")
+
+
+class PageOutcome(CountedOutcome):
+    """What became of a detection the paging agent read."""
+
+    ACCEPTED = "accepted"  # PagerDuty took the page (PageResult's statuses, then ours)
+    REJECTED = "rejected"
+    FAILED = "failed"
+    ALREADY_PAGED = "already_paged"  # this trace and rule paged before
+    NOT_CONFIGURED = "not_configured"  # it would page, but no routing key is set
+    UNREADABLE = "unreadable"  # not JSON
 
 
 class PagingService:
     def __init__(self, pager: Pager | None) -> None:
         self.pager = pager
-        self.outcomes: Counter[str] = Counter()  # accepted, rejected, failed, already_paged, ...
+        self.outcomes = Tally()
         self._warned_unconfigured = False
 
-    def detection_to_page(
-        self, value: bytes | None, paged_rules: set[str]
-    ) -> dict[str, Any] | None:
+    def detection_to_page(self, value: bytes | None, paged_rules: set[str]) -> Decision | None:
         """The detection in `value` if it must be paged now, else None (and why is counted)."""
         try:
-            detection = json.loads(value or b"")
+            decision = Decision.from_json(value or b"")
         except ValueError:
-            self.outcomes["unreadable"] += 1
+            self.outcomes.add(PageOutcome.UNREADABLE)
             return None
-        if not isinstance(detection, dict) or not should_page(detection):
+        if not should_page(decision):
             return None
-        if detection.get("rule") in paged_rules:
-            self.outcomes["already_paged"] += 1
+        if decision.rule in paged_rules:
+            self.outcomes.add(PageOutcome.ALREADY_PAGED)
             return None
         if self.pager is None:
-            self.outcomes["not_configured"] += 1
+            self.outcomes.add(PageOutcome.NOT_CONFIGURED)
             if not self._warned_unconfigured:
                 self._warned_unconfigured = True
                 log.warning(
@@ -50,17 +58,17 @@ class PagingService:
                     " SPANGUARD_PAGERDUTY_ROUTING_KEY (or SPANGUARD_PAGERDUTY_ROUTING_KEY_FILE)"
                 )
             return None
-        return detection
+        return decision
 
-    def page(self, detection: Mapping[str, Any]) -> PageResult:
+    def page(self, decision: Decision) -> PageResult:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.pager is not None
-        result = self.pager.page(detection)
-        self.outcomes[result.status] += 1
+        result = self.pager.page(decision)
+        self.outcomes.add(PageOutcome(result.status))
         log.info(
             "page",
             extra={
-                "dedup_key": dedup_key(detection),
+                "dedup_key": result.dedup_key,
                 "status": result.status,
                 "attempts": result.attempts,
             },

@@ -30,7 +30,6 @@ import logging
 import random
 import ssl
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,7 +38,9 @@ from urllib.parse import urlsplit
 import httpx2
 
 from spanguard import __version__
-from spanguard.alerting.outbound import (
+from spanguard.alerting.pagerduty import dedup_key, record_of
+from spanguard.config.settings import WebhookSettings
+from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
@@ -48,14 +49,14 @@ from spanguard.alerting.outbound import (
     retry_or_final,
     tls_verify_failure,
 )
-from spanguard.alerting.pagerduty import dedup_key
+from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.retry import Backoff
-from spanguard.schemas.decision import pause_instructions
-from spanguard.settings import WebhookSettings
+from spanguard.schemas.decision import Decision, pause_instructions
 
 __all__ = [
     "NotifyResult",
     "Webhook",
+    "WebhookOutcome",
     "WebhookService",
     "build_body",
     "json_body",
@@ -232,8 +233,9 @@ class Webhook:
         """Seconds to wait after failed attempt number `attempt` (spanguard.retry.Backoff)."""
         return self._backoff.delay(attempt, retry_after)
 
-    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+    def notify(self, detection: Decision | Mapping[str, Any]) -> NotifyResult:
         """Post `detection`; never raises for delivery problems (they come back as a result)."""
+        detection = record_of(detection)
         body = build_body(detection, self.settings.template)
         headers = {"Content-Type": "application/json"}
         if self.settings.signing_key:
@@ -287,6 +289,16 @@ class Webhook:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+class WebhookOutcome(CountedOutcome):
+    """What became of a detection the webhook agent read."""
+
+    DELIVERED = "delivered"  # NotifyResult's statuses, then ours
+    REJECTED = "rejected"
+    FAILED = "failed"
+    ALREADY_SENT = "already_sent"  # this trace and rule sent before
+    UNREADABLE = "unreadable"  # not JSON, or no rule in it
+
+
 class WebhookService:
     """Which detections notify, and what became of each notification (the agent's Faust-free
     half): every detection, once per trace and rule (streams/agents/notify_webhook.py keeps
@@ -294,30 +306,27 @@ class WebhookService:
 
     def __init__(self, webhook: Webhook | None) -> None:
         self.webhook = webhook
-        self.outcomes: Counter[str] = Counter()  # delivered, rejected, failed, already_sent
+        self.outcomes = Tally()
 
-    def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> dict[str, Any] | None:
+    def detection_to_send(self, value: bytes | None, sent_rules: set[str]) -> Decision | None:
         """The detection in `value` if it must be sent now, else None (and why is counted)."""
         if self.webhook is None:
             return None
         try:
-            detection = json.loads(value or b"")
+            decision = Decision.from_json(value or b"")
         except ValueError:
-            self.outcomes["unreadable"] += 1
+            self.outcomes.add(WebhookOutcome.UNREADABLE)
             return None
-        if not isinstance(detection, dict) or "rule" not in detection:
-            self.outcomes["unreadable"] += 1
+        if decision.rule in sent_rules:
+            self.outcomes.add(WebhookOutcome.ALREADY_SENT)
             return None
-        if detection["rule"] in sent_rules:
-            self.outcomes["already_sent"] += 1
-            return None
-        return detection
+        return decision
 
-    def notify(self, detection: Mapping[str, Any]) -> NotifyResult:
+    def notify(self, decision: Decision) -> NotifyResult:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.webhook is not None
-        result = self.webhook.notify(detection)
-        self.outcomes[result.status] += 1
+        result = self.webhook.notify(decision)
+        self.outcomes.add(WebhookOutcome(result.status))
         log.info(
             "webhook",
             extra={

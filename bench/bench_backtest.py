@@ -26,9 +26,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.corpus import build_corpus
+from spanguard.connectors.backtest import BATCH, read_history
 from spanguard.detection.backtest import Backtest
 from spanguard.schemas.policy import Policy
-from spanguard.streams.backtest import BATCH, read_history
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker
 
 DAY = 86_400

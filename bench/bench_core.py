@@ -23,7 +23,8 @@ from collections import Counter, deque
 from bench.corpus import build_corpus
 from spanguard.detection.conventions import WANTED_KEYS, TokenUsage, ToolCall, adapt_span
 from spanguard.detection.guard import Guard
-from spanguard.detection.rules import RULES, TokenRule
+from spanguard.detection.rules import RULES
+from spanguard.detection.rules.base import TokenRule
 from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.otlp import ExportTraceServiceRequest
 from spanguard.schemas.otlp_view import not_a_trace_request, parse_view

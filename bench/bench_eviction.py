@@ -11,7 +11,8 @@ import json
 import time
 from types import SimpleNamespace
 
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import Guard
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, event_context
 
 

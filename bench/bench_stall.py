@@ -40,14 +40,14 @@ import faust
 import rocksdict
 from faust.types import Message
 
-from spanguard.detection.guard import TraceState
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, TraceTable, event_context, stored_items
 
 TRACES = 1_000_000
 PARTITIONS = 8
 BATCHES = 3000
 FRESH_PER_BATCH = 50
-EVICT_PER_BATCH = 256  # what the worker uses (streams/app.py)
+EVICT_PER_BATCH = 256  # what the worker uses (streams/agents/guard_spans.py)
 TICK = 0.005
 TTL = 3600.0
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import faust
 
-from spanguard.kafka_clients import faust_credentials
+from spanguard.config.settings import WorkerSettings
+from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.logs import logging_config
-from spanguard.settings import WorkerSettings
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}

@@ -1,14 +1,15 @@
-"""Framework adapters that check the run's trace before each tool call.
+"""What the framework adapters share; each adapter lives in the module named for its framework
+(`spanguard.killswitch.adapters_<framework>`), so importing one needs only that framework.
 
-| adapter | framework | hook | extra |
-|---|---|---|---|
-| `SpanguardCallbackHandler` | LangChain / LangGraph | callback `on_tool_start` (and `on_chat_model_start`) | `langchain` |
-| `SpanguardRunHooks` | OpenAI Agents SDK | `RunHooks.on_llm_start` / `on_tool_start` | `openai-agents` |
-| `SpanguardCapability` | pydantic-ai | capability `before_tool_execute` | `pydantic-ai` |
-| `SpanguardStepCallback` | smolagents | `step_callbacks` (after each step, before the next) | `smolagents` |
-| `guard_llama_index_agent` | llama-index workflow agents | the agent's tool step | `llama-index` |
-| `SpanguardAdkPlugin` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | (google-adk) |
-| `SpanguardHooks` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | (strands-agents) |
+| adapter | module | framework | hook | extra |
+|---|---|---|---|---|
+| `SpanguardCallbackHandler` | `adapters_langchain` | LangChain / LangGraph | callback `on_tool_start` (and `on_chat_model_start`) | `langchain` |
+| `SpanguardRunHooks` | `adapters_openai_agents` | OpenAI Agents SDK | `RunHooks.on_llm_start` / `on_tool_start` | `openai-agents` |
+| `SpanguardCapability` | `adapters_pydantic_ai` | pydantic-ai | capability `before_tool_execute` | `pydantic-ai` |
+| `SpanguardStepCallback` | `adapters_smolagents` | smolagents | `step_callbacks` (after each step, before the next) | `smolagents` |
+| `guard_llama_index_agent` | `adapters_llama_index` | llama-index workflow agents | the agent's tool step | `llama-index` |
+| `SpanguardAdkPlugin` | `adapters_google_adk` | Google ADK | runner plugin `before_model_callback` / `before_tool_callback` | (google-adk) |
+| `SpanguardHooks` | `adapters_strands` | strands | hooks `BeforeModelCallEvent` / `BeforeToolCallEvent` | (strands-agents) |
 
 Each takes anything with `check(trace_id) -> str | None` (a `KillSwitch`, a `SignalBook`, a
 `GuardingSpanProcessor`) and finds the trace to check, in this order: a fixed `trace_id=`; the
@@ -28,7 +29,6 @@ framework in docs/agents.md. A downgrade's system message goes to `on_downgrade`
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import threading
 from collections import OrderedDict
@@ -37,17 +37,7 @@ from typing import Any, Protocol
 
 from spanguard.killswitch.signals import AgentPaused, current_trace_id
 
-__all__ = [  # noqa: F822 - the framework classes are built lazily
-    "Checker",
-    "SpanguardAdkPlugin",
-    "SpanguardCallbackHandler",
-    "SpanguardCapability",
-    "SpanguardHooks",
-    "SpanguardRunHooks",
-    "SpanguardStepCallback",
-    "TraceGate",
-    "guard_llama_index_agent",
-]
+__all__ = ["Checker", "TraceGate"]
 
 log = logging.getLogger("spanguard.killswitch")
 
@@ -197,24 +187,3 @@ def span_trace_id(span: Any) -> str | None:
     if not context.is_valid:
         return None
     return format(context.trace_id, "032x")
-
-
-# The framework classes, built on first use: importing this module needs no framework.
-_BUILDERS = {
-    "SpanguardCallbackHandler": "spanguard.killswitch.adapters_langchain",
-    "SpanguardRunHooks": "spanguard.killswitch.adapters_openai_agents",
-    "SpanguardCapability": "spanguard.killswitch.adapters_pydantic_ai",
-    "SpanguardStepCallback": "spanguard.killswitch.adapters_smolagents",
-    "guard_llama_index_agent": "spanguard.killswitch.adapters_llama_index",
-    "SpanguardAdkPlugin": "spanguard.killswitch.adapters_google_adk",
-    "SpanguardHooks": "spanguard.killswitch.adapters_strands",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _BUILDERS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -20,7 +20,7 @@ delivered.
 Signals are obeyed only when signed with one of the agent's keys and not past their
 `expires_at`. The keys: `signing_key=` / `signing_keys=[new, old]` (while the worker's key is
 rotated), else the worker's own variables, SPANGUARD_SIGNING_KEY or SPANGUARD_SIGNING_KEY_FILE
-and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.secrets (the
+and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.config.secrets (the
 worker's reader: surrounding whitespace is not part of a key). `allow_unsigned=True` obeys
 unsigned signals instead: anyone who can write to the topic can then stop or steer the agent.
 
@@ -48,21 +48,22 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from spanguard.config.kafka_security import KafkaSecurity
+from spanguard.config.secrets import normalize_secret, signing_keys_from_env
+from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.errors import SettingsError
-from spanguard.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
-from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
 from spanguard.schemas.decision import (  # read_signal and BadSignal re-exported: agents' API
-    MAX_SIGNAL_BYTES,
     BadSignal,
     KillSignal,
     keyring,
     read_signal,
 )
-from spanguard.secrets import normalize_secret, signing_keys_from_env
 
-__all__ = ["MAX_SIGNAL_BYTES", "BadSignal", "KillSwitch", "read_signal"]
+__all__ = [
+    "KillSwitch",
+]
 
 # Kinds of bad records: the format ones count as `malformed`, the signature ones as `rejected`.
 MALFORMED_KINDS = frozenset(
@@ -106,7 +107,8 @@ class KillSwitch:
     ) -> None:
         given = [*([signing_key] if signing_key else []), *signing_keys]
         if not given and not allow_unsigned:
-            # The worker's own variables and files, read by the same reader (spanguard.secrets).
+            # The worker's own variables and files, read by the same reader
+            # (spanguard.config.secrets).
             given = list(signing_keys_from_env(environ))
         # The same whitespace rule as the worker's: a key file's trailing newline is not the key.
         keys = keyring([normalize_secret(key) for key in given])

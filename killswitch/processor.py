@@ -39,7 +39,9 @@ from opentelemetry.trace import (
 )
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.conversation import ConversationGuard
+from spanguard.detection.guard import Guard
+from spanguard.detection.trace_state import TraceState
 from spanguard.killswitch.signals import DEFAULT_MAX_TRACES, SignalBook, current_trace_id
 from spanguard.schemas.decision import EVIDENCE_FIELDS, Decision, KillSignal
 from spanguard.schemas.policy import Policy
@@ -121,7 +123,20 @@ class GuardingSpanProcessor(SpanProcessor):
         self.signals = signals if signals is not None else SignalBook(max_traces)
         self.ttl_seconds = ttl_seconds
         self._states = _BoundedStates(max_traces)
-        self.guard = Guard(policy, states=self._states, clock=clock)
+        # The conversation scope, where the policy asks for it: one process sees every turn
+        # of the chats it serves. Its conversations are bounded and expire like traces.
+        policy = policy or Policy()
+        entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
+        self._conversations: _BoundedStates | None = None
+        conversations = None
+        if any(entry.conversation_enabled for entry in entries):
+            self._conversations = _BoundedStates(max_traces)
+            conversations = ConversationGuard(
+                policy,
+                states=self._conversations,  # type: ignore[arg-type]
+                clock=clock,
+            )
+        self.guard = Guard(policy, states=self._states, clock=clock, conversations=conversations)
         # What the core reads of a span and of its resource (adapt_span, resource_info).
         self._wanted = self.guard.wanted_keys
         self._wanted_resource = {SERVICE_NAME, AGENT_NAME} | self.guard.policy.match_keys
@@ -215,6 +230,8 @@ class GuardingSpanProcessor(SpanProcessor):
                 self._states.pop(trace_id, None)
             if self._states:
                 self._states.expire(self.guard.clock() - self.ttl_seconds)
+            if self._conversations:
+                self._conversations.expire(self.guard.clock() - self.ttl_seconds)
         for decision in decisions:
             self._act(decision, span)
         if is_root:

@@ -62,12 +62,21 @@ EVIDENCE_FIELDS = (
     "steps",
     "tokens",
     "token_budget",
+    "cost_micro_usd",
+    "budget_micro_usd",
     "confidence",
 )
 
 # "manual": an operator's `spanguard kill` or `spanguard release`, not a rule of the guard.
 Rule = Literal[
-    "tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "goal_unmet", "manual"
+    "tool_loop",
+    "cycle",
+    "tool_polling",
+    "no_progress",
+    "token_budget",
+    "cost_budget",
+    "goal_unmet",
+    "manual",
 ]
 # "release" (manual only): the trace's agent may call tools again, until a later kill.
 # "pause": the agent waits for an operator's release or kill, or until `pause_until`, when
@@ -77,6 +86,11 @@ Action = Literal["kill", "downgrade", "flag", "release", "pause"]
 NO_SPAN_ID = "0" * 16
 # Set on a pause only (left out of other records, which stay as they were).
 PAUSE_FIELDS = ("pause_until", "pause_fallback")
+# Set once usage is priced (left out of other records, which stay as they were). Money is in
+# whole micro-dollars: every killswitch reads integers exactly, not decimal fractions.
+COST_FIELDS = ("cost_micro_usd", "budget_micro_usd", "unpriced_tokens")
+# Set on a decision of the conversation scope (spanguard/detection/conversation.py) only.
+SCOPE_FIELDS = ("scope", "conversation_id", "traces")
 
 
 def pause_instructions(detection: Mapping[str, Any]) -> str | None:
@@ -151,6 +165,16 @@ class Decision:
     # "kill" or "release" (it goes on).
     pause_until: str | None = None
     pause_fallback: str | None = None
+    # The trace's cost when it tripped, in micro-dollars (cost_budget, and token_budget once
+    # usage is priced); cost_budget: its budget, and the tokens no price was found for.
+    cost_micro_usd: int | None = None
+    budget_micro_usd: int | None = None
+    unpriced_tokens: int | None = None
+    # A decision of the conversation scope: "conversation", its id, and how many of its traces
+    # the evidence spans (None: a decision of the trace alone, as every rule's always was).
+    scope: str | None = None
+    conversation_id: str | None = None
+    traces: int | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -162,7 +186,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        for name in ("tool_arguments", "operator", *PAUSE_FIELDS):
+        for name in ("tool_arguments", "operator", *PAUSE_FIELDS, *COST_FIELDS, *SCOPE_FIELDS):
             if record[name] is None:
                 del record[name]
         return record
@@ -175,6 +199,14 @@ class Decision:
         values = dict(record)
         values["agent"] = AgentIdentity(**values["agent"])
         return cls(**values)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Decision:
+        """The decision in a record of the detections topic; ValueError if it holds none."""
+        try:
+            return cls.from_dict(json.loads(data))
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a detection record: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

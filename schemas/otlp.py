@@ -26,7 +26,6 @@ from spanguard.schemas.otlp_view import not_a_trace_request
 
 __all__ = [
     "ExportTraceServiceRequest",
-    "OtlpDecodeError",
     "any_value_to_python",
     "decode_json_line",
     "decode_protobuf",

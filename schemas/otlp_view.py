@@ -21,6 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401
 from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: F401
 
+from spanguard.errors import OtlpDecodeError
+
 __all__ = ["RequestView", "not_a_trace_request", "parse_view", "view_of"]
 
 _PACKAGE = "spanguard.otlpview"
@@ -107,8 +109,15 @@ RequestView = _build()
 
 
 def parse_view(data: bytes) -> Any:
-    """Parse ExportTraceServiceRequest bytes as a view; google.protobuf DecodeError if not."""
-    return RequestView.FromString(data)
+    """Parse ExportTraceServiceRequest bytes as a view; OtlpDecodeError saying why if not.
+
+    The one decode of the worker's hot path: the pipeline parses a message here and hands
+    the view on to the guard (`Guard.process_view`); `Guard.process` parses bytes here too.
+    """
+    try:
+        return RequestView.FromString(data)
+    except DecodeError as exc:
+        raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
 
 
 def view_of(request: ExportTraceServiceRequest) -> Any:

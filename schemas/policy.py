@@ -13,6 +13,13 @@ Shape (every field optional):
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
+      usd_budget: null           # US dollars per trace, priced from the spans' models; null = none
+      conversation: {enabled: false, action: flag, token_budget: null, usd_budget: null}
+                                 # the traces of one conversation as one scope (loops, cycles
+                                 #   and budgets across them): docs/conversations.md
+      prices: {}                 # model -> {input_mtok, output_mtok, cache_read_mtok,
+                                 #   cache_write_mtok}: USD per million tokens, before the
+                                 #   genai-prices database
       action: kill               # kill | downgrade | pause | flag (flag: shadow mode, every
                                  #   rule only records and notifies; a token budget otherwise
                                  #   kills, or pauses)
@@ -60,7 +67,6 @@ __all__ = [
     "MAX_POLICY_NODES",
     "AgentPolicy",
     "Policy",
-    "PolicyError",
     "ToolPolicy",
 ]
 
@@ -125,6 +131,16 @@ class AgentPolicy:
     # Tool name -> foldings ("case", "whitespace") applied to its string arguments.
     fold: tuple[tuple[str, frozenset[str]], ...] = ()
     token_budget: int | None = None
+    # US dollars per trace; the spans' usage priced by model (spanguard/detection/pricing.py).
+    usd_budget: float | None = None
+    # Model name (lower case) -> its prices, USD per million tokens: ((key, value), ...).
+    prices: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    # The conversation scope: tool_loop and cycle over the calls of all of a conversation's
+    # traces (a repeat spanning traces: `conversation_action`), and its budgets.
+    conversation_enabled: bool = False
+    conversation_action: Literal["flag", "kill"] = "flag"
+    conversation_token_budget: int | None = None
+    conversation_usd_budget: float | None = None
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
@@ -178,8 +194,14 @@ class AgentPolicy:
             folds = dict(self.fold)
             folds.update((tool, frozenset(how)) for tool, how in settings["fold"].items())
             changes["fold"] = tuple(sorted(folds.items()))
+        if "prices" in settings:
+            prices = dict(self.prices)
+            for model, rates in settings["prices"].items():
+                prices[model.lower()] = tuple(sorted(rates.items()))
+            changes["prices"] = tuple(sorted(prices.items()))
         for name in (
             "token_budget",
+            "usd_budget",
             "action",
             "autonomous",
             "missing_args",
@@ -188,6 +210,10 @@ class AgentPolicy:
         ):
             if name in settings:
                 changes[name] = settings[name]
+        conversation = settings.get("conversation") or {}
+        for name in ("enabled", "action", "token_budget", "usd_budget"):
+            if name in conversation:
+                changes[f"conversation_{name}"] = conversation[name]
         goal = settings.get("goal") or {}
         for name in ("enabled", "model", "min_confidence", "sample_rate"):
             if name in goal:
@@ -361,11 +387,19 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         },
         "volatile_keys": sorted(policy.volatile_keys),
         "token_budget": policy.token_budget,
+        "usd_budget": policy.usd_budget,
+        "prices": {model: dict(rates) for model, rates in policy.prices},
         "action": policy.action,
         "autonomous": policy.autonomous,
         "missing_args": policy.missing_args,
         "record_arguments": policy.record_arguments,
         "severity": policy.severity,
+        "conversation": {
+            "enabled": policy.conversation_enabled,
+            "action": policy.conversation_action,
+            "token_budget": policy.conversation_token_budget,
+            "usd_budget": policy.conversation_usd_budget,
+        },
         "goal": {
             "enabled": policy.goal_enabled,
             "model": policy.goal_model,

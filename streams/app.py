@@ -1,29 +1,34 @@
 """The Faust app, wiring only: topics, tables, the guard, and the agents that connect them.
 
 No rule logic lives here (spanguard/detection/), no sending logic (streams/delivery.py), no
-agent body (streams/agents/): this module builds the parts and hands them to each agent.
+agent body (streams/agents/): this module builds the parts into a typed `Worker`
+(streams/wiring.py) and attaches each agent and service (streams/services.py) to the app,
+each by its own methods.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
-from spanguard.alerting.service import PagingService
-from spanguard.alerting.webhook import Webhook, WebhookService
-from spanguard.detection.guard import Guard
-from spanguard.detection.pipeline import SpanPipeline
-from spanguard.goal.verifier import GoalVerifier
-from spanguard.kafka_clients import faust_credentials
+from spanguard.alerting.service import PageOutcome, PagingService
+from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
+from spanguard.config.settings import WorkerSettings
+from spanguard.connectors.kafka_clients import faust_credentials
+from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
+from spanguard.detection.guard import Guard, GuardCount
+from spanguard.detection.pipeline import PipelineCount, SpanPipeline
+from spanguard.goal.verifier import GoalOutcome, GoalVerifier
+from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.policy import Policy
-from spanguard.settings import WorkerSettings
-from spanguard.streams.agents import guard_spans, notify_webhook, page_on_call, verify_goals
+from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
+from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
-from spanguard.streams.health import Health, serve_http
+from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
     DetectionLatency,
@@ -31,16 +36,13 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.releases import ReleaseReader
+from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanguard.worker")
-
-# Seconds between two readings of the consumer lag (a scrape reads the last one).
-LAG_INTERVAL = 5.0
 
 # Every topic is bytes in, bytes out: the pipeline decodes, and bad bytes are its business.
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -55,7 +57,21 @@ def create_app(
 ) -> faust.App:
     policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
     set_fetch_max_wait(settings.fetch_max_wait)
-    app = faust.App(
+    app = faust_app(settings)
+    worker = build_worker(app, settings, policy, pager, verifier, webhook)
+    SpanAgent(worker).attach(app)
+    page_on_call.register(worker)
+    verify_goals.register(worker)
+    notify_webhook.register(worker)
+    LagMeter(worker).attach(app)
+    StartupTasks(worker).attach(app)
+    MetricsServer(worker).attach(app)
+    app.spanguard = worker  # type: ignore[attr-defined]
+    return app
+
+
+def faust_app(settings: WorkerSettings) -> faust.App:
+    return faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         broker_credentials=faust_credentials(settings.kafka),
@@ -75,6 +91,10 @@ def create_app(
         topic_replication_factor=settings.replication_factor or 1,
         producer_acks=-1,
     )
+
+
+def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, SerializedStates]:
+    """The state table and the guard's view of it (decoded states, the expiry index)."""
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
@@ -90,48 +110,53 @@ def create_app(
             value_type=bytes,
         )
     )
-    # What was paged, per trace: keyed by trace id like the detections topic it follows.
-    paged = app.Table(
-        "paged",
+    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
+    states = SerializedStates(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
+    table.states = states  # its rebalance hooks keep the expiry index right
+    return table, states
+
+
+def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
+    """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
+    detections topic it follows. Its changelog topic is created on start."""
+    return app.Table(
+        name,
         default=None,
         partitions=settings.partitions,
         use_partitioner=True,
         key_type=bytes,
         value_type=bytes,
     )
-    # What was sent to the webhook, per trace: the same shape as `paged` (only with a webhook:
-    # a table's changelog topic is created on start).
-    notified = (
-        app.Table(
-            "notified",
-            default=None,
-            partitions=settings.partitions,
-            use_partitioner=True,
-            key_type=bytes,
-            value_type=bytes,
-        )
-        if webhook is not None
-        else None
-    )
-    # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
-    states = SerializedStates(
-        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
-    )
-    table.states = states  # its rebalance hooks keep the expiry index right
-    signing_key = settings.kill_signing_key()  # None only with SPANGUARD_ALLOW_UNSIGNED
+
+
+def build_worker(
+    app: faust.App,
+    settings: WorkerSettings,
+    policy: Policy,
+    pager: Pager | None,
+    verifier: GoalVerifier | None,
+    webhook: Webhook | None,
+) -> Worker:
+    table, states = trace_states(app, settings)
+    paged = delivered_table(app, settings, "paged")
+    # Only with a webhook: a table's changelog topic is created on start.
+    notified = delivered_table(app, settings, "notified") if webhook is not None else None
+    signing_key = kill_signing_key(settings)
     # Operators' releases (signed with the same key) re-arm a killed trace's loop rules.
     releases = ReleaseReader(settings, signing_key)
     guard = Guard(policy, states=states, released=releases.released)
-    if signing_key is None:
-        log.warning(
-            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
-            " can stop or steer agents that obey unsigned signals",
-            settings.kill_topic,
-        )
-    registry = worker_registry()
-    lag = ConsumerLag()
-    registry.register(lag)
-    worker = Worker(
+    pipeline = SpanPipeline(
+        # A packed record of the repartition topic holds traces of the partition it is on.
+        guard,
+        home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
+    )
+    paging, notifying = PagingService(pager), WebhookService(webhook)
+    health = Health(dead_after=settings.dead_after)
+    counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
+    registry, lag = metrics_registry(guard, counted, states)
+    return Worker(
         app=app,
         settings=settings,
         # The Collector's topic and the repartition topic in one stream: both are keyed by
@@ -144,80 +169,75 @@ def create_app(
         notified=notified,
         states=states,
         guard=guard,
-        # A packed record of the repartition topic holds traces of the partition it is on.
-        pipeline=SpanPipeline(
-            guard, home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions)
-        ),
-        outbox=Outbox(
-            repartition=app.topic(settings.repartition_topic, **RAW),
-            detections=app.topic(settings.detections_topic, **RAW),
-            kill_signals=app.topic(settings.kill_topic, **RAW),
-            dead_letters=app.topic(settings.dead_letter_topic, **RAW),
-            partitions=settings.partitions,
-            signing_key=signing_key,
-        ),
-        health=Health(dead_after=settings.dead_after),
-        paging=PagingService(pager),
-        webhook=WebhookService(webhook),
+        pipeline=pipeline,
+        outbox=outbox(app, settings, signing_key),
+        health=health,
+        paging=paging,
+        webhook=notifying,
         verifier=verifier,
+        releases=releases,
+        counted=counted,
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
     )
-    registry.register(
-        # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
-        WorkerMetrics(
-            guard,
-            worker.pipeline,
-            states.indexed,
-            worker.paging,
-            verifier,
-            worker.webhook,
-            releases_read=lambda: releases.read,
+
+
+def metrics_registry(
+    guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
+) -> tuple[CollectorRegistry, ConsumerLag]:
+    """What /metrics serves; the consumer lag is refreshed by LagMeter."""
+    registry = worker_registry()
+    lag = ConsumerLag()
+    registry.register(lag)
+    # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
+    registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
+    return registry, lag
+
+
+def kill_signing_key(settings: WorkerSettings) -> bytes | None:
+    """The key kill signals are signed with: None only with SPANGUARD_ALLOW_UNSIGNED, said
+    loudly."""
+    signing_key = settings.kill_signing_key()
+    if signing_key is None:
+        log.warning(
+            "kill signals are UNSIGNED (SPANGUARD_ALLOW_UNSIGNED): anyone who can write to %s"
+            " can stop or steer agents that obey unsigned signals",
+            settings.kill_topic,
         )
+    return signing_key
+
+
+def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) -> Outbox:
+    return Outbox(
+        repartition=app.topic(settings.repartition_topic, **RAW),
+        detections=app.topic(settings.detections_topic, **RAW),
+        kill_signals=app.topic(settings.kill_topic, **RAW),
+        dead_letters=app.topic(settings.dead_letter_topic, **RAW),
+        partitions=settings.partitions,
+        signing_key=signing_key,
     )
-    guard_spans.register(worker)
-    page_on_call.register(worker)
-    verify_goals.register(worker)
-    notify_webhook.register(worker)
 
-    consumed = {
-        settings.input_topic,
-        settings.repartition_topic,
-        settings.detections_topic,
-        settings.goal_topic,
+
+def counting_parts(
+    guard: Guard,
+    pipeline: SpanPipeline,
+    health: Health,
+    paging: PagingService,
+    webhook: WebhookService,
+    verifier: GoalVerifier | None,
+    releases: ReleaseReader,
+) -> dict[type[CountedOutcome], Counted]:
+    """Which part counts each outcome enum (the streams parts add their own as they attach)."""
+    counted: dict[type[CountedOutcome], Counted] = {
+        GuardCount: guard.stats,
+        PipelineCount: pipeline,
+        HealthCount: health,
+        PageOutcome: paging.outcomes,
+        WebhookOutcome: webhook.outcomes,
+        ReleaseCount: releases,
+        ReleaseSkip: releases.ignored,
     }
-
-    @app.timer(interval=LAG_INTERVAL)
-    async def measure_lag() -> None:
-        try:
-            await lag.refresh(app.consumer, consumed)
-        except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
-            log.debug("consumer lag not read", extra={"error": repr(exc)})
-
-    @app.task
-    async def freeze_startup_objects() -> None:
-        # Tasks start once the first table recovery is done: what the process holds now
-        # (modules, Faust's and aiokafka's services, about 140k objects) lives as long as it
-        # does. Frozen, full collections walk only what came later: measured in the pipeline
-        # benchmark's latency run, 105-145 ms pauses became 20-35 ms.
-        gc.collect()
-        gc.freeze()
-        log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})
-
-    @app.task
-    async def read_releases() -> None:
-        releases.start()  # a daemon thread: it ends with the process
-
-    @app.task
-    async def serve_metrics() -> None:
-        worker.http = await serve_http(
-            worker.health, registry, settings.metrics_host, settings.metrics_port
-        )
-        log.info(
-            "metrics",
-            extra={"url": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"},
-        )
-
-    app.spanguard = worker  # type: ignore[attr-defined]
-    return app
+    if verifier is not None:
+        counted[GoalOutcome] = verifier.outcomes
+    return counted

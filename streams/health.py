@@ -15,9 +15,19 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["Health", "serve_http"]
+from spanguard.outcomes import CountedOutcome
+
+__all__ = ["Health", "HealthCount", "serve_http"]
 
 log = logging.getLogger("spanguard.worker")
+
+
+class HealthCount(CountedOutcome):
+    """What the span agent's health counts: each member names a counter of Health."""
+
+    BATCHES = "batches"  # batches completed
+    CRASHES = "crashes"  # times the span agent raised
+    LOST_SIGNALS = "lost_signals"  # kill signals not acked by the broker (the trace can trip again)
 
 
 class Health:
@@ -31,6 +41,9 @@ class Health:
         self.lost_signals = 0
         self.pending = 0
         self.waiting_since: float | None = None  # records pending and no batch done since
+
+    def count(self, outcome: HealthCount) -> int:
+        return getattr(self, outcome.value)
 
     def progressed(self) -> None:
         self.batches += 1

@@ -1,8 +1,13 @@
-"""Prometheus metrics, read from the guard's own counters at scrape time (no hot-path cost).
+"""Prometheus metrics: every counted outcome, read from its owner at scrape time.
 
-Besides the guard's counters: the detection latency (a histogram observed when a kill signal's
-send is acked), consumer lag per partition (refreshed by a timer, read at scrape time), the
-process and platform collectors and a build-info gauge. The Grafana dashboard and the alert
+Each module that counts names its outcomes with an enum (spanguard/outcomes.py); `EXPORTED`
+says where each member appears on /metrics, and `WorkerMetrics` reads them by member from
+the objects the worker wired in (no hot-path cost, no outcome spelled out twice).
+
+Besides: the decisions by rule, action and service (heard through the guard's observer hook),
+the detection latency (a histogram observed when a kill signal's send is acked), consumer lag
+per partition (refreshed by a timer, read at scrape time), the process and platform
+collectors and a build-info gauge. The Grafana dashboard and the alert
 rules of the helm chart use these names; tests/streams/test_metrics_kafka.py scrapes a real
 worker and fails when one they use is missing.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,19 +32,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from spanguard import __version__
-from spanguard.alerting.service import PagingService
-from spanguard.alerting.webhook import WebhookService
-from spanguard.detection.guard import Guard, GuardObserver, TraceState
-from spanguard.detection.pipeline import SpanPipeline
+from spanguard.alerting.service import PageOutcome
+from spanguard.alerting.webhook import WebhookOutcome
+from spanguard.connectors.releases import ReleaseCount, ReleaseSkip
+from spanguard.detection.guard import Guard, GuardCount
+from spanguard.detection.pipeline import PipelineCount
 from spanguard.detection.rules import RULES
-from spanguard.goal.verifier import GoalVerifier
+from spanguard.detection.rules.base import GuardObserver
+from spanguard.detection.trace_state import TraceState
+from spanguard.goal.verifier import GoalOutcome
+from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
+from spanguard.streams.agents.guard_spans import SpanCount
+from spanguard.streams.health import HealthCount
 
 __all__ = [
+    "EXPORTED",
     "LATENCY_BUCKETS",
     "ConsumerLag",
     "DecisionCounts",
     "DetectionLatency",
+    "Series",
     "WorkerMetrics",
     "worker_registry",
 ]
@@ -138,109 +152,137 @@ def worker_registry() -> CollectorRegistry:
     return registry
 
 
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One counter series on /metrics: `spanguard_<metric>_total{labels}`."""
+
+    metric: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def by_outcome(
+    kind: type[CountedOutcome], metric: str, label: str = "outcome"
+) -> dict[CountedOutcome, tuple[Series, ...]]:
+    """Every member of `kind` as a series of one metric, labelled with its value."""
+    return {member: (Series(metric, ((label, member.value),)),) for member in kind}
+
+
+DEAD_LETTERS = Series("dead_letters")
+
+# The help text of each counter (the Grafana dashboard and the helm chart's alert rules use
+# these names).
+COUNTER_HELP = {
+    "messages": "Kafka messages consumed",
+    "messages_repartitioned": "messages split and re-keyed by trace id",
+    "dead_letters": "messages sent to the dead-letter topic (bad input, undeliverable pages and"
+    " webhook notifications)",
+    "webhooks": "webhook notifications by outcome",
+    "pages": "PagerDuty pages by outcome",
+    "goal_checks": "ended agent invocations by verifier outcome",
+    "spans": "spans received",
+    "tool_calls_observed": "tool calls counted by tool_loop",
+    "token_events": "token usage events read for the token budget",
+    "tool_spans_without_arguments": "tool spans skipped because their arguments were not"
+    " recorded (missing_args: skip)",
+    "repeats_ignored": "spans not recounted",
+    "malformed_spans": "spans with invalid ids, skipped",
+    "releases_read": "operators' releases read from the kill topic",
+    "releases_applied": "killed traces whose loop rules an operator's release re-armed",
+    "usage_spans_priced": "usage spans priced for a usd budget, by outcome (unpriced: no price"
+    " for the model they name; their tokens are counted as unpriced, never as free)",
+    "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
+    "span_batches": "batches of messages the span agent completed",
+    "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
+    "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
+    "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
+    " (not a signal, or not one signed with the worker's key)",
+}
+
+# Where each counted outcome is exported: every member of every CountedOutcome enum has an
+# entry (tests/streams/test_metrics.py fails on one without). A member in several series is
+# added to each (an undeliverable page is a page outcome and a dead letter).
+EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
+    GuardCount.SPANS: (Series("spans"),),
+    GuardCount.TOOL_CALLS: (Series("tool_calls_observed"),),
+    GuardCount.TOKEN_EVENTS: (Series("token_events"),),
+    GuardCount.DUPLICATE_SPANS: (Series("repeats_ignored", (("why", "same_span_id"),)),),
+    GuardCount.REPEATED_CALL_IDS: (Series("repeats_ignored", (("why", "same_call_id"),)),),
+    GuardCount.MISSING_ARGUMENTS: (Series("tool_spans_without_arguments"),),
+    GuardCount.MALFORMED_SPANS: (Series("malformed_spans"),),
+    GuardCount.RELEASES_APPLIED: (Series("releases_applied"),),
+    GuardCount.PRICED_USAGE: (Series("usage_spans_priced", (("outcome", "priced"),)),),
+    GuardCount.UNPRICED_USAGE: (Series("usage_spans_priced", (("outcome", "unpriced"),)),),
+    GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
+    PipelineCount.MESSAGES: (Series("messages"),),
+    PipelineCount.REPARTITIONED: (Series("messages_repartitioned"),),
+    PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
+    SpanCount.DEAD_LETTERS: (DEAD_LETTERS,),
+    ReleaseCount.READ: (Series("releases_read"),),
+    HealthCount.BATCHES: (Series("span_batches"),),
+    HealthCount.CRASHES: (Series("span_agent_crashes"),),
+    HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
+    **by_outcome(PageOutcome, "pages"),
+    **by_outcome(WebhookOutcome, "webhooks"),
+    **by_outcome(GoalOutcome, "goal_checks"),
+    **by_outcome(ReleaseSkip, "kill_topic_records_skipped", label="why"),
+}
+for _undeliverable in (
+    PageOutcome.REJECTED,
+    PageOutcome.FAILED,
+    WebhookOutcome.REJECTED,
+    WebhookOutcome.FAILED,
+):
+    EXPORTED[_undeliverable] += (DEAD_LETTERS,)
+
+
 class WorkerMetrics(Collector):
+    """The counted outcomes, read from their owners at scrape time (no hot-path cost), the
+    decisions by rule, action and service, and the traces held.
+
+    `counts` names, per outcome enum, the object that counts it (the guard's stats, the
+    pipeline, the paging service's tally...), read as it is at each scrape (parts that start
+    later add theirs); an enum without one is exported at zero.
+    """
+
     def __init__(
         self,
         guard: Guard,
-        pipeline: SpanPipeline,
+        counts: Mapping[type[CountedOutcome], Counted],
         active_traces: Callable[[], int],
-        paging: PagingService | None = None,
-        verifier: GoalVerifier | None = None,
-        webhook: WebhookService | None = None,
-        releases_read: Callable[[], int] = lambda: 0,
     ) -> None:
-        self.releases_read = releases_read
-        self.verifier = verifier
-        self.webhook = webhook
-        self.guard = guard
+        self.counts = counts
         self.decisions = DecisionCounts()
         guard.add_observer(self.decisions)
-        self.pipeline = pipeline
         self.active_traces = active_traces
-        self.paging = paging
+
+    def series(self) -> dict[Series, int]:
+        """Every exported series and its value now."""
+        values: dict[Series, int] = {}
+        for outcome, where in EXPORTED.items():
+            source = self.counts.get(type(outcome))
+            counted = source.count(outcome) if source is not None else 0
+            for series in where:
+                values[series] = values.get(series, 0) + counted
+        return values
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        stats = self.guard.stats
-        pipeline = self.pipeline
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(f"spanguard_{name}", doc, value=value)
-
-        yield counter("messages", "Kafka messages consumed", pipeline.messages)
-        yield counter(
-            "messages_repartitioned",
-            "messages split and re-keyed by trace id",
-            pipeline.repartitioned,
-        )
-        paging = self.paging.outcomes if self.paging is not None else {}
-        webhooks = self.webhook.outcomes if self.webhook is not None else {}
-        undeliverable = sum(
-            outcomes.get("rejected", 0) + outcomes.get("failed", 0)
-            for outcomes in (paging, webhooks)
-        )
-        yield counter(
-            "dead_letters",
-            "messages sent to the dead-letter topic (bad input, undeliverable pages and"
-            " webhook notifications)",
-            pipeline.dead_letters + undeliverable,
-        )
-        sent = CounterMetricFamily(
-            "spanguard_webhooks", "webhook notifications by outcome", labels=["outcome"]
-        )
-        for outcome in ("delivered", "rejected", "failed", "already_sent"):
-            sent.add_metric([outcome], webhooks.get(outcome, 0))
-        yield sent
-        pages = CounterMetricFamily(
-            "spanguard_pages", "PagerDuty pages by outcome", labels=["outcome"]
-        )
-        for outcome in ("accepted", "rejected", "failed", "already_paged", "not_configured"):
-            pages.add_metric([outcome], paging.get(outcome, 0))
-        yield pages
-        goals = CounterMetricFamily(
-            "spanguard_goal_checks",
-            "ended agent invocations by verifier outcome",
-            labels=["outcome"],
-        )
-        outcomes = self.verifier.outcomes if self.verifier is not None else {}
-        for outcome in (
-            "met",
-            "unmet",
-            "low_confidence",
-            "no_content",
-            "not_sampled",
-            "disabled",
-            "judge_error",
-        ):
-            goals.add_metric([outcome], outcomes.get(outcome, 0))
-        yield goals
-        yield counter("spans", "spans received", stats.spans)
-        yield counter("tool_calls_observed", "tool calls counted by tool_loop", stats.tool_calls)
-        yield counter(
-            "tool_spans_without_arguments",
-            "tool spans skipped because their arguments were not recorded (missing_args: skip)",
-            stats.missing_arguments,
-        )
-        repeats = CounterMetricFamily(
-            "spanguard_repeats_ignored", "spans not recounted", labels=["why"]
-        )
-        repeats.add_metric(["same_span_id"], stats.duplicate_spans)
-        repeats.add_metric(["same_call_id"], stats.repeated_call_ids)
-        yield repeats
-        yield counter("malformed_spans", "spans with invalid ids, skipped", stats.malformed_spans)
+        families: dict[str, CounterMetricFamily] = {}
+        for series, value in self.series().items():
+            family = families.get(series.metric)
+            if family is None:
+                family = families[series.metric] = CounterMetricFamily(
+                    f"spanguard_{series.metric}",
+                    COUNTER_HELP[series.metric],
+                    labels=[name for name, _ in series.labels],
+                )
+            family.add_metric([value for _, value in series.labels], value)
+        yield from families.values()
         decisions = CounterMetricFamily(
             "spanguard_decisions", "decisions taken", labels=["rule", "action", "service"]
         )
         for (rule, action, service), count in sorted(self.decisions.counts.items()):
             decisions.add_metric([rule, action, service], count)
         yield decisions
-        yield counter(
-            "releases_read", "operators' releases read from the kill topic", self.releases_read()
-        )
-        yield counter(
-            "releases_applied",
-            "killed traces whose loop rules an operator's release re-armed",
-            stats.releases_applied,
-        )
         yield GaugeMetricFamily(
             "spanguard_active_traces",
             "traces with state on this worker",

@@ -25,7 +25,7 @@ import faust
 from faust.streams import _current_event, current_event
 from faust.types import TP
 
-from spanguard.detection.guard import TraceState
+from spanguard.detection.trace_state import TraceState
 
 __all__ = ["EVICT_BUDGET", "ExpiryIndex", "SerializedStates", "TraceTable", "event_context"]
 
@@ -168,6 +168,12 @@ class SerializedStates(MutableMapping[str, TraceState]):
         if gone and self._cache:
             for key in [key for key in self._cache if key[0] in gone]:
                 del self._cache[key]
+
+    def revoke_all(self) -> None:
+        """Forget every partition, as if all were revoked: for a worker fenced out of the
+        group, which may get its partitions back in the next generation without Faust seeing
+        them revoked, after another worker changed their traces."""
+        self.revoke(set(self._owned) | set(self._expiry) | {key[0] for key in self._cache})
 
     def assigned(self, partition: int, stored: Iterator[tuple[bytes, bytes]]) -> None:
         """A partition is now owned: its stored traces are indexed lazily, from `stored`."""
@@ -374,6 +380,23 @@ class TraceTable(faust.Table):
     traces recovered from the changelog and those already on local disk."""
 
     states: SerializedStates | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Changelog records sent and not yet handed to whoever waits for their acks.
+        self.unconfirmed: list[Any] = []
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+        """Keep each changelog record's future: the span agent waits for the broker's ack of
+        a flush's writes before it lets their messages' offsets be committed."""
+        future = super().send_changelog(*args, **kwargs)
+        self.unconfirmed.append(future)
+        return future
+
+    def take_unconfirmed(self) -> list[Any]:
+        """The changelog records sent since the last call (their futures)."""
+        taken, self.unconfirmed = self.unconfirmed, []
+        return taken
 
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-import faust
-from prometheus_client import CollectorRegistry
+# Types only: streams/app.py builds these, and the modules that define them import the agents.
+if TYPE_CHECKING:
+    import faust
+    from prometheus_client import CollectorRegistry
 
-from spanguard.alerting.service import PagingService
-from spanguard.alerting.webhook import WebhookService
-from spanguard.detection.guard import Guard
-from spanguard.detection.pipeline import SpanPipeline
-from spanguard.goal.verifier import GoalVerifier
-from spanguard.settings import WorkerSettings
-from spanguard.streams.delivery import Outbox
-from spanguard.streams.health import Health
-from spanguard.streams.metrics import ConsumerLag, DetectionLatency
-from spanguard.streams.state import SerializedStates
+    from spanguard.alerting.service import PagingService
+    from spanguard.alerting.webhook import WebhookService
+    from spanguard.config.settings import WorkerSettings
+    from spanguard.connectors.releases import ReleaseReader
+    from spanguard.detection.guard import Guard
+    from spanguard.detection.pipeline import SpanPipeline
+    from spanguard.goal.verifier import GoalVerifier
+    from spanguard.outcomes import Counted, CountedOutcome
+    from spanguard.streams.delivery import Outbox
+    from spanguard.streams.health import Health
+    from spanguard.streams.metrics import ConsumerLag, DetectionLatency
+    from spanguard.streams.state import SerializedStates, TraceTable
 
 __all__ = ["Worker"]
 
@@ -26,12 +30,12 @@ __all__ = ["Worker"]
 class Worker:
     app: faust.App
     settings: WorkerSettings
-    spans_in: Any  # the Collector's topic and the repartition topic
-    goal_checks: Any
-    detections_in: Any
-    table: Any  # trace id -> TraceState bytes
-    paged: Any  # trace id -> rules already paged
-    notified: Any  # trace id -> rules already sent to the webhook
+    spans_in: faust.TopicT  # the Collector's topic and the repartition topic
+    goal_checks: faust.TopicT
+    detections_in: faust.TopicT
+    table: TraceTable  # trace id -> TraceState bytes
+    paged: faust.Table  # trace id -> rules already paged
+    notified: faust.Table | None  # trace id -> rules already sent to the webhook (a webhook only)
     states: SerializedStates
     guard: Guard
     pipeline: SpanPipeline
@@ -40,7 +44,9 @@ class Worker:
     paging: PagingService
     webhook: WebhookService
     verifier: GoalVerifier | None
+    releases: ReleaseReader
+    # Which part counts each outcome enum: what /metrics reads (the agents add their own).
+    counted: dict[type[CountedOutcome], Counted]
     registry: CollectorRegistry  # what /metrics serves
     latency: DetectionLatency
     lag: ConsumerLag
-    http: Any = None  # the /metrics, /livez, /readyz server, kept while the app runs

@@ -11,14 +11,14 @@ import faust
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.webhook import Webhook
+from spanguard.config.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
+from spanguard.connectors.judge import OpenAICompatibleJudge
+from spanguard.connectors.kafka_clients import check_aiokafka
+from spanguard.connectors.topics import cluster_replication
 from spanguard.goal.verifier import GoalVerifier
-from spanguard.kafka_clients import check_aiokafka
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
 from spanguard.streams.app import create_app
-from spanguard.streams.judge import OpenAICompatibleJudge
-from spanguard.streams.topics import cluster_replication
 
 __all__ = ["run_worker"]
 
@@ -32,6 +32,26 @@ def check_broker(settings: WorkerSettings, timeout: float = 15.0) -> None:
         loop.run_until_complete(check_aiokafka(settings.bootstrap, settings.kafka, timeout))
     finally:
         loop.close()
+
+
+def warn_unconfigured(
+    policy: Policy, goal: GoalSettings, pager: PagerSettings | None, log: logging.Logger
+) -> None:
+    """What the policy asks for and the settings cannot do: said once, at start."""
+    if not goal.enabled and (
+        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
+    ):
+        log.warning(
+            "the policy turns the goal verifier on but no judge is configured"
+            " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
+        )
+    if pager is None and (
+        policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules)
+    ):
+        log.warning(
+            "the policy has autonomous agents but no PagerDuty routing key is set:"
+            " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
+        )
 
 
 def run_worker(
@@ -54,20 +74,7 @@ def run_worker(
         goal,
         judge_factory=lambda model: OpenAICompatibleJudge.from_settings(replace(goal, model=model)),
     )
-    if not goal.enabled and (
-        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
-    ):
-        log.warning(
-            "the policy turns the goal verifier on but no judge is configured"
-            " (SPANGUARD_JUDGE_URL and SPANGUARD_JUDGE_MODEL): no goal checks"
-        )
-    if pager is None and (
-        policy.defaults.autonomous or any(rule.policy.autonomous for rule in policy.rules)
-    ):
-        log.warning(
-            "the policy has autonomous agents but no PagerDuty routing key is set:"
-            " their detections will not page (SPANGUARD_PAGERDUTY_ROUTING_KEY)"
-        )
+    warn_unconfigured(policy, goal, pager, log)
     check_broker(settings)
     if settings.replication_factor == 0:
         # Topics Faust makes itself (its assignor's) get the replication `topics create` chose.

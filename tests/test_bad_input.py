@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
-from spanguard.killswitch.client import MAX_SIGNAL_BYTES, BadSignal, KillSwitch, read_signal
-from spanguard.schemas.decision import key_id, keyring, sign
+from spanguard.killswitch.client import KillSwitch
+from spanguard.schemas.decision import (
+    MAX_SIGNAL_BYTES,
+    BadSignal,
+    key_id,
+    keyring,
+    read_signal,
+    sign,
+)
 from tests.support.spans import kill_signal
 
 # -- the kill-signal topic (killswitch/client.py: read_signal) ----------------------------------
@@ -168,12 +175,12 @@ def test_kill_signal_records(value, kind):
 
 
 def test_the_release_reader_counts_every_bad_record_and_never_raises():
-    """streams/releases.py reads the kill topic with the worker's key: every bad record is
+    """connectors/releases.py reads the kill topic with the worker's key: every bad record is
     counted and skipped; a release issued a year ahead cannot outrank the real ones."""
     import time
 
-    from spanguard.settings import WorkerSettings
-    from spanguard.streams.releases import ReleaseReader
+    from spanguard.config.settings import WorkerSettings
+    from spanguard.connectors.releases import ReleaseReader
 
     reader = ReleaseReader(WorkerSettings(), KEY)
     now = time.time()
@@ -285,8 +292,9 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
     ("data", "message"), [case[1:] for case in POLICY_FILES], ids=[case[0] for case in POLICY_FILES]
 )
 def test_policy_files(tmp_path, capsys, data, message):
-    from spanguard.cli import main
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.cli.main import main
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     path = tmp_path / "policy.yaml"
     path.write_bytes(data)
@@ -310,7 +318,8 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
     import os
     import threading
 
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     path = {"a FIFO": tmp_path / "fifo", "a character device": "/dev/zero",
             "a directory": tmp_path}[kind]  # fmt: skip
@@ -332,7 +341,7 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
     assert errors == [f"{path}: not a regular file ({kind}): not a policy"]
 
 
-# -- replay lines (spanguard/detection/replay.py; `spanguard replay`) ----------------------------
+# -- replay lines (cli/replay.py; `spanguard replay`) ----------------------------
 
 
 def _replay_line(**span_changes: Any) -> str:
@@ -389,7 +398,7 @@ def test_replay_lines(line, message):
     """The broken line is reported with its number and skipped; the lines around it are read."""
     import io
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
 
     good = _replay_line().encode()
     out, err = io.StringIO(), io.StringIO()
@@ -402,7 +411,7 @@ def test_replay_lines(line, message):
 
 
 def test_replay_exit_status_says_whether_a_line_was_broken(tmp_path, capsys):
-    from spanguard.cli import main
+    from spanguard.cli.main import main
 
     path = tmp_path / "spans.jsonl"
     path.write_bytes(_replay_line().encode() + b"\n")
@@ -417,7 +426,7 @@ def test_a_line_longer_than_any_request_is_skipped_unread(monkeypatch):
     path reads the line in bounded pieces."""
     import io
 
-    from spanguard.detection import replay as replay_module
+    from spanguard.cli import replay as replay_module
 
     monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
     good = _replay_line().encode()
@@ -436,7 +445,7 @@ def test_a_compressed_protobuf_file_is_read_within_the_bound(tmp_path, monkeypat
     import gzip
     import io
 
-    from spanguard.detection import replay as replay_module
+    from spanguard.cli import replay as replay_module
 
     monkeypatch.setattr(replay_module, "MAX_LINE_BYTES", 4096)
     bomb = tmp_path / "bomb.pb.gz"
@@ -453,7 +462,7 @@ def test_a_flood_of_compressed_blank_lines_is_skipped_quickly(tmp_path):
     import io
     import time
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
 
     flood = tmp_path / "flood.jsonl.gz"
     flood.write_bytes(gzip.compress(b"\n" * 20_000_000 + b"{\n" + _replay_line().encode() + b"\n"))
@@ -701,7 +710,7 @@ def test_killed_traces_are_forgotten_once_their_root_span_ends():
     assert processor.signals.tracked_traces <= 5
 
 
-# -- settings (spanguard/settings.py; every command that takes them) ----------------------------
+# -- settings (config/settings.py; every command that takes them) ----------------------------
 
 KEY_ENV = {"SPANGUARD_SIGNING_KEY": "a-signing-key-of-32-characters!!"}
 
@@ -745,7 +754,7 @@ SETTINGS: list[tuple[str, dict[str, str], str]] = [
 def test_settings(monkeypatch, capsys, env, message):
     """One line and exit 2, before any connection: the bootstrap names a closed port, so a
     command that got past its settings would report a broker error instead."""
-    from spanguard.cli import main
+    from spanguard.cli.main import main
 
     for name in [name for name in __import__("os").environ if name.startswith("SPANGUARD_")]:
         monkeypatch.delenv(name)
@@ -760,8 +769,9 @@ def test_settings(monkeypatch, capsys, env, message):
 
 
 def test_a_judge_on_a_port_out_of_range_is_refused_when_built_and_shown_safely():
-    from spanguard.settings import SettingsError, redact_url
-    from spanguard.streams.judge import OpenAICompatibleJudge
+    from spanguard.config.settings import redact_url
+    from spanguard.connectors.judge import OpenAICompatibleJudge
+    from spanguard.errors import SettingsError
 
     with pytest.raises(SettingsError, match="Port out of range"):
         OpenAICompatibleJudge("http://127.0.0.1:99999/v1", "model")
@@ -826,7 +836,53 @@ def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
     assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
 
 
-# -- outbound HTTP: the pager, the webhook (alerting/outbound.py) -------------------------------
+BAD_PRICED_SPANS = [
+    pytest.param({"gen_ai.request.model": "m" * 1_000_000}, id="a megabyte model name"),
+    pytest.param({"gen_ai.request.model": ""}, id="an empty model name"),
+    pytest.param(
+        {"gen_ai.request.model": "gpt-4o", "gen_ai.provider.name": "x" * 100_000},
+        id="a huge provider",
+    ),
+    pytest.param({"gen_ai.request.model": ["gpt-4o", "o3"]}, id="a list for a model"),
+    pytest.param({"gen_ai.usage.cache_read.input_tokens": 10**15}, id="cache counts past input"),
+    pytest.param({"gen_ai.usage.cache_read.input_tokens": float("nan")}, id="a NaN cache count"),
+    pytest.param({"gen_ai.conversation.id": "c" * 1_000_000}, id="a megabyte conversation id"),
+    pytest.param({"gen_ai.conversation.id": ""}, id="an empty conversation id"),
+    pytest.param({"gen_ai.conversation.id": 42}, id="a number for a conversation id"),
+]
+
+
+@pytest.mark.parametrize("extra", BAD_PRICED_SPANS)
+def test_a_bad_price_or_conversation_attribute_costs_only_its_span(extra, caplog):
+    """The priced span after it still counts; the guard holds a few hundred bytes for it."""
+    from spanguard.detection.conversation import ConversationGuard
+    from spanguard.detection.guard import Guard
+    from spanguard.schemas.policy import Policy
+    from tests.support.spans import AgentRecorder, encode
+
+    policy = Policy.from_mapping(
+        {
+            "defaults": {
+                "usd_budget": 0.01,
+                "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
+                "conversation": {"enabled": True},
+            }
+        }
+    )
+    agent = AgentRecorder("support-bot", "support")
+    agent.chat(input_tokens=100, output_tokens=100, **extra)
+    agent.chat(input_tokens=1_000, output_tokens=1_000)  # $0.02: over the budget
+    guard = Guard(policy, conversations=ConversationGuard(policy))
+    with caplog.at_level("WARNING"):
+        decisions = guard.process(encode(agent.finished()).SerializeToString())
+    assert guard.stats.malformed_spans == 0
+    assert [d.rule for d in decisions] == ["cost_budget"]
+    state = guard.states[agent.trace_id]
+    assert len(state.to_bytes()) < 2_000
+    assert all(len(record.getMessage()) < 1_000 for record in caplog.records)
+
+
+# -- outbound HTTP: the pager, the webhook (connectors/outbound.py) ------------------------------
 
 PAGER_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"
 WEBHOOK_PATH = "/hooks/XXXXsecretXXXX"
@@ -861,7 +917,7 @@ def pager_server():
 
 def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
     from spanguard.alerting.webhook import Webhook
-    from spanguard.settings import WebhookSettings
+    from spanguard.config.settings import WebhookSettings
 
     environ = {"SPANGUARD_WEBHOOK_URL": server.url + WEBHOOK_PATH}
     settings = WebhookSettings.from_sources({"ca_file": server.ca_bundle, **flags}, environ)
@@ -869,7 +925,8 @@ def _webhook(server: Any, sleeps: list[float], **flags: Any) -> Any:
 
 
 def _pager(server: Any, sleeps: list[float], **overrides: Any) -> Any:
-    from spanguard.alerting.pagerduty import Pager, PagerSettings
+    from spanguard.alerting.pagerduty import Pager
+    from spanguard.config.settings import PagerSettings
 
     environ = {"SPANGUARD_PAGERDUTY_ROUTING_KEY": PAGER_KEY,
                "SPANGUARD_PAGERDUTY_URL": server.url, "SSL_CERT_FILE": server.ca_bundle}  # fmt: skip
@@ -887,7 +944,7 @@ def test_the_webhook_retries_408_as_the_pager_and_the_judge_do(webhook_server):
 def test_the_webhook_reads_retry_after_as_an_http_date(webhook_server):
     from email.utils import formatdate
 
-    from tests.support.webhook_server import Fault
+    from tests.support.https_receiver import Fault
 
     sleeps: list[float] = []
     when = formatdate(__import__("time").time() + 20, usegmt=True)
@@ -902,7 +959,7 @@ def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_ser
     """timeout=1: the whole attempt, not each read (the drip never lets a read time out)."""
     import time
 
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     pager_server.script(Fault(status=400, body=b'{"message": "' + b"x" * 60 + b'"}', drip=0.25))
     pager = _pager(pager_server, [], timeout=1.0, max_attempts=1)
@@ -917,7 +974,7 @@ def test_a_page_answered_a_byte_a_second_ends_at_the_attempts_deadline(pager_ser
 def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server):
     import gzip
 
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     bomb = gzip.compress(b'{"message": "' + b"x" * 50_000_000 + b'"}')
     errors = {"status": "invalid event", "message": "Event object is invalid",
@@ -938,7 +995,7 @@ def test_a_compressed_or_huge_error_body_is_never_inflated_or_kept(pager_server)
 
 
 def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
-    from tests.support.pagerduty_server import Fault
+    from tests.support.https_receiver import Fault
 
     echo = {"message": f"bad key {PAGER_KEY}", "errors": ["Authorization: Bearer sk-live-123"]}
     pager_server.script(Fault(status=400, body=json.dumps(echo).encode()))
@@ -952,16 +1009,16 @@ def test_a_secret_echoed_by_a_server_is_scrubbed_from_the_error(pager_server):
     assert PAGER_KEY not in text and "sk-live-123" not in text and "***" in text
 
 
-# -- outbound HTTP: the judge (streams/judge.py) ------------------------------------------------
+# -- outbound HTTP: the judge (connectors/judge.py) ------------------------------------------------
 
 
 def test_a_judge_that_echoes_the_authorization_header_never_puts_the_key_in_an_error(caplog):
     import asyncio
     import logging
 
+    from spanguard.connectors.judge import OpenAICompatibleJudge
+    from spanguard.errors import JudgeError
     from spanguard.goal.invocations import InvocationEnd
-    from spanguard.goal.verdicts import JudgeError
-    from spanguard.streams.judge import OpenAICompatibleJudge
     from tests.support.chat_server import ChatServer, Reply
 
     key = "sk-live-0123456789abcdef"
@@ -989,7 +1046,7 @@ def test_a_webhook_answered_a_byte_a_second_ends_at_the_attempts_deadline(webhoo
     timeout, so only the attempt's own deadline can end it."""
     import time
 
-    from tests.support.webhook_server import Fault
+    from tests.support.https_receiver import Fault
 
     webhook_server.script(Fault(status=200, drip=0.3, drip_headers=True))
     webhook = _webhook(webhook_server, [], timeout="1", max_attempts="1")

@@ -151,7 +151,8 @@ POLICY = {
 
 
 def test_fuzz_policies():
-    from spanguard.schemas.policy import Policy, PolicyError
+    from spanguard.errors import PolicyError
+    from spanguard.schemas.policy import Policy
 
     valid = yaml.safe_dump(POLICY).encode()
 
@@ -209,7 +210,7 @@ def test_fuzz_otlp_messages():
 def test_fuzz_replay_lines():
     import io
 
-    from spanguard.detection.replay import replay
+    from spanguard.cli.replay import replay
     from spanguard.schemas.otlp import decode_protobuf, encode_json_line
 
     line = encode_json_line(decode_protobuf(_requests()[0])).encode()
@@ -234,9 +235,9 @@ def test_fuzz_replay_lines():
 
 
 def test_fuzz_settings():
-    from spanguard.settings import REGISTRY, GoalSettings, WebhookSettings, WorkerSettings
+    from spanguard.config.settings import REGISTRY, GoalSettings, WebhookSettings, WorkerSettings
 
-    # Secret files are read by spanguard/secrets.py, fuzzed with it; here the plain settings.
+    # Secret files are read by config/secrets.py, fuzzed with it; here the plain settings.
     entries = [
         e
         for e in REGISTRY

@@ -8,7 +8,7 @@ import (
 )
 
 // TLS and SASL settings: refused when they cannot work together (the same refusals as
-// spanguard/kafka_security.py), before any connection.
+// config/kafka_security.py), before any connection.
 
 func TestSecurityRefusals(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "nope.pem")

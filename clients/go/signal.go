@@ -39,7 +39,7 @@ var (
 	hex16    = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	dateTime = regexp.MustCompile(`^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|([+-])([0-9]{2}):([0-9]{2}))$`)
 	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true, "pause": true}
-	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "manual": true}
+	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "manual": true}
 	fields   = map[string]bool{
 		"schema_version": true, "signal_id": true, "trace_id": true, "kind": true, "rule": true,
 		"reason": true, "evidence": true, "agent": true, "detected_at": true, "expires_at": true,
@@ -51,6 +51,7 @@ var (
 	evidenceFields = map[string]any{
 		"span_id": "hex16", "tool_name": "string", "args_hash": "hex16", "result_hash": "hex16",
 		"hits": int64(1), "window": int64(1), "steps": int64(1), "tokens": int64(0), "token_budget": int64(1),
+		"cost_micro_usd": int64(0), "budget_micro_usd": int64(1),
 	}
 )
 

@@ -1,6 +1,6 @@
 """`spanguard backtest`: what a new policy would have decided on recorded traffic, against the
 current one. Pure: records in (partition, key, value, record time), a report out; reading them
-from Kafka is streams/backtest.py's business.
+from Kafka is connectors/backtest.py's business.
 
 Both policies run the worker's own path (SpanPipeline: routing, dead letters, the guard) over
 the same records in one pass. Memory stays bounded whatever the history's size:
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from spanguard.detection.guard import Guard, TraceState
+from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.detection.report import Timeline, Timelines
+from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 

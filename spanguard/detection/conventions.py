@@ -102,7 +102,9 @@ __all__ = [
     "ARGS_HASH_KEY",
     "CAPTURE_SETTINGS",
     "CAPTURE_SETTINGS_EXACT",
+    "CONVERSATION_KEY_SET",
     "MISSING",
+    "PRICE_KEYS",
     "RESULT_HASH_KEY",
     "WANTED_KEYS",
     "AgentSeen",
@@ -187,6 +189,47 @@ OUTPUT_TOKEN_KEYS: Final = (
     "ai.usage.outputTokens",
     "ai.usage.completionTokens",
 )
+# Cached input tokens, counted inside the input tokens by the conventions (pricing only).
+CACHE_READ_KEYS: Final = (
+    "gen_ai.usage.cache_read.input_tokens",  # GenAI conventions
+    "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry, strands
+    "llm.token_count.prompt_details.cache_read",  # OpenInference
+    "ai.usage.inputTokenDetails.cacheReadTokens",  # AI SDK 6
+    "ai.usage.cachedInputTokens",  # AI SDK 5
+)
+CACHE_WRITE_KEYS: Final = (
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
+    "gen_ai.usage.cache_write_input_tokens",  # strands
+    "llm.token_count.prompt_details.cache_write",
+    "ai.usage.inputTokenDetails.cacheWriteTokens",
+)
+# The model a span names: what answered first (a dated snapshot), then what was asked for.
+RESPONSE_MODEL_KEYS: Final = ("gen_ai.response.model", "ai.response.model")
+REQUEST_MODEL_KEYS: Final = ("gen_ai.request.model", "llm.model_name", "ai.model.id")
+PROVIDER_KEYS: Final = (
+    "gen_ai.provider.name",
+    "gen_ai.system",
+    "llm.provider",
+    "llm.system",
+    "ai.model.provider",
+)
+# Read only when some policy prices usage (a usd budget): then inference spans cost a few
+# lookups more, and nothing otherwise.
+PRICE_KEYS: Final = frozenset(
+    {*CACHE_READ_KEYS, *CACHE_WRITE_KEYS, *RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS, *PROVIDER_KEYS}
+)
+MODEL_KEYS: Final = frozenset({*RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS})
+# A conversation (thread, session) that spans traces, first present wins; where each
+# instrumentation writes it is in docs/conversations.md. Read only when a policy asks for the
+# conversation scope.
+CONVERSATION_KEYS: Final = (
+    "gen_ai.conversation.id",
+    "session.id",
+    "langfuse.session.id",
+    "ai.telemetry.metadata.sessionId",
+)
+CONVERSATION_KEY_SET: Final = frozenset(CONVERSATION_KEYS)
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 
@@ -283,6 +326,7 @@ class ToolCall:
     result_digest: str | None = None  # spanguard.tool.result_hash
     scope: str = ""  # the instrumentation scope's name: which library made the span
     end_time_unix_nano: int = 0  # 0: the span carries no end time
+    conversation_id: str | None = None  # read only when the conversation scope is on
 
 
 @dataclass(slots=True)
@@ -293,6 +337,20 @@ class TokenUsage:
     agent_name: str | None
     match_attributes: dict[str, str] | None
     end_time_unix_nano: int = 0
+    # Read only when usage is priced (PRICE_KEYS wanted) and the span names a model.
+    input_tokens: int = 0  # cached ones included
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    request_model: str | None = None
+    response_model: str | None = None
+    provider: str | None = None
+    conversation_id: str | None = None  # read only when the conversation scope is on
+
+    @property
+    def priced(self) -> bool:
+        """Whether the span names a model to price its tokens by."""
+        return self.request_model is not None or self.response_model is not None
 
 
 @dataclass(slots=True)
@@ -302,6 +360,7 @@ class AgentSeen:
     span_id: bytes
     agent_name: str | None
     match_attributes: dict[str, str] | None
+    conversation_id: str | None = None
 
 
 def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
@@ -335,7 +394,11 @@ class SpanReading(NamedTuple):
     output_tokens: tuple[str, ...]
     aggregate_input: tuple[str, ...]
     aggregate_output: tuple[str, ...]
-    match_keys: tuple[str, ...]  # wanted keys beyond the conventions': the policy's match keys
+    # Wanted keys beyond the conventions': the policy's match keys, and the price and
+    # conversation keys when those are wanted (all of them are match attributes).
+    match_keys: tuple[str, ...]
+    conversation: tuple[str, ...]  # the conversation keys wanted (the conversation scope)
+    models: tuple[str, ...]  # the model keys wanted (usage is priced)
     # Every convention key but usage is wanted: the attribute map itself answers "present?"
     # (a hash lookup in C per key read) instead of a set built from all the span's keys.
     whole: bool
@@ -381,6 +444,8 @@ def reading_of(wanted: frozenset[str]) -> SpanReading:
         aggregate_input=only_wanted((AGGREGATE_INPUT_KEY,)),
         aggregate_output=only_wanted((AGGREGATE_OUTPUT_KEY,)),
         match_keys=tuple(sorted(wanted - WANTED_KEYS)),
+        conversation=only_wanted(CONVERSATION_KEYS),
+        models=only_wanted((*RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS)),
         whole=wanted >= WANTED_KEYS - USAGE_KEYS,
         wanted=wanted,
     )
@@ -438,13 +503,21 @@ def adapt_read(
     )
     if GENKIT_SUBTYPE in present and ai_operation is None:
         ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
+    # Without a policy matching per agent, the keys read for prices or conversations are
+    # no match attributes to build.
     match_attributes = None
-    for key in reading.match_keys:
-        if key in present:
-            if match_attributes is None:
-                match_attributes = {}
-            match_attributes[key] = _text(attributes[key])
+    if match:
+        for key in reading.match_keys:
+            if key in present:
+                if match_attributes is None:
+                    match_attributes = {}
+                match_attributes[key] = _text(attributes[key])
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
+    named = False  # a wanted conversation key is there (only with the conversation scope on)
+    for key in reading.conversation:
+        if key in present:
+            named = True
+            break
 
     if (
         operation == "execute_tool"
@@ -475,15 +548,23 @@ def adapt_read(
             ),
             scope=scope,
             end_time_unix_nano=span.end_time_unix_nano,
+            conversation_id=conversation_of(attributes, present) if named else None,
         )
 
     for key in reading.usage:
         if key in present:
             break
     else:
-        if match and agent_name is not None:
+        # The conversation may be named only on the agent's span: read it off any span a GenAI
+        # convention marks (`session.id` on a plain HTTP span is a web session, not a chat).
+        conversation_id = (
+            conversation_of(attributes, present)
+            if named and (operation or oi_kind or tl_kind or ai_operation)
+            else None
+        )
+        if (match and agent_name is not None) or conversation_id is not None:
             # The policy matches on the agent's name, which may only be on this span.
-            return AgentSeen(span.span_id, agent_name, match_attributes)
+            return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id)
         return None
     inference = (
         operation in INFERENCE_OPERATIONS
@@ -500,14 +581,56 @@ def adapt_read(
     if tokens is None:
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
-    return TokenUsage(
+    usage = TokenUsage(
         span_id=span.span_id,
         tokens=tokens,
         aggregate=not inference,
         agent_name=agent_name,
         match_attributes=match_attributes,
         end_time_unix_nano=span.end_time_unix_nano,
+        conversation_id=conversation_of(attributes, present) if named else None,
     )
+    for key in reading.models:
+        if key in present:
+            _read_price_facts(usage, attributes, present, inference)
+            break
+    return usage
+
+
+def _read_price_facts(
+    usage: TokenUsage, attributes: AttributeMap, present: Container[str], inference: bool
+) -> None:
+    """What pricing needs of a usage span: the model, the provider and the counts apart."""
+    usage.request_model = _bounded_first_text(attributes, present, REQUEST_MODEL_KEYS)
+    usage.response_model = _bounded_first_text(attributes, present, RESPONSE_MODEL_KEYS)
+    usage.provider = _bounded_first_text(attributes, present, PROVIDER_KEYS)
+    if inference:
+        input_keys, output_keys = INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS
+    else:
+        input_keys = (*INPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY)
+        output_keys = (*OUTPUT_TOKEN_KEYS, AGGREGATE_OUTPUT_KEY)
+    usage.input_tokens = _first_int(attributes, present, input_keys) or 0
+    usage.output_tokens = _first_int(attributes, present, output_keys) or 0
+    usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
+    usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+
+
+def conversation_of(attributes: AttributeMap, present: Container[str]) -> str | None:
+    """The conversation a span names: the first non-empty of CONVERSATION_KEYS, at most
+    MAX_TEXT_CHARS (a longer one is cut and hashed: still one id per conversation)."""
+    for key in CONVERSATION_KEYS:
+        if key in present:
+            text = _text(attributes[key]).strip()
+            if text and text.lower() not in PLACEHOLDER_CALL_IDS:
+                return bounded_text(text)
+    return None
+
+
+def _bounded_first_text(
+    attributes: AttributeMap, present: set[str], keys: tuple[str, ...]
+) -> str | None:
+    text = _first_text(attributes, present, keys)
+    return bounded_text(text) if text is not None else None
 
 
 def _is_tool_span(

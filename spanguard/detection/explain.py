@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms"]
+__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms", "usd"]
 
 # Hash prefixes shown: enough to tell the calls of one window apart at a glance.
 HASH_PREFIX = 8
@@ -24,6 +24,11 @@ def latency_ms(record: dict[str, Any]) -> float | None:
         return None
     delta = datetime.fromisoformat(detected) - datetime.fromisoformat(ended)
     return delta.total_seconds() * 1000
+
+
+def usd(micro: int | None) -> str:
+    """Micro-dollars as dollars for people ($0.0123)."""
+    return "?" if micro is None else f"${micro / 1e6:,.4f}"
 
 
 def _clock(iso: str | None) -> str:
@@ -52,6 +57,8 @@ def _policy(record: dict[str, Any]) -> str:
         )
     if rule == "token_budget":
         return f"{where}: token budget {record.get('token_budget')}"
+    if rule == "cost_budget":
+        return f"{where}: budget {usd(record.get('budget_micro_usd'))} per trace"
     return where
 
 
@@ -158,12 +165,24 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
         + (f", name {agent['name']}" if agent.get("name") else ""),
         f"  policy: {_policy(record)}",
     ]
+    if record.get("scope") == "conversation":
+        lines.append(
+            f"  scope: conversation {record.get('conversation_id')}, the evidence across"
+            f" {record.get('traces')} of its traces (this trace's span completed it)"
+        )
     tripped = f"  tripped by span {record.get('span_id')}"
     if record.get("tool_name"):
         digest = (record.get("args_hash") or "(none)")[:HASH_PREFIX]
         tripped += f" ({record['tool_name']}, args {digest}, {record.get('hits')} hits)"
-    if record.get("tokens") is not None:
-        tripped += f" ({record['tokens']} tokens)"
+    if record.get("tokens") is not None or record.get("cost_micro_usd") is not None:
+        spend = [f"{record['tokens']} tokens"] if record.get("tokens") is not None else []
+        if record.get("cost_micro_usd") is not None:
+            spend.append(usd(record["cost_micro_usd"]))
+        if record.get("unpriced_tokens"):
+            spend.append(
+                f"{record['unpriced_tokens']} tokens of models without a price not included"
+            )
+        tripped += f" ({', '.join(spend)})"
     if record.get("span_ended_at"):
         tripped += f", which ended {record['span_ended_at']}"
         delay = latency_ms(record)

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
+    CONVERSATION_KEY_SET,
     MISSING,
+    PRICE_KEYS,
     SERVICE_NAME,
     USAGE_KEYS,
     WANTED_KEYS,
@@ -41,14 +42,21 @@ from spanguard.detection.conventions import (
     reading_of,
     resource_info,
 )
+from spanguard.detection.conversation import ConversationGuard, ConversationUsage
+from spanguard.detection.pricing import ModelRates, Pricer
+from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
 from spanguard.detection.rules import CYCLE as _CYCLE
-from spanguard.detection.rules import (
+from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
+from spanguard.detection.rules import RULES
+from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
+from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
+from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
+from spanguard.detection.rules.base import (
     DOWNGRADE,
     FLAG,
     KILL,
     OFF,
     PAUSE,
-    RULES,
     Fired,
     GuardObserver,
     Rule,
@@ -56,10 +64,6 @@ from spanguard.detection.rules import (
     ToolCallRule,
     Trip,
 )
-from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
-from spanguard.detection.rules import TOKEN_BUDGET as _TOKEN_BUDGET
-from spanguard.detection.rules import TOOL_LOOP as _TOOL_LOOP
-from spanguard.detection.rules import TOOL_POLLING as _TOOL_POLLING
 from spanguard.detection.trace_state import (
     MARK_BYTES,
     CallKey,
@@ -67,22 +71,21 @@ from spanguard.detection.trace_state import (
     call_mark,
     iso_from_micros,
 )
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
-from spanguard.schemas.otlp import OtlpDecodeError
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
+    "COST_BUDGET",
     "CYCLE",
     "NO_PROGRESS",
     "TOKEN_BUDGET",
     "TOOL_LOOP",
     "TOOL_POLLING",
-    "Fired",
     "Guard",
-    "GuardObserver",
+    "GuardCount",
     "GuardStats",
-    "TraceState",
 ]
 
 log = logging.getLogger("spanguard.core")
@@ -93,6 +96,7 @@ CYCLE = _CYCLE.name
 TOOL_POLLING = _TOOL_POLLING.name
 NO_PROGRESS = _NO_PROGRESS.name
 TOKEN_BUDGET = _TOKEN_BUDGET.name
+COST_BUDGET = _COST_BUDGET.name
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
 MIN_RECENT_IDS = 32
@@ -105,9 +109,28 @@ HASHING_HINT = (
 )
 
 
+class GuardCount(CountedOutcome):
+    """What the guard counts: each member names a field of GuardStats."""
+
+    SPANS = "spans"
+    TOOL_CALLS = "tool_calls"
+    TOKEN_EVENTS = "token_events"
+    DUPLICATE_SPANS = "duplicate_spans"
+    REPEATED_CALL_IDS = "repeated_call_ids"
+    MISSING_ARGUMENTS = "missing_arguments"
+    MALFORMED_SPANS = "malformed_spans"
+    RELEASES_APPLIED = "releases_applied"
+    PRICED_USAGE = "priced_usage"
+    UNPRICED_USAGE = "unpriced_usage"
+    CONVERSATION_CONFLICTS = "conversation_conflicts"
+
+
 @dataclass
 class GuardStats:
-    """Counters the worker exports on /metrics and replay prints in its summary."""
+    """Counters the worker exports on /metrics and replay prints in its summary.
+
+    Plain integers, bumped on the hot path; read by member (`count`) like any other tally.
+    """
 
     spans: int = 0
     tool_calls: int = 0
@@ -117,7 +140,16 @@ class GuardStats:
     missing_arguments: int = 0
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
+    # Inference spans whose usage was priced, and those no price was found for (their tokens
+    # are counted as unpriced, never as free): spanguard/detection/pricing.py.
+    priced_usage: int = 0
+    unpriced_usage: int = 0
+    # Spans naming a conversation other than the one their trace named first (the first wins).
+    conversation_conflicts: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
+
+    def count(self, outcome: GuardCount) -> int:
+        return getattr(self, outcome.value)
 
 
 def _trim(window: Any, counts: dict, marks: bytearray, size: int) -> None:
@@ -131,6 +163,15 @@ def _trim(window: Any, counts: dict, marks: bytearray, size: int) -> None:
             counts[oldest] = remaining
         else:
             del counts[oldest]
+
+
+def _spent(state: TraceState) -> tuple[int, int]:
+    """A trace's tokens and cost (pico-dollars) as its budgets count them."""
+    tokens = (
+        state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+    )
+    cost = state.inference_cost if state.inference_cost is not None else state.aggregate_cost
+    return tokens, cost
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -152,6 +193,7 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
     counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
     token_rules: list[tuple[TokenRule, str, Any]] = field(default_factory=list)
+    prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
 class Guard:
@@ -171,9 +213,14 @@ class Guard:
         released: Mapping[str, float] | None = None,
         rules: Iterable[Rule] = RULES,
         observers: Iterable[GuardObserver] = (),
+        price_usage: bool = False,
+        conversations: ConversationGuard | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
-        `observers`: told of every call and decision (`add_observer` adds more)."""
+        `observers`: told of every call and decision (`add_observer` adds more);
+        `price_usage`: price every trace's usage even without a usd budget (replay's page);
+        `conversations`: the conversation scope, fed every counted call and usage change of
+        traces that name a conversation (spanguard/detection/conversation.py)."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -183,7 +230,7 @@ class Guard:
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
         self._defaults_plan: _Plan | None = None
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
-        # streams/releases.py keeps it filled from the kill topic. A released trace's loop rules
+        # connectors/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
         self.released: Mapping[str, float] = {} if released is None else released
         self.states: MutableMapping[str, TraceState] = {} if states is None else states
@@ -193,10 +240,36 @@ class Guard:
         self._defaults = self.policy.defaults
         # Without a token budget anywhere, usage is never read: chat spans yield no event.
         policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
-        self.tracks_tokens = any(policy.token_budget is not None for policy in policies)
+        # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
+        self.conversations = conversations
+        conversation_budgets = conversations is not None and any(
+            policy.conversation_enabled
+            and (
+                policy.conversation_token_budget is not None
+                or policy.conversation_usd_budget is not None
+            )
+            for policy in policies
+        )
+        self.prices_usage = price_usage or any(
+            policy.usd_budget is not None
+            or (conversations is not None and policy.conversation_usd_budget is not None)
+            for policy in policies
+        )
+        self.tracks_tokens = (
+            self.prices_usage
+            or conversation_budgets
+            or any(policy.token_budget is not None for policy in policies)
+        )
         base = WANTED_KEYS if self.tracks_tokens else WANTED_KEYS - USAGE_KEYS
+        if self.prices_usage:
+            base = base | PRICE_KEYS
+        if conversations is not None:
+            base = base | CONVERSATION_KEY_SET
+            self.observers.append(conversations)
         self._wanted = base | self._match_keys
         self._reading = reading_of(self._wanted)
+        self._warned_conversations: set[str] = set()
+        self.pricer: Pricer | None = Pricer() if self.prices_usage else None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -217,11 +290,7 @@ class Guard:
         """
         if isinstance(request, ExportTraceServiceRequest):
             return self.process_view(view_of(request))
-        try:
-            view = parse_view(request)
-        except DecodeError as exc:
-            raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
-        return self.process_view(view)
+        return self.process_view(parse_view(request))
 
     def process_view(self, view: Any) -> list[Decision]:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""
@@ -271,6 +340,8 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
+        if self.conversations is not None and self.conversations.pending:
+            decisions.extend(self.conversations.take())
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
@@ -289,6 +360,8 @@ class Guard:
         `resource` is needed only by a policy with per-agent rules."""
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
+        if event.conversation_id is not None and event.conversation_id != state.conversation_id:
+            self._join_conversation(trace_id, state, event.conversation_id)
         if isinstance(event, AgentSeen):
             return None
         if self.policy.rules:
@@ -318,10 +391,60 @@ class Guard:
                 if len(recent_calls) > limit:
                     recent_calls.popitem(last=False)
             return self._on_tool_call(trace_id, state, event, policy, plan)
+        if self.conversations is not None and state.conversation_id is not None:
+            return self._on_conversation_tokens(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
+
+    def _join_conversation(self, trace_id: str, state: TraceState, conversation_id: str) -> None:
+        """The first conversation a trace's spans name is its; another is counted and told
+        once per trace (a span of another thread, or an id set per call)."""
+        if state.conversation_id is None:
+            state.conversation_id = conversation_id
+            return
+        self.stats.conversation_conflicts += 1
+        if trace_id not in self._warned_conversations and len(self._warned_conversations) < 4096:
+            self._warned_conversations.add(trace_id)
+            log.warning(
+                "trace %s names conversation %.200r after %.200r: the first stands (%d such"
+                " spans so far)",
+                trace_id,
+                conversation_id,
+                state.conversation_id,
+                self.stats.conversation_conflicts,
+            )
+
+    def _on_conversation_tokens(
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
+    ) -> Decision | None:
+        """The trace's own budgets, then what the span added to the trace's tokens and cost
+        handed to the conversation scope."""
+        tokens_before, cost_before = _spent(state)
+        decision = self._on_tokens(trace_id, state, usage, policy, plan)
+        tokens_after, cost_after = _spent(state)
+        if tokens_after > tokens_before or cost_after > cost_before:
+            assert self.conversations is not None and state.conversation_id is not None
+            found = self.conversations.observe_usage(
+                ConversationUsage(
+                    state.conversation_id,
+                    trace_id,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                    max(tokens_after - tokens_before, 0),
+                    max(cost_after - cost_before, 0),
+                    state.service,
+                    state.agent_name,
+                )
+            )
+            if found is not None:
+                self.conversations.pending.append(found)
+        return decision
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
+        if decision.scope is not None:  # the conversation scope's: its mark is there
+            if self.conversations is not None:
+                self.conversations.retract(decision)
+            return
         mark = Fired(decision.rule, decision.action)
         state = self.states.get(decision.trace_id)
         if state is not None and mark in state.fired:
@@ -366,6 +489,8 @@ class Guard:
         idle = [trace_id for trace_id, state in self.states.items() if state.last_seen < cutoff]
         for trace_id in idle:
             del self.states[trace_id]
+        if self.conversations is not None:  # conversations idle as long are forgotten too
+            self.conversations.evict_idle(ttl_seconds)
         return len(idle)
 
     # -- rules ---------------------------------------------------------------------------
@@ -433,6 +558,8 @@ class Guard:
                 state.aggregate_tokens = usage.tokens
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
+        if self.pricer is not None:
+            self._price(state, usage, plan)
         fired = state.fired
         for rule, wanted, check in plan.token_rules:
             if (
@@ -457,9 +584,28 @@ class Guard:
                     return decision
         return None
 
+    def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> None:
+        """Add the span's cost to the trace's: an inference span's to the sum (or its tokens to
+        the unpriced ones), an agent's total (only when it names a model) as the largest."""
+        if usage.aggregate and not usage.priced:
+            return  # an agent's total without a model: its inference spans carry the cost
+        assert self.pricer is not None
+        cost = self.pricer.cost(usage, plan.prices)
+        if cost is None:
+            self.stats.unpriced_usage += 1
+            if not usage.aggregate:
+                state.unpriced_tokens += usage.tokens
+            return
+        self.stats.priced_usage += 1
+        if usage.aggregate:
+            state.aggregate_cost = max(state.aggregate_cost, cost)
+        else:
+            state.inference_cost = (state.inference_cost or 0) + cost
+
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""
         plan = _Plan(policy.history, max(MIN_RECENT_IDS, 4 * policy.window))
+        plan.prices = {model: ModelRates.per_million(dict(rates)) for model, rates in policy.prices}
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:

@@ -15,17 +15,27 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.slim import slim_part
+from spanguard.errors import OtlpDecodeError
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.otlp import split_by_trace
 from spanguard.schemas.otlp_view import not_a_trace_request, parse_view
 
-__all__ = ["MAX_RECORD_BYTES", "Outcome", "SpanPipeline"]
+__all__ = ["MAX_RECORD_BYTES", "Outcome", "PipelineCount", "SpanPipeline"]
 
 log = logging.getLogger("spanguard.pipeline")
 
 # Every record the worker writes stays under the topics' default max.message.bytes (1 MiB),
 # with room for its key and headers.
 MAX_RECORD_BYTES = 900_000
+
+
+class PipelineCount(CountedOutcome):
+    """What the pipeline counts: each member names a counter of SpanPipeline."""
+
+    MESSAGES = "messages"  # every message handed to `handle`
+    REPARTITIONED = "repartitioned"  # split by trace and handed back for re-keying
+    DEAD_LETTERS = "dead_letters"  # bad input, sent (whole or in part) to the dead letters
 
 
 @dataclass
@@ -51,6 +61,9 @@ class SpanPipeline:
         self.repartitioned = 0
         self.dead_letters = 0
 
+    def count(self, outcome: PipelineCount) -> int:
+        return getattr(self, outcome.value)
+
     def handle(
         self, key: bytes | None, value: bytes | None, partition: int | None = None
     ) -> Outcome:
@@ -70,9 +83,9 @@ class SpanPipeline:
         if not isinstance(value, bytes):
             return self._dead(f"message value is {type(value).__name__}, not bytes")
         try:
-            view = parse_view(value)
-        except DecodeError as exc:
-            return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
+            view = parse_view(value)  # the one decode: the guard reads this view
+        except OtlpDecodeError as exc:
+            return self._dead(str(exc))
         # Parsing is not enough: a metrics request parses too (see schemas/otlp_view.py).
         foreign = not_a_trace_request(value)
         if foreign is not None:

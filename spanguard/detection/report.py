@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import html
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from spanguard.detection.conventions import ToolCall
-from spanguard.detection.explain import HASH_PREFIX
-from spanguard.detection.guard import GuardObserver, GuardStats
+from spanguard.detection.explain import HASH_PREFIX, usd
+from spanguard.detection.guard import GuardStats
+from spanguard.detection.pricing import micro_usd
+from spanguard.detection.rules.base import GuardObserver
 from spanguard.detection.trace_state import CallKey, TraceState
 from spanguard.schemas.decision import Decision
 
@@ -168,11 +170,31 @@ def _decision_box(decision: Decision) -> str:
         )
     if decision.token_budget is not None:
         details.append(f"budget {decision.token_budget}, used {decision.tokens}")
+    if decision.budget_micro_usd is not None:
+        details.append(
+            f"budget {usd(decision.budget_micro_usd)}, spent {usd(decision.cost_micro_usd)}"
+        )
     details.append(f"span <code>{e(decision.span_id)}</code> at {e(decision.detected_at)}")
     return f'<div class="decision {e(decision.action)}">{" · ".join(details)}</div>'
 
 
-def _trace_section(trace_id: str, timeline: Timeline) -> str:
+def _spend(state: TraceState | None) -> str:
+    """The trace's tokens and cost, as the guard counted them (" · ..." or nothing)."""
+    if state is None:
+        return ""
+    tokens = (
+        state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+    )
+    text = f" · {tokens:,} tokens" if tokens else ""
+    cost = state.inference_cost if state.inference_cost is not None else state.aggregate_cost
+    if cost or state.inference_cost is not None:
+        text += f" · {usd(micro_usd(cost))}"
+    if state.unpriced_tokens:
+        text += f" ({state.unpriced_tokens:,} tokens of models without a price not included)"
+    return text
+
+
+def _trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = None) -> str:
     e = html.escape
     keys = {(d.tool_name, d.args_hash) for d, _ in timeline.decisions if d.rule == "tool_loop"}
     fired = {d.span_id: d for d, _ in timeline.decisions}
@@ -198,7 +220,7 @@ def _trace_section(trace_id: str, timeline: Timeline) -> str:
         f"<h2>{e(timeline.service)}{agent}</h2>",
         f'<p class="meta">trace <code>{e(trace_id)}</code> · {len(calls)} tool calls'
         + (f" (and {timeline.dropped} more not shown)" if timeline.dropped else "")
-        + f" · first call ended {e(_iso(start))}</p>",
+        + f" · first call ended {e(_iso(start))}{e(_spend(state))}</p>",
         *(_decision_box(d) for d, _ in timeline.decisions),
         _strip(calls, is_repeated, set(fired), set(markers)),
         '<p class="legend"><span><i class="dot" style="background:#cf222e"></i> the repeated'
@@ -272,11 +294,21 @@ def _marker_row(decision: Decision) -> str:
     )
 
 
-def render_html(timelines: Timelines, stats: GuardStats, sources: list[str]) -> str:
-    """The page: a header, then one section per tripped trace."""
+def render_html(
+    timelines: Timelines,
+    stats: GuardStats,
+    sources: list[str],
+    states: Mapping[str, TraceState] | None = None,
+) -> str:
+    """The page: a header, then one section per tripped trace (with its tokens and cost when
+    the guard's `states` are given)."""
     e = html.escape
     tripped = timelines.tripped()
-    sections = [_trace_section(trace_id, timeline) for trace_id, timeline in tripped.items()]
+    states = states or {}
+    sections = [
+        _trace_section(trace_id, timeline, states.get(trace_id))
+        for trace_id, timeline in tripped.items()
+    ]
     if not sections:
         sections = ["<p>No trace tripped a rule.</p>"]
     return (

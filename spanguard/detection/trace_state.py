@@ -22,14 +22,15 @@ __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
-    "Fired",
     "TraceState",
     "call_mark",
     "iso_from_micros",
 ]
 
-# 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building.
-STATE_VERSION = 2
+# 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building; 3: the costs
+# (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
+# `conversation_id` of a trace in the conversation scope.
+STATE_VERSION = 3
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
@@ -81,6 +82,15 @@ class TraceState:
     # The cycle rule's run lengths: [p - 1] = calls in a row equal to the call p before them;
     # None while no call repeats one of the last max_period (most of the time).
     cycle_runs: list[int] | None = None
+    # Pico-dollars (1e-12 USD) spent, as priced by spanguard/detection/pricing.py: inference
+    # spans' sum (None: none priced yet), agent spans' largest total; and the tokens of
+    # inference spans nothing could price (a cost is then a lower bound, never a silent 0).
+    inference_cost: int | None = None
+    aggregate_cost: int = 0
+    unpriced_tokens: int = 0
+    # The conversation the trace belongs to (the first id its spans named), when the
+    # conversation scope is on.
+    conversation_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         record = {
@@ -101,6 +111,12 @@ class TraceState:
         }
         if self.cycle_runs is not None:
             record["cycle_runs"] = self.cycle_runs
+        if self.inference_cost is not None or self.aggregate_cost or self.unpriced_tokens:
+            record["inference_cost"] = self.inference_cost  # version 3, when usage is priced
+            record["aggregate_cost"] = self.aggregate_cost
+            record["unpriced_tokens"] = self.unpriced_tokens
+        if self.conversation_id is not None:
+            record["conversation_id"] = self.conversation_id  # version 3
         # Last, so eviction can read it without decoding (streams/state.py).
         record["last_seen"] = self.last_seen
         return record
@@ -130,6 +146,10 @@ class TraceState:
             last_seen=record["last_seen"],
             released_at=record.get("released_at", 0.0),  # states written before releases
             cycle_runs=record.get("cycle_runs"),  # version 2
+            inference_cost=record.get("inference_cost"),  # version 3
+            aggregate_cost=record.get("aggregate_cost", 0),
+            unpriced_tokens=record.get("unpriced_tokens", 0),
+            conversation_id=record.get("conversation_id"),
         )
 
     def to_bytes(self) -> bytes:

@@ -12,7 +12,7 @@ from spanguard.errors import JudgeError
 if TYPE_CHECKING:
     from spanguard.goal.invocations import InvocationEnd
 
-__all__ = ["Judge", "JudgeError", "Verdict", "excerpt", "parse_verdict"]
+__all__ = ["Judge", "Verdict", "excerpt", "parse_verdict"]
 
 
 @dataclass(frozen=True, slots=True)

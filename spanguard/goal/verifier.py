@@ -1,7 +1,7 @@
 """Goal completion, step two: which invocation ends to judge, and what a verdict becomes.
 
 Pure: the judge comes from `judge_factory` (the worker passes the HTTP judge of
-`spanguard.streams.judge`). The worker forwards messages that hold a root span to a topic of their own; its
+`spanguard.connectors.judge`). The worker forwards messages that hold a root span to a topic of their own; its
 goal agent calls `GoalVerifier.check` there, so a slow judge never delays loop or budget rules.
 """
 
@@ -9,31 +9,55 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.errors import JudgeError, OtlpDecodeError
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
-from spanguard.goal.verdicts import Judge, JudgeError
+from spanguard.goal.verdicts import Judge
+from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import AgentIdentity, Decision
-from spanguard.schemas.otlp import OtlpDecodeError, decode_protobuf
+from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
-from spanguard.settings import GoalSettings
 
-__all__ = ["GoalVerifier"]
+__all__ = ["GoalOutcome", "GoalVerifier"]
 
 log = logging.getLogger("spanguard.goal")
 
 GOAL_UNMET = "goal_unmet"
 
 
+class JudgeChoice(Protocol):
+    """The two judge settings the verifier reads (`spanguard.config.settings.GoalSettings` has
+    them); a protocol, so that the kernel does not import the layer that reads the environment."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+
+class GoalOutcome(CountedOutcome):
+    """What became of an ended agent invocation the verifier read."""
+
+    MET = "met"
+    UNMET = "unmet"  # a goal_unmet decision
+    LOW_CONFIDENCE = "low_confidence"  # unmet, below the policy's goal_min_confidence
+    NO_CONTENT = "no_content"  # no request/answer recorded: nothing to judge
+    NOT_SAMPLED = "not_sampled"
+    DISABLED = "disabled"  # the agent's policy has the verifier off
+    JUDGE_ERROR = "judge_error"
+
+
 class GoalVerifier:
     def __init__(
         self,
         policy: Policy,
-        settings: GoalSettings,
+        settings: JudgeChoice,
         *,
         judge_factory: Callable[[str], Judge],
         clock: Callable[[], float] = time.time,
@@ -43,8 +67,7 @@ class GoalVerifier:
         self.clock = clock
         self._judge_factory = judge_factory  # model name -> judge, one per model
         self._judges: dict[str, Judge] = {}
-        # met, unmet, low_confidence, no_content, not_sampled, disabled, judge_error
-        self.outcomes: Counter[str] = Counter()
+        self.outcomes = Tally()
         self._warned_no_content: set[str] = set()
 
     @property
@@ -67,7 +90,7 @@ class GoalVerifier:
             try:
                 decision = await self._check_one(end)
             except JudgeError as exc:
-                self.outcomes["judge_error"] += 1
+                self.outcomes.add(GoalOutcome.JUDGE_ERROR)
                 log.warning(
                     "goal check failed", extra={"trace_id": end.trace_id, "error": str(exc)}
                 )
@@ -83,12 +106,12 @@ class GoalVerifier:
             attributes[AGENT_NAME] = end.agent_name
         policy = self.policy.for_attributes(attributes)
         if not policy.goal_enabled:
-            self.outcomes["disabled"] += 1
+            self.outcomes.add(GoalOutcome.DISABLED)
             return None
         if not end.has_content:
             # Content capture is opt-in: without the request and the answer there is nothing
             # to judge, and guessing would be worse than saying so.
-            self.outcomes["no_content"] += 1
+            self.outcomes.add(GoalOutcome.NO_CONTENT)
             if end.kind == "agent" and end.service not in self._warned_no_content:
                 self._warned_no_content.add(end.service)
                 log.warning(
@@ -99,7 +122,7 @@ class GoalVerifier:
                 )
             return None
         if not should_sample(end.trace_id, policy.goal_sample_rate):
-            self.outcomes["not_sampled"] += 1
+            self.outcomes.add(GoalOutcome.NOT_SAMPLED)
             return None
         model = policy.goal_model or self.settings.model or ""
         judge = self._judges.get(model)
@@ -107,12 +130,12 @@ class GoalVerifier:
             judge = self._judges[model] = self._judge_factory(model)
         verdict = await judge.judge(end)
         if verdict.satisfied:
-            self.outcomes["met"] += 1
+            self.outcomes.add(GoalOutcome.MET)
             return None
         if verdict.confidence < policy.goal_min_confidence:
-            self.outcomes["low_confidence"] += 1
+            self.outcomes.add(GoalOutcome.LOW_CONFIDENCE)
             return None
-        self.outcomes["unmet"] += 1
+        self.outcomes.add(GoalOutcome.UNMET)
         return Decision(
             trace_id=end.trace_id,
             span_id=end.span_id,

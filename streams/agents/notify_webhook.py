@@ -13,12 +13,12 @@ __all__ = ["register"]
 
 
 def register(worker: Worker) -> None:
-    if worker.webhook.webhook is None:
+    webhook, notified = worker.webhook, worker.notified
+    if webhook.webhook is None or notified is None:
         return  # no URL: no agent, no consumer of the detections for it
-    webhook = worker.webhook
 
     @worker.app.agent(worker.detections_in, name="notify-webhook")
     async def notify_webhook(stream: faust.StreamT) -> None:
         await deliver_once_per_rule(
-            worker, stream, worker.notified, webhook.detection_to_send, webhook.notify, "webhook"
+            worker, stream, notified, webhook.detection_to_send, webhook.notify, "webhook"
         )

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import faust
 
+from spanguard.alerting.pagerduty import PageResult
 from spanguard.alerting.service import paged_rules, with_rule
+from spanguard.alerting.webhook import NotifyResult
+from spanguard.schemas.decision import Decision
 from spanguard.streams.delivery import send_all
 from spanguard.streams.wiring import Worker
 
@@ -19,9 +21,9 @@ __all__ = ["deliver_once_per_rule"]
 async def deliver_once_per_rule(
     worker: Worker,
     stream: faust.StreamT,
-    table: Any,
-    choose: Callable[[bytes | None, set[str]], dict[str, Any] | None],
-    deliver: Callable[[dict[str, Any]], Any],
+    table: faust.Table,
+    choose: Callable[[bytes | None, set[str]], Decision | None],
+    deliver: Callable[[Decision], PageResult | NotifyResult],
     what: str,
 ) -> None:
     """`choose(value, rules already delivered)` picks the detection to deliver (or None);
@@ -38,7 +40,7 @@ async def deliver_once_per_rule(
         result = await loop.run_in_executor(None, deliver, detection)
         # Delivered or not, never again for this trace and rule: a failure goes to the
         # dead letters with its reason, for a person to look at.
-        table[trace_key] = with_rule(stored, detection["rule"])
+        table[trace_key] = with_rule(stored, detection.rule)
         if not result.delivered:
             reason = f"{what} {result.status}: {result.error}"
             await send_all([worker.outbox.dead_letter(message, reason)])

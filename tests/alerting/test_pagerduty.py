@@ -7,6 +7,7 @@ client trusts through SSL_CERT_FILE.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -17,16 +18,14 @@ import certifi
 import pagerduty
 import pytest
 
-from spanguard.alerting.pagerduty import (
-    Pager,
-    PagerConfigError,
-    PagerSettings,
-    build_event,
-    should_page,
-)
+from spanguard.alerting.pagerduty import Pager, build_event, record_of, should_page
+from spanguard.alerting.service import PageOutcome, PagingService
+from spanguard.config.settings import PagerSettings
+from spanguard.errors import PagerConfigError
 from spanguard.logs import JsonFormatter
 from spanguard.schemas.decision import AgentIdentity, Decision, validate
-from tests.support.pagerduty_server import EventsApiServer, Fault
+from tests.support.https_receiver import Fault
+from tests.support.pagerduty_server import EventsApiServer
 
 ROUTING_KEY = "R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x"  # 32 characters, like PagerDuty's
 assert len(ROUTING_KEY) == 32
@@ -378,6 +377,36 @@ def test_paging_twice_for_one_trace_and_rule_is_one_incident(server, make_pager)
     assert len(server.requests) == 2
     [incident] = server.incidents.values()
     assert incident.dedup_key == DEDUP_KEY and len(incident.events) == 2
+
+
+def test_the_paging_service_reads_detections_as_decisions_and_pages_the_same_payload(
+    server, make_pager
+):
+    service = PagingService(make_pager())
+    record = detection()
+    decision = service.detection_to_page(json.dumps(record).encode(), set())
+    assert decision == Decision.from_dict(record)  # typed, not a dict read by key
+    assert service.page(decision).delivered
+    [incident] = server.incidents.values()
+    assert incident.dedup_key == DEDUP_KEY
+    assert incident.first["payload"]["custom_details"]["trace_id"] == TRACE_ID
+    # The same record as a dict pages the same event (the record is the payload's source).
+    assert build_event(record, make_pager().settings) == build_event(
+        record_of(decision), make_pager().settings
+    )
+    assert service.outcomes == {PageOutcome.ACCEPTED: 1}
+
+
+def test_records_that_are_not_decisions_are_counted_unreadable_and_never_paged(make_pager):
+    service = PagingService(make_pager())
+    for value in (b"not json", b"[1, 2]", b'{"rule": "tool_loop", "autonomous": true}', b""):
+        assert service.detection_to_page(value, set()) is None
+    assert service.outcomes == {PageOutcome.UNREADABLE: 4}
+    not_autonomous = json.dumps(detection(autonomous=False)).encode()
+    assert service.detection_to_page(not_autonomous, set()) is None
+    paged_already = json.dumps(detection()).encode()
+    assert service.detection_to_page(paged_already, {"tool_loop"}) is None
+    assert service.outcomes == {PageOutcome.UNREADABLE: 4, PageOutcome.ALREADY_PAGED: 1}
 
 
 # --- TLS, settings, secrecy --------------------------------------------------------------------

@@ -4,15 +4,17 @@ local HTTPS server that speaks Events API v2 (tests/support/pagerduty_server.py,
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from tests.support.pagerduty_server import EventsApiServer, Fault
-from tests.support.spans import AgentRecorder, encode
+from tests.support.https_receiver import Fault
+from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
+from tests.support.pagerduty_server import EventsApiServer
+from tests.support.spans import AgentRecorder
+from tests.support.waiting import wait_until
+from tests.support.worker import restart_mid_retry, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -44,10 +46,7 @@ def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
     agent = AgentRecorder(service, "autopilot-agent")
     for step in range(calls):
         agent.tool("restart_service", {"name": "billing", "nonce": step})
-    out = producer()
-    for span in agent.finished():
-        out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
-    assert out.flush(10) == 0
+    send_spans(topic, agent)
     return agent
 
 
@@ -56,34 +55,24 @@ def requests_for(server: EventsApiServer, trace_id: str) -> list:
     return [r for r in server.enqueue_requests if r.body.get("dedup_key") == key]
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
-
-
 @pytest.fixture(scope="module")
 def paging_stack(tmp_path_factory):
-    ensure_broker()
     with EventsApiServer() as server:
-        topics = Topics()
-        worker = start_worker(topics, tmp_path_factory.mktemp("paging"), server)
-        collector = Collector(topics.kills, topics.dead_letters)
-        yield server, worker, collector
-        collector.close()
-        assert worker.stop() == 0
-        topics.delete()
-        assert ROUTING_KEY not in worker.log_text()  # never logged
+        with running_worker(
+            tmp_path_factory.mktemp("paging"),
+            policy=POLICY,
+            collect=("kills", "dead_letters"),
+            env=worker_env(server),
+        ) as running:
+            yield server, running.process, running.collector
+        assert ROUTING_KEY not in running.process.log_text()  # never logged
 
 
 def test_one_incident_with_the_exact_payload_and_none_for_other_agents(paging_stack):
     server, worker, _ = paging_stack
     autonomous = loop(worker.topics.input, "autopilot", calls=9)  # the loop goes on
     ordinary = loop(worker.topics.input, "support-bot")
-    wait_for(lambda: requests_for(server, autonomous.trace_id), what="a page")
+    wait_until(lambda: requests_for(server, autonomous.trace_id), what="a page")
     time.sleep(1.5)  # room for a duplicate, were there one
     (request,) = requests_for(server, autonomous.trace_id)
     assert requests_for(server, ordinary.trace_id) == []
@@ -110,7 +99,7 @@ def test_503_then_202_is_one_incident(paging_stack):
     server, worker, _ = paging_stack
     server.script(503)
     agent = loop(worker.topics.input, "autopilot")
-    wait_for(lambda: len(requests_for(server, agent.trace_id)) == 2, what="a retried page")
+    wait_until(lambda: len(requests_for(server, agent.trace_id)) == 2, what="a retried page")
     time.sleep(1.0)
     statuses = [r.status for r in requests_for(server, agent.trace_id)]
     assert statuses == [503, 202]
@@ -134,7 +123,7 @@ def test_a_slow_pagerduty_never_delays_kill_signals(paging_stack):
     server, worker, collector = paging_stack
     server.script(Fault(status=202, delay=6.0))
     paged = loop(worker.topics.input, "autopilot")
-    wait_for(
+    wait_until(
         lambda: requests_for(server, paged.trace_id) or server.pending_script == 0, what="page sent"
     )
     sent = time.monotonic()
@@ -150,23 +139,18 @@ def test_a_restart_mid_retry_does_not_page_twice(tmp_path):
     ensure_broker()
     with EventsApiServer() as server:
         topics = Topics()
-        worker = start_worker(topics, tmp_path, server)
         try:
             server.script(503, 503, 503)
-            agent = loop(topics.input, "autopilot")
-            wait_for(
-                lambda: len(requests_for(server, agent.trace_id)) >= 2, what="two failed tries"
+            agent = restart_mid_retry(
+                lambda: start_worker(topics, tmp_path, server),
+                lambda: loop(topics.input, "autopilot"),
+                failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
+                delivered=lambda agent: any(
+                    r.status == 202 for r in requests_for(server, agent.trace_id)
+                ),
             )
-            worker.stop(signal.SIGKILL)  # mid-retry: the detection was never acknowledged
-            worker = start_worker(topics, tmp_path, server)
-            wait_for(
-                lambda: any(r.status == 202 for r in requests_for(server, agent.trace_id)),
-                what="the page after the restart",
-            )
-            time.sleep(1.5)
             accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
             assert len(accepted) == 1
             assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1
         finally:
-            worker.stop()
             topics.delete()

@@ -9,10 +9,12 @@ import logging
 
 import pytest
 
-from spanguard.alerting.webhook import Webhook, WebhookService, build_body
+from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService, build_body
+from spanguard.config.settings import WebhookSettings
 from spanguard.errors import SettingsError
-from spanguard.settings import WebhookSettings
-from tests.support.webhook_server import Fault, WebhookServer, slack_errors
+from spanguard.schemas.decision import Decision
+from tests.support.https_receiver import Fault
+from tests.support.webhook_server import WebhookServer, slack_errors
 
 SECRET_PATH = "/services/T000/B000/XXXXsecretXXXX"
 DETECTION = {
@@ -106,7 +108,7 @@ def test_a_4xx_is_final_after_one_attempt(server) -> None:
     result = service.notify(DETECTION)
     assert (result.status, result.attempts, result.http_status) == ("rejected", 1, 404)
     assert len(server.received(SECRET_PATH)) == 1
-    assert service.outcomes == {"rejected": 1}
+    assert service.outcomes == {WebhookOutcome.REJECTED: 1}
 
 
 def test_an_untrusted_certificate_fails_at_once_without_naming_the_path(server) -> None:
@@ -151,8 +153,8 @@ def test_the_url_is_a_secret_and_must_be_https(server, caplog) -> None:
 def test_one_per_trace_and_rule_and_unreadable_records_are_counted(server) -> None:
     service = WebhookService(Webhook(settings(server)))
     value = json.dumps(DETECTION).encode()
-    assert service.detection_to_send(value, set()) == DETECTION
+    assert service.detection_to_send(value, set()) == Decision.from_dict(DETECTION)
     assert service.detection_to_send(value, {"tool_loop"}) is None
     assert service.detection_to_send(b"not json", set()) is None
-    assert service.outcomes == {"already_sent": 1, "unreadable": 1}
+    assert service.outcomes == {WebhookOutcome.ALREADY_SENT: 1, WebhookOutcome.UNREADABLE: 1}
     assert WebhookService(None).detection_to_send(value, set()) is None  # no URL: nothing

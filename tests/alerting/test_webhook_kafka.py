@@ -7,16 +7,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
 from spanguard.schemas.decision import validate
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from tests.support.spans import AgentRecorder, encode
-from tests.support.webhook_server import Fault, WebhookServer, slack_errors
+from tests.support.https_receiver import Fault
+from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
+from tests.support.spans import AgentRecorder
+from tests.support.waiting import wait_until
+from tests.support.webhook_server import WebhookServer, slack_errors
+from tests.support.worker import restart_mid_retry, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -29,28 +31,28 @@ agents:
 """
 
 
-def start_worker(
-    topics: Topics, data: Path, server: WebhookServer, path: str = HOOK_PATH, **env: str
-) -> WorkerProcess:
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    environment = {
+def worker_env(server: WebhookServer, path: str = HOOK_PATH, **env: str) -> dict[str, str]:
+    return {
         "SPANGUARD_WEBHOOK_URL": server.url + path,
         "SPANGUARD_WEBHOOK_CA_FILE": server.ca_bundle,
         "SPANGUARD_WEBHOOK_SIGNING_KEY": SIGNING_KEY,
         **env,
     }
-    return WorkerProcess(topics, data, policy=policy, env=environment).start()
+
+
+def start_worker(
+    topics: Topics, data: Path, server: WebhookServer, path: str = HOOK_PATH, **env: str
+) -> WorkerProcess:
+    policy = data / "policy.yaml"
+    policy.write_text(POLICY)
+    return WorkerProcess(topics, data, policy=policy, env=worker_env(server, path, **env)).start()
 
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
     agent = AgentRecorder(service, "agent")
     for step in range(calls):
         agent.tool("search_docs", {"query": "refund policy", "nonce": step})
-    out = producer()
-    for span in agent.finished():
-        out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
-    assert out.flush(10) == 0
+    send_spans(topic, agent)
     return agent
 
 
@@ -66,27 +68,17 @@ def posts_for(server: WebhookServer, trace_id: str, path: str = HOOK_PATH) -> li
     return found
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    ensure_broker()
     with WebhookServer() as server:
-        topics = Topics()
-        worker = start_worker(topics, tmp_path_factory.mktemp("webhook"), server)
-        collector = Collector(topics.kills, topics.dead_letters)
-        yield server, worker, collector
-        collector.close()
-        assert worker.stop() == 0
-        topics.delete()
-        log = worker.log_text()
+        with running_worker(
+            tmp_path_factory.mktemp("webhook"),
+            policy=POLICY,
+            collect=("kills", "dead_letters"),
+            env=worker_env(server),
+        ) as running:
+            yield server, running.process, running.collector
+        log = running.process.log_text()
         assert "s3cretT0ken" not in log and SIGNING_KEY not in log  # secrets never logged
 
 
@@ -94,8 +86,8 @@ def test_every_agent_is_notified_once_per_trace_and_rule_with_a_signed_json_body
     server, worker, _ = stack
     agent = loop(worker.topics.input, "support-bot", calls=9)  # not autonomous; loops on
     downgraded = loop(worker.topics.input, "support-downgrade", calls=8)  # downgrade, then kill
-    wait_for(lambda: posts_for(server, agent.trace_id), what="a notification")
-    wait_for(lambda: posts_for(server, downgraded.trace_id), what="a second notification")
+    wait_until(lambda: posts_for(server, agent.trace_id), what="a notification")
+    wait_until(lambda: posts_for(server, downgraded.trace_id), what="a second notification")
     time.sleep(1.5)  # room for a duplicate, were there one
     (request,) = posts_for(server, agent.trace_id)
     body = request.body
@@ -118,7 +110,7 @@ def test_503_then_200_is_one_delivery(stack):
     server, worker, _ = stack
     server.script(503, Fault(status=429, headers={"Retry-After": "0.2"}))
     agent = loop(worker.topics.input, "support-bot")
-    wait_for(lambda: len(posts_for(server, agent.trace_id)) == 3, what="a retried notification")
+    wait_until(lambda: len(posts_for(server, agent.trace_id)) == 3, what="a retried notification")
     time.sleep(1.0)
     assert [r.status for r in posts_for(server, agent.trace_id)] == [503, 429, 200]
 
@@ -142,7 +134,7 @@ def test_a_slow_receiver_never_delays_kill_signals(stack):
     server, worker, collector = stack
     server.script(Fault(status=200, delay=6.0))
     slow = loop(worker.topics.input, "support-bot")
-    wait_for(lambda: posts_for(server, slow.trace_id), what="notification sent")
+    wait_until(lambda: posts_for(server, slow.trace_id), what="notification sent")
     sent = time.monotonic()
     other = loop(worker.topics.input, "support-bot")
     collector.wait(
@@ -157,25 +149,18 @@ def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
     slack_path = "/services/T000/B000/XXXXXXXX"
     with WebhookServer() as server:
         topics = Topics()
-        worker = start_worker(
-            topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-        )
         try:
             server.script(503, 503, 503)
-            agent = loop(topics.input, "support-bot")
-            wait_for(
-                lambda: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
-                what="two failed tries",
+            agent = restart_mid_retry(
+                lambda: start_worker(
+                    topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
+                ),
+                lambda: loop(topics.input, "support-bot"),
+                failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
+                delivered=lambda agent: any(
+                    r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
+                ),
             )
-            worker.stop(signal.SIGKILL)  # mid-retry: the detection was never acknowledged
-            worker = start_worker(
-                topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-            )
-            wait_for(
-                lambda: any(r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)),
-                what="the notification after the restart",
-            )
-            time.sleep(1.5)
             posts = posts_for(server, agent.trace_id, slack_path)
             delivered = [r for r in posts if r.status == 200]
             assert len(delivered) == 1
@@ -184,5 +169,4 @@ def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
             assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
             assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
         finally:
-            worker.stop()
             topics.delete()

@@ -22,8 +22,8 @@ import promql_parser
 import pytest
 import yaml
 
+from spanguard.config.settings import ENV_PREFIX, REGISTRY, WorkerSettings
 from spanguard.schemas.policy import Policy
-from spanguard.settings import ENV_PREFIX, REGISTRY, WorkerSettings
 from tests.support.helm import MONITORING_ON
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -681,7 +681,7 @@ def test_compose_file_wiring() -> None:
         assert service["entrypoint"] + service["command"] == [
             "python",
             "-m",
-            "spanguard.demo",
+            "spanguard.cli.demo",
             "agent",
             agent,
         ]

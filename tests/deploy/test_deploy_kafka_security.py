@@ -14,7 +14,7 @@ import pytest
 import trustme
 import yaml
 
-from spanguard.kafka_security import KafkaSecurity
+from spanguard.config.kafka_security import KafkaSecurity
 from tests.deploy.test_deploy import ROOT, container, env_of, helm, only, render, run_helm  # noqa: F401
 
 MOUNT = "/etc/spanguard/kafka"

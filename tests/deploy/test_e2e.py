@@ -1,6 +1,6 @@
 """End to end: real agents -> OTLP -> the real Collector -> Kafka -> the worker -> KillSwitch.
 
-The agents are `python -m spanguard.demo agent ...` processes: OpenTelemetry SDK spans
+The agents are `python -m spanguard.cli.demo agent ...` processes: OpenTelemetry SDK spans
 exported over OTLP/HTTP to a Collector built from deploy/collector (scripts/collector.sh),
 whose kafka exporter writes to the worker's input topic; each agent calls check() on a
 KillSwitch before every tool call.
@@ -21,8 +21,8 @@ from tests.support.kafka_harness import (
     ROOT,
     Topics,
     WorkerProcess,
+    collector_env,
     ensure_broker,
-    free_port,
 )
 
 pytestmark = pytest.mark.kafka
@@ -39,16 +39,9 @@ SIGNING_KEY = "e2e-signing-key-0123456789"
 def stack(tmp_path: Path):
     ensure_broker()
     topics = Topics()
-    http_port, grpc_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
-        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
-        "KAFKA_BROKERS": BOOTSTRAP,
-        "SPANGUARD_INPUT_TOPIC": topics.input,
-        "OTELCOL_METRICS_LEVEL": "none",
-        "COLLECTOR_STATE_DIR": str(tmp_path / "collector"),
-    }
+    env, http_port = collector_env(
+        BOOTSTRAP, topics.input, tmp_path / "collector", OTELCOL_METRICS_LEVEL="none"
+    )
     worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "up"], env=env, check=True, timeout=900)
     yield topics, http_port
@@ -59,7 +52,7 @@ def stack(tmp_path: Path):
 
 def run_agent(kind: str, topics: Topics, http_port: int, signing_key: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "spanguard.demo", "agent", kind, "--step-delay", str(STEP_DELAY),
+        [sys.executable, "-m", "spanguard.cli.demo", "agent", kind, "--step-delay", str(STEP_DELAY),
          "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--bootstrap", BOOTSTRAP,
          "--kill-topic", topics.kills],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "SPANGUARD_SIGNING_KEY": signing_key},

@@ -39,6 +39,7 @@ WORKER_ONLY = {
     "httpx2",
     "rocksdict",
     "prometheus-client",
+    "genai-prices",  # brings httpx2; agents add it with spanguard[prices] where they price
 }
 
 

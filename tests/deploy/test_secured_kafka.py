@@ -31,12 +31,20 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
+from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.errors import KafkaConnectError
-from spanguard.kafka_security import KafkaSecurity
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
-from tests.support.kafka_harness import ROOT, Cluster, Topics, WorkerProcess, free_port, producer
+from tests.support.kafka_harness import (
+    ROOT,
+    Cluster,
+    Topics,
+    WorkerProcess,
+    collector_env,
+    free_port,
+    producer,
+)
 from tests.support.spans import kill_signal
 
 pytestmark = pytest.mark.kafka
@@ -128,26 +136,20 @@ def test_a_looping_agent_is_killed_with_every_hop_over_sasl_ssl(secured, tmp_pat
     cluster = secured.sasl_ssl
     topics = Topics(cluster=cluster)
     worker = WorkerProcess(topics, tmp_path / "worker", env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY})
-    http_port, grpc_port = free_port(), free_port()
-    collector_env = {
-        **os.environ,
-        **cluster.env(),  # the same SPANGUARD_KAFKA_* variables as the worker's and the agent's
-        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
-        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
-        "KAFKA_BROKERS": cluster.bootstrap,
-        "SPANGUARD_INPUT_TOPIC": topics.input,
-        "OTELCOL_METRICS_LEVEL": "none",
-        "COLLECTOR_STATE_DIR": str(tmp_path / "collector"),
-    }
+    # The same SPANGUARD_KAFKA_* variables as the worker's and the agent's.
+    collector_environment, http_port = collector_env(
+        cluster.bootstrap, topics.input, tmp_path / "collector",
+        OTELCOL_METRICS_LEVEL="none", **cluster.env(),
+    )  # fmt: skip
     configs = [str(ROOT / "deploy" / "collector" / name) for name in
                ("config.yaml", "kafka-tls.yaml", "kafka-sasl.yaml")]  # fmt: skip
     worker.start()
     try:
-        up = subprocess.run([str(COLLECTOR_SH), "up", *configs], env=collector_env,
+        up = subprocess.run([str(COLLECTOR_SH), "up", *configs], env=collector_environment,
                             capture_output=True, text=True, timeout=900)  # fmt: skip
         assert up.returncode == 0, up.stdout + up.stderr
         agent = subprocess.run(
-            [sys.executable, "-m", "spanguard.demo", "agent", "support", "--step-delay", "0.3",
+            [sys.executable, "-m", "spanguard.cli.demo", "agent", "support", "--step-delay", "0.3",
              "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--bootstrap", cluster.bootstrap,
              "--kill-topic", topics.kills],
             env={**os.environ, **cluster.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY},
@@ -159,7 +161,7 @@ def test_a_looping_agent_is_killed_with_every_hop_over_sasl_ssl(secured, tmp_pat
         assert result["reason"] == "search_docs called 4x in last 4 steps"
         assert 4 <= result["calls"] <= 5, result
     finally:
-        subprocess.run([str(COLLECTOR_SH), "down"], env=collector_env, timeout=60)
+        subprocess.run([str(COLLECTOR_SH), "down"], env=collector_environment, timeout=60)
         assert worker.stop() == 0
     log = worker.log_text()
     assert '"security.protocol": "SASL_SSL"' in log  # the worker says how it connects ...
@@ -205,8 +207,8 @@ def command(client: str, tmp_path: Path) -> tuple[list[str], str]:
         return [sys.executable, "-m", "spanguard.cli", "backtest", "--since", "1h",
                 "--policy", str(policy)], "spanguard backtest: "  # fmt: skip
     # An agent process whose KillSwitch cannot enter the cluster.
-    return [sys.executable, "-m", "spanguard.demo", "agent", "support",
-            "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.demo: "  # fmt: skip
+    return [sys.executable, "-m", "spanguard.cli.demo", "agent", "support",
+            "--otlp-endpoint", "http://127.0.0.1:9"], "spanguard.cli.demo: "  # fmt: skip
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))

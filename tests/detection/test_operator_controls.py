@@ -216,7 +216,7 @@ def test_replay_applies_the_controls(tmp_path):
     }
 
 
-# -- an operator's release (streams/releases.py fills `released` from the kill topic) -----
+# -- an operator's release (connectors/releases.py fills `released` from the kill topic) -----
 
 
 def _calls(agent: AgentRecorder, count: int, tool: str = "search_docs") -> list:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from spanguard.errors import OtlpDecodeError
 from spanguard.schemas.decision import validate
 from spanguard.schemas.otlp import (
-    OtlpDecodeError,
     decode_json_line,
     decode_protobuf,
     encode_json_line,

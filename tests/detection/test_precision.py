@@ -21,6 +21,7 @@ from tests.detection.test_instrumentation_fixtures import (
     TOOL_NAME_KEYS,
     read_request,
     replayed,
+    run_replay,
     scenario_file,
 )
 from tests.support.instrumented_agents import SCENARIOS
@@ -112,3 +113,31 @@ def test_the_false_alarm_and_catch_table(table):
         else:
             # Arguments not recorded: nothing is keyed, nothing is decided, never a kill.
             assert set(caught.values()) == {"-"}, (name, mode)
+
+
+@pytest.fixture(scope="module")
+def scoped_policy(tmp_path_factory) -> Path:
+    """The default policy with money and the conversation scope on (generous budgets)."""
+    path = tmp_path_factory.mktemp("policy") / "scoped.yaml"
+    path.write_text(
+        "defaults:\n"
+        "  usd_budget: 5\n"
+        "  conversation: {enabled: true, action: kill, token_budget: 1000000, usd_budget: 50}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(("name", "mode"), CASES)
+def test_money_and_the_conversation_scope_change_no_decision(name, mode, scoped_policy):
+    """Over every scenario of a library replayed together (every trace one guard sees, in one
+    conversation scope), the scopes add nothing: the same decisions, on the same spans."""
+    plain = replayed(name, mode).decisions
+    scoped = run_replay(name, mode, policy=scoped_policy).decisions
+
+    def seen(decisions: dict[str, list[dict]]) -> dict[str, list[tuple]]:
+        return {
+            scenario: [(r["rule"], r["action"], r["span_id"], r.get("scope")) for r in records]
+            for scenario, records in decisions.items()
+        }
+
+    assert seen(scoped) == seen(plain)

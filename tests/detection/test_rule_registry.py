@@ -11,8 +11,9 @@ import typing
 from pathlib import Path
 
 from spanguard.detection import report
-from spanguard.detection.guard import Guard, GuardObserver
-from spanguard.detection.rules import RULES, Fired, ToolCallRule, Trip, markdown_table, rule_named
+from spanguard.detection.guard import Guard
+from spanguard.detection.rules import RULES, markdown_table, rule_named
+from spanguard.detection.rules.base import Fired, GuardObserver, ToolCallRule, Trip
 from spanguard.schemas import decision as decision_module
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, one_request_per_span, span_id_of

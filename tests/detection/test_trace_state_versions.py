@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from spanguard.detection.guard import Guard
-from spanguard.detection.trace_state import STATE_VERSION, Fired, TraceState
+from spanguard.detection.rules.base import Fired
+from spanguard.detection.trace_state import STATE_VERSION, TraceState
 from tests.support.spans import AgentRecorder, one_request_per_span
 
 V1 = Path(__file__).resolve().parents[1] / "fixtures" / "state" / "trace-state-v1.json"
@@ -36,7 +37,7 @@ def test_a_state_written_by_version_1_loads():
 def test_version_1_written_again_is_version_2_with_the_same_content():
     old = json.loads(V1.read_bytes())
     new = json.loads(TraceState.from_bytes(V1.read_bytes()).to_bytes())
-    assert new.pop("v") == STATE_VERSION == 2
+    assert new.pop("v") == STATE_VERSION == 3
     assert new == old
     assert list(new)[-1] == "last_seen"  # eviction reads it off the end of the bytes
 

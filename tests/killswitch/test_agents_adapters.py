@@ -57,7 +57,7 @@ def test_a_langchain_run_with_no_trace_is_counted_and_warned_about_once(caplog):
     pytest.importorskip("langchain_core")
     from langchain_core.tools import tool
 
-    from spanguard.killswitch.adapters import SpanguardCallbackHandler
+    from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
 
     @tool
     def search_docs(query: str) -> str:
@@ -75,7 +75,7 @@ def test_a_langchain_run_with_no_trace_is_counted_and_warned_about_once(caplog):
 
 
 def test_a_killswitch_counts_unguarded_checks_and_warns_once(caplog):
-    from spanguard.killswitch.adapters import SpanguardCallbackHandler
+    from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
     from spanguard.killswitch.client import KillSwitch
 
     switch = KillSwitch("127.0.0.1:1", signing_key="k" * 32, start=False)
@@ -94,7 +94,7 @@ def test_the_langchain_handler_takes_the_trace_recorded_at_the_run_start():
     """A span current when the run starts, none in the callback that starts the tool (a
     thread without the context): the tool's check uses the run's trace."""
     pytest.importorskip("langchain_core")
-    from spanguard.killswitch.adapters import SpanguardCallbackHandler
+    from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
 
     book, trace_id = SignalBook(), uuid.uuid4().hex
     handler = SpanguardCallbackHandler(book)

@@ -10,13 +10,20 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from spanguard.killswitch import AgentKilled
 from spanguard.killswitch.client import KillSwitch
 from spanguard.schemas.decision import sign
-from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ROOT, ensure_broker, producer
+from tests.support.kafka_harness import (
+    BOOTSTRAP,
+    CLUSTER,
+    ROOT,
+    ensure_broker,
+    producer,
+    scratch_topic,
+)
 from tests.support.spans import kill_signal
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -26,11 +33,8 @@ KEY = "docs-snippet-signing-key-0123456789"
 @pytest.fixture(scope="module")
 def topic():
     ensure_broker()
-    name = f"t{uuid.uuid4().hex[:8]}-agent-kill-signals"
-    admin = AdminClient(CLUSTER.config())
-    admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
-    yield name
-    admin.delete_topics([name])
+    with scratch_topic(2) as name:
+        yield name
 
 
 def python_blocks(path: Path, section: str | None = None) -> list[str]:
@@ -103,7 +107,8 @@ def test_the_documented_snippets_run_and_stop_a_langgraph_agent(topic, monkeypat
     namespace["switch"].close()
 
     guide = python_blocks(ROOT / "docs" / "agents.md")
-    assert len(guide) == 3, "the killswitch, the export processor, the LangGraph example"
+    # The fourth, the in-process guard, needs an agent's exporter: test_inprocess.py covers it.
+    assert len(guide) == 4, "the killswitch, the export processor, LangGraph, the in-process guard"
     exec(for_the_test(guide[0], topic), namespace)
     exec(guide[1], namespace)
     switch = namespace["switch"]
@@ -163,33 +168,29 @@ def test_start_is_idempotent(topic):
 
 
 def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
+    from spanguard.connectors.audit import read_decisions
     from spanguard.killswitch.acks import ack_status
     from spanguard.schemas.decision import keyring
-    from spanguard.streams.audit import read_decisions
 
-    acks_topic = f"{topic}-obeyed-acks"
-    admin = AdminClient(CLUSTER.config())
-    admin.create_topics([NewTopic(acks_topic, 2, 1)])[acks_topic].result(30)
-    trace_id = uuid.uuid4().hex
-    switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
-    try:
-        out = producer()
-        for action in ("downgrade", "kill"):
-            record = sign(kill_signal(trace_id, action, "Stop and report.").to_dict(), KEY.encode())
-            out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
-        assert out.flush(10) == 0
-        for _ in range(200):
-            if switch.signals.is_killed(trace_id):
-                break
-            threading.Event().wait(0.05)
-        with pytest.raises(AgentKilled):  # the kill wins; the downgrade's message stays unread
-            switch.check(trace_id)
-        with pytest.raises(AgentKilled):  # raised again, acked once
-            switch.check(trace_id)
-    finally:
-        switch.close()  # flushes the acks
-    scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
-    admin.delete_topics([acks_topic])
+    with scratch_topic(2, "obeyed-acks") as acks_topic:
+        trace_id = uuid.uuid4().hex
+        switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
+        try:
+            out = producer()
+            for action in ("downgrade", "kill"):
+                record = sign(
+                    kill_signal(trace_id, action, "Stop and report.").to_dict(), KEY.encode()
+                )
+                out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
+            assert out.flush(10) == 0
+            wait_until(lambda: switch.signals.is_killed(trace_id), timeout=10)
+            with pytest.raises(AgentKilled):  # the kill wins; the downgrade's message stays unread
+                switch.check(trace_id)
+            with pytest.raises(AgentKilled):  # raised again, acked once
+                switch.check(trace_id)
+        finally:
+            switch.close()  # flushes the acks
+        scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
     assert [ack["action"] for ack in scan.records] == ["kill"], scan.records
     ack = scan.records[0]
     assert ack["kind"] == "ack" and ack["trace_id"] == trace_id and ":" in ack["process"]
@@ -198,31 +199,23 @@ def test_an_obeyed_kill_and_downgrade_are_acknowledged_once_signed(topic):
 
 
 def test_a_read_downgrade_is_acknowledged(topic):
-    from spanguard.streams.audit import read_decisions
+    from spanguard.connectors.audit import read_decisions
 
-    acks_topic = f"{topic}-acks-2"
-    admin = AdminClient(CLUSTER.config())
-    admin.create_topics([NewTopic(acks_topic, 1, 1)])[acks_topic].result(30)
-    trace_id = uuid.uuid4().hex
-    switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
-    try:
-        assert switch.check(trace_id) is None  # the agent runs the trace
-        signal = kill_signal(trace_id, "downgrade", "Try a different approach.")
-        record = sign(signal.to_dict(), KEY.encode())
-        out = producer()
-        out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
-        assert out.flush(10) == 0
-        message = None
-        for _ in range(200):
-            message = switch.check(trace_id)
-            if message:
-                break
-            threading.Event().wait(0.05)
-        assert message == "Try a different approach."
-    finally:
-        switch.close()
-    scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
-    admin.delete_topics([acks_topic])
+    with scratch_topic(1, "acks") as acks_topic:
+        trace_id = uuid.uuid4().hex
+        switch = KillSwitch(BOOTSTRAP, topic, signing_key=KEY, ack_topic=acks_topic)
+        try:
+            assert switch.check(trace_id) is None  # the agent runs the trace
+            signal = kill_signal(trace_id, "downgrade", "Try a different approach.")
+            record = sign(signal.to_dict(), KEY.encode())
+            out = producer()
+            out.produce(topic, key=trace_id.encode(), value=json.dumps(record).encode())
+            assert out.flush(10) == 0
+            message = wait_until(lambda: switch.check(trace_id), timeout=10)
+            assert message == "Try a different approach."
+        finally:
+            switch.close()
+        scan = read_decisions(BOOTSTRAP, CLUSTER.security, acks_topic, trace_id, timeout=20)
     assert [(a["action"], a["signal_id"]) for a in scan.records] == [
         ("downgrade", signal.signal_id)
     ]

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from spanguard.killswitch.export import PromptBatchSpanProcessor
+from tests.support.waiting import wait_until
 
 
 class CountingExporter(InMemorySpanExporter):
@@ -20,15 +21,6 @@ class CountingExporter(InMemorySpanExporter):
     def export(self, spans) -> SpanExportResult:
         self.exports.append((time.monotonic(), len(spans)))
         return super().export(spans)
-
-
-def wait_for(predicate, timeout: float = 5.0) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise TimeoutError
-        time.sleep(0.002)
-    return time.monotonic() - start
 
 
 @pytest.fixture
@@ -61,8 +53,9 @@ def test_a_tool_or_inference_span_leaves_at_once_not_after_the_schedule_delay(ex
         start = time.monotonic()
         with tracer.start_as_current_span("step", attributes=attributes):
             pass
-    elapsed = wait_for(lambda: len(exporter.get_finished_spans()) >= 2)
-    assert elapsed < 0.5  # 20 ms + an export here; tolerant of a loaded machine
+    waiting = time.monotonic()
+    wait_until(lambda: len(exporter.get_finished_spans()) >= 2, timeout=5, interval=0.002)
+    assert time.monotonic() - waiting < 0.5  # 20 ms + an export here; tolerant of a loaded machine
     assert exporter.exports[0][0] - start < 0.5
     # The waiting span, the tool span and the agent span (ended meanwhile): one export.
     assert len(exporter.exports) == 1 and exporter.exports[0][1] >= 2, exporter.exports
@@ -85,7 +78,7 @@ def test_a_burst_of_tool_spans_costs_one_export(exported):
             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": str(call)},
         ):
             pass
-    wait_for(lambda: len(exporter.get_finished_spans()) == 10)
+    wait_until(lambda: len(exporter.get_finished_spans()) == 10, timeout=5, interval=0.002)
     assert len(exporter.exports) <= 2, exporter.exports
 
 

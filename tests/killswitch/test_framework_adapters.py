@@ -39,7 +39,7 @@ def test_langchain_tool_call_is_stopped_once_the_trace_is_killed():
     pytest.importorskip("langchain_core")
     from langchain_core.tools import tool
 
-    from spanguard.killswitch.adapters import SpanguardCallbackHandler
+    from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
 
     calls: list[str] = []
 
@@ -66,7 +66,7 @@ def test_openai_agents_run_hooks_stop_the_tool():
     pytest.importorskip("agents")
     from agents import Agent, RunContextWrapper
 
-    from spanguard.killswitch.adapters import SpanguardRunHooks
+    from spanguard.killswitch.adapters_openai_agents import SpanguardRunHooks
 
     search = search_tool([])
     agent = Agent(name="support", tools=[search])
@@ -94,7 +94,7 @@ def test_openai_agents_runner_is_stopped_before_its_next_model_call():
     from agents.usage import Usage
     from openai.types.responses import ResponseFunctionToolCall
 
-    from spanguard.killswitch.adapters import SpanguardRunHooks
+    from spanguard.killswitch.adapters_openai_agents import SpanguardRunHooks
 
     class StuckModel(Model):
         turns = 0

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import pickle
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -20,12 +19,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider, SpanContext, SpanKind, TraceFlags
 
-from spanguard.killswitch import AgentKilled, GuardingSpanProcessor, SignalBook
+from spanguard.killswitch import AgentKilled, GuardingSpanProcessor
 from spanguard.killswitch.processor import DECISION_SPAN_NAME, INSTRUMENTATION_SCOPE
 from spanguard.killswitch.signals import current_trace_id
 from spanguard.schemas.decision import Decision, validate
 from spanguard.schemas.policy import Policy
-from tests.support.spans import kill_signal
 
 REFUND = {"query": "refund policy"}
 Arguments = Callable[[int], tuple[str, dict[str, Any]]]
@@ -448,121 +446,6 @@ def test_check_reads_the_current_span_and_is_none_outside_any():
         assert current_trace_id() == format(root.get_span_context().trace_id, "032x")
 
 
-# -- the signal book -----------------------------------------------------------------------
-
-
-signal = kill_signal
-
-
-def test_signal_book_ignores_duplicates_and_keeps_a_kill():
-    book = SignalBook()
-    assert book  # empty yet truthy: `signals or SignalBook()` keeps a shared book
-    kill = signal("ab" * 16)
-    assert book.check("ab" * 16) is None
-    assert book.deliver(kill) is True
-    assert book.deliver(kill) is False
-    assert (book.delivered, book.duplicates) == (1, 1)
-    for _ in range(3):
-        with pytest.raises(AgentKilled) as caught:
-            book.check("AB" * 16)  # hex case does not matter
-        assert caught.value.signal == kill
-    assert book.check("cd" * 16) is None
-
-
-def test_signal_book_hands_a_downgrade_once_and_a_kill_wins():
-    book = SignalBook()
-    trace_id = "12" * 16
-    book.deliver(signal(trace_id, "downgrade", "try something else"))
-    book.deliver(signal(trace_id, "downgrade", "try something else"))  # redelivered
-    assert book.check(trace_id) == "try something else"
-    assert book.check(trace_id) is None
-    book.deliver(signal(trace_id, "kill"))
-    with pytest.raises(AgentKilled):
-        book.check(trace_id)
-
-
-def test_signal_book_release_lifts_a_kill_until_a_new_one():
-    book = SignalBook()
-    trace_id = "34" * 16
-    assert book.check(trace_id) is None  # this process runs the trace
-    kill = signal(trace_id)
-    book.deliver(kill)
-    with pytest.raises(AgentKilled):
-        book.check(trace_id)
-    release = replace(kill, signal_id="01" * 16, kind="release", operator="alice")
-    assert book.deliver(release) is True
-    assert book.check(trace_id) is None and not book.is_killed(trace_id)
-    assert book.deliver(kill) is False  # the old kill redelivered: still a duplicate
-    assert book.check(trace_id) is None
-    book.deliver(replace(kill, signal_id="02" * 16, reason="killed again"))
-    with pytest.raises(AgentKilled, match="killed again"):
-        book.check(trace_id)
-
-
-def test_signal_book_forgets_other_traces_first_and_never_a_kill_its_agent_checks():
-    book = SignalBook(max_traces=3)
-    mine, checked_later = "aa" * 16, "bb" * 16
-    assert book.check(mine) is None  # this process runs `mine`
-    assert book.check(checked_later) is None
-    book.deliver(signal(mine))
-    others = [f"{i:032x}" for i in range(1, 100)]
-    for trace_id in others:  # the rest of the fleet's kills, far beyond max_traces
-        book.deliver(signal(trace_id))
-    book.deliver(signal(checked_later))  # arrives after the flood, before the agent's check
-    for _ in range(3):
-        with pytest.raises(AgentKilled):
-            book.check(mine)
-    with pytest.raises(AgentKilled):
-        book.check(checked_later)
-    # Bounded: the other traces' signals beyond max_traces are forgotten, oldest first.
-    assert book.tracked_traces <= 3 + 2
-    assert not book.is_killed(others[0]) and book.is_killed(others[-1])
-    for trace_id in others:  # a second flood still cannot push out the checked kills
-        book.deliver(signal(trace_id, "downgrade", "again"))
-    for trace_id in (mine, checked_later):
-        with pytest.raises(AgentKilled):
-            book.check(trace_id)
-    book.forget(mine)
-    assert book.check(mine) is None
-
-
-def test_signal_book_a_kill_checked_first_after_arrival_is_kept():
-    book = SignalBook(max_traces=2)
-    book.deliver(signal("cc" * 16))
-    with pytest.raises(AgentKilled):
-        book.check("cc" * 16)  # first check after the kill arrived: now it is this agent's
-    for i in range(1, 10):
-        book.deliver(signal(f"{i:032x}"))
-        assert book.check(f"{i + 100:032x}") is None  # and many traces checked meanwhile
-    with pytest.raises(AgentKilled):
-        book.check("cc" * 16)
-
-
-def test_signal_book_delivers_each_signal_once_across_threads():
-    book = SignalBook()
-    kill = signal("ef" * 16)
-    barrier = threading.Barrier(16)
-    results: list[bool] = []
-
-    def deliver() -> None:
-        barrier.wait()
-        results.append(book.deliver(kill))
-
-    threads = [threading.Thread(target=deliver) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(results) == [False] * 15 + [True]
-
-
-def test_agent_killed_pickles_with_its_signal():
-    exc = AgentKilled(signal("ab" * 16))
-    copy = pickle.loads(pickle.dumps(exc))
-    assert (copy.trace_id, copy.reason, copy.signal) == (exc.trace_id, exc.reason, exc.signal)
-    assert str(copy) == str(exc)
-
-
 # -- the same core, the same results ---------------------------------------------------------
 
 
@@ -635,3 +518,58 @@ def test_the_processor_decides_exactly_as_the_core_on_full_otlp_requests():
     assert [comparable(d) for d in got] == [comparable(d) for d in expected]
     for name in ("tool_calls", "token_events", "missing_arguments", "decisions"):
         assert getattr(processor.guard.stats, name) == getattr(reference.stats, name), name
+
+
+# -- the conversation scope ---------------------------------------------------------------
+
+
+def chat_turn(fleet: Fleet, conversation: str, calls: int) -> Run:
+    """One turn of a chat app: a trace of its own, the same empty search each time, every
+    GenAI span naming the conversation (as OpenInference's `using_session` does)."""
+    run = Run()
+    try:
+        with fleet.tracer.start_as_current_span(
+            "invoke_agent support", attributes={"gen_ai.operation.name": "invoke_agent"}
+        ) as root:
+            run.trace_id = format(root.get_span_context().trace_id, "032x")
+            for _ in range(calls):
+                fleet.processor.check()
+                with fleet.tracer.start_as_current_span(
+                    "execute_tool search_docs",
+                    attributes={
+                        **tool_attributes("search_docs", REFUND),
+                        "gen_ai.tool.call.result": "[]",
+                        "session.id": conversation,
+                    },
+                ):
+                    run.calls += 1
+    except AgentKilled as exc:
+        run.killed = exc
+    return run
+
+
+def test_a_repeat_across_turns_of_one_chat_is_stopped_in_process():
+    policy = Policy.from_mapping(
+        {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
+    )
+    fleet = Fleet(policy)
+    first = chat_turn(fleet, "chat-1", calls=2)
+    other = chat_turn(fleet, "chat-2", calls=2)  # another chat: counts apart
+    second = chat_turn(fleet, "chat-1", calls=5)
+    assert (first.calls, first.killed, other.calls, other.killed) == (2, None, 2, None)
+    # The conversation's 4th identical call is the second turn's 2nd: the check before its
+    # 3rd raises.
+    assert second.calls == 2 and second.killed is not None
+    assert second.killed.trace_id == second.trace_id
+    (decision,) = fleet.decisions
+    assert (decision.scope, decision.conversation_id, decision.traces) == (
+        "conversation",
+        "chat-1",
+        2,
+    )
+
+
+def test_without_the_scope_each_turn_counts_alone():
+    fleet = Fleet()
+    runs = [chat_turn(fleet, "chat-1", calls=3) for _ in range(4)]
+    assert all(run.killed is None for run in runs) and fleet.decisions == []

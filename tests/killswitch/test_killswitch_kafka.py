@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import sign
-from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, ensure_broker, producer
+from tests.support.kafka_harness import BOOTSTRAP, ensure_broker, producer, scratch_topic
 from tests.support.spans import kill_signal
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -31,13 +32,8 @@ def make_signal(trace_id: str, action: str = "kill", message: str | None = None)
 @pytest.fixture(scope="module")
 def topic():
     ensure_broker()
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"t{uuid.uuid4().hex[:8]}-agent-kill-signals"
-    admin = AdminClient(CLUSTER.config())
-    admin.create_topics([NewTopic(name, 3, 1)])[name].result(30)
-    yield name
-    admin.delete_topics([name])
+    with scratch_topic(3) as name:
+        yield name
 
 
 def publish(topic: str, record: dict, key: bytes | None = KEY) -> None:
@@ -46,15 +42,6 @@ def publish(topic: str, record: dict, key: bytes | None = KEY) -> None:
     out = producer()
     out.produce(topic, key=record["trace_id"].encode(), value=json.dumps(record).encode())
     assert out.flush(10) == 0
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise TimeoutError("condition not met")
 
 
 def trace() -> str:

@@ -13,12 +13,12 @@ import pytest
 
 from spanguard.alerting.pagerduty import build_event
 from spanguard.alerting.webhook import summary_of
+from spanguard.config.settings import PagerSettings
 from spanguard.detection.guard import Guard
 from spanguard.killswitch.adapters import TraceGate
 from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
 from spanguard.schemas.decision import KillSignal, read_signal, sign, validate
 from spanguard.schemas.policy import Policy
-from spanguard.settings import PagerSettings
 from tests.support.spans import AgentRecorder, encode
 
 PAUSE = Policy.from_yaml("defaults:\n  action: pause\n  pause: {timeout: 2, fallback: kill}\n")

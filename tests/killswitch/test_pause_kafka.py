@@ -12,17 +12,13 @@ import pytest
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled, AgentPaused
 from spanguard.schemas.decision import signature_valid, validate
-from tests.killswitch.test_manual_kafka import cli, wait_until
-from tests.streams.test_worker_kafka import send_spans
 from tests.support.kafka_harness import (
     CLUSTER,
     SIGNING_KEY,
-    Collector,
-    Topics,
-    WorkerProcess,
-    ensure_broker,
 )
 from tests.support.spans import AgentRecorder
+from tests.support.waiting import wait_until
+from tests.support.worker import run_cli, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -39,19 +35,11 @@ agents:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    ensure_broker()
     data = tmp_path_factory.mktemp("pause")
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    topics = Topics()
-    process = WorkerProcess(topics, data / "worker", policy=policy).start()
-    collector = Collector(topics.kills, topics.detections)
-    switch = KillSwitch(CLUSTER.bootstrap, topics.kills, signing_key=SIGNING_KEY)
-    yield topics, collector, switch
-    switch.close()
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(data, policy=POLICY, collect=("kills", "detections")) as worker:
+        switch = KillSwitch(CLUSTER.bootstrap, worker.topics.kills, signing_key=SIGNING_KEY)
+        yield worker.topics, worker.collector, switch
+        switch.close()
 
 
 def paused(switch: KillSwitch, trace_id: str) -> bool:
@@ -95,7 +83,7 @@ def test_pause_then_release_and_the_agent_goes_on(running) -> None:
     time.sleep(1.0)
     assert thread.is_alive(), outcome  # the agent waits: no answer yet
 
-    released = cli("release", agent.trace_id, topics, "--operator", "alice")
+    released = run_cli("release", agent.trace_id, topics, "--operator", "alice")
     assert released.returncode == 0, released.stderr
     thread.join(timeout=30)
     assert not thread.is_alive() and outcome.get("returned", "x") is None, outcome

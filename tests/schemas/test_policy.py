@@ -74,7 +74,7 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
-        " (did you mean 'token_budget'?); valid keys: action, autonomous, cycle, fold, goal, loop,"
-        " missing_args, no_progress, pause, polling, record_arguments, severity, token_budget,"
-        " tools, volatile_keys"
+        " (did you mean 'token_budget'?); valid keys: action, autonomous, conversation, cycle,"
+        " fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
+        " severity, token_budget, tools, usd_budget, volatile_keys"
     ]

@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from spanguard.streams.partitioner import collector_partition
 from tests.support.kafka_harness import CLUSTER, Collector, Topics, WorkerProcess, ensure_broker
 from tests.support.spans import AgentRecorder, encode
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -48,14 +49,6 @@ def produce(topic: str, spans: list[tuple[AgentRecorder, object]]) -> None:
 
 def restores(worker: WorkerProcess) -> int:
     return worker.log_text().count("Restore complete!")
-
-
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
 
 
 def observed(worker: WorkerProcess) -> float:

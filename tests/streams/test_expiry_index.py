@@ -11,7 +11,7 @@ import gc
 import faust
 from faust.types import Message
 
-from spanguard.detection.guard import TraceState
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, event_context, stored_last_seen
 
 APP = faust.App("expiry-index-test")

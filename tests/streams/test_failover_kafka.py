@@ -13,14 +13,19 @@ for itself (free ports, its own data dir); it takes about a minute, so it is mar
 
 from __future__ import annotations
 
-import collections
-import json
 import signal
 import time
 
 import pytest
 from confluent_kafka import Producer
 
+from tests.support.faults import (
+    KillLedger,
+    loops_and_clean,
+    processed,
+    wait_for_kills,
+    wait_processed,
+)
 from tests.support.kafka_harness import (
     CLUSTER,
     Broker,
@@ -30,14 +35,13 @@ from tests.support.kafka_harness import (
     WorkerProcess,
     ensure_broker,
 )
-from tests.support.spans import AgentRecorder, encode, span_id_of
+from tests.support.spans import AgentRecorder, encode
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
 LOOPS = 12
 CLEAN = 4
-THRESHOLD = 4  # the shipped default: a key seen 4 times in the window trips
 
 
 def produce(
@@ -57,8 +61,13 @@ def produce(
     assert out.flush(20) == 0
 
 
-def observed(*workers: WorkerProcess) -> float:
-    return sum((w.metrics() or {}).get("spanguard_tool_calls_observed_total", 0) for w in workers)
+def two_calls_each_seen(workers: list[WorkerProcess]) -> None:
+    """The first two calls of every trace are in the workers' state; then past the commit
+    interval, so offsets and changelog are written."""
+    count = 2 * (LOOPS + CLEAN)
+    wait_processed(workers, count, timeout=60)
+    assert processed(*workers) == count
+    time.sleep(2.5)
 
 
 @pytest.mark.parametrize("partitioner", ["fnv1a", "consistent_random", "murmur2_random"])
@@ -70,22 +79,11 @@ def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
     second = WorkerProcess(topics, tmp_path / "b", partitions=PARTITIONS).start()
     workers = [first, second]
     try:
-        loops = [AgentRecorder("support-bot") for _ in range(LOOPS)]
-        clean = [AgentRecorder("support-bot") for _ in range(CLEAN)]
-        for agent in loops:
-            for step in range(8):  # loops go on past the threshold: still one kill each
-                agent.tool("search_docs", {"query": "refund policy", "timestamp": step})
-        for agent in clean:
-            for step in range(8):
-                agent.tool("search_docs", {"query": f"question {step}"})
+        loops, clean = loops_and_clean(LOOPS, CLEAN)  # loops go on past the threshold
 
         # Two calls of every trace, then a worker dies holding their state.
         produce(topics.input, partitioner, [(a, a.finished()[:2]) for a in loops + clean])
-        deadline = time.monotonic() + 60
-        while observed(first, second) < 2 * (LOOPS + CLEAN) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert observed(first, second) == 2 * (LOOPS + CLEAN)
-        time.sleep(2.5)  # past the commit interval: offsets and changelog are written
+        two_calls_each_seen(workers)
         second.stop(signal.SIGKILL)
         # Rescheduled without its volume, it rejoins: a second rebalance, and its state can
         # only come from the changelog.
@@ -93,43 +91,19 @@ def test_sigkill_of_one_of_two_workers_loses_no_kill(tmp_path, partitioner):
         workers = [first, second]
 
         produce(topics.input, partitioner, [(a, a.finished()[2:]) for a in loops + clean])
-        wanted = {a.trace_id.encode() for a in loops}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if wanted <= {m["key"] for m in collector.messages}:
-                break
-            time.sleep(0.2)
+        ledger = KillLedger(loops, clean)
+        wait_for_kills(ledger, collector, timeout=60)
         time.sleep(2.0)  # time for a duplicate or a false kill to show up, were there one
 
-        kills = collections.defaultdict(list)
-        for message in collector.messages:
-            kills[message["key"].decode()].append(json.loads(message["value"]))
-        missed = [a.trace_id for a in loops if a.trace_id not in kills]
-        print(f"\n{partitioner}: {LOOPS - len(missed)}/{LOOPS} loops killed, "
-              f"{sum(a.trace_id in kills for a in clean)}/{CLEAN} clean traces killed")  # fmt: skip
-        assert not missed, f"{len(missed)}/{LOOPS} loops never killed"
-        for agent in loops:
-            records = kills[agent.trace_id]
-            assert len({r["signal_id"] for r in records}) == 1, records  # exactly one decision
-            assert records[0]["evidence"]["span_id"] == span_id_of(agent.finished()[THRESHOLD - 1])
-        assert not [a for a in clean if a.trace_id in kills]
+        ledger.read(collector)
+        print(f"\n{partitioner}: {LOOPS - len(ledger.lost)}/{LOOPS} loops killed, "
+              f"{len(ledger.false_kills)}/{CLEAN} clean traces killed")  # fmt: skip
+        ledger.check()  # one decision per loop, at the threshold call; no clean trace killed
     finally:
         collector.close()
         for worker in workers:
             worker.stop()
         topics.delete()
-
-
-def loops_and_clean() -> tuple[list[AgentRecorder], list[AgentRecorder]]:
-    loops = [AgentRecorder("support-bot") for _ in range(LOOPS)]
-    clean = [AgentRecorder("support-bot") for _ in range(CLEAN)]
-    for agent in loops:
-        for step in range(8):  # loops go on past the threshold: still one kill each
-            agent.tool("search_docs", {"query": "refund policy", "timestamp": step})
-    for agent in clean:
-        for step in range(8):
-            agent.tool("search_docs", {"query": f"question {step}"})
-    return loops, clean
 
 
 @pytest.mark.broker_failover
@@ -144,15 +118,11 @@ def test_broker_sigkill_and_restart_from_its_data_dir_loses_no_kill(tmp_path):
         workers = [first, second]
         # log_level 2: no line per refused reconnect while the broker is down.
         collector = Collector(topics.kills, cluster=broker.cluster, log_level=2)
-        loops, clean = loops_and_clean()
+        loops, clean = loops_and_clean(LOOPS, CLEAN)
 
         produce(topics.input, "fnv1a", [(a, a.finished()[:2]) for a in loops + clean],
                 broker.cluster)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while observed(first, second) < 2 * (LOOPS + CLEAN) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert observed(first, second) == 2 * (LOOPS + CLEAN)
-        time.sleep(2.5)  # past the commit interval: offsets and changelog are written
+        two_calls_each_seen(workers)
 
         # Mid-trace, the broker dies without a clean shutdown and comes back from its disk.
         killed = time.monotonic()
@@ -165,29 +135,16 @@ def test_broker_sigkill_and_restart_from_its_data_dir_loses_no_kill(tmp_path):
 
         produce(topics.input, "fnv1a", [(a, a.finished()[2:]) for a in loops + clean],
                 broker.cluster)  # fmt: skip
-        wanted = {a.trace_id.encode() for a in loops}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if wanted <= {m["key"] for m in collector.messages}:
-                break
-            time.sleep(0.2)
-        caught_up = time.monotonic()
+        ledger = KillLedger(loops, clean)
+        caught_up = wait_for_kills(ledger, collector, timeout=120)
         time.sleep(3.0)  # time for a duplicate or a false kill to show up, were there one
 
-        kills = collections.defaultdict(list)
-        for message in collector.messages:
-            kills[message["key"].decode()].append(json.loads(message["value"]))
-        missed = [a.trace_id for a in loops if a.trace_id not in kills]
-        print(f"\nbroker SIGKILL + restart: {LOOPS - len(missed)}/{LOOPS} loops killed, "
-              f"{sum(a.trace_id in kills for a in clean)}/{CLEAN} clean traces killed, "
+        ledger.read(collector)
+        print(f"\nbroker SIGKILL + restart: {LOOPS - len(ledger.lost)}/{LOOPS} loops killed, "
+              f"{len(ledger.false_kills)}/{CLEAN} clean traces killed, "
               f"broker down {restarted - killed:.1f} s, "
               f"last kill {caught_up - restarted:.1f} s after the restart")  # fmt: skip
-        assert not missed, f"{len(missed)}/{LOOPS} loops never killed"
-        for agent in loops:
-            records = kills[agent.trace_id]
-            assert len({r["signal_id"] for r in records}) == 1, records  # exactly one decision
-            assert records[0]["evidence"]["span_id"] == span_id_of(agent.finished()[THRESHOLD - 1])
-        assert not [a for a in clean if a.trace_id in kills]
+        ledger.check()  # one decision per loop, at the threshold call; no clean trace killed
         for worker in workers:
             assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
     finally:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.support.faults import (
+    SHIPPED_PARTITIONS,
     KafkaCluster,
     KillLedger,
     Pipeline,
@@ -21,6 +22,7 @@ from tests.support.faults import (
     loops_and_clean,
     processed,
     thaw,
+    unconsumed,
     wait_for_kills,
     wait_processed,
 )
@@ -31,6 +33,37 @@ LOOPS = 12
 CLEAN = 4
 CALLS = 12  # 4 before the fault, 4 during, 4 after the zombie is back
 SESSION_TIMEOUT = 30.0  # the worker's shipped session timeout
+
+
+def progress(workers: list) -> list[dict[str, float]]:
+    """What each worker has processed and what it has left: where a stall is."""
+    wanted = ("tool_calls_observed", "consumer_lag", "spans_total")
+    return [
+        {
+            name: value
+            for name, value in (worker.metrics() or {}).items()
+            if any(w in name for w in wanted)
+        }
+        for worker in workers
+    ]
+
+
+def kills_or_known_stall(pipeline: Pipeline, ledger: KillLedger, timeout: float) -> float:
+    """wait_for_kills, except where the loops were not killed because the worker holding all
+    the partitions (the other one frozen or cut off) never consumed some of them: the gap left
+    (docs/operating.md), an expected failure naming those partitions. A miss with every record
+    consumed (a state that said the trace was killed, say) fails."""
+    try:
+        return wait_for_kills(ledger, pipeline.collector, timeout=timeout)
+    except AssertionError as exc:
+        takeover = pipeline.workers[0]
+        left = unconsumed(takeover, pipeline.topics.input, SHIPPED_PARTITIONS)
+        if left:
+            pytest.xfail(
+                "known gap (docs/operating.md): the worker that took the partitions over never"
+                f" consumed some of them (partition: lag, None if never fetched) {left}: {exc}"
+            )
+        raise
 
 
 def after_zombie(pipeline: Pipeline, ledger: KillLedger, everyone: list) -> float:
@@ -45,17 +78,15 @@ def after_zombie(pipeline: Pipeline, ledger: KillLedger, everyone: list) -> floa
     before = processed(*pipeline.workers)
     pipeline.spans.send(everyone, slice(8, CALLS))
     pipeline.spans.flush()
-    wait_processed(pipeline.workers, before + 4 * len(everyone), timeout=240)
+    try:
+        wait_processed(pipeline.workers, before + 4 * len(everyone), timeout=240)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; per worker: {progress(pipeline.workers)}") from None
     time.sleep(5)  # time for a second kill to show up, were there one
     ledger.read(pipeline.collector)
     return rejoined
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (docs/operating.md): in 1 run of 4, 4 looping traces of the frozen"
-    " worker's partitions were not killed by the worker that took them over within 210 s",
-)
 def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp_path) -> None:
     pipeline = Pipeline(kafka_cluster, tmp_path).start()
     try:
@@ -76,7 +107,7 @@ def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp
         frozen = time.monotonic()
         pipeline.spans.send(everyone, slice(4, 8))
         pipeline.spans.flush()
-        done = wait_for_kills(ledger, pipeline.collector, timeout=SESSION_TIMEOUT + 180)
+        done = kills_or_known_stall(pipeline, ledger, timeout=SESSION_TIMEOUT + 180)
         time.sleep(max(0.0, frozen + SESSION_TIMEOUT + 10 - time.monotonic()))
         thaw(zombie.process.pid)
         thawed = time.monotonic()
@@ -91,17 +122,11 @@ def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp
         )
         for worker in pipeline.workers:
             assert worker.process.poll() is None, worker.log_tail()
-        ledger.check(zombie_gaps_known=True)
+        ledger.check()
     finally:
         pipeline.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (docs/operating.md): after a healed silent partition, a looping trace of"
-    " the cut-off worker's partitions was, in 2 runs of 4, decided by neither worker within"
-    " 3 minutes",
-)
 def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster, tmp_path) -> None:
     proxied, proxies = kafka_cluster.proxied()
     pipeline = Pipeline(kafka_cluster, tmp_path, worker_clusters=(None, proxied))
@@ -134,7 +159,7 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
             proxy.heal()
         healed = time.monotonic()
         if done is None:
-            done = wait_for_kills(ledger, pipeline.collector, timeout=180)
+            done = kills_or_known_stall(pipeline, ledger, timeout=180)
         rejoined = after_zombie(pipeline, ledger, everyone)
         print(
             "\n"
@@ -146,7 +171,7 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
         )
         for worker in pipeline.workers:
             assert worker.process.poll() is None, worker.log_tail()
-        ledger.check(zombie_gaps_known=True)
+        ledger.check()
     finally:
         pipeline.close()
         for proxy in proxies:

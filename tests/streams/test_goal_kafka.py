@@ -10,8 +10,9 @@ import pytest
 
 from spanguard.schemas.decision import validate
 from tests.support.chat_server import ChatServer, Reply
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
-from tests.support.spans import AgentRecorder, encode
+from tests.support.kafka_harness import Collector, Topics
+from tests.support.spans import AgentRecorder
+from tests.support.worker import running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -48,31 +49,23 @@ def run(topic: str, service: str, root_attributes: dict[str, str] | None = None,
     for _ in range(loops):
         agent.tool("search_docs", {"query": "refund policy"})
     agent.finish(**(root_attributes or {}))
-    out = producer()
-    for span in agent.finished():
-        out.produce(topic, key=agent.trace_id.encode(), value=encode([span]).SerializeToString())
-    assert out.flush(10) == 0
+    send_spans(topic, agent)
     return agent
 
 
 @pytest.fixture(scope="module")
 def goal_stack(tmp_path_factory):
-    ensure_broker()
-    data = tmp_path_factory.mktemp("goal")
-    (data / "policy.yaml").write_text(POLICY)
-    with ChatServer() as judge:
-        topics = Topics()
-        worker = WorkerProcess(
-            topics,
-            data,
-            policy=data / "policy.yaml",
-            env={"SPANGUARD_JUDGE_URL": judge.base_url, "SPANGUARD_JUDGE_MODEL": "judge-small"},
-        ).start()
-        collector = Collector(topics.detections, topics.kills, topics.dead_letters)
-        yield judge, worker, collector
-        collector.close()
-        assert worker.stop() == 0
-        topics.delete()
+    judge_env = {"SPANGUARD_JUDGE_MODEL": "judge-small"}
+    with (
+        ChatServer() as judge,
+        running_worker(
+            tmp_path_factory.mktemp("goal"),
+            policy=POLICY,
+            collect=("detections", "kills", "dead_letters"),
+            env={**judge_env, "SPANGUARD_JUDGE_URL": judge.base_url},
+        ) as running,
+    ):
+        yield judge, running.process, running.collector
 
 
 def detections_for(collector: Collector, topics: Topics, trace_id: str) -> list[dict]:

@@ -31,7 +31,7 @@ DEAD_AFTER = 8.0
 
 RUN_CLI = """
 import sys
-from spanguard.cli import main
+from spanguard.cli.main import main
 sys.exit(main())
 """
 

@@ -20,8 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spanguard import __version__
 from tests.support.helm import MONITORING_ON, render
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.kafka_harness import Collector, WorkerProcess, producer
 from tests.support.spans import AgentRecorder, encode
+from tests.support.worker import running_worker
 
 pytestmark = pytest.mark.kafka
 
@@ -94,14 +95,8 @@ def scrape(port: int) -> dict[str, list[Any]]:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    ensure_broker()
-    topics = Topics()
-    process = WorkerProcess(topics, tmp_path_factory.mktemp("metrics")).start()
-    collector = Collector(topics.kills)
-    yield process, collector
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(tmp_path_factory.mktemp("metrics")) as running:
+        yield running.process, running.collector
 
 
 def loop_through_worker(process: WorkerProcess, collector: Collector, service: str) -> list[Any]:
@@ -167,6 +162,10 @@ def test_latency_build_info_lag_and_process_metrics(worker) -> None:
     assert {"rule": "tool_loop", "action": "kill", "service": "latency-bot"} in [
         s.labels for s in decisions
     ]
+
+    # Usage is priced only for a usd budget: the default policy has none, the series are 0.
+    priced = {s.labels["outcome"]: s.value for s in samples["spanguard_usage_spans_priced_total"]}
+    assert priced == {"priced": 0, "unpriced": 0}
 
     (build,) = samples["spanguard_build_info"]
     assert build.labels["version"] == __version__ and build.value == 1

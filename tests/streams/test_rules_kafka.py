@@ -11,23 +11,20 @@ import pytest
 from spanguard.detection.guard import Guard
 from spanguard.schemas.decision import KillSignal, canonical_json, read_signal, validate
 from tests.detection.test_cycle import call, round_of
-from tests.streams.test_worker_kafka import DEADLINE, kills_for, send_spans
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker
+from tests.streams.test_worker_kafka import DEADLINE, kills_for
 from tests.support.spans import AgentRecorder, one_request_per_span, span_id_of
+from tests.support.worker import running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    ensure_broker()
-    topics = Topics()
-    process = WorkerProcess(topics, tmp_path_factory.mktemp("worker")).start()
-    collector = Collector(topics.kills, topics.detections, topics.dead_letters, topics.repartition)
-    yield process, collector
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    topics.delete()
+    with running_worker(
+        tmp_path_factory.mktemp("worker"),
+        collect=("kills", "detections", "dead_letters", "repartition"),
+    ) as running:
+        yield running.process, running.collector
 
 
 def healthy_agents() -> list[AgentRecorder]:

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from spanguard.schemas.decision import validate
-from tests.streams.test_worker_kafka import send_spans
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker
+from tests.support.kafka_harness import Collector, WorkerProcess
 from tests.support.spans import AgentRecorder
+from tests.support.worker import running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -50,24 +50,9 @@ def run(process: WorkerProcess, collector: Collector, agent: AgentRecorder) -> t
     )
 
 
-def start(tmp_path, extra: list[str] | None = None) -> tuple[WorkerProcess, Collector]:
-    ensure_broker()
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    topics = Topics()
-    process = WorkerProcess(topics, tmp_path / "data", policy=policy, extra=extra).start()
-    return process, Collector(topics.kills, topics.detections)
-
-
-def stop(process: WorkerProcess, collector: Collector) -> None:
-    collector.close()
-    assert process.stop() == 0, process.log_tail()
-    process.topics.delete()
-
-
 def test_flagged_agent_keeps_going_then_killed_where_the_policy_says_kill(tmp_path):
-    process, collector = start(tmp_path)
-    try:
+    with running_worker(tmp_path, policy=POLICY, collect=("kills", "detections")) as worker:
+        process, collector = worker.process, worker.collector
         kills, detections = run(process, collector, looping_agent("canary"))
         assert kills == []  # nothing reaches the agent: it finishes its run
         for record in detections:
@@ -87,18 +72,17 @@ def test_flagged_agent_keeps_going_then_killed_where_the_policy_says_kill(tmp_pa
             ("tool_loop", "kill"),
         ]
         assert {d["action"] for d in detections} == {"kill"}
-    finally:
-        stop(process, collector)
 
 
 def test_observe_mode_kills_nothing(tmp_path):
-    process, collector = start(tmp_path, ["--mode", "observe"])
-    try:
+    observe = ["--mode", "observe"]
+    with running_worker(
+        tmp_path, policy=POLICY, collect=("kills", "detections"), extra=observe
+    ) as worker:
+        process, collector = worker.process, worker.collector
         for environment in ("canary", "production"):
             kills, detections = run(process, collector, looping_agent(environment))
             assert kills == []
             assert {d["action"] for d in detections} == {"flag"}
             assert {d["rule"] for d in detections} == {"tool_loop", "token_budget"}
         assert "observe mode" in process.log_text()
-    finally:
-        stop(process, collector)

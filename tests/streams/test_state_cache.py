@@ -9,7 +9,9 @@ from __future__ import annotations
 import faust
 from faust.types import Message
 
-from spanguard.detection.guard import Fired, Guard, TraceState
+from spanguard.detection.guard import Guard
+from spanguard.detection.rules.base import Fired
+from spanguard.detection.trace_state import TraceState
 from spanguard.streams.state import SerializedStates, event_context
 from tests.support.spans import AgentRecorder, encode
 
@@ -69,6 +71,24 @@ def test_a_revoked_partitions_cached_states_are_dropped() -> None:
     assert back is not None and back.service == "elsewhere" and back.last_seen == 50.0
     assert states.cached == 1  # partition 2, still owned, keeps its state
     assert read(states, "b" * 32, 2) is not None
+
+
+def test_a_fenced_worker_forgets_every_partition_even_those_it_gets_back() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    touch(states, TRACE, 1, last_seen=5.0)
+    states.assigned(1, iter([]))
+    # Fenced out of the group: the next generation gives partition 1 back without Faust
+    # calling it revoked, after the worker that held it meanwhile killed the trace.
+    states.revoke_all()
+    assert states.cached == 0 and states.indexed() == 0
+    killed = TraceState(service="elsewhere", last_seen=50.0)
+    killed.fired.add(Fired("tool_loop", "kill"))
+    table[TRACE.encode()] = killed.to_bytes()
+    states.assigned(1, iter(list(table.items())))  # indexed again from what was recovered
+    back = read(states, TRACE, 1)
+    assert back is not None and back.fired == {Fired("tool_loop", "kill")}
+    assert back.last_seen == 50.0
 
 
 def test_states_discarded_before_their_flush_change_nothing_cached() -> None:

@@ -19,6 +19,7 @@ from spanguard.schemas.decision import key_id, signature_valid, validate
 from spanguard.streams.partitioner import collector_partition
 from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode, span_id_of
+from tests.support.worker import running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
 
@@ -35,28 +36,13 @@ agents:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    ensure_broker()
-    data = tmp_path_factory.mktemp("worker")
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    topics = Topics()
-    process = WorkerProcess(
-        topics, data, policy=policy, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY.decode()}
-    ).start()
-    collector = Collector(topics.kills, topics.detections, topics.dead_letters, topics.repartition)
-    yield process, collector
-    collector.close()
-    assert process.stop() == 0, process.log_tail()  # SIGTERM: a clean exit
-    topics.delete()
-
-
-def send_spans(topic: str, agent: AgentRecorder, spans=None, key: bytes | None = b"trace") -> None:
-    """One message per span, keyed by the trace id (what partition_traces_by_id writes)."""
-    out = producer()
-    for span in spans if spans is not None else agent.finished():
-        message_key = agent.trace_id.encode() if key == b"trace" else key
-        out.produce(topic, key=message_key, value=encode([span]).SerializeToString())
-    assert out.flush(10) == 0
+    with running_worker(
+        tmp_path_factory.mktemp("worker"),
+        policy=POLICY,
+        collect=("kills", "detections", "dead_letters", "repartition"),
+        env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY.decode()},
+    ) as running:
+        yield running.process, running.collector
 
 
 def kills_for(collector: Collector, topics: Topics, trace_id: str) -> list[dict]:

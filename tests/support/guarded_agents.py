@@ -35,8 +35,8 @@ from tests.support.kafka_harness import (
     ROOT,
     Topics,
     WorkerProcess,
+    collector_env,
     ensure_broker,
-    free_port,
 )
 
 MODULE = "tests.support.guarded_agents"
@@ -118,23 +118,36 @@ def _provider(endpoint: str, export: str, service: str) -> Any:
 
 
 def _adapter(library: str, switch: Any) -> Any:
-    from spanguard.killswitch import adapters
-
+    # Each adapter's module imports its framework, so only the one asked for is imported.
     framework = library.split("-")[0]
     if framework == "langgraph":
-        return adapters.SpanguardCallbackHandler(switch)
+        from spanguard.killswitch.adapters_langchain import SpanguardCallbackHandler
+
+        return SpanguardCallbackHandler(switch)
     if framework == "openai":
-        return adapters.SpanguardRunHooks(switch)
+        from spanguard.killswitch.adapters_openai_agents import SpanguardRunHooks
+
+        return SpanguardRunHooks(switch)
     if framework == "pydantic":
-        return adapters.SpanguardCapability(switch)
+        from spanguard.killswitch.adapters_pydantic_ai import SpanguardCapability
+
+        return SpanguardCapability(switch)
     if framework == "smolagents":
-        return adapters.SpanguardStepCallback(switch)
+        from spanguard.killswitch.adapters_smolagents import SpanguardStepCallback
+
+        return SpanguardStepCallback(switch)
     if framework == "llama":
-        return lambda agent: adapters.guard_llama_index_agent(agent, switch)
+        from spanguard.killswitch.adapters_llama_index import guard_llama_index_agent
+
+        return lambda agent: guard_llama_index_agent(agent, switch)
     if framework == "google":
-        return adapters.SpanguardAdkPlugin(switch)
+        from spanguard.killswitch.adapters_google_adk import SpanguardAdkPlugin
+
+        return SpanguardAdkPlugin(switch)
     if framework == "strands":
-        return adapters.SpanguardHooks(switch)
+        from spanguard.killswitch.adapters_strands import SpanguardHooks
+
+        return SpanguardHooks(switch)
     raise ValueError(f"no adapter for {library}")
 
 
@@ -283,25 +296,18 @@ def stack(workdir: Path) -> Iterator[Stack]:
         env={**_without_keys(os.environ), "SPANGUARD_STACK_DIR": str(workdir / "stack")},
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    http_port, grpc_port = free_port(), free_port()
-    collector_env = {
-        **os.environ,
-        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
-        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
-        "KAFKA_BROKERS": BOOTSTRAP,
-        "SPANGUARD_INPUT_TOPIC": topics.input,
-        "OTELCOL_METRICS_LEVEL": "none",
-        "COLLECTOR_STATE_DIR": str(workdir / "collector"),
-    }
+    collector_environment, http_port = collector_env(
+        BOOTSTRAP, topics.input, workdir / "collector", OTELCOL_METRICS_LEVEL="none"
+    )
     worker = WorkerProcess(
         topics, workdir / "worker", env={**_key_env(key_file), "SPANGUARD_SIGNING_KEY": ""}
     ).start()
     collector = [str(ROOT / "scripts" / "collector.sh")]
     try:
-        subprocess.run([*collector, "up"], env=collector_env, check=True, timeout=900)
+        subprocess.run([*collector, "up"], env=collector_environment, check=True, timeout=900)
         yield Stack(topics, f"http://127.0.0.1:{http_port}", key_file, worker)
     finally:
-        subprocess.run([*collector, "down"], env=collector_env, timeout=60)
+        subprocess.run([*collector, "down"], env=collector_environment, timeout=60)
         worker.stop()
         topics.delete()
 

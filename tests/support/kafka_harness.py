@@ -25,14 +25,14 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from spanguard.kafka_security import KafkaSecurity
+from spanguard.config.kafka_security import KafkaSecurity
 
 ROOT = Path(__file__).resolve().parents[2]
 # Workers sign by default and refuse to start without a key: the tests set one the way the
@@ -50,6 +50,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def collector_env(
+    brokers: str, topic: str, state_dir: Path, **more: str
+) -> tuple[dict[str, str], int]:
+    """The environment of `scripts/collector.sh up`: OTLP received on free ports, exported to
+    `topic` at `brokers`, its state under `state_dir`, plus `more`; and the OTLP/HTTP port."""
+    http_port = free_port()
+    env = {
+        **os.environ,
+        "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+        "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "KAFKA_BROKERS": brokers,
+        "SPANGUARD_INPUT_TOPIC": topic,
+        "COLLECTOR_STATE_DIR": str(state_dir),
+        **more,
+    }
+    return env, http_port
 
 
 def docker_answers(timeout: float = 3.0) -> bool:
@@ -385,6 +403,22 @@ class Collector:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def scratch_topic(
+    partitions: int, suffix: str = "agent-kill-signals", cluster: Cluster | None = None
+) -> Iterator[str]:
+    """A topic of the test's own (a fresh name), deleted at the end."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"t{uuid.uuid4().hex[:8]}-{suffix}"
+    admin = AdminClient((cluster or CLUSTER).config())
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    try:
+        yield name
+    finally:
+        admin.delete_topics([name])
 
 
 def producer(cluster: Cluster | None = None) -> Producer:

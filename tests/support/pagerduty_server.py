@@ -16,21 +16,14 @@ trigger after a resolve opens a new incident. Scripted faults come first, in ord
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import ssl
-import sys
-import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import trustme
+from tests.support.https_receiver import HttpsReceiver, Received, ReceiverHandler
 
 ACTIONS = ("trigger", "acknowledge", "resolve")
 SEVERITIES = ("critical", "error", "warning", "info")
@@ -47,34 +40,6 @@ FAULT_BODIES: dict[int, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One scripted response. status 202 with no body: handle the event normally (after `delay`).
-    `drop`: close the connection without answering. `drip`: send the body one byte per `drip`
-    seconds (a server that never stops answering); `drip_headers`: the status line too."""
-
-    status: int = 503
-    body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
-    drop: bool = False
-    drip: float = 0.0
-    drip_headers: bool = False  # with `drip`: the status line and headers dripped too
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    raw: bytes
-    status: int = 0  # what the server answered (0: dropped)
-
-    @property
-    def body(self) -> Any:
-        return json.loads(self.raw)
-
-
 @dataclass
 class Incident:
     dedup_key: str
@@ -86,59 +51,10 @@ class Incident:
         return self.events[0]
 
 
-class EventsApiServer:
+class EventsApiServer(HttpsReceiver):
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._script: list[Fault] = []
-        self.requests: list[Request] = []
+        super().__init__(_Handler, prefix="pd-events-")
         self.all_incidents: list[Incident] = []
-        self.handler_errors: list[BaseException] = []
-        self._dir = tempfile.TemporaryDirectory(prefix="pd-events-")
-        self._ca = trustme.CA()
-        self.ca_bundle = str(Path(self._dir.name) / "ca.pem")
-        self._ca.cert_pem.write_to_path(self.ca_bundle)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-        self._httpd = _Server(("127.0.0.1", 0), _Handler, context, self)
-        self.port = self._httpd.server_address[1]
-        self.url = f"https://127.0.0.1:{self.port}"
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle --
-
-    def start(self) -> EventsApiServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._httpd.close_connections()
-        self._httpd.server_close()
-        self._dir.cleanup()
-
-    def __enter__(self) -> EventsApiServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    # -- scripting and inspection --
-
-    def script(self, *responses: int | Fault) -> None:
-        """Queue the next responses, in order; after them the server behaves normally."""
-        with self._lock:
-            self._script.extend(r if isinstance(r, Fault) else Fault(status=r) for r in responses)
-
-    @property
-    def pending_script(self) -> int:
-        with self._lock:
-            return len(self._script)
 
     @property
     def incidents(self) -> dict[str, Incident]:
@@ -147,12 +63,8 @@ class EventsApiServer:
             return {i.dedup_key: i for i in self.all_incidents if i.status != "resolved"}
 
     @property
-    def enqueue_requests(self) -> list[Request]:
+    def enqueue_requests(self) -> list[Received]:
         return [r for r in self.requests if r.path == "/v2/enqueue"]
-
-    def _next_fault(self) -> Fault | None:
-        with self._lock:
-            return self._script.pop(0) if self._script else None
 
     # -- the Events API --
 
@@ -239,67 +151,17 @@ def _invalid(errors: list[str]) -> dict[str, Any]:
     return {"status": "invalid event", "message": "Event object is invalid", "errors": errors}
 
 
-class _Server(ThreadingHTTPServer):
-    # Handler threads are joined by server_close(), after stop() has cut their connections.
-    daemon_threads = False
-    block_on_close = True
-
-    def __init__(self, address, handler, context: ssl.SSLContext, owner: EventsApiServer):
-        self.context = context
-        self.owner = owner
-        self._connections: set[ssl.SSLSocket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def finish_request(self, request, client_address) -> None:
-        # The TLS handshake happens here, in the connection's own thread, not in the accept loop.
-        request.settimeout(10)
-        try:
-            tls = self.context.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            self.owner.handler_errors.append(exc)  # e.g. a client that distrusts our CA
-            return
-        with self._connections_lock:
-            self._connections.add(tls)
-        try:
-            super().finish_request(tls, client_address)
-        finally:
-            with self._connections_lock:
-                self._connections.discard(tls)
-            with contextlib.suppress(OSError):
-                tls.shutdown(socket.SHUT_RDWR)
-            tls.close()
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            for connection in self._connections:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request, client_address) -> None:
-        self.owner.handler_errors.append(sys.exc_info()[1])
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 10  # an idle kept-alive connection ends on its own
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
+class _Handler(ReceiverHandler):
+    server: Any
 
     def do_POST(self) -> None:
-        owner = self.server.owner
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
-        record = Request("POST", self.path, dict(self.headers.items()), raw)
-        with owner._lock:
-            owner.requests.append(record)
+        owner: EventsApiServer = self.server.owner
+        record = self.receive()
         if self.path != "/v2/enqueue":
             record.status = 404
             self._reply(404, {"status": "error", "message": "Not found"})
             return
-        fault = owner._next_fault()
+        fault = owner.next_fault()
         if fault is not None:
             if fault.delay:
                 time.sleep(fault.delay)
@@ -318,39 +180,16 @@ class _Handler(BaseHTTPRequestHandler):
                 record.status = fault.status
                 self._reply(fault.status, body, fault.headers, drip=fault.drip)
                 return
-        status, body = owner.handle_event(raw)
+        status, body = owner.handle_event(record.raw)
         record.status = status
         self._reply(status, body)
 
     def do_GET(self) -> None:
-        owner = self.server.owner
-        with owner._lock:
-            owner.requests.append(Request("GET", self.path, dict(self.headers.items()), b"", 405))
+        self.receive().status = 405
         self._reply(405, {"status": "error", "message": "Method not allowed"})
 
     def _reply(
         self, status: int, body: Any, headers: dict[str, str] | None = None, drip: float = 0.0
     ) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        write_body(self, data, drip)
-
-
-def write_body(handler: BaseHTTPRequestHandler, data: bytes, drip: float) -> None:
-    """The body at once, or (`drip`) a byte at a time until the client hangs up."""
-    if not drip:
-        handler.wfile.write(data)
-        return
-    handler.close_connection = True
-    try:
-        for index in range(len(data)):
-            handler.wfile.write(data[index : index + 1])
-            handler.wfile.flush()
-            time.sleep(drip)
-    except OSError:
-        pass  # the client gave up: what a drip test wants
+        self.reply(status, data, "application/json", headers, drip)

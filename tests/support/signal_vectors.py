@@ -163,6 +163,20 @@ def build() -> dict[str, Any]:
     cycle_kill = signed(
         with_(rule="cycle", signal_id="9" * 32, reason="a round of 4 calls repeated 3 times")
     )
+    # Money travels as whole micro-dollars: integers every reader holds exactly.
+    cost_kill = signed(
+        with_(
+            rule="cost_budget",
+            signal_id="8" * 32,
+            reason="$2.6000 spent, over the budget of $2.5",
+            evidence={
+                "span_id": "00f067aa0ba902b7",
+                "tokens": 360000,
+                "cost_micro_usd": 2_600_000,
+                "budget_micro_usd": 2_500_000,
+            },
+        )
+    )
     pause = signed(PAUSE)
     pause_releasing = signed({**PAUSE, "signal_id": "5" * 32, "pause_fallback": "release"})
     unicode_reason = signed(
@@ -174,6 +188,13 @@ def build() -> dict[str, Any]:
         vector("release", text(release), "obey", keys=ring, signal=seen(release)),
         vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
         vector("a cycle kill", text(cycle_kill), "obey", keys=ring, signal=seen(cycle_kill)),
+        vector(
+            "a cost budget kill, money in micro-dollars",
+            text(cost_kill),
+            "obey",
+            keys=ring,
+            signal=seen(cost_kill),
+        ),
         vector(
             "pause whose fallback is release",
             text(pause_releasing),
@@ -331,6 +352,14 @@ def build() -> dict[str, Any]:
             "invalid",
             keys=ring,
             python_lax=False,
+        ),
+        vector(
+            "money written as a decimal fraction",
+            _with_raw_evidence('"cost_micro_usd":2.6'),
+            "invalid",
+            keys=ring,
+            python_lax=False,
+            note="dollars are whole micro-dollars: a fraction would read differently per language",
         ),
         vector(
             "schema_version written as a float",

@@ -14,84 +14,19 @@ Any other path takes any JSON object with 200. Scripted responses come first, in
 from __future__ import annotations
 
 import json
-import ssl
-import tempfile
-import threading
 import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any
 
-import trustme
-
-from tests.support.pagerduty_server import Fault, _Server, write_body
-
-__all__ = ["Fault", "Received", "WebhookServer"]
+from tests.support.https_receiver import HttpsReceiver, Received, ReceiverHandler, write_body
 
 
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    raw: bytes
-    status: int = 0
-
-    @property
-    def body(self) -> Any:
-        return json.loads(self.raw)
-
-
-class WebhookServer:
+class WebhookServer(HttpsReceiver):
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._script: list[Fault] = []
-        self.requests: list[Received] = []
-        self.handler_errors: list[BaseException] = []
-        self._dir = tempfile.TemporaryDirectory(prefix="webhook-")
-        ca = trustme.CA()
-        self.ca_bundle = str(Path(self._dir.name) / "ca.pem")
-        ca.cert_pem.write_to_path(self.ca_bundle)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-        self._httpd = _Server(("127.0.0.1", 0), _Handler, context, self)
-        self.port = self._httpd.server_address[1]
-        self.url = f"https://127.0.0.1:{self.port}"
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> WebhookServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._httpd.close_connections()
-        self._httpd.server_close()
-        self._dir.cleanup()
-
-    def __enter__(self) -> WebhookServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def script(self, *responses: int | Fault) -> None:
-        with self._lock:
-            self._script.extend(r if isinstance(r, Fault) else Fault(status=r) for r in responses)
+        super().__init__(_Handler, prefix="webhook-")
 
     def received(self, path: str) -> list[Received]:
         with self._lock:
             return [r for r in self.requests if r.path == path]
-
-    def next_fault(self) -> Fault | None:
-        with self._lock:
-            return self._script.pop(0) if self._script else None
 
 
 def slack_errors(raw: bytes) -> str | None:
@@ -113,20 +48,11 @@ def slack_errors(raw: bytes) -> str | None:
     return None
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 10
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
-
+class _Handler(ReceiverHandler):
     def do_POST(self) -> None:
         owner: WebhookServer = self.server.owner  # type: ignore[assignment]
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        record = Received(self.path, dict(self.headers.items()), raw)
-        with owner._lock:
-            owner.requests.append(record)
+        record = self.receive()
+        raw = record.raw
         fault = owner.next_fault()
         if fault is not None and fault.delay:
             time.sleep(fault.delay)
@@ -160,10 +86,4 @@ class _Handler(BaseHTTPRequestHandler):
             data = text
         else:
             data = text.encode() if isinstance(text, str) else json.dumps(text).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        write_body(self, data, drip)
+        self.reply(status, data, "text/plain", headers, drip)

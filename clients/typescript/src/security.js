@@ -1,5 +1,5 @@
 // TLS and SASL for the kill-topic consumer, from the same SPANGUARD_KAFKA_* variables the worker
-// and the Python killswitch read (spanguard/kafka_security.py), with the same refusals: settings
+// and the Python killswitch read (config/kafka_security.py), with the same refusals: settings
 // that cannot work together throw before any connection.
 
 import { readFileSync } from 'node:fs';

@@ -30,7 +30,7 @@ const HEX16 = /^[0-9a-f]{16}$/;
 const DATE_TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
 const KINDS = new Set(['kill', 'downgrade', 'release', 'pause']);
 const PAUSE_FALLBACKS = new Set(['kill', 'release']);
-const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'manual']);
+const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'manual']);
 const TOP_FIELDS = new Set([
   'schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent',
   'detected_at', 'expires_at', 'system_message', 'operator', 'pause_until', 'pause_fallback',
@@ -48,6 +48,8 @@ const EVIDENCE = {
   steps: 1,
   tokens: 0,
   token_budget: 1,
+  cost_micro_usd: 0, // money in whole micro-dollars (1e-6 USD)
+  budget_micro_usd: 1,
 };
 
 /** A record on the kill topic that is not a signal this agent may act on. */

@@ -1,5 +1,5 @@
 // TLS and SASL settings: mapped onto kafkajs as the worker's SPANGUARD_KAFKA_* say, refused when
-// they cannot work together (the same refusals as spanguard/kafka_security.py).
+// they cannot work together (the same refusals as config/kafka_security.py).
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -9,19 +9,8 @@ test fails when the two differ).
 
 from __future__ import annotations
 
-from spanguard.detection.rules.base import (
-    DOWNGRADE,
-    FLAG,
-    KILL,
-    OFF,
-    PAUSE,
-    Fired,
-    GuardObserver,
-    Rule,
-    TokenRule,
-    ToolCallRule,
-    Trip,
-)
+from spanguard.detection.rules.base import Rule
+from spanguard.detection.rules.cost_budget import CostBudget
 from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.no_progress import NoProgress
 from spanguard.detection.rules.token_budget import TokenBudget
@@ -29,23 +18,13 @@ from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.rules.tool_polling import ToolPolling
 
 __all__ = [
+    "COST_BUDGET",
     "CYCLE",
-    "DOWNGRADE",
-    "FLAG",
-    "KILL",
     "NO_PROGRESS",
-    "OFF",
-    "PAUSE",
     "RULES",
     "TOKEN_BUDGET",
     "TOOL_LOOP",
     "TOOL_POLLING",
-    "Fired",
-    "GuardObserver",
-    "Rule",
-    "TokenRule",
-    "ToolCallRule",
-    "Trip",
     "markdown_table",
     "rule_named",
 ]
@@ -55,9 +34,10 @@ CYCLE = Cycle()
 TOOL_POLLING = ToolPolling()
 NO_PROGRESS = NoProgress()
 TOKEN_BUDGET = TokenBudget()
+COST_BUDGET = CostBudget()
 
 # In the order the guard runs them on a call.
-RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET)
+RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
 
 
 def rule_named(name: str) -> Rule:

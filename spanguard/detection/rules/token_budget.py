@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from spanguard.detection.pricing import micro_usd
 from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
+from spanguard.detection.rules.cost_budget import trace_cost
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import TokenUsage
@@ -39,7 +41,7 @@ class TokenBudget(TokenRule):
         )
         if used <= budget:
             return None
-        return Trip(
-            f"{used} tokens used, over the budget of {budget}",
-            {"tokens": used, "token_budget": budget},
-        )
+        evidence: dict[str, int | None] = {"tokens": used, "token_budget": budget}
+        if state.inference_cost is not None or state.aggregate_cost:  # usage is priced
+            evidence["cost_micro_usd"] = micro_usd(trace_cost(state))
+        return Trip(f"{used} tokens used, over the budget of {budget}", evidence)

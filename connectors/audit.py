@@ -1,0 +1,120 @@
+"""Reading the detections audit back: one trace's decisions, for `spanguard explain`.
+
+The topic is keyed by trace id, but which partition a key lands on depends on the producer's
+partitioner (the worker's aiokafka uses murmur2; another producer may not), so every
+partition is read from its first offset up to the end offsets taken at the start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from spanguard.config.kafka_security import KafkaSecurity
+from spanguard.connectors.kafka_clients import (
+    ClientErrors,
+    LibrdkafkaLog,
+    client_config,
+    wait_for_metadata,
+)
+from spanguard.errors import AuditReadError
+
+__all__ = ["AuditScan", "read_decisions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AuditScan:
+    """What a scan found: the trace's records in topic order, and what it read to find them."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    scanned: int = 0
+    unreadable: int = 0  # records under the key that are not JSON objects
+
+
+def read_decisions(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topic: str,
+    trace_id: str,
+    timeout: float = 30.0,
+) -> AuditScan:
+    """Every record of `topic` keyed by `trace_id`; AuditReadError if the topic is not there,
+    KafkaConnectError if the cluster refuses the connection or does not answer."""
+    errors = ClientErrors(bootstrap, security)
+    consumer = Consumer(
+        client_config(
+            bootstrap,
+            security,
+            {
+                # A throwaway group that commits nothing: reading the audit never moves anyone's
+                # offsets.
+                "group.id": f"spanguard-explain-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "error_cb": errors,
+                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
+            },
+        )
+    )
+    try:
+        return _scan(consumer, errors, topic, trace_id.lower().encode(), timeout)
+    except KafkaException as exc:
+        raise AuditReadError(f"cannot read {topic} from {bootstrap}: {exc}") from None
+    finally:
+        consumer.close()
+
+
+def _scan(
+    consumer: Consumer, errors: ClientErrors, topic: str, key: bytes, timeout: float
+) -> AuditScan:
+    metadata = wait_for_metadata(consumer, errors, topic, min(timeout, 15.0)).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise AuditReadError(f"topic {topic} does not exist (is --detections-topic right?)")
+    ends = {}
+    for partition in metadata.partitions:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
+        if high > low:
+            ends[partition] = high
+    scan = AuditScan()
+    if not ends:
+        return scan
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    deadline = time.monotonic() + timeout
+    while ends:
+        if time.monotonic() > deadline:
+            raise AuditReadError(
+                f"{topic}: not read to its end in {timeout:.0f}s"
+                f" ({scan.scanned} records read); raise --timeout"
+            )
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        partition = message.partition()
+        if message.error() is not None:
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                ends.pop(partition, None)
+                continue
+            raise AuditReadError(f"{topic}: {message.error()}")
+        scan.scanned += 1
+        if message.key() == key:
+            try:
+                record = json.loads(message.value())
+            except (TypeError, ValueError):
+                record = None
+            if isinstance(record, dict):
+                scan.records.append(record)
+            else:
+                scan.unreadable += 1
+        if message.offset() + 1 >= ends.get(partition, 0):
+            ends.pop(partition, None)
+    return scan

@@ -1,0 +1,77 @@
+"""An operator's `spanguard kill` and `spanguard release`: one signed signal on the kill topic,
+one audit record (who, why) on the detections topic, both keyed by the trace id so they keep
+their order with the worker's own signals for that trace."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from confluent_kafka import KafkaException, Producer
+
+from spanguard.config.settings import WorkerSettings
+from spanguard.connectors.kafka_clients import client_config
+from spanguard.schemas.decision import NO_SPAN_ID, AgentIdentity, Decision, KillSignal, sign
+
+__all__ = ["manual_decision", "publish_manual"]
+
+# A manual signal names no agent: the operator knows only the trace.
+MANUAL_SERVICE = "(manual)"
+
+
+def manual_decision(
+    trace_id: str, action: Literal["kill", "release"], reason: str, operator: str
+) -> Decision:
+    """The audit record of an operator's kill or release. Its id is new on every issue: a
+    second kill after a release is a new signal, not a duplicate of the first."""
+    return Decision(
+        trace_id=trace_id,
+        span_id=NO_SPAN_ID,
+        rule="manual",
+        action=action,
+        reason=reason,
+        agent=AgentIdentity(MANUAL_SERVICE),
+        detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+        operator=operator,
+        decision_id=uuid.uuid4().hex,
+    )
+
+
+def publish_manual(
+    settings: WorkerSettings, decision: Decision, timeout: float = 30.0
+) -> KillSignal:
+    """Send the signal (signed with the worker's key) and its audit record, acks=all; raise
+    KafkaException if either is not acknowledged within `timeout`."""
+    signal = KillSignal.from_decision(decision, ttl_seconds=settings.signal_ttl)
+    record = signal.to_dict()
+    key = settings.kill_signing_key()
+    if key is not None:
+        record = sign(record, key)
+    producer = Producer(
+        client_config(
+            settings.bootstrap, settings.kafka, {"acks": "all", "enable.idempotence": True}
+        )
+    )
+    errors: list[str] = []
+
+    def delivered(error, message) -> None:
+        if error is not None:
+            errors.append(f"{message.topic()}: {error}")
+
+    trace_key = decision.trace_id.encode()
+    value = json.dumps(record, sort_keys=True).encode()
+    producer.produce(settings.kill_topic, key=trace_key, value=value, on_delivery=delivered)
+    producer.produce(
+        settings.detections_topic,
+        key=trace_key,
+        value=decision.to_json().encode(),
+        on_delivery=delivered,
+    )
+    unsent = producer.flush(timeout)
+    if unsent or errors:
+        raise KafkaException(
+            "; ".join(errors) or f"{unsent} records not acknowledged within {timeout}s"
+        )
+    return signal

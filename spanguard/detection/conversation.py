@@ -1,0 +1,381 @@
+"""The conversation scope: the calls and usage of all the traces of one conversation, in the
+order the guard reads them, under the loop and cycle rules and the conversation's budgets.
+
+Many frameworks start a trace per turn or per run (a chat app per user message, the OpenAI
+Agents SDK's `Runner.run`, a scheduler's retries): six traces each searching "refund policy"
+twice are twelve identical calls that no trace alone counts to 4. The trace guard (guard.py)
+hands each counted call and each change of a trace's usage to a ConversationGuard as a compact
+record (`ConversationCall`, `ConversationUsage`: ids, the call's key and times, token and cost
+deltas; never arguments), keyed by the conversation id the trace's spans name. Pure Python, no
+I/O: replay and tests run it beside the guard with a dict for state; a worker would feed it
+from a repartition of these records by conversation id.
+
+What it decides (docs/design.md has why):
+- a tool_loop or cycle whose evidence spans two traces or more: the policy's
+  `conversation.action`, `flag` by default (the user asking twice is not the agent looping);
+  one within a single trace is the trace's own rules' business and is left to them;
+- `conversation.token_budget` / `conversation.usd_budget` crossed: the trace that spent past it
+  is killed (a flag in shadow mode), and so is every later trace of the conversation that
+  spends, once each: the conversation's money is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import islice
+from typing import Any
+
+from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME, ToolCall
+from spanguard.detection.pricing import micro_usd, pico_usd
+from spanguard.detection.rules import CYCLE, TOOL_LOOP
+from spanguard.detection.rules.base import FLAG, KILL, Fired, GuardObserver, Trip
+from spanguard.detection.trace_state import (
+    MARK_BYTES,
+    CallKey,
+    TraceState,
+    call_mark,
+    iso_from_micros,
+)
+from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.policy import AgentPolicy, Policy
+
+__all__ = [
+    "MAX_TRACES_REMEMBERED",
+    "ConversationCall",
+    "ConversationGuard",
+    "ConversationState",
+    "ConversationUsage",
+]
+
+log = logging.getLogger("spanguard.core")
+
+# Trace ids a conversation remembers (to count its traces, and which were killed for its
+# budget): bounded, so a conversation shared by thousands of traces costs the same memory.
+MAX_TRACES_REMEMBERED = 256
+SCOPE = "conversation"
+
+
+@dataclass(slots=True)
+class ConversationCall:
+    """One counted tool call, as the conversation scope needs it (what a worker would
+    repartition by `conversation_id`)."""
+
+    conversation_id: str
+    trace_id: str
+    span_id: bytes
+    end_time_unix_nano: int
+    key: CallKey
+    service: str
+    agent_name: str | None
+
+
+@dataclass(slots=True)
+class ConversationUsage:
+    """What one usage span added to its trace's tokens and cost (deltas, so a conversation
+    sums traces without counting an agent's aggregate twice)."""
+
+    conversation_id: str
+    trace_id: str
+    span_id: bytes
+    end_time_unix_nano: int
+    tokens: int
+    cost: int  # pico-dollars; 0 when usage is not priced
+    service: str
+    agent_name: str | None
+
+
+@dataclass(slots=True)
+class ConversationState(TraceState):
+    """A TraceState over the conversation's calls (the rules read it as they read a trace's),
+    with which trace each call of the window came from. Kept in memory (replay, in-process
+    mode); its changelog form is part of what the worker's side still needs."""
+
+    window_traces: deque[str] = field(default_factory=deque)  # aligned with `window`
+    traces: OrderedDict[str, None] = field(default_factory=OrderedDict)  # last seen, bounded
+    trace_count: int = 0  # every trace seen, beyond what `traces` remembers
+    # "rule:trace id" of the traces a kill of the scope stopped (bounded): one kill per trace
+    # and rule, as in the trace scope.
+    killed: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def restart_window(self) -> None:
+        TraceState.restart_window(self)
+        self.window_traces.clear()
+
+
+class ConversationGuard(GuardObserver):
+    """Runs tool_loop and cycle, and the conversation budgets, per conversation.
+
+    A guard observer: `Guard(conversations=ConversationGuard(policy))` hands it every counted
+    call and usage change of traces that name a conversation, and returns its decisions with
+    its own. `states` maps conversation id to ConversationState (a dict by default).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        states: MutableMapping[str, ConversationState] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.states: MutableMapping[str, ConversationState] = {} if states is None else states
+        self.clock = clock
+        self.pending: list[Decision] = []  # decisions the guard has not collected yet
+        self.calls = 0
+        self.decisions = 0
+
+    # -- fed by the guard --------------------------------------------------------------------
+
+    def on_tool_call(
+        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
+    ) -> None:
+        if key is None or state.conversation_id is None:
+            return
+        decision = self.observe_call(
+            ConversationCall(
+                state.conversation_id,
+                trace_id,
+                call.span_id,
+                call.end_time_unix_nano,
+                key,
+                state.service,
+                state.agent_name,
+            )
+        )
+        if decision is not None:
+            self.pending.append(decision)
+
+    def take(self) -> list[Decision]:
+        """The decisions taken since the last call (the guard returns them with its own)."""
+        taken, self.pending = self.pending, []
+        return taken
+
+    def observe_call(self, record: ConversationCall) -> Decision | None:
+        policy = self._policy(record.service, record.agent_name)
+        if not policy.conversation_enabled:
+            return None
+        self.calls += 1
+        state = self._state(record.conversation_id, record.service, record.agent_name)
+        self._seen_trace(state, record.trace_id)
+        key = record.key
+        if policy.cycle_enabled and key[1] is not None:
+            CYCLE.count(state, _NO_CALL, key, policy)  # type: ignore[arg-type]
+        elif policy.cycle_enabled:
+            state.cycle_runs = None
+        self._slide(state, record, policy.history)
+        decision = None
+        for rule in (TOOL_LOOP, CYCLE):
+            if rule.wanted(policy) == "off":
+                continue
+            action = FLAG if policy.shadow else policy.conversation_action
+            if action == FLAG and rule.flagged in state.fired:
+                continue  # flagged once per conversation
+            if action == KILL and f"{rule.name}:{record.trace_id}" in state.killed:
+                continue
+            trip = rule.check(state, _NO_CALL, key, policy)  # type: ignore[arg-type]
+            if trip is None or trip.flag_only:
+                continue
+            traces = self._traces_in(state, trip)
+            if traces < 2:
+                continue  # within one trace: the trace's own rules decide
+            decision = self._fire(rule.name, action, trip, traces, record, state, policy)
+            if action == KILL:
+                _remember(state.killed, f"{rule.name}:{record.trace_id}")
+                state.restart_window()  # another kill needs a repeat of its own
+            break
+        self.states[record.conversation_id] = state
+        return decision
+
+    def observe_usage(self, record: ConversationUsage) -> Decision | None:
+        policy = self._policy(record.service, record.agent_name)
+        if not policy.conversation_enabled:
+            return None
+        state = self._state(record.conversation_id, record.service, record.agent_name)
+        self._seen_trace(state, record.trace_id)
+        state.inference_tokens = (state.inference_tokens or 0) + record.tokens
+        if record.cost:
+            state.inference_cost = (state.inference_cost or 0) + record.cost
+        state.last_seen = self.clock()
+        decision = None
+        trip, rule = self._over_budget(state, policy)
+        if trip is not None and f"{rule}:{record.trace_id}" not in state.killed:
+            action = FLAG if policy.shadow else KILL
+            decision = self._fire(rule, action, trip, state.trace_count, record, state, policy)
+            _remember(state.killed, f"{rule}:{record.trace_id}")
+        self.states[record.conversation_id] = state
+        return decision
+
+    def retract(self, decision: Decision) -> None:
+        """Undo the mark of a decision of this scope whose signal could not be sent."""
+        state = self.states.get(decision.conversation_id or "")
+        if state is None:
+            return
+        state.fired.discard(Fired(decision.rule, decision.action))
+        state.killed.pop(f"{decision.rule}:{decision.trace_id}", None)
+        self.states[decision.conversation_id or ""] = state
+
+    def evict_idle(self, ttl_seconds: float) -> int:
+        """Forget conversations not seen for `ttl_seconds`; return how many."""
+        cutoff = self.clock() - ttl_seconds
+        idle = [cid for cid, state in self.states.items() if state.last_seen < cutoff]
+        for cid in idle:
+            del self.states[cid]
+        return len(idle)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _policy(self, service: str, agent_name: str | None) -> AgentPolicy:
+        if not self.policy.rules:
+            return self.policy.defaults
+        attributes = {SERVICE_NAME: service}
+        if agent_name is not None:
+            attributes[AGENT_NAME] = agent_name
+        return self.policy.for_attributes(attributes)
+
+    def _state(self, conversation_id: str, service: str, agent_name: str | None) -> Any:
+        state = self.states.get(conversation_id)
+        if state is None:
+            state = ConversationState(service, agent_name)
+        return state
+
+    @staticmethod
+    def _seen_trace(state: ConversationState, trace_id: str) -> None:
+        if trace_id in state.traces:
+            state.traces.move_to_end(trace_id)
+            return
+        state.traces[trace_id] = None
+        state.trace_count += 1
+        if len(state.traces) > MAX_TRACES_REMEMBERED:
+            state.traces.popitem(last=False)
+
+    def _slide(self, state: ConversationState, record: ConversationCall, size: int) -> None:
+        key = record.key
+        state.window.append(key)
+        state.window_traces.append(record.trace_id)
+        state.window_marks += call_mark(record.span_id, record.end_time_unix_nano)
+        state.counts[key] = state.counts.get(key, 0) + 1
+        while len(state.window) > size:
+            oldest = state.window.popleft()
+            state.window_traces.popleft()
+            del state.window_marks[:MARK_BYTES]
+            remaining = state.counts[oldest] - 1
+            if remaining:
+                state.counts[oldest] = remaining
+            else:
+                del state.counts[oldest]
+        state.last_seen = self.clock()
+
+    @staticmethod
+    def _traces_in(state: ConversationState, trip: Trip) -> int:
+        """How many traces the trip's evidence spans: the repeated call's (tool_loop), or the
+        calls of the repeated rounds (cycle)."""
+        steps = min(trip.evidence.get("steps") or len(state.window), len(state.window))
+        keys = list(islice(reversed(state.window), steps))
+        traces = list(islice(reversed(state.window_traces), steps))
+        if trip.evidence.get("period") is None:  # tool_loop: the traces of the repeated key
+            repeated = state.window[-1]
+            return len({trace for key, trace in zip(keys, traces, strict=True) if key == repeated})
+        return len(set(traces))
+
+    def _over_budget(
+        self, state: ConversationState, policy: AgentPolicy
+    ) -> tuple[Trip | None, str]:
+        tokens = state.inference_tokens or 0
+        budget = policy.conversation_token_budget
+        if budget is not None and tokens > budget:
+            return Trip(
+                f"the conversation's {state.trace_count} traces used {tokens} tokens, over its"
+                f" budget of {budget}",
+                {"tokens": tokens, "token_budget": budget},
+            ), "token_budget"
+        usd = policy.conversation_usd_budget
+        cost = state.inference_cost or 0
+        if usd is not None and cost > pico_usd(usd):
+            return Trip(
+                f"the conversation's {state.trace_count} traces spent ${cost / 1e12:.4f}, over"
+                f" its budget of ${usd:g}",
+                {
+                    "tokens": tokens,
+                    "cost_micro_usd": micro_usd(cost),
+                    "budget_micro_usd": micro_usd(pico_usd(usd)),
+                },
+            ), "cost_budget"
+        return None, ""
+
+    def _fire(
+        self,
+        rule: str,
+        action: str,
+        trip: Trip,
+        traces: int,
+        record: ConversationCall | ConversationUsage,
+        state: ConversationState,
+        policy: AgentPolicy,
+    ) -> Decision:
+        state.fired.add(Fired(rule, action))
+        evidence = {k: v for k, v in trip.evidence.items() if v is not None}
+        if "calls" in evidence:
+            evidence["calls"] = self._window_calls(state, len(evidence["calls"]))
+        evidence.pop("tool_arguments", None)  # raw arguments never leave the trace scope
+        # Deterministic, and apart from the trace scope's ids: the same conversation decision
+        # replayed after a crash carries the same id. A budget kill is one per trace.
+        text = f"conversation:{record.conversation_id}:{rule}:{action}"
+        if action == KILL:  # one per trace and rule
+            text += f":{record.trace_id}"
+        entry, match = "defaults", None
+        for index, agent_rule in enumerate(self.policy.rules):
+            if agent_rule.policy is policy:
+                entry, match = f"agents.{index}", dict(agent_rule.match)
+                break
+        self.decisions += 1
+        return Decision(
+            trace_id=record.trace_id,
+            span_id=record.span_id.hex(),
+            rule=rule,  # type: ignore[arg-type]
+            action=action,  # type: ignore[arg-type]
+            reason=f"{trip.reason} (conversation {record.conversation_id}, {traces} traces)",
+            agent=AgentIdentity(record.service, record.agent_name),
+            detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            autonomous=policy.autonomous,
+            severity=policy.severity,
+            span_ended_at=(
+                iso_from_micros(record.end_time_unix_nano // 1000)
+                if record.end_time_unix_nano > 0
+                else None
+            ),
+            policy_entry=entry,
+            policy_match=match,
+            scope=SCOPE,
+            conversation_id=record.conversation_id,
+            traces=traces,
+            decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
+            **evidence,
+        )
+
+    @staticmethod
+    def _window_calls(state: ConversationState, last: int) -> list[dict[str, Any]]:
+        return state.window_calls(last)
+
+
+def _remember(seen: OrderedDict[str, None], key: str) -> None:
+    seen[key] = None
+    if len(seen) > MAX_TRACES_REMEMBERED:
+        seen.popitem(last=False)
+
+
+class _NoCall:
+    """The rules' `call` argument: the conversation scope keeps no raw call (nor arguments)."""
+
+    __slots__ = ()
+    arguments: Any = None
+
+
+_NO_CALL = _NoCall()

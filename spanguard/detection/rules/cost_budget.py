@@ -1,0 +1,64 @@
+"""cost_budget: the US dollars a trace spent, each inference span priced by the model it names
+(spanguard/detection/pricing.py), over the policy's `usd_budget` trips it. Agent spans that
+repeat the aggregate count only for a trace without priced inference spans, as for tokens."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanguard.detection.pricing import micro_usd, pico_usd
+from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
+
+if TYPE_CHECKING:
+    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.trace_state import TraceState
+    from spanguard.schemas.policy import AgentPolicy
+
+__all__ = ["CostBudget", "trace_cost"]
+
+
+def trace_cost(state: TraceState) -> int:
+    """The trace's cost so far in pico-dollars: its inference spans', else its agents' totals."""
+    return state.inference_cost if state.inference_cost is not None else state.aggregate_cost
+
+
+class CostBudget(TokenRule):
+    name = "cost_budget"
+    catches = (
+        "US dollars a trace spent (tokens priced by model: genai-prices or the policy's prices)"
+        " over the budget (a hard cap: it kills)"
+    )
+    settings = "usd_budget: null (no budget), prices: {}"
+    default_action = "off (no budget); kill when one is set"
+    rearm_on_release = False  # money spent stays spent
+    restarts_window = False
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        if policy.usd_budget is None:
+            return OFF
+        return PAUSE if policy.action == PAUSE else KILL
+
+    def check_tokens(
+        self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+    ) -> Trip | None:
+        if policy.usd_budget is None:
+            return None
+        spent = trace_cost(state)
+        budget = pico_usd(policy.usd_budget)
+        if spent <= budget:
+            return None
+        tokens = (
+            state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+        )
+        reason = f"${spent / 1e12:.4f} spent, over the budget of ${policy.usd_budget:g}"
+        if state.unpriced_tokens:
+            reason += f" (at least: {state.unpriced_tokens} tokens of models without a price)"
+        return Trip(
+            reason,
+            {
+                "tokens": tokens,
+                "cost_micro_usd": micro_usd(spent),
+                "budget_micro_usd": micro_usd(budget),
+                "unpriced_tokens": state.unpriced_tokens or None,
+            },
+        )

@@ -1,0 +1,312 @@
+"""The conversation scope: traces that share a conversation id, their calls in order under the
+loop and cycle rules, and their budgets; and the conversation id read from each convention."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from spanguard.cli.replay import replay
+from spanguard.detection.conversation import MAX_TRACES_REMEMBERED, ConversationGuard
+from spanguard.detection.explain import explain_records
+from spanguard.detection.guard import Guard
+from spanguard.errors import PolicyError
+from spanguard.schemas.decision import KillSignal, validate
+from spanguard.schemas.otlp import encode_json_line
+from spanguard.schemas.policy import Policy
+from tests.support.spans import AgentRecorder, encode
+
+from .test_rules import run
+
+REFUND = {"query": "refund policy"}
+ON = {"conversation": {"enabled": True}}
+
+
+def turn(conversation: str | None, calls: int = 2, key: str = "gen_ai.conversation.id"):
+    """One trace of a chat app: one user turn, `calls` identical searches, the same empty
+    result each time, and the conversation id on every span (as pydantic-ai and ADK write it)."""
+    agent = AgentRecorder()
+    attributes = {key: conversation} if conversation is not None else {}
+    for _ in range(calls):
+        agent.tool(
+            "search_docs",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.arguments": json.dumps(REFUND),
+                "gen_ai.tool.call.result": "[]",
+                **attributes,
+            },
+        )
+    agent.finish(**attributes)
+    return agent
+
+
+def guard_for(settings: dict) -> Guard:
+    policy = Policy.from_mapping({"defaults": settings})
+    return Guard(policy, conversations=ConversationGuard(policy))
+
+
+def test_six_turns_of_two_identical_calls_are_flagged_once_across_traces():
+    guard = guard_for(ON)
+    decisions = []
+    turns = [turn("conv-1") for _ in range(6)]
+    for agent in turns:
+        decisions += run(guard, agent.finished())
+    # No trace alone reaches 4; the conversation does at its 4th call (the 2nd turn's 2nd).
+    assert [(d.rule, d.action, d.scope) for d in decisions] == [
+        ("tool_loop", "flag", "conversation")
+    ]
+    decision = decisions[0]
+    assert decision.trace_id == turns[1].trace_id and decision.traces == 2
+    assert decision.conversation_id == "conv-1" and decision.hits == 4
+    assert "conversation conv-1, 2 traces" in decision.reason
+    assert len({call["span_id"] for call in decision.calls}) == 4
+    validate(decision.to_dict(), "detection")
+    assert len(decision.decision_id) == 32
+    explained = explain_records(decision.trace_id, [decision.to_dict()])
+    assert "scope: conversation conv-1, the evidence across 2 of its traces" in explained
+
+
+def test_the_trace_scope_alone_catches_nothing_there():
+    guard = Guard(Policy())
+    decisions = [d for _ in range(6) for d in run(guard, turn("conv-1").finished())]
+    assert decisions == []
+
+
+def test_a_loop_within_one_trace_is_left_to_the_trace_rules():
+    guard = guard_for(ON)
+    decisions = run(guard, turn("conv-1", calls=5).finished())
+    assert [(d.rule, d.action, d.scope) for d in decisions] == [("tool_loop", "kill", None)]
+
+
+def test_a_kill_action_kills_the_trace_that_completed_the_repeat():
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    first, second = turn("c"), turn("c")
+    assert run(guard, first.finished()) == []
+    (decision,) = run(guard, second.finished())
+    assert (decision.action, decision.trace_id) == ("kill", second.trace_id)
+    signal = KillSignal.from_decision(decision)  # a trace kill every killswitch obeys
+    validate(signal.to_dict(), "kill-signal")
+
+
+def test_shadow_mode_flags_even_when_the_conversation_action_is_kill():
+    guard = guard_for({"action": "flag", "conversation": {"enabled": True, "action": "kill"}})
+    decisions = [d for _ in range(2) for d in run(guard, turn("c").finished())]
+    assert [d.action for d in decisions] == ["flag"]
+
+
+def test_a_cycle_spanning_traces():
+    guard = guard_for(ON)
+    decisions = []
+    for _ in range(3):  # each turn goes round list_dir, read_file, run_tests once
+        agent = AgentRecorder()
+        for tool in ("list_dir", "read_file", "run_tests"):
+            agent.tool(
+                tool,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.arguments": '{"path": "src"}',
+                    "gen_ai.tool.call.result": '"same"',
+                    "session.id": "s-9",
+                },
+            )
+        decisions += run(guard, agent.finished())
+    assert [(d.rule, d.period, d.traces) for d in decisions] == [("cycle", 3, 3)]
+
+
+def test_different_conversations_do_not_add_up():
+    guard = guard_for(ON)
+    decisions = [d for n in range(6) for d in run(guard, turn(f"conv-{n}").finished())]
+    assert decisions == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "gen_ai.conversation.id",
+        "session.id",
+        "langfuse.session.id",
+        "ai.telemetry.metadata.sessionId",
+    ],
+)
+def test_each_convention_names_the_conversation(key):
+    guard = guard_for(ON)
+    decisions = [d for _ in range(2) for d in run(guard, turn("thread-7", key=key).finished())]
+    assert [d.conversation_id for d in decisions] == ["thread-7"]
+
+
+def test_an_id_only_on_the_agent_span_still_joins_the_trace():
+    guard = guard_for(ON)
+    agent = AgentRecorder()
+    agent.span("invoke_agent", {"gen_ai.operation.name": "invoke_agent", "session.id": "s1"})
+    agent.finish()
+    run(guard, agent.finished())
+    assert guard.states[agent.trace_id].conversation_id == "s1"
+
+
+def test_bad_ids_cost_themselves_only(caplog):
+    guard = guard_for(ON)
+    huge = "x" * 100_000
+    run(guard, turn(huge).finished())
+    (conversation_id,) = guard.conversations.states
+    assert len(conversation_id) <= 200 and "sha256:" in conversation_id
+    # Empty ids are no conversation at all.
+    empty = turn("   ")
+    run(guard, empty.finished())
+    assert guard.states[empty.trace_id].conversation_id is None
+    # Different values within one trace: the first wins, counted and told once.
+    agent = AgentRecorder()
+    for n in range(3):
+        agent.tool("search_docs", REFUND, attributes=None)
+        agent.span("chat", {"gen_ai.operation.name": "invoke_agent", "session.id": f"s-{n}"})
+    with caplog.at_level(logging.WARNING, logger="spanguard.core"):
+        run(guard, agent.finished())
+    assert guard.states[agent.trace_id].conversation_id == "s-0"
+    assert guard.stats.conversation_conflicts == 2
+    assert len([r for r in caplog.records if "the first stands" in r.getMessage()]) == 1
+
+
+def test_a_conversation_shared_by_thousands_of_traces_stays_bounded():
+    guard = guard_for(ON)
+    for n in range(MAX_TRACES_REMEMBERED + 50):
+        agent = AgentRecorder()
+        agent.tool(
+            "lookup",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "lookup",
+                "gen_ai.tool.call.arguments": json.dumps({"n": n}),
+                "session.id": "busy",
+            },
+        )
+        run(guard, agent.finished())
+    state = guard.conversations.states["busy"]
+    assert len(state.traces) == MAX_TRACES_REMEMBERED
+    assert state.trace_count == MAX_TRACES_REMEMBERED + 50
+    assert len(state.window) <= Policy().defaults.history
+
+
+def test_the_conversation_token_budget_kills_each_trace_that_spends_past_it():
+    guard = guard_for({"conversation": {"enabled": True, "token_budget": 1000}})
+    decisions = []
+    agents = []
+    for _ in range(4):
+        agent = AgentRecorder()
+        agent.chat(300, 100, **{"gen_ai.conversation.id": "c"})  # 400 a turn
+        agents.append(agent)
+        decisions += run(guard, agent.finished())
+    # 400, 800, 1200 (over: the 3rd turn is killed), 1600 (the 4th is killed too).
+    assert [(d.rule, d.action, d.tokens, d.trace_id) for d in decisions] == [
+        ("token_budget", "kill", 1200, agents[2].trace_id),
+        ("token_budget", "kill", 1600, agents[3].trace_id),
+    ]
+    assert all(d.scope == "conversation" and d.token_budget == 1000 for d in decisions)
+    assert decisions[0].decision_id != decisions[1].decision_id
+
+
+def test_the_conversation_usd_budget():
+    guard = guard_for(
+        {
+            "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
+            "conversation": {"enabled": True, "usd_budget": 0.01},
+        }
+    )
+    decisions = []
+    for _ in range(3):
+        agent = AgentRecorder()
+        agent.chat(400, 100, **{"gen_ai.conversation.id": "c"})  # $0.005 a turn
+        decisions += run(guard, agent.finished())
+    assert [(d.rule, d.cost_micro_usd, d.budget_micro_usd) for d in decisions] == [
+        ("cost_budget", 15_000, 10_000)
+    ]
+
+
+def test_off_by_default_and_nothing_read_then():
+    guard = Guard(Policy())
+    assert guard.conversations is None
+    assert "gen_ai.conversation.id" not in guard.wanted_keys
+
+
+def test_policy_shape_round_trips_and_refuses_bad_values():
+    policy = Policy.from_mapping({"defaults": {"conversation": {"enabled": True, "usd_budget": 5}}})
+    assert Policy.from_mapping(policy.effective()) == policy
+    with pytest.raises(PolicyError, match=r"field defaults\.conversation\.action"):
+        Policy.from_mapping({"defaults": {"conversation": {"action": "downgrade"}}})
+
+
+def test_replay_over_a_multi_trace_file(tmp_path):
+    path = tmp_path / "spans.jsonl"
+    with path.open("w") as handle:
+        for _ in range(6):
+            handle.write(encode_json_line(encode(turn("conv-42").finished())) + "\n")
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text("defaults:\n  conversation: {enabled: true}\n")
+    out, err = io.StringIO(), io.StringIO()
+    replay([str(path)], Policy.load(policy_path), stdout=out, stderr=err)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["rule"], r["action"], r["scope"], r["conversation_id"]) for r in records] == [
+        ("tool_loop", "flag", "conversation", "conv-42")
+    ]
+    # Without the scope, the same file decides nothing.
+    out = io.StringIO()
+    replay([str(path)], Policy(), stdout=out, stderr=io.StringIO())
+    assert out.getvalue() == ""
+
+
+def test_a_page_names_the_conversation_and_the_cost():
+    from spanguard.alerting.pagerduty import PagerSettings, build_event
+
+    guard = guard_for(
+        {
+            "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
+            "conversation": {"enabled": True, "usd_budget": 0.006},
+        }
+    )
+    decisions = []
+    for _ in range(2):
+        agent = AgentRecorder()
+        agent.chat(400, 100, **{"gen_ai.conversation.id": "c-7"})  # $0.005 a turn
+        decisions += run(guard, agent.finished())
+    (decision,) = decisions
+    settings = PagerSettings(routing_key="R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x")
+    details = build_event(decision.to_dict(), settings)["payload"]["custom_details"]
+    assert (details["scope"], details["conversation_id"], details["traces"]) == (
+        "conversation",
+        "c-7",
+        2,
+    )
+    assert (details["cost_micro_usd"], details["budget_micro_usd"]) == (10_000, 6_000)
+
+
+def test_a_kill_action_kills_once_per_trace_and_again_on_a_new_repeat():
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    turns = [turn("c") for _ in range(6)]
+    decisions = [d for agent in turns for d in run(guard, agent.finished())]
+    # 4 identical calls across traces kill; the window starts afresh; 4 more kill again.
+    assert [(d.action, d.trace_id) for d in decisions] == [
+        ("kill", turns[1].trace_id),
+        ("kill", turns[3].trace_id),
+        ("kill", turns[5].trace_id),
+    ]
+    assert len({d.decision_id for d in decisions}) == 3
+
+
+def test_a_conversation_decision_not_sent_is_retracted_in_the_conversation_only():
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    first, second = turn("c"), turn("c", calls=5)
+    run(guard, first.finished())
+    trace_decisions = run(guard, second.finished())
+    # The second turn: the conversation's kill at its 2nd call, then its own at its 4th.
+    assert [(d.rule, d.scope) for d in trace_decisions] == [
+        ("tool_loop", "conversation"),
+        ("tool_loop", None),
+    ]
+    conversation_kill, trace_kill = trace_decisions
+    guard.retract(conversation_kill)
+    assert "tool_loop:" + second.trace_id not in guard.conversations.states["c"].killed
+    assert trace_kill.rule in {mark.rule for mark in guard.states[second.trace_id].fired}

@@ -1,0 +1,140 @@
+"""Every counted outcome is on /metrics, with the count its owner reported.
+
+The outcome enums are found in the source tree (every subclass of CountedOutcome declared in
+a module of the installed package), not taken from the metrics module, so an enum or a member
+added later fails here until the worker exports it. The worker is built in-process by
+create_app (no broker is contacted) and scraped through its own registry.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import tomllib
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spanguard.config.settings import GoalSettings, WorkerSettings
+from spanguard.goal.verifier import GoalVerifier
+from spanguard.outcomes import Counted, CountedOutcome, Tally
+from spanguard.schemas.policy import Policy
+from spanguard.streams.app import create_app
+from spanguard.streams.metrics import EXPORTED, Series
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _package_modules() -> dict[str, Path]:
+    """Import name -> file, for every module of the folders pyproject.toml installs."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = {}
+    for package, folder in config["tool"]["setuptools"]["package-dir"].items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            found[".".join([package, *(p for p in parts if p != "__init__")])] = path
+    return found
+
+
+def outcome_enums() -> set[type[CountedOutcome]]:
+    """Every CountedOutcome enum declared in the source tree, imported."""
+    enums = set()
+    for module, path in _package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and any(
+                ast.unparse(base).endswith("CountedOutcome") for base in node.bases
+            ):
+                enums.add(getattr(importlib.import_module(module), node.name))
+    return enums
+
+
+def report(source: Counted, outcome: CountedOutcome, times: int) -> None:
+    """Count `outcome` `times` times the way its owner does: into a tally, or (the guard's
+    hot-path counters, the pipeline's, the release reader's) the field the member names."""
+    if isinstance(source, Tally):
+        source.add(outcome, times)
+    else:
+        setattr(source, outcome.value, getattr(source, outcome.value) + times)
+
+
+def scrape(app) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = generate_latest(app.spanguard.registry).decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample_key(series: Series) -> tuple[str, frozenset[tuple[str, str]]]:
+    return f"spanguard_{series.metric}_total", frozenset(series.labels)
+
+
+def worker_app():
+    verifier = GoalVerifier(
+        Policy(),
+        GoalSettings(),
+        judge_factory=lambda model: None,  # never asked: no checks
+    )
+    return create_app(WorkerSettings(allow_unsigned=True), verifier=verifier)
+
+
+def test_the_source_tree_declares_the_outcome_enums_the_worker_counts() -> None:
+    names = {kind.__name__ for kind in outcome_enums()}
+    # The owners named in the design: a rename or a move must not make them vanish silently.
+    assert {
+        "GuardCount",
+        "PipelineCount",
+        "PageOutcome",
+        "WebhookOutcome",
+        "GoalOutcome",
+        "ReleaseCount",
+        "SpanCount",
+        "HealthCount",
+        "ReleaseSkip",
+    } <= names
+
+
+def test_every_counted_outcome_is_exported_with_its_count() -> None:
+    app = worker_app()
+    counted = app.spanguard.counted
+    expected: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    times = 0
+    for kind in sorted(outcome_enums(), key=lambda kind: kind.__name__):
+        assert kind in counted, f"no part of the worker counts {kind.__name__}"
+        for outcome in kind:
+            assert outcome in EXPORTED, f"{kind.__name__}.{outcome.name} is not exported"
+            times += 1  # a different count per member: a mix-up shows
+            report(counted[kind], outcome, times)
+            for series in EXPORTED[outcome]:
+                key = sample_key(series)
+                expected[key] = expected.get(key, 0) + times
+    scraped = scrape(app)
+    for key, value in expected.items():
+        assert scraped.get(key) == value, key
+
+
+def test_unreadable_detections_are_exported_for_paging_and_the_webhook() -> None:
+    app = worker_app()
+    worker = app.spanguard
+    assert worker.paging.detection_to_page(b"not json", set()) is None
+    scraped = scrape(app)
+    unreadable = frozenset({("outcome", "unreadable")})
+    assert scraped[("spanguard_pages_total", unreadable)] == 1
+    assert scraped[("spanguard_webhooks_total", unreadable)] == 0
+    assert scraped[("spanguard_dead_letters_total", frozenset())] == 0  # counted, not sent
+
+
+def test_an_undeliverable_page_is_a_page_outcome_and_a_dead_letter() -> None:
+    from spanguard.alerting.service import PageOutcome
+    from spanguard.detection.pipeline import PipelineCount
+
+    app = worker_app()
+    worker = app.spanguard
+    worker.paging.outcomes.add(PageOutcome.FAILED)
+    worker.pipeline.handle(None, b"")  # an empty message: a dead letter of the pipeline
+    assert worker.pipeline.count(PipelineCount.DEAD_LETTERS) == 1
+    scraped = scrape(app)
+    assert scraped[("spanguard_pages_total", frozenset({("outcome", "failed")}))] == 1
+    assert scraped[("spanguard_dead_letters_total", frozenset())] == 2

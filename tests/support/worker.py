@@ -1,0 +1,108 @@
+"""A worker for a test: the broker, topics of the test's own, a policy file, `spanguard worker`
+and a collector on the topics the test reads; stopped with SIGTERM (a clean exit is asserted)
+and its topics deleted at the end. Also what tests feed it and how they run the CLI beside it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.kafka_harness import (
+    CLUSTER,
+    SIGNING_KEY,
+    Collector,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+    producer,
+)
+from tests.support.spans import AgentRecorder, encode
+from tests.support.waiting import wait_until
+
+
+@dataclass
+class RunningWorker:
+    topics: Topics
+    process: WorkerProcess
+    collector: Collector
+
+
+@contextmanager
+def running_worker(
+    data: Path,
+    *,
+    policy: str | None = None,
+    collect: Sequence[str] = ("kills",),
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+) -> Iterator[RunningWorker]:
+    """`collect` names the Topics attributes the collector reads (kills, detections, ...)."""
+    ensure_broker()
+    data.mkdir(parents=True, exist_ok=True)
+    policy_file = None
+    if policy is not None:
+        policy_file = data / "policy.yaml"
+        policy_file.write_text(policy)
+    topics = Topics()
+    process = WorkerProcess(topics, data, policy=policy_file, env=env, extra=extra).start()
+    collector = Collector(*(getattr(topics, name) for name in collect))
+    try:
+        yield RunningWorker(topics, process, collector)
+    finally:
+        collector.close()
+        code = process.stop()
+        topics.delete()
+    assert code == 0, process.log_tail()
+
+
+def restart_mid_retry(
+    start: Callable[[], WorkerProcess],
+    send: Callable[[], AgentRecorder],
+    failed_twice: Callable[[AgentRecorder], object],
+    delivered: Callable[[AgentRecorder], object],
+) -> AgentRecorder:
+    """A worker SIGKILLed while it retries a delivery (the detection never acknowledged), then
+    started again on the same data: `send` the spans, wait for two failed tries, restart, wait
+    for the delivery and leave room for a second one, were there one. The caller asserts."""
+    worker = start()
+    try:
+        agent = send()
+        wait_until(lambda: failed_twice(agent), what="two failed tries")
+        worker.stop(signal.SIGKILL)
+        worker = start()
+        wait_until(lambda: delivered(agent), what="the delivery after the restart")
+        time.sleep(1.5)
+        return agent
+    finally:
+        worker.stop()
+
+
+def send_spans(
+    topic: str,
+    agent: AgentRecorder,
+    spans: Iterable | None = None,
+    key: bytes | None = b"trace",
+) -> None:
+    """One message per span, keyed by the trace id (what partition_traces_by_id writes)."""
+    out = producer()
+    for span in spans if spans is not None else agent.finished():
+        message_key = agent.trace_id.encode() if key == b"trace" else key
+        out.produce(topic, key=message_key, value=encode([span]).SerializeToString())
+    assert out.flush(10) == 0
+
+
+def run_cli(command: str, trace_id: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
+    """`spanguard kill|release TRACE_ID` on the test's topics, with the tests' signing key."""
+    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
+    return subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", command, trace_id,
+         "--bootstrap", CLUSTER.bootstrap, *topics.flags(), *args],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
