@@ -23,6 +23,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from bench.corpus import build_corpus
 from spanguard.detection.canonical import _canonical_json, args_hash, canonicalize
 from spanguard.detection.conventions import (
+    CONVERSATION_KEY_SET,
+    PRICE_KEYS,
     USAGE_KEYS,
     WANTED_KEYS,
     adapt_read,
@@ -60,6 +62,19 @@ SHAPES = [
     ("llm", {"llm.token_count.prompt": 5, "llm.token_count.completion": 6}),
     ("invoke_agent", {"gen_ai.agent.name": "support", "tenant": "acme"}),
     ("POST", {"http.request.method": "POST", "tenant": "acme"}),
+    # A priced chat in a conversation, an agent naming its thread, a web session on HTTP.
+    (
+        "chat",
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.usage.input_tokens": 7,
+            "gen_ai.usage.output_tokens": 3,
+            "gen_ai.request.model": "gpt-4o",
+            "session.id": "thread-1",
+        },
+    ),
+    ("invoke_agent", {"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "c-1"}),
+    ("GET", {"http.request.method": "GET", "session.id": "web-1"}),
 ]
 
 
@@ -90,8 +105,14 @@ def views():
 
 @pytest.mark.parametrize(
     "wanted",
-    [WANTED_KEYS, WANTED_KEYS - USAGE_KEYS, WANTED_KEYS | MATCH_KEYS],
-    ids=["budget", "no-budget", "match-keys"],
+    [
+        WANTED_KEYS,
+        WANTED_KEYS - USAGE_KEYS,
+        WANTED_KEYS | MATCH_KEYS,
+        WANTED_KEYS | PRICE_KEYS | CONVERSATION_KEY_SET,
+        WANTED_KEYS - USAGE_KEYS | CONVERSATION_KEY_SET,
+    ],
+    ids=["budget", "no-budget", "match-keys", "priced-conversations", "conversations"],
 )
 @pytest.mark.parametrize("match", [False, True])
 def test_the_gated_map_reading_equals_the_plain_intersection(views, wanted, match):
@@ -116,6 +137,28 @@ def test_the_gated_map_reading_equals_the_plain_intersection(views, wanted, matc
         adapt_read(span, reading, match, "") for _, span in _spans(view_of(_shapes_request()))
     ]
     assert sum(event is not None for event in shapes) >= 4 + (wanted != WANTED_KEYS - USAGE_KEYS)
+
+
+def test_conversations_and_models_are_read_only_when_wanted():
+    # The fast reading asks the span's own map: keys it holds but nobody wants stay unread.
+    chat, agent, web = [span for _, span in _spans(view_of(_shapes_request()))][-3:]
+    assert reading_of(WANTED_KEYS).whole
+    plain = adapt_span(chat, WANTED_KEYS)
+    assert (plain.tokens, plain.conversation_id, plain.request_model) == (10, None, None)
+    assert adapt_span(agent, WANTED_KEYS) is None
+    wanted = WANTED_KEYS | PRICE_KEYS | CONVERSATION_KEY_SET
+    assert reading_of(wanted).whole
+    priced = adapt_span(chat, wanted)
+    assert (priced.conversation_id, priced.request_model, priced.input_tokens) == (
+        "thread-1",
+        "gpt-4o",
+        7,
+    )
+    assert priced.match_attributes is None  # match off: price keys are no match attributes
+    assert adapt_span(agent, wanted).conversation_id == "c-1"
+    assert adapt_span(web, wanted) is None  # a web session on a plain HTTP span is no chat
+    matched = adapt_span(chat, wanted, match=True).match_attributes
+    assert matched == {"gen_ai.request.model": "gpt-4o", "session.id": "thread-1"}
 
 
 def test_a_wanted_set_without_convention_keys_reads_only_those_it_has():
