@@ -17,10 +17,31 @@ __all__ = ["FOLDINGS", "args_hash", "canonicalize"]
 
 FOLDINGS: Final = frozenset({"case", "whitespace"})
 _NO_FOLDING: Final = frozenset[str]()
+_sha256 = hashlib.sha256
 _CONTAINERS = (dict, list)
 # json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
 # implementation, same output) saves that on every tool call.
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
+# JSONEncoder.encode still makes a C encoder on every call: `_encode_chunks` is that very C
+# encoder made once (json.dumps's separators, sorted keys, str() for what JSON has not), with
+# no cycle check (a decoded value has no cycles, and canonicalize bounds the depth).
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_encode_chunks = (
+    _c_make_encoder(
+        None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, True
+    )
+    if _c_make_encoder is not None
+    else None
+)
+
+
+def _canonical_json(value: Any) -> str:
+    """json.dumps(value, sort_keys=True, default=str), through the encoder made once."""
+    if _encode_chunks is None:  # a Python without the C accelerator
+        return _CANONICAL_JSON.encode(value)
+    return "".join(_encode_chunks(value, 0))
+
+
 # Arguments nested deeper than this are canonical as a digest of the deeper part, computed
 # without recursion: no depth an agent sends can raise RecursionError here or in the encoder,
 # and identical calls still hash identically.
@@ -96,7 +117,8 @@ def canonicalize(
                 key = unicodedata.normalize("NFC", key)
             item_kind = type(item)
             if item_kind is str:
-                item = _text(item, fold)
+                if fold or not item.isascii():  # an ASCII string is its own NFC form
+                    item = _text(item, fold)
             elif item_kind in _CONTAINERS:
                 item = canonicalize(item, volatile_keys, fold, _depth + 1)
             result[key] = item
@@ -124,5 +146,6 @@ def args_hash(
     NFC-normalised value: killswitch.hashing.ArgsHashingSpanProcessor, which writes
     `spanguard.tool.args_hash` in the agent's process, runs this very function.
     """
-    canonical = _CANONICAL_JSON.encode(canonicalize(arguments, volatile_keys, fold))
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    canonical = canonicalize(arguments, volatile_keys, fold)
+    text = "".join(_encode_chunks(canonical, 0)) if _encode_chunks else _canonical_json(canonical)
+    return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -90,9 +90,9 @@ import ast
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -109,11 +109,14 @@ __all__ = [
     "WANTED_KEYS",
     "AgentSeen",
     "ResourceInfo",
+    "SpanReading",
     "TokenUsage",
     "ToolCall",
+    "adapt_read",
     "adapt_span",
     "capture_setting",
     "decode_arguments",
+    "reading_of",
     "resource_info",
 ]
 
@@ -255,6 +258,8 @@ LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
+# The scanner json.loads uses (a decoder with its defaults): a value and where it ends.
+_scan_json = json.JSONDecoder().scan_once
 
 USAGE_KEYS: Final = frozenset(
     {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
@@ -374,21 +379,121 @@ def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> Resou
     )
 
 
+class SpanReading(NamedTuple):
+    """What adapt_span looks for given its `wanted` keys, worked out once per key set."""
+
+    # A span carrying none of these (and not named `execute_tool`) is no event: what makes a
+    # span a tool call, an inference or an agent's, and its usage keys when wanted.
+    gate: tuple[str, ...]
+    gate_with_agent: tuple[str, ...]  # the same and the agent's name, for `match`
+    gate_set: frozenset[str]  # the gate as a set, for spans with few attributes
+    gate_set_with_agent: frozenset[str]
+    operation_wanted: bool  # gen_ai.operation.name (the commonest gate key) is wanted
+    usage: tuple[str, ...]  # the usage keys wanted
+    input_tokens: tuple[str, ...]
+    output_tokens: tuple[str, ...]
+    aggregate_input: tuple[str, ...]
+    aggregate_output: tuple[str, ...]
+    # Wanted keys beyond the conventions': the policy's match keys, and the price and
+    # conversation keys when those are wanted (all of them are match attributes).
+    match_keys: tuple[str, ...]
+    conversation: tuple[str, ...]  # the conversation keys wanted (the conversation scope)
+    models: tuple[str, ...]  # the model keys wanted (usage is priced)
+    # Every convention key but usage is wanted: the attribute map itself answers "present?"
+    # (a hash lookup in C per key read) instead of a set built from all the span's keys.
+    whole: bool
+    wanted: frozenset[str]
+
+
+# The keys that can make a span an event (see adapt_span), commonest first.
+_GATE_KEYS: Final = (
+    OPERATION,
+    OPENINFERENCE_KIND,
+    TRACELOOP_KIND,
+    AI_SDK_OPERATION,
+    GENKIT_SUBTYPE,
+    "gen_ai.tool.name",
+    "tool.name",
+)
+_READINGS: dict[frozenset[str], SpanReading] = {}
+
+
+def reading_of(wanted: frozenset[str]) -> SpanReading:
+    """What adapt_span looks for given `wanted` (made once per key set)."""
+    reading = _READINGS.get(wanted)
+    if reading is not None:
+        return reading
+
+    def only_wanted(keys: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(key for key in keys if key in wanted)
+
+    usage = only_wanted(
+        (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY)
+    )
+    gate = only_wanted(_GATE_KEYS) + usage
+    gate_with_agent = gate + only_wanted((AGENT_NAME,))
+    reading = SpanReading(
+        gate=gate,
+        gate_with_agent=gate_with_agent,
+        gate_set=frozenset(gate),
+        gate_set_with_agent=frozenset(gate_with_agent),
+        operation_wanted=OPERATION in wanted,
+        usage=usage,
+        input_tokens=only_wanted(INPUT_TOKEN_KEYS),
+        output_tokens=only_wanted(OUTPUT_TOKEN_KEYS),
+        aggregate_input=only_wanted((AGGREGATE_INPUT_KEY,)),
+        aggregate_output=only_wanted((AGGREGATE_OUTPUT_KEY,)),
+        match_keys=tuple(sorted(wanted - WANTED_KEYS)),
+        conversation=only_wanted(CONVERSATION_KEYS),
+        models=only_wanted((*RESPONSE_MODEL_KEYS, *REQUEST_MODEL_KEYS)),
+        whole=wanted >= WANTED_KEYS - USAGE_KEYS,
+        wanted=wanted,
+    )
+    if len(_READINGS) >= 64:  # one per guard's policy in practice; bounded all the same
+        _READINGS.clear()
+    _READINGS[wanted] = reading
+    return reading
+
+
 def adapt_span(
     span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False, scope: str = ""
 ) -> ToolCall | TokenUsage | AgentSeen | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
     `wanted` is WANTED_KEYS (less the usage keys when no budget is set anywhere: then chat
-    spans cost one lookup pass and nothing more) plus the policy's match keys, which are
-    returned when `match` is set. The span's attributes are a map
-    (see schemas/otlp_view.py): one pass in C finds which wanted keys are present, and only
-    those values are read. `scope` is the name of the span's instrumentation scope.
+    spans cost a few lookups and nothing more) plus the policy's match keys, which are
+    returned when `match` is set. The span's attributes are a map (see
+    schemas/otlp_view.py): the keys that can make a span an event are looked up first (most
+    spans are none: HTTP clients, retrievers), then only the wanted keys the span's kind
+    needs, and only the values of those present are read. `scope` is the name of the span's
+    instrumentation scope.
     """
+    return adapt_read(span, reading_of(wanted), match, scope)
+
+
+def adapt_read(
+    span: Any, reading: SpanReading, match: bool, scope: str
+) -> ToolCall | TokenUsage | AgentSeen | None:
+    """adapt_span with its `wanted` keys worked out already (`reading_of`): the guard's call,
+    once per span."""
     attributes: AttributeMap = span.attributes
-    present = wanted.intersection(attributes)
-    if not present and span.name != "execute_tool":
-        return None
+    if OPERATION not in attributes or not reading.operation_wanted:
+        gate = reading.gate_with_agent if match else reading.gate
+        if 2 * len(attributes) < len(gate):
+            # Few attributes: one pass over the span's keys costs less than a lookup per key.
+            gate_set = reading.gate_set_with_agent if match else reading.gate_set
+            through = not gate_set.isdisjoint(attributes)
+        else:
+            through = False
+            for key in gate:
+                if key in attributes:
+                    through = True
+                    break
+        if not through and span.name != "execute_tool":
+            return None
+    # Which keys are there: the map itself when it can only be asked for wanted keys (every
+    # key asked below is a convention key, the usage and match keys come filtered by wanted).
+    present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
 
     operation = attributes[OPERATION].string_value if OPERATION in present else None
     oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
@@ -400,35 +505,56 @@ def adapt_span(
         ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
     # Without a policy matching per agent, the keys read for prices or conversations are
     # no match attributes to build.
-    match_keys = present - WANTED_KEYS if match else None
-    match_attributes = {key: _text(attributes[key]) for key in match_keys} if match_keys else None
+    match_attributes = None
+    if match:
+        for key in reading.match_keys:
+            if key in present:
+                if match_attributes is None:
+                    match_attributes = {}
+                match_attributes[key] = _text(attributes[key])
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
-    named = not present.isdisjoint(CONVERSATION_KEY_SET)  # only with the conversation scope on
+    named = False  # a wanted conversation key is there (only with the conversation scope on)
+    for key in reading.conversation:
+        if key in present:
+            named = True
+            break
 
-    if _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation):
+    if (
+        operation == "execute_tool"
+        if operation is not None
+        else _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation)
+    ):
         tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
         if tool_name == ADK_MERGED_TOOLS:
             return None
+        if len(tool_name) > MAX_TEXT_CHARS:
+            tool_name = bounded_text(tool_name)
         arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
         call_id = _call_id(attributes, present)
         if call_id is None and envelope_call_id:
             call_id = bounded_text(envelope_call_id)
         return ToolCall(
             span_id=span.span_id,
-            tool_name=bounded_text(tool_name),
+            tool_name=tool_name,
             arguments=arguments,
             call_id=call_id,
             agent_name=agent_name,
             match_attributes=match_attributes,
             result=_result(span, attributes, present, scope),
-            args_digest=_digest(attributes, present, ARGS_HASH_KEY),
-            result_digest=_digest(attributes, present, RESULT_HASH_KEY),
+            # Hashes made before the span left (rare: most spans carry the values).
+            args_digest=_digest(attributes, ARGS_HASH_KEY) if ARGS_HASH_KEY in present else None,
+            result_digest=(
+                _digest(attributes, RESULT_HASH_KEY) if RESULT_HASH_KEY in present else None
+            ),
             scope=scope,
             end_time_unix_nano=span.end_time_unix_nano,
             conversation_id=conversation_of(attributes, present) if named else None,
         )
 
-    if present.isdisjoint(USAGE_KEYS):
+    for key in reading.usage:
+        if key in present:
+            break
+    else:
         # The conversation may be named only on the agent's span: read it off any span a GenAI
         # convention marks (`session.id` on a plain HTTP span is a web session, not a chat).
         conversation_id = (
@@ -449,9 +575,9 @@ def adapt_span(
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
         )
     )
-    tokens = _tokens(attributes, present, INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS)
+    tokens = _tokens(attributes, present, reading.input_tokens, reading.output_tokens)
     if tokens is None and not inference:
-        tokens = _tokens(attributes, present, (AGGREGATE_INPUT_KEY,), (AGGREGATE_OUTPUT_KEY,))
+        tokens = _tokens(attributes, present, reading.aggregate_input, reading.aggregate_output)
     if tokens is None:
         return None
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
@@ -464,13 +590,15 @@ def adapt_span(
         end_time_unix_nano=span.end_time_unix_nano,
         conversation_id=conversation_of(attributes, present) if named else None,
     )
-    if not present.isdisjoint(MODEL_KEYS):
-        _read_price_facts(usage, attributes, present, inference)
+    for key in reading.models:
+        if key in present:
+            _read_price_facts(usage, attributes, present, inference)
+            break
     return usage
 
 
 def _read_price_facts(
-    usage: TokenUsage, attributes: AttributeMap, present: set[str], inference: bool
+    usage: TokenUsage, attributes: AttributeMap, present: Container[str], inference: bool
 ) -> None:
     """What pricing needs of a usage span: the model, the provider and the counts apart."""
     usage.request_model = _bounded_first_text(attributes, present, REQUEST_MODEL_KEYS)
@@ -487,7 +615,7 @@ def _read_price_facts(
     usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
 
 
-def conversation_of(attributes: AttributeMap, present: set[str]) -> str | None:
+def conversation_of(attributes: AttributeMap, present: Container[str]) -> str | None:
     """The conversation a span names: the first non-empty of CONVERSATION_KEYS, at most
     MAX_TEXT_CHARS (a longer one is cut and hashed: still one id per conversation)."""
     for key in CONVERSATION_KEYS:
@@ -507,7 +635,7 @@ def _bounded_first_text(
 
 def _is_tool_span(
     name: str,
-    present: set[str],
+    present: Container[str],
     operation: str | None,
     oi_kind: str | None,
     tl_kind: str | None,
@@ -535,7 +663,7 @@ def _genkit_operation(subtype: str) -> str:
 
 
 def _arguments(
-    span: Any, attributes: AttributeMap, present: set[str], oi_kind: str | None, scope: str
+    span: Any, attributes: AttributeMap, present: Container[str], oi_kind: str | None, scope: str
 ) -> tuple[Any, str | None]:
     """The call's arguments (MISSING when not recorded) and a call id found in an envelope."""
     for key in ARGUMENT_KEYS:
@@ -544,6 +672,8 @@ def _arguments(
         if key == "tool.parameters" and oi_kind is not None:
             continue  # OpenInference: the parameter schema, the same for every call
         value = _decode_value(attributes[key], python_repr=key == "traceloop.entity.input")
+        if type(value) is dict and value and not ("input_str" in value or "inputs" in value):
+            return value, None  # the common case: a JSON object, recorded, no envelope
         arguments, call_id = _unwrap_envelope(value)
         if not _not_recorded(arguments, scope):
             return arguments, call_id
@@ -590,7 +720,7 @@ def _not_recorded(value: Any, scope: str) -> bool:
     return False
 
 
-def _result(span: Any, attributes: AttributeMap, present: set[str], scope: str) -> Any:
+def _result(span: Any, attributes: AttributeMap, present: Container[str], scope: str) -> Any:
     for key in RESULT_KEYS:
         if key not in present:
             continue
@@ -645,9 +775,8 @@ def _is_serialised_tool_message(value: dict[str, Any]) -> bool:
     )
 
 
-def _digest(attributes: AttributeMap, present: set[str], key: str) -> str | None:
-    if key not in present:
-        return None
+def _digest(attributes: AttributeMap, key: str) -> str | None:
+    """The hash under `key` (present), if it is one of ours: 16 hex digits."""
     text = _text(attributes[key]).strip().lower()
     return text if _is_hex_digest(text) else None
 
@@ -671,7 +800,15 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
     A bare string is what a one-argument tool's input is written as (OpenInference JS's
     `input.value` = `refund policy`), and what a truncated or malformed JSON document is."""
     try:
-        return json.loads(text)
+        try:
+            # json.loads's own scanner without its whitespace handling: a whole document with
+            # nothing around it (what instrumentations write) is decoded in one C call.
+            value, end = _scan_json(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError):  # not JSON from its first character
+            pass
+        return json.loads(text)  # whitespace around, or not JSON: as json.loads says
     except ValueError:
         pass
     except RecursionError:  # nested past the decoder's depth: identical texts still key alike
@@ -699,7 +836,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _call_id(attributes: AttributeMap, present: set[str]) -> str | None:
+def _call_id(attributes: AttributeMap, present: Container[str]) -> str | None:
     for key in CALL_ID_KEYS:
         if key in present:
             text = _text(attributes[key])
@@ -723,7 +860,7 @@ def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
 
 def _tokens(
     attributes: AttributeMap,
-    present: set[str],
+    present: Container[str],
     input_keys: tuple[str, ...],
     output_keys: tuple[str, ...],
 ) -> int | None:
@@ -734,14 +871,17 @@ def _tokens(
     return (tokens_in or 0) + (tokens_out or 0)
 
 
-def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> int | None:
+def _first_int(
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
+) -> int | None:
     for key in keys:
         if key not in present:
             continue
         value = attributes[key]
         kind = value.WhichOneof("value")
         if kind == "int_value":
-            return max(value.int_value, 0)
+            count = value.int_value
+            return count if count > 0 else 0
         if kind == "double_value":
             if not math.isfinite(value.double_value):
                 continue  # Infinity or NaN counts nothing; the span's other data still does
@@ -751,7 +891,9 @@ def _first_int(attributes: AttributeMap, present: set[str], keys: tuple[str, ...
     return None
 
 
-def _first_text(attributes: AttributeMap, present: set[str], keys: tuple[str, ...]) -> str | None:
+def _first_text(
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
+) -> str | None:
     for key in keys:
         if key in present:
             text = _text(attributes[key])

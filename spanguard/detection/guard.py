@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,8 +38,9 @@ from spanguard.detection.conventions import (
     ResourceInfo,
     TokenUsage,
     ToolCall,
-    adapt_span,
+    adapt_read,
     capture_setting,
+    reading_of,
     resource_info,
 )
 from spanguard.detection.conversation import ConversationGuard, ConversationUsage
@@ -152,30 +153,12 @@ class GuardStats:
         return getattr(self, outcome.value)
 
 
-def _remember(recent: OrderedDict, key: str | bytes, limit: int) -> None:
-    recent[key] = None
-    if len(recent) > limit:
-        recent.popitem(last=False)
-
-
-def _slide(
-    window: Any,
-    counts: dict,
-    key: Any,
-    size: int,
-    marks: bytearray | None = None,
-    mark: bytes = b"",
-) -> None:
-    """Append `key` to a sliding window of `size` and keep its counts (and the calls' marks,
-    aligned with the window) in step."""
-    window.append(key)
-    if marks is not None:
-        marks += mark
-    counts[key] = counts.get(key, 0) + 1
+def _trim(window: Any, counts: dict, marks: bytearray, size: int) -> None:
+    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
+    aligned with it."""
     while len(window) > size:
         oldest = window.popleft()
-        if marks is not None:
-            del marks[:MARK_BYTES]
+        del marks[:MARK_BYTES]
         remaining = counts[oldest] - 1
         if remaining:
             counts[oldest] = remaining
@@ -206,6 +189,7 @@ class _Plan:
     """The rules one policy entry switches on, and what it wants of each."""
 
     history: int  # calls the trace's window keeps (AgentPolicy.history)
+    recent_ids: int  # span ids and call ids a trace remembers (redeliveries, partial spans)
     # (rule, what the policy wants of it, its bound check): bound once, not looked up per call
     call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
     counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
@@ -248,6 +232,7 @@ class Guard:
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
+        self._defaults_plan: _Plan | None = None
         # Operators' releases, {trace id: when issued (epoch seconds)}: the worker's
         # connectors/releases.py keeps it filled from the kill topic. A released trace's loop rules
         # count again from a fresh window (see `_apply_release`).
@@ -293,6 +278,7 @@ class Guard:
             base = base | CONVERSATION_KEY_SET
             self.observers.append(conversations)
         self._wanted = base | self._match_keys
+        self._reading = reading_of(self._wanted)
         self._warned_conversations: set[str] = set()
         self.pricer: Pricer | None = Pricer() if self.prices_usage else None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
@@ -321,7 +307,7 @@ class Guard:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
-        wanted, match_keys = self._wanted, self._match_keys
+        reading, match_keys = self._reading, self._match_keys
         match = bool(match_keys)
         stats = self.stats
         no_rules = not self.policy.rules
@@ -338,7 +324,7 @@ class Guard:
                         stats.malformed_spans += 1
                         continue
                     try:
-                        event = adapt_span(span, wanted, match=match, scope=scope)
+                        event = adapt_read(span, reading, match, scope)
                     except Exception as exc:  # a bad span costs itself, never its neighbours
                         self._on_bad_span(exc)
                         continue
@@ -391,38 +377,54 @@ class Guard:
             self._join_conversation(trace_id, state, event.conversation_id)
         if isinstance(event, AgentSeen):
             return None
-        policy = self._policy_for(state, event, resource) if self.policy.rules else self._defaults
-        limit = max(MIN_RECENT_IDS, 4 * policy.window)
+        if self.policy.rules:
+            policy = self._policy_for(state, event, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        else:  # one policy for every agent: its plan is made once
+            policy = self._defaults
+            plan = self._defaults_plan or self._plan(policy)
+        limit = plan.recent_ids
         recent = state.recent_span_ids
-        if event.span_id in recent:
+        span_id = event.span_id
+        if span_id in recent:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        recent[event.span_id] = None
+        recent[span_id] = None
         if len(recent) > limit:
             recent.popitem(last=False)
         if isinstance(event, ToolCall):
-            if event.call_id is not None:
-                if event.call_id in state.recent_call_ids:
+            call_id = event.call_id
+            if call_id is not None:
+                recent_calls = state.recent_call_ids
+                if call_id in recent_calls:
                     self.stats.repeated_call_ids += 1  # a partial span of a call already counted
                     return None
-                _remember(state.recent_call_ids, event.call_id, limit)
-            return self._on_tool_call(trace_id, state, event, policy)
+                recent_calls[call_id] = None
+                if len(recent_calls) > limit:
+                    recent_calls.popitem(last=False)
+            return self._on_tool_call(trace_id, state, event, policy, plan)
         if self.agent_budgets is not None:
-            return self._on_agent_tokens(trace_id, state, event, policy)
+            return self._on_agent_tokens(trace_id, state, event, policy, plan)
         if self.conversations is not None and state.conversation_id is not None:
-            return self._on_conversation_tokens(trace_id, state, event, policy)
-        return self._on_tokens(trace_id, state, event, policy)
+            return self._on_conversation_tokens(trace_id, state, event, policy, plan)
+        return self._on_tokens(trace_id, state, event, policy, plan)
 
     def _on_agent_tokens(
-        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+        self,
+        trace_id: str,
+        state: TraceState,
+        usage: TokenUsage,
+        policy: AgentPolicy,
+        plan: _Plan,
     ) -> Decision | None:
         """The trace's (and its conversation's) budgets, then what the span added to the
         trace's tokens and cost handed to the agent's rolling window."""
         tokens_before, cost_before = _spent(state)
         if self.conversations is not None and state.conversation_id is not None:
-            decision = self._on_conversation_tokens(trace_id, state, usage, policy)
+            decision = self._on_conversation_tokens(trace_id, state, usage, policy, plan)
         else:
-            decision = self._on_tokens(trace_id, state, usage, policy)
+            decision = self._on_tokens(trace_id, state, usage, policy, plan)
         tokens_after, cost_after = _spent(state)
         if tokens_after > tokens_before or cost_after > cost_before:
             assert self.agent_budgets is not None
@@ -458,12 +460,12 @@ class Guard:
             )
 
     def _on_conversation_tokens(
-        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
         """The trace's own budgets, then what the span added to the trace's tokens and cost
         handed to the conversation scope."""
         tokens_before, cost_before = _spent(state)
-        decision = self._on_tokens(trace_id, state, usage, policy)
+        decision = self._on_tokens(trace_id, state, usage, policy, plan)
         tokens_after, cost_after = _spent(state)
         if tokens_after > tokens_before or cost_after > cost_before:
             assert self.conversations is not None and state.conversation_id is not None
@@ -544,18 +546,23 @@ class Guard:
     # -- rules ---------------------------------------------------------------------------
 
     def _on_tool_call(
-        self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy
+        self, trace_id: str, state: TraceState, call: ToolCall, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
         """Key the call once, slide the window, let the rules count it, then decide in turn."""
-        tool_policy = policy.tool(call.tool_name) if policy.tools else None
-        if tool_policy is not None and tool_policy.exempt:
-            self.stats.tool_calls += 1
-            self._tell_call(trace_id, state, call, None)
-            return None  # the policy exempts this tool: no rule counts it
+        if policy.tools:
+            tool_policy = policy.tool(call.tool_name)
+            if tool_policy is not None and tool_policy.exempt:
+                self.stats.tool_calls += 1
+                self._tell_call(trace_id, state, call, None)
+                return None  # the policy exempts this tool: no rule counts it
         digest = call.args_digest
         if digest is None and call.arguments is not MISSING:
-            folding = policy.folding(call.tool_name) if policy.fold else frozenset()
-            digest = args_hash(call.arguments, policy.volatile_keys, folding)
+            if policy.fold:
+                digest = args_hash(
+                    call.arguments, policy.volatile_keys, policy.folding(call.tool_name)
+                )
+            else:
+                digest = args_hash(call.arguments, policy.volatile_keys)
         if digest is None and policy.missing_args == "skip":
             self.stats.missing_arguments += 1
             self._warn_missing_arguments(state.service, call.scope)
@@ -566,12 +573,15 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
         for count in plan.counting:
             count(state, call, key, policy)
-        mark = call_mark(call.span_id, call.end_time_unix_nano)
-        _slide(state.window, state.counts, key, plan.history, state.window_marks, mark)
+        # The call joins the window (_slide, inlined: this runs on every call).
+        window, counts, marks = state.window, state.counts, state.window_marks
+        window.append(key)
+        marks += call_mark(call.span_id, call.end_time_unix_nano)
+        counts[key] = counts.get(key, 0) + 1
+        if len(window) > plan.history:
+            _trim(window, counts, marks, plan.history)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired
@@ -589,7 +599,7 @@ class Guard:
         return None
 
     def _on_tokens(
-        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy
+        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
         self.stats.token_events += 1
         if usage.aggregate:
@@ -598,8 +608,6 @@ class Guard:
                 state.aggregate_tokens = usage.tokens
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-        entry = self._plans.get(id(policy))
-        plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
         if self.pricer is not None:
             self._price(state, usage, plan)
         fired = state.fired
@@ -646,7 +654,7 @@ class Guard:
 
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""
-        plan = _Plan(policy.history)
+        plan = _Plan(policy.history, max(MIN_RECENT_IDS, 4 * policy.window))
         plan.prices = {model: ModelRates.per_million(dict(rates)) for model, rates in policy.prices}
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
@@ -662,6 +670,8 @@ class Guard:
                 )
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
+        if policy is self._defaults:
+            self._defaults_plan = plan
         return plan
 
     def _fire(
