@@ -118,7 +118,11 @@ class LibrdkafkaLog:
     most once per `every` seconds, so a client retrying a refused connection ten times a second
     does not fill the log."""
 
-    _TIMING = re.compile(r" \(after \d+ms in state [A-Z_]+\)")
+    # What differs between retries of one failure: its timing, and the count librdkafka adds
+    # once it suppressed repeats itself (", 1 identical error(s) suppressed").
+    _TIMING = re.compile(
+        r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)"
+    )
 
     def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
         self.logger = logger
