@@ -300,6 +300,14 @@ class Policy:
                 return rule.policy
         return self.defaults
 
+    def entry_of(self, policy: AgentPolicy) -> tuple[str, dict[str, str] | None]:
+        """Which entry `policy` is: "defaults", or "agents.N" and its match (a decision
+        names it, so `explain` can point at the lines of the file that decided)."""
+        for index, rule in enumerate(self.rules):
+            if rule.policy is policy:  # for_attributes hands out the entry's own object
+                return f"agents.{index}", dict(rule.match)
+        return "defaults", None
+
     def observed(self) -> Policy:
         """This policy in shadow mode for every agent (the worker's `--mode observe`)."""
         return Policy(

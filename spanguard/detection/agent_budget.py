@@ -213,11 +213,7 @@ class AgentBudgetGuard(GuardObserver):
             )
         action = FLAG if policy.shadow else policy.agent_budget_action
         until = datetime.fromtimestamp(frees_at, UTC).isoformat(timespec="milliseconds")
-        entry, match = "defaults", None
-        for number, agent_rule in enumerate(self.policy.rules):
-            if agent_rule.policy is policy:
-                entry, match = f"agents.{number}", dict(agent_rule.match)
-                break
+        entry, match = self.policy.entry_of(policy)
         # Deterministic: the same crossing replayed carries the same id.
         text = f"agent:{record.service}/{record.agent_name or ''}:{RULE}:{action}:{frees_at}"
         self.decisions += 1

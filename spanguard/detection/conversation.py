@@ -349,11 +349,7 @@ class ConversationGuard(GuardObserver):
         text = f"conversation:{record.conversation_id}:{rule}:{action}"
         if action == KILL:  # one per trace and rule
             text += f":{record.trace_id}"
-        entry, match = "defaults", None
-        for index, agent_rule in enumerate(self.policy.rules):
-            if agent_rule.policy is policy:
-                entry, match = f"agents.{index}", dict(agent_rule.match)
-                break
+        entry, match = self.policy.entry_of(policy)
         self.decisions += 1
         return Decision(
             trace_id=record.trace_id,

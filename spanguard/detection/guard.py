@@ -729,7 +729,7 @@ class Guard:
     def _decide(
         self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
     ) -> Decision:
-        entry, match = self._entry_of(policy)
+        entry, match = self.policy.entry_of(policy)
         if fields["action"] == "pause":
             until = self.clock() + policy.pause_timeout
             fields["pause_until"] = datetime.fromtimestamp(until, UTC).isoformat(
@@ -752,13 +752,6 @@ class Guard:
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
         return decision
-
-    def _entry_of(self, policy: AgentPolicy) -> tuple[str, dict[str, str] | None]:
-        """Which policy entry `policy` is: "defaults", or "agents.N" and its match."""
-        for index, rule in enumerate(self.policy.rules):
-            if rule.policy is policy:  # for_attributes hands out the entry's own object
-                return f"agents.{index}", dict(rule.match)
-        return "defaults", None
 
     def _policy_for(
         self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None
