@@ -153,12 +153,8 @@ class SignalBook:
                     _trim(self._others, self.max_traces)
                 else:
                     self._others.move_to_end(trace_id)
-            if signal.signal_id in entry.signal_ids:
-                self.duplicates += 1
+            if not self._first_sight(entry, signal):
                 return False
-            entry.signal_ids.add(signal.signal_id)
-            self.delivered += 1
-            self._changed.notify_all()
             if signal.kind == "pause":
                 if entry.kill is None:
                     entry.pause = signal
@@ -184,6 +180,16 @@ class SignalBook:
                 entry.unread_messages.append(signal.system_message or _fallback_message(signal))
             return True
 
+    def _first_sight(self, entry: _TraceSignals | _ScopeSignals, signal: KillSignal) -> bool:
+        """Count `signal` into `entry` (under the lock); False when its id was seen before."""
+        if signal.signal_id in entry.signal_ids:
+            self.duplicates += 1
+            return False
+        entry.signal_ids.add(signal.signal_id)
+        self.delivered += 1
+        self._changed.notify_all()
+        return True
+
     def _deliver_scoped(self, signal: KillSignal) -> bool:
         key = signal.scope_key()
         with self._lock:
@@ -193,12 +199,8 @@ class SignalBook:
                 _trim(self._scopes, self.max_traces)
             else:
                 self._scopes.move_to_end(key)
-            if signal.signal_id in entry.signal_ids:
-                self.duplicates += 1
+            if not self._first_sight(entry, signal):
                 return False
-            entry.signal_ids.add(signal.signal_id)
-            self.delivered += 1
-            self._changed.notify_all()
             if signal.kind == "release":
                 if entry.kill is not None and _issued_after(signal, entry.kill):
                     entry.kill = None
