@@ -26,12 +26,14 @@ agent is back under budget. One decision per crossing: the next comes after that
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.pricing import micro_usd, pico_usd
@@ -46,6 +48,7 @@ __all__ = [
     "AgentBudgetGuard",
     "AgentUsage",
     "AgentWindow",
+    "agent_key",
     "bucket_seconds",
 ]
 
@@ -53,6 +56,9 @@ log = logging.getLogger("spanguard.core")
 
 SCOPE = "agent"
 RULE = "agent_budget"
+WINDOW_VERSION = 1
+# Sources (Kafka topic partitions) a window remembers the last record of, at most.
+MAX_SOURCES = 512
 # Buckets per window at most: a minute each up to a 4-hour window, then wider.
 MAX_BUCKETS = 240
 MIN_BUCKET_SECONDS = 60
@@ -80,7 +86,11 @@ class AgentUsage:
 
 @dataclass(slots=True)
 class AgentWindow:
-    """One agent's spend over its rolling window: [bucket index, tokens, cost] oldest first."""
+    """One agent's spend over its rolling window: [bucket index, tokens, cost] oldest first.
+
+    Kept in memory (replay, in-process mode) or as `to_bytes()` in the worker's agent window
+    table (streams/agent_windows.py), where `last_seen` (wall clock) lets idle ones be
+    evicted and `sources` drops the records a worker sent twice."""
 
     buckets: deque[list[int]] = field(default_factory=deque)
     tokens: int = 0
@@ -89,13 +99,60 @@ class AgentWindow:
     tripped_until: float = 0.0
     late: int = 0  # spans counted into the newest bucket though they ended before it
     resets: int = 0  # windows started afresh by a span a whole window away
+    # Where the records counted came from: "topic:partition" -> the offset of the last one
+    # (bounded by MAX_SOURCES, the oldest dropped first); empty outside the worker.
+    sources: dict[str, int] = field(default_factory=dict)
+    last_seen: float = 0.0  # wall clock of the last change
+
+    def to_dict(self) -> dict[str, Any]:
+        """`last_seen` last: the worker's eviction reads it without decoding the rest."""
+        return {
+            "v": WINDOW_VERSION,
+            "buckets": [list(bucket) for bucket in self.buckets],
+            "tokens": self.tokens,
+            "cost": self.cost,
+            "tripped_until": self.tripped_until,
+            "late": self.late,
+            "resets": self.resets,
+            "sources": self.sources,
+            "last_seen": self.last_seen,
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> AgentWindow:
+        return cls(
+            buckets=deque([int(i), int(t), int(c)] for i, t, c in record["buckets"]),
+            tokens=int(record["tokens"]),
+            cost=int(record["cost"]),
+            tripped_until=float(record["tripped_until"]),
+            late=int(record.get("late", 0)),
+            resets=int(record.get("resets", 0)),
+            sources={str(k): int(v) for k, v in record.get("sources", {}).items()},
+            last_seen=float(record.get("last_seen", 0.0)),
+        )
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> AgentWindow:
+        return cls.from_dict(json.loads(data))
+
+
+def agent_key(service: str, agent_name: str | None) -> str:
+    """An agent's identity as one unambiguous text (a name may hold any character): the key
+    the worker keys its usage records and window table by."""
+    return json.dumps([service, agent_name], separators=(",", ":"), ensure_ascii=False)
 
 
 class AgentBudgetGuard(GuardObserver):
     """Keeps each agent's rolling window and decides when one crosses its budget.
 
     `Guard(agent_budgets=AgentBudgetGuard(policy))` feeds it every change of a trace's usage
-    and returns its decisions with its own; `observe_usage` may also be fed directly."""
+    and returns its decisions with its own; `observe_usage` may also be fed directly.
+    `windows` maps (service, agent name) to AgentWindow: in memory by default (the least
+    recently seen of more than `max_agents` forgotten), or the worker's table, whose idle
+    windows the worker evicts. A changed window is written back to it once per record."""
 
     def __init__(
         self,
@@ -103,11 +160,14 @@ class AgentBudgetGuard(GuardObserver):
         *,
         clock: Callable[[], float] = time.time,
         max_agents: int = DEFAULT_MAX_AGENTS,
+        windows: MutableMapping[tuple[str, str | None], AgentWindow] | None = None,
     ) -> None:
         self.policy = policy
         self.clock = clock
         self.max_agents = max_agents
-        self.windows: OrderedDict[tuple[str, str | None], AgentWindow] = OrderedDict()
+        self.windows: MutableMapping[tuple[str, str | None], AgentWindow] = (
+            OrderedDict() if windows is None else windows
+        )
         self.pending: list[Decision] = []
         self.decisions = 0
         self.forgotten = 0  # agents pushed out by `max_agents`
@@ -157,18 +217,22 @@ class AgentBudgetGuard(GuardObserver):
             window.buckets.append([index, record.tokens, record.cost])
         window.tokens += record.tokens
         window.cost += record.cost
-        if ended < window.tripped_until:
-            return None  # this crossing was decided; the next after the window frees
-        decision = self._crossed(window, record, policy, width, span)
+        window.last_seen = self.clock()
+        decision = None
+        if ended >= window.tripped_until:  # else decided; the next after the window frees
+            decision = self._crossed(window, record, policy, width, span)
+        self.windows[key] = window  # a table's copy is not the window changed in place
         if decision is not None:
             self.pending.append(decision)
         return decision
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent: it may trip again."""
-        window = self.windows.get((decision.agent.service, decision.agent.name))
+        key = (decision.agent.service, decision.agent.name)
+        window = self.windows.get(key)
         if window is not None:
             window.tripped_until = 0.0
+            self.windows[key] = window
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -247,12 +311,15 @@ class AgentBudgetGuard(GuardObserver):
 
     def _window(self, key: tuple[str, str | None]) -> AgentWindow:
         window = self.windows.get(key)
+        windows = self.windows
+        if not isinstance(windows, OrderedDict):  # the worker's table: bounded by eviction
+            return window if window is not None else AgentWindow()
         if window is not None:
-            self.windows.move_to_end(key)
+            windows.move_to_end(key)
             return window
-        window = self.windows[key] = AgentWindow()
-        if len(self.windows) > self.max_agents:
-            self.windows.popitem(last=False)
+        window = windows[key] = AgentWindow()
+        if len(windows) > self.max_agents:
+            windows.popitem(last=False)
             self.forgotten += 1
             self._tell_once(
                 "forgotten",
