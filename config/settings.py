@@ -197,6 +197,7 @@ TOPIC_SETTINGS: Final = (
     "goal_topic",
     "ack_topic",
     "conversation_topic",
+    "agent_usage_topic",
 )
 # What Kafka accepts as a topic name (kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -247,6 +248,10 @@ class WorkerSettings:
     conversation_topic: str = setting(
         "spanguard-conversation-calls",
         "compact call and usage records keyed by conversation id (the conversation scope)",
+    )
+    agent_usage_topic: str = setting(
+        "spanguard-agent-usage",
+        "compact usage records keyed by agent identity (agent budgets over a window)",
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
     replication_factor: int = setting(
@@ -415,6 +420,15 @@ class WorkerSettings:
     def conversation_changelog_topic(self) -> str:
         """What Faust names the conversation table's changelog topic."""
         return f"{self.app_id}-{self.conversation_table_name}-changelog"
+
+    @property
+    def agent_window_table_name(self) -> str:
+        return "agent-window-state"
+
+    @property
+    def agent_window_changelog_topic(self) -> str:
+        """What Faust names the agent window table's changelog topic."""
+        return f"{self.app_id}-{self.agent_window_table_name}-changelog"
 
     @property
     def store_url(self) -> str:

@@ -81,11 +81,14 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(settings.goal_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         # Keyed by conversation id; its changelog follows the partition a record arrives on.
         TopicSpec(settings.conversation_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
+        # Keyed by agent identity; its changelog follows the partition a record arrives on.
+        TopicSpec(settings.agent_usage_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.detections_topic, n, {"retention.ms": week}),
         TopicSpec(settings.dead_letter_topic, n, {"retention.ms": week}),
         # Faust's table changelog: compacted, the latest state per trace is all it needs.
         TopicSpec(settings.changelog_topic, n, {"cleanup.policy": "compact"}),
         TopicSpec(settings.conversation_changelog_topic, n, {"cleanup.policy": "compact"}),
+        TopicSpec(settings.agent_window_changelog_topic, n, {"cleanup.policy": "compact"}),
     ]
 
 

@@ -24,6 +24,13 @@ from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.policy import Policy
+from spanguard.streams.agent_windows import (
+    AgentUsageRecorder,
+    AgentWindowCount,
+    AgentWindowsAgent,
+    agent_window_view,
+    agent_windows_wanted,
+)
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.conversations import (
@@ -70,6 +77,9 @@ def create_app(
     if worker.conversations_out is not None:
         conversations = conversation_states(app, settings)
         ConversationAgent(worker, worker.conversations_out, conversations).attach(app)
+    if worker.agent_usage_out is not None:
+        windows = agent_window_states(app, settings)
+        AgentWindowsAgent(worker, worker.agent_usage_out, windows).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)
@@ -150,6 +160,28 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
     return states
 
 
+def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
+    """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
+    trace table, its changelog follows the partition each record arrives on."""
+    table = app.tables.add(
+        TraceTable(
+            app,
+            name=settings.agent_window_table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            use_partitioner=False,
+            key_type=bytes,
+            value_type=bytes,
+        )
+    )
+    states = agent_window_view(
+        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
+    )
+    table.states = states
+    return states
+
+
 def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
     """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
     detections topic it follows. Its changelog topic is created on start."""
@@ -180,7 +212,18 @@ def build_worker(
     releases = ReleaseReader(settings, signing_key)
     # The conversation scope only where a policy entry turns it on: off, nothing is read or sent.
     recorder = ConversationRecorder(policy) if conversations_wanted(policy) else None
-    guard = Guard(policy, states=states, released=releases.released, conversations=recorder)
+    # Agent budgets likewise: the span agent records usage, the agent-windows agent decides.
+    agent_tally = Tally()
+    usage_recorder = (
+        AgentUsageRecorder(policy, agent_tally) if agent_windows_wanted(policy) else None
+    )
+    guard = Guard(
+        policy,
+        states=states,
+        released=releases.released,
+        conversations=recorder,
+        agent_budgets=usage_recorder,
+    )
     pipeline = SpanPipeline(
         # A packed record of the repartition topic holds traces of the partition it is on.
         guard,
@@ -189,6 +232,7 @@ def build_worker(
     paging, notifying = PagingService(pager), WebhookService(webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
+    counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
     registry, lag = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
@@ -217,6 +261,10 @@ def build_worker(
         recorder=recorder,
         conversations_out=(
             app.topic(settings.conversation_topic, **RAW) if recorder is not None else None
+        ),
+        usage_recorder=usage_recorder,
+        agent_usage_out=(
+            app.topic(settings.agent_usage_topic, **RAW) if usage_recorder is not None else None
         ),
     )
 

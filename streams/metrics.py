@@ -43,6 +43,7 @@ from spanguard.detection.trace_state import TraceState
 from spanguard.goal.verifier import GoalOutcome
 from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
+from spanguard.streams.agent_windows import AgentWindowCount
 from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.health import HealthCount
@@ -196,6 +197,13 @@ COUNTER_HELP = {
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",
     "conversations_evicted": "idle conversations whose state was deleted",
+    "agent_usage_records": "usage records of agent budgets over a window, by what became of"
+    " them (sent by the span agent, read by the agent-windows agent, dropped as seen before;"
+    " not counted: no service name, or a new agent past the worker's cap of agents)",
+    "agent_window_decisions": "decisions the agent-windows agent took (agent budgets crossed)",
+    "agent_window_clock_skews": "usage spans whose end time did not fit the agent's window, by"
+    " what was done (late: counted into the newest bucket; reset: the window started afresh)",
+    "agent_windows_evicted": "idle agent windows whose state was deleted",
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
@@ -228,6 +236,17 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     ConversationCount.DUPLICATES: (Series("conversation_records", (("what", "duplicate"),)),),
     ConversationCount.DECISIONS: (Series("conversation_decisions"),),
     ConversationCount.EVICTED: (Series("conversations_evicted"),),
+    AgentWindowCount.RECORDS_SENT: (Series("agent_usage_records", (("what", "sent"),)),),
+    AgentWindowCount.RECORDS_READ: (Series("agent_usage_records", (("what", "read"),)),),
+    AgentWindowCount.DUPLICATES: (Series("agent_usage_records", (("what", "duplicate"),)),),
+    AgentWindowCount.NO_IDENTITY: (Series("agent_usage_records", (("what", "no_identity"),)),),
+    AgentWindowCount.OVER_AGENT_CAP: (
+        Series("agent_usage_records", (("what", "over_agent_cap"),)),
+    ),
+    AgentWindowCount.DECISIONS: (Series("agent_window_decisions"),),
+    AgentWindowCount.LATE: (Series("agent_window_clock_skews", (("what", "late"),)),),
+    AgentWindowCount.RESETS: (Series("agent_window_clock_skews", (("what", "reset"),)),),
+    AgentWindowCount.EVICTED: (Series("agent_windows_evicted"),),
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),

@@ -42,6 +42,8 @@ class LagMeter:
         }
         if worker.conversations_out is not None:
             self.consumed.add(settings.conversation_topic)
+        if worker.agent_usage_out is not None:
+            self.consumed.add(settings.agent_usage_topic)
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=LAG_INTERVAL)(self.measure_lag)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from spanguard.detection.pipeline import SpanPipeline
     from spanguard.goal.verifier import GoalVerifier
     from spanguard.outcomes import Counted, CountedOutcome
+    from spanguard.streams.agent_windows import AgentUsageRecorder
     from spanguard.streams.conversations import ConversationRecorder
     from spanguard.streams.delivery import Outbox
     from spanguard.streams.health import Health
@@ -55,3 +56,7 @@ class Worker:
     # records, and the topic it sends the records to (streams/conversations.py).
     recorder: ConversationRecorder | None = None
     conversations_out: faust.TopicT | None = None
+    # Agent budgets over a window, when a policy entry sets one: what the span agent's guard
+    # records, and the topic it sends the records to (streams/agent_windows.py).
+    usage_recorder: AgentUsageRecorder | None = None
+    agent_usage_out: faust.TopicT | None = None

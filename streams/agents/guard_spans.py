@@ -20,6 +20,11 @@ import faust
 from faust.types import TP, EventT
 
 from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.streams.agent_windows import (
+    AgentWindowCount,
+    agent_usage_sends,
+    agent_window_tally,
+)
 from spanguard.streams.conversations import (
     ConversationCount,
     conversation_sends,
@@ -69,6 +74,7 @@ class SpanAgent:
         self.outcomes = Tally()
         worker.counted[SpanCount] = self.outcomes
         self.conversation_records = conversation_tally(worker)
+        self.agent_usage_records = agent_window_tally(worker)
         # Where the agent got to in each source partition: the offset after the last message
         # of a completed batch, or the first one of a batch still running. Records between it
         # and the partition's highwater are waiting on the agent (health: stuck while lag grows).
@@ -328,6 +334,8 @@ class SpanAgent:
             sends.extend(worker.outbox.sends_for(outcome, message))
             if worker.recorder is not None:
                 worker.recorder.sourced(message)
+            if worker.usage_recorder is not None:
+                worker.usage_recorder.sourced(message)
             if self.verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
@@ -336,6 +344,11 @@ class SpanAgent:
             records, sources = worker.recorder.drain()
             self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
             sends.extend(conversation_sends(worker, records, sources))
+        if worker.usage_recorder is not None and worker.usage_recorder.records:
+            # One record per agent and batch, each row naming the message it came from.
+            usage, usage_sources = worker.usage_recorder.drain()
+            self.agent_usage_records.add(AgentWindowCount.RECORDS_SENT, len(usage))
+            sends.extend(agent_usage_sends(worker, usage, usage_sources))
         return sends, goal_sends
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:
