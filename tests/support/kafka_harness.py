@@ -207,6 +207,10 @@ class Topics:
     def conversations(self) -> str:
         return f"{self.prefix}-conversation-calls"
 
+    @property
+    def agent_usage(self) -> str:
+        return f"{self.prefix}-agent-usage"
+
     def delete(self) -> None:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
         from confluent_kafka.admin import AdminClient
@@ -230,6 +234,7 @@ class Topics:
             "--repartition-topic", self.repartition,
             "--goal-topic", self.goal_checks,
             "--conversation-topic", self.conversations,
+            "--agent-usage-topic", self.agent_usage,
         ]  # fmt: skip
 
 
