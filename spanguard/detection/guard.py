@@ -662,11 +662,11 @@ class Guard:
                 plan.call_rules.append((rule, FLAG if policy.shadow else wanted, rule.check))
                 if rule.counts:
                     plan.counting.append(rule.count)
-        for rule in self._token_rules:
-            wanted = rule.wanted(policy)
+        for token_rule in self._token_rules:
+            wanted = token_rule.wanted(policy)
             if wanted != OFF:
                 plan.token_rules.append(
-                    (rule, FLAG if policy.shadow else wanted, rule.check_tokens)
+                    (token_rule, FLAG if policy.shadow else wanted, token_rule.check_tokens)
                 )
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)

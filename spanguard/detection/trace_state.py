@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from spanguard.detection.rules.base import Fired
 
 __all__ = [
@@ -53,6 +55,7 @@ def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
     return _MARK(span_id, end_unix_nano // 1000 if end_unix_nano > 0 else 0)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the conversation's state extends it
 @dataclass(slots=True)
 class TraceState:
     """What the guard remembers of one trace: hashes and counts, never raw arguments."""
