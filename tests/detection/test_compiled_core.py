@@ -16,9 +16,16 @@ from spanguard.detection import core_build
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = [sys.executable, str(ROOT / "scripts" / "compiled_core.py")]
-# The core's tests, the in-process processor's, and replay through the CLI: every user of the
-# core that needs no broker. The generator test re-runs the instrumented agents: not the core.
-SUITES = ["tests/detection", "tests/killswitch/test_inprocess.py", "tests/cli"]
+# The core's tests (replay through the CLI among them), the in-process processor's, and the
+# hostile inputs: compiled code is strict about types where plain Python is not. The generator
+# test re-runs the instrumented agents: not the core.
+SUITES = [
+    "tests/detection",
+    "tests/schemas",
+    "tests/killswitch/test_inprocess.py",
+    "tests/test_bad_input.py",
+    "tests/test_fuzz.py",
+]
 SKIP = [
     "--deselect",
     "tests/detection/test_instrumentation_fixtures.py::test_the_generator_reproduces_the_fixtures",
