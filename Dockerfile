@@ -17,8 +17,14 @@ WORKDIR /src
 COPY . .
 # Optional dependency groups of pyproject.toml, comma-separated.
 ARG EXTRAS=worker
+# The detection core compiled by mypyc (setup.py): the same source, about 1.5x the spans/s. The
+# compiler is needed only here, and leaves the image with this stage. A C compiler comes first.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN /opt/spanguard/bin/pip install --upgrade pip setuptools wheel \
- && /opt/spanguard/bin/pip install -c constraints.txt ".[${EXTRAS}]"
+ && /opt/spanguard/bin/pip install -c constraints.txt "mypy[mypyc]" \
+ && SPANGUARD_COMPILE=1 /opt/spanguard/bin/pip install -c constraints.txt ".[${EXTRAS}]" --no-build-isolation \
+ && /opt/spanguard/bin/pip uninstall --yes mypy librt pathspec ast-serialize
 
 FROM python:3.11-slim
 # The same uid/gid as the Helm chart's securityContext (runAsUser/runAsGroup/fsGroup 10001).

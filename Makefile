@@ -145,8 +145,12 @@ fixtures: install ts-agents
 	$(BIN)/python -m tests.support.instrumented_agents --typescript
 	$(BIN)/python -m tests.support.instrumented_agents --go
 
+# Both builds of the detection core: pure Python (a plain install) and compiled by mypyc (setup.py;
+# the worker image), each against the same process's protobuf parse and attribute scan.
 bench: install
 	$(BIN)/python -m bench.bench_core
+	$(BIN)/python scripts/compiled_core.py build
+	$(BIN)/python scripts/compiled_core.py run -m bench.bench_core
 
 # The longest per-batch eviction pause with a million idle traces, against a full scan.
 bench-eviction: install

@@ -21,6 +21,7 @@ import time
 from collections import Counter, deque
 
 from bench.corpus import build_corpus
+from spanguard.detection import core_build
 from spanguard.detection.conventions import WANTED_KEYS, TokenUsage, ToolCall, adapt_span
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import RULES
@@ -210,6 +211,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
+    build = core_build()
+    print(f"detection core: {build} (setup.py; `make bench` runs both builds)")
     started = time.perf_counter()
     corpus = build_corpus(args.spans, args.traces)
     tool_share = len(corpus.tool_calls) / corpus.spans
@@ -284,7 +287,12 @@ def main() -> int:
     guard = Guard()
     decisions = [d for data in requests for d in guard.process(data)]
     caught = {d.trace_id for d in decisions if d.rule == "tool_loop"}
-    bytes_per_trace = _deep_size(list(guard.states.values())) / max(len(guard.states), 1)
+    # Compiled objects keep their fields out of the size measure's reach: the pure run says it.
+    bytes_per_trace = (
+        _deep_size(list(guard.states.values())) / max(len(guard.states), 1)
+        if build == "pure Python"
+        else None
+    )
 
     parse_rate = corpus.spans / parse_s
     core_rate = corpus.spans / core_s
@@ -313,8 +321,9 @@ def main() -> int:
         " (token_budget: per token event): "
         + ", ".join(f"{name} {cost:.3f}" for name, cost in rule_cost_us.items())
     )
+    size = "in the pure run" if bytes_per_trace is None else f"{bytes_per_trace:,.0f} bytes"
     print(
-        f"state: {bytes_per_trace:,.0f} bytes per active trace over {len(guard.states):,} traces;"
+        f"state: {size} per active trace over {len(guard.states):,} traces;"
         f" loops caught {len(caught & corpus.looping_traces)}/{len(corpus.looping_traces)},"
         f" false alarms {len(caught - corpus.looping_traces)}"
     )
@@ -326,7 +335,8 @@ def main() -> int:
                 "parse_spans_per_s": round(parse_rate),
                 "core_spans_per_s": round(core_rate),
                 "naive_calls_per_s": round(naive_rate),
-                "bytes_per_trace": round(bytes_per_trace),
+                "core_build": build,
+                "bytes_per_trace": None if bytes_per_trace is None else round(bytes_per_trace),
                 "core_to_parse": round(ratio, 3),
                 "core_budget_spans_per_s": round(corpus.spans / budget_s),
                 "core_budget_to_parse": round(budget_ratio, 3),

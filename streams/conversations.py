@@ -257,7 +257,7 @@ class WorkerConversations(ConversationGuard):
             recent = state.recent_span_ids
             recent[record.span_id] = None
             if len(recent) > MAX_RECENT_SPANS:
-                recent.popitem(last=False)
+                del recent[next(iter(recent))]  # the oldest
             self.states[conversation_id] = state
         return decision
 

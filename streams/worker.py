@@ -15,6 +15,7 @@ from spanguard.config.settings import GoalSettings, PagerSettings, WebhookSettin
 from spanguard.connectors.judge import OpenAICompatibleJudge
 from spanguard.connectors.kafka_clients import check_aiokafka
 from spanguard.connectors.topics import cluster_replication
+from spanguard.detection import core_build
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
 from spanguard.schemas.policy import Policy
@@ -102,6 +103,7 @@ def run_worker(
             "input": [settings.input_topic, settings.repartition_topic],
             "store": settings.store,
             "state_ttl": settings.state_ttl,
+            "detection_core": core_build(),  # compiled in the image, pure Python otherwise
         },
     )
     # mode's Worker handles SIGTERM and SIGINT: it stops the agents, flushes the producer,

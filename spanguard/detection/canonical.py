@@ -13,6 +13,8 @@ import json
 import unicodedata
 from typing import Any, Final
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["FOLDINGS", "args_hash", "canonicalize"]
 
 FOLDINGS: Final = frozenset({"case", "whitespace"})
@@ -60,6 +62,7 @@ def _text(value: str, fold: frozenset[str]) -> str:
     return value
 
 
+@mypyc_attr(native_class=False)  # compiled classes cannot subclass bytes
 class _Mark(bytes):
     """Text of the digest's serialisation (brackets, keys, separators), not a value."""
 
@@ -75,20 +78,20 @@ def _nested_digest(value: Any, volatile_keys: frozenset[str], fold: frozenset[st
         if kind is _Mark:
             digest.update(node)
         elif kind is dict:
-            items = sorted(
+            items: list[tuple[str, Any]] = sorted(
                 ((_text(str(key), _NO_FOLDING), item) for key, item in node.items()
                  if key not in volatile_keys),
                 key=lambda pair: pair[0],
             )  # fmt: skip
             stack.append(_Mark(b"}"))
-            for key, item in reversed(items):
+            for key, item in items[::-1]:  # (reversed() of these trips mypyc's compiler)
                 stack.append(_Mark(b","))
                 stack.append(item)
                 stack.append(_Mark(json.dumps(key).encode() + b":"))
             digest.update(b"{")
         elif kind is list or kind is tuple:
             stack.append(_Mark(b"]"))
-            for item in reversed(node):
+            for item in node[::-1]:
                 stack.append(_Mark(b","))
                 stack.append(item)
             digest.update(b"[")

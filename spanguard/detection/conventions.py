@@ -259,7 +259,7 @@ STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
 # The scanner json.loads uses (a decoder with its defaults): a value and where it ends.
-_scan_json = json.JSONDecoder().scan_once
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 USAGE_KEYS: Final = frozenset(
     {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
@@ -495,9 +495,13 @@ def adapt_read(
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
 
-    operation = attributes[OPERATION].string_value if OPERATION in present else None
-    oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
-    tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    operation: str | None = attributes[OPERATION].string_value if OPERATION in present else None
+    oi_kind: str | None = (
+        attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
+    )
+    tl_kind: str | None = (
+        attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    )
     ai_operation = (
         attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
     )
@@ -604,6 +608,8 @@ def _read_price_facts(
     usage.request_model = _bounded_first_text(attributes, present, REQUEST_MODEL_KEYS)
     usage.response_model = _bounded_first_text(attributes, present, RESPONSE_MODEL_KEYS)
     usage.provider = _bounded_first_text(attributes, present, PROVIDER_KEYS)
+    input_keys: tuple[str, ...]
+    output_keys: tuple[str, ...]
     if inference:
         input_keys, output_keys = INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS
     else:
@@ -627,7 +633,7 @@ def conversation_of(attributes: AttributeMap, present: Container[str]) -> str | 
 
 
 def _bounded_first_text(
-    attributes: AttributeMap, present: set[str], keys: tuple[str, ...]
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
 ) -> str | None:
     text = _first_text(attributes, present, keys)
     return bounded_text(text) if text is not None else None

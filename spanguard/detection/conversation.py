@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME, ToolCall
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules import CYCLE, TOOL_LOOP
@@ -129,6 +131,7 @@ class ConversationState(TraceState):
         return state
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the worker's recorder extends it
 class ConversationGuard(GuardObserver):
     """Runs tool_loop and cycle, and the conversation budgets, per conversation.
 
@@ -186,7 +189,7 @@ class ConversationGuard(GuardObserver):
         self._seen_trace(state, record.trace_id)
         key = record.key
         if policy.cycle_enabled and key[1] is not None:
-            CYCLE.count(state, _NO_CALL, key, policy)  # type: ignore[arg-type]
+            CYCLE.count(state, _NO_CALL, key, policy)
         elif policy.cycle_enabled:
             state.cycle_runs = None
         self._slide(state, record, policy.history)
@@ -199,7 +202,7 @@ class ConversationGuard(GuardObserver):
                 continue  # flagged once per conversation
             if action == KILL and f"{rule.name}:{record.trace_id}" in state.killed:
                 continue
-            trip = rule.check(state, _NO_CALL, key, policy)  # type: ignore[arg-type]
+            trip = rule.check(state, _NO_CALL, key, policy)
             if trip is None or trip.flag_only:
                 continue
             traces = self._traces_in(state, trip)
@@ -388,11 +391,8 @@ def _remember(seen: OrderedDict[str, None], key: str) -> None:
         seen.popitem(last=False)
 
 
-class _NoCall:
-    """The rules' `call` argument: the conversation scope keeps no raw call (nor arguments)."""
-
-    __slots__ = ()
-    arguments: Any = None
-
-
-_NO_CALL = _NoCall()
+# The rules' `call` argument: the conversation scope keeps no raw call (nor its arguments). A
+# real ToolCall, as the compiled rules check the type of what they are given.
+_NO_CALL = ToolCall(
+    span_id=b"", tool_name="", arguments=None, call_id=None, agent_name=None, match_attributes=None
+)

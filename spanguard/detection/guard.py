@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -391,8 +392,8 @@ class Guard:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
         recent[span_id] = None
-        if len(recent) > limit:
-            recent.popitem(last=False)
+        if len(recent) > limit + (limit >> 2):  # the newest `limit` kept, trimmed in bulk
+            state.recent_span_ids = dict.fromkeys(islice(recent, len(recent) - limit, None))
         if isinstance(event, ToolCall):
             call_id = event.call_id
             if call_id is not None:
@@ -401,8 +402,10 @@ class Guard:
                     self.stats.repeated_call_ids += 1  # a partial span of a call already counted
                     return None
                 recent_calls[call_id] = None
-                if len(recent_calls) > limit:
-                    recent_calls.popitem(last=False)
+                if len(recent_calls) > limit + (limit >> 2):
+                    state.recent_call_ids = dict.fromkeys(
+                        islice(recent_calls, len(recent_calls) - limit, None)
+                    )
             return self._on_tool_call(trace_id, state, event, policy, plan)
         if self.agent_budgets is not None:
             return self._on_agent_tokens(trace_id, state, event, policy, plan)
@@ -662,11 +665,11 @@ class Guard:
                 plan.call_rules.append((rule, FLAG if policy.shadow else wanted, rule.check))
                 if rule.counts:
                     plan.counting.append(rule.count)
-        for rule in self._token_rules:
-            wanted = rule.wanted(policy)
+        for token_rule in self._token_rules:
+            wanted = token_rule.wanted(policy)
             if wanted != OFF:
                 plan.token_rules.append(
-                    (rule, FLAG if policy.shadow else wanted, rule.check_tokens)
+                    (token_rule, FLAG if policy.shadow else wanted, token_rule.check_tokens)
                 )
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)

@@ -713,6 +713,8 @@ def test_dockerfile_and_context() -> None:
     assert int(uid) == chart_values["podSecurityContext"]["runAsUser"]
     assert "ARG EXTRAS=worker" in lines
     assert any('pip install -c constraints.txt ".[${EXTRAS}]"' in line for line in lines)
+    # The image runs the compiled detection core (setup.py), built with the pinned compiler.
+    assert any("SPANGUARD_COMPILE=1" in line and "--no-build-isolation" in line for line in lines)
 
     # The build context keeps everything `pip install .` needs.
     ignored = [
@@ -721,7 +723,7 @@ def test_dockerfile_and_context() -> None:
         if p.strip() and not p.startswith("#")
     ]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = ["pyproject.toml", pyproject["project"]["readme"]]
+    needed = ["pyproject.toml", "setup.py", pyproject["project"]["readme"]]
     needed += pyproject["tool"]["setuptools"]["package-dir"].values()
     for path in needed:
         assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path

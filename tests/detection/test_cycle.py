@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from spanguard.detection.conventions import ToolCall
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import CYCLE
 from spanguard.detection.trace_state import TraceState
@@ -232,5 +233,6 @@ def test_the_rule_costs_max_period_per_call_at_most():
     key = ("grep", "a" * 16, "b" * 16)
     state.window = CountingWindow([key] * 500)  # type: ignore[assignment]
     state.counts = {key: 500}
-    CYCLE.count(state, None, key, Policy().defaults)  # type: ignore[arg-type]
+    call = ToolCall(b"\0" * 8, "grep", {}, None, None, None)
+    CYCLE.count(state, call, key, Policy().defaults)
     assert CountingWindow.reads <= Policy().defaults.cycle_max_period + 1

@@ -215,10 +215,17 @@ def test_failing_on_decision_callback_never_breaks_span_export(caplog):
 def test_a_failing_guard_never_reaches_the_agent_nor_loses_spans(monkeypatch, caplog):
     fleet = Fleet()
 
-    def explode(request: Any) -> list[Decision]:
-        raise ValueError("core bug")
+    class ExplodingGuard:
+        """The processor's guard, failing on every request (the compiled Guard's methods
+        cannot be patched one by one)."""
 
-    monkeypatch.setattr(fleet.processor.guard, "process", explode)
+        def __init__(self, guard: Any) -> None:
+            self.agent_budgets, self.clock = guard.agent_budgets, guard.clock
+
+        def process(self, request: Any) -> list[Decision]:
+            raise ValueError("core bug")
+
+    monkeypatch.setattr(fleet.processor, "guard", ExplodingGuard(fleet.processor.guard))
     with caplog.at_level(logging.ERROR, logger="spanguard.killswitch"):
         loop = run_agent(fleet, looping, calls=6)
     assert (loop.calls, loop.killed) == (6, None)

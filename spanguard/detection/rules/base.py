@@ -13,6 +13,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 if TYPE_CHECKING:
     from spanguard.detection.conventions import TokenUsage, ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
@@ -67,6 +69,7 @@ class Trip:
     flag_only: bool = False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Rule:
     """One rule of the guard. Subclasses set the class attributes and implement `check`."""
 
@@ -94,6 +97,7 @@ class Rule:
         return f"<rule {self.name}>"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ToolCallRule(Rule):
     """A rule over a trace's tool calls. `key` is (tool name, args hash, result hash)."""
 
@@ -118,6 +122,7 @@ class ToolCallRule(Rule):
         raise NotImplementedError
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TokenRule(Rule):
     """A rule over a trace's token usage (the guard keeps the totals in the state)."""
 
@@ -127,6 +132,7 @@ class TokenRule(Rule):
         raise NotImplementedError
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GuardObserver:
     """What the guard tells observers (metrics, the replay page): override what you need.
 
