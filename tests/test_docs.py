@@ -32,9 +32,10 @@ OTHER_VARIABLES = {
     "SPANGUARD_TEST_STEP_DELAY": "the looping agent's step time in the agent matrix",
     "SPANGUARD_FIXTURE_VENVS": "where the fixture agents' virtualenvs live",
     "SPANGUARD_COLLECTOR_QUEUE_DIR": "the Collector's on-disk sending queue",
+    "SPANGUARD_COMPILE": "setup.py compiling the detection core (the worker image)",
 }
 SOURCE_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".go", ".ts", ".tpl", ".json", ".toml"}
-SKIPPED_DIRS = {".venv", "node_modules", ".git", "__pycache__"}
+SKIPPED_DIRS = {".venv", "node_modules", ".git", "__pycache__", "build"}
 
 
 # -- reading the docs ---------------------------------------------------------------------------
