@@ -155,10 +155,12 @@ def worker_registry() -> CollectorRegistry:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One counter series on /metrics: `spanguard_<metric>_total{labels}`."""
+    """One counter series on /metrics: `spanguard_<metric>_total{labels}`, the count times
+    `scale` (an amount kept in whole small units, exported in the unit its name says)."""
 
     metric: str
     labels: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
 
 
 def by_outcome(
@@ -191,6 +193,11 @@ COUNTER_HELP = {
     "releases_applied": "killed traces whose loop rules an operator's release re-armed",
     "usage_spans_priced": "usage spans priced for a usd budget, by outcome (unpriced: no price"
     " for the model they name; their tokens are counted as unpriced, never as free)",
+    "usage_tokens": "tokens the traces spent, as their budgets count them (read only where a"
+    " token or usd budget asks), by price: priced, unpriced (no price for the model they name:"
+    " not in spanguard_usage_cost_usd_total), off (no usd budget asks for a price)",
+    "usage_cost_usd": "US dollars the traces spent, their tokens priced by the model they name"
+    " (only where a usd budget asks for prices; unpriced tokens add nothing here)",
     "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
@@ -218,6 +225,12 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.PRICED_USAGE: (Series("usage_spans_priced", (("outcome", "priced"),)),),
     GuardCount.UNPRICED_USAGE: (Series("usage_spans_priced", (("outcome", "unpriced"),)),),
     GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
+    # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
+    # customer); the decisions and `spanguard explain` name the model of a trace.
+    GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),
+    GuardCount.TOKENS_UNPRICED: (Series("usage_tokens", (("price", "unpriced"),)),),
+    GuardCount.TOKENS_NOT_PRICED: (Series("usage_tokens", (("price", "off"),)),),
+    GuardCount.COST_PICO_USD: (Series("usage_cost_usd", scale=1e-12),),
     PipelineCount.MESSAGES: (Series("messages"),),
     PipelineCount.REPARTITIONED: (Series("messages_repartitioned"),),
     PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
@@ -265,14 +278,15 @@ class WorkerMetrics(Collector):
         guard.add_observer(self.decisions)
         self.active_traces = active_traces
 
-    def series(self) -> dict[Series, int]:
+    def series(self) -> dict[Series, float]:
         """Every exported series and its value now."""
-        values: dict[Series, int] = {}
+        values: dict[Series, float] = {}
         for outcome, where in EXPORTED.items():
             source = self.counts.get(type(outcome))
             counted = source.count(outcome) if source is not None else 0
             for series in where:
-                values[series] = values.get(series, 0) + counted
+                value = counted if series.scale == 1.0 else counted * series.scale
+                values[series] = values.get(series, 0) + value
         return values
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
