@@ -408,4 +408,7 @@ func TestCheckContextFindsTheConversationInBaggageAndTheAgentInTheResource(t *te
 	if _, err := k.Check(randomHex(t, 16)); err != nil {
 		t.Fatalf("no context, no resource in the Config: the agent is unknown, got %v", err)
 	}
+	if _, err := k.CheckContext(context.Background()); err != nil || k.Unguarded() != 1 {
+		t.Fatalf("no span in the context: %v, unguarded %d", err, k.Unguarded())
+	}
 }

@@ -189,6 +189,8 @@ type KillSwitch struct {
 	ignored  map[string]int
 	received atomic.Int64
 	scope    scopeDefaults
+	// CheckContext calls that found no span: tool calls nothing guarded (logged once).
+	unguarded atomic.Int64
 }
 
 // scopeDefaults are a KillSwitch's own conversation and agent: Config's, and the agent its
@@ -402,14 +404,20 @@ func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
 
 // CheckContext is Check for the trace of the span in ctx, in the scope Scope finds: the
 // conversation of its OpenTelemetry baggage, the agent of the Config or of the span's resource.
-// Without a valid span in ctx only the scope is checked.
+// Without a valid span in ctx only the scope is checked, and the call is counted in
+// Unguarded (logged once): a tool call no trace kill can stop is never silent.
 func (k *KillSwitch) CheckContext(ctx context.Context) (string, error) {
 	traceID := ""
 	if spanContext := trace.SpanContextFromContext(ctx); spanContext.IsValid() {
 		traceID = spanContext.TraceID().String()
+	} else if k.unguarded.Add(1) == 1 {
+		k.logger.Printf("spanguard killswitch: CheckContext found no span in its context, so this tool call is NOT guarded against a kill of its trace: call it with the agent span's context, or Check(traceID) (further ones are counted in Unguarded(), not logged)")
 	}
 	return k.CheckIn(traceID, k.Scope(ctx, CheckScope{}))
 }
+
+// Unguarded counts CheckContext calls whose context held no span.
+func (k *KillSwitch) Unguarded() int64 { return k.unguarded.Load() }
 
 // Wait is Check, and while the trace is paused (*AgentPaused), blocks until an operator's
 // release (returns: go on) or kill (*AgentKilled), or the pause's deadline, when the policy's
