@@ -9,6 +9,7 @@ each by its own methods.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import faust
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,7 @@ from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
+from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_spans import SpanAgent
@@ -38,6 +40,7 @@ from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
+    DecidedSpend,
     DetectionLatency,
     WorkerMetrics,
     worker_registry,
@@ -189,7 +192,7 @@ def build_worker(
     paging, notifying = PagingService(pager), WebhookService(webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
-    registry, lag = metrics_registry(guard, counted, states)
+    registry, lag, spend = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
         settings=settings,
@@ -204,7 +207,7 @@ def build_worker(
         states=states,
         guard=guard,
         pipeline=pipeline,
-        outbox=outbox(app, settings, signing_key),
+        outbox=outbox(app, settings, signing_key, on_decision=spend.on_decision),
         health=health,
         paging=paging,
         webhook=notifying,
@@ -223,14 +226,17 @@ def build_worker(
 
 def metrics_registry(
     guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
-) -> tuple[CollectorRegistry, ConsumerLag]:
-    """What /metrics serves; the consumer lag is refreshed by LagMeter."""
+) -> tuple[CollectorRegistry, ConsumerLag, DecidedSpend]:
+    """What /metrics serves; the consumer lag is refreshed by LagMeter, the decided spend
+    told by the outbox."""
     registry = worker_registry()
     lag = ConsumerLag()
     registry.register(lag)
+    spend = DecidedSpend()
+    registry.register(spend)
     # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
     registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
-    return registry, lag
+    return registry, lag, spend
 
 
 def kill_signing_key(settings: WorkerSettings) -> bytes | None:
@@ -246,8 +252,14 @@ def kill_signing_key(settings: WorkerSettings) -> bytes | None:
     return signing_key
 
 
-def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) -> Outbox:
+def outbox(
+    app: faust.App,
+    settings: WorkerSettings,
+    signing_key: bytes | None,
+    on_decision: Callable[[Decision], None] | None = None,
+) -> Outbox:
     return Outbox(
+        on_decision=on_decision,
         repartition=app.topic(settings.repartition_topic, **RAW),
         detections=app.topic(settings.detections_topic, **RAW),
         kill_signals=app.topic(settings.kill_topic, **RAW),

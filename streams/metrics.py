@@ -37,6 +37,7 @@ from spanguard.alerting.webhook import WebhookOutcome
 from spanguard.connectors.releases import ReleaseCount, ReleaseSkip
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount
+from spanguard.detection.pricing import MICRO_USD_PER_USD
 from spanguard.detection.rules import RULES
 from spanguard.detection.rules.base import GuardObserver
 from spanguard.detection.trace_state import TraceState
@@ -51,6 +52,7 @@ __all__ = [
     "EXPORTED",
     "LATENCY_BUCKETS",
     "ConsumerLag",
+    "DecidedSpend",
     "DecisionCounts",
     "DetectionLatency",
     "Series",
@@ -99,6 +101,33 @@ class DecisionCounts(GuardObserver):
     def on_decision(self, decision: Decision, state: TraceState) -> None:
         key = (decision.rule, decision.action, state.service)
         self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class DecidedSpend(Collector):
+    """spanguard_decided_cost_usd_total{rule,action,scope}: the spend the decisions carry (a
+    priced budget's: what the trace, conversation or agent had spent when decided), summed.
+    Told by the outbox, which every scope's decisions pass (the guard's observer hears the
+    trace scope's only). Labels are bounded: the rules, the actions and three scopes."""
+
+    def __init__(self) -> None:
+        self.micro_usd: dict[tuple[str, str, str], int] = {}
+
+    def on_decision(self, decision: Decision) -> None:
+        if decision.cost_micro_usd is None:
+            return  # a decision about something else, or usage not priced
+        key = (decision.rule, decision.action, decision.scope or "trace")
+        self.micro_usd[key] = self.micro_usd.get(key, 0) + decision.cost_micro_usd
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "spanguard_decided_cost_usd",
+            "US dollars the decided traces, conversations and agents had spent when decided"
+            " (decisions of priced budgets), by rule, action and scope",
+            labels=["rule", "action", "scope"],
+        )
+        for (rule, action, scope), micro in sorted(self.micro_usd.items()):
+            family.add_metric([rule, action, scope], micro / MICRO_USD_PER_USD)
+        yield family
 
 
 class ConsumerLag(Collector):

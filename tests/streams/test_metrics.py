@@ -182,5 +182,53 @@ def test_every_dashboard_panel_reads_metrics_the_worker_exports() -> None:
         missing = metric_names(expr) - exported
         assert not missing, f"{expr!r} uses {missing}, not exported by the worker"
     titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
-    for topic in ("tokens per second", "us dollars per hour", "budget decisions", "spend (24h)"):
+    for topic in (
+        "tokens per second",
+        "us dollars per hour",
+        "budget decisions",
+        "spend (24h)",
+        "decisions with cost",
+    ):
         assert topic in titles, topic
+
+
+def test_the_spend_of_every_decision_sent_is_summed_by_rule_action_and_scope() -> None:
+    """The outbox tells the metrics of each decision it sends, whatever its scope: what a
+    priced budget's decision carries is summed; a decision without a cost adds nothing."""
+    from spanguard.detection.pipeline import Outcome
+    from spanguard.schemas.decision import AgentIdentity, Decision
+
+    def decision(rule: str, cost: int | None, scope: str | None = None) -> Decision:
+        return Decision(
+            trace_id="a" * 32,
+            span_id="b" * 16,
+            rule=rule,  # type: ignore[arg-type]
+            action="kill",
+            reason="over budget",
+            agent=AgentIdentity("support", None),
+            detected_at="2026-06-01T12:00:00.000+00:00",
+            cost_micro_usd=cost,
+            scope=scope,
+        )
+
+    app = worker_app()
+    decisions = [
+        decision("cost_budget", 2_600_000),
+        decision("cost_budget", 1_400_001),
+        decision("agent_budget", 9_000_000, scope="agent"),
+        decision("tool_loop", None),
+    ]
+    app.spanguard.outbox.sends_for(Outcome(decisions=decisions), None)
+    scraped = scrape(app)
+    decided = {
+        dict(labels)["rule"]: value
+        for (name, labels), value in scraped.items()
+        if name == "spanguard_decided_cost_usd_total"
+    }
+    assert decided == {"cost_budget": pytest.approx(4.000001), "agent_budget": 9.0}
+    assert scraped[
+        (
+            "spanguard_decided_cost_usd_total",
+            frozenset({("rule", "agent_budget"), ("action", "kill"), ("scope", "agent")}),
+        )
+    ] == pytest.approx(9.0)
