@@ -40,7 +40,7 @@ from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
-    DecidedSpend,
+    DecisionsSent,
     DetectionLatency,
     WorkerMetrics,
     worker_registry,
@@ -192,7 +192,7 @@ def build_worker(
     paging, notifying = PagingService(pager), WebhookService(webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
-    registry, lag, spend = metrics_registry(guard, counted, states)
+    registry, lag, sent = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
         settings=settings,
@@ -207,7 +207,7 @@ def build_worker(
         states=states,
         guard=guard,
         pipeline=pipeline,
-        outbox=outbox(app, settings, signing_key, on_decision=spend.on_decision),
+        outbox=outbox(app, settings, signing_key, on_decision=sent.on_decision),
         health=health,
         paging=paging,
         webhook=notifying,
@@ -226,17 +226,17 @@ def build_worker(
 
 def metrics_registry(
     guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
-) -> tuple[CollectorRegistry, ConsumerLag, DecidedSpend]:
-    """What /metrics serves; the consumer lag is refreshed by LagMeter, the decided spend
+) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
+    """What /metrics serves; the consumer lag is refreshed by LagMeter, the decisions sent
     told by the outbox."""
     registry = worker_registry()
     lag = ConsumerLag()
     registry.register(lag)
-    spend = DecidedSpend()
-    registry.register(spend)
+    sent = DecisionsSent()
+    registry.register(sent)
     # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
     registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
-    return registry, lag, spend
+    return registry, lag, sent
 
 
 def kill_signing_key(settings: WorkerSettings) -> bytes | None:

@@ -52,7 +52,7 @@ __all__ = [
     "EXPORTED",
     "LATENCY_BUCKETS",
     "ConsumerLag",
-    "DecidedSpend",
+    "DecisionsSent",
     "DecisionCounts",
     "DetectionLatency",
     "Series",
@@ -103,31 +103,42 @@ class DecisionCounts(GuardObserver):
         self.counts[key] = self.counts.get(key, 0) + 1
 
 
-class DecidedSpend(Collector):
-    """spanguard_decided_cost_usd_total{rule,action,scope}: the spend the decisions carry (a
+class DecisionsSent(Collector):
+    """Every decision the outbox sends, of every scope (the guard's observer hears the trace
+    scope's only): spanguard_decisions_sent_total{rule,action,scope}, and
+    spanguard_decided_cost_usd_total{rule,action,scope}, the spend the decisions carry (a
     priced budget's: what the trace, conversation or agent had spent when decided), summed.
-    Told by the outbox, which every scope's decisions pass (the guard's observer hears the
-    trace scope's only). Labels are bounded: the rules, the actions and three scopes."""
+    Labels are bounded: the rules, the actions and three scopes."""
 
     def __init__(self) -> None:
+        self.sent: dict[tuple[str, str, str], int] = {}
         self.micro_usd: dict[tuple[str, str, str], int] = {}
 
     def on_decision(self, decision: Decision) -> None:
-        if decision.cost_micro_usd is None:
-            return  # a decision about something else, or usage not priced
         key = (decision.rule, decision.action, decision.scope or "trace")
-        self.micro_usd[key] = self.micro_usd.get(key, 0) + decision.cost_micro_usd
+        self.sent[key] = self.sent.get(key, 0) + 1
+        if decision.cost_micro_usd is not None:  # None: usage not priced, or not a budget's
+            self.micro_usd[key] = self.micro_usd.get(key, 0) + decision.cost_micro_usd
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
+        labels = ["rule", "action", "scope"]
+        sent = CounterMetricFamily(
+            "spanguard_decisions_sent",
+            "decisions sent to the detections topic, of every scope (trace, conversation, agent)",
+            labels=labels,
+        )
+        for key, count in sorted(self.sent.items()):
+            sent.add_metric(list(key), count)
+        yield sent
+        spend = CounterMetricFamily(
             "spanguard_decided_cost_usd",
             "US dollars the decided traces, conversations and agents had spent when decided"
             " (decisions of priced budgets), by rule, action and scope",
-            labels=["rule", "action", "scope"],
+            labels=labels,
         )
-        for (rule, action, scope), micro in sorted(self.micro_usd.items()):
-            family.add_metric([rule, action, scope], micro / MICRO_USD_PER_USD)
-        yield family
+        for key, micro in sorted(self.micro_usd.items()):
+            spend.add_metric(list(key), micro / MICRO_USD_PER_USD)
+        yield spend
 
 
 class ConsumerLag(Collector):

@@ -192,9 +192,9 @@ def test_every_dashboard_panel_reads_metrics_the_worker_exports() -> None:
         assert topic in titles, topic
 
 
-def test_the_spend_of_every_decision_sent_is_summed_by_rule_action_and_scope() -> None:
-    """The outbox tells the metrics of each decision it sends, whatever its scope: what a
-    priced budget's decision carries is summed; a decision without a cost adds nothing."""
+def test_every_decision_sent_is_counted_with_its_spend_by_rule_action_and_scope() -> None:
+    """The outbox tells the metrics of each decision it sends, whatever its scope: it is
+    counted, and what a priced budget's decision carries is summed (none: nothing added)."""
     from spanguard.detection.pipeline import Outcome
     from spanguard.schemas.decision import AgentIdentity, Decision
 
@@ -226,6 +226,16 @@ def test_the_spend_of_every_decision_sent_is_summed_by_rule_action_and_scope() -
         if name == "spanguard_decided_cost_usd_total"
     }
     assert decided == {"cost_budget": pytest.approx(4.000001), "agent_budget": 9.0}
+    sent = {
+        tuple(sorted(labels)): value
+        for (name, labels), value in scraped.items()
+        if name == "spanguard_decisions_sent_total"
+    }
+    assert sent == {
+        (("action", "kill"), ("rule", "cost_budget"), ("scope", "trace")): 2,
+        (("action", "kill"), ("rule", "agent_budget"), ("scope", "agent")): 1,
+        (("action", "kill"), ("rule", "tool_loop"), ("scope", "trace")): 1,
+    }
     assert scraped[
         (
             "spanguard_decided_cost_usd_total",
