@@ -234,3 +234,5 @@ def test_tokens_and_dollars_of_a_priced_trace_reach_metrics(tmp_path) -> None:
         (decided,) = samples["spanguard_decided_cost_usd_total"]
         assert decided.labels == {"rule": "cost_budget", "action": "kill", "scope": "trace"}
         assert decided.value == pytest.approx(2 * call, abs=1e-6)
+        (sent,) = samples["spanguard_decisions_sent_total"]
+        assert (sent.labels, sent.value) == (decided.labels, 1)
