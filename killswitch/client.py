@@ -24,6 +24,11 @@ and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.co
 worker's reader: surrounding whitespace is not part of a key). `allow_unsigned=True` obeys
 unsigned signals instead: anyone who can write to the topic can then stop or steer the agent.
 
+A check's conversation and agent (a conversation or agent kill stops every trace of it) come
+from its arguments, else the KillSwitch's `conversation_id=` / `agent=`, else the OpenTelemetry
+baggage and the resource of `tracer_provider=` (default: the global provider); `scope()` says
+what a check would use.
+
 The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
 A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
 warned about once: a tool call nothing guarded is never silent. A kill or downgrade obeyed
