@@ -24,6 +24,11 @@ and, while rotating, SPANGUARD_PREVIOUS_SIGNING_KEY[_FILE], read by spanguard.co
 worker's reader: surrounding whitespace is not part of a key). `allow_unsigned=True` obeys
 unsigned signals instead: anyone who can write to the topic can then stop or steer the agent.
 
+A check's conversation and agent (a conversation or agent kill stops every trace of it) come
+from its arguments, else the KillSwitch's `conversation_id=` / `agent=`, else the OpenTelemetry
+baggage and the resource of `tracer_provider=` (default: the global provider); `scope()` says
+what a check would use.
+
 The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
 A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
 warned about once: a tool call nothing guarded is never silent. A kill or downgrade obeyed
@@ -123,6 +128,7 @@ class KillSwitch:
         ack_topic: str | None = DEFAULT_ACK_TOPIC,
         conversation_id: str | None = None,
         agent: AgentIdentity | str | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         given = [*([signing_key] if signing_key else []), *signing_keys]
         if not given and not allow_unsigned:
@@ -145,9 +151,11 @@ class KillSwitch:
         self._clock = clock or (lambda: datetime.now(UTC))
         self.signals = signals if signals is not None else SignalBook(clock=self._clock)
         # The process's conversation and agent, when it has one of each (a check's own win;
-        # else the OpenTelemetry baggage and the tracer provider's resource are read).
+        # else the OpenTelemetry baggage and the tracer provider's resource are read: the
+        # `tracer_provider` given, else the global one).
         self.conversation_id = conversation_id
         self.agent = parse_agent(agent) if isinstance(agent, str) else agent
+        self._tracer_provider = tracer_provider
         self._keys: Mapping[str, bytes] | None = keys or None  # None: unsigned signals obeyed
         self._config = {
             "bootstrap.servers": bootstrap_servers,
@@ -213,13 +221,8 @@ class KillSwitch:
         baggage's `gen_ai.conversation.id` / `session.id`. The agent: `agent` (an
         AgentIdentity or "SERVICE[/NAME]"), else the KillSwitch's, else the tracer provider's
         resource (`service.name`, `gen_ai.agent.name`)."""
-        if isinstance(agent, str):
-            agent = parse_agent(agent)
         try:
-            self.signals.check_scopes(
-                conversation_id or self.conversation_id or current_conversation_id(),
-                agent or self.agent or current_agent(),
-            )
+            self.signals.check_scopes(*self.scope(conversation_id, agent))
         except AgentKilled as killed:
             self._acknowledge(killed.signal)
             raise
@@ -244,6 +247,20 @@ class KillSwitch:
             if signal is not None:
                 self._acknowledge(signal)
         return message
+
+    def scope(
+        self, conversation_id: str | None = None, agent: AgentIdentity | str | None = None
+    ) -> tuple[str | None, AgentIdentity | None]:
+        """The conversation and agent a check stands for, each from the first source that
+        names it: the arguments, the KillSwitch's own, the OpenTelemetry baggage
+        (`gen_ai.conversation.id`, then `session.id`) or the tracer provider's resource
+        (`service.name` and `gen_ai.agent.name`, never mixed with another source's)."""
+        if isinstance(agent, str):
+            agent = parse_agent(agent)
+        return (
+            conversation_id or self.conversation_id or current_conversation_id(),
+            agent or self.agent or current_agent(self._tracer_provider),
+        )
 
     def _acknowledge(self, signal: KillSignal) -> None:
         """Write the ack of `signal` once (a killed trace's every later check raises again)."""

@@ -9,6 +9,7 @@ each by its own methods.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import faust
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,7 @@ from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
+from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agent_windows import (
     AgentUsageRecorder,
@@ -45,6 +47,7 @@ from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
+    DecisionsSent,
     DetectionLatency,
     WorkerMetrics,
     worker_registry,
@@ -233,7 +236,7 @@ def build_worker(
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
-    registry, lag = metrics_registry(guard, counted, states)
+    registry, lag, sent = metrics_registry(guard, counted, states)
     return Worker(
         app=app,
         settings=settings,
@@ -248,7 +251,7 @@ def build_worker(
         states=states,
         guard=guard,
         pipeline=pipeline,
-        outbox=outbox(app, settings, signing_key),
+        outbox=outbox(app, settings, signing_key, on_decision=sent.on_decision),
         health=health,
         paging=paging,
         webhook=notifying,
@@ -271,14 +274,17 @@ def build_worker(
 
 def metrics_registry(
     guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
-) -> tuple[CollectorRegistry, ConsumerLag]:
-    """What /metrics serves; the consumer lag is refreshed by LagMeter."""
+) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
+    """What /metrics serves; the consumer lag is refreshed by LagMeter, the decisions sent
+    told by the outbox."""
     registry = worker_registry()
     lag = ConsumerLag()
     registry.register(lag)
+    sent = DecisionsSent()
+    registry.register(sent)
     # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
     registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
-    return registry, lag
+    return registry, lag, sent
 
 
 def kill_signing_key(settings: WorkerSettings) -> bytes | None:
@@ -294,8 +300,14 @@ def kill_signing_key(settings: WorkerSettings) -> bytes | None:
     return signing_key
 
 
-def outbox(app: faust.App, settings: WorkerSettings, signing_key: bytes | None) -> Outbox:
+def outbox(
+    app: faust.App,
+    settings: WorkerSettings,
+    signing_key: bytes | None,
+    on_decision: Callable[[Decision], None] | None = None,
+) -> Outbox:
     return Outbox(
+        on_decision=on_decision,
         repartition=app.topic(settings.repartition_topic, **RAW),
         detections=app.topic(settings.detections_topic, **RAW),
         kill_signals=app.topic(settings.kill_topic, **RAW),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,10 @@ class Outbox:
         dead_letters: Any,
         partitions: int,
         signing_key: bytes | None,
+        on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
+        """`on_decision`: told of every decision sent, of every scope (the metrics' spend)."""
+        self.on_decision = on_decision
         self.repartition = repartition
         self.detections = detections
         self.kill_signals = kill_signals
@@ -173,6 +177,8 @@ class Outbox:
     def sends_for(self, outcome: Outcome, message: Any) -> list[Send]:
         sends: list[Send] = self.repartition_sends(outcome.repartition, message)
         for decision in outcome.decisions:
+            if self.on_decision is not None:
+                self.on_decision(decision)
             key = decision.trace_id.encode()
             sends.append(Send(self.detections, {"key": key, "value": decision.to_json().encode()}))
             # A flag is for people, not agents.

@@ -37,6 +37,7 @@ from spanguard.alerting.webhook import WebhookOutcome
 from spanguard.connectors.releases import ReleaseCount, ReleaseSkip
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount
+from spanguard.detection.pricing import MICRO_USD_PER_USD
 from spanguard.detection.rules import RULES
 from spanguard.detection.rules.base import GuardObserver
 from spanguard.detection.trace_state import TraceState
@@ -53,6 +54,7 @@ __all__ = [
     "LATENCY_BUCKETS",
     "ConsumerLag",
     "DecisionCounts",
+    "DecisionsSent",
     "DetectionLatency",
     "Series",
     "WorkerMetrics",
@@ -100,6 +102,44 @@ class DecisionCounts(GuardObserver):
     def on_decision(self, decision: Decision, state: TraceState) -> None:
         key = (decision.rule, decision.action, state.service)
         self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class DecisionsSent(Collector):
+    """Every decision the outbox sends, of every scope (the guard's observer hears the trace
+    scope's only): spanguard_decisions_sent_total{rule,action,scope}, and
+    spanguard_decided_cost_usd_total{rule,action,scope}, the spend the decisions carry (a
+    priced budget's: what the trace, conversation or agent had spent when decided), summed.
+    Labels are bounded: the rules, the actions and three scopes."""
+
+    def __init__(self) -> None:
+        self.sent: dict[tuple[str, str, str], int] = {}
+        self.micro_usd: dict[tuple[str, str, str], int] = {}
+
+    def on_decision(self, decision: Decision) -> None:
+        key = (decision.rule, decision.action, decision.scope or "trace")
+        self.sent[key] = self.sent.get(key, 0) + 1
+        if decision.cost_micro_usd is not None:  # None: usage not priced, or not a budget's
+            self.micro_usd[key] = self.micro_usd.get(key, 0) + decision.cost_micro_usd
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        labels = ["rule", "action", "scope"]
+        sent = CounterMetricFamily(
+            "spanguard_decisions_sent",
+            "decisions sent to the detections topic, of every scope (trace, conversation, agent)",
+            labels=labels,
+        )
+        for key, count in sorted(self.sent.items()):
+            sent.add_metric(list(key), count)
+        yield sent
+        spend = CounterMetricFamily(
+            "spanguard_decided_cost_usd",
+            "US dollars the decided traces, conversations and agents had spent when decided"
+            " (decisions of priced budgets), by rule, action and scope",
+            labels=labels,
+        )
+        for key, micro in sorted(self.micro_usd.items()):
+            spend.add_metric(list(key), micro / MICRO_USD_PER_USD)
+        yield spend
 
 
 class ConsumerLag(Collector):
@@ -156,10 +196,12 @@ def worker_registry() -> CollectorRegistry:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One counter series on /metrics: `spanguard_<metric>_total{labels}`."""
+    """One counter series on /metrics: `spanguard_<metric>_total{labels}`, the count times
+    `scale` (an amount kept in whole small units, exported in the unit its name says)."""
 
     metric: str
     labels: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
 
 
 def by_outcome(
@@ -192,6 +234,11 @@ COUNTER_HELP = {
     "releases_applied": "killed traces whose loop rules an operator's release re-armed",
     "usage_spans_priced": "usage spans priced for a usd budget, by outcome (unpriced: no price"
     " for the model they name; their tokens are counted as unpriced, never as free)",
+    "usage_tokens": "tokens the traces spent, as their budgets count them (read only where a"
+    " token or usd budget asks), by price: priced, unpriced (no price for the model they name:"
+    " not in spanguard_usage_cost_usd_total), off (no usd budget asks for a price)",
+    "usage_cost_usd": "US dollars the traces spent, their tokens priced by the model they name"
+    " (only where a usd budget asks for prices; unpriced tokens add nothing here)",
     "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
@@ -226,6 +273,12 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.PRICED_USAGE: (Series("usage_spans_priced", (("outcome", "priced"),)),),
     GuardCount.UNPRICED_USAGE: (Series("usage_spans_priced", (("outcome", "unpriced"),)),),
     GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
+    # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
+    # customer); the decisions and `spanguard explain` name the model of a trace.
+    GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),
+    GuardCount.TOKENS_UNPRICED: (Series("usage_tokens", (("price", "unpriced"),)),),
+    GuardCount.TOKENS_NOT_PRICED: (Series("usage_tokens", (("price", "off"),)),),
+    GuardCount.COST_PICO_USD: (Series("usage_cost_usd", scale=1e-12),),
     PipelineCount.MESSAGES: (Series("messages"),),
     PipelineCount.REPARTITIONED: (Series("messages_repartitioned"),),
     PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
@@ -284,14 +337,15 @@ class WorkerMetrics(Collector):
         guard.add_observer(self.decisions)
         self.active_traces = active_traces
 
-    def series(self) -> dict[Series, int]:
+    def series(self) -> dict[Series, float]:
         """Every exported series and its value now."""
-        values: dict[Series, int] = {}
+        values: dict[Series, float] = {}
         for outcome, where in EXPORTED.items():
             source = self.counts.get(type(outcome))
             counted = source.count(outcome) if source is not None else 0
             for series in where:
-                values[series] = values.get(series, 0) + counted
+                value = counted if series.scale == 1.0 else counted * series.scale
+                values[series] = values.get(series, 0) + value
         return values
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -15,6 +15,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // The KillSwitch against a real broker: SPANGUARD_TEST_BOOTSTRAP, else scripts/kafka.sh's
@@ -343,5 +347,68 @@ func TestConversationAndAgentKillsStopTheirScopeOnlyUntilReleased(t *testing.T) 
 	until(t, func() bool { return k.Received() >= 3 }, "the release")
 	if _, err := k.Check(randomHex(t, 16)); err != nil {
 		t.Fatalf("after the release: %v", err)
+	}
+}
+
+// What an instrumented Go agent has: a TracerProvider built with its resource, baggage naming
+// its conversation, and the agent span in the context of each CheckContext.
+func TestCheckContextFindsTheConversationInBaggageAndTheAgentInTheResource(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res := resource.NewSchemaless(attribute.String("service.name", "go-otel-agent"), attribute.String("gen_ai.agent.name", "triage"))
+	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(res))
+	defer provider.Shutdown(context.Background())
+	k, err := New(ctx, Config{Brokers: bootstrap(), Topic: h.topic, SigningKeys: [][]byte{[]byte(testKey)}, Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	inConversation := func(id string) (context.Context, func()) {
+		member, err := baggage.NewMember("gen_ai.conversation.id", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bag, err := baggage.New(member)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spanContext, span := provider.Tracer("test").Start(baggage.ContextWithBaggage(ctx, bag), "invoke_agent triage")
+		return spanContext, func() { span.End() }
+	}
+	conversation := "conv-" + randomHex(t, 4)
+	agentContext, end := inConversation(conversation)
+	defer end()
+	otherContext, endOther := inConversation("another")
+	defer endOther()
+	if _, err := k.CheckContext(agentContext); err != nil {
+		t.Fatalf("before any kill: %v", err)
+	}
+	noTrace := strings.Repeat("0", 32)
+	manual := func(changes map[string]any) map[string]any {
+		changes["rule"], changes["operator"] = "manual", "alice"
+		changes["evidence"] = map[string]any{"span_id": strings.Repeat("0", 16)}
+		return changes
+	}
+	h.send(0, h.signal(noTrace, testKey, manual(map[string]any{"scope": "conversation", "conversation_id": conversation})))
+	until(t, func() bool { return k.Received() >= 1 }, "the conversation kill")
+	var killed *AgentKilled
+	if _, err := k.CheckContext(agentContext); !errors.As(err, &killed) || killed.Scope() != "conversation" {
+		t.Fatalf("the baggage's conversation: got %v", err)
+	}
+	if _, err := k.CheckContext(otherContext); err != nil {
+		t.Fatalf("another conversation: %v", err)
+	}
+	// Every agent of the service: this one, named by the resource of its span.
+	h.send(1, h.signal(noTrace, testKey, manual(map[string]any{"scope": "agent", "agent": map[string]any{"service": "go-otel-agent", "name": nil}})))
+	until(t, func() bool { return k.Received() >= 2 }, "the agent kill")
+	if _, err := k.CheckContext(otherContext); !errors.As(err, &killed) || killed.Scope() != "agent" {
+		t.Fatalf("the span's resource names the agent: got %v", err)
+	}
+	if _, err := k.Check(randomHex(t, 16)); err != nil {
+		t.Fatalf("no context, no resource in the Config: the agent is unknown, got %v", err)
+	}
+	if _, err := k.CheckContext(context.Background()); err != nil || k.Unguarded() != 1 {
+		t.Fatalf("no span in the context: %v, unguarded %d", err, k.Unguarded())
 	}
 }

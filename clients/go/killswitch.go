@@ -17,6 +17,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/sdk/resource"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Security is how the reader connects: TLS, mutual TLS and SASL, with the names of the
@@ -163,6 +166,10 @@ type Config struct {
 	// This process's conversation and agent, checked on every Check (CheckIn's own win).
 	ConversationID string
 	Agent          *Agent
+	// The resource the agent's TracerProvider was built with (sdktrace.WithResource): its
+	// service.name and gen_ai.agent.name name the agent when neither the check nor Agent does.
+	// Without it, CheckContext reads the resource of the span in its context.
+	Resource *resource.Resource
 }
 
 // KillSwitch reads every partition of the kill topic, from the end offsets resolved when New
@@ -181,7 +188,84 @@ type KillSwitch struct {
 	mu       sync.Mutex
 	ignored  map[string]int
 	received atomic.Int64
-	scope    CheckScope
+	scope    scopeDefaults
+	// CheckContext calls that found no span: tool calls nothing guarded (logged once).
+	unguarded atomic.Int64
+}
+
+// scopeDefaults are a KillSwitch's own conversation and agent: Config's, and the agent its
+// Resource names.
+type scopeDefaults struct {
+	conversationID string
+	agent          *Agent
+	resourceAgent  *Agent
+}
+
+func scopeDefaultsOf(config Config) scopeDefaults {
+	return scopeDefaults{config.ConversationID, config.Agent, AgentOf(config.Resource)}
+}
+
+// ConversationBaggageKeys name a process's conversation in OpenTelemetry baggage, first
+// present wins (the worker reads the same names off spans).
+var ConversationBaggageKeys = []string{"gen_ai.conversation.id", "session.id"}
+
+// ConversationOf returns the conversation the OpenTelemetry baggage of ctx names, or "".
+func ConversationOf(ctx context.Context) string {
+	bag := baggage.FromContext(ctx)
+	for _, key := range ConversationBaggageKeys {
+		if value := bag.Member(key).Value(); value != "" {
+			return value
+		}
+	}
+	return ""
+}
+
+// AgentOf returns the agent an OpenTelemetry resource names (service.name, with
+// gen_ai.agent.name when set), or nil when it has no service.name.
+func AgentOf(res *resource.Resource) *Agent {
+	if res == nil {
+		return nil
+	}
+	set := res.Set()
+	service, ok := set.Value("service.name")
+	if !ok || service.AsString() == "" {
+		return nil
+	}
+	agent := &Agent{Service: service.AsString()}
+	if name, ok := set.Value("gen_ai.agent.name"); ok {
+		agent.Name = name.AsString()
+	}
+	return agent
+}
+
+// Scope is the conversation and agent a check stands for, each from the first source that
+// names it: given, the Config's, then the OpenTelemetry baggage of ctx for the conversation
+// (ConversationBaggageKeys) and the Config's Resource, else the resource of the span in ctx,
+// for the agent (taken whole from one source).
+func (k *KillSwitch) Scope(ctx context.Context, given CheckScope) CheckScope {
+	return k.scope.resolve(ctx, given)
+}
+
+func (d scopeDefaults) resolve(ctx context.Context, given CheckScope) CheckScope {
+	if given.ConversationID == "" {
+		given.ConversationID = d.conversationID
+	}
+	if given.ConversationID == "" {
+		given.ConversationID = ConversationOf(ctx)
+	}
+	if given.Agent == nil {
+		given.Agent = d.agent
+	}
+	if given.Agent == nil {
+		given.Agent = d.resourceAgent
+	}
+	if given.Agent == nil {
+		// An SDK span is a ReadOnlySpan: it carries its provider's resource.
+		if span, ok := trace.SpanFromContext(ctx).(interface{ Resource() *resource.Resource }); ok {
+			given.Agent = AgentOf(span.Resource())
+		}
+	}
+	return given
 }
 
 // ErrSettings is wrapped by every refusal of a Config.
@@ -253,7 +337,7 @@ func New(ctx context.Context, config Config) (*KillSwitch, error) {
 	k := &KillSwitch{
 		Signals: signals, topic: topic, keys: keys, clock: clock, logger: logger,
 		client: client, cancel: cancel, done: make(chan struct{}), ignored: map[string]int{},
-		scope: CheckScope{ConversationID: config.ConversationID, Agent: config.Agent},
+		scope: scopeDefaultsOf(config),
 	}
 	go k.run(runContext)
 	return k, nil
@@ -304,15 +388,11 @@ func (k *KillSwitch) Check(traceID string) (string, error) {
 	return k.CheckIn(traceID, CheckScope{})
 }
 
-// CheckIn is Check for a trace of a conversation or agent (empty fields: the Config's): a
-// conversation or agent kill stops it too.
+// CheckIn is Check for a trace of a conversation or agent (empty fields: the Config's, and
+// the agent its Resource names): a conversation or agent kill stops it too. For the baggage of
+// a context as well: k.CheckIn(traceID, k.Scope(ctx, scope)).
 func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
-	if scope.ConversationID == "" {
-		scope.ConversationID = k.scope.ConversationID
-	}
-	if scope.Agent == nil {
-		scope.Agent = k.scope.Agent
-	}
+	scope = k.scope.resolve(context.Background(), scope)
 	if err := k.Signals.CheckScopes(scope); err != nil {
 		return "", err
 	}
@@ -321,6 +401,23 @@ func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
 	}
 	return k.Signals.Check(traceID)
 }
+
+// CheckContext is Check for the trace of the span in ctx, in the scope Scope finds: the
+// conversation of its OpenTelemetry baggage, the agent of the Config or of the span's resource.
+// Without a valid span in ctx only the scope is checked, and the call is counted in
+// Unguarded (logged once): a tool call no trace kill can stop is never silent.
+func (k *KillSwitch) CheckContext(ctx context.Context) (string, error) {
+	traceID := ""
+	if spanContext := trace.SpanContextFromContext(ctx); spanContext.IsValid() {
+		traceID = spanContext.TraceID().String()
+	} else if k.unguarded.Add(1) == 1 {
+		k.logger.Printf("spanguard killswitch: CheckContext found no span in its context, so this tool call is NOT guarded against a kill of its trace: call it with the agent span's context, or Check(traceID) (further ones are counted in Unguarded(), not logged)")
+	}
+	return k.CheckIn(traceID, k.Scope(ctx, CheckScope{}))
+}
+
+// Unguarded counts CheckContext calls whose context held no span.
+func (k *KillSwitch) Unguarded() int64 { return k.unguarded.Load() }
 
 // Wait is Check, and while the trace is paused (*AgentPaused), blocks until an operator's
 // release (returns: go on) or kill (*AgentKilled), or the pause's deadline, when the policy's

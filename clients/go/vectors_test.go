@@ -11,6 +11,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // A wait that should end on a step of `meanwhile` gets this long before the test calls it stuck.
@@ -274,5 +279,123 @@ func TestExpiryIsExactToTheMicrosecond(t *testing.T) {
 	expires, _ := ParseDateTime("2026-06-01T12:00:00.000001Z")
 	if !time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC).Before(expires) {
 		t.Fatal("a microsecond before expiry must still be valid")
+	}
+}
+
+// scopeCase is one case of the vectors' scope_resolution: where a check finds its
+// conversation and agent (tests/support/signal_vectors.py, _scope_resolution).
+type scopeCase struct {
+	Name  string `json:"name"`
+	Given struct {
+		Conversation string      `json:"conversation"`
+		Agent        *agentEntry `json:"agent"`
+	} `json:"given"`
+	Switch struct {
+		Conversation string            `json:"conversation"`
+		Agent        *agentEntry       `json:"agent"`
+		Resource     map[string]string `json:"resource"`
+	} `json:"switch"`
+	Baggage map[string]string `json:"baggage"`
+	Expect  struct {
+		Conversation *string     `json:"conversation"`
+		Agent        *agentEntry `json:"agent"`
+	} `json:"expect"`
+}
+
+type agentEntry struct {
+	Service string  `json:"service"`
+	Name    *string `json:"name"`
+}
+
+func (a *agentEntry) agent() *Agent {
+	if a == nil {
+		return nil
+	}
+	agent := &Agent{Service: a.Service}
+	if a.Name != nil {
+		agent.Name = *a.Name
+	}
+	return agent
+}
+
+func TestScopeResolution(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Cases []scopeCase `json:"scope_resolution"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.Cases) == 0 {
+		t.Fatal("no scope_resolution cases in the vectors")
+	}
+	for _, c := range file.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			attributes := make([]attribute.KeyValue, 0, len(c.Switch.Resource))
+			for key, value := range c.Switch.Resource {
+				attributes = append(attributes, attribute.String(key, value))
+			}
+			k := &KillSwitch{scope: scopeDefaultsOf(Config{
+				ConversationID: c.Switch.Conversation,
+				Agent:          c.Switch.Agent.agent(),
+				Resource:       resource.NewSchemaless(attributes...),
+			})}
+			members := make([]baggage.Member, 0, len(c.Baggage))
+			for key, value := range c.Baggage {
+				member, err := baggage.NewMemberRaw(key, value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				members = append(members, member)
+			}
+			bag, err := baggage.New(members...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := baggage.ContextWithBaggage(context.Background(), bag)
+			got := k.Scope(ctx, CheckScope{ConversationID: c.Given.Conversation, Agent: c.Given.Agent.agent()})
+			want := ""
+			if c.Expect.Conversation != nil {
+				want = *c.Expect.Conversation
+			}
+			if got.ConversationID != want {
+				t.Errorf("conversation %q, want %q", got.ConversationID, want)
+			}
+			if wantAgent := c.Expect.Agent.agent(); !sameAgent(got.Agent, wantAgent) {
+				t.Errorf("agent %+v, want %+v", got.Agent, wantAgent)
+			}
+		})
+	}
+}
+
+func sameAgent(a, b *Agent) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// Without a Resource in the Config, the agent is the resource of the SDK span in the context:
+// the one its TracerProvider was built with.
+func TestScopeReadsTheResourceOfTheSpanInTheContext(t *testing.T) {
+	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(resource.NewSchemaless(
+		attribute.String("service.name", "support-agent"), attribute.String("gen_ai.agent.name", "triage"),
+	)))
+	defer provider.Shutdown(context.Background())
+	ctx, span := provider.Tracer("test").Start(context.Background(), "invoke_agent triage")
+	defer span.End()
+	k := &KillSwitch{scope: scopeDefaultsOf(Config{})}
+	if got := k.Scope(ctx, CheckScope{}).Agent; !sameAgent(got, &Agent{Service: "support-agent", Name: "triage"}) {
+		t.Fatalf("agent %+v", got)
+	}
+	if got := k.Scope(context.Background(), CheckScope{}).Agent; got != nil {
+		t.Fatalf("no span, no resource: agent %+v", got)
+	}
+	configured := &KillSwitch{scope: scopeDefaultsOf(Config{Resource: resource.NewSchemaless(attribute.String("service.name", "configured"))})}
+	if got := configured.Scope(ctx, CheckScope{}).Agent; !sameAgent(got, &Agent{Service: "configured"}) {
+		t.Fatalf("the Config's resource comes first: agent %+v", got)
 	}
 }

@@ -125,6 +125,13 @@ class GuardCount(CountedOutcome):
     PRICED_USAGE = "priced_usage"
     UNPRICED_USAGE = "unpriced_usage"
     CONVERSATION_CONFLICTS = "conversation_conflicts"
+    # What the traces spent, as their budgets count it: tokens by whether a price was found
+    # (priced), none was (unpriced), or usage is not priced at all (no usd budget asks), and
+    # the priced tokens' cost.
+    TOKENS_PRICED = "tokens_priced"
+    TOKENS_UNPRICED = "tokens_unpriced"
+    TOKENS_NOT_PRICED = "tokens_not_priced"
+    COST_PICO_USD = "cost_pico_usd"
 
 
 @dataclass
@@ -148,6 +155,12 @@ class GuardStats:
     unpriced_usage: int = 0
     # Spans naming a conversation other than the one their trace named first (the first wins).
     conversation_conflicts: int = 0
+    # Tokens the traces spent (what their budgets count: inference spans, else an agent's
+    # total), by pricing outcome, and the cost of the priced ones in pico-dollars.
+    tokens_priced: int = 0
+    tokens_unpriced: int = 0
+    tokens_not_priced: int = 0
+    cost_pico_usd: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -604,15 +617,29 @@ class Guard:
     def _on_tokens(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
-        self.stats.token_events += 1
+        stats = self.stats
+        stats.token_events += 1
+        tokens_before, cost_before = _spent(state)
         if usage.aggregate:
             # Nested agents' aggregates overlap; the largest stands for the trace.
             if usage.tokens > state.aggregate_tokens:
                 state.aggregate_tokens = usage.tokens
         else:
             state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-        if self.pricer is not None:
-            self._price(state, usage, plan)
+        priced = self.pricer is not None and self._price(state, usage, plan)
+        # What the trace's spend grew by (an agent's total repeats its inference spans: only
+        # what the budgets count is added), by whether it has a price.
+        tokens_after, cost_after = _spent(state)
+        if tokens_after > tokens_before:
+            added = tokens_after - tokens_before
+            if priced:
+                stats.tokens_priced += added
+            elif self.pricer is not None:
+                stats.tokens_unpriced += added
+            else:
+                stats.tokens_not_priced += added
+        if cost_after > cost_before:
+            stats.cost_pico_usd += cost_after - cost_before
         fired = state.fired
         for rule, wanted, check in plan.token_rules:
             if (
@@ -637,23 +664,25 @@ class Guard:
                     return decision
         return None
 
-    def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> None:
+    def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> bool:
         """Add the span's cost to the trace's: an inference span's to the sum (or its tokens to
-        the unpriced ones), an agent's total (only when it names a model) as the largest."""
+        the unpriced ones), an agent's total (only when it names a model) as the largest.
+        Whether the span was priced."""
         if usage.aggregate and not usage.priced:
-            return  # an agent's total without a model: its inference spans carry the cost
+            return False  # an agent's total without a model: its inference spans carry the cost
         assert self.pricer is not None
         cost = self.pricer.cost(usage, plan.prices)
         if cost is None:
             self.stats.unpriced_usage += 1
             if not usage.aggregate:
                 state.unpriced_tokens += usage.tokens
-            return
+            return False
         self.stats.priced_usage += 1
         if usage.aggregate:
             state.aggregate_cost = max(state.aggregate_cost, cost)
         else:
             state.inference_cost = (state.inference_cost or 0) + cost
+        return True
 
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""

@@ -314,3 +314,29 @@ def test_the_replay_page_shows_each_tripped_traces_tokens_and_cost(tmp_path):
     cost = database_micro_usd("gpt-4o", "openai", chat, input_tokens=100_000, output_tokens=10_000)
     assert f"110,000 tokens · ${cost / 1e6:,.4f}" in page.read_text()
     assert "1 usage spans priced, 0 without a price" in err.getvalue()
+
+
+def test_the_guard_counts_tokens_by_price_and_the_cost_of_the_priced_ones():
+    """What the worker exports as spanguard_usage_tokens_total{price} and
+    spanguard_usage_cost_usd_total: the traces' spend as their budgets count it."""
+    policy = Policy.from_mapping({"defaults": {"usd_budget": 1000}})
+    priced, unpriced = AgentRecorder(), AgentRecorder()
+    priced.chat(1_000, 100, **{"gen_ai.provider.name": "openai"})
+    priced.chat(2_000, 200, **{"gen_ai.provider.name": "openai"})
+    # The agent's own total repeats its inference spans: counted once, not twice.
+    priced.finish(**{"gen_ai.usage.input_tokens": 3_000, "gen_ai.usage.output_tokens": 300})
+    unpriced.chat(500, 50, **{"gen_ai.request.model": "in-house-llm-7b"})
+    guard = Guard(policy)
+    run(guard, [*priced.finished(), *unpriced.finished()])
+    stats = guard.stats
+    assert (stats.tokens_priced, stats.tokens_unpriced, stats.tokens_not_priced) == (3_300, 550, 0)
+    assert stats.cost_pico_usd == guard.states[priced.trace_id].inference_cost > 0
+
+    # A token budget without a usd one reads tokens and prices none.
+    plain = AgentRecorder()
+    plain.chat(700, 70)
+    tokens_only = Guard(Policy.from_mapping({"defaults": {"token_budget": 1_000_000}}))
+    run(tokens_only, plain.finished())
+    stats = tokens_only.stats
+    assert (stats.tokens_priced, stats.tokens_unpriced, stats.tokens_not_priced) == (0, 0, 770)
+    assert stats.cost_pico_usd == 0

@@ -7,7 +7,8 @@ it is an expected failure here (strict: once read_signal decides it, the mark mu
 
 The sequences give the time instead of sleeping: the book's clock is set per step (SignalBook
 reads the time through its module's `datetime`), and a wait's `meanwhile` steps happen on this
-thread while the wait blocks on another.
+thread while the wait blocks on another. The scope resolution cases build real OpenTelemetry
+baggage and a real SDK resource, as the clients' own tests do.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
 
 from spanguard.killswitch import signals as signals_module
+from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
 from spanguard.schemas.decision import AgentIdentity, BadSignal, keyring, read_signal
 from tests.support.signal_vectors import VECTORS, build
@@ -164,3 +170,31 @@ def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
 
     for step in sequence["steps"]:
         run(step)
+
+
+def _agent(entry: dict | None) -> AgentIdentity | None:
+    return AgentIdentity(entry["service"], entry["name"]) if entry else None
+
+
+@pytest.mark.parametrize("case", DOCUMENT["scope_resolution"], ids=lambda c: c["name"])
+def test_each_scope_resolution_through_the_kill_switch(case):
+    """KillSwitch.scope on real OpenTelemetry baggage and a real SDK provider's resource."""
+    switch = KillSwitch(
+        "127.0.0.1:9",  # never contacted: the switch is not started
+        allow_unsigned=True,
+        start=False,
+        ack_topic=None,
+        conversation_id=case["switch"].get("conversation"),
+        agent=_agent(case["switch"].get("agent")),
+        tracer_provider=TracerProvider(resource=Resource(case["switch"]["resource"])),
+    )
+    bag = otel_context.get_current()
+    for key, value in case["baggage"].items():
+        bag = baggage.set_baggage(key, value, context=bag)
+    token = otel_context.attach(bag)
+    try:
+        found = switch.scope(case["given"].get("conversation"), _agent(case["given"].get("agent")))
+    finally:
+        otel_context.detach(token)
+        switch.close()
+    assert found == (case["expect"]["conversation"], _agent(case["expect"]["agent"]))

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import tomllib
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -109,7 +111,7 @@ def test_every_counted_outcome_is_exported_with_its_count() -> None:
             report(counted[kind], outcome, times)
             for series in EXPORTED[outcome]:
                 key = sample_key(series)
-                expected[key] = expected.get(key, 0) + times
+                expected[key] = expected.get(key, 0) + times * series.scale
     scraped = scrape(app)
     for key, value in expected.items():
         assert scraped.get(key) == value, key
@@ -138,3 +140,105 @@ def test_an_undeliverable_page_is_a_page_outcome_and_a_dead_letter() -> None:
     scraped = scrape(app)
     assert scraped[("spanguard_pages_total", frozenset({("outcome", "failed")}))] == 1
     assert scraped[("spanguard_dead_letters_total", frozenset())] == 2
+
+
+def test_usage_is_exported_as_tokens_by_price_and_dollars() -> None:
+    from spanguard.detection.guard import GuardCount
+
+    app = worker_app()
+    stats = app.spanguard.counted[GuardCount]
+    stats.tokens_priced, stats.tokens_unpriced, stats.tokens_not_priced = 3_300, 550, 70
+    stats.cost_pico_usd = 12_345_678_901_234  # $12.345678901234
+    scraped = scrape(app)
+    tokens = {
+        price: scraped[("spanguard_usage_tokens_total", frozenset({("price", price)}))]
+        for price in ("priced", "unpriced", "off")
+    }
+    assert tokens == {"priced": 3_300, "unpriced": 550, "off": 70}
+    assert scraped[("spanguard_usage_cost_usd_total", frozenset())] == pytest.approx(
+        12.345678901234, rel=1e-12
+    )
+
+
+def test_every_dashboard_panel_reads_metrics_the_worker_exports() -> None:
+    """The shipped dashboard against the worker's own registry, in-process: every metric a
+    panel's expression selects is a family on /metrics (tests/streams/test_metrics_kafka.py
+    checks the same against a worker on the broker, with samples)."""
+    from tests.streams.test_metrics_kafka import dashboard_exprs, metric_names
+
+    dashboard = json.loads(
+        (ROOT / "helm" / "spanguard" / "dashboards" / "spanguard.json").read_text()
+    )
+    text = generate_latest(worker_app().spanguard.registry).decode()
+    exported = set()
+    for family in text_string_to_metric_families(text):
+        exported.add(family.name)
+        exported.update(sample.name for sample in family.samples)
+        if family.type == "counter":
+            exported.add(f"{family.name}_total")
+        if family.type == "histogram":
+            exported.update(f"{family.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+    for expr in dashboard_exprs(dashboard):
+        missing = metric_names(expr) - exported
+        assert not missing, f"{expr!r} uses {missing}, not exported by the worker"
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for topic in (
+        "tokens per second",
+        "us dollars per hour",
+        "budget decisions",
+        "spend (24h)",
+        "decisions with cost",
+    ):
+        assert topic in titles, topic
+
+
+def test_every_decision_sent_is_counted_with_its_spend_by_rule_action_and_scope() -> None:
+    """The outbox tells the metrics of each decision it sends, whatever its scope: it is
+    counted, and what a priced budget's decision carries is summed (none: nothing added)."""
+    from spanguard.detection.pipeline import Outcome
+    from spanguard.schemas.decision import AgentIdentity, Decision
+
+    def decision(rule: str, cost: int | None, scope: str | None = None) -> Decision:
+        return Decision(
+            trace_id="a" * 32,
+            span_id="b" * 16,
+            rule=rule,  # type: ignore[arg-type]
+            action="kill",
+            reason="over budget",
+            agent=AgentIdentity("support", None),
+            detected_at="2026-06-01T12:00:00.000+00:00",
+            cost_micro_usd=cost,
+            scope=scope,
+        )
+
+    app = worker_app()
+    decisions = [
+        decision("cost_budget", 2_600_000),
+        decision("cost_budget", 1_400_001),
+        decision("agent_budget", 9_000_000, scope="agent"),
+        decision("tool_loop", None),
+    ]
+    app.spanguard.outbox.sends_for(Outcome(decisions=decisions), None)
+    scraped = scrape(app)
+    decided = {
+        dict(labels)["rule"]: value
+        for (name, labels), value in scraped.items()
+        if name == "spanguard_decided_cost_usd_total"
+    }
+    assert decided == {"cost_budget": pytest.approx(4.000001), "agent_budget": 9.0}
+    sent = {
+        tuple(sorted(labels)): value
+        for (name, labels), value in scraped.items()
+        if name == "spanguard_decisions_sent_total"
+    }
+    assert sent == {
+        (("action", "kill"), ("rule", "cost_budget"), ("scope", "trace")): 2,
+        (("action", "kill"), ("rule", "agent_budget"), ("scope", "agent")): 1,
+        (("action", "kill"), ("rule", "tool_loop"), ("scope", "trace")): 1,
+    }
+    assert scraped[
+        (
+            "spanguard_decided_cost_usd_total",
+            frozenset({("rule", "agent_budget"), ("action", "kill"), ("scope", "agent")}),
+        )
+    ] == pytest.approx(9.0)

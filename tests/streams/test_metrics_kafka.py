@@ -84,10 +84,14 @@ def shipped_exprs() -> dict[str, list[str]]:
 
 
 def scrape(port: int) -> dict[str, list[Any]]:
+    """Samples by name; a labelled counter declared with no series yet (its labels come with
+    its first event) is there with none."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     samples: dict[str, list[Any]] = {}
     for family in text_string_to_metric_families(text):
+        if family.type == "counter" and not family.samples:
+            samples[f"{family.name}_total"] = []
         for sample in family.samples:
             samples.setdefault(sample.name, []).append(sample)
     return samples
@@ -166,6 +170,9 @@ def test_latency_build_info_lag_and_process_metrics(worker) -> None:
     # Usage is priced only for a usd budget: the default policy has none, the series are 0.
     priced = {s.labels["outcome"]: s.value for s in samples["spanguard_usage_spans_priced_total"]}
     assert priced == {"priced": 0, "unpriced": 0}
+    # Nor does it read tokens (no token budget either): the spend series are there, at 0.
+    assert {s.value for s in samples["spanguard_usage_tokens_total"]} == {0}
+    assert [s.value for s in samples["spanguard_usage_cost_usd_total"]] == [0]
 
     (build,) = samples["spanguard_build_info"]
     assert build.labels["version"] == __version__ and build.value == 1
@@ -180,3 +187,52 @@ def test_latency_build_info_lag_and_process_metrics(worker) -> None:
         (topics.detections, "1"),
     }
     assert all(s.value >= 0 for s in lags)
+
+
+def test_tokens_and_dollars_of_a_priced_trace_reach_metrics(tmp_path) -> None:
+    """A usd budget prices usage: a real worker's /metrics counts the trace's tokens as priced
+    and its cost in dollars, as genai-prices prices gpt-4o, and a made-up model's as unpriced."""
+    from datetime import UTC, datetime
+
+    from genai_prices import Usage, calc_price
+
+    # The budget: crossed by the priced trace's second call only.
+    policy = "defaults:\n  usd_budget: 0.05\n"
+    with running_worker(tmp_path, policy=policy) as running:
+        process = running.process
+        priced, unpriced = AgentRecorder("priced-bot"), AgentRecorder("unpriced-bot")
+        chat = priced.chat(10_000, 1_000, **{"gen_ai.provider.name": "openai"})
+        priced.chat(10_000, 1_000, **{"gen_ai.provider.name": "openai"})
+        unpriced.chat(500, 50, **{"gen_ai.request.model": "in-house-llm-7b"})
+        out = producer()
+        for agent in (priced, unpriced):
+            for span in agent.finished():
+                value = encode([span]).SerializeToString()
+                out.produce(process.topics.input, key=agent.trace_id.encode(), value=value)
+        assert out.flush(10) == 0
+
+        def tokens(samples: dict[str, list[Any]]) -> dict[str, float]:
+            return {s.labels["price"]: s.value for s in samples["spanguard_usage_tokens_total"]}
+
+        samples = scrape_until(
+            process.port,
+            lambda s: tokens(s).get("unpriced") and s["spanguard_decided_cost_usd_total"],
+        )
+        assert tokens(samples) == {"priced": 22_000, "unpriced": 550, "off": 0}
+        ended = datetime.fromtimestamp(chat.end_time / 1e9, UTC)
+        price = calc_price(
+            Usage(input_tokens=10_000, output_tokens=1_000),
+            "gpt-4o",
+            provider_id="openai",
+            genai_request_timestamp=ended,
+        )
+        call = float(price.total_price)  # $0.035 at gpt-4o's $2.50 / $10 per million
+        assert 0.025 < call < 0.05, "the budget is set for two calls of this price"
+        (cost,) = samples["spanguard_usage_cost_usd_total"]
+        assert cost.value == pytest.approx(2 * call, rel=1e-9)
+        # The kill carries what the trace had spent: both calls.
+        (decided,) = samples["spanguard_decided_cost_usd_total"]
+        assert decided.labels == {"rule": "cost_budget", "action": "kill", "scope": "trace"}
+        assert decided.value == pytest.approx(2 * call, abs=1e-6)
+        (sent,) = samples["spanguard_decisions_sent_total"]
+        assert (sent.labels, sent.value) == (decided.labels, 1)

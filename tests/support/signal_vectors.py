@@ -570,6 +570,7 @@ def build() -> dict[str, Any]:
             *_scope_sequences(),
             *_pause_sequences(kill, downgrade, release),
         ],
+        "scope_resolution": _scope_resolution(),
     }
 
 
@@ -843,6 +844,118 @@ def _scope_sequences() -> list[dict[str, Any]]:
                 },
             ],
         },
+    ]
+
+
+def _scope_resolution() -> list[dict[str, Any]]:
+    """Where a check finds the conversation and the agent it stands for; each language's client
+    builds real OpenTelemetry baggage and a real SDK resource from a case and must reach
+    `expect`.
+
+    - `given`: what the check itself is passed; `switch`: what the KillSwitch was built with
+      (`resource`: the resource it is given, the tracer provider's in Python);
+    - `baggage`: the entries of the current OpenTelemetry baggage;
+    - the first source that names one wins: given, the switch's, then the baggage
+      (`gen_ai.conversation.id`, then `session.id`, an empty value names nothing) for the
+      conversation and the resource (`service.name`, with `gen_ai.agent.name` when set) for
+      the agent. An agent is taken whole from one source, never a service from one and a
+      name from another; a resource without `service.name` names no agent."""
+    triage = {"service": "support-agent", "name": "triage"}
+    billing = {"service": "billing-agent", "name": None}
+    resource = {"service.name": "support-agent", "gen_ai.agent.name": "triage"}
+
+    def case(
+        name: str,
+        expect_conversation: str | None,
+        expect_agent: dict[str, Any] | None,
+        *,
+        given: dict[str, Any] | None = None,
+        switch: dict[str, Any] | None = None,
+        baggage: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "given": given or {},
+            "switch": {"resource": {}, **(switch or {})},
+            "baggage": baggage or {},
+            "expect": {"conversation": expect_conversation, "agent": expect_agent},
+        }
+
+    return [
+        case("nothing names a scope", None, None),
+        case(
+            "the baggage's gen_ai.conversation.id",
+            "conv-1",
+            None,
+            baggage={"gen_ai.conversation.id": "conv-1"},
+        ),
+        case("the baggage's session.id", "sess-1", None, baggage={"session.id": "sess-1"}),
+        case(
+            "gen_ai.conversation.id before session.id",
+            "conv-1",
+            None,
+            baggage={"session.id": "sess-1", "gen_ai.conversation.id": "conv-1"},
+        ),
+        case(
+            "an empty gen_ai.conversation.id names nothing: session.id",
+            "sess-1",
+            None,
+            baggage={"gen_ai.conversation.id": "", "session.id": "sess-1"},
+        ),
+        case(
+            "the switch's conversation before the baggage's",
+            "conv-switch",
+            None,
+            switch={"conversation": "conv-switch"},
+            baggage={"gen_ai.conversation.id": "conv-1"},
+        ),
+        case(
+            "the check's conversation before the switch's",
+            "conv-given",
+            None,
+            given={"conversation": "conv-given"},
+            switch={"conversation": "conv-switch"},
+            baggage={"gen_ai.conversation.id": "conv-1"},
+        ),
+        case(
+            "the resource names the agent and its name",
+            None,
+            triage,
+            switch={"resource": resource},
+        ),
+        case(
+            "a resource with service.name only names every agent of the service",
+            None,
+            {"service": "support-agent", "name": None},
+            switch={"resource": {"service.name": "support-agent"}},
+        ),
+        case(
+            "a resource without service.name names no agent",
+            None,
+            None,
+            switch={"resource": {"gen_ai.agent.name": "triage"}},
+        ),
+        case(
+            "the switch's agent before the resource, whole: no name taken from the resource",
+            None,
+            billing,
+            switch={"agent": billing, "resource": resource},
+        ),
+        case(
+            "the check's agent before the switch's",
+            "conv-1",
+            triage,
+            given={"agent": triage},
+            switch={"agent": billing, "resource": {"service.name": "other"}},
+            baggage={"gen_ai.conversation.id": "conv-1"},
+        ),
+        case(
+            "baggage names no agent; the resource names no conversation",
+            None,
+            None,
+            switch={"resource": {"session.id": "sess-1"}},
+            baggage={"service.name": "support-agent", "gen_ai.agent.name": "triage"},
+        ),
     ]
 
 

@@ -109,6 +109,10 @@ export interface KillSwitchOptions {
   conversationId?: string;
   /** This process's agent, {service, name} or 'SERVICE[/NAME]', for every check. */
   agent?: { service: string; name?: string | null } | string;
+  /** The resource the agent's TracerProvider was built with (@opentelemetry/resources): its
+   * service.name and gen_ai.agent.name name the agent when neither a check nor `agent` does;
+   * without it, the active span's resource is read. */
+  resource?: { attributes: Record<string, unknown> };
   log?: (line: string) => void;
   clientId?: string;
 }
@@ -125,6 +129,10 @@ export class KillSwitch implements Checker {
   readonly conversationId: string | null;
   readonly agent: { service: string; name: string | null } | null;
   check(traceId?: string | null, scope?: CheckScope): string | null;
+  /** The conversation and agent a check stands for: given, the switch's own, then the active
+   * OpenTelemetry baggage (conversation) and the switch's resource, else the active span's
+   * (agent). */
+  scope(given?: CheckScope): { conversationId: string | null; agent: { service: string; name?: string | null } | null };
   wait(traceId?: string | null, options?: WaitOptions): Promise<string | null>;
   close(): Promise<void>;
 }
@@ -132,6 +140,10 @@ export class KillSwitch implements Checker {
 export function currentTraceId(): string | null;
 /** The conversation named in the active OpenTelemetry baggage (gen_ai.conversation.id, session.id). */
 export function currentConversationId(): string | null;
+/** The agent a resource names: service.name, with gen_ai.agent.name; null without a service.name. */
+export function agentOf(resource: { attributes: Record<string, unknown> } | null | undefined): { service: string; name: string | null } | null;
+/** The agent the active span's resource names (an SDK span carries its provider's), or null. */
+export function currentAgent(): { service: string; name: string | null } | null;
 /** 'SERVICE/NAME' or 'SERVICE' as an agent identity. */
 export function parseAgent(text: string): { service: string; name: string | null };
 

@@ -1,7 +1,15 @@
 // spanguard's killswitch for JavaScript and TypeScript agents (types in index.d.ts).
 export { AgentKilled, AgentPaused, DEFAULT_MAX_TRACES, SignalBook } from './book.js';
 export { guardTools, spanguardCallbackHandler } from './hooks.js';
-export { KillSwitch, SettingsError, currentConversationId, currentTraceId, parseAgent } from './killswitch.js';
+export {
+  KillSwitch,
+  SettingsError,
+  agentOf,
+  currentAgent,
+  currentConversationId,
+  currentTraceId,
+  parseAgent,
+} from './killswitch.js';
 export { KafkaSecurityError, kafkajsSecurity, securityFromEnv } from './security.js';
 export {
   BadSignal,

@@ -54,6 +54,23 @@ export function currentConversationId() {
   return null;
 }
 
+/** The agent an OpenTelemetry resource names: service.name, with gen_ai.agent.name when set;
+ * null without a service.name. Takes a Resource of @opentelemetry/resources (or anything with
+ * its `attributes`). */
+export function agentOf(resource) {
+  const attributes = resource?.attributes ?? {};
+  const service = attributes['service.name'];
+  if (typeof service !== 'string' || !service) return null;
+  const name = attributes['gen_ai.agent.name'];
+  return { service, name: typeof name === 'string' && name ? name : null };
+}
+
+/** The agent the resource of the active span names (an SDK span carries its provider's
+ * resource), or null. */
+export function currentAgent() {
+  return agentOf(otel?.trace.getActiveSpan()?.resource);
+}
+
 /** 'SERVICE/NAME' or 'SERVICE' (every agent name of the service) as {service, name}. */
 export function parseAgent(text) {
   const slash = text.indexOf('/');
@@ -90,6 +107,11 @@ export class KillSwitch {
    * @param {object} [options.security] TLS/SASL (default: SPANGUARD_KAFKA_* from the environment)
    * @param {() => Date} [options.clock] decides expiry (and pause deadlines, in its own book)
    * @param {(line: string) => void} [options.log] where warnings go (default console.warn)
+   * @param {string} [options.conversationId] this process's conversation, for every check
+   * @param {object|string} [options.agent] this process's agent, {service, name} or 'SERVICE[/NAME]'
+   * @param {object} [options.resource] the resource the agent's TracerProvider was built with
+   *   (@opentelemetry/resources): its service.name and gen_ai.agent.name name the agent when
+   *   neither the check nor `agent` does; without it, the active span's resource is read
    */
   constructor({
     brokers,
@@ -104,6 +126,7 @@ export class KillSwitch {
     clientId = 'spanguard-killswitch',
     conversationId,
     agent,
+    resource,
   }) {
     const keys = [...(signingKey ? [signingKey] : []), ...signingKeys];
     if (keys.length && allowUnsigned) throw new SettingsError('give signing keys or allowUnsigned: true, not both');
@@ -118,9 +141,10 @@ export class KillSwitch {
     this.signals = signals ?? new SignalBook(DEFAULT_MAX_TRACES, { clock: this.clock });
     this.log = log ?? ((line) => console.warn(line));
     // The process's conversation and agent ({service, name}, or 'SERVICE[/NAME]'), when it has
-    // one of each; a check's own win, and the conversation is else read from OTel baggage.
+    // one of each; a check's own win (see scope()).
     this.conversationId = conversationId ?? null;
     this.agent = typeof agent === 'string' ? parseAgent(agent) : (agent ?? null);
+    this.resourceAgent = agentOf(resource);
     this.received = 0;
     this.ignored = new Map();
     this.kafka = new Kafka({
@@ -174,16 +198,28 @@ export class KillSwitch {
 
   /** Throw AgentKilled if the trace (default: the active span's) was killed; return a
    * downgrade's system message once; else null. Reads memory only: never waits on Kafka. */
-  check(traceId = currentTraceId(), { conversationId, agent } = {}) {
-    const scope = {
-      conversationId: conversationId ?? this.conversationId ?? currentConversationId(),
-      agent: agent ?? this.agent,
-    };
+  check(traceId = currentTraceId(), given = {}) {
+    const scope = this.scope(given);
     if (!traceId) {
       this.signals.checkScopes(scope);
       return null;
     }
     return this.signals.check(traceId, scope);
+  }
+
+  /** The conversation and agent a check stands for, each from the first source that names it:
+   * given, the switch's own, then the active OpenTelemetry baggage (gen_ai.conversation.id,
+   * then session.id) for the conversation, and the switch's `resource`, else the active span's,
+   * for the agent (taken whole from one source). */
+  scope({ conversationId, agent } = {}) {
+    return {
+      conversationId: conversationId || this.conversationId || currentConversationId(),
+      agent:
+        (typeof agent === 'string' ? parseAgent(agent) : agent) ||
+        this.agent ||
+        this.resourceAgent ||
+        currentAgent(),
+    };
   }
 
   /** check(), and while the trace is paused (AgentPaused), wait for an operator's release

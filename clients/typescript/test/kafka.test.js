@@ -4,6 +4,10 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 
+import { context, propagation } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import { BasicTracerProvider } from '@opentelemetry/sdk-trace-base';
 import kafkajs from 'kafkajs';
 
 import { AgentKilled, AgentPaused, KillSwitch, SettingsError, kafkajsSecurity, securityFromEnv, sign } from '../src/index.js';
@@ -199,6 +203,39 @@ test('a conversation kill and an agent kill stop new traces of their scope only,
     await send(0, JSON.stringify(sign(release(killAgent), KEY)));
     await until(() => killswitch.received >= 4, 'the releases');
     assert.equal(killswitch.check(hex(16), { conversationId: conversation }), null);
+  } finally {
+    await killswitch.close();
+  }
+});
+
+test('a check in an agent span finds its conversation in the baggage and its agent in the resource', async () => {
+  // What an instrumented agent has: a context manager, a provider with its resource, baggage.
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  const resource = resourceFromAttributes({ 'service.name': 'ts-otel-agent', 'gen_ai.agent.name': 'triage' });
+  const tracer = new BasicTracerProvider({ resource }).getTracer('test');
+  const killswitch = await new KillSwitch({ brokers: BOOTSTRAP, topic: TOPIC, signingKey: KEY, log: () => {}, resource }).start();
+  const inConversation = (id, fn) =>
+    context.with(propagation.setBaggage(context.active(), propagation.createBaggage({ 'gen_ai.conversation.id': { value: id } })), () =>
+      tracer.startActiveSpan('invoke_agent triage', (span) => {
+        try {
+          return fn();
+        } finally {
+          span.end();
+        }
+      }),
+    );
+  try {
+    const conversation = `conv-${hex(4)}`;
+    const scoped = (changes) => signal('0'.repeat(32), { rule: 'manual', operator: 'alice', evidence: { span_id: '0'.repeat(16) }, ...changes });
+    assert.equal(inConversation(conversation, () => killswitch.check()), null);
+    await send(0, JSON.stringify(sign(scoped({ scope: 'conversation', conversation_id: conversation }), KEY)));
+    await until(() => killswitch.received >= 1, 'the conversation kill');
+    assert.throws(() => inConversation(conversation, () => killswitch.check()), (error) => error instanceof AgentKilled && error.scope === 'conversation');
+    assert.equal(inConversation('another', () => killswitch.check()), null);
+    await send(1, JSON.stringify(sign(scoped({ scope: 'agent', agent: { service: 'ts-otel-agent', name: null } }), KEY)));
+    await until(() => killswitch.received >= 2, 'the agent kill');
+    // Every agent of the service: this one, named by its resource, in any conversation.
+    assert.throws(() => inConversation('another', () => killswitch.check()), (error) => error instanceof AgentKilled && error.scope === 'agent');
   } finally {
     await killswitch.close();
   }

@@ -95,7 +95,8 @@ func run(endpoint, bootstrap, killTopic string, stepDelay time.Duration, maxCall
 			attribute.Int("gen_ai.usage.output_tokens", 60),
 		)
 		chat.End()
-		if _, err := k.Check(out.TraceID); err != nil { // before each tool call
+		// Before each tool call: the trace of the span in the context, and its scope.
+		if _, err := k.CheckContext(agentContext); err != nil {
 			var killed *killswitch.AgentKilled
 			if !errors.As(err, &killed) {
 				return err
