@@ -196,6 +196,12 @@ def main() -> int:
         "--drain", type=float, default=600.0, help="seconds to wait after the traffic at most"
     )
     parser.add_argument(
+        "--state-ttl",
+        type=float,
+        help="SPANGUARD_STATE_TTL for the workers (default: the shipped hour). Shorter, the"
+        " run sees idle traces evicted and so whether memory levels off",
+    )
+    parser.add_argument(
         "--cluster-dir",
         help="a `scripts/kafka.sh cluster` data dir to use (started if needed) and leave running",
     )
@@ -213,7 +219,14 @@ def main() -> int:
         kafka.up()
         print(f"soak: cluster up at {kafka.bootstrap}", flush=True)
         topics = Topics(cluster=kafka.cluster)
-        workers = [shipped_worker(topics, home / f"worker-{n}").start(240) for n in range(2)]
+
+        def soak_worker(slot: int) -> WorkerProcess:
+            worker = shipped_worker(topics, home / f"worker-{slot}")
+            if args.state_ttl is not None:
+                worker.env["SPANGUARD_STATE_TTL"] = str(args.state_ttl)
+            return worker
+
+        workers = [soak_worker(n).start(240) for n in range(2)]
         kills = Collector(topics.kills, cluster=kafka.cluster, log_level=2)
         otelcol = RealCollector(
             home / "otelcol", kafka.bootstrap.split(",")[0], topics.input, persistent=False
@@ -229,10 +242,19 @@ def main() -> int:
 
         time.sleep(args.warmup)
         rss_start = [rss_kib(w.process.pid) for w in workers]
+        # Each minute: seconds since the start and each slot's RSS in MiB (a replaced worker's
+        # from its replacement): memory that levels off, or not.
+        rss_series: list[list[int]] = []
+        next_rss = time.monotonic()
         step = 0
         next_chaos = started + args.chaos_every
         while traffic.is_alive():
             time.sleep(1)
+            if time.monotonic() >= next_rss:
+                next_rss += 60
+                with contextlib.suppress(OSError):  # a worker replaced this very second
+                    rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]
+                    rss_series.append([round(time.monotonic() - started), *rss])
             if time.monotonic() < next_chaos:
                 continue
             next_chaos += args.chaos_every
@@ -242,7 +264,7 @@ def main() -> int:
                 victim.stop(signal.SIGKILL)
                 # Its replacement replays its partitions' changelog first: minutes on a busy
                 # machine with a backlog.
-                workers[slot] = shipped_worker(topics, home / f"worker-{slot}").start(900)
+                workers[slot] = soak_worker(slot).start(900)
                 chaos_log.append(
                     f"{time.monotonic() - started:.0f}s worker {slot} SIGKILLed"
                     f" ({traffic.spans} spans sent so far)"
@@ -321,6 +343,8 @@ def main() -> int:
             "lost_posted_s": lost_posted[:50],
             "rss_start_mib": [round(r / 1024) for r in rss_start],
             "rss_end_mib": [round(r / 1024) for r in rss_end],
+            "rss_series_mib": rss_series,
+            "state_ttl_s": args.state_ttl,
             "max_lag": peak,
             "final_drain_s": round(drained_in, 1),
             # Not zero: the drain gave up with records unread, so "lost" counts late kills too.
