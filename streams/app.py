@@ -35,6 +35,7 @@ from spanguard.streams.conversations import (
 )
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
+from spanguard.streams.fetch_watch import FetchWatch
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
@@ -74,6 +75,7 @@ def create_app(
     verify_goals.register(worker)
     notify_webhook.register(worker)
     LagMeter(worker).attach(app)
+    FetchWatch(worker).attach(app)
     StartupTasks(worker).attach(app)
     MetricsServer(worker).attach(app)
     app.spanguard = worker  # type: ignore[attr-defined]

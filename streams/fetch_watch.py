@@ -1,0 +1,230 @@
+"""The fetch watch: partitions the worker owns and Faust wants read, whose records wait on the
+broker while the worker's fetch position stands still.
+
+A partition like that is a silent stall: nothing fails, the records are simply never read
+(their loops never killed). The watch reads each such partition's end offset from the broker
+every WATCH_INTERVAL seconds, independently of the fetcher, and compares it with the consumer's
+fetch position. One that has records waiting and has not moved for STALL_AFTER seconds is
+logged with the state of the consumer that explains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from faust.types import TP
+
+if TYPE_CHECKING:
+    import faust
+
+    from spanguard.streams.wiring import Worker
+
+__all__ = ["STALL_AFTER", "WATCH_INTERVAL", "FetchWatch"]
+
+log = logging.getLogger("spanguard.worker")
+
+# Seconds between two looks (each costs one ListOffsets request per partition leader).
+WATCH_INTERVAL = 5.0
+# Seconds a partition may have records waiting with its fetch position standing still.
+STALL_AFTER = 15.0
+
+
+@dataclass
+class Standing:
+    """Where a partition's fetch position stood, and since when."""
+
+    position: int | None
+    since: float
+
+
+@dataclass(frozen=True)
+class Stall:
+    tp: TP
+    position: int | None  # None: no fetch position at all
+    end: int
+    seconds: float
+
+    def __str__(self) -> str:
+        where = f"{self.tp.topic}/{self.tp.partition}"
+        return f"{where} at {self.position} of {self.end} for {self.seconds:.0f}s"
+
+
+@dataclass
+class StallTracker:
+    """Which partitions had records waiting at every look for `stall_after` seconds while
+    their fetch position stood still. Each is told once per standing."""
+
+    stall_after: float = STALL_AFTER
+    standing: dict[TP, Standing] = field(default_factory=dict)
+    told: set[TP] = field(default_factory=set)
+
+    def observe(
+        self, now: float, ends: dict[TP, int | None], positions: dict[TP, int | None]
+    ) -> list[Stall]:
+        """One look at the partitions wanted now: their end offsets and fetch positions."""
+        stalled = []
+        for tp, end in ends.items():
+            position = positions.get(tp)
+            waiting = end is not None and (position is None or end > position)
+            seen = self.standing.get(tp)
+            if not waiting:
+                self.standing.pop(tp, None)  # the clock starts when records first wait
+                self.told.discard(tp)
+                continue
+            if seen is None or seen.position != position:
+                self.standing[tp] = Standing(position, now)
+                self.told.discard(tp)
+                continue
+            if now - seen.since >= self.stall_after and tp not in self.told:
+                assert end is not None
+                stalled.append(Stall(tp, position, end, now - seen.since))
+                self.told.add(tp)
+        for tp in [tp for tp in self.standing if tp not in ends]:
+            del self.standing[tp]  # no longer wanted (paused, revoked): a new standing later
+            self.told.discard(tp)
+        return stalled
+
+    def forget(self) -> None:
+        """A rebalance: positions move by seeks, every standing starts again."""
+        self.standing.clear()
+        self.told.clear()
+
+
+@dataclass
+class FetchWatch:
+    worker: Worker
+    tracker: StallTracker = field(default_factory=StallTracker)
+    task_seen: dict[int, float] = field(default_factory=dict)
+    stalls: int = 0
+
+    def attach(self, app: faust.App) -> None:
+        app.timer(interval=WATCH_INTERVAL)(self.look)
+
+    async def look(self) -> None:
+        try:
+            await self._look()
+        except Exception as exc:  # starting, stopping, rebalancing: the next look tries again
+            log.debug("fetch watch skipped a look", extra={"error": repr(exc)})
+
+    async def _look(self) -> None:
+        consumer = self.worker.app.consumer
+        if not consumer.flow_active:
+            self.tracker.forget()
+            return
+        wanted = set(consumer._active_partitions or ()) & consumer.assignment()
+        if not wanted:
+            self.tracker.forget()
+            return
+        ends = await consumer.highwaters(*wanted)
+        thread = consumer._thread
+        positions = await thread.call_thread(_positions, thread._ensure_consumer(), wanted)
+        stalled = self.tracker.observe(
+            time.monotonic(), {tp: ends.get(tp) for tp in wanted}, positions
+        )
+        if stalled:
+            self.stalls += len(stalled)
+            state = await thread.call_thread(
+                _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
+            )
+            state["worker_tasks"] = _task_stacks(self.task_seen)
+            log.error(
+                "partitions not fetched: records wait on the broker, the fetch position"
+                " stands still",
+                extra={"stalled": [str(stall) for stall in stalled], "consumer": state},
+            )
+
+
+async def _positions(aio: Any, tps: set[TP]) -> dict[TP, int | None]:
+    """The fetch position of each of `tps` (None: none yet), read in the consumer's thread."""
+    assignment = aio._fetcher._subscriptions.subscription.assignment
+    positions: dict[TP, int | None] = {}
+    for tp in tps:
+        state = assignment.state_value(tp)
+        positions[tp] = state.position if state is not None and state.has_valid_position else None
+    return positions
+
+
+def _describe_task(task: asyncio.Task, seen: dict[int, float], now: float) -> str:
+    """The chain of awaits a task waits in, innermost last, and how long it has existed."""
+    first = seen.setdefault(id(task), now)
+    chain = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(chain) < 12:
+        frame = next(
+            (
+                getattr(awaited, a)
+                for a in ("cr_frame", "gi_frame", "ag_frame")
+                if hasattr(awaited, a)
+            ),
+            None,
+        )
+        chain.append(
+            f"{frame.f_code.co_name}:{frame.f_lineno}"
+            if frame is not None
+            else type(awaited).__name__
+        )
+        awaited = next(
+            (
+                getattr(awaited, a)
+                for a in ("cr_await", "gi_yieldfrom", "ag_await")
+                if getattr(awaited, a, None) is not None
+            ),
+            None,
+        )
+    return f"{' > '.join(chain)} ({now - first:.0f}s)"
+
+
+def _task_stacks(seen: dict[int, float]) -> list[str]:
+    """Where each task of the calling thread's event loop waits (its innermost frames)."""
+    now = time.monotonic()
+    return sorted(_describe_task(task, seen, now) for task in asyncio.all_tasks())
+
+
+async def _consumer_state(aio: Any, consumer: Any, seen: dict[int, float]) -> dict[str, Any]:
+    """aiokafka's fetcher and Faust's partition sets, read in the consumer's thread."""
+    now = time.monotonic()
+    fetcher = aio._fetcher
+    assignment = fetcher._subscriptions.subscription.assignment
+    cluster = aio._client.cluster
+    partitions = {}
+    for tp in sorted(assignment.tps):
+        state = assignment.state_value(tp)
+        record = fetcher._records.get(tp)
+        partitions[f"{tp.topic}/{tp.partition}"] = {
+            "leader": cluster.leader_for_partition(tp),
+            "position": state._position,
+            "status": state._status.name,
+            "reset": state._reset_strategy,
+            "paused": state.paused,
+            "committed_waiters": len(state._committed_futs),
+            "highwater": state.highwater,
+            "buffered": None if record is None else type(record).__name__,
+            "faust": (
+                "active"
+                if tp in consumer._active_partitions
+                else "paused"
+                if tp in consumer._paused_partitions
+                else "buffered"
+                if tp in consumer._buffered_partitions
+                else "none"
+            ),
+        }
+    refresh = aio._coordinator._commit_refresh_task
+    return {
+        "in_flight": sorted(fetcher._in_flight),
+        "pending": [_describe_task(t, seen, now) for t in fetcher._pending_tasks],
+        "fetch_task": _describe_task(fetcher._fetch_task, seen, now)
+        if fetcher._fetch_task is not None
+        else None,
+        "commit_refresh": None
+        if refresh is None
+        else ("done" if refresh.done() else _describe_task(refresh, seen, now)),
+        "generation": aio._coordinator.generation,
+        "consumer_tasks": _task_stacks(seen),
+        "flow_active": consumer.flow_active,
+        "partitions": partitions,
+    }
