@@ -100,6 +100,8 @@ class FetchWatch:
     tracker: StallTracker = field(default_factory=StallTracker)
     task_seen: dict[int, float] = field(default_factory=dict)
     stalls: int = 0
+    # The changelog records a table restore still has to read, and since when that stands.
+    restore: Standing | None = None
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=WATCH_INTERVAL)(self.look)
@@ -111,6 +113,7 @@ class FetchWatch:
             log.debug("fetch watch skipped a look", extra={"error": repr(exc)})
 
     async def _look(self) -> None:
+        await self._look_at_restore()
         consumer = self.worker.app.consumer
         if not consumer.flow_active:
             self.tracker.forget()
@@ -136,6 +139,40 @@ class FetchWatch:
                 " stands still",
                 extra={"stalled": [str(stall) for stall in stalled], "consumer": state},
             )
+
+    async def _look_at_restore(self) -> None:
+        """A table restore whose records left to read stand still for STALL_AFTER seconds."""
+        recovery = self.worker.app.tables.recovery
+        left = recovery.active_remaining_total() if recovery.in_recovery else 0
+        now = time.monotonic()
+        if left <= 0:
+            self.restore = None
+            return
+        if self.restore is None or self.restore.position != left:
+            self.restore = Standing(left, now)
+            return
+        if now - self.restore.since < STALL_AFTER or self.restore.since < 0:
+            return
+        self.restore.since = -1.0  # told once per standing
+        consumer = self.worker.app.consumer
+        thread = consumer._thread
+        state = await thread.call_thread(
+            _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
+        )
+        state["worker_tasks"] = _task_stacks(self.task_seen)
+        remaining = recovery.active_remaining()
+        log.error(
+            "table restore stands still: changelog records left to read, none read",
+            extra={
+                "left": {
+                    f"{tp.topic}/{tp.partition}": f"{recovery.active_offsets[tp]} of"
+                    f" {recovery.active_highwaters[tp]}"
+                    for tp, count in remaining.items()
+                    if count > 0
+                },
+                "consumer": state,
+            },
+        )
 
 
 async def _positions(aio: Any, tps: set[TP]) -> dict[TP, int | None]:
@@ -203,6 +240,8 @@ async def _consumer_state(aio: Any, consumer: Any, seen: dict[int, float]) -> di
             "committed_waiters": len(state._committed_futs),
             "highwater": state.highwater,
             "buffered": None if record is None else type(record).__name__,
+            "read_offset": consumer._read_offset.get(tp),
+            "committed": consumer._committed_offset.get(tp),
             "faust": (
                 "active"
                 if tp in consumer._active_partitions
