@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from faust.types import TP
 
+from spanguard.outcomes import CountedOutcome, Tally
+
 if TYPE_CHECKING:
     import faust
 
     from spanguard.streams.wiring import Worker
 
-__all__ = ["STALL_AFTER", "WATCH_INTERVAL", "FetchWatch"]
+__all__ = ["STALL_AFTER", "WATCH_INTERVAL", "FetchCount", "FetchWatch", "Stall", "StallTracker"]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -31,6 +33,15 @@ log = logging.getLogger("spanguard.worker")
 WATCH_INTERVAL = 5.0
 # Seconds a partition may have records waiting with its fetch position standing still.
 STALL_AFTER = 15.0
+
+
+class FetchCount(CountedOutcome):
+    """What the fetch watch counts."""
+
+    # Partitions found standing still with records waiting (each standing once).
+    STALLED = "stalled"
+    # Table restores found standing still with changelog records left to read.
+    RESTORE_STALLED = "restore_stalled"
 
 
 @dataclass
@@ -99,9 +110,12 @@ class FetchWatch:
     worker: Worker
     tracker: StallTracker = field(default_factory=StallTracker)
     task_seen: dict[int, float] = field(default_factory=dict)
-    stalls: int = 0
+    outcomes: Tally = field(default_factory=Tally)
     # The changelog records a table restore still has to read, and since when that stands.
     restore: Standing | None = None
+
+    def __post_init__(self) -> None:
+        self.worker.counted[FetchCount] = self.outcomes
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=WATCH_INTERVAL)(self.look)
@@ -129,7 +143,7 @@ class FetchWatch:
             time.monotonic(), {tp: ends.get(tp) for tp in wanted}, positions
         )
         if stalled:
-            self.stalls += len(stalled)
+            self.outcomes.add(FetchCount.STALLED, len(stalled))
             state = await thread.call_thread(
                 _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
             )
@@ -154,6 +168,7 @@ class FetchWatch:
         if now - self.restore.since < STALL_AFTER or self.restore.since < 0:
             return
         self.restore.since = -1.0  # told once per standing
+        self.outcomes.add(FetchCount.RESTORE_STALLED)
         consumer = self.worker.app.consumer
         thread = consumer._thread
         state = await thread.call_thread(

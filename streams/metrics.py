@@ -45,6 +45,7 @@ from spanguard.outcomes import Counted, CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
+from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.health import HealthCount
 
 __all__ = [
@@ -199,6 +200,8 @@ COUNTER_HELP = {
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
+    "fetch_stalls": "partitions (or table restores) found with records waiting on the broker"
+    " and the fetch position standing still for 15 s (streams/fetch_watch.py)",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
 }
@@ -231,6 +234,8 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
+    FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
+    FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
