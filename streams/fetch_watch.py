@@ -111,6 +111,8 @@ class FetchWatch:
     tracker: StallTracker = field(default_factory=StallTracker)
     task_seen: dict[int, float] = field(default_factory=dict)
     outcomes: Tally = field(default_factory=Tally)
+    # Span partitions read past their committed offset with none of their messages in process.
+    unprocessed: StallTracker = field(default_factory=StallTracker)
     # The changelog records a table restore still has to read, and since when that stands.
     restore: Standing | None = None
 
@@ -131,17 +133,19 @@ class FetchWatch:
         consumer = self.worker.app.consumer
         if not consumer.flow_active:
             self.tracker.forget()
+            self.unprocessed.forget()
             return
         wanted = set(consumer._active_partitions or ()) & consumer.assignment()
         if not wanted:
             self.tracker.forget()
+            self.unprocessed.forget()
             return
         ends = await consumer.highwaters(*wanted)
         thread = consumer._thread
         positions = await thread.call_thread(_positions, thread._ensure_consumer(), wanted)
-        stalled = self.tracker.observe(
-            time.monotonic(), {tp: ends.get(tp) for tp in wanted}, positions
-        )
+        now = time.monotonic()
+        stalled = self.tracker.observe(now, {tp: ends.get(tp) for tp in wanted}, positions)
+        await self._look_at_unprocessed(now, wanted, positions)
         if stalled:
             self.outcomes.add(FetchCount.STALLED, len(stalled))
             state = await thread.call_thread(
@@ -152,6 +156,34 @@ class FetchWatch:
                 "partitions not fetched: records wait on the broker, the fetch position"
                 " stands still",
                 extra={"stalled": [str(stall) for stall in stalled], "consumer": state},
+            )
+
+    async def _look_at_unprocessed(
+        self, now: float, wanted: set[TP], positions: dict[TP, int | None]
+    ) -> None:
+        """Span partitions fetched past their committed offset, none of whose messages is in
+        process, for STALL_AFTER seconds: records taken from Kafka that no agent got."""
+        consumer = self.worker.app.consumer
+        settings = self.worker.settings
+        spans = {settings.input_topic, settings.repartition_topic}
+        busy = {message.tp for message in list(consumer._unacked_messages)}
+        fetched, committed = {}, {}
+        for tp in wanted:
+            if tp.topic in spans:
+                done = consumer._committed_offset.get(tp)
+                fetched[tp] = None if tp in busy or done is None else positions.get(tp)
+                committed[tp] = done
+        skipped = self.unprocessed.observe(now, fetched, committed)
+        if skipped:
+            thread = consumer._thread
+            state = await thread.call_thread(
+                _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
+            )
+            state["worker_tasks"] = _task_stacks(self.task_seen)
+            log.error(
+                "partitions read past their committed offset, none of their messages in"
+                " process: records fetched that no agent got",
+                extra={"skipped": [str(stall) for stall in skipped], "consumer": state},
             )
 
     async def _look_at_restore(self) -> None:
