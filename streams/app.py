@@ -44,7 +44,7 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.recovery_seek import SeekAfterRecovery
+from spanguard.streams.recovery_seek import FlowControlSeekBack, SeekBackCount
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
@@ -77,7 +77,9 @@ def create_app(
     notify_webhook.register(worker)
     LagMeter(worker).attach(app)
     FetchWatch(worker).attach(app)
-    SeekAfterRecovery.watch_clears(app)
+    seek_back = FlowControlSeekBack(app)
+    worker.counted[SeekBackCount] = seek_back.outcomes
+    seek_back.attach()
     StartupTasks(worker).attach(app)
     MetricsServer(worker).attach(app)
     app.spanguard = worker  # type: ignore[attr-defined]

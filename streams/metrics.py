@@ -47,6 +47,7 @@ from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.health import HealthCount
+from spanguard.streams.recovery_seek import SeekBackCount
 
 __all__ = [
     "EXPORTED",
@@ -202,6 +203,8 @@ COUNTER_HELP = {
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
     "fetch_stalls": "partitions (or table restores) found with records waiting on the broker"
     " and the fetch position standing still for 15 s (streams/fetch_watch.py)",
+    "flow_control_seek_backs": "records a flow control resume dropped from the agents' queues"
+    " (what=records) and the partitions sought back to read them again (what=partitions)",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
 }
@@ -234,6 +237,10 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
+    SeekBackCount.RECORDS_DROPPED: (Series("flow_control_seek_backs", (("what", "records"),)),),
+    SeekBackCount.PARTITIONS_SOUGHT_BACK: (
+        Series("flow_control_seek_backs", (("what", "partitions"),)),
+    ),
     FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
     FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
     **by_outcome(PageOutcome, "pages"),
