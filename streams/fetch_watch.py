@@ -42,6 +42,8 @@ class FetchCount(CountedOutcome):
     STALLED = "stalled"
     # Table restores found standing still with changelog records left to read.
     RESTORE_STALLED = "restore_stalled"
+    # Span partitions read past their committed offset with none of their messages in process.
+    UNPROCESSED = "unprocessed"
 
 
 @dataclass
@@ -175,6 +177,7 @@ class FetchWatch:
                 committed[tp] = done
         skipped = self.unprocessed.observe(now, fetched, committed)
         if skipped:
+            self.outcomes.add(FetchCount.UNPROCESSED, len(skipped))
             thread = consumer._thread
             state = await thread.call_thread(
                 _consumer_state, thread._ensure_consumer(), consumer, self.task_seen

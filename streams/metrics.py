@@ -201,8 +201,10 @@ COUNTER_HELP = {
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
-    "fetch_stalls": "partitions (or table restores) found with records waiting on the broker"
-    " and the fetch position standing still for 15 s (streams/fetch_watch.py)",
+    "fetch_stalls": "what the fetch watch found standing still for 15 s: a partition with"
+    " records waiting and its fetch position unmoved (what=partition), a table restore"
+    " (what=table_restore), a span partition read past its committed offset with none of its"
+    " messages in process (what=unprocessed)",
     "flow_control_seek_backs": "records a flow control resume dropped from the agents' queues"
     " (what=records) and the partitions sought back to read them again (what=partitions)",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
@@ -243,6 +245,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     ),
     FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
     FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
+    FetchCount.UNPROCESSED: (Series("fetch_stalls", (("what", "unprocessed"),)),),
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
