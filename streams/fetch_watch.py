@@ -44,6 +44,9 @@ class FetchCount(CountedOutcome):
     RESTORE_STALLED = "restore_stalled"
     # Span partitions read past their committed offset with none of their messages in process.
     UNPROCESSED = "unprocessed"
+    # Partitions sought again (where they stood, where the restore stood, or to their committed
+    # offset) to make the fetcher read them; fetcher tasks cancelled; commit refreshes restarted.
+    SOUGHT = "sought"
 
 
 @dataclass
@@ -159,6 +162,14 @@ class FetchWatch:
                 " stands still",
                 extra={"stalled": [str(stall) for stall in stalled], "consumer": state},
             )
+            # Where each stands: drops a fetched result held for it and wakes the fetcher.
+            await self.seek(
+                {s.tp: s.position for s in stalled if s.position is not None}, "stalled"
+            )
+        if self.tracker.told:  # at every look while any stands still
+            actions = await thread.call_thread(_unstick_fetcher, thread._ensure_consumer())
+            if actions:
+                log.warning("fetcher unstuck", extra={"actions": actions})
 
     async def _look_at_unprocessed(
         self, now: float, wanted: set[TP], positions: dict[TP, int | None]
@@ -188,6 +199,9 @@ class FetchWatch:
                 " process: records fetched that no agent got",
                 extra={"skipped": [str(stall) for stall in skipped], "consumer": state},
             )
+            await self.seek(
+                {s.tp: s.position for s in skipped if s.position is not None}, "unprocessed"
+            )
 
     async def _look_at_restore(self) -> None:
         """A table restore whose records left to read stand still for STALL_AFTER seconds."""
@@ -210,23 +224,96 @@ class FetchWatch:
             _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
         )
         state["worker_tasks"] = _task_stacks(self.task_seen)
-        remaining = recovery.active_remaining()
+        left_tps = [tp for tp, count in recovery.active_remaining().items() if count > 0]
         log.error(
             "table restore stands still: changelog records left to read, none read",
             extra={
                 "left": {
                     f"{tp.topic}/{tp.partition}": f"{recovery.active_offsets[tp]} of"
                     f" {recovery.active_highwaters[tp]}"
-                    for tp, count in remaining.items()
-                    if count > 0
+                    for tp in left_tps
                 },
                 "consumer": state,
             },
         )
+        # The restore has applied up to active_offsets[tp]: read again from the next one.
+        await self.seek(
+            {tp: max(recovery.active_offsets[tp] + 1, 0) for tp in left_tps}, "table_restore"
+        )
+
+    async def seek(self, offsets: dict[TP, int], why: str) -> None:
+        """Seek `offsets` in the consumer's thread, the fetcher's read offsets with them."""
+        consumer = self.worker.app.consumer
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in consumer.assignment()}
+        if not offsets:
+            return
+        # The fetcher drops a record below its partition's read offset as read already: set
+        # before the seek and after (a record from before the seek may move it meanwhile).
+        for tp, offset in offsets.items():
+            consumer._read_offset[tp] = offset
+        thread = consumer._thread
+        await thread.call_thread(seek_in_thread, thread._ensure_consumer(), offsets)
+        for tp, offset in offsets.items():
+            consumer._read_offset[tp] = offset
+        self.outcomes.add(FetchCount.SOUGHT, len(offsets))
+        log.warning(
+            "partitions sought to be read again",
+            extra={
+                "why": why,
+                "offsets": {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()},
+            },
+        )
+
+
+async def seek_in_thread(aio: Any, offsets: dict[TP, int]) -> None:
+    """Seek in the consumer's own thread (aiokafka's fetcher is not thread-safe)."""
+    for tp, offset in offsets.items():
+        aio.seek(tp, offset)
+
+
+# A fetcher task (a fetch, or an offset reset waiting for the committed offsets) older than
+# this is stuck: its node gets no fetch while it lives. Requests time out well before.
+STUCK_TASK_AGE = 120.0
+
+
+async def _unstick_fetcher(aio: Any) -> list[str]:
+    """In the consumer's thread: restart the committed-offset refresh if it died (offset
+    resets wait on it without a timeout), cancel fetcher tasks alive for STUCK_TASK_AGE."""
+    actions = []
+    fetcher = aio._fetcher
+    assignment = fetcher._subscriptions.subscription.assignment
+    coordinator = aio._coordinator
+    refresh = coordinator._commit_refresh_task
+    if assignment is not None and assignment.active and (refresh is None or refresh.done()):
+        died = None if refresh is None or refresh.cancelled() else refresh.exception()
+        coordinator.start_commit_offsets_refresh_task(assignment)
+        actions.append(f"committed-offset refresh restarted (it ended with {died!r})")
+    now = time.monotonic()
+    for task in list(fetcher._pending_tasks):
+        born = _TASK_BORN.get(id(task), now)
+        if now - born >= STUCK_TASK_AGE and not task.done():
+            task.cancel()
+            actions.append(f"fetcher task cancelled after {now - born:.0f}s")
+    return actions
+
+
+def _note_fetcher_tasks(fetcher: Any) -> None:
+    """When each pending fetcher task was first seen (by id), forgetting finished ones."""
+    now = time.monotonic()
+    alive = {id(task) for task in fetcher._pending_tasks}
+    for gone in _TASK_BORN.keys() - alive:
+        del _TASK_BORN[gone]
+    for task_id in alive:
+        _TASK_BORN.setdefault(task_id, now)
+
+
+# When the watch first saw each fetcher task (by id), in the consumer's thread.
+_TASK_BORN: dict[int, float] = {}
 
 
 async def _positions(aio: Any, tps: set[TP]) -> dict[TP, int | None]:
     """The fetch position of each of `tps` (None: none yet), read in the consumer's thread."""
+    _note_fetcher_tasks(aio._fetcher)
     assignment = aio._fetcher._subscriptions.subscription.assignment
     positions: dict[TP, int | None] = {}
     for tp in tps:

@@ -207,6 +207,8 @@ COUNTER_HELP = {
     " messages in process (what=unprocessed)",
     "flow_control_seek_backs": "records a flow control resume dropped from the agents' queues"
     " (what=records) and the partitions sought back to read them again (what=partitions)",
+    "fetch_stall_seeks": "partitions the fetch watch sought to be read again after it found"
+    " them standing still",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
 }
@@ -246,6 +248,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
     FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
     FetchCount.UNPROCESSED: (Series("fetch_stalls", (("what", "unprocessed"),)),),
+    FetchCount.SOUGHT: (Series("fetch_stall_seeks"),),
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
