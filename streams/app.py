@@ -36,6 +36,7 @@ from spanguard.streams.conversations import (
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
 from spanguard.streams.fetch_watch import FetchWatch
+from spanguard.streams.flow_resume import KeepCurrentOnResume, ResumeCount
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
@@ -44,7 +45,6 @@ from spanguard.streams.metrics import (
     worker_registry,
 )
 from spanguard.streams.partitioner import collector_partition
-from spanguard.streams.recovery_seek import FlowControlSeekBack, SeekBackCount
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state import SerializedStates, TraceTable
 from spanguard.streams.wiring import Worker
@@ -77,9 +77,10 @@ def create_app(
     notify_webhook.register(worker)
     LagMeter(worker).attach(app)
     FetchWatch(worker).attach(app)
-    seek_back = FlowControlSeekBack(app)
-    worker.counted[SeekBackCount] = seek_back.outcomes
-    seek_back.attach()
+    # Faust's resume at the end of a rebalance would drop records fetched for this generation.
+    keeper = KeepCurrentOnResume(app)
+    worker.counted[ResumeCount] = keeper.outcomes
+    keeper.attach()
     StartupTasks(worker).attach(app)
     MetricsServer(worker).attach(app)
     app.spanguard = worker  # type: ignore[attr-defined]

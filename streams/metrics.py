@@ -46,8 +46,8 @@ from spanguard.schemas.decision import Decision
 from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.fetch_watch import FetchCount
+from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import HealthCount
-from spanguard.streams.recovery_seek import SeekBackCount
 
 __all__ = [
     "EXPORTED",
@@ -205,8 +205,8 @@ COUNTER_HELP = {
     " records waiting and its fetch position unmoved (what=partition), a table restore"
     " (what=table_restore), a span partition read past its committed offset with none of its"
     " messages in process (what=unprocessed)",
-    "flow_control_seek_backs": "records a flow control resume dropped from the agents' queues"
-    " (what=records) and the partitions sought back to read them again (what=partitions)",
+    "flow_control_records_kept": "records of the current generation that Faust's flow control"
+    " resume at the end of a rebalance would have dropped from the agents' queues, kept",
     "fetch_stall_seeks": "partitions the fetch watch sought to be read again after it found"
     " them standing still",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
@@ -241,10 +241,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
-    SeekBackCount.RECORDS_DROPPED: (Series("flow_control_seek_backs", (("what", "records"),)),),
-    SeekBackCount.PARTITIONS_SOUGHT_BACK: (
-        Series("flow_control_seek_backs", (("what", "partitions"),)),
-    ),
+    ResumeCount.RECORDS_KEPT: (Series("flow_control_records_kept"),),
     FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
     FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
     FetchCount.UNPROCESSED: (Series("fetch_stalls", (("what", "unprocessed"),)),),
