@@ -1,11 +1,22 @@
-"""The fetch watch: partitions the worker owns and Faust wants read, whose records wait on the
-broker while the worker's fetch position stands still.
+"""The fetch watch: records the worker should read and does not, found and read again.
 
-A partition like that is a silent stall: nothing fails, the records are simply never read
-(their loops never killed). The watch reads each such partition's end offset from the broker
-every WATCH_INTERVAL seconds, independently of the fetcher, and compares it with the consumer's
-fetch position. One that has records waiting and has not moved for STALL_AFTER seconds is
-logged with the state of the consumer that explains it.
+Such a stall is silent: nothing fails, the records are never read and their loops never
+killed. Every WATCH_INTERVAL seconds the watch looks at three things, and acts on one that has
+stood still for STALL_AFTER seconds, logging it at ERROR with the consumer's state (aiokafka's
+positions, fetched results and pending tasks, Faust's partition sets and read offsets, where
+every task waits):
+
+- a partition Faust wants read whose end offset (read from the broker, not from the fetcher) is
+  past its fetch position: sought where it stands, which drops a fetched result held for it
+  and wakes the fetcher; a dead committed-offset refresh is restarted, a fetcher task alive for
+  STUCK_TASK_AGE cancelled (both would keep a broker's partitions from being fetched);
+- a table restore with changelog records left and none read: its partitions are sought to
+  where the restore got to (Faust's fetch loop can drop records it took from the consumer
+  around a rebalance, leaving the position at the end and the restore waiting forever);
+- a span partition read past its committed offset with none of its messages in process: sought
+  to its committed offset.
+
+Counted in spanguard_fetch_stalls_total{what} and spanguard_fetch_stall_seeks_total.
 """
 
 from __future__ import annotations
