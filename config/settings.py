@@ -42,6 +42,7 @@ __all__ = [
     "Setting",
     "WebhookSettings",
     "WorkerSettings",
+    "logger_levels",
     "redact_url",
     "settings_document",
     "settings_table",
@@ -214,6 +215,22 @@ def _check_topic(name: str, topic: str) -> None:
         )
 
 
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def logger_levels(text: str) -> dict[str, str]:
+    """`LOGGER=LEVEL,...` (SPANGUARD_LOG_LEVELS) as a mapping; a malformed pair is an error."""
+    levels = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, level = (item.strip() for item in pair.partition("="))
+        if not sep or not name or level.upper() not in LOG_LEVELS:
+            raise SettingsError(
+                f"log_levels: {pair!r} is not LOGGER=LEVEL with a level of {', '.join(LOG_LEVELS)}"
+            )
+        levels[name] = level.upper()
+    return levels
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """`spanguard worker` and `spanguard topics create`: SPANGUARD_<NAME>."""
@@ -312,6 +329,11 @@ class WorkerSettings:
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
         "INFO", "DEBUG, INFO, WARNING, ERROR"
     )
+    log_levels: str = setting(
+        "",
+        "levels of single loggers over --log-level, LOGGER=LEVEL,... (e.g."
+        " aiokafka.consumer.group_coordinator=DEBUG to see the consumer's group and offsets)",
+    )
     # TLS and SASL, shared with every other Kafka client (config/kafka_security.py).
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity, metadata={"nested": KafkaSecurity})
 
@@ -373,6 +395,7 @@ class WorkerSettings:
                 f"signal_ttl must be between {MIN_SIGNAL_TTL:g} and {MAX_SIGNAL_TTL:g} seconds,"
                 f" not {self.signal_ttl:g} (agents must be able to read a kill before it expires)"
             )
+        logger_levels(self.log_levels)  # a typo is an error at start, not a silent no-op
         if self.allow_unsigned and (self.signing_key or self.signing_key_file):
             raise SettingsError(
                 "a signing key and SPANGUARD_ALLOW_UNSIGNED=true: sign, or send unsigned signals,"

@@ -27,8 +27,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def logging_config(level: str = "INFO") -> dict[str, Any]:
-    """A logging.config.dictConfig that sends everything through JsonFormatter."""
+def logging_config(level: str = "INFO", loggers: dict[str, str] | None = None) -> dict[str, Any]:
+    """A logging.config.dictConfig that sends everything through JsonFormatter; `loggers` sets
+    single loggers' levels over `level` (logger name -> level)."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -42,5 +43,8 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         # aiokafka narrates every connection at INFO; keep its warnings.
-        "loggers": {"aiokafka": {"level": "WARNING"}},
+        "loggers": {
+            "aiokafka": {"level": "WARNING"},
+            **{name: {"level": value} for name, value in (loggers or {}).items()},
+        },
     }

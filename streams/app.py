@@ -44,6 +44,8 @@ from spanguard.streams.conversations import (
 )
 from spanguard.streams.delivery import Outbox
 from spanguard.streams.faust_tuning import set_fetch_max_wait
+from spanguard.streams.fetch_watch import FetchWatch
+from spanguard.streams.flow_resume import KeepCurrentOnResume, ResumeCount
 from spanguard.streams.health import Health, HealthCount
 from spanguard.streams.metrics import (
     ConsumerLag,
@@ -87,6 +89,11 @@ def create_app(
     verify_goals.register(worker)
     notify_webhook.register(worker)
     LagMeter(worker).attach(app)
+    FetchWatch(worker).attach(app)
+    # Faust's resume at the end of a rebalance would drop records fetched for this generation.
+    keeper = KeepCurrentOnResume(app)
+    worker.counted[ResumeCount] = keeper.outcomes
+    keeper.attach()
     StartupTasks(worker).attach(app)
     MetricsServer(worker).attach(app)
     app.spanguard = worker  # type: ignore[attr-defined]

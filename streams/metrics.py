@@ -47,6 +47,8 @@ from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import AgentWindowCount
 from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
+from spanguard.streams.fetch_watch import FetchCount
+from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import HealthCount
 
 __all__ = [
@@ -254,6 +256,14 @@ COUNTER_HELP = {
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
+    "fetch_stalls": "what the fetch watch found standing still for 15 s: a partition with"
+    " records waiting and its fetch position unmoved (what=partition), a table restore"
+    " (what=table_restore), a span partition read past its committed offset with none of its"
+    " messages in process (what=unprocessed)",
+    "flow_control_records_kept": "records of the current generation that Faust's flow control"
+    " resume at the end of a rebalance would have dropped from the agents' queues, kept",
+    "fetch_stall_seeks": "partitions the fetch watch sought to be read again after it found"
+    " them standing still",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
 }
@@ -303,6 +313,11 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
+    ResumeCount.RECORDS_KEPT: (Series("flow_control_records_kept"),),
+    FetchCount.STALLED: (Series("fetch_stalls", (("what", "partition"),)),),
+    FetchCount.RESTORE_STALLED: (Series("fetch_stalls", (("what", "table_restore"),)),),
+    FetchCount.UNPROCESSED: (Series("fetch_stalls", (("what", "unprocessed"),)),),
+    FetchCount.SOUGHT: (Series("fetch_stall_seeks"),),
     **by_outcome(PageOutcome, "pages"),
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),

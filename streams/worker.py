@@ -11,7 +11,13 @@ import faust
 
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.webhook import Webhook
-from spanguard.config.settings import GoalSettings, PagerSettings, WebhookSettings, WorkerSettings
+from spanguard.config.settings import (
+    GoalSettings,
+    PagerSettings,
+    WebhookSettings,
+    WorkerSettings,
+    logger_levels,
+)
 from spanguard.connectors.judge import OpenAICompatibleJudge
 from spanguard.connectors.kafka_clients import check_aiokafka
 from spanguard.connectors.topics import cluster_replication
@@ -63,7 +69,8 @@ def run_worker(
     webhook: WebhookSettings | None = None,
 ) -> int:
     # JSON logs from the first line on (Faust applies the same config again when it starts).
-    logging.config.dictConfig(logging_config(settings.log_level))
+    log_config = logging_config(settings.log_level, logger_levels(settings.log_levels))
+    logging.config.dictConfig(log_config)
     log = logging.getLogger("spanguard.worker")
     if settings.mode == "observe":
         # Shadow mode for the whole fleet: decisions are recorded and notified, never sent.
@@ -92,7 +99,7 @@ def run_worker(
     worker = faust.Worker(
         app,
         loglevel=settings.log_level,
-        logging_config=logging_config(settings.log_level),
+        logging_config=log_config,
         quiet=True,  # no banner on stdout: logs are JSON on stderr
     )
     log.info(
