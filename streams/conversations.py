@@ -16,7 +16,6 @@ and span batch: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import defaultdict
@@ -37,7 +36,8 @@ from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 from spanguard.streams.delivery import Send, send_all
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.fence import Lease
+from spanguard.streams.state import SerializedStates, TraceTable, WriteBackAgent, event_context
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -222,7 +222,7 @@ def conversation_view(
     table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
 ) -> SerializedStates:
     """The conversation table as the scope reads it: ConversationStates, written once per
-    batch, idle ones evicted with bounded work (streams/state.py)."""
+    commit interval, idle ones evicted with bounded work (streams/state.py)."""
     return SerializedStates(
         table,
         bucket_seconds=bucket_seconds,
@@ -262,50 +262,59 @@ class WorkerConversations(ConversationGuard):
         return decision
 
 
-class ConversationAgent:
-    """Reads the conversation topic in batches: decides each record, sends the decisions
-    (acked by the broker), writes the changed conversation states, then acks the batch."""
+class ConversationAgent(WriteBackAgent):
+    """Reads the conversation topic in batches: decides each record and sends the decisions
+    (acked by the broker) per batch; writes the changed conversation states once per commit
+    interval and acks the messages once the changelog acked those writes, as the span agent
+    does with the trace table (streams/state.py, WriteBackAgent), under the same lease."""
 
-    def __init__(self, worker: Worker, topic: faust.TopicT, states: SerializedStates) -> None:
-        self.worker = worker
+    def __init__(
+        self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
+    ) -> None:
+        table = states.table
+        assert isinstance(table, TraceTable)  # its changelog writes are awaited before acks
+        super().__init__(worker, states, table, lease)
         self.topic = topic
-        self.states = states
         self.outcomes = conversation_tally(worker)
         self.guard = WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
 
     def attach(self, app: faust.App) -> None:
+        self.attach_writes(app)
         app.agent(self.topic, name="guard-conversations")(self.guard_conversations)
 
     async def guard_conversations(self, stream: faust.StreamT) -> None:
-        async for events in stream.take_events(self.worker.settings.batch_size, within=0.01):
-            await self.guard_batch(events)
+        await self.run_batches(stream, 0.01, self.guard_batch)
 
     async def guard_batch(self, events: list[EventT]) -> None:
-        for event in events:
-            event.message.incref()  # acked below, once the states are written
+        epoch = self.hold(events)
+        # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
+        if not await self.lease.wait(epoch):
+            self.release(events)
+            return
         self.states.begin_batch()
-        try:
-            sends = self.decide(events)
-            failed = await send_all(sends)
-            self.settle(sends, failed)
-            pointers = self.worker.outbox.pointers_to_unsent(failed)
-            for send in await send_all(pointers):
-                log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
-            self.states.flush()
-        except BaseException as exc:
-            # Not written and not acked: the messages are decided again after a restart.
-            self.states.discard()
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("conversation batch failed; its messages stay unacked")
-                self.worker.health.crashed(exc)
-            raise
-        for event in events:
-            event.ack()
-        self.evict_idle(events)
+        sends = self.decide(events)
+        failed = await send_all(sends)
+        if epoch != self.lease.epoch:
+            return  # fenced while sending: what it decided is dropped unwritten
+        self.settle(sends, failed)
+        pointers = self.worker.outbox.pointers_to_unsent(failed)
+        for send in await send_all(pointers):
+            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
+        # A batch that sent a signal writes its states at once: a crash before the flush
+        # would decide it again and send the same signal twice (harmless, the same id, but
+        # as rare as a crash between a send and its write can make it).
+        signalled = any(send.decision is not None for send in sends)
+        if self.flush_due() or (signalled and self.held):
+            if not await self.lease.wait(epoch):
+                return  # fenced: nothing of it written
+            await self.flush_states()
+        if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
+            self.evict_idle(events)
 
     def decide(self, events: list[EventT]) -> list[Send]:
         outbox = self.worker.outbox
         sends: list[Send] = []
+        read = duplicates = decided = 0
         for event in events:
             message = event.message
             try:
@@ -313,7 +322,7 @@ class ConversationAgent:
             except ValueError as exc:
                 sends.append(outbox.dead_letter(message, f"conversation record: {exc}"))
                 continue
-            self.outcomes.add(ConversationCount.RECORDS_READ, len(records))
+            read += len(records)
             decisions: list[Decision] = []
             before = self.guard.duplicates
             with event_context(event):
@@ -321,25 +330,34 @@ class ConversationAgent:
                     decision = self.guard.observe(record)
                     if decision is not None:
                         decisions.append(decision)
-            self.outcomes.add(ConversationCount.DUPLICATES, self.guard.duplicates - before)
-            self.outcomes.add(ConversationCount.DECISIONS, len(decisions))
-            sends.extend(outbox.sends_for(Outcome(decisions=decisions), message))
+            duplicates += self.guard.duplicates - before
+            if decisions:
+                decided += len(decisions)
+                sends.extend(outbox.sends_for(Outcome(decisions=decisions), message))
+        self.outcomes.add(ConversationCount.RECORDS_READ, read)
+        self.outcomes.add(ConversationCount.DUPLICATES, duplicates)
+        self.outcomes.add(ConversationCount.DECISIONS, decided)
         return sends
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:
-        """A decision whose signal was not sent is not decided: it can trip again."""
-        lost = {id(send) for send in failed}
+        """A decision whose signals were not all sent is not decided: it can trip again. A
+        kill sends two (its trace's, its conversation's): each decision is settled once."""
+        lost = {id(send.decision) for send in failed if send.decision is not None}
+        settled: set[int] = set()
         for send in sends:
-            if send.decision is not None and id(send) not in lost:
-                self.worker.latency.signal_sent(send.decision)
-        for send in failed:
-            if send.decision is not None:
-                self.guard.retract(send.decision)
-                self.worker.health.lost_signals += 1
-                log.error(
-                    "conversation kill signal not sent; it can trip again",
-                    extra={"conversation_id": send.decision.conversation_id},
-                )
+            decision = send.decision
+            if decision is None or id(decision) in settled:
+                continue
+            settled.add(id(decision))
+            if id(decision) not in lost:
+                self.worker.latency.signal_sent(decision)
+                continue
+            self.guard.retract(decision)
+            self.worker.health.lost_signals += 1
+            log.error(
+                "conversation kill signal not sent; it can trip again",
+                extra={"conversation_id": decision.conversation_id},
+            )
 
     def evict_idle(self, events: list[EventT]) -> None:
         ttl = self.worker.settings.state_ttl
