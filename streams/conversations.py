@@ -10,8 +10,10 @@ trace table's does), and sends its decisions down the trace decisions' path: det
 signed kill signal, and from the detections topic paging and the webhook.
 
 What the records hold: ids, the call's key (tool name, hashes of its arguments and result), its
-span id and end time, token and cost deltas; never arguments. One Kafka record per conversation
-and span batch: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
+span id and end time, token and cost deltas; never arguments. One Kafka record per partition of
+the conversation topic and span batch, holding the conversations whose partition it is:
+`{"v": 2, "c": {conversation id: [record, ...], ...}}` (version 1, one conversation's
+`{"v": 1, "r": [...]}` with its id in the key, is still read).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import faust
+from aiokafka.partitioner import murmur2
 from faust.types import EventT
 
 from spanguard.detection.conversation import (
@@ -31,7 +35,7 @@ from spanguard.detection.conversation import (
     ConversationState,
     ConversationUsage,
 )
-from spanguard.detection.pipeline import Outcome
+from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
@@ -44,21 +48,28 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_RECENT_SPANS",
+    "PACKED_VERSION",
+    "RECORD_VERSION",
     "ConversationAgent",
     "ConversationCount",
     "ConversationRecorder",
     "WorkerConversations",
+    "conversation_partition",
     "conversation_sends",
     "conversation_tally",
     "conversation_view",
     "conversations_wanted",
     "decode_records",
-    "encode_records",
+    "encode_packs",
 ]
 
 log = logging.getLogger("spanguard.worker")
 
+# 1: one conversation's records, its id in the key (still read: a worker of an earlier
+# release may have sent them); 2: a pack of the conversations of one partition.
 RECORD_VERSION = 1
+PACKED_VERSION = 2
+_PACK_HEAD = b'{"v":2,"c":{'
 # Span ids a conversation remembers to drop records sent twice (a span batch decided again
 # after a crash re-sends what it had sent): a commit interval's calls of one conversation.
 MAX_RECENT_SPANS = 256
@@ -68,6 +79,17 @@ EVICT_PER_BATCH = 256
 MAX_FIELD_CHARS = 512
 
 Record = ConversationCall | ConversationUsage
+
+
+@dataclass
+class Pack:
+    """One record of the conversation topic: where it goes, its key (a lone conversation's
+    id, else none), its value, and the conversations it holds."""
+
+    partition: int
+    key: bytes | None
+    value: bytes
+    conversations: list[str]
 
 
 def conversations_wanted(policy: Policy) -> bool:
@@ -133,25 +155,60 @@ class ConversationRecorder(ConversationGuard):
         return taken
 
 
-def encode_records(records: Iterable[Record]) -> dict[str, bytes]:
-    """{conversation id: one record value holding its calls and usage, in order}."""
+def conversation_partition(conversation_id: str, partitions: int) -> int:
+    """The partition of the conversation topic a conversation's records go to: the one a
+    record keyed by its id goes to under the Java client's default partitioner (murmur2, as
+    aiokafka's), where version 1 records of the same conversation went."""
+    return (murmur2(conversation_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _row(record: Record) -> list[Any]:
+    if isinstance(record, ConversationCall):
+        tool, args_hash, result_hash = record.key
+        row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
+        row += [record.end_time_unix_nano, tool, args_hash, result_hash]
+    else:
+        row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
+        row += [record.tokens, record.cost]
+    row += [record.service, record.agent_name]
+    return row
+
+
+def encode_packs(
+    records: Iterable[Record], partitions: int, limit: int = MAX_RECORD_BYTES
+) -> list[Pack]:
+    """The records as packs, one per partition of the conversation topic (more when one
+    would pass `limit` bytes): each holds the calls and usage of the conversations whose
+    partition it is, each conversation's in order, as
+    `{"v": 2, "c": {conversation id: [row, ...], ...}}`."""
     grouped: dict[str, list[list[Any]]] = defaultdict(list)
     for record in records:
-        if isinstance(record, ConversationCall):
-            tool, args_hash, result_hash = record.key
-            row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
-            row += [record.end_time_unix_nano, tool, args_hash, result_hash]
-        else:
-            row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
-            row += [record.tokens, record.cost]
-        row += [record.service, record.agent_name]
-        grouped[record.conversation_id].append(row)
-    return {
-        conversation_id: json.dumps(
-            {"v": RECORD_VERSION, "r": rows}, separators=(",", ":")
-        ).encode()
-        for conversation_id, rows in grouped.items()
-    }
+        grouped[record.conversation_id].append(_row(record))
+    by_partition: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
+    for conversation_id, rows in grouped.items():
+        entry = json.dumps({conversation_id: rows}, separators=(",", ":")).encode()[1:-1]
+        by_partition[conversation_partition(conversation_id, partitions)].append(
+            (conversation_id, entry)
+        )
+    packs: list[Pack] = []
+    for partition, entries in by_partition.items():
+        chunk: list[tuple[str, bytes]] = []
+        size = 0
+        for conversation_id, entry in entries:
+            if chunk and size + len(entry) > limit:
+                packs.append(_pack(partition, chunk))
+                chunk, size = [], 0
+            chunk.append((conversation_id, entry))
+            size += len(entry) + 1
+        packs.append(_pack(partition, chunk))
+    return packs
+
+
+def _pack(partition: int, chunk: list[tuple[str, bytes]]) -> Pack:
+    value = _PACK_HEAD + b",".join(entry for _, entry in chunk) + b"}}"
+    # A lone conversation keeps its id as the key, as version 1 records did.
+    key = chunk[0][0].encode() if len(chunk) == 1 else None
+    return Pack(partition, key, value, [conversation_id for conversation_id, _ in chunk])
 
 
 def _text(value: Any, what: str, optional: bool = False) -> Any:
@@ -169,18 +226,33 @@ def _count(value: Any, what: str) -> int:
 
 
 def decode_records(key: bytes | None, value: bytes | None) -> list[Record]:
-    """The records of one message of the conversation topic; ValueError says what is wrong."""
+    """The records of one message of the conversation topic, a pack (version 2) or one
+    conversation's (version 1, its id in the key); ValueError says what is wrong."""
+    try:
+        body = json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not a conversation record: {exc}") from None
+    version = body.get("v") if isinstance(body, dict) else None
+    if version == PACKED_VERSION:
+        conversations = body.get("c")
+        if not isinstance(conversations, dict):
+            raise ValueError("no conversation map")
+        records: list[Record] = []
+        for conversation_id, rows in conversations.items():
+            records += _decode_rows(_text(conversation_id, "conversation id"), rows)
+        return records
+    if version != RECORD_VERSION:
+        raise ValueError(f"not a version {PACKED_VERSION} or {RECORD_VERSION} conversation record")
     if not key:
         raise ValueError("no conversation id in the key")
     try:
         conversation_id = key.decode()
-        body = json.loads(value or b"")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except UnicodeDecodeError as exc:
         raise ValueError(f"not a conversation record: {exc}") from None
-    _text(conversation_id, "conversation id")
-    if not isinstance(body, dict) or body.get("v") != RECORD_VERSION:
-        raise ValueError(f"not a version {RECORD_VERSION} conversation record")
-    rows = body.get("r")
+    return _decode_rows(_text(conversation_id, "conversation id"), body.get("r"))
+
+
+def _decode_rows(conversation_id: str, rows: Any) -> list[Record]:
     if not isinstance(rows, list):
         raise ValueError("no record list")
     records: list[Record] = []
@@ -369,15 +441,22 @@ class ConversationAgent(WriteBackAgent):
 
 
 def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]) -> list[Send]:
-    """The span agent's records for the conversation topic, one per conversation, in order; a
-    record that cannot be written leaves a dead letter pointing at the first message that
-    contributed to it (`sources` is aligned with `records`)."""
+    """The span agent's records for the conversation topic, packed one per partition (a Kafka
+    record each costs both agents), each conversation's in order; a pack that cannot be
+    written leaves a dead letter pointing at the first message that contributed to it
+    (`sources` is aligned with `records`)."""
     topic = worker.conversations_out
     assert topic is not None
-    first_source: dict[str, Any] = {}
-    for record, source in zip(records, sources, strict=True):
-        first_source.setdefault(record.conversation_id, source)
-    return [
-        Send(topic, {"key": cid.encode(), "value": value}, source=first_source[cid])
-        for cid, value in encode_records(records).items()
-    ]
+    # Each conversation's first record with a source, by its place in the batch (a record of
+    # no message, a direct caller's, points nowhere).
+    first_source: dict[str, tuple[int, Any]] = {}
+    for index, (record, source) in enumerate(zip(records, sources, strict=True)):
+        if source is not None:
+            first_source.setdefault(record.conversation_id, (index, source))
+    sends = []
+    for pack in encode_packs(records, worker.settings.partitions):
+        found = [first_source[c] for c in pack.conversations if c in first_source]
+        source = min(found, key=lambda first: first[0])[1] if found else None
+        kwargs = {"key": pack.key, "value": pack.value, "partition": pack.partition}
+        sends.append(Send(topic, kwargs, source=source))
+    return sends

@@ -23,7 +23,7 @@ from spanguard.schemas.decision import keyring, read_signal
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import build_worker, conversation_states, faust_app
-from spanguard.streams.conversations import ConversationAgent, encode_records
+from spanguard.streams.conversations import ConversationAgent, encode_packs
 from spanguard.streams.fence import Lease
 
 SESSION = 30.0
@@ -75,7 +75,7 @@ def loop_across_two_traces() -> list[bytes]:
     """Two messages of conversation c: 4 identical calls over two traces, a repeat to kill."""
     first = [call("a" * 32, 1), call("a" * 32, 2)]
     second = [call("b" * 32, 3), call("b" * 32, 4)]
-    return [encode_records(first)["c"], encode_records(second)["c"]]
+    return [encode_packs(records, 8)[0].value for records in (first, second)]
 
 
 def test_a_kill_sends_its_trace_and_conversation_signals_and_its_state_waits_for_the_flush(

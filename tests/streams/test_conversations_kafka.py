@@ -23,6 +23,7 @@ from spanguard.detection.guard import Guard
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.policy import Policy
+from spanguard.streams.conversations import decode_records
 from tests.detection.test_conversation import turn
 from tests.detection.test_rules import run
 from tests.support.kafka_harness import (
@@ -72,7 +73,7 @@ def records_of(collector: Collector, topic: str) -> list[dict]:
 
 def calls_on(collector: Collector, topic: str) -> int:
     """Call and usage records on the conversation topic (a Kafka record holds a batch's)."""
-    return sum(len(json.loads(m["value"])["r"]) for m in records_of(collector, topic))
+    return sum(len(decode_records(m["key"], m["value"])) for m in records_of(collector, topic))
 
 
 @pytest.mark.parametrize(
