@@ -122,8 +122,9 @@ def conversation_tally(worker: Worker) -> Tally:
 
 class ConversationRecorder(ConversationGuard):
     """Given to the span agent's guard as its conversation scope: it keeps the records of the
-    calls and usage of agents whose policy turns the scope on, for the span agent to send, and
-    decides nothing (the conversation agent does, from the topic)."""
+    calls of agents whose policy turns the scope on, and their usage where it sets a
+    conversation budget, for the span agent to send, and decides nothing (the conversation
+    agent does, from the topic)."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -136,7 +137,14 @@ class ConversationRecorder(ConversationGuard):
         return None
 
     def observe_usage(self, record: ConversationUsage) -> Decision | None:
-        if self._policy(record.service, record.agent_name).conversation_enabled:
+        # Usage matters to the conversation only against one of its budgets: without one
+        # (the scope's default) it is not sent, which spares both agents most of the records
+        # (usage spans outnumber tool calls). A budget set later counts from then.
+        policy = self._policy(record.service, record.agent_name)
+        if policy.conversation_enabled and (
+            policy.conversation_token_budget is not None
+            or policy.conversation_usd_budget is not None
+        ):
             self.records.append(record)
         return None
 

@@ -99,7 +99,6 @@ def test_a_kill_sends_its_trace_and_conversation_signals_and_its_state_waits_for
     # Decided and sent per batch; written once per commit interval, its messages held till then.
     assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
     assert agent.held == events and all(e.message.refcount == 1 for e in events)
-    assert agent.flush_due() is False  # the interval has not passed since the agent was made
 
 
 def test_a_decision_whose_scoped_signal_failed_is_retracted_once(tmp_path: Path) -> None:

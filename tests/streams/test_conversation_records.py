@@ -160,6 +160,22 @@ def test_a_conversation_shared_by_thousands_of_traces_stays_bounded_in_bytes():
     assert len(stored) < 32_000, len(stored)
 
 
+@pytest.mark.parametrize(
+    ("budgets", "kept"),
+    [({}, False), ({"token_budget": 10**6}, True), ({"usd_budget": 5}, True)],
+    ids=["no-budget", "token-budget", "usd-budget"],
+)
+def test_usage_is_recorded_only_against_a_conversation_budget(budgets, kept):
+    policy = Policy.from_mapping({"defaults": {"conversation": {"enabled": True, **budgets}}})
+    recorder = ConversationRecorder(policy)
+    recorder.observe_call(call("c", "t1", 1))
+    recorder.observe_usage(usage("c", "t1", 2, 300))
+    records, _ = recorder.drain()
+    assert [type(r).__name__ for r in records] == ["ConversationCall"] + (
+        ["ConversationUsage"] if kept else []
+    )
+
+
 def test_the_recorder_records_only_agents_whose_policy_turns_the_scope_on():
     policy = Policy.from_mapping(
         {
