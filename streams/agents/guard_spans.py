@@ -176,7 +176,7 @@ class SpanAgent(WriteBackAgent):
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
         if worker.recorder is not None and worker.recorder.records:
-            # One record per conversation and batch: a Kafka record each costs both agents.
+            # One record per partition and batch: a Kafka record each costs both agents.
             records, sources = worker.recorder.drain()
             self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
             sends.extend(conversation_sends(worker, records, sources))
