@@ -144,7 +144,7 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     Decoded states of the owned partitions are kept (up to `cache_size`, least recently used
     dropped first), so a trace's next message skips the store's read and the decode; the table
-    and its changelog are still written once per batch. A cached state is exactly what the
+    and its changelog are still written once per flush. A cached state is exactly what the
     batch that last wrote it wrote: a read takes it out of the cache (the guard changes it in
     place), and only flush() puts it back, after its write. States changed since the last flush
     are read from the unflushed states first; if the process dies before the flush, the cache
