@@ -26,23 +26,12 @@ from spanguard.streams.conversations import (
 )
 from spanguard.streams.delivery import Send, send_all
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import (
-    CHANGELOG_ACK_TIMEOUT,
-    FLUSH_CHECK_INTERVAL,
-    WriteBackAgent,
-    event_context,
-)
+from spanguard.streams.state import WriteBackAgent, event_context
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
 
-__all__ = [
-    "CHANGELOG_ACK_TIMEOUT",
-    "EVICT_PER_BATCH",
-    "FLUSH_CHECK_INTERVAL",
-    "SpanAgent",
-    "SpanCount",
-]
+__all__ = ["EVICT_PER_BATCH", "SpanAgent", "SpanCount"]
 
 log = logging.getLogger("spanguard.worker")
 
