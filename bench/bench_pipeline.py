@@ -815,8 +815,8 @@ def main() -> int:
     parser.add_argument(
         "--conversations",
         action="store_true",
-        help="every span of the drain corpus names its trace's conversation, six traces a"
-        " conversation (the conversation scope's load, with a policy that turns it on:"
+        help="every span of the drain and latency corpora names its trace's conversation, six"
+        " traces a conversation (the conversation scope's load, with a policy that turns it on:"
         " --worker-arg=--policy=FILE)",
     )
     args = parser.parse_args()
@@ -833,7 +833,11 @@ def main() -> int:
     )
     second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
     latency_corpus = build_corpus(int(args.rate * args.seconds), args.latency_traces, seed=8, **mix)
-    paced = keyed_messages(latency_corpus.requests)
+    paced = keyed_messages(
+        with_conversations(latency_corpus.requests, prefix="latency-conv")
+        if args.conversations
+        else latency_corpus.requests
+    )
     expected = expected_kills(latency_corpus.requests)
     # Fresh trace ids for the Collector's drain and latency run.
     corpus_c = latency_c = None

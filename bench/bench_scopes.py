@@ -25,8 +25,8 @@ from spanguard.schemas.policy import Policy
 TRACES_PER_CONVERSATION = 6
 
 
-def with_conversations(requests: list[bytes]) -> list[bytes]:
-    """The same requests, every span naming its trace's conversation."""
+def with_conversations(requests: list[bytes], prefix: str = "conv") -> list[bytes]:
+    """The same requests, every span naming its trace's conversation (`prefix`-N)."""
     numbers: dict[bytes, int] = {}
     out = []
     for data in requests:
@@ -37,7 +37,7 @@ def with_conversations(requests: list[bytes]) -> list[bytes]:
                     number = numbers.setdefault(span.trace_id, len(numbers))
                     kv = span.attributes.add()
                     kv.key = "gen_ai.conversation.id"
-                    kv.value.string_value = f"conv-{number // TRACES_PER_CONVERSATION}"
+                    kv.value.string_value = f"{prefix}-{number // TRACES_PER_CONVERSATION}"
         out.append(request.SerializeToString())
     return out
 

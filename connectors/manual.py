@@ -80,12 +80,7 @@ def publish_manual(
             errors.append(f"{message.topic()}: {error}")
 
     # A conversation's or an agent's signals keep their order under their own key.
-    if decision.scope == "conversation":
-        trace_key = f"conversation:{decision.conversation_id}".encode()
-    elif decision.scope == "agent":
-        trace_key = f"agent:{decision.agent.service}/{decision.agent.name or ''}".encode()
-    else:
-        trace_key = decision.trace_id.encode()
+    trace_key = signal.topic_key()
     value = json.dumps(record, sort_keys=True).encode()
     producer.produce(settings.kill_topic, key=trace_key, value=value, on_delivery=delivered)
     producer.produce(

@@ -49,7 +49,7 @@ from spanguard.killswitch.signals import (
     current_agent,
     current_trace_id,
 )
-from spanguard.schemas.decision import EVIDENCE_FIELDS, AgentIdentity, Decision, KillSignal
+from spanguard.schemas.decision import EVIDENCE_FIELDS, AgentIdentity, Decision, kill_signals
 from spanguard.schemas.policy import Policy
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
@@ -313,11 +313,11 @@ class GuardingSpanProcessor(SpanProcessor):
 
     def _act(self, decision: Decision, span: ReadableSpan) -> None:
         # Each step on its own: a failing callback must not stop the kill nor the record.
-        if decision.action in ("kill", "downgrade", "pause"):  # a flag is for people only
-            try:
-                self.signals.deliver(KillSignal.from_decision(decision))
-            except Exception:
-                self._log_error("delivering a decision to the signal book failed")
+        try:  # a flag is for people only; a conversation kill stops its later traces too
+            for signal in kill_signals(decision):
+                self.signals.deliver(signal)
+        except Exception:
+            self._log_error("delivering a decision to the signal book failed")
         if self.on_decision is not None:
             try:
                 self.on_decision(decision)

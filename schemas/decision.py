@@ -12,7 +12,7 @@ import hmac
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
@@ -38,6 +38,7 @@ __all__ = [
     "decision_id",
     "key_id",
     "keyring",
+    "kill_signals",
     "pause_instructions",
     "read_signal",
     "schema_validator",
@@ -187,8 +188,9 @@ class Decision:
     scope: str | None = None
     conversation_id: str | None = None
     traces: int | None = None
-    # scope "agent" (a kill of the agent budget): when its window frees and the agent kill lifts
-    # (ISO 8601, UTC).
+    # A kill of a scope (ISO 8601, UTC): "agent" (the agent budget), when its window frees and
+    # the agent kill lifts; "conversation" (the guard's conversation rules), when the
+    # conversation's kill expires (the policy's `conversation.kill_ttl` after the detection).
     scope_until: str | None = None
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
@@ -265,6 +267,15 @@ class KillSignal:
             return ("agent", self.agent.service, self.agent.name or "")
         return ("trace", self.trace_id.lower())
 
+    def topic_key(self) -> bytes:
+        """The kill topic's key for it: a scope's signals keep their order under one key
+        (`conversation:ID`, `agent:SERVICE/NAME`), a trace's under its id."""
+        if self.scope == "conversation":
+            return f"conversation:{self.conversation_id}".encode()
+        if self.scope == "agent":
+            return f"agent:{self.agent.service}/{self.agent.name or ''}".encode()
+        return self.trace_id.encode()
+
     def describe_target(self) -> str:
         """What it stops, for people: "trace X", "conversation X", "agent S/N"."""
         if self.scope == "conversation":
@@ -334,6 +345,30 @@ class KillSignal:
         values = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
         values["agent"] = AgentIdentity(**values["agent"])
         return cls(**values)
+
+
+def kill_signals(
+    decision: Decision, ttl_seconds: float = DEFAULT_SIGNAL_TTL_SECONDS
+) -> list[KillSignal]:
+    """The signals a decision sends to its agents (none for a flag).
+
+    A kill of the guard's conversation rules sends two, under the decision's id: its trace's
+    (the trace that tripped stops even where its killswitch does not know its conversation)
+    and its conversation's, which refuses every later trace of the conversation until the
+    decision's `scope_until` (the policy's `conversation.kill_ttl`) or an operator's release.
+    """
+    if decision.action not in ("kill", "downgrade", "pause"):
+        return []
+    signal = KillSignal.from_decision(decision, ttl_seconds)
+    if signal.scope is not None or decision.scope != "conversation" or decision.action != "kill":
+        return [signal]
+    scoped = replace(
+        signal,
+        scope="conversation",
+        conversation_id=decision.conversation_id,
+        expires_at=decision.scope_until or signal.expires_at,
+    )
+    return [signal, scoped]
 
 
 def canonical_json(record: dict[str, Any]) -> bytes:

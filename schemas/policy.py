@@ -14,9 +14,12 @@ Shape (every field optional):
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
       usd_budget: null           # US dollars per trace, priced from the spans' models; null = none
-      conversation: {enabled: false, action: flag, token_budget: null, usd_budget: null}
+      conversation: {enabled: false, action: flag, token_budget: null, usd_budget: null,
+                     kill_ttl: 3600}
                                  # the traces of one conversation as one scope (loops, cycles
-                                 #   and budgets across them): docs/conversations.md
+                                 #   and budgets across them); a kill also refuses the
+                                 #   conversation's later traces for kill_ttl s:
+                                 #   docs/conversations.md
       agent_budget: {window: 1h, tokens: null, usd: null, action: flag}
                                  # per agent over a rolling window (1h, 1d or seconds), across
                                  #   all its traces; kill: every trace of the agent refused
@@ -147,6 +150,9 @@ class AgentPolicy:
     conversation_action: Literal["flag", "kill"] = "flag"
     conversation_token_budget: int | None = None
     conversation_usd_budget: float | None = None
+    # Seconds a kill of the conversation scope refuses every later trace of the conversation
+    # (its conversation-scoped signal's expiry); an operator's release lifts it sooner.
+    conversation_kill_ttl: float = 3600.0
     # The agent scope over time: tokens and US dollars per agent over a rolling window of
     # `agent_budget_window` seconds, across all of its traces (spanguard/detection/agent_budget.py).
     agent_budget_window: int = 3600
@@ -223,7 +229,7 @@ class AgentPolicy:
             if name in settings:
                 changes[name] = settings[name]
         conversation = settings.get("conversation") or {}
-        for name in ("enabled", "action", "token_budget", "usd_budget"):
+        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl"):
             if name in conversation:
                 changes[f"conversation_{name}"] = conversation[name]
         agent_budget = settings.get("agent_budget") or {}
@@ -426,6 +432,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
             "action": policy.conversation_action,
             "token_budget": policy.conversation_token_budget,
             "usd_budget": policy.conversation_usd_budget,
+            "kill_ttl": policy.conversation_kill_ttl,
         },
         "agent_budget": {
             "window": policy.agent_budget_window,

@@ -78,10 +78,12 @@ def create_app(
     set_fetch_max_wait(settings.fetch_max_wait)
     app = faust_app(settings)
     worker = build_worker(app, settings, policy, pager, verifier, webhook)
-    SpanAgent(worker).attach(app)
+    spans = SpanAgent(worker)
+    spans.attach(app)
     if worker.conversations_out is not None:
         conversations = conversation_states(app, settings)
-        ConversationAgent(worker, worker.conversations_out, conversations).attach(app)
+        # One consumer, one lease: the span agent keeps it, both agents act under it.
+        ConversationAgent(worker, worker.conversations_out, conversations, spans.lease).attach(app)
     if worker.agent_usage_out is not None:
         windows = agent_window_states(app, settings)
         AgentWindowsAgent(worker, worker.agent_usage_out, windows).attach(app)

@@ -10,20 +10,23 @@ trace table's does), and sends its decisions down the trace decisions' path: det
 signed kill signal, and from the detections topic paging and the webhook.
 
 What the records hold: ids, the call's key (tool name, hashes of its arguments and result), its
-span id and end time, token and cost deltas; never arguments. One Kafka record per conversation
-and span batch: `{"v": 1, "r": [record, ...]}`, the conversation id in the key.
+span id and end time, token and cost deltas; never arguments. One Kafka record per partition of
+the conversation topic and span batch, holding the conversations whose partition it is:
+`{"v": 2, "c": {conversation id: [record, ...], ...}}` (version 1, one conversation's
+`{"v": 1, "r": [...]}` with its id in the key, is still read).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import faust
+from aiokafka.partitioner import murmur2
 from faust.types import EventT
 
 from spanguard.detection.conversation import (
@@ -32,33 +35,41 @@ from spanguard.detection.conversation import (
     ConversationState,
     ConversationUsage,
 )
-from spanguard.detection.pipeline import Outcome
+from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 from spanguard.streams.delivery import Send, send_all
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.fence import Lease
+from spanguard.streams.state import SerializedStates, TraceTable, WriteBackAgent, event_context
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
 
 __all__ = [
     "MAX_RECENT_SPANS",
+    "PACKED_VERSION",
+    "RECORD_VERSION",
     "ConversationAgent",
     "ConversationCount",
     "ConversationRecorder",
     "WorkerConversations",
+    "conversation_partition",
     "conversation_sends",
     "conversation_tally",
     "conversation_view",
     "conversations_wanted",
     "decode_records",
-    "encode_records",
+    "encode_packs",
 ]
 
 log = logging.getLogger("spanguard.worker")
 
+# 1: one conversation's records, its id in the key (still read: a worker of an earlier
+# release may have sent them); 2: a pack of the conversations of one partition.
 RECORD_VERSION = 1
+PACKED_VERSION = 2
+_PACK_HEAD = b'{"v":2,"c":{'
 # Span ids a conversation remembers to drop records sent twice (a span batch decided again
 # after a crash re-sends what it had sent): a commit interval's calls of one conversation.
 MAX_RECENT_SPANS = 256
@@ -68,6 +79,17 @@ EVICT_PER_BATCH = 256
 MAX_FIELD_CHARS = 512
 
 Record = ConversationCall | ConversationUsage
+
+
+@dataclass
+class Pack:
+    """One record of the conversation topic: where it goes, its key (a lone conversation's
+    id, else none), its value, and the conversations it holds."""
+
+    partition: int
+    key: bytes | None
+    value: bytes
+    conversations: list[str]
 
 
 def conversations_wanted(policy: Policy) -> bool:
@@ -100,8 +122,9 @@ def conversation_tally(worker: Worker) -> Tally:
 
 class ConversationRecorder(ConversationGuard):
     """Given to the span agent's guard as its conversation scope: it keeps the records of the
-    calls and usage of agents whose policy turns the scope on, for the span agent to send, and
-    decides nothing (the conversation agent does, from the topic)."""
+    calls of agents whose policy turns the scope on, and their usage where it sets a
+    conversation budget, for the span agent to send, and decides nothing (the conversation
+    agent does, from the topic)."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -114,7 +137,14 @@ class ConversationRecorder(ConversationGuard):
         return None
 
     def observe_usage(self, record: ConversationUsage) -> Decision | None:
-        if self._policy(record.service, record.agent_name).conversation_enabled:
+        # Usage matters to the conversation only against one of its budgets: without one
+        # (the scope's default) it is not sent, which spares both agents most of the records
+        # (usage spans outnumber tool calls). A budget set later counts from then.
+        policy = self._policy(record.service, record.agent_name)
+        if policy.conversation_enabled and (
+            policy.conversation_token_budget is not None
+            or policy.conversation_usd_budget is not None
+        ):
             self.records.append(record)
         return None
 
@@ -133,25 +163,60 @@ class ConversationRecorder(ConversationGuard):
         return taken
 
 
-def encode_records(records: Iterable[Record]) -> dict[str, bytes]:
-    """{conversation id: one record value holding its calls and usage, in order}."""
+def conversation_partition(conversation_id: str, partitions: int) -> int:
+    """The partition of the conversation topic a conversation's records go to: the one a
+    record keyed by its id goes to under the Java client's default partitioner (murmur2, as
+    aiokafka's), where version 1 records of the same conversation went."""
+    return (murmur2(conversation_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _row(record: Record) -> list[Any]:
+    if isinstance(record, ConversationCall):
+        tool, args_hash, result_hash = record.key
+        row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
+        row += [record.end_time_unix_nano, tool, args_hash, result_hash]
+    else:
+        row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
+        row += [record.tokens, record.cost]
+    row += [record.service, record.agent_name]
+    return row
+
+
+def encode_packs(
+    records: Iterable[Record], partitions: int, limit: int = MAX_RECORD_BYTES
+) -> list[Pack]:
+    """The records as packs, one per partition of the conversation topic (more when one
+    would pass `limit` bytes): each holds the calls and usage of the conversations whose
+    partition it is, each conversation's in order, as
+    `{"v": 2, "c": {conversation id: [row, ...], ...}}`."""
     grouped: dict[str, list[list[Any]]] = defaultdict(list)
     for record in records:
-        if isinstance(record, ConversationCall):
-            tool, args_hash, result_hash = record.key
-            row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
-            row += [record.end_time_unix_nano, tool, args_hash, result_hash]
-        else:
-            row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
-            row += [record.tokens, record.cost]
-        row += [record.service, record.agent_name]
-        grouped[record.conversation_id].append(row)
-    return {
-        conversation_id: json.dumps(
-            {"v": RECORD_VERSION, "r": rows}, separators=(",", ":")
-        ).encode()
-        for conversation_id, rows in grouped.items()
-    }
+        grouped[record.conversation_id].append(_row(record))
+    by_partition: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
+    for conversation_id, rows in grouped.items():
+        entry = json.dumps({conversation_id: rows}, separators=(",", ":")).encode()[1:-1]
+        by_partition[conversation_partition(conversation_id, partitions)].append(
+            (conversation_id, entry)
+        )
+    packs: list[Pack] = []
+    for partition, entries in by_partition.items():
+        chunk: list[tuple[str, bytes]] = []
+        size = 0
+        for conversation_id, entry in entries:
+            if chunk and size + len(entry) > limit:
+                packs.append(_pack(partition, chunk))
+                chunk, size = [], 0
+            chunk.append((conversation_id, entry))
+            size += len(entry) + 1
+        packs.append(_pack(partition, chunk))
+    return packs
+
+
+def _pack(partition: int, chunk: list[tuple[str, bytes]]) -> Pack:
+    value = _PACK_HEAD + b",".join(entry for _, entry in chunk) + b"}}"
+    # A lone conversation keeps its id as the key, as version 1 records did.
+    key = chunk[0][0].encode() if len(chunk) == 1 else None
+    return Pack(partition, key, value, [conversation_id for conversation_id, _ in chunk])
 
 
 def _text(value: Any, what: str, optional: bool = False) -> Any:
@@ -169,18 +234,33 @@ def _count(value: Any, what: str) -> int:
 
 
 def decode_records(key: bytes | None, value: bytes | None) -> list[Record]:
-    """The records of one message of the conversation topic; ValueError says what is wrong."""
+    """The records of one message of the conversation topic, a pack (version 2) or one
+    conversation's (version 1, its id in the key); ValueError says what is wrong."""
+    try:
+        body = json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not a conversation record: {exc}") from None
+    version = body.get("v") if isinstance(body, dict) else None
+    if version == PACKED_VERSION:
+        conversations = body.get("c")
+        if not isinstance(conversations, dict):
+            raise ValueError("no conversation map")
+        records: list[Record] = []
+        for conversation_id, rows in conversations.items():
+            records += _decode_rows(_text(conversation_id, "conversation id"), rows)
+        return records
+    if version != RECORD_VERSION:
+        raise ValueError(f"not a version {PACKED_VERSION} or {RECORD_VERSION} conversation record")
     if not key:
         raise ValueError("no conversation id in the key")
     try:
         conversation_id = key.decode()
-        body = json.loads(value or b"")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except UnicodeDecodeError as exc:
         raise ValueError(f"not a conversation record: {exc}") from None
-    _text(conversation_id, "conversation id")
-    if not isinstance(body, dict) or body.get("v") != RECORD_VERSION:
-        raise ValueError(f"not a version {RECORD_VERSION} conversation record")
-    rows = body.get("r")
+    return _decode_rows(_text(conversation_id, "conversation id"), body.get("r"))
+
+
+def _decode_rows(conversation_id: str, rows: Any) -> list[Record]:
     if not isinstance(rows, list):
         raise ValueError("no record list")
     records: list[Record] = []
@@ -222,7 +302,7 @@ def conversation_view(
     table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
 ) -> SerializedStates:
     """The conversation table as the scope reads it: ConversationStates, written once per
-    batch, idle ones evicted with bounded work (streams/state.py)."""
+    commit interval, idle ones evicted with bounded work (streams/state.py)."""
     return SerializedStates(
         table,
         bucket_seconds=bucket_seconds,
@@ -262,50 +342,59 @@ class WorkerConversations(ConversationGuard):
         return decision
 
 
-class ConversationAgent:
-    """Reads the conversation topic in batches: decides each record, sends the decisions
-    (acked by the broker), writes the changed conversation states, then acks the batch."""
+class ConversationAgent(WriteBackAgent):
+    """Reads the conversation topic in batches: decides each record and sends the decisions
+    (acked by the broker) per batch; writes the changed conversation states once per commit
+    interval and acks the messages once the changelog acked those writes, as the span agent
+    does with the trace table (streams/state.py, WriteBackAgent), under the same lease."""
 
-    def __init__(self, worker: Worker, topic: faust.TopicT, states: SerializedStates) -> None:
-        self.worker = worker
+    def __init__(
+        self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
+    ) -> None:
+        table = states.table
+        assert isinstance(table, TraceTable)  # its changelog writes are awaited before acks
+        super().__init__(worker, states, table, lease)
         self.topic = topic
-        self.states = states
         self.outcomes = conversation_tally(worker)
         self.guard = WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
 
     def attach(self, app: faust.App) -> None:
+        self.attach_writes(app)
         app.agent(self.topic, name="guard-conversations")(self.guard_conversations)
 
     async def guard_conversations(self, stream: faust.StreamT) -> None:
-        async for events in stream.take_events(self.worker.settings.batch_size, within=0.01):
-            await self.guard_batch(events)
+        await self.run_batches(stream, 0.01, self.guard_batch)
 
     async def guard_batch(self, events: list[EventT]) -> None:
-        for event in events:
-            event.message.incref()  # acked below, once the states are written
+        epoch = self.hold(events)
+        # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
+        if not await self.lease.wait(epoch):
+            self.release(events)
+            return
         self.states.begin_batch()
-        try:
-            sends = self.decide(events)
-            failed = await send_all(sends)
-            self.settle(sends, failed)
-            pointers = self.worker.outbox.pointers_to_unsent(failed)
-            for send in await send_all(pointers):
-                log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
-            self.states.flush()
-        except BaseException as exc:
-            # Not written and not acked: the messages are decided again after a restart.
-            self.states.discard()
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("conversation batch failed; its messages stay unacked")
-                self.worker.health.crashed(exc)
-            raise
-        for event in events:
-            event.ack()
-        self.evict_idle(events)
+        sends = self.decide(events)
+        failed = await send_all(sends)
+        if epoch != self.lease.epoch:
+            return  # fenced while sending: what it decided is dropped unwritten
+        self.settle(sends, failed)
+        pointers = self.worker.outbox.pointers_to_unsent(failed)
+        for send in await send_all(pointers):
+            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
+        # A batch that sent a signal writes its states at once: a crash before the flush
+        # would decide it again and send the same signal twice (harmless, the same id, but
+        # as rare as a crash between a send and its write can make it).
+        signalled = any(send.decision is not None for send in sends)
+        if self.flush_due() or (signalled and self.held):
+            if not await self.lease.wait(epoch):
+                return  # fenced: nothing of it written
+            await self.flush_states()
+        if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
+            self.evict_idle(events)
 
     def decide(self, events: list[EventT]) -> list[Send]:
         outbox = self.worker.outbox
         sends: list[Send] = []
+        read = duplicates = decided = 0
         for event in events:
             message = event.message
             try:
@@ -313,7 +402,7 @@ class ConversationAgent:
             except ValueError as exc:
                 sends.append(outbox.dead_letter(message, f"conversation record: {exc}"))
                 continue
-            self.outcomes.add(ConversationCount.RECORDS_READ, len(records))
+            read += len(records)
             decisions: list[Decision] = []
             before = self.guard.duplicates
             with event_context(event):
@@ -321,25 +410,34 @@ class ConversationAgent:
                     decision = self.guard.observe(record)
                     if decision is not None:
                         decisions.append(decision)
-            self.outcomes.add(ConversationCount.DUPLICATES, self.guard.duplicates - before)
-            self.outcomes.add(ConversationCount.DECISIONS, len(decisions))
-            sends.extend(outbox.sends_for(Outcome(decisions=decisions), message))
+            duplicates += self.guard.duplicates - before
+            if decisions:
+                decided += len(decisions)
+                sends.extend(outbox.sends_for(Outcome(decisions=decisions), message))
+        self.outcomes.add(ConversationCount.RECORDS_READ, read)
+        self.outcomes.add(ConversationCount.DUPLICATES, duplicates)
+        self.outcomes.add(ConversationCount.DECISIONS, decided)
         return sends
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:
-        """A decision whose signal was not sent is not decided: it can trip again."""
-        lost = {id(send) for send in failed}
+        """A decision whose signals were not all sent is not decided: it can trip again. A
+        kill sends two (its trace's, its conversation's): each decision is settled once."""
+        lost = {id(send.decision) for send in failed if send.decision is not None}
+        settled: set[int] = set()
         for send in sends:
-            if send.decision is not None and id(send) not in lost:
-                self.worker.latency.signal_sent(send.decision)
-        for send in failed:
-            if send.decision is not None:
-                self.guard.retract(send.decision)
-                self.worker.health.lost_signals += 1
-                log.error(
-                    "conversation kill signal not sent; it can trip again",
-                    extra={"conversation_id": send.decision.conversation_id},
-                )
+            decision = send.decision
+            if decision is None or id(decision) in settled:
+                continue
+            settled.add(id(decision))
+            if id(decision) not in lost:
+                self.worker.latency.signal_sent(decision)
+                continue
+            self.guard.retract(decision)
+            self.worker.health.lost_signals += 1
+            log.error(
+                "conversation kill signal not sent; it can trip again",
+                extra={"conversation_id": decision.conversation_id},
+            )
 
     def evict_idle(self, events: list[EventT]) -> None:
         ttl = self.worker.settings.state_ttl
@@ -351,15 +449,22 @@ class ConversationAgent:
 
 
 def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]) -> list[Send]:
-    """The span agent's records for the conversation topic, one per conversation, in order; a
-    record that cannot be written leaves a dead letter pointing at the first message that
-    contributed to it (`sources` is aligned with `records`)."""
+    """The span agent's records for the conversation topic, packed one per partition (a Kafka
+    record each costs both agents), each conversation's in order; a pack that cannot be
+    written leaves a dead letter pointing at the first message that contributed to it
+    (`sources` is aligned with `records`)."""
     topic = worker.conversations_out
     assert topic is not None
-    first_source: dict[str, Any] = {}
-    for record, source in zip(records, sources, strict=True):
-        first_source.setdefault(record.conversation_id, source)
-    return [
-        Send(topic, {"key": cid.encode(), "value": value}, source=first_source[cid])
-        for cid, value in encode_records(records).items()
-    ]
+    # Each conversation's first record with a source, by its place in the batch (a record of
+    # no message, a direct caller's, points nowhere).
+    first_source: dict[str, tuple[int, Any]] = {}
+    for index, (record, source) in enumerate(zip(records, sources, strict=True)):
+        if source is not None:
+            first_source.setdefault(record.conversation_id, (index, source))
+    sends = []
+    for pack in encode_packs(records, worker.settings.partitions):
+        found = [first_source[c] for c in pack.conversations if c in first_source]
+        source = min(found, key=lambda first: first[0])[1] if found else None
+        kwargs = {"key": pack.key, "value": pack.value, "partition": pack.partition}
+        sends.append(Send(topic, kwargs, source=source))
+    return sends

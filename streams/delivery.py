@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
-from spanguard.schemas.decision import Decision, KillSignal, sign
+from spanguard.schemas.decision import Decision, kill_signals, sign
 from spanguard.streams.partitioner import collector_partition
 
 __all__ = ["MAX_DEAD_LETTER_BYTES", "SEND_ATTEMPTS", "Outbox", "Send", "send_all"]
@@ -181,13 +181,15 @@ class Outbox:
                 self.on_decision(decision)
             key = decision.trace_id.encode()
             sends.append(Send(self.detections, {"key": key, "value": decision.to_json().encode()}))
-            # A flag is for people, not agents.
-            if decision.action in ("kill", "downgrade", "pause"):
-                record = KillSignal.from_decision(decision).to_dict()
+            # A flag is for people, not agents; a conversation kill also stops the
+            # conversation's later traces (a second, scoped signal).
+            for signal in kill_signals(decision):
+                record = signal.to_dict()
                 if self.signing_key is not None:
                     record = sign(record, self.signing_key)
                 value = json.dumps(record, sort_keys=True).encode()
-                sends.append(Send(self.kill_signals, {"key": key, "value": value}, decision))
+                kwargs = {"key": signal.topic_key(), "value": value}
+                sends.append(Send(self.kill_signals, kwargs, decision))
             log.warning(
                 "decision",
                 extra={

@@ -10,27 +10,49 @@ the trace's partition; a write outside one is what crashed the RocksDB store bef
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import json
+import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 import faust
 
 # The store's and changelog's partition comes from the stream's current event.
 from faust.streams import _current_event, current_event
-from faust.types import TP
+from faust.types import TP, EventT
 
 from spanguard.detection.trace_state import TraceState
+from spanguard.streams.fence import Lease
 
-__all__ = ["EVICT_BUDGET", "ExpiryIndex", "SerializedStates", "TraceTable", "event_context"]
+if TYPE_CHECKING:
+    from spanguard.streams.wiring import Worker
+
+__all__ = [
+    "CHANGELOG_ACK_TIMEOUT",
+    "EVICT_BUDGET",
+    "FLUSH_CHECK_INTERVAL",
+    "ExpiryIndex",
+    "SerializedStates",
+    "TraceTable",
+    "WriteBackAgent",
+    "event_context",
+]
+
+log = logging.getLogger("spanguard.worker")
 
 # Seconds of a batch eviction may take at most, whatever the store's speed.
 EVICT_BUDGET = 0.005
+# Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
+FLUSH_CHECK_INTERVAL = 0.1
+# Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
+# again after the restart); running, it waits as long as the lease holds.
+CHANGELOG_ACK_TIMEOUT = 10.0
 
 
 @contextlib.contextmanager
@@ -122,7 +144,7 @@ class SerializedStates(MutableMapping[str, TraceState]):
 
     Decoded states of the owned partitions are kept (up to `cache_size`, least recently used
     dropped first), so a trace's next message skips the store's read and the decode; the table
-    and its changelog are still written once per batch. A cached state is exactly what the
+    and its changelog are still written once per flush. A cached state is exactly what the
     batch that last wrote it wrote: a read takes it out of the cache (the guard changes it in
     place), and only flush() puts it back, after its write. States changed since the last flush
     are read from the unflushed states first; if the process dies before the flush, the cache
@@ -413,3 +435,209 @@ class TraceTable(faust.Table):
         if self.states is not None:
             for partition in sorted({tp.partition for tp in active_tps}):
                 self.states.assigned(partition, stored_items(self.data, partition))
+
+
+class WriteBackAgent:
+    """An agent over a SerializedStates table whose messages are held until the states they
+    changed are written and acked by the changelog (docs/design.md, "State writes once per
+    commit"): the span agent over the trace table, the conversation agent over the
+    conversation table, each with its own held messages, flush timer and failure, under the
+    worker's one lease on its partitions (streams/fence.py).
+
+    A subclass runs its batches through `run_batches` and, in each batch, takes its messages
+    with `hold`, opens the flush window (`states.begin_batch()`), and flushes at its end once
+    `flush_due()`; `attach_writes` registers the flush timer and the flush before Faust waits
+    for every message to be acked (a rebalance, a stop)."""
+
+    def __init__(
+        self, worker: Worker, states: SerializedStates, table: TraceTable, lease: Lease
+    ) -> None:
+        self.worker = worker
+        self.states = states
+        self.table = table
+        self.lease = lease
+        # Events whose changed states are not written yet: each holds its message's ack.
+        self.held: list[EventT] = []
+        # Events whose states are written, waiting for the changelog's acks (one list per flush).
+        self.confirming: list[list[EventT]] = []
+        self.flushed_at = time.monotonic()
+        self.in_batch = False
+        self.draining = False  # Faust waits for every message to be acked: flush at once
+        # A failure (a batch that raised, a flush that failed) left messages that can never be
+        # acked, so no offset after them would be committed: every batch after it fails too,
+        # loudly, until the restart decides them again (health: crashed, then /livez red).
+        self.unackable: BaseException | None = None
+        # The lease's last fenced epoch whose unwritten states this agent has dropped.
+        self.dropped_epoch = lease.epoch
+
+    def attach_writes(self, app: faust.App) -> None:
+        app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
+        # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message
+        # taken is acked, with timers already stopped on a stop: the held messages are flushed
+        # first (a batch still running flushes as it ends), so neither waits out the interval
+        # or forever. A worker whose lease lapsed writes nothing more: the partitions may be
+        # another's already.
+        app._consumer_wait_empty = self._flushing_first(app._consumer_wait_empty)  # type: ignore[method-assign]
+
+    # -- batches ---------------------------------------------------------------------------
+
+    async def run_batches(
+        self,
+        stream: faust.StreamT,
+        within: float,
+        guard_batch: Callable[[list[EventT]], Awaitable[None]],
+        progressed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Take the stream's messages in batches of up to `batch_size` (waiting at most
+        `within` seconds for one to fill) and guard each; on a stop, what was decided is
+        flushed, on a failure nothing more is written."""
+        crashed = False
+        try:
+            async for events in stream.take_events(self.worker.settings.batch_size, within=within):
+                self.in_batch = True
+                await guard_batch(events)
+                self.in_batch = False
+                progressed()
+        except BaseException as exc:
+            crashed = self.stopped_mid_batch(exc)
+            raise
+        finally:
+            if self.held and not crashed and self.lease.held():
+                await self.flush_on_stop()
+
+    def hold(self, events: list[EventT]) -> int:
+        """Take a batch's messages: each holds its ack until the flush that writes its states.
+        Returns the lease epoch the batch was fetched under."""
+        if self.unackable is not None:
+            raise RuntimeError(f"messages left unacked by an earlier failure: {self.unackable!r}")
+        for event in events:
+            event.message.incref()  # acked by flush_states, once its states are written
+        self.held.extend(events)
+        return self.lease.epoch
+
+    def stopped_mid_batch(self, exc: BaseException) -> bool:
+        """Stopped or failed, maybe mid-batch with kills not yet acked: that batch's states
+        (fired marks among them) are not written, decided again on restart. True if failed."""
+        cut_short, self.in_batch = self.in_batch, False
+        crashed = not isinstance(exc, asyncio.CancelledError)
+        if crashed:
+            self.unackable = self.unackable or exc
+            self.give_up(exc)
+        elif cut_short:
+            self.discard_unwritten()
+        return crashed
+
+    # -- writing states, then acking -------------------------------------------------------
+
+    async def flush_states(self, ack_timeout: float | None = None) -> None:
+        """Write the states changed since the last flush and, once the changelog has acked
+        them, let their messages be acked: no offset is committed ahead of its state."""
+        epoch = self.lease.epoch
+        self.states.flush()
+        self.flushed_at = time.monotonic()
+        written = self.held.copy()
+        self.held.clear()
+        self.confirming.append(written)
+        try:
+            writes = self.table.take_unconfirmed()
+            if not await self.changelog_acked(writes, epoch, ack_timeout):
+                return  # fenced meanwhile (the revocation released them) or stopping
+        finally:
+            self.confirming = [batch for batch in self.confirming if batch is not written]
+        for event in written:
+            event.ack()  # our reference; the take buffer acked its own after the batch
+
+    async def changelog_acked(
+        self, writes: list[Awaitable[Any]], epoch: int, timeout: float | None
+    ) -> bool:
+        """Wait for the broker's acks of `writes`; False if fenced or out of time first. A
+        refused write raises: its messages can never be acked."""
+        pending = {asyncio.ensure_future(write) for write in writes}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            if epoch != self.lease.epoch:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                log.warning("changelog not acked in time; its messages stay unacked")
+                return False
+            done, pending = await asyncio.wait(pending, timeout=FLUSH_CHECK_INTERVAL)
+            for write in done:
+                write.result()
+        return epoch == self.lease.epoch
+
+    def flush_due(self) -> bool:
+        due = time.monotonic() - self.flushed_at >= self.worker.settings.commit_interval
+        return bool(self.held) and (due or self.draining)
+
+    async def flush_between_batches(self) -> None:
+        try:
+            await self.flush_states()
+        except Exception as exc:
+            log.exception("states not written; their messages stay unacked until a restart")
+            self.unackable = exc
+            self.give_up(exc)
+
+    def give_up(self, exc: BaseException) -> None:
+        """Nothing since the last flush is written or acked: decided again on restart."""
+        self.discard_unwritten()
+        self.worker.health.crashed(exc)
+
+    def discard_unwritten(self) -> None:
+        self.states.discard()
+        self.held.clear()
+
+    async def flush_when_idle(self) -> None:
+        # Between batches only: a batch's retractions write to states it has open. Not on a
+        # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
+        if not self.in_batch and self.flush_due() and self.lease.held():
+            await self.flush_between_batches()
+
+    async def flush_on_stop(self) -> None:
+        """Stopping: what was decided is written, its changelog acks awaited a bounded time."""
+        try:
+            await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
+        except Exception as exc:  # not committed: decided again after the restart
+            log.warning("states not flushed on stop", extra={"error": repr(exc)})
+
+    # -- the lease -------------------------------------------------------------------------
+
+    def drop_unwritten(self) -> None:
+        """Fenced: what was decided since the last flush is not written and its messages are
+        not acked (nor left for Faust to wait on): the next owner decides them again from the
+        committed offsets and the changelog."""
+        self.dropped_epoch = self.lease.epoch
+        self.states.discard()
+        # The partitions may come back in the next generation without Faust calling them
+        # revoked: what this worker cached and indexed of them may be stale by then.
+        self.states.revoke_all()
+        self.release(self.held + [event for written in self.confirming for event in written])
+
+    def release(self, events: list[EventT]) -> None:
+        """Let go of `events` unacked: Faust stops waiting on them and commits none of them."""
+        dropped = {id(event) for event in events}
+        self.held = [event for event in self.held if id(event) not in dropped]
+        unacked = self.worker.app.consumer._unacked_messages  # Faust waits on these to rebalance
+        waited_on = [event for event in events if event.message in unacked]
+        for event in waited_on:
+            unacked.discard(event.message)
+        if waited_on:  # counted once: a batch dropped by the revocation is released again
+            log.warning("fenced messages dropped", extra={"messages": len(waited_on)})
+
+    def _flushing_first(
+        self, wait_empty: Callable[..., Awaitable[None]]
+    ) -> Callable[..., Awaitable[None]]:
+        async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
+            # Each agent over the one lease drops its own: the first to look may be the one
+            # that fences, or another agent's hook may have fenced before this one ran.
+            self.lease.fence_if_lapsed()
+            if self.lease.epoch != self.dropped_epoch:
+                self.drop_unwritten()
+            self.draining = True
+            try:
+                if not self.in_batch and self.held and self.lease.held():
+                    await self.flush_between_batches()
+                await wait_empty(*args, **kwargs)
+            finally:
+                self.draining = False
+
+        return flush_then_wait_empty

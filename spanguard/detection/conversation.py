@@ -17,6 +17,10 @@ What it decides (docs/design.md has why):
 - `conversation.token_budget` / `conversation.usd_budget` crossed: the trace that spent past it
   is killed (a flag in shadow mode), and so is every later trace of the conversation that
   spends, once each: the conversation's money is spent.
+
+A kill names the conversation and `scope_until` (`conversation.kill_ttl` after it): its signals
+stop the trace that tripped and, for that long, every later trace of the conversation
+(schemas/decision.py, `kill_signals`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any
 
@@ -354,6 +358,9 @@ class ConversationGuard(GuardObserver):
             text += f":{record.trace_id}"
         entry, match = self.policy.entry_of(policy)
         self.decisions += 1
+        detected = datetime.fromtimestamp(self.clock(), UTC)
+        # A kill also refuses the conversation's later traces, until `kill_ttl` after it.
+        until = detected + timedelta(seconds=policy.conversation_kill_ttl)
         return Decision(
             trace_id=record.trace_id,
             span_id=record.span_id.hex(),
@@ -361,9 +368,7 @@ class ConversationGuard(GuardObserver):
             action=action,  # type: ignore[arg-type]
             reason=f"{trip.reason} (conversation {record.conversation_id}, {traces} traces)",
             agent=AgentIdentity(record.service, record.agent_name),
-            detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            detected_at=detected.isoformat(timespec="milliseconds"),
             autonomous=policy.autonomous,
             severity=policy.severity,
             span_ended_at=(
@@ -376,6 +381,7 @@ class ConversationGuard(GuardObserver):
             scope=SCOPE,
             conversation_id=record.conversation_id,
             traces=traces,
+            scope_until=until.isoformat(timespec="milliseconds") if action == KILL else None,
             decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
             **evidence,
         )

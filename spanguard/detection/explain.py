@@ -203,6 +203,11 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
         lines.append(
             f"  signal: {action} sent to the agent (signal_id {record.get('decision_id')})"
         )
+        if record.get("scope") == "conversation" and record.get("scope_until"):
+            lines.append(
+                f"  and to every later trace of conversation {record.get('conversation_id')}"
+                f" until {record['scope_until']} (or an operator's release)"
+            )
     else:
         lines.append("  signal: none (a flag is recorded and notified, the agent goes on)")
     if record.get("system_message"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -14,7 +15,15 @@ from spanguard.detection.conversation import MAX_TRACES_REMEMBERED, Conversation
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
 from spanguard.errors import PolicyError
-from spanguard.schemas.decision import KillSignal, validate
+from spanguard.killswitch.signals import AgentKilled, SignalBook
+from spanguard.schemas.decision import (
+    KillSignal,
+    keyring,
+    kill_signals,
+    read_signal,
+    sign,
+    validate,
+)
 from spanguard.schemas.otlp import encode_json_line
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, encode
@@ -91,6 +100,52 @@ def test_a_kill_action_kills_the_trace_that_completed_the_repeat():
     assert (decision.action, decision.trace_id) == ("kill", second.trace_id)
     signal = KillSignal.from_decision(decision)  # a trace kill every killswitch obeys
     validate(signal.to_dict(), "kill-signal")
+    assert signal.scope is None and signal.topic_key() == second.trace_id.encode()
+
+
+@pytest.mark.parametrize(("kill_ttl", "seconds"), [(None, 3600), (120, 120)])
+def test_a_kill_also_stops_the_conversations_later_traces_until_its_ttl(kill_ttl, seconds):
+    conversation = {"enabled": True, "action": "kill"}
+    if kill_ttl is not None:
+        conversation["kill_ttl"] = kill_ttl
+    guard = guard_for({"conversation": conversation})
+    first, second, later = turn("c"), turn("c"), turn("c")
+    run(guard, first.finished())
+    (decision,) = run(guard, second.finished())
+    detected = datetime.fromisoformat(decision.detected_at)
+    assert datetime.fromisoformat(decision.scope_until) == detected + timedelta(seconds=seconds)
+    validate(decision.to_dict(), "detection")
+
+    key = b"k" * 32
+    traced, scoped = kill_signals(decision)
+    # One decision, one id: the agent obeys and acks it once, `explain` finds its acks.
+    assert traced.signal_id == scoped.signal_id == decision.decision_id
+    assert (traced.scope, traced.trace_id) == (None, second.trace_id)
+    assert (scoped.scope, scoped.conversation_id) == ("conversation", "c")
+    assert scoped.expires_at == decision.scope_until and scoped.topic_key() == b"conversation:c"
+    for sent in (traced, scoped):
+        record = sign(sent.to_dict(), key)
+        validate(record, "kill-signal")
+        assert read_signal(json.dumps(record).encode(), keyring(key)) == sent
+
+    book = SignalBook(clock=lambda: detected + timedelta(seconds=seconds - 1))
+    assert [book.deliver(sent) for sent in (traced, scoped)] == [True, True]
+    with pytest.raises(AgentKilled):  # the trace that tripped, its conversation unknown
+        book.check(second.trace_id)
+    with pytest.raises(AgentKilled) as killed:  # the next turn, before any call of its own
+        book.check(later.trace_id, conversation_id="c")
+    assert killed.value.scope == "conversation"
+    book.check(later.trace_id, conversation_id="another")  # other conversations go on
+    expired = SignalBook(clock=lambda: detected + timedelta(seconds=seconds + 1))
+    expired.deliver(scoped)
+    expired.check(later.trace_id, conversation_id="c")  # the conversation kill expired
+
+
+def test_a_flag_sends_no_signal_and_names_no_expiry():
+    guard = guard_for(ON)
+    decisions = [d for _ in range(2) for d in run(guard, turn("c").finished())]
+    assert [(d.action, d.scope_until) for d in decisions] == [("flag", None)]
+    assert kill_signals(decisions[0]) == []
 
 
 def test_shadow_mode_flags_even_when_the_conversation_action_is_kill():
@@ -237,6 +292,15 @@ def test_policy_shape_round_trips_and_refuses_bad_values():
     assert Policy.from_mapping(policy.effective()) == policy
     with pytest.raises(PolicyError, match=r"field defaults\.conversation\.action"):
         Policy.from_mapping({"defaults": {"conversation": {"action": "downgrade"}}})
+    timed = Policy.from_mapping({"defaults": {"conversation": {"kill_ttl": 600}}})
+    assert (
+        timed.defaults.conversation_kill_ttl == 600
+        and Policy().defaults.conversation_kill_ttl == 3600
+    )
+    assert Policy.from_mapping(timed.effective()) == timed
+    for bad in (0, 5, 10**9):
+        with pytest.raises(PolicyError, match=r"conversation\.kill_ttl"):
+            Policy.from_mapping({"defaults": {"conversation": {"kill_ttl": bad}}})
 
 
 def test_replay_over_a_multi_trace_file(tmp_path):

@@ -5,6 +5,8 @@ state's stored form, and the dropping of records sent twice."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,11 +22,12 @@ from spanguard.streams.conversations import (
     MAX_RECENT_SPANS,
     ConversationRecorder,
     WorkerConversations,
+    conversation_partition,
     conversation_sends,
     conversation_view,
     conversations_wanted,
     decode_records,
-    encode_records,
+    encode_packs,
 )
 from spanguard.streams.state import stored_last_seen
 from tests.detection.test_conversation import turn
@@ -46,12 +49,49 @@ def usage(conversation: str, trace: str, span: int, tokens: int) -> Conversation
     )
 
 
-def test_records_round_trip_grouped_by_conversation_in_order():
-    records = [call("a", "t1", 1), usage("b", "t2", 2, 30), call("a", "t1", 3, "fetch")]
-    encoded = encode_records(records)
-    assert set(encoded) == {"a", "b"}
-    assert decode_records(b"a", encoded["a"]) == [records[0], records[2]]
-    assert decode_records(b"b", encoded["b"]) == [records[1]]
+def test_records_round_trip_packed_by_partition_each_conversation_in_order():
+    conversations = [f"conv-{n}" for n in range(40)]
+    partition = {c: conversation_partition(c, 4) for c in conversations}
+    assert set(partition.values()) == {0, 1, 2, 3}
+    records = [call(c, f"t{n}", 2 * n) for n, c in enumerate(conversations)]
+    records += [usage(c, f"t{n}", 2 * n + 1, 30) for n, c in enumerate(conversations)]
+    packs = encode_packs(records, 4)
+    # One record per partition, holding the conversations whose partition it is.
+    assert sorted(pack.partition for pack in packs) == [0, 1, 2, 3]
+    for pack in packs:
+        assert {partition[c] for c in pack.conversations} == {pack.partition}
+        assert pack.key is None  # several conversations: no one id to key it by
+        decoded = decode_records(pack.key, pack.value)
+        for conversation in pack.conversations:
+            mine = [r for r in records if r.conversation_id == conversation]
+            assert [r for r in decoded if r.conversation_id == conversation] == mine
+    assert sum(len(decode_records(None, p.value)) for p in packs) == len(records)
+    (alone,) = encode_packs(records[:1], 4)
+    assert alone.key == b"conv-0"  # a lone conversation keeps its id as the key
+
+
+@pytest.mark.parametrize(
+    # Apache Kafka's own vectors (UtilsTest.testMurmur2): the Java client's default
+    # partitioner puts a key at toPositive(murmur2(key)) % partitions, as aiokafka does.
+    ("key", "java_murmur2"),
+    [("21", -973932308), ("foobar", -790332482), ("abc", 479470107)],
+)
+def test_a_conversation_goes_where_a_record_keyed_by_its_id_went(key, java_murmur2):
+    for partitions in (1, 8, 1000):
+        expected = (java_murmur2 & 0x7FFFFFFF) % partitions
+        assert conversation_partition(key, partitions) == expected
+
+
+def test_a_pack_over_the_size_limit_is_split_and_a_version_1_record_still_reads():
+    records = [call(f"c{n}", "t", n) for n in range(30)]
+    packs = encode_packs(records, 1, limit=1_000)
+    assert len(packs) > 1 and all(len(p.value) <= 1_200 for p in packs)
+    assert [r for p in packs for r in decode_records(p.key, p.value)] == records
+    # What a worker of the earlier release sent: one conversation, its id in the key.
+    row = ["c", "t1", "0000000000000001", 10**18, "search_docs", None, None, "svc", None]
+    written_before = json.dumps({"v": 1, "r": [row]}).encode()
+    (record,) = decode_records(b"old", written_before)
+    assert (record.conversation_id, record.key) == ("old", ("search_docs", None, None))
 
 
 @pytest.mark.parametrize(
@@ -60,7 +100,12 @@ def test_records_round_trip_grouped_by_conversation_in_order():
         (None, b'{"v":1,"r":[]}', "no conversation id"),
         (b"c", b"not json", "not a conversation record"),
         (b"\xff", b'{"v":1,"r":[]}', "not a conversation record"),
-        (b"c", b'{"v":9,"r":[]}', "version 1"),
+        (b"c", b'{"v":9,"r":[]}', "version 2 or 1"),
+        (None, b'{"v":2,"c":[]}', "no conversation map"),
+        (None, b'{"v":2,"c":{"":[]}}', "conversation id"),
+        (None, b'{"v":2,"c":{"c":{}}}', "no record list"),
+        (None, b'{"v":2,"c":{"' + b"c" * 600 + b'":[]}}', "conversation id"),
+        (None, b'{"v":2,"c":{"c":[["u","t","zz",1,5,0,"s",null]]}}', "span id"),
         (b"c", b'{"v":1,"r":{}}', "no record list"),
         (b"c", b'{"v":1,"r":[["x"]]}', "not a call or usage row"),
         (b"c", b'{"v":1,"r":[["u","t","zz",1,5,0,"s",null]]}', "span id"),
@@ -115,6 +160,22 @@ def test_a_conversation_shared_by_thousands_of_traces_stays_bounded_in_bytes():
     assert len(stored) < 32_000, len(stored)
 
 
+@pytest.mark.parametrize(
+    ("budgets", "kept"),
+    [({}, False), ({"token_budget": 10**6}, True), ({"usd_budget": 5}, True)],
+    ids=["no-budget", "token-budget", "usd-budget"],
+)
+def test_usage_is_recorded_only_against_a_conversation_budget(budgets, kept):
+    policy = Policy.from_mapping({"defaults": {"conversation": {"enabled": True, **budgets}}})
+    recorder = ConversationRecorder(policy)
+    recorder.observe_call(call("c", "t1", 1))
+    recorder.observe_usage(usage("c", "t1", 2, 300))
+    records, _ = recorder.drain()
+    assert [type(r).__name__ for r in records] == ["ConversationCall"] + (
+        ["ConversationUsage"] if kept else []
+    )
+
+
 def test_the_recorder_records_only_agents_whose_policy_turns_the_scope_on():
     policy = Policy.from_mapping(
         {
@@ -144,18 +205,30 @@ def test_the_recorder_records_only_agents_whose_policy_turns_the_scope_on():
     (record,), (source,) = recorder.drain()
     assert source is None  # no message named
     assert (record.conversation_id, record.trace_id) == ("conv", chat.trace_id)
-    assert b"refund" not in encode_records([record])["conv"]
+    assert b"refund" not in encode_packs([record], 8)[0].value
 
 
-def test_a_batch_sends_one_record_per_conversation_pointing_at_its_first_message():
-    class Out:
-        conversations_out = "the conversation topic"
+def test_a_batch_sends_one_record_per_partition_pointing_at_its_first_message():
+    def out(partitions: int) -> Any:
+        return SimpleNamespace(
+            conversations_out="the conversation topic",
+            settings=SimpleNamespace(partitions=partitions),
+        )
 
     records = [call("a", "t1", 1), call("b", "t2", 2), call("a", "t3", 3), usage("a", "t3", 4, 9)]
-    sources = ["message 1", "message 2", "message 3", "message 3"]
-    sends = conversation_sends(Out(), records, sources)  # type: ignore[arg-type]
+    sources = [None, "message 2", "message 3", "message 3"]  # the first came from no message
+    (pack,) = conversation_sends(out(1), records, sources)
+    assert (pack.kwargs["key"], pack.kwargs["partition"], pack.source) == (None, 0, "message 2")
+    in_order = [records[0], records[2], records[3], records[1]]  # "a"'s, then "b"'s
+    assert decode_records(None, pack.kwargs["value"]) == in_order
+    apart = 2  # a partition count that puts "a" and "b" apart
+    while conversation_partition("a", apart) == conversation_partition("b", apart):
+        apart += 1
+    sends = conversation_sends(out(apart), records, sources)
     assert [(s.kwargs["key"], s.source) for s in sends] == [
-        (b"a", "message 1"),
+        (b"a", "message 3"),
         (b"b", "message 2"),
     ]
-    assert decode_records(b"a", sends[0].kwargs["value"]) == [records[0], records[2], records[3]]
+    assert [s.kwargs["partition"] for s in sends] == [
+        conversation_partition(c, apart) for c in ("a", "b")
+    ]

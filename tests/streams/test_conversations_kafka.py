@@ -8,9 +8,11 @@ the same order): the worker must decide exactly what replay decides, no more, no
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import signal
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -18,10 +20,20 @@ import yaml
 
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
+from spanguard.killswitch.client import KillSwitch
+from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.policy import Policy
+from spanguard.streams.conversations import decode_records
 from tests.detection.test_conversation import turn
 from tests.detection.test_rules import run
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker
+from tests.support.kafka_harness import (
+    BOOTSTRAP,
+    SIGNING_KEY,
+    Collector,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+)
 from tests.support.spans import AgentRecorder
 from tests.support.worker import running_worker, send_spans
 
@@ -46,13 +58,22 @@ def wait_until(
         time.sleep(0.2)
 
 
+def refused(switch: KillSwitch, trace: str, conversation: str | None = None) -> str | None:
+    """The scope of the kill a check of `trace` raises (None: it passes)."""
+    try:
+        switch.check(trace, conversation_id=conversation)
+    except AgentKilled as killed:
+        return killed.scope
+    return None
+
+
 def records_of(collector: Collector, topic: str) -> list[dict]:
     return [m for m in list(collector.messages) if m["topic"] == topic]
 
 
 def calls_on(collector: Collector, topic: str) -> int:
     """Call and usage records on the conversation topic (a Kafka record holds a batch's)."""
-    return sum(len(json.loads(m["value"])["r"]) for m in records_of(collector, topic))
+    return sum(len(decode_records(m["key"], m["value"])) for m in records_of(collector, topic))
 
 
 @pytest.mark.parametrize(
@@ -69,10 +90,19 @@ def test_a_conversation_of_six_traces_is_decided_once_per_repeat(
     expected = core_decisions(policy, [turns])
     assert [d.action for d in expected] == expected_actions  # the core's own answer
 
-    with running_worker(
-        tmp_path, policy=yaml.safe_dump(policy), collect=("kills", "detections", "conversations")
-    ) as worker:
+    with (
+        running_worker(
+            tmp_path,
+            policy=yaml.safe_dump(policy),
+            collect=("kills", "detections", "conversations"),
+        ) as worker,
+        contextlib.ExitStack() as stack,
+    ):
         topics = worker.topics
+        # An agent's killswitch, as it reads the worker's signals (signed with its key).
+        switch = stack.enter_context(
+            KillSwitch(BOOTSTRAP, topics.kills, signing_key=SIGNING_KEY, ack_topic=None)
+        )
         for index, agent in enumerate(turns):
             send_spans(topics.input, agent)
             # In call order across traces, as the core reads them: the next turn waits for
@@ -94,17 +124,40 @@ def test_a_conversation_of_six_traces_is_decided_once_per_repeat(
         ]
         kills = [json.loads(m["value"]) for m in records_of(worker.collector, topics.kills)]
         metrics = worker.process.metrics() or {}
+        wait_until(lambda: switch.received >= len(kills), 30, "the killswitch's signals")
+        # Checked without their conversation: a kill reaches only the trace that tripped it.
+        stopped = {agent.trace_id for agent in turns if refused(switch, agent.trace_id)}
+        # A turn that starts after the kills, checked before any call of its own.
+        next_turn = refused(switch, uuid.uuid4().hex, "conv-refund")
+        elsewhere = refused(switch, uuid.uuid4().hex, "conv-other")
 
     assert [(d["decision_id"], d["trace_id"], d["action"]) for d in detections] == [
         (d.decision_id, d.trace_id, d.action) for d in expected
     ]
     assert all(d["scope"] == "conversation" and d["traces"] >= 2 for d in detections)
     assert all(d["conversation_id"] == "conv-refund" for d in detections)
-    wanted_kills = [d for d in expected if d.action == "kill"]
-    assert sorted(k["signal_id"] for k in kills) == sorted(d.decision_id for d in wanted_kills)
+    wanted_kills = sorted(d.decision_id for d in expected if d.action == "kill")
+    # A kill stops its trace (a trace signal) and the conversation's later traces (a
+    # conversation signal, until the decision's scope_until): two signals, one decision id.
+    traced = [k for k in kills if "scope" not in k]
+    scoped = [k for k in kills if k.get("scope") == "conversation"]
+    assert len(traced) + len(scoped) == len(kills)
+    assert sorted(k["signal_id"] for k in traced) == wanted_kills
+    assert sorted(k["signal_id"] for k in scoped) == wanted_kills
+    until = {d["decision_id"]: d.get("scope_until") for d in detections}
+    for record in scoped:
+        assert record["conversation_id"] == "conv-refund" and record["key_id"]
+        assert record["expires_at"] == until[record["signal_id"]]
+    kill_keys = {m["key"] for m in records_of(worker.collector, topics.kills)}
+    assert kill_keys <= {b"conversation:conv-refund", *(k["trace_id"].encode() for k in traced)}
+    killed_traces = {d.trace_id for d in expected if d.action == "kill"}
+    assert stopped == killed_traces
+    assert next_turn == ("conversation" if killed_traces else None)
+    assert elsewhere is None
     # Compact records: hashes and ids, never the arguments.
     for message in records_of(worker.collector, topics.conversations):
-        assert b"refund" not in message["value"] and message["key"] == b"conv-refund"
+        assert b"refund policy" not in message["value"] and b"query" not in message["value"]
+        assert message["key"] == b"conv-refund"  # a pack of one conversation: keyed by its id
     assert metrics['spanguard_conversation_records_total{what="read"}'] == 2 * TURNS
     assert metrics["spanguard_conversation_decisions_total"] == len(expected)
 
@@ -123,6 +176,7 @@ def test_the_scope_off_sends_no_record(tmp_path):
 
 CONVERSATIONS = 6
 PARTITIONS = 4
+SCOPES = ("trace", "conversation")
 
 
 def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_path):
@@ -177,31 +231,36 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
             send_turn(index)
             records_through(index)
 
-        def signal_ids() -> list[str]:
-            return [
-                json.loads(m["value"])["signal_id"] for m in records_of(collector, topics.kills)
-            ]
+        def signals() -> list[tuple[str, str]]:
+            """(signal id, scope) of each record on the kill topic: a kill sends a trace
+            signal and a conversation signal under its decision's id."""
+            records = [json.loads(m["value"]) for m in records_of(collector, topics.kills)]
+            return [(r["signal_id"], r.get("scope", "trace")) for r in records]
 
-        wait_until(lambda: set(expected_ids) <= set(signal_ids()), 120, "every expected kill")
+        wanted = {(i, scope) for i in expected_ids for scope in ("trace", "conversation")}
+        wait_until(lambda: wanted <= set(signals()), 120, "every expected kill's signals")
         recovered = time.monotonic() - killed_at
         time.sleep(3.0)  # time for a duplicate or a false kill to show up, were there one
-        sent = signal_ids()
-        counts = collections.Counter(sent)
+        counts = collections.Counter(signals())
         doubled = sum(n - 1 for n in counts.values())
-        lost = [i for i in expected_ids if i not in counts]
-        unexpected = [i for i in counts if i not in expected_ids]
-        decided = len(set(counts) & set(expected_ids))
+        lost = [i for i in expected_ids if any((i, s) not in counts for s in SCOPES)]
+        unexpected = {i for i, _ in counts if i not in expected_ids}
+        decided = len({i for i, _ in counts} & set(expected_ids))
         print(
             f"\nconversations {CONVERSATIONS}: loops expected {len(expected_ids)},"
             f" decided {decided}, doubled {doubled}, lost {len(lost)},"
             f" unexpected {len(unexpected)}, recovery {recovered:.1f} s from the SIGKILL"
-            " to the last expected kill"
+            " to the last expected kill's signals"
         )
         assert not lost and not unexpected
         assert doubled == 0, counts
+        assert set(counts) == wanted  # each decision: one trace and one conversation signal
         by_trace = {d.trace_id for d in expected}
         kills = [json.loads(m["value"]) for m in records_of(collector, topics.kills)]
         assert {k["trace_id"] for k in kills} == by_trace
+        for kill in kills:
+            if kill.get("scope") == "conversation":
+                assert kill["conversation_id"] == expected_ids[kill["signal_id"]].conversation_id
     finally:
         collector.close()
         for worker in workers:
