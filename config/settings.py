@@ -283,6 +283,16 @@ class WorkerSettings:
         "traces whose decoded state stays in memory between messages (about 13 kB each at"
         " most); 0: every message reads and decodes its trace's state from the store",
     )
+    rocksdb_write_buffer_mb: int = setting(
+        64,
+        "RocksDB memtable size per table partition (Faust's default); up to 3 are held before"
+        " a flush, so a worker's tables may hold 3 x this x the partitions it owns",
+    )
+    rocksdb_block_cache_mb: int = setting(
+        2048,
+        "RocksDB block cache per table partition (Faust's default), filled as states are read"
+        " back from disk",
+    )
     metrics_port: int = setting(9464, "port of /metrics, /livez and /readyz")
     metrics_host: str = setting("0.0.0.0", "address /metrics, /livez and /readyz listen on")
     recovery_delay: float = setting(0.0, "seconds to wait after a rebalance before table recovery")
@@ -388,6 +398,8 @@ class WorkerSettings:
             raise SettingsError("fetch_max_wait must be between 1 and 1500 milliseconds")
         if self.state_ttl <= 0:
             raise SettingsError("state_ttl must be a positive number of seconds")
+        if self.rocksdb_write_buffer_mb < 1 or self.rocksdb_block_cache_mb < 1:
+            raise SettingsError("rocksdb_write_buffer_mb and rocksdb_block_cache_mb must be >= 1")
         if self.dead_after <= 0:
             raise SettingsError("dead_after must be a positive number of seconds")
         if not MIN_SIGNAL_TTL <= self.signal_ttl <= MAX_SIGNAL_TTL:
@@ -456,6 +468,17 @@ class WorkerSettings:
     @property
     def store_url(self) -> str:
         return "rocksdb://" if self.store == "rocksdb" else "memory://"
+
+    @property
+    def store_options(self) -> dict[str, int] | None:
+        """What each table's RocksDB is opened with (faust.stores.rocksdb.RocksDBOptions)."""
+        if self.store != "rocksdb":
+            return None
+        mib = 1024 * 1024
+        return {
+            "write_buffer_size": self.rocksdb_write_buffer_mb * mib,
+            "block_cache_size": self.rocksdb_block_cache_mb * mib,
+        }
 
     @classmethod
     def from_sources(

@@ -140,6 +140,7 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
             use_partitioner=False,
             key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
             value_type=bytes,
+            options=settings.store_options,  # RocksDB's memory per partition
         )
     )
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
@@ -163,6 +164,7 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
             use_partitioner=False,
             key_type=bytes,
             value_type=bytes,
+            options=settings.store_options,
         )
     )
     states = conversation_view(
@@ -185,6 +187,7 @@ def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedS
             use_partitioner=False,
             key_type=bytes,
             value_type=bytes,
+            options=settings.store_options,
         )
     )
     states = agent_window_view(
@@ -204,6 +207,7 @@ def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faus
         use_partitioner=True,
         key_type=bytes,
         value_type=bytes,
+        options=settings.store_options,
     )
 
 
