@@ -264,7 +264,8 @@ class WorkerSettings:
     )
     conversation_topic: str = setting(
         "spanguard-conversation-calls",
-        "compact call and usage records keyed by conversation id (the conversation scope)",
+        "compact call and usage records of conversations, packed per partition of their id"
+        " (the conversation scope)",
     )
     agent_usage_topic: str = setting(
         "spanguard-agent-usage",
