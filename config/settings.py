@@ -285,14 +285,13 @@ class WorkerSettings:
         " most); 0: every message reads and decodes its trace's state from the store",
     )
     rocksdb_write_buffer_mb: int = setting(
-        64,
-        "RocksDB memtable size per table partition (Faust's default); up to 3 are held before"
-        " a flush, so a worker's tables may hold 3 x this x the partitions it owns",
+        16,
+        "RocksDB memtable size per table partition; up to 3 are held before a flush. Faust's"
+        " own 64 (and its 2 GiB cache) let a worker's memory grow for hours (docs/operating.md)",
     )
     rocksdb_block_cache_mb: int = setting(
-        2048,
-        "RocksDB block cache per table partition (Faust's default), filled as states are read"
-        " back from disk",
+        64,
+        "RocksDB block cache per table partition, filled as states are read back from disk",
     )
     metrics_port: int = setting(9464, "port of /metrics, /livez and /readyz")
     metrics_host: str = setting("0.0.0.0", "address /metrics, /livez and /readyz listen on")
