@@ -125,15 +125,13 @@ def faust_app(settings: WorkerSettings) -> faust.App:
     )
 
 
-def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, SerializedStates]:
-    """The state table and the guard's view of it (decoded states, the expiry index)."""
-    # No use_partitioner: each changelog record goes to the partition of the message that
-    # changed it, where the trace's messages arrive whatever partitioner their producer used
-    # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
-    table = app.tables.add(
+def state_table(app: faust.App, settings: WorkerSettings, name: str) -> TraceTable:
+    """A state table of raw bytes whose changelog follows the partition each record arrives
+    on: the trace, conversation and agent window tables are all made so."""
+    return app.tables.add(
         TraceTable(
             app,
-            name=settings.table_name,
+            name=name,
             default=None,
             beacon=app.tables.beacon,
             partitions=settings.partitions,
@@ -143,6 +141,14 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
             options=settings.store_options,  # RocksDB's memory per partition
         )
     )
+
+
+def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, SerializedStates]:
+    """The state table and the guard's view of it (decoded states, the expiry index)."""
+    # No use_partitioner: each changelog record goes to the partition of the message that
+    # changed it, where the trace's messages arrive whatever partitioner their producer used
+    # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
+    table = state_table(app, settings, settings.table_name)
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
     states = SerializedStates(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
@@ -154,19 +160,7 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
 def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The conversation table (conversation id -> ConversationState bytes) and its view: like
     the trace table, its changelog follows the partition each record arrives on."""
-    table = app.tables.add(
-        TraceTable(
-            app,
-            name=settings.conversation_table_name,
-            default=None,
-            beacon=app.tables.beacon,
-            partitions=settings.partitions,
-            use_partitioner=False,
-            key_type=bytes,
-            value_type=bytes,
-            options=settings.store_options,
-        )
-    )
+    table = state_table(app, settings, settings.conversation_table_name)
     states = conversation_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
@@ -177,19 +171,7 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
 def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
     trace table, its changelog follows the partition each record arrives on."""
-    table = app.tables.add(
-        TraceTable(
-            app,
-            name=settings.agent_window_table_name,
-            default=None,
-            beacon=app.tables.beacon,
-            partitions=settings.partitions,
-            use_partitioner=False,
-            key_type=bytes,
-            value_type=bytes,
-            options=settings.store_options,
-        )
-    )
+    table = state_table(app, settings, settings.agent_window_table_name)
     states = agent_window_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
