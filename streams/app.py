@@ -51,6 +51,7 @@ from spanguard.streams.metrics import (
     ConsumerLag,
     DecisionsSent,
     DetectionLatency,
+    TableMemory,
     WorkerMetrics,
     worker_registry,
 )
@@ -232,6 +233,7 @@ def build_worker(
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
     registry, lag, sent = metrics_registry(guard, counted, states)
+    registry.register(TableMemory(lambda: app.tables.values()))
     return Worker(
         app=app,
         settings=settings,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -59,6 +59,7 @@ __all__ = [
     "DecisionsSent",
     "DetectionLatency",
     "Series",
+    "TableMemory",
     "WorkerMetrics",
     "worker_registry",
 ]
@@ -181,6 +182,47 @@ class ConsumerLag(Collector):
         )
         for (topic, partition), lag in sorted(self.lags.items()):
             family.add_metric([topic, str(partition)], lag)
+        yield family
+
+
+# What RocksDB holds in memory per table, by kind: the memtables being filled and those
+# waiting to be flushed, the block cache (states read back from disk), and the table readers'
+# index and filter blocks (which grow with the data on disk).
+ROCKSDB_MEMORY = {
+    "memtables": "rocksdb.size-all-mem-tables",
+    "block_cache": "rocksdb.block-cache-usage",
+    "table_readers": "rocksdb.estimate-table-readers-mem",
+}
+
+
+class TableMemory(Collector):
+    """spanguard_table_memory_bytes{table,kind}: RocksDB's memory for each table, summed over
+    the partitions this worker has open (each partition is its own database with its own
+    cache), read at scrape time. The part of the worker's RSS that the settings
+    SPANGUARD_ROCKSDB_WRITE_BUFFER_MB and SPANGUARD_ROCKSDB_BLOCK_CACHE_MB bound."""
+
+    def __init__(self, tables: Callable[[], Iterable[Any]]) -> None:
+        self.tables = tables
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "spanguard_table_memory_bytes",
+            "RocksDB memory of a table on this worker: memtables, block cache, table readers",
+            labels=["table", "kind"],
+        )
+        for table in self.tables():
+            # Faust's RocksDB store keeps one database per partition; a memory store has none.
+            databases = list(getattr(table.data, "_dbs", {}).values())
+            if not databases:
+                continue
+            for kind, prop in ROCKSDB_MEMORY.items():
+                total = 0
+                for database in databases:
+                    try:
+                        total += database.property_int_value(prop) or 0
+                    except Exception:  # closed by a rebalance since the listing
+                        continue
+                family.add_metric([table.name, kind], total)
         yield family
 
 

@@ -188,6 +188,20 @@ def test_latency_build_info_lag_and_process_metrics(worker) -> None:
     }
     assert all(s.value >= 0 for s in lags)
 
+    # RocksDB's memory, by table and kind (the store is RocksDB by default): the trace's
+    # states were written, so the trace table's memtables hold something, within their bound.
+    memory = {
+        (s.labels["table"], s.labels["kind"]): s.value
+        for s in samples["spanguard_table_memory_bytes"]
+    }
+    table = "trace-state"  # WorkerSettings.table_name
+    assert {kind for name, kind in memory if name == table} == {
+        "memtables",
+        "block_cache",
+        "table_readers",
+    }
+    assert 0 < memory[(table, "memtables")] < 3 * 16 * 1024 * 1024 * 2  # 2 partitions
+
 
 def test_tokens_and_dollars_of_a_priced_trace_reach_metrics(tmp_path) -> None:
     """A usd budget prices usage: a real worker's /metrics counts the trace's tokens as priced
