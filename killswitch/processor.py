@@ -218,9 +218,9 @@ class GuardingSpanProcessor(SpanProcessor):
         return self.signals.check(trace_id)
 
     def _agent_of(self, trace_id: str | None) -> AgentIdentity | None:
-        """The agent of a trace whose spans this processor has read, else the one the tracer
-        provider's resource names (a new trace, before its first span ends): `tracer_provider`
-        or the global one."""
+        """The agent of a trace whose spans this processor has read, else the one a resource
+        names (a new trace, before its first span ends): `tracer_provider`'s, else the current
+        span's, else the global provider's (current_agent)."""
         state = self._states.get(trace_id) if trace_id is not None else None
         if state is not None:
             return AgentIdentity(state.service, state.agent_name)
