@@ -189,8 +189,8 @@ type KillSwitch struct {
 	ignored  map[string]int
 	received atomic.Int64
 	scope    scopeDefaults
-	// Checks that found no trace to check: tool calls nothing guarded (logged once per
-	// method). warnedUnguarded is guarded by mu.
+	// Checks that found no trace to check: tool calls nothing guarded (logged once for
+	// Check and CheckIn, once for CheckContext). warnedUnguarded is guarded by mu.
 	unguarded       atomic.Int64
 	warnedUnguarded map[string]bool
 }
@@ -397,7 +397,7 @@ func (k *KillSwitch) Check(traceID string) (string, error) {
 // a context as well: k.CheckIn(traceID, k.Scope(ctx, scope)). An empty traceID is counted in
 // Unguarded, as in Check.
 func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
-	return k.checkIn(context.Background(), traceID, scope, "CheckIn")
+	return k.checkIn(context.Background(), traceID, scope, "Check")
 }
 
 // CheckContext is Check for the trace of the span in ctx, in the scope Scope finds: the
@@ -425,15 +425,15 @@ func (k *KillSwitch) checkIn(ctx context.Context, traceID string, scope CheckSco
 	return k.Signals.Check(traceID)
 }
 
-// What to do about a check with no trace, by the method that found none.
+// What to do about a check with no trace, by where it found none: Check and CheckIn (given
+// no trace id) are one place, CheckContext (no span in its context) the other.
 var unguardedAdvice = map[string]string{
-	"Check":        "Check was given no trace id: pass the run's trace id, or call CheckContext with the agent span's context",
-	"CheckIn":      "CheckIn was given no trace id: pass the run's trace id, or k.CheckIn(traceID, k.Scope(ctx, scope)) with the agent span's trace",
+	"Check":        "Check or CheckIn was given no trace id: pass the run's trace id, or call CheckContext with the agent span's context",
 	"CheckContext": "CheckContext found no span in its context: call it with the agent span's context, or Check(traceID)",
 }
 
 // noteUnguarded counts a tool call that could not be checked (no trace) and warns once per
-// method: an agent that cannot be told its trace was killed is not guarded.
+// place (unguardedAdvice): an agent that cannot be told its trace was killed is not guarded.
 func (k *KillSwitch) noteUnguarded(where string) {
 	k.unguarded.Add(1)
 	k.mu.Lock()
