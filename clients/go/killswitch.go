@@ -389,7 +389,7 @@ func isAuthError(err error) bool {
 // only, and the call is counted in Unguarded (logged once): a tool call no trace kill can stop
 // is never silent.
 func (k *KillSwitch) Check(traceID string) (string, error) {
-	return k.checkIn(context.Background(), traceID, CheckScope{}, "Check")
+	return k.checkIn(context.Background(), traceID, CheckScope{}, "Check/CheckIn")
 }
 
 // CheckIn is Check for a trace of a conversation or agent (empty fields: the Config's, and
@@ -397,7 +397,7 @@ func (k *KillSwitch) Check(traceID string) (string, error) {
 // a context as well: k.CheckIn(traceID, k.Scope(ctx, scope)). An empty traceID is counted in
 // Unguarded, as in Check.
 func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
-	return k.checkIn(context.Background(), traceID, scope, "Check")
+	return k.checkIn(context.Background(), traceID, scope, "Check/CheckIn")
 }
 
 // CheckContext is Check for the trace of the span in ctx, in the scope Scope finds: the
@@ -428,8 +428,8 @@ func (k *KillSwitch) checkIn(ctx context.Context, traceID string, scope CheckSco
 // What to do about a check with no trace, by where it found none: Check and CheckIn (given
 // no trace id) are one place, CheckContext (no span in its context) the other.
 var unguardedAdvice = map[string]string{
-	"Check":        "Check or CheckIn was given no trace id: pass the run's trace id, or call CheckContext with the agent span's context",
-	"CheckContext": "CheckContext found no span in its context: call it with the agent span's context, or Check(traceID)",
+	"Check/CheckIn": "given no trace id: pass the run's trace id, or call CheckContext with the agent span's context",
+	"CheckContext":  "no span in its context: call it with the agent span's context, or Check(traceID)",
 }
 
 // noteUnguarded counts a tool call that could not be checked (no trace) and warns once per
