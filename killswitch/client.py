@@ -26,8 +26,8 @@ unsigned signals instead: anyone who can write to the topic can then stop or ste
 
 A check's conversation and agent (a conversation or agent kill stops every trace of it) come
 from its arguments, else the KillSwitch's `conversation_id=` / `agent=`, else the OpenTelemetry
-baggage and the resource of `tracer_provider=` (default: the global provider); `scope()` says
-what a check would use.
+baggage and a resource: `tracer_provider=`'s, else the current span's, else the global
+provider's; `scope()` says what a check would use.
 
 The constructor starts the consumer (unless `start=False`); `start()` is idempotent.
 A check that finds no trace (no trace id and no current span) is counted in `unguarded` and
@@ -151,8 +151,8 @@ class KillSwitch:
         self._clock = clock or (lambda: datetime.now(UTC))
         self.signals = signals if signals is not None else SignalBook(clock=self._clock)
         # The process's conversation and agent, when it has one of each (a check's own win;
-        # else the OpenTelemetry baggage and the tracer provider's resource are read: the
-        # `tracer_provider` given, else the global one).
+        # else the OpenTelemetry baggage and a resource are read: the `tracer_provider`'s
+        # given, else the current span's, else the global provider's).
         self.conversation_id = conversation_id
         self.agent = parse_agent(agent) if isinstance(agent, str) else agent
         self._tracer_provider = tracer_provider
@@ -219,8 +219,9 @@ class KillSwitch:
 
         The conversation: `conversation_id`, else the KillSwitch's, else the OpenTelemetry
         baggage's `gen_ai.conversation.id` / `session.id`. The agent: `agent` (an
-        AgentIdentity or "SERVICE[/NAME]"), else the KillSwitch's, else the tracer provider's
-        resource (`service.name`, `gen_ai.agent.name`)."""
+        AgentIdentity or "SERVICE[/NAME]"), else the KillSwitch's, else a resource's
+        `service.name` and `gen_ai.agent.name`: the `tracer_provider`'s, else the current
+        span's, else the global provider's."""
         try:
             self.signals.check_scopes(*self.scope(conversation_id, agent))
         except AgentKilled as killed:
@@ -253,8 +254,9 @@ class KillSwitch:
     ) -> tuple[str | None, AgentIdentity | None]:
         """The conversation and agent a check stands for, each from the first source that
         names it: the arguments, the KillSwitch's own, the OpenTelemetry baggage
-        (`gen_ai.conversation.id`, then `session.id`) or the tracer provider's resource
-        (`service.name` and `gen_ai.agent.name`, never mixed with another source's)."""
+        (`gen_ai.conversation.id`, then `session.id`) or a resource (`service.name` and
+        `gen_ai.agent.name`, never mixed with another source's): the `tracer_provider`'s,
+        else the current span's, else the global provider's (see `current_agent`)."""
         if isinstance(agent, str):
             agent = parse_agent(agent)
         return (

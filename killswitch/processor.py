@@ -167,6 +167,10 @@ class GuardingSpanProcessor(SpanProcessor):
         self._tracer: Tracer | None = None
         self._warned_no_provider = False
         self.errors = 0
+        # Checks that found no trace to check: each one a tool call nothing guarded.
+        self.unguarded = 0
+        self._unguarded_warned: set[str] = set()
+        self._unguarded_lock = threading.Lock()  # not the guard's: never waits on a span's end
 
     # -- SpanProcessor -------------------------------------------------------------------
 
@@ -207,20 +211,44 @@ class GuardingSpanProcessor(SpanProcessor):
         conversation_id: str | None = None,
         agent: AgentIdentity | None = None,
     ) -> str | None:
-        """SignalBook.check on `trace_id`, or on the current span's trace (None outside one),
-        and on the conversation and agent given (an agent kill of the agent budget)."""
+        """SignalBook.check on `trace_id`, or on the current span's trace, and on the
+        conversation and agent given (an agent kill of the agent budget). Without a trace
+        (none given, no current span) only those are checked, and the call is counted in
+        `unguarded` and warned about once."""
         trace_id = trace_id if trace_id is not None else current_trace_id()
         if agent is None and self.guard.agent_budgets is not None:
             agent = self._agent_of(trace_id)
         self.signals.check_scopes(conversation_id, agent)
         if trace_id is None:
+            self.note_unguarded(
+                "GuardingSpanProcessor.check()",
+                "no trace id given and no OpenTelemetry span is current; check() inside the"
+                " agent's span, pass the run's trace id, or use an adapter of"
+                " spanguard.killswitch.adapters",
+            )
             return None
         return self.signals.check(trace_id)
 
+    def note_unguarded(self, where: str, what_to_do: str) -> None:
+        """Count a tool call that could not be checked (no trace found); warn once per `where`
+        (the adapters call it too). Never silent: a trace nobody checks is not guarded."""
+        with self._unguarded_lock:
+            self.unguarded += 1
+            first = where not in self._unguarded_warned
+            self._unguarded_warned.add(where)
+        if first:
+            log.warning(
+                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
+                " guarded: %s (further ones are counted in GuardingSpanProcessor.unguarded,"
+                " not logged)",
+                where,
+                what_to_do,
+            )
+
     def _agent_of(self, trace_id: str | None) -> AgentIdentity | None:
-        """The agent of a trace whose spans this processor has read, else the one the tracer
-        provider's resource names (a new trace, before its first span ends): `tracer_provider`
-        or the global one."""
+        """The agent of a trace whose spans this processor has read, else the one a resource
+        names (a new trace, before its first span ends): `tracer_provider`'s, else the current
+        span's, else the global provider's (current_agent)."""
         state = self._states.get(trace_id) if trace_id is not None else None
         if state is not None:
             return AgentIdentity(state.service, state.agent_name)

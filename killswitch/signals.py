@@ -27,6 +27,7 @@ __all__ = [
     "AgentKilled",
     "AgentPaused",
     "SignalBook",
+    "agent_of",
     "current_agent",
     "current_conversation_id",
     "current_trace_id",
@@ -430,19 +431,32 @@ def current_conversation_id() -> str | None:
     return None
 
 
-def current_agent(provider: Any = None) -> AgentIdentity | None:
-    """The agent named by the resource of `provider` (default: the global tracer provider):
-    `service.name` and `gen_ai.agent.name`; None without an SDK provider or a service name."""
-    if provider is None:
-        try:
-            from opentelemetry import trace
-        except ImportError:
-            return None
-        provider = trace.get_tracer_provider()
-    resource = getattr(provider, "resource", None)
+def agent_of(resource: Any) -> AgentIdentity | None:
+    """The agent an OpenTelemetry resource names: `service.name`, with `gen_ai.agent.name`
+    when set; None without a service name (or without a resource)."""
     attributes = getattr(resource, "attributes", None) or {}
     service = attributes.get("service.name")
     if not isinstance(service, str) or not service:
         return None
     name = attributes.get("gen_ai.agent.name")
     return AgentIdentity(service, name if isinstance(name, str) and name else None)
+
+
+def current_agent(provider: Any = None) -> AgentIdentity | None:
+    """The agent an OpenTelemetry resource names, from the first of these that names one: the
+    resource of `provider` when given; the current span's (an SDK span carries its provider's
+    resource, so an agent on a provider of its own is found too); without `provider`, the
+    global tracer provider's. The same order as the TypeScript and Go clients (the global
+    provider last: theirs keep it private)."""
+    if provider is not None:
+        given = agent_of(getattr(provider, "resource", None))
+        if given is not None:
+            return given
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    from_span = agent_of(getattr(trace.get_current_span(), "resource", None))
+    if from_span is not None or provider is not None:
+        return from_span
+    return agent_of(getattr(trace.get_tracer_provider(), "resource", None))

@@ -189,8 +189,10 @@ type KillSwitch struct {
 	ignored  map[string]int
 	received atomic.Int64
 	scope    scopeDefaults
-	// CheckContext calls that found no span: tool calls nothing guarded (logged once).
-	unguarded atomic.Int64
+	// Checks that found no trace to check: tool calls nothing guarded (logged once for
+	// Check and CheckIn, once for CheckContext). warnedUnguarded is guarded by mu.
+	unguarded       atomic.Int64
+	warnedUnguarded map[string]bool
 }
 
 // scopeDefaults are a KillSwitch's own conversation and agent: Config's, and the agent its
@@ -383,23 +385,19 @@ func isAuthError(err error) bool {
 }
 
 // Check returns *AgentKilled if traceID was killed; a downgrade's system message once; else "".
-// It reads memory only: it never waits on Kafka.
+// It reads memory only: it never waits on Kafka. An empty traceID checks the Config's scope
+// only, and the call is counted in Unguarded (logged once): a tool call no trace kill can stop
+// is never silent.
 func (k *KillSwitch) Check(traceID string) (string, error) {
-	return k.CheckIn(traceID, CheckScope{})
+	return k.checkIn(context.Background(), traceID, CheckScope{}, "Check/CheckIn")
 }
 
 // CheckIn is Check for a trace of a conversation or agent (empty fields: the Config's, and
 // the agent its Resource names): a conversation or agent kill stops it too. For the baggage of
-// a context as well: k.CheckIn(traceID, k.Scope(ctx, scope)).
+// a context as well: k.CheckIn(traceID, k.Scope(ctx, scope)). An empty traceID is counted in
+// Unguarded, as in Check.
 func (k *KillSwitch) CheckIn(traceID string, scope CheckScope) (string, error) {
-	scope = k.scope.resolve(context.Background(), scope)
-	if err := k.Signals.CheckScopes(scope); err != nil {
-		return "", err
-	}
-	if traceID == "" {
-		return "", nil
-	}
-	return k.Signals.Check(traceID)
+	return k.checkIn(context.Background(), traceID, scope, "Check/CheckIn")
 }
 
 // CheckContext is Check for the trace of the span in ctx, in the scope Scope finds: the
@@ -410,13 +408,50 @@ func (k *KillSwitch) CheckContext(ctx context.Context) (string, error) {
 	traceID := ""
 	if spanContext := trace.SpanContextFromContext(ctx); spanContext.IsValid() {
 		traceID = spanContext.TraceID().String()
-	} else if k.unguarded.Add(1) == 1 {
-		k.logger.Printf("spanguard killswitch: CheckContext found no span in its context, so this tool call is NOT guarded against a kill of its trace: call it with the agent span's context, or Check(traceID) (further ones are counted in Unguarded(), not logged)")
 	}
-	return k.CheckIn(traceID, k.Scope(ctx, CheckScope{}))
+	return k.checkIn(ctx, traceID, CheckScope{}, "CheckContext")
 }
 
-// Unguarded counts CheckContext calls whose context held no span.
+// checkIn checks the scope, then the trace; `where` names the method for the warning about a
+// check with no trace. A scope kill returns first: that tool call is stopped, not unguarded.
+func (k *KillSwitch) checkIn(ctx context.Context, traceID string, scope CheckScope, where string) (string, error) {
+	if err := k.Signals.CheckScopes(k.scope.resolve(ctx, scope)); err != nil {
+		return "", err
+	}
+	if traceID == "" {
+		k.noteUnguarded(where)
+		return "", nil
+	}
+	return k.Signals.Check(traceID)
+}
+
+// What to do about a check with no trace, by where it found none: Check and CheckIn (given
+// no trace id) are one place, CheckContext (no span in its context) the other.
+var unguardedAdvice = map[string]string{
+	"Check/CheckIn": "given no trace id: pass the run's trace id, or call CheckContext with the agent span's context",
+	"CheckContext":  "no span in its context: call it with the agent span's context, or Check(traceID)",
+}
+
+// noteUnguarded counts a tool call that could not be checked (no trace) and warns once per
+// place (unguardedAdvice): an agent that cannot be told its trace was killed is not guarded.
+func (k *KillSwitch) noteUnguarded(where string) {
+	k.unguarded.Add(1)
+	k.mu.Lock()
+	first := !k.warnedUnguarded[where]
+	if first {
+		if k.warnedUnguarded == nil {
+			k.warnedUnguarded = map[string]bool{}
+		}
+		k.warnedUnguarded[where] = true
+	}
+	k.mu.Unlock()
+	if first {
+		k.logger.Printf("spanguard killswitch: %s found no trace to check, so this tool call is NOT guarded against a kill of its trace: %s (further ones are counted in Unguarded(), not logged)", where, unguardedAdvice[where])
+	}
+}
+
+// Unguarded counts checks that found no trace to check (Check or CheckIn given no trace id,
+// CheckContext with no span in its context): tool calls nothing guarded.
 func (k *KillSwitch) Unguarded() int64 { return k.unguarded.Load() }
 
 // Wait is Check, and while the trace is paused (*AgentPaused), blocks until an operator's

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
 // A wait that should end on a step of `meanwhile` gets this long before the test calls it stuck.
@@ -296,7 +299,9 @@ type scopeCase struct {
 		Resource     map[string]string `json:"resource"`
 	} `json:"switch"`
 	Baggage map[string]string `json:"baggage"`
-	Expect  struct {
+	// The resource of the provider whose span is active in the check's context (nil: none).
+	SpanResource map[string]string `json:"span_resource"`
+	Expect       struct {
 		Conversation *string     `json:"conversation"`
 		Agent        *agentEntry `json:"agent"`
 	} `json:"expect"`
@@ -334,14 +339,10 @@ func TestScopeResolution(t *testing.T) {
 	}
 	for _, c := range file.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			attributes := make([]attribute.KeyValue, 0, len(c.Switch.Resource))
-			for key, value := range c.Switch.Resource {
-				attributes = append(attributes, attribute.String(key, value))
-			}
 			k := &KillSwitch{scope: scopeDefaultsOf(Config{
 				ConversationID: c.Switch.Conversation,
 				Agent:          c.Switch.Agent.agent(),
-				Resource:       resource.NewSchemaless(attributes...),
+				Resource:       resourceOf(c.Switch.Resource),
 			})}
 			members := make([]baggage.Member, 0, len(c.Baggage))
 			for key, value := range c.Baggage {
@@ -356,6 +357,13 @@ func TestScopeResolution(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := baggage.ContextWithBaggage(context.Background(), bag)
+			if c.SpanResource != nil {
+				provider := sdktrace.NewTracerProvider(sdktrace.WithResource(resourceOf(c.SpanResource)))
+				defer provider.Shutdown(context.Background())
+				var span oteltrace.Span
+				ctx, span = provider.Tracer("test").Start(ctx, "invoke_agent")
+				defer span.End()
+			}
 			got := k.Scope(ctx, CheckScope{ConversationID: c.Given.Conversation, Agent: c.Given.Agent.agent()})
 			want := ""
 			if c.Expect.Conversation != nil {
@@ -368,6 +376,168 @@ func TestScopeResolution(t *testing.T) {
 				t.Errorf("agent %+v, want %+v", got.Agent, wantAgent)
 			}
 		})
+	}
+}
+
+// resourceOf is a real SDK resource with exactly these attributes.
+func resourceOf(entries map[string]string) *resource.Resource {
+	attributes := make([]attribute.KeyValue, 0, len(entries))
+	for key, value := range entries {
+		attributes = append(attributes, attribute.String(key, value))
+	}
+	return resource.NewSchemaless(attributes...)
+}
+
+func TestTheVectorsHoldScopeCasesWithAnActiveSpan(t *testing.T) {
+	var file struct {
+		Cases []scopeCase `json:"scope_resolution"`
+	}
+	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	withSpan := 0
+	for _, c := range file.Cases {
+		if c.SpanResource != nil {
+			withSpan++
+		}
+	}
+	if withSpan < 3 {
+		t.Fatalf("%d scope cases with an active span", withSpan)
+	}
+}
+
+// unguardedStep is a step of the vectors' unguarded_checks: a check whose trace is null finds
+// no trace to check (Check and CheckIn given "").
+type unguardedStep struct {
+	sequenceStep
+	Check     *string `json:"check"`
+	Unguarded int64   `json:"unguarded"`
+	Warnings  int     `json:"warnings"`
+}
+
+// lineCounter counts the lines a log.Logger writes, and keeps the first.
+type lineCounter struct {
+	mu    sync.Mutex
+	lines int
+	first string
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lines == 0 {
+		c.first = string(p)
+	}
+	c.lines++
+	return len(p), nil
+}
+
+// A check with no trace: counted in Unguarded every time, warned about once through the
+// Config's Logger, its scope still checked (a switch not started: the book is fed directly).
+func TestUnguardedChecks(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Now       string            `json:"now"`
+		Keys      map[string]string `json:"keys"`
+		Sequences []struct {
+			Name    string            `json:"name"`
+			Signals map[string]string `json:"signals"`
+			Steps   []unguardedStep   `json:"steps"`
+		} `json:"unguarded_checks"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.Sequences) == 0 {
+		t.Fatal("no unguarded_checks in the vectors")
+	}
+	now, _ := ParseDateTime(file.Now)
+	keys, err := Keyring([]byte(file.Keys["current"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sequence := range file.Sequences {
+		for _, method := range []string{"Check", "CheckIn"} {
+			t.Run(method+": "+sequence.Name, func(t *testing.T) {
+				book := NewSignalBook(0)
+				book.Clock = func() time.Time { return now }
+				logged := &lineCounter{}
+				k := &KillSwitch{Signals: book, logger: log.New(logged, "", 0), scope: scopeDefaultsOf(Config{})}
+				for i, step := range sequence.Steps {
+					where := fmt.Sprintf("step %d", i)
+					if step.Deliver != "" {
+						signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, now)
+						if err != nil {
+							t.Fatalf("%s: %v", where, err)
+						}
+						if got := book.Deliver(signal); got != step.New {
+							t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
+						}
+						continue
+					}
+					traceID := ""
+					if step.Check != nil {
+						traceID = *step.Check
+					}
+					scope := CheckScope{ConversationID: step.Conversation}
+					if step.Agent != nil {
+						scope.Agent = &Agent{Service: step.Agent.Service}
+						if step.Agent.Name != nil {
+							scope.Agent.Name = *step.Agent.Name
+						}
+					}
+					var message string
+					var err error
+					if method == "Check" && scope.ConversationID == "" && scope.Agent == nil {
+						message, err = k.Check(traceID)
+					} else {
+						message, err = k.CheckIn(traceID, scope)
+					}
+					checkOutcome(t, where, step.sequenceStep, message, err)
+					if got := k.Unguarded(); got != step.Unguarded {
+						t.Fatalf("%s: Unguarded() %d, want %d", where, got, step.Unguarded)
+					}
+					if logged.lines != step.Warnings {
+						t.Fatalf("%s: %d warnings, want %d", where, logged.lines, step.Warnings)
+					}
+				}
+				if logged.lines > 0 && !strings.Contains(logged.first, "NOT guarded") {
+					t.Fatalf("the warning: %q", logged.first)
+				}
+			})
+		}
+	}
+}
+
+// CheckContext with no span in its context is counted with the others and warned about once
+// in its own words; with a span it is not counted.
+func TestCheckContextWithoutASpanIsCountedAndWarnedOnce(t *testing.T) {
+	logged := &lineCounter{}
+	k := &KillSwitch{Signals: NewSignalBook(0), logger: log.New(logged, "", 0), scope: scopeDefaultsOf(Config{})}
+	for i := 0; i < 3; i++ {
+		if message, err := k.CheckContext(context.Background()); message != "" || err != nil {
+			t.Fatalf("no span: %q, %v", message, err)
+		}
+	}
+	if k.Unguarded() != 3 || logged.lines != 1 || !strings.Contains(logged.first, "CheckContext found no trace") {
+		t.Fatalf("unguarded %d, %d warnings: %q", k.Unguarded(), logged.lines, logged.first)
+	}
+	if _, err := k.Check(""); err != nil || k.Unguarded() != 4 || logged.lines != 2 {
+		t.Fatalf("Check(\"\") after CheckContext: %v, unguarded %d, %d warnings", err, k.Unguarded(), logged.lines)
+	}
+	provider := sdktrace.NewTracerProvider()
+	defer provider.Shutdown(context.Background())
+	ctx, span := provider.Tracer("test").Start(context.Background(), "invoke_agent")
+	defer span.End()
+	if _, err := k.CheckContext(ctx); err != nil || k.Unguarded() != 4 {
+		t.Fatalf("with a span: %v, unguarded %d", err, k.Unguarded())
 	}
 }
 

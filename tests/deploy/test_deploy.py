@@ -571,6 +571,7 @@ def test_monitoring_ships_behind_its_flags(helm: Path) -> None:
         "SpanguardConsumerLagGrowing",
         "SpanguardDeadLettersRising",
         "SpanguardPagesUndeliverable",
+        "SpanguardFetchStalls",
     }
     assert alerts["SpanguardConsumerLagGrowing"]["for"] == "5m"
     for name, alert in alerts.items():
@@ -578,6 +579,40 @@ def test_monitoring_ships_behind_its_flags(helm: Path) -> None:
         # The ServiceMonitor's job: Prometheus Operator names it after the scraped Service.
         assert f'job="{FULLNAME}-metrics", namespace="agents"' in alert["expr"], name
         assert alert["labels"]["severity"] in ("critical", "warning"), name
+
+
+def test_the_fetch_stall_alert_warns_on_stalls_in_15_minutes(helm: Path) -> None:
+    """A stall is recovered by the fetch watch's seek in about 20 s: the alert is a warning on
+    stalls of one kind counted in 15 minutes, above a threshold the values set (default 0)."""
+
+    def stall_alert(*sets: str) -> dict:
+        rule = only(render(helm, *MONITORING_ON, *sets), "PrometheusRule")
+        (alert,) = [
+            r
+            for group in rule["spec"]["groups"]
+            for r in group["rules"]
+            if r["alert"] == "SpanguardFetchStalls"
+        ]
+        return alert
+
+    alert = stall_alert()
+    assert alert["labels"]["severity"] == "warning"
+    assert "for" not in alert  # a counted stall is over already: no pending period
+    expr = alert["expr"]
+    assert expr.startswith("sum by (namespace, what) (increase(spanguard_fetch_stalls_total{")
+    assert expr.endswith("}[15m])) > 0"), expr
+    assert "$labels.what" in alert["annotations"]["description"]
+    assert "docs/operating.md" in alert["annotations"]["description"]
+    assert stall_alert("monitoring.prometheusRule.fetchStallThreshold=3")["expr"].endswith("> 3")
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        ",".join([*MONITORING_ON, "monitoring.prometheusRule.fetchStallThreshold=-1"]),
+    )
+    assert proc.returncode != 0 and "fetchStallThreshold" in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------- docker compose

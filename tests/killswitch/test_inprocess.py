@@ -445,12 +445,19 @@ def test_decisions_use_the_global_provider_when_none_is_passed(monkeypatch, capl
     assert [format(s.context.trace_id, "032x") for s in fleet.decision_spans()] == [later.trace_id]
 
 
-def test_check_reads_the_current_span_and_is_none_outside_any():
+def test_check_reads_the_current_span_and_is_none_outside_any(caplog):
     fleet = Fleet()
     assert current_trace_id() is None
-    assert fleet.processor.check() is None
-    with fleet.tracer.start_as_current_span("invoke_agent") as root:
-        assert current_trace_id() == format(root.get_span_context().trace_id, "032x")
+    with caplog.at_level(logging.WARNING, logger="spanguard.killswitch"):
+        assert fleet.processor.check() is None
+        assert fleet.processor.check() is None
+        with fleet.tracer.start_as_current_span("invoke_agent") as root:
+            assert current_trace_id() == format(root.get_span_context().trace_id, "032x")
+            assert fleet.processor.check() is None
+    # Outside any span the check is not guarded: counted each time, warned about once.
+    assert fleet.processor.unguarded == 2
+    warnings = [r.getMessage() for r in caplog.records if "NOT guarded" in r.getMessage()]
+    assert len(warnings) == 1 and "GuardingSpanProcessor.check()" in warnings[0], warnings
 
 
 # -- the same core, the same results ---------------------------------------------------------

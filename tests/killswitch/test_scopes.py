@@ -11,7 +11,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from spanguard.killswitch.adapters import TraceGate
-from spanguard.killswitch.client import parse_agent
+from spanguard.killswitch.client import KillSwitch, parse_agent
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_agent
 from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, validate
 
@@ -47,6 +47,58 @@ def test_the_agent_comes_from_the_tracer_providers_resource(monkeypatch):
     assert current_agent() == AgentIdentity("support", "triage")
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
     assert current_agent() is None
+
+
+def test_the_agent_comes_from_the_current_spans_resource_before_the_global_providers(
+    monkeypatch,
+):
+    """An agent on a provider of its own: its spans carry that provider's resource."""
+    own = TracerProvider(resource=Resource({"service.name": "support", "gen_ai.agent.name": "x"}))
+    global_provider = TracerProvider(resource=Resource({"service.name": "global-service"}))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: global_provider)
+    assert current_agent() == AgentIdentity("global-service", None)  # no span: the global one
+    with own.get_tracer("test").start_as_current_span("invoke_agent"):
+        assert current_agent() == AgentIdentity("support", "x")
+        # The provider given comes first; one naming no agent leaves it to the span.
+        given = TracerProvider(resource=Resource({"service.name": "given"}))
+        assert current_agent(given) == AgentIdentity("given", None)
+        assert current_agent(TracerProvider(resource=Resource({}))) == AgentIdentity("support", "x")
+    # A provider given that names no agent, and no span: never the global provider's.
+    assert current_agent(TracerProvider(resource=Resource({}))) is None
+    # A span of a provider whose resource names no agent: the global provider's.
+    with TracerProvider(resource=Resource({})).get_tracer("t").start_as_current_span("s"):
+        assert current_agent() == AgentIdentity("global-service", None)
+
+
+def test_a_kill_switch_obeys_the_kill_of_the_agent_its_span_names(monkeypatch):
+    """KillSwitch.check() inside an agent's span, no agent nor tracer_provider given: the
+    kill of the agent the span's resource names stops it; another agent's span goes on."""
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
+    switch = KillSwitch(
+        "127.0.0.1:9",  # never contacted: the switch is not started
+        allow_unsigned=True,
+        start=False,
+        ack_topic=None,
+        clock=lambda: NOW,
+    )
+    switch.signals.deliver(agent_kill())
+    triage = TracerProvider(
+        resource=Resource({"service.name": "support", "gen_ai.agent.name": "triage"})
+    )
+    billing = TracerProvider(
+        resource=Resource({"service.name": "support", "gen_ai.agent.name": "billing"})
+    )
+    try:
+        with triage.get_tracer("test").start_as_current_span("invoke_agent triage"):
+            assert switch.scope()[1] == AgentIdentity("support", "triage")
+            with pytest.raises(AgentKilled) as killed:
+                switch.check()
+            assert killed.value.signal.scope == "agent"
+        with billing.get_tracer("test").start_as_current_span("invoke_agent billing"):
+            assert switch.check() is None
+    finally:
+        switch.close()
+    assert switch.unguarded == 0
 
 
 def test_parse_agent():

@@ -8,13 +8,17 @@ it is an expected failure here (strict: once read_signal decides it, the mark mu
 The sequences give the time instead of sleeping: the book's clock is set per step (SignalBook
 reads the time through its module's `datetime`), and a wait's `meanwhile` steps happen on this
 thread while the wait blocks on another. The scope resolution cases build real OpenTelemetry
-baggage and a real SDK resource, as the clients' own tests do.
+baggage, a real SDK resource and, where a case has one, an active span of a real SDK provider,
+as the clients' own tests do. The unguarded checks run through a KillSwitch (not started) and
+count the warnings its logger writes.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import logging
 import threading
 import time
 from datetime import UTC, datetime
@@ -193,8 +197,51 @@ def test_each_scope_resolution_through_the_kill_switch(case):
         bag = baggage.set_baggage(key, value, context=bag)
     token = otel_context.attach(bag)
     try:
-        found = switch.scope(case["given"].get("conversation"), _agent(case["given"].get("agent")))
+        given = (case["given"].get("conversation"), _agent(case["given"].get("agent")))
+        if "span_resource" in case:
+            tracer = TracerProvider(resource=Resource(case["span_resource"])).get_tracer("test")
+            with tracer.start_as_current_span("invoke_agent"):
+                found = switch.scope(*given)
+        else:
+            found = switch.scope(*given)
     finally:
         otel_context.detach(token)
         switch.close()
     assert found == (case["expect"]["conversation"], _agent(case["expect"]["agent"]))
+
+
+def test_the_vectors_hold_scope_cases_with_an_active_span():
+    assert sum("span_resource" in case for case in DOCUMENT["scope_resolution"]) >= 3
+
+
+@pytest.mark.parametrize("sequence", DOCUMENT["unguarded_checks"], ids=lambda s: s["name"])
+def test_each_unguarded_check_sequence_through_the_kill_switch(sequence, caplog):
+    """KillSwitch.check with no trace id and no span: counted in `unguarded`, warned once."""
+    switch = KillSwitch(
+        "127.0.0.1:9",  # never contacted: the switch is not started
+        signing_key=DOCUMENT["keys"]["current"],
+        start=False,
+        ack_topic=None,
+        clock=lambda: NOW,
+    )
+    keys = keyring(DOCUMENT["keys"]["current"])
+    caplog.set_level(logging.WARNING, logger="spanguard.killswitch")
+    try:
+        for step in sequence["steps"]:
+            if "deliver" in step:
+                signal = read_signal(sequence["signals"][step["deliver"]].encode(), keys, NOW)
+                assert switch.signals.deliver(signal) is step["new"], step
+                continue
+            check = functools.partial(
+                switch.check,
+                step["check"],
+                conversation_id=step.get("conversation"),
+                agent=_agent(step.get("agent")),
+            )
+            _assert_outcome(_outcome(check), step)
+            warnings = [r for r in caplog.records if r.name == "spanguard.killswitch"]
+            assert (switch.unguarded, len(warnings)) == (step["unguarded"], step["warnings"]), step
+    finally:
+        switch.close()
+    if any(step.get("warnings") for step in sequence["steps"]):
+        assert "NOT guarded" in warnings[0].getMessage()

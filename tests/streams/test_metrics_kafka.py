@@ -79,6 +79,7 @@ def shipped_exprs() -> dict[str, list[str]]:
         "SpanguardConsumerLagGrowing",
         "SpanguardDeadLettersRising",
         "SpanguardPagesUndeliverable",
+        "SpanguardFetchStalls",
     }
     return {"dashboard": dashboard_exprs(dashboard), "alerts": list(alerts.values())}
 

@@ -559,7 +559,9 @@ def build() -> dict[str, Any]:
             " verdict: 'obey' or the kind of bad record; keys: the names of the agent's keys"
             " (null: unsigned signals obeyed); value is the record's UTF-8 text, value_base64"
             " its bytes when they are not text; python_lax: the Python reader of this checkout"
-            " does not decide it strictly yet."
+            " does not decide it strictly yet. sequences: a book's answers, step by step;"
+            " scope_resolution: what a check stands for; unguarded_checks: checks with no"
+            " trace, counted and warned about once."
         ),
         "now": NOW,
         "keys": KEYS,
@@ -571,6 +573,7 @@ def build() -> dict[str, Any]:
             *_pause_sequences(kill, downgrade, release),
         ],
         "scope_resolution": _scope_resolution(),
+        "unguarded_checks": _unguarded_checks(),
     }
 
 
@@ -855,11 +858,14 @@ def _scope_resolution() -> list[dict[str, Any]]:
     - `given`: what the check itself is passed; `switch`: what the KillSwitch was built with
       (`resource`: the resource it is given, the tracer provider's in Python);
     - `baggage`: the entries of the current OpenTelemetry baggage;
+    - `span_resource` (when present): the check runs inside an active span of a real SDK
+      tracer provider built with this resource (absent: no span is active);
     - the first source that names one wins: given, the switch's, then the baggage
       (`gen_ai.conversation.id`, then `session.id`, an empty value names nothing) for the
-      conversation and the resource (`service.name`, with `gen_ai.agent.name` when set) for
-      the agent. An agent is taken whole from one source, never a service from one and a
-      name from another; a resource without `service.name` names no agent."""
+      conversation and a resource (`service.name`, with `gen_ai.agent.name` when set) for
+      the agent: the switch's resource, else the active span's. An agent is taken whole from
+      one source, never a service from one and a name from another; a resource without
+      `service.name` names no agent."""
     triage = {"service": "support-agent", "name": "triage"}
     billing = {"service": "billing-agent", "name": None}
     resource = {"service.name": "support-agent", "gen_ai.agent.name": "triage"}
@@ -872,12 +878,14 @@ def _scope_resolution() -> list[dict[str, Any]]:
         given: dict[str, Any] | None = None,
         switch: dict[str, Any] | None = None,
         baggage: dict[str, str] | None = None,
+        span_resource: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         return {
             "name": name,
             "given": given or {},
             "switch": {"resource": {}, **(switch or {})},
             "baggage": baggage or {},
+            **({"span_resource": span_resource} if span_resource is not None else {}),
             "expect": {"conversation": expect_conversation, "agent": expect_agent},
         }
 
@@ -956,6 +964,99 @@ def _scope_resolution() -> list[dict[str, Any]]:
             switch={"resource": {"session.id": "sess-1"}},
             baggage={"service.name": "support-agent", "gen_ai.agent.name": "triage"},
         ),
+        case(
+            "without a resource of the switch's, the active span's resource names the agent",
+            None,
+            triage,
+            span_resource=resource,
+        ),
+        case(
+            "the switch's resource before the active span's",
+            None,
+            {"service": "configured-agent", "name": None},
+            switch={"resource": {"service.name": "configured-agent"}},
+            span_resource=resource,
+        ),
+        case(
+            "a switch's resource naming no agent leaves it to the active span's",
+            None,
+            triage,
+            switch={"resource": {"gen_ai.agent.name": "billing"}},
+            span_resource=resource,
+        ),
+        case(
+            "the switch's agent before the active span's resource",
+            None,
+            billing,
+            switch={"agent": billing},
+            span_resource=resource,
+        ),
+        case(
+            "the check's agent before the active span's resource; the span names no conversation",
+            None,
+            {"service": "support-agent", "name": "billing"},
+            given={"agent": {"service": "support-agent", "name": "billing"}},
+            span_resource={**resource, "session.id": "sess-1"},
+        ),
+    ]
+
+
+def _unguarded_checks() -> list[dict[str, Any]]:
+    """A check that finds no trace to check: no trace id given, and no active span.
+
+    The guard cannot act on the trace, so it says so, and counts it: every such check adds one
+    to the switch's unguarded count (Python `unguarded`, TypeScript `unguarded`, Go
+    `Unguarded()`), and the first one only writes a warning through the switch's logger. The
+    conversation and agent the check stands for are still checked: a kill of either raises
+    first, and a check that raised stopped its tool call, so it is not counted.
+
+    Steps: {"deliver": NAME, "new": BOOL} and {"check": TRACE or null, "conversation": ...,
+    "agent": {service, name}, "expect": "pass" | "killed", "unguarded": COUNT after the step,
+    "warnings": WARNINGS logged by the switch so far}; the clock is `now`."""
+    other = "f" * 32
+    signals = {
+        "kill": signed(BASE),
+        "conversation_kill": signed(CONVERSATION_KILL),
+        "agent_kill": signed(AGENT_KILL),
+    }
+    texts = {name: text(record) for name, record in signals.items()}
+    agent = {"service": "support-agent", "name": "triage"}
+
+    def check(trace: str | None, expect: str, unguarded: int, **scope: Any) -> dict[str, Any]:
+        return {"check": trace, **scope, "expect": expect, "unguarded": unguarded, "warnings": 1}
+
+    return [
+        {
+            "name": "a check with no trace is counted each time, warned about once, and still"
+            " checks its conversation and agent",
+            "signals": texts,
+            "steps": [
+                check(None, "pass", 1),
+                check(None, "pass", 2),
+                check(TRACE, "pass", 2),
+                {"deliver": "kill", "new": True},
+                check(TRACE, "killed", 2),
+                # A kill of the trace cannot stop a check that does not name it.
+                check(None, "pass", 3),
+                {"deliver": "conversation_kill", "new": True},
+                check(None, "killed", 3, conversation=CONVERSATION),
+                check(None, "pass", 4, conversation="another-conversation"),
+                {"deliver": "agent_kill", "new": True},
+                check(None, "killed", 4, agent=agent),
+                check(other, "killed", 4, agent=agent),
+                check(other, "pass", 4),
+                check(None, "pass", 5),
+            ],
+        },
+        {
+            "name": "a switch whose checks all find their trace never warns",
+            "signals": texts,
+            "steps": [
+                {"check": TRACE, "expect": "pass", "unguarded": 0, "warnings": 0},
+                {"deliver": "kill", "new": True},
+                {"check": TRACE, "expect": "killed", "unguarded": 0, "warnings": 0},
+            ],
+        },
     ]
 
 

@@ -6,6 +6,9 @@
 // the checker's wait() (off the event loop's critical path: it is a promise) until an
 // operator's release (the tool runs) or kill (AgentKilled), or the pause's deadline, when the
 // policy's fallback applies; a checker without wait() lets AgentPaused out, and the run stops.
+// Where a hook finds no trace (no traceId given, no active span) the tool call is not guarded:
+// it says so once, loudly (through the KillSwitch's log, else console.warn), and counts the
+// call in its `unguarded` and in the KillSwitch's. Never a silent skip.
 
 import { AgentKilled, AgentPaused } from './book.js';
 import { currentTraceId } from './killswitch.js';
@@ -13,14 +16,17 @@ import { currentTraceId } from './killswitch.js';
 const AsyncGeneratorFunction = Object.getPrototypeOf(async function* () {}).constructor;
 
 class Gate {
-  constructor(checker, { traceId, onDowngrade, abortController, conversationId, agent } = {}) {
+  constructor(checker, hook, { traceId, onDowngrade, abortController, conversationId, agent } = {}) {
     this.checker = checker;
+    this.hook = hook; // names the hook in the warning about an unguarded call
     this.traceId = traceId ?? null;
     // Passed to every check: a conversation or agent kill stops this run too.
     this.scope = { conversationId: conversationId ?? undefined, agent: agent ?? undefined };
     this.onDowngrade = onDowngrade ?? null;
     this.abortController = abortController ?? null;
     this.pendingMessages = [];
+    this.unguarded = 0;
+    this.warned = false;
   }
 
   /** Check before a tool: nothing to wait for (undefined), or a promise that settles when a
@@ -28,7 +34,10 @@ class Gate {
    * wait; either aborts the run through the abortController. */
   beforeTool() {
     const traceId = this.traceId ?? currentTraceId();
-    if (!traceId) return undefined;
+    if (!traceId) {
+      this.reportUnguarded();
+      return undefined;
+    }
     let message;
     try {
       message = this.checker.check(traceId, this.scope);
@@ -42,6 +51,20 @@ class Gate {
     }
     this.hand(message);
     return undefined;
+  }
+
+  reportUnguarded() {
+    this.unguarded += 1;
+    const whatToDo =
+      'run the agent inside an OpenTelemetry span (@opentelemetry/api with a context manager registered), or pass traceId to the hook';
+    if (typeof this.checker.noteUnguarded === 'function') {
+      this.checker.noteUnguarded(this.hook, whatToDo); // a KillSwitch: counted there too, warned once per hook
+    } else if (!this.warned) {
+      console.warn(
+        `spanguard killswitch: ${this.hook} found no trace to check, so this tool call is NOT guarded: ${whatToDo} (further ones are counted in .unguarded, not logged)`,
+      );
+    }
+    this.warned = true;
   }
 
   hand(message) {
@@ -68,8 +91,8 @@ class Gate {
  * AgentKilled as its reason, which ends the whole generateText / streamText call. On a pause
  * the tool call waits (see the module's comment) and then runs, or the call ends as on a kill.
  */
-export function guardTools(tools, checker, { traceId, onDowngrade, abortController } = {}) {
-  const gate = new Gate(checker, { traceId, onDowngrade, abortController });
+export function guardTools(tools, checker, options = {}) {
+  const gate = new Gate(checker, 'guardTools (Vercel AI SDK tools)', options);
   const guarded = {};
   for (const [name, tool] of Object.entries(tools)) {
     if (typeof tool.execute !== 'function') {
@@ -94,6 +117,7 @@ export function guardTools(tools, checker, { traceId, onDowngrade, abortControll
     };
   }
   Object.defineProperty(guarded, 'pendingMessages', { value: gate.pendingMessages, enumerable: false });
+  Object.defineProperty(guarded, 'unguarded', { get: () => gate.unguarded, enumerable: false });
   return guarded;
 }
 
@@ -109,14 +133,14 @@ export function guardTools(tools, checker, { traceId, onDowngrade, abortControll
  * give `abortController` and pass its signal to invoke ({ signal: controller.signal }): a kill
  * aborts the run with the AgentKilled as the reason. Needs @langchain/core.
  */
-export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, abortController } = {}) {
+export async function spanguardCallbackHandler(checker, options = {}) {
   let BaseCallbackHandler;
   try {
     ({ BaseCallbackHandler } = await import('@langchain/core/callbacks/base'));
   } catch {
     throw new Error('spanguardCallbackHandler needs @langchain/core installed beside the agent');
   }
-  const gate = new Gate(checker, { traceId, onDowngrade, abortController });
+  const gate = new Gate(checker, 'spanguardCallbackHandler (LangChain.js tool callbacks)', options);
   class SpanguardCallbackHandler extends BaseCallbackHandler {
     name = 'spanguard';
 
@@ -125,6 +149,11 @@ export async function spanguardCallbackHandler(checker, { traceId, onDowngrade, 
       this.raiseError = true;
       this.awaitHandlers = true;
       this.pendingMessages = gate.pendingMessages;
+    }
+
+    /** Tool calls that found no trace to check (see the module's comment). */
+    get unguarded() {
+      return gate.unguarded;
     }
 
     handleToolStart() {

@@ -34,6 +34,8 @@ export interface WaitOptions {
 export interface Checker {
   check(traceId: string, scope?: CheckScope): string | null;
   wait?(traceId: string, options?: WaitOptions): Promise<string | null>;
+  /** Told by the hooks of a tool call with no trace to check (a KillSwitch counts and warns). */
+  noteUnguarded?(where: string, whatToDo: string): void;
 }
 
 export class AgentKilled extends Error {
@@ -128,7 +130,13 @@ export class KillSwitch implements Checker {
   start(options?: { timeoutMs?: number }): Promise<this>;
   readonly conversationId: string | null;
   readonly agent: { service: string; name: string | null } | null;
+  /** With no trace (none given, no active span) only the scope is checked, and the call is
+   * counted in `unguarded` and warned about once through `log`. */
   check(traceId?: string | null, scope?: CheckScope): string | null;
+  /** Checks that found no trace to check: tool calls nothing guarded. */
+  readonly unguarded: number;
+  /** Count a tool call that could not be checked; warn once per `where` (the hooks call it). */
+  noteUnguarded(where: string, whatToDo: string): void;
   /** The conversation and agent a check stands for: given, the switch's own, then the active
    * OpenTelemetry baggage (conversation) and the switch's resource, else the active span's
    * (agent). */
@@ -156,8 +164,10 @@ export interface HookOptions {
   abortController?: AbortController;
 }
 
-export function guardTools<T extends Record<string, unknown>>(tools: T, checker: Checker, options?: HookOptions): T & { readonly pendingMessages: string[] };
-export function spanguardCallbackHandler(checker: Checker, options?: HookOptions): Promise<object & { pendingMessages: string[] }>;
+/** Tool calls a hook found no trace for (no traceId given, no active span): not guarded,
+ * warned about once and counted here (and in the KillSwitch's `unguarded`). */
+export function guardTools<T extends Record<string, unknown>>(tools: T, checker: Checker, options?: HookOptions): T & { readonly pendingMessages: string[]; readonly unguarded: number };
+export function spanguardCallbackHandler(checker: Checker, options?: HookOptions): Promise<object & { pendingMessages: string[]; readonly unguarded: number }>;
 
 export type BadSignalKind =
   | 'empty' | 'too_large' | 'not_utf8' | 'not_json' | 'too_deep' | 'not_object' | 'invalid'

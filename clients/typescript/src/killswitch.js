@@ -147,6 +147,9 @@ export class KillSwitch {
     this.resourceAgent = agentOf(resource);
     this.received = 0;
     this.ignored = new Map();
+    // Checks that found no trace to check: tool calls nothing guarded (warned once per place).
+    this.unguarded = 0;
+    this.unguardedWarned = new Set();
     this.kafka = new Kafka({
       brokers: typeof brokers === 'string' ? brokers.split(',') : brokers,
       clientId,
@@ -196,15 +199,32 @@ export class KillSwitch {
     }
   }
 
-  /** Throw AgentKilled if the trace (default: the active span's) was killed; return a
-   * downgrade's system message once; else null. Reads memory only: never waits on Kafka. */
+  /** Throw AgentKilled if the trace (default: the active span's), its conversation or its
+   * agent was killed; return a downgrade's system message once; else null. Reads memory only:
+   * never waits on Kafka. With no trace (none given, no active span) only the scope is
+   * checked, and the call is counted in `unguarded` and warned about once. */
   check(traceId = currentTraceId(), given = {}) {
     const scope = this.scope(given);
     if (!traceId) {
-      this.signals.checkScopes(scope);
+      this.signals.checkScopes(scope); // a scope kill stops the call: it is not unguarded
+      this.noteUnguarded(
+        'KillSwitch.check()',
+        "no trace id given and no OpenTelemetry span is active; pass the run's trace id, check() inside the agent's span, or use guardTools / spanguardCallbackHandler",
+      );
       return null;
     }
     return this.signals.check(traceId, scope);
+  }
+
+  /** Count a tool call that could not be checked (no trace found); warn once per `where`.
+   * Never silent: an agent that cannot be told its trace was killed is not guarded. */
+  noteUnguarded(where, whatToDo) {
+    this.unguarded += 1;
+    if (this.unguardedWarned.has(where)) return;
+    this.unguardedWarned.add(where);
+    this.log(
+      `spanguard killswitch: ${where} found no trace to check, so this tool call is NOT guarded: ${whatToDo} (further ones are counted in KillSwitch.unguarded, not logged)`,
+    );
   }
 
   /** The conversation and agent a check stands for, each from the first source that names it:

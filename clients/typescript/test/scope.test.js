@@ -29,6 +29,7 @@ function withBaggage(entries, fn) {
 
 test('the vectors hold scope resolution cases', () => {
   assert.ok(document.scope_resolution.length >= 10);
+  assert.ok(document.scope_resolution.filter((c) => c.span_resource).length >= 3);
 });
 
 for (const c of document.scope_resolution) {
@@ -38,9 +39,19 @@ for (const c of document.scope_resolution) {
       agent: c.switch.agent ?? undefined,
       resource: resourceFromAttributes(c.switch.resource),
     });
-    const found = withBaggage(c.baggage, () =>
-      killswitch.scope({ conversationId: c.given.conversation, agent: c.given.agent ?? undefined }),
-    );
+    const given = { conversationId: c.given.conversation, agent: c.given.agent ?? undefined };
+    const found = withBaggage(c.baggage, () => {
+      if (!c.span_resource) return killswitch.scope(given);
+      // The check runs inside an active span of a provider built with this resource.
+      const tracer = new BasicTracerProvider({ resource: resourceFromAttributes(c.span_resource) }).getTracer('test');
+      return tracer.startActiveSpan('invoke_agent', (span) => {
+        try {
+          return killswitch.scope(given);
+        } finally {
+          span.end();
+        }
+      });
+    });
     assert.deepEqual(
       { conversation: found.conversationId ?? null, agent: found.agent ?? null },
       { conversation: c.expect.conversation, agent: c.expect.agent },
