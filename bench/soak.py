@@ -40,6 +40,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
@@ -188,19 +189,22 @@ class LagMeter(threading.Thread):
         return peak, None
 
 
-def table_memory_mib(worker: WorkerProcess) -> int | None:
-    """RocksDB's memory in the worker (spanguard_table_memory_bytes, every table and kind),
-    MiB: the part of its RSS the RocksDB settings bound. None if /metrics does not answer."""
+def memory_parts(worker: WorkerProcess) -> list[int] | None:
+    """What the settings bound of the worker's memory: RocksDB's (spanguard_table_memory_bytes,
+    every table and kind) in MiB, and the decoded states it caches (spanguard_cached_traces,
+    at most SPANGUARD_STATE_CACHE). None if /metrics does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
         return None
-    total = 0.0
+    rocksdb = cached = 0.0
     for family in text_string_to_metric_families(text):
         if family.name == "spanguard_table_memory_bytes":
-            total += sum(sample.value for sample in family.samples)
-    return round(total / 2**20)
+            rocksdb += sum(sample.value for sample in family.samples)
+        elif family.name == "spanguard_cached_traces":
+            cached += sum(sample.value for sample in family.samples)
+    return [round(rocksdb / 2**20), round(cached)]
 
 
 def main() -> int:
@@ -262,8 +266,9 @@ def main() -> int:
         # Each minute: seconds since the start and each slot's RSS in MiB (a replaced worker's
         # from its replacement): memory that levels off, or not.
         rss_series: list[list[int]] = []
-        # Each minute, likewise: RocksDB's share of it (memtables, block cache, table readers).
-        table_memory_series: list[list[int | None]] = []
+        # Each minute, likewise: RocksDB's share of it in MiB (memtables, block cache, table
+        # readers) and the decoded states cached, [MiB, traces] per slot.
+        memory_series: list[list[Any]] = []
         next_rss = time.monotonic()
         step = 0
         next_chaos = started + args.chaos_every
@@ -274,8 +279,8 @@ def main() -> int:
                 with contextlib.suppress(OSError):  # a worker replaced this very second
                     rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]
                     rss_series.append([round(time.monotonic() - started), *rss])
-                table_memory_series.append(
-                    [round(time.monotonic() - started), *map(table_memory_mib, workers)]
+                memory_series.append(
+                    [round(time.monotonic() - started), *map(memory_parts, workers)]
                 )
             if time.monotonic() < next_chaos:
                 continue
@@ -366,7 +371,7 @@ def main() -> int:
             "rss_start_mib": [round(r / 1024) for r in rss_start],
             "rss_end_mib": [round(r / 1024) for r in rss_end],
             "rss_series_mib": rss_series,
-            "table_memory_series_mib": table_memory_series,
+            "rocksdb_mib_and_cached_traces_series": memory_series,
             "state_ttl_s": args.state_ttl,
             "max_lag": peak,
             "final_drain_s": round(drained_in, 1),

@@ -280,7 +280,11 @@ def metrics_registry(
     sent = DecisionsSent()
     registry.register(sent)
     # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
-    registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
+    registry.register(
+        WorkerMetrics(
+            guard, counted, active_traces=states.indexed, cached_traces=lambda: states.cached
+        )
+    )
     return registry, lag, sent
 
 

@@ -388,11 +388,13 @@ class WorkerMetrics(Collector):
         guard: Guard,
         counts: Mapping[type[CountedOutcome], Counted],
         active_traces: Callable[[], int],
+        cached_traces: Callable[[], int] = lambda: 0,
     ) -> None:
         self.counts = counts
         self.decisions = DecisionCounts()
         guard.add_observer(self.decisions)
         self.active_traces = active_traces
+        self.cached_traces = cached_traces
 
     def series(self) -> dict[Series, float]:
         """Every exported series and its value now."""
@@ -427,4 +429,9 @@ class WorkerMetrics(Collector):
             "spanguard_active_traces",
             "traces with state on this worker",
             value=self.active_traces(),
+        )
+        yield GaugeMetricFamily(
+            "spanguard_cached_traces",
+            "traces whose decoded state this worker keeps in memory (at most SPANGUARD_STATE_CACHE)",
+            value=self.cached_traces(),
         )

@@ -217,9 +217,12 @@ def test_metrics_endpoint_speaks_prometheus(worker):
         "spanguard_tool_calls_observed_total",
         "spanguard_dead_letters_total",
         "spanguard_active_traces",
+        "spanguard_cached_traces",
     ):
         assert name in values
     assert values["spanguard_active_traces"] >= 1
+    # Decoded states kept between messages: the traces decided so far, within the cache.
+    assert 1 <= values["spanguard_cached_traces"] <= 5000
 
 
 def test_crash_recovery_from_the_changelog(tmp_path):
