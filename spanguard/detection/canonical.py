@@ -9,7 +9,6 @@ state (docs/design.md, "Privacy").
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import unicodedata
 from typing import Any, Final
@@ -20,21 +19,7 @@ __all__ = ["FOLDINGS", "args_hash", "canonicalize"]
 
 FOLDINGS: Final = frozenset({"case", "whitespace"})
 _NO_FOLDING: Final = frozenset[str]()
-
-
-def _small_input_sha256() -> Any:
-    """SHA-256 as CPython's own implementation computes it: the same digest as hashlib's, which
-    goes through OpenSSL, whose per-call context set-up costs more than hashing the few dozen
-    bytes of a call's arguments. hashlib's where the interpreter lacks its own."""
-    for name in ("_sha2", "_sha256"):  # the module's name from Python 3.12, and before
-        try:
-            return importlib.import_module(name).sha256
-        except (ImportError, AttributeError):
-            continue
-    return hashlib.sha256
-
-
-_sha256 = _small_input_sha256()
+_sha256 = hashlib.sha256
 _CONTAINERS = (dict, list)
 # json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
 # implementation, same output) saves that on every tool call.
