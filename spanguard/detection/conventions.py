@@ -260,7 +260,7 @@ STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
 # The scanner json.loads uses (a decoder with its defaults): a value and where it ends.
-_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan_json: Final = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 USAGE_KEYS: Final = frozenset(
     {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
