@@ -19,8 +19,9 @@ __all__ = ["FOLDINGS", "args_hash", "canonicalize"]
 
 FOLDINGS: Final = frozenset({"case", "whitespace"})
 _NO_FOLDING: Final = frozenset[str]()
-_sha256 = hashlib.sha256
-_CONTAINERS = (dict, list)
+# Module constants are Final: compiled code reads them directly, not out of the module's dict.
+_sha256: Final = hashlib.sha256
+_CONTAINERS: Final = (dict, list)
 # json.dumps(sort_keys=True) builds a new encoder on every call; one shared encoder (the C
 # implementation, same output) saves that on every tool call.
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
@@ -28,7 +29,7 @@ _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
 # encoder made once (json.dumps's separators, sorted keys, str() for what JSON has not), with
 # no cycle check (a decoded value has no cycles, and canonicalize bounds the depth).
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-_encode_chunks = (
+_encode_chunks: Final = (
     _c_make_encoder(
         None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, True
     )

@@ -94,6 +94,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from mypy_extensions import mypyc_attr
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from spanguard.schemas.otlp import any_value_to_python
@@ -259,7 +260,7 @@ STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
 # The scanner json.loads uses (a decoder with its defaults): a value and where it ends.
-_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan_json: Final = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 USAGE_KEYS: Final = frozenset(
     {*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY, AGGREGATE_OUTPUT_KEY}
@@ -313,7 +314,13 @@ class ResourceInfo:
     match_attributes: dict[str, str]
 
 
-@dataclass(slots=True)
+# The events: one object a span, short-lived and never part of a reference cycle. Compiled, they
+# are kept out of the cyclic garbage collector's reach and the last one's memory is reused
+# (`mypyc_attr` does nothing in pure Python). Their __init__ is written out: mypyc compiles it,
+# where the one @dataclass would write stays interpreted (a Python call a span). @dataclass
+# still gives them __eq__ and __repr__.
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
 class ToolCall:
     span_id: bytes  # raw 8 bytes; hex only when a decision is written
     tool_name: str
@@ -321,31 +328,92 @@ class ToolCall:
     call_id: str | None
     agent_name: str | None
     match_attributes: dict[str, str] | None
-    result: Any = MISSING  # decoded JSON-like value, or MISSING
-    args_digest: str | None = None  # spanguard.tool.args_hash, made before the span left
-    result_digest: str | None = None  # spanguard.tool.result_hash
-    scope: str = ""  # the instrumentation scope's name: which library made the span
-    end_time_unix_nano: int = 0  # 0: the span carries no end time
-    conversation_id: str | None = None  # read only when the conversation scope is on
+    result: Any  # decoded JSON-like value, or MISSING
+    args_digest: str | None  # spanguard.tool.args_hash, made before the span left
+    result_digest: str | None  # spanguard.tool.result_hash
+    scope: str  # the instrumentation scope's name: which library made the span
+    end_time_unix_nano: int  # 0: the span carries no end time
+    conversation_id: str | None  # read only when the conversation scope is on
+
+    def __init__(
+        self,
+        span_id: bytes,
+        tool_name: str,
+        arguments: Any,
+        call_id: str | None,
+        agent_name: str | None,
+        match_attributes: dict[str, str] | None,
+        result: Any = MISSING,
+        args_digest: str | None = None,
+        result_digest: str | None = None,
+        scope: str = "",
+        end_time_unix_nano: int = 0,
+        conversation_id: str | None = None,
+    ) -> None:
+        self.span_id = span_id
+        self.tool_name = tool_name
+        self.arguments = arguments
+        self.call_id = call_id
+        self.agent_name = agent_name
+        self.match_attributes = match_attributes
+        self.result = result
+        self.args_digest = args_digest
+        self.result_digest = result_digest
+        self.scope = scope
+        self.end_time_unix_nano = end_time_unix_nano
+        self.conversation_id = conversation_id
 
 
-@dataclass(slots=True)
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
 class TokenUsage:
     span_id: bytes  # raw 8 bytes; hex only when a decision is written
     tokens: int
     aggregate: bool  # an agent span's total, which repeats its inference spans
     agent_name: str | None
     match_attributes: dict[str, str] | None
-    end_time_unix_nano: int = 0
+    end_time_unix_nano: int
     # Read only when usage is priced (PRICE_KEYS wanted) and the span names a model.
-    input_tokens: int = 0  # cached ones included
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    request_model: str | None = None
-    response_model: str | None = None
-    provider: str | None = None
-    conversation_id: str | None = None  # read only when the conversation scope is on
+    input_tokens: int  # cached ones included
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    request_model: str | None
+    response_model: str | None
+    provider: str | None
+    conversation_id: str | None  # read only when the conversation scope is on
+
+    def __init__(
+        self,
+        span_id: bytes,
+        tokens: int,
+        aggregate: bool,
+        agent_name: str | None,
+        match_attributes: dict[str, str] | None,
+        end_time_unix_nano: int = 0,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        request_model: str | None = None,
+        response_model: str | None = None,
+        provider: str | None = None,
+        conversation_id: str | None = None,
+    ) -> None:
+        self.span_id = span_id
+        self.tokens = tokens
+        self.aggregate = aggregate
+        self.agent_name = agent_name
+        self.match_attributes = match_attributes
+        self.end_time_unix_nano = end_time_unix_nano
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.cache_write_tokens = cache_write_tokens
+        self.request_model = request_model
+        self.response_model = response_model
+        self.provider = provider
+        self.conversation_id = conversation_id
 
     @property
     def priced(self) -> bool:
@@ -353,14 +421,27 @@ class TokenUsage:
         return self.request_model is not None or self.response_model is not None
 
 
-@dataclass(slots=True)
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
 class AgentSeen:
     """A span that tells who the agent is, and nothing the rules count."""
 
     span_id: bytes
     agent_name: str | None
     match_attributes: dict[str, str] | None
-    conversation_id: str | None = None
+    conversation_id: str | None
+
+    def __init__(
+        self,
+        span_id: bytes,
+        agent_name: str | None,
+        match_attributes: dict[str, str] | None,
+        conversation_id: str | None = None,
+    ) -> None:
+        self.span_id = span_id
+        self.agent_name = agent_name
+        self.match_attributes = match_attributes
+        self.conversation_id = conversation_id
 
 
 def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
@@ -477,7 +558,10 @@ def adapt_read(
     """adapt_span with its `wanted` keys worked out already (`reading_of`): the guard's call,
     once per span."""
     attributes: AttributeMap = span.attributes
-    if OPERATION not in attributes or not reading.operation_wanted:
+    # Whether the span names its operation, asked once (a wanted key, so `OPERATION in present`
+    # below would say the same).
+    has_operation = reading.operation_wanted and OPERATION in attributes
+    if not has_operation:
         gate = reading.gate_with_agent if match else reading.gate
         if 2 * len(attributes) < len(gate):
             # Few attributes: one pass over the span's keys costs less than a lookup per key.
@@ -495,18 +579,14 @@ def adapt_read(
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
 
-    operation: str | None = attributes[OPERATION].string_value if OPERATION in present else None
-    oi_kind: str | None = (
-        attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
-    )
-    tl_kind: str | None = (
-        attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
-    )
-    ai_operation = (
-        attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
-    )
-    if GENKIT_SUBTYPE in present and ai_operation is None:
-        ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
+    operation: str | None = attributes[OPERATION].string_value if has_operation else None
+    # The other conventions' span kinds: a span with an operation name is told by it alone,
+    # so they are read only where the operation name cannot answer (`_other_kinds`).
+    oi_kind: str | None = None
+    tl_kind: str | None = None
+    ai_operation: str | None = None
+    if operation is None:
+        oi_kind, tl_kind, ai_operation = _other_kinds(attributes, present)
     # Without a policy matching per agent, the keys read for prices or conversations are
     # no match attributes to build.
     match_attributes = None
@@ -533,6 +613,8 @@ def adapt_read(
             return None
         if len(tool_name) > MAX_TEXT_CHARS:
             tool_name = bounded_text(tool_name)
+        if operation is not None and "tool.parameters" in present:
+            oi_kind = _other_kinds(attributes, present)[0]  # whether it is OpenInference's
         arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
         call_id = _call_id(attributes, present)
         if call_id is None and envelope_call_id:
@@ -561,6 +643,8 @@ def adapt_read(
     else:
         # The conversation may be named only on the agent's span: read it off any span a GenAI
         # convention marks (`session.id` on a plain HTTP span is a web session, not a chat).
+        if named and not operation and operation is not None:
+            oi_kind, tl_kind, ai_operation = _other_kinds(attributes, present)
         conversation_id = (
             conversation_of(attributes, present)
             if named and (operation or oi_kind or tl_kind or ai_operation)
@@ -570,6 +654,8 @@ def adapt_read(
             # The policy matches on the agent's name, which may only be on this span.
             return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id)
         return None
+    if operation is not None and operation not in INFERENCE_OPERATIONS:
+        oi_kind, tl_kind, ai_operation = _other_kinds(attributes, present)
     inference = (
         operation in INFERENCE_OPERATIONS
         or oi_kind in OPENINFERENCE_INFERENCE_KINDS
@@ -639,6 +725,21 @@ def _bounded_first_text(
     return bounded_text(text) if text is not None else None
 
 
+def _other_kinds(
+    attributes: AttributeMap, present: Container[str]
+) -> tuple[str | None, str | None, str | None]:
+    """The span kinds of the conventions without an operation name: OpenInference's,
+    Traceloop's, and the AI SDK's operation (Genkit's subtype read as one)."""
+    oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
+    tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    ai_operation = (
+        attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
+    )
+    if GENKIT_SUBTYPE in present and ai_operation is None:
+        ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
+    return oi_kind, tl_kind, ai_operation
+
+
 def _is_tool_span(
     name: str,
     present: Container[str],
@@ -683,7 +784,8 @@ def _arguments(
         arguments, call_id = _unwrap_envelope(value)
         if not _not_recorded(arguments, scope):
             return arguments, call_id
-    for event in span.events:
+    events = span.events
+    for event in events if len(events) else ():  # (an empty one would end on an IndexError)
         for kv in event.attributes:
             if kv.key == "gen_ai.tool.call.arguments" or (
                 kv.key == "content" and event.name == STRANDS_TOOL_EVENT
@@ -733,7 +835,10 @@ def _result(span: Any, attributes: AttributeMap, present: Container[str], scope:
         result = _unwrap_result(_decode_value(attributes[key]))
         if not _not_recorded(result, scope):
             return result
-    for event in span.events:  # strands' legacy conventions: a gen_ai.choice event's message
+    events = span.events
+    # strands' legacy conventions: a gen_ai.choice event's message. Most spans have no events,
+    # and iterating an empty repeated field costs an IndexError protobuf formats.
+    for event in events if len(events) else ():
         for kv in event.attributes:
             if kv.key == "gen_ai.tool.call.result" or (
                 kv.key == "message" and event.name == STRANDS_RESULT_EVENT
@@ -792,9 +897,14 @@ def _is_hex_digest(text: str) -> bool:
 
 
 def _decode_value(value: AnyValue, *, python_repr: bool = False) -> Any:
+    # A oneof member that is not set reads as its default: a non-empty string_value is the
+    # value's kind, and one read answers the common case without WhichOneof.
+    text = value.string_value
+    if text:
+        return decode_arguments(text, python_repr=python_repr)
     kind = value.WhichOneof("value")
     if kind == "string_value":
-        return decode_arguments(value.string_value, python_repr=python_repr)
+        return decode_arguments(text, python_repr=python_repr)
     if kind is None:
         return MISSING
     return any_value_to_python(value)
@@ -884,10 +994,12 @@ def _first_int(
         if key not in present:
             continue
         value = attributes[key]
+        count = value.int_value
+        if count:  # a non-zero int_value is the value's kind (see _decode_value)
+            return count if count > 0 else 0
         kind = value.WhichOneof("value")
         if kind == "int_value":
-            count = value.int_value
-            return count if count > 0 else 0
+            return 0
         if kind == "double_value":
             if not math.isfinite(value.double_value):
                 continue  # Infinity or NaN counts nothing; the span's other data still does
@@ -909,10 +1021,11 @@ def _first_text(
 
 
 def _text(value: AnyValue) -> str:
+    text = value.string_value
+    if text:  # a non-empty string_value is the value's kind (see _decode_value)
+        return text
     kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind is None:
+    if kind == "string_value" or kind is None:
         return ""
     python = any_value_to_python(value)
     if isinstance(python, bool):

@@ -204,10 +204,11 @@ class _Plan:
 
     history: int  # calls the trace's window keeps (AgentPolicy.history)
     recent_ids: int  # span ids and call ids a trace remembers (redeliveries, partial spans)
-    # (rule, what the policy wants of it, its bound check): bound once, not looked up per call
-    call_rules: list[tuple[ToolCallRule, str, Any]] = field(default_factory=list)
-    counting: list[Any] = field(default_factory=list)  # the bound count() of rules that count
-    token_rules: list[tuple[TokenRule, str, Any]] = field(default_factory=list)
+    # (rule, what the policy wants of it). Typed, so that compiled code calls the rules'
+    # methods directly rather than as Python objects.
+    call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
+    counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
+    token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
@@ -256,6 +257,8 @@ class Guard:
         self.stats = GuardStats()
         self._match_keys = self.policy.match_keys
         self._defaults = self.policy.defaults
+        # Whether any agent has a policy entry of its own (else one plan for every call).
+        self._per_agent = bool(self.policy.rules)
         # Without a token budget anywhere, usage is never read: chat spans yield no event.
         policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
         # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
@@ -324,15 +327,22 @@ class Guard:
         reading, match_keys = self._reading, self._match_keys
         match = bool(match_keys)
         stats = self.stats
-        no_rules = not self.policy.rules
+        no_rules = not self._per_agent
         released = self.released
-        for resource_spans in view.resource_spans:
+        # Protobuf's repeated fields are walked by index: iterating one ends on an IndexError
+        # that protobuf formats and Python throws away, once per loop, about once per span.
+        all_resource_spans = view.resource_spans
+        for resource_index in range(len(all_resource_spans)):
+            resource_spans = all_resource_spans[resource_index]
             resource: ResourceInfo | None = None  # read only when an event needs it
-            for scope_spans in resource_spans.scope_spans:
+            all_scope_spans = resource_spans.scope_spans
+            for scope_index in range(len(all_scope_spans)):
+                scope_spans = all_scope_spans[scope_index]
                 spans = scope_spans.spans
                 scope = scope_spans.scope.name
                 stats.spans += len(spans)
-                for span in spans:
+                for span_index in range(len(spans)):
+                    span = spans[span_index]
                     raw_trace_id = span.trace_id
                     if len(raw_trace_id) != 16 or len(span.span_id) != 8:
                         stats.malformed_spans += 1
@@ -391,7 +401,7 @@ class Guard:
             self._join_conversation(trace_id, state, event.conversation_id)
         if isinstance(event, AgentSeen):
             return None
-        if self.policy.rules:
+        if self._per_agent:
             policy = self._policy_for(state, event, resource)
             entry = self._plans.get(id(policy))
             plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
@@ -589,8 +599,8 @@ class Guard:
             result = args_hash(call.result, policy.volatile_keys)
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
-        for count in plan.counting:
-            count(state, call, key, policy)
+        for counting in plan.counting:
+            counting.count(state, call, key, policy)
         # The call joins the window (_slide, inlined: this runs on every call).
         window, counts, marks = state.window, state.counts, state.window_marks
         window.append(key)
@@ -601,10 +611,10 @@ class Guard:
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired
-        for rule, wanted, check in plan.call_rules:
+        for rule, wanted in plan.call_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
-            trip = check(state, call, key, policy)
+            trip = rule.check(state, call, key, policy)
             if trip is None:
                 continue
             decision = self._fire(
@@ -641,14 +651,14 @@ class Guard:
         if cost_after > cost_before:
             stats.cost_pico_usd += cost_after - cost_before
         fired = state.fired
-        for rule, wanted, check in plan.token_rules:
-            if (
+        for rule, wanted in plan.token_rules:
+            if fired and (
                 rule.killed in fired
                 or (wanted == FLAG and rule.flagged in fired)
                 or (wanted == PAUSE and rule.paused in fired)  # the operator's answer stands
             ):
                 continue
-            trip = check(state, usage, policy)
+            trip = rule.check_tokens(state, usage, policy)
             if trip is not None:
                 decision = self._fire(
                     rule,
@@ -691,15 +701,13 @@ class Guard:
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
-                plan.call_rules.append((rule, FLAG if policy.shadow else wanted, rule.check))
+                plan.call_rules.append((rule, FLAG if policy.shadow else wanted))
                 if rule.counts:
-                    plan.counting.append(rule.count)
+                    plan.counting.append(rule)
         for token_rule in self._token_rules:
             wanted = token_rule.wanted(policy)
             if wanted != OFF:
-                plan.token_rules.append(
-                    (token_rule, FLAG if policy.shadow else wanted, token_rule.check_tokens)
-                )
+                plan.token_rules.append((token_rule, FLAG if policy.shadow else wanted))
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
         if policy is self._defaults:

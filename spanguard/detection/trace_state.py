@@ -14,7 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -47,7 +47,7 @@ def iso_from_micros(micros: int) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
-_MARK = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
+_MARK: Final = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
 
 
 def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:

@@ -263,3 +263,84 @@ def test_decoding_arguments_is_json_loads_first(text, python_repr):
         assert isinstance(decoded, float) and math.isnan(decoded)
     else:
         assert decoded == expected and type(decoded) is type(expected)
+
+
+def _any_values():
+    """An AnyValue of every kind, with the defaults a oneof member reads as when unset."""
+    yield AnyValue()
+    for text in ("", "x", " 12 ", "12", "{}", '{"q": 1}', "null"):
+        yield AnyValue(string_value=text)
+    for number in (0, 1, -3, 2**62):
+        yield AnyValue(int_value=number)
+    for number in (0.0, 2.5, -1.0, math.inf, math.nan):
+        yield AnyValue(double_value=number)
+    yield AnyValue(bool_value=False)
+    yield AnyValue(bool_value=True)
+    yield AnyValue(bytes_value=b"")
+    yield AnyValue(bytes_value=b"\x00ab")
+    array = AnyValue()
+    array.array_value.values.add(string_value="a")
+    array.array_value.values.add(int_value=0)
+    yield array
+    yield AnyValue(array_value={})
+    kvlist = AnyValue()
+    kvlist.kvlist_value.values.add(key="k", value=AnyValue(string_value=""))
+    yield kvlist
+
+
+def _kind_first_text(value):
+    """conventions._text as it was: the value's kind asked first."""
+    from spanguard.schemas.otlp import any_value_to_python
+
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind is None:
+        return ""
+    python = any_value_to_python(value)
+    if isinstance(python, bool):
+        return "true" if python else "false"
+    return python if isinstance(python, str) else json.dumps(python, sort_keys=True)
+
+
+def _kind_first_int(value):
+    kind = value.WhichOneof("value")
+    if kind == "int_value":
+        return value.int_value if value.int_value > 0 else 0
+    if kind == "double_value":
+        return max(int(value.double_value), 0) if math.isfinite(value.double_value) else None
+    if kind == "string_value" and value.string_value.strip().isdigit():
+        return int(value.string_value)
+    return None
+
+
+def _kind_first_decode(value, python_repr):
+    from spanguard.detection.conventions import MISSING
+    from spanguard.schemas.otlp import any_value_to_python
+
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return decode_arguments(value.string_value, python_repr=python_repr)
+    if kind is None:
+        return MISSING
+    return any_value_to_python(value)
+
+
+@pytest.mark.parametrize("value", list(_any_values()), ids=str)
+def test_reading_the_string_first_equals_asking_the_kind_first(value):
+    # The hot path reads string_value (int_value for counts) before WhichOneof: an unset
+    # oneof member reads as its default, so a non-empty one is the value's kind.
+    from spanguard.detection.conventions import _decode_value, _first_int, _text
+
+    def same(left, right):
+        if isinstance(right, float) and math.isnan(right):
+            return isinstance(left, float) and math.isnan(left)
+        return left == right and type(left) is type(right)
+
+    assert same(_text(value), _kind_first_text(value))
+    attributes = {"count": value}
+    assert same(_first_int(attributes, attributes, ("count",)), _kind_first_int(value))
+    for python_repr in (False, True):
+        decoded = _decode_value(value, python_repr=python_repr)
+        expected = _kind_first_decode(value, python_repr)
+        assert same(decoded, expected) or repr(decoded) == repr(expected)
