@@ -51,6 +51,7 @@ from spanguard.streams.metrics import (
     ConsumerLag,
     DecisionsSent,
     DetectionLatency,
+    LastBatch,
     WorkerMetrics,
     worker_registry,
 )
@@ -231,7 +232,7 @@ def build_worker(
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
-    registry, lag, sent = metrics_registry(guard, counted, states)
+    registry, lag, sent = metrics_registry(guard, counted, states, health)
     return Worker(
         app=app,
         settings=settings,
@@ -268,7 +269,10 @@ def build_worker(
 
 
 def metrics_registry(
-    guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
+    guard: Guard,
+    counted: dict[type[CountedOutcome], Counted],
+    states: SerializedStates,
+    health: Health,
 ) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
     """What /metrics serves; the consumer lag is refreshed by LagMeter, the decisions sent
     told by the outbox."""
@@ -279,6 +283,7 @@ def metrics_registry(
     registry.register(sent)
     # The expiry index's count, not len(table): a RocksDB table's len() reads every key.
     registry.register(WorkerMetrics(guard, counted, active_traces=states.indexed))
+    registry.register(LastBatch(health))
     return registry, lag, sent
 
 
