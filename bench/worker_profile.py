@@ -30,7 +30,9 @@ def _in(path: str, *functions: str) -> Callable[[str, str], bool]:
     """A frame of one of `functions` (any if none) in a file whose path ends with `path`."""
 
     def match(function: str, filename: str) -> bool:
-        return filename.endswith(path) and (not functions or function in functions)
+        # py-spy names methods Class.method
+        name = function.rsplit(".", 1)[-1]
+        return filename.endswith(path) and (not functions or name in functions)
 
     return match
 
@@ -94,14 +96,27 @@ PARTS: list[tuple[str, list[Callable[[str, str], bool]]]] = [
 ]
 
 
+# Leaf frames of a thread waiting, not working: the event loop's select, a thread's wait, the
+# release reader's poll of the kill topic (its own thread, in librdkafka).
+IDLE: list[Callable[[str, str], bool]] = [
+    _in("selectors.py", "select"),
+    _in("threading.py", "wait"),
+    _in("connectors/releases.py", "_consume"),
+]
+
+
 @dataclass
 class Summary:
-    samples: int
-    shares: list[tuple[str, float]]  # (part, share of samples), largest first
-    top_frames: list[tuple[str, float]]  # leaf frames, share of samples
+    samples: int  # busy samples: the shares are of these
+    idle: int  # samples of threads waiting (IDLE), left out
+    shares: list[tuple[str, float]]  # (part, share of busy samples), largest first
+    top_frames: list[tuple[str, float]]  # busy leaf frames, share of busy samples
 
     def text(self) -> str:
-        lines = [f"worker profile: {self.samples:,} samples (py-spy), by part:"]
+        lines = [
+            f"worker profile: {self.samples:,} busy samples (py-spy; {self.idle:,} more of"
+            " threads waiting), by part:"
+        ]
         lines += [f"  {share:6.1%}  {part}" for part, share in self.shares]
         lines.append("  busiest leaf frames:")
         lines += [f"  {share:6.1%}  {frame}" for frame, share in self.top_frames]
@@ -118,13 +133,16 @@ def summarize(raw: Path, top: int = 12) -> Summary:
     """py-spy's raw output (one `frame;frame;... count` line per stack) summed by part."""
     parts: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
-    total = 0
+    total = idle = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
         frames = [_frame(text) for text in stack.split(";") if " (" in text]
+        if frames and any(test(*frames[-1]) for test in IDLE):
+            idle += count
+            continue
         total += count
         part = next(
             (
@@ -141,6 +159,7 @@ def summarize(raw: Path, top: int = 12) -> Summary:
     total = max(total, 1)
     return Summary(
         samples=total,
+        idle=idle,
         shares=[(part, n / total) for part, n in parts.most_common()],
         top_frames=[(frame, n / total) for frame, n in leaves.most_common(top)],
     )

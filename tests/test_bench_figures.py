@@ -40,14 +40,14 @@ def test_a_kill_whose_span_is_missing_from_a_topic_is_left_out() -> None:
 
 def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) -> None:
     batch = f"guard_batch ({ROOT}/streams/agents/guard_spans.py:140)"
-    decide = f"decide ({ROOT}/streams/agents/guard_spans.py:170)"
-    handle = f"handle ({ROOT}/spanguard/detection/pipeline.py:120)"
+    decide = f"SpanAgent.decide ({ROOT}/streams/agents/guard_spans.py:170)"
+    handle = f"SpanPipeline.handle ({ROOT}/spanguard/detection/pipeline.py:120)"
     raw = tmp_path / "raw.txt"
     raw.write_text(
         "\n".join(
             [
                 # the core inside the pipeline: the core's
-                f"{batch};{decide};{handle};process_view ({ROOT}/spanguard/detection/guard.py:300)"
+                f"{batch};{decide};{handle};Guard.process_view ({ROOT}/spanguard/detection/guard.py:300)"
                 f";args_hash ({ROOT}/spanguard/detection/canonical.py:80) 6",
                 # the pipeline splitting an input record
                 f"{batch};{decide};{handle};split_by_trace ({ROOT}/schemas/otlp.py:170) 3",
@@ -55,13 +55,14 @@ def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) 
                 f"{batch};flush_states ({ROOT}/streams/state.py:560);flush ({ROOT}/streams/"
                 f"state.py:240);send_changelog ({SITE}/faust/tables/base.py:400) 2",
                 f"_fetch ({SITE}/aiokafka/consumer/fetcher.py:500) 4",
-                f"select ({SITE}/selectors.py:468) 5",
+                f"EpollSelector.select ({SITE}/selectors.py:468) 5",  # waiting: left out
+                f"emit ({SITE}/logging/__init__.py:1100) 5",
             ]
         )
         + "\n"
     )
     summary = summarize(raw)
-    assert summary.samples == 20
+    assert (summary.samples, summary.idle) == (20, 5)
     shares = dict(summary.shares)
     assert shares["detection core (guard, rules)"] == 6 / 20
     assert shares["input record: parse, split by trace, serialize parts"] == 3 / 20
