@@ -2,7 +2,9 @@
 
 `bench/bench_pipeline.py --profile DIR` samples the first worker with py-spy over the drain
 through the Collector and prints this summary; `python -m bench.worker_profile FILE` prints it
-again from the raw samples kept in DIR. py-spy is not a dependency of the project: it is found
+again from the raw samples kept in DIR. Only the thread holding the GIL is sampled, so the
+shares are of the process's Python work (C code that lets the GIL go, RocksDB's writes and
+the sockets' reads, is not counted). py-spy is not a dependency of the project: it is found
 on PATH, or named by `PY_SPY`. Sampling stops the process for each sample, so the
 profiled drain is slower than an unprofiled one; the shares are what is read from it.
 
@@ -54,7 +56,11 @@ PARTS: list[tuple[str, list[Callable[[str, str], bool]]]] = [
         [_under("streams/conversations.py"), _under("streams/agent_windows.py")],
     ),
     (
-        "input record: parse, split by trace, serialize parts",
+        "split by trace (Collector batches)",
+        [_in("detection/pipeline.py", "_split"), _in("schemas/otlp.py")],
+    ),
+    (
+        "pipeline, outside the core: parse, checks, trace ids (every record)",
         [_in("detection/pipeline.py", "handle")],
     ),
     ("repartition packing", [_in("streams/delivery.py", "repartition_sends", "_pack")]),
@@ -192,6 +198,9 @@ class Profiler:
     def start(self, pid: int) -> subprocess.Popen:
         command = [self.executable, "record", "--pid", str(pid), "--format", "raw"]
         command += ["--rate", str(self.rate), "--full-filenames", "--output", str(self.raw)]
+        # Only the thread holding the GIL: what the process computes in Python, not the
+        # consumer thread waiting for it (Faust reads Kafka in a thread of its own).
+        command.append("--gil")
         with open(self.directory / "py-spy.log", "wb") as log:  # the child keeps its copy
             return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
 

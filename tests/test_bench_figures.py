@@ -65,7 +65,7 @@ def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) 
     assert (summary.samples, summary.idle) == (20, 5)
     shares = dict(summary.shares)
     assert shares["detection core (guard, rules)"] == 6 / 20
-    assert shares["input record: parse, split by trace, serialize parts"] == 3 / 20
+    assert shares["split by trace (Collector batches)"] == 3 / 20
     assert shares["state flush: encode, table write, changelog send"] == 2 / 20
     assert shares["aiokafka consumer: fetch, decode"] == 4 / 20
     assert shares["other"] == 5 / 20

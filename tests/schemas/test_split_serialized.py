@@ -73,6 +73,13 @@ def test_a_collector_batch_splits_as_protobuf_splits_it() -> None:
         assert_same_parts(data)
 
 
+def test_a_batch_of_one_trace_exports_splits_as_protobuf_splits_it() -> None:
+    # The Collector's batch of SDK exports: a ResourceSpans per export, each of one trace.
+    corpus = build_corpus(3_000, 300, per_trace=True, message_spans=(1, 3), seed=5)
+    for at in range(0, len(corpus.requests), 300):
+        assert_same_parts(b"".join(corpus.requests[at : at + 300]))
+
+
 def test_resources_scopes_and_schema_urls_stay_with_each_traces_spans() -> None:
     data = request(
         service(
