@@ -59,6 +59,7 @@ shows latencies of 1-2 s in every third of the run.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gc
 import http.client
@@ -747,6 +748,78 @@ def span_appends(topic: str, start: list[int], end: list[int]) -> dict[str, int]
     return appended
 
 
+def changelog_of(topics: Topics) -> str:
+    """The trace table's changelog topic (WorkerSettings.changelog_topic)."""
+    return f"{topics.app_id}-trace-state-changelog"
+
+
+def record_times(topic: str, start: list[int], end: list[int]) -> list[int]:
+    """The timestamps (ms) of the records of `topic` over the offsets [start, end), sorted."""
+    consumer = Consumer(
+        CLUSTER.config(**{"group.id": f"bench-{os.getpid()}-times", "enable.auto.commit": False})
+    )
+    times: list[int] = []
+    try:
+        left = {p: end[p] for p in range(len(start)) if start[p] < end[p]}
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in left])
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=1.0):
+                if message.error() or message.partition() not in left:
+                    continue
+                times.append(message.timestamp()[1])
+                if message.offset() + 1 >= left[message.partition()]:
+                    del left[message.partition()]
+    finally:
+        consumer.close()
+    return sorted(times)
+
+
+def bursts(times: list[int], gap: int = 50) -> list[tuple[int, int, int]]:
+    """(first ms, last ms, records) of each run of `times` with no gap over `gap` ms: the
+    changelog records of one flush of the worker's states."""
+    runs: list[tuple[int, int, int]] = []
+    for at in times:
+        if runs and at - runs[-1][1] <= gap:
+            first, _, count = runs[-1]
+            runs[-1] = (first, at, count + 1)
+        else:
+            runs.append((at, at, 1))
+    return runs
+
+
+def print_flush_overlap(
+    stages: list[dict[str, int]], flushes: list[tuple[int, int, int]]
+) -> dict[str, float]:
+    """How many kills had a flush of the states (a burst of changelog records) between their
+    input append and their detection: for the slowest tenth, and for the rest."""
+    if not stages or not flushes:
+        return {}
+    starts = [first for first, _, _ in flushes]
+
+    def overlapped(kill: dict[str, int]) -> bool:
+        at = bisect.bisect_right(starts, kill["detected"]) - 1
+        return at >= 0 and flushes[at][1] >= kill["input"]
+
+    ranked = sorted(stages, key=lambda kill: -kill["total"])
+    tenth = max(1, len(ranked) // 10)
+    slow, rest = ranked[:tenth], ranked[tenth:]
+    share = {
+        "slowest_tenth": sum(map(overlapped, slow)) / len(slow),
+        "rest": sum(map(overlapped, rest)) / len(rest) if rest else 0.0,
+    }
+    sizes = sorted(count for _, _, count in flushes)
+    spans = sorted(last - first for first, last, _ in flushes)
+    print(
+        f"  state flushes in the run: {len(flushes)}, {sizes[len(sizes) // 2]} changelog"
+        f" records each (median; appended over {spans[len(spans) // 2]} ms, at most"
+        f" {spans[-1]} ms); a flush ran while the kill was on its way for"
+        f" {share['slowest_tenth']:.0%} of the slowest tenth of kills, {share['rest']:.0%} of"
+        " the others"
+    )
+    return share
+
+
 # The stages of a kill's latency through the Collector, each the difference of two clocks
 # (this machine's and the broker's, the same clock here).
 STAGES = (
@@ -776,6 +849,8 @@ def latency_stages(
                 "decide": detected - hop_at[span_id],
                 "signal": killed - detected,
                 "total": killed - ended[span_id],
+                "input": input_at[span_id],
+                "detected": detected,
             }
         )
     return out
@@ -830,7 +905,11 @@ def latency_through_collector(
     the tripping span's records, and the signal's detected_at (the worker's clock)."""
     reader = Collector(topics.kills)
     ended: dict[str, int] = {}  # span id -> end time, ms
-    starts = {topic: end_offsets(topic, partitions) for topic in (topics.input, topics.repartition)}
+    changelog = changelog_of(topics)  # a burst of records each flush
+    starts = {
+        topic: end_offsets(topic, partitions)
+        for topic in (topics.input, topics.repartition, changelog)
+    }
     try:
         time.sleep(1.0)  # the reader's consumer joins before the first kill can appear
         meter = CpuMeter({"worker": worker.process.pid, "collector": collector.pid})
@@ -894,7 +973,10 @@ def latency_through_collector(
         span_appends(topic, starts[topic], end_offsets(topic, partitions))
         for topic in (topics.input, topics.repartition)
     )
-    stages = print_stages(latency_stages(measured, ended, input_at, hop_at))
+    per_kill = latency_stages(measured, ended, input_at, hop_at)
+    stages = print_stages(per_kill)
+    flushes = bursts(record_times(changelog, starts[changelog], end_offsets(changelog, partitions)))
+    print_flush_overlap(per_kill, flushes)
     latency = Latency(
         p50, p99, max(latencies), len(latencies), len(expected), sent / elapsed, cores
     )
@@ -1032,8 +1114,9 @@ def main() -> int:
     result: dict[str, object] = {}
     shipped: ShippedCollector | None = None
     try:
-        # The repartition topic's append times split the Collector's latency into stages.
-        timed = [topics.input, topics.kills, topics.repartition]
+        # The repartition topic's append times split the Collector's latency into stages, the
+        # trace table changelog's tell when the worker flushed its states.
+        timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
         create_timed_topics(admin, timed, args.partitions)
         create_worker_topics(topics, args.partitions)
         workers.append(start_worker(topics, args.partitions, args))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.bench_pipeline import latency_stages
+from bench.bench_pipeline import bursts, latency_stages, print_flush_overlap
 from bench.corpus import build_corpus
 from bench.worker_profile import summarize
 
+NAMES = ("collector", "hop", "decide", "signal", "total")
 ROOT = "/srv/spanguard"
 SITE = "/usr/lib/python3.11/site-packages"
 
@@ -19,7 +20,7 @@ def test_a_kills_stages_add_up_to_its_latency() -> None:
     hop_at = {"a1": 1_042, "b2": 2_300}
     kills = [("a1", 1_050, 1_055), ("b2", 2_310, 2_318)]
     stages = latency_stages(kills, ended, input_at, hop_at)
-    assert stages == [
+    assert [{name: kill[name] for name in NAMES} for kill in stages] == [
         {"collector": 30, "hop": 12, "decide": 8, "signal": 5, "total": 55},
         {"collector": 41, "hop": 259, "decide": 10, "signal": 8, "total": 318},
     ]
@@ -77,3 +78,20 @@ def test_the_latency_corpus_can_loop_more_traces() -> None:
     many = build_corpus(4_000, 100, per_trace=True, message_spans=(1, 3), seed=8, loop_every=4)
     assert len(few.looping_traces) == 5
     assert len(many.looping_traces) == 25
+
+
+def test_changelog_records_close_together_make_one_flush() -> None:
+    times = [1_000, 1_010, 1_040, 1_200, 1_230, 2_000]
+    assert bursts(times, gap=50) == [(1_000, 1_040, 3), (1_200, 1_230, 2), (2_000, 2_000, 1)]
+
+
+def test_a_kill_counts_as_waiting_on_a_flush_that_ran_while_it_was_on_its_way() -> None:
+    flushes = [(1_000, 1_100, 900), (2_000, 2_050, 800)]
+    kills = [
+        {"input": 950, "detected": 1_300, "total": 400},  # the first flush ran meanwhile
+        {"input": 1_500, "detected": 1_560, "total": 90},  # between flushes
+        {"input": 1_090, "detected": 1_120, "total": 60},  # during the first flush's tail
+        {"input": 2_060, "detected": 2_100, "total": 50},  # after the second
+    ]
+    share = print_flush_overlap(kills, flushes)
+    assert share == {"slowest_tenth": 1.0, "rest": 1 / 3}
