@@ -236,7 +236,15 @@ def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int,
             key, at = _varint(data, at)
         number, wire = key >> 3, key & 7
         if wire == _WIRE_LEN:
-            length, at = _varint(data, at)
+            # Lengths under 16 kB (one or two bytes) read inline: a span's, a resource's.
+            length = data[at]
+            if length < 0x80:
+                at += 1
+            elif data[at + 1] < 0x80:
+                length = (length & 0x7F) | (data[at + 1] << 7)
+                at += 2
+            else:
+                length, at = _varint(data, at)
             fields.append((number, wire, tag_start, at, at + length))
             at += length
         elif wire == _WIRE_VARINT:

@@ -124,7 +124,7 @@ def test_a_trace_id_not_written_first_or_missing_or_short_is_still_found() -> No
 def test_an_encoding_it_does_not_expect_is_left_to_protobuf() -> None:
     data = request(service("support-bot", scope("genai", span(TRACE_A, 1))))
     # resource_spans as a varint, a group, a length running past the end
-    for odd in (b"\x08\x01", b"\x0b\x0c", b"\x0a\x7f\x01"):
+    for odd in (b"\x08\x01", b"\x0b\x0c", b"\x0a\x7f\x01", b"\x0a\x80", b"\x0a\x80\x80"):
         assert split_serialized(data + odd) is None
     # a resource given twice (protobuf merges the two)
     twice = ResourceSpans(resource=Resource()).SerializeToString()
