@@ -32,7 +32,9 @@ run, each figure next to its same-run baseline:
    topic - the end time of the span that tripped it (same machine's clock), batching included.
    It is printed by stage: span end -> input append (the Collector), -> repartition append
    (the worker's first hop), -> the signal's `detected_at` (the second fetch and the guard),
-   -> kill append (the signal's send); the repartition topic is LogAppendTime too.
+   -> kill append (the signal's send); the repartition topic is LogAppendTime too. And
+   whether a flush of the worker's states (a burst of records on the trace table's changelog,
+   LogAppendTime as well) ran while each of the slowest tenth of kills was on its way.
    `--profile DIR` samples the worker with py-spy over the drain (bench/worker_profile.py).
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
