@@ -9,10 +9,15 @@ run, each figure next to its same-run baseline:
    trace id, 1 to 3 spans per message. The worker is started and has taken its partitions
    (a probe record on each is processed) before the corpus is produced; the rate is the
    worker's `spanguard_spans_total` (from /metrics) from the moment the producer is done to
-   the moment it has every span. The detection core (`Guard().process(bytes)`, dict state)
-   runs over the same requests in this process, before any worker starts, for the ratio.
-2. Latency. A second corpus with fresh trace ids (one trace in twenty loops) is produced at a
-   paced `--rate` spans/s to the same worker; every looping trace's tripping call arrives
+   the moment it has every span. /metrics is scraped once a second, no more: a scrape costs
+   the worker about 10 ms of CPU (10 a second took a tenth of its core), and Prometheus
+   scrapes every 15-30 s. The window ends at the worker's own
+   `spanguard_last_span_batch_timestamp_seconds`, not at the scrape that saw the last span.
+   The detection core (`Guard().process(bytes)`, dict state) runs over the same requests in
+   this process, before any worker starts, for the ratio.
+2. Latency. A second corpus with fresh trace ids (one trace in four loops,
+   `--latency-loop-every`: a few hundred kills, so the p99 is not the one slowest) is
+   produced at a paced `--rate` spans/s to the same worker; every looping trace's tripping call arrives
    during the run. The input and kill topics use `message.timestamp.type=LogAppendTime`, so
    both ends of latency = kill signal's append to the kill topic - append to the input topic
    of the message holding the span that tripped it (the signal's `evidence.span_id`) are the
@@ -25,6 +30,12 @@ run, each figure next to its same-run baseline:
    the worker's repartition hop packed. Then the latency run again at `--rate` through the
    Collector, each span ending as it is posted: latency = the kill signal's append to the kill
    topic - the end time of the span that tripped it (same machine's clock), batching included.
+   It is printed by stage: span end -> input append (the Collector), -> repartition append
+   (the worker's first hop), -> the signal's `detected_at` (the second fetch and the guard),
+   -> kill append (the signal's send); the repartition topic is LogAppendTime too. And
+   whether a flush of the worker's states (a burst of records on the trace table's changelog,
+   LogAppendTime as well) ran while each of the slowest tenth of kills was on its way.
+   `--profile DIR` samples the worker with py-spy over the drain (bench/worker_profile.py).
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -50,6 +61,7 @@ shows latencies of 1-2 s in every third of the run.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gc
 import http.client
@@ -62,20 +74,24 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
     ConsumerGroupState,
     KafkaException,
     Producer,
+    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.bench_scopes import with_conversations
 from bench.corpus import build_corpus
+from bench.worker_profile import Profiler
 from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
     BOOTSTRAP,
@@ -90,6 +106,10 @@ from tests.support.kafka_harness import (
 )
 
 DAY_MS = str(24 * 3600 * 1000)
+# Seconds between two scrapes of a worker's /metrics while it is measured. A scrape costs the
+# worker about 10 ms of CPU; Prometheus scrapes every 15-30 s. The end of a drain is the
+# worker's own `spanguard_last_span_batch_timestamp_seconds`, not the scrape that saw it.
+SCRAPE_INTERVAL = 1.0
 WARM_UP_SPANS = 1  # the latency run's first record, sent before its clock starts
 Messages = list[tuple[bytes, bytes, list[str]]]
 
@@ -210,13 +230,20 @@ class CpuMeter:
         values["wall"] = time.monotonic()
         return values
 
-    def cores(self) -> dict[str, float]:
-        """Cores busy since the start: per worker, broker, this bench, machine, others."""
+    def cores(self, seconds: float | None = None) -> dict[str, float]:
+        """Cores busy since the start: per worker, broker, this bench, machine, others.
+
+        `seconds`: the measured window, when it ended before this reading (the last scrape
+        comes up to SCRAPE_INTERVAL later): our processes' CPU is spread over it (they idle
+        after it), the other processes' over the whole time read."""
         end = self._read()
         wall = max(end["wall"] - self.start["wall"], 1e-9)
-        used = {name: (end[name] - self.start[name]) / wall for name in end if name != "wall"}
-        ours = sum(used[name] for name in self.pids)
-        used["others"] = max(0.0, used["machine"] - ours)
+        window = min(seconds, wall) if seconds else wall
+        spent = {name: end[name] - self.start[name] for name in end if name != "wall"}
+        used = {name: spent[name] / window for name in self.pids}
+        ours = sum(spent[name] for name in self.pids)
+        used["others"] = max(0.0, (spent["machine"] - ours) / wall)
+        used["machine"] = sum(used[name] for name in self.pids) + used["others"]
         return used
 
     def text(self, cores: dict[str, float]) -> str:
@@ -252,6 +279,7 @@ class Counters:
     def __init__(self, workers: list[WorkerProcess]) -> None:
         self.workers = workers
         self.last = [(0.0, 0.0) for _ in workers]
+        self.batch_at: list[float | None] = [None for _ in workers]
 
     def read(self) -> tuple[float, float, list[float]]:
         for i, worker in enumerate(self.workers):
@@ -261,8 +289,26 @@ class Counters:
                     values.get("spanguard_spans_total", 0.0),
                     values.get("spanguard_messages_total", 0.0),
                 )
+                self.batch_at[i] = values.get("spanguard_last_span_batch_timestamp_seconds")
         spans = [spans for spans, _ in self.last]
         return sum(spans), sum(messages for _, messages in self.last), spans
+
+    def last_batch_at(self) -> float | None:
+        """Unix time the last of the workers completed its last batch, as of the last read."""
+        times = [at for at in self.batch_at if at is not None]
+        return max(times) if times else None
+
+    def wait_for(
+        self, spans: float, started_at: float, deadline: float
+    ) -> tuple[float, float, list[float], float]:
+        """Scrape every SCRAPE_INTERVAL until the workers have `spans` spans or `deadline`
+        (monotonic) passes: (spans, messages, per worker, seconds from `started_at`). Done, the window ends at the workers' last batch, not at the scrape."""
+        got, got_messages, per = self.read()
+        while got < spans and time.monotonic() < deadline:
+            time.sleep(SCRAPE_INTERVAL)
+            got, got_messages, per = self.read()
+        ended = self.last_batch_at() if got >= spans else None
+        return got, got_messages, per, (ended or time.time()) - started_at
 
 
 @dataclass
@@ -286,17 +332,12 @@ def drain(
     counters = Counters(workers)
     base, _, _ = counters.read()
     produce_s = preproduce(topic, messages)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     meter = CpuMeter({f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)})
     first, first_messages, first_per = counters.read()
-    now, got, got_messages, per = started, first, first_messages, first_per
-    deadline = started + timeout
-    while got < base + spans and now < deadline:
-        time.sleep(0.1)
-        got, got_messages, per = counters.read()
-        now = time.monotonic()
-    cores = meter.cores()
-    wall = max(now - started, 1e-9)
+    got, got_messages, per, wall = counters.wait_for(base + spans, started_at, started + timeout)
+    wall = max(wall, 1e-9)
+    cores = meter.cores(wall)
     return Drain(
         spans_per_s=(got - first) / wall,
         messages_per_s=(got_messages - first_messages) / wall,
@@ -321,13 +362,10 @@ def probe(topic: str, partitions: int, workers: list[WorkerProcess], seed: int) 
         out.produce(topic, key=key, value=value, partition=partition)
     if out.flush(30) != 0:
         raise RuntimeError("probe records undelivered after 30 s")
-    deadline = time.monotonic() + 90
-    got, _, after = counters.read()
-    while got < base + partitions:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"probe: {got - base:.0f}/{partitions} spans processed in 90 s")
-        time.sleep(0.1)
-        got, _, after = counters.read()
+    started = time.monotonic()
+    got, _, after, _ = counters.wait_for(base + partitions, time.time(), started + 90)
+    if got < base + partitions:
+        raise TimeoutError(f"probe: {got - base:.0f}/{partitions} spans processed in 90 s")
     return [b - a for a, b in zip(before, after, strict=True)]
 
 
@@ -640,31 +678,31 @@ def drain_through_collector(
     spans: int,
     workers: list[WorkerProcess],
     timeout: float,
+    profiler: Profiler | None = None,
 ) -> Fed:
     """Post `requests` to the Collector as fast as it takes them; time the workers from the
-    first post to the last span (the Collector's batching and export are in the window)."""
+    first post to the last span (the Collector's batching and export are in the window).
+    With a `profiler`, the first worker is sampled over the same window."""
     counters = Counters(workers)
     base, base_messages, base_per = counters.read()
     inputs, hops = (
         topic_records(topics.input, partitions),
         topic_records(topics.repartition, partitions),
     )
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     meter = CpuMeter(
         {f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)}
         | {"collector": collector.pid}
     )
+    profile = profiler.start(workers[0].process.pid) if profiler is not None else None
     for at in range(0, len(requests), POST_REQUESTS):
         collector.post(b"".join(requests[at : at + POST_REQUESTS]))
     posted = time.monotonic() - started
-    got, got_messages, per = counters.read()
-    now, deadline = time.monotonic(), started + timeout
-    while got < base + spans and now < deadline:
-        time.sleep(0.1)
-        got, got_messages, per = counters.read()
-        now = time.monotonic()
-    cores = meter.cores()
-    wall = max(now - started, 1e-9)
+    got, got_messages, per, wall = counters.wait_for(base + spans, started_at, started + timeout)
+    if profile is not None:
+        profiler.stop(profile)
+    wall = max(wall, 1e-9)
+    cores = meter.cores(wall)
     drained = Drain(
         spans_per_s=(got - base) / wall,
         messages_per_s=(got_messages - base_messages) / wall,
@@ -683,20 +721,197 @@ def drain_through_collector(
     )
 
 
+def span_appends(topic: str, start: list[int], end: list[int]) -> dict[str, int]:
+    """Span id (hex) -> append time (ms, LogAppendTime) of the record of `topic` that holds it,
+    over the offsets [start, end) of each partition."""
+    consumer = Consumer(
+        CLUSTER.config(**{"group.id": f"bench-{os.getpid()}-appends", "enable.auto.commit": False})
+    )
+    appended: dict[str, int] = {}
+    try:
+        left = {p: (first, last) for p, (first, last) in enumerate(zip(start, end, strict=True))}
+        left = {p: span for p, span in left.items() if span[0] < span[1]}
+        consumer.assign([TopicPartition(topic, p, first) for p, (first, _) in left.items()])
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for message in consumer.consume(500, timeout=1.0):
+                if message.error() or message.partition() not in left:
+                    continue
+                request = ExportTraceServiceRequest.FromString(message.value())
+                stamp = message.timestamp()[1]
+                for resource_spans in request.resource_spans:
+                    for scope_spans in resource_spans.scope_spans:
+                        for span in scope_spans.spans:
+                            appended.setdefault(span.span_id.hex(), stamp)
+                if message.offset() + 1 >= left[message.partition()][1]:
+                    del left[message.partition()]
+    finally:
+        consumer.close()
+    return appended
+
+
+def changelog_of(topics: Topics) -> str:
+    """The trace table's changelog topic (WorkerSettings.changelog_topic)."""
+    return f"{topics.app_id}-trace-state-changelog"
+
+
+def record_times(topic: str, start: list[int], end: list[int]) -> list[int]:
+    """The timestamps (ms) of the records of `topic` over the offsets [start, end), sorted."""
+    consumer = Consumer(
+        CLUSTER.config(**{"group.id": f"bench-{os.getpid()}-times", "enable.auto.commit": False})
+    )
+    times: list[int] = []
+    try:
+        left = {p: end[p] for p in range(len(start)) if start[p] < end[p]}
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in left])
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=1.0):
+                if message.error() or message.partition() not in left:
+                    continue
+                times.append(message.timestamp()[1])
+                if message.offset() + 1 >= left[message.partition()]:
+                    del left[message.partition()]
+    finally:
+        consumer.close()
+    return sorted(times)
+
+
+def bursts(times: list[int], gap: int = 50) -> list[tuple[int, int, int]]:
+    """(first ms, last ms, records) of each run of `times` with no gap over `gap` ms: the
+    changelog records of one flush of the worker's states."""
+    runs: list[tuple[int, int, int]] = []
+    for at in times:
+        if runs and at - runs[-1][1] <= gap:
+            first, _, count = runs[-1]
+            runs[-1] = (first, at, count + 1)
+        else:
+            runs.append((at, at, 1))
+    return runs
+
+
+def print_flush_overlap(
+    stages: list[dict[str, int]], flushes: list[tuple[int, int, int]]
+) -> dict[str, float]:
+    """How many kills had a flush of the states (a burst of changelog records) between their
+    input append and their detection: for the slowest tenth, and for the rest."""
+    if not stages or not flushes:
+        return {}
+    starts = [first for first, _, _ in flushes]
+
+    def overlapped(kill: dict[str, int]) -> bool:
+        at = bisect.bisect_right(starts, kill["detected"]) - 1
+        return at >= 0 and flushes[at][1] >= kill["input"]
+
+    ranked = sorted(stages, key=lambda kill: -kill["total"])
+    tenth = max(1, len(ranked) // 10)
+    slow, rest = ranked[:tenth], ranked[tenth:]
+    share = {
+        "slowest_tenth": sum(map(overlapped, slow)) / len(slow),
+        "rest": sum(map(overlapped, rest)) / len(rest) if rest else 0.0,
+    }
+    sizes = sorted(count for _, _, count in flushes)
+    spans = sorted(last - first for first, last, _ in flushes)
+    print(
+        f"  state flushes in the run: {len(flushes)}, {sizes[len(sizes) // 2]} changelog"
+        f" records each (median; appended over {spans[len(spans) // 2]} ms, at most"
+        f" {spans[-1]} ms); a flush ran while the kill was on its way for"
+        f" {share['slowest_tenth']:.0%} of the slowest tenth of kills, {share['rest']:.0%} of"
+        " the others"
+    )
+    return share
+
+
+# The stages of a kill's latency through the Collector, each the difference of two clocks
+# (this machine's and the broker's, the same clock here).
+STAGES = (
+    ("collector", "span end -> input append (batch timeout, export)"),
+    ("hop", "input append -> repartition append (fetch, split, pack, produce)"),
+    ("decide", "repartition append -> detected_at (fetch, guard)"),
+    ("signal", "detected_at -> kill append (sign, produce)"),
+)
+
+
+def latency_stages(
+    kills: list[tuple[str, int, int]],
+    ended: dict[str, int],
+    input_at: dict[str, int],
+    hop_at: dict[str, int],
+) -> list[dict[str, int]]:
+    """Per kill (span id, detected_at ms, kill append ms): the stages of STAGES, in ms; a kill
+    whose span was not found on both topics is left out."""
+    out = []
+    for span_id, detected, killed in kills:
+        if span_id not in input_at or span_id not in hop_at:
+            continue
+        out.append(
+            {
+                "collector": input_at[span_id] - ended[span_id],
+                "hop": hop_at[span_id] - input_at[span_id],
+                "decide": detected - hop_at[span_id],
+                "signal": killed - detected,
+                "total": killed - ended[span_id],
+                "input": input_at[span_id],
+                "detected": detected,
+            }
+        )
+    return out
+
+
+def print_stages(stages: list[dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Each stage's p50, p99 and max, and the stages of the slowest kills."""
+    if not stages:
+        print("  latency by stage: no kill found on the input and repartition topics")
+        return {}
+    figures = {}
+    print(f"  latency by stage over {len(stages)} kills (p50 / p99 / max, ms):")
+    for name, what in STAGES:
+        values = [float(kill[name]) for kill in stages]
+        figures[name] = {
+            "p50": percentile(values, 0.5),
+            "p99": percentile(values, 0.99),
+            "max": max(values),
+        }
+        print(
+            f"    {name:9} {figures[name]['p50']:5.0f} / {figures[name]['p99']:5.0f}"
+            f" / {figures[name]['max']:5.0f}   {what}"
+        )
+    slowest = sorted(stages, key=lambda kill: -kill["total"])[: max(3, len(stages) // 100)]
+    print(
+        "  slowest kills: "
+        + "; ".join(
+            f"{kill['total']} ms = " + " + ".join(str(kill[name]) for name, _ in STAGES)
+            for kill in slowest
+        )
+        + " ("
+        + " + ".join(name for name, _ in STAGES)
+        + ")"
+    )
+    return figures
+
+
 def latency_through_collector(
     worker: WorkerProcess,
     topics: Topics,
+    partitions: int,
     collector: ShippedCollector,
     requests: list[bytes],
     expected: dict[str, str],
     rate: float,
     seconds: float,
-) -> Latency:
+) -> tuple[Latency, dict[str, dict[str, float]]]:
     """Post `requests` at `rate` spans/s, each span ending as it is posted; latency = the kill
     signal's append to the kill topic (broker clock, LogAppendTime) - the end time of the span
-    that tripped it (this machine's clock, the broker's too), the Collector's batch wait in."""
+    that tripped it (this machine's clock, the broker's too), the Collector's batch wait in.
+    With the figures of each stage (STAGES): the input and repartition topics' append times of
+    the tripping span's records, and the signal's detected_at (the worker's clock)."""
     reader = Collector(topics.kills)
     ended: dict[str, int] = {}  # span id -> end time, ms
+    changelog = changelog_of(topics)  # a burst of records each flush
+    starts = {
+        topic: end_offsets(topic, partitions)
+        for topic in (topics.input, topics.repartition, changelog)
+    }
     try:
         time.sleep(1.0)  # the reader's consumer joins before the first kill can appear
         meter = CpuMeter({"worker": worker.process.pid, "collector": collector.pid})
@@ -735,6 +950,7 @@ def latency_through_collector(
     finally:
         reader.close()
     latencies, mismatched = [], 0
+    measured: list[tuple[str, int, int]] = []  # (span id, detected_at ms, kill append ms)
     for record in kills:
         signal = json.loads(record["value"])
         if signal["kind"] != "kill":
@@ -744,16 +960,29 @@ def latency_through_collector(
             mismatched += 1
             continue
         latencies.append(record["timestamp_ms"] - ended[span_id])
+        detected = datetime.fromisoformat(signal["detected_at"]).timestamp()
+        measured.append((span_id, round(detected * 1000), record["timestamp_ms"]))
     if not latencies:
         print(f"detection latency: no kill signal measured ({mismatched} unmatched)")
-        return Latency(None, None, None, 0, len(expected), sent / elapsed, cores)
+        return Latency(None, None, None, 0, len(expected), sent / elapsed, cores), {}
     p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
     print(
         f"detection latency (span end -> kill append, Collector batching included):"
         f" p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(latencies):.0f} ms over"
         f" {len(latencies)} kills ({len(expected)} expected, {mismatched} unmatched)"
     )
-    return Latency(p50, p99, max(latencies), len(latencies), len(expected), sent / elapsed, cores)
+    input_at, hop_at = (
+        span_appends(topic, starts[topic], end_offsets(topic, partitions))
+        for topic in (topics.input, topics.repartition)
+    )
+    per_kill = latency_stages(measured, ended, input_at, hop_at)
+    stages = print_stages(per_kill)
+    flushes = bursts(record_times(changelog, starts[changelog], end_offsets(changelog, partitions)))
+    print_flush_overlap(per_kill, flushes)
+    latency = Latency(
+        p50, p99, max(latencies), len(latencies), len(expected), sent / elapsed, cores
+    )
+    return latency, stages
 
 
 def start_worker(topics: Topics, partitions: int, args: argparse.Namespace) -> WorkerProcess:
@@ -788,6 +1017,21 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=25.0, help="latency run length")
     parser.add_argument(
         "--latency-traces", type=int, default=1_500, help="traces in the latency run"
+    )
+    parser.add_argument(
+        "--latency-loop-every",
+        type=int,
+        default=4,
+        metavar="N",
+        help="one trace in N of the latency runs loops: 375 kills at the defaults, so that a"
+        " p99 is not just the slowest kill",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the first worker with py-spy over the drain through the Collector; the"
+        " raw samples go to DIR (python -m bench.worker_profile DIR/worker-drain.txt)",
     )
     parser.add_argument(
         "--phases",
@@ -832,7 +1076,10 @@ def main() -> int:
         with_conversations(corpus.requests) if args.conversations else corpus.requests
     )
     second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
-    latency_corpus = build_corpus(int(args.rate * args.seconds), args.latency_traces, seed=8, **mix)
+    loops = {"loop_every": args.latency_loop_every}
+    latency_corpus = build_corpus(
+        int(args.rate * args.seconds), args.latency_traces, seed=8, **mix, **loops
+    )
     paced = keyed_messages(
         with_conversations(latency_corpus.requests, prefix="latency-conv")
         if args.conversations
@@ -844,7 +1091,9 @@ def main() -> int:
     expected_c: dict[str, str] = {}
     if "collector" in phases:
         corpus_c = build_corpus(args.spans, args.traces, seed=11, **mix)
-        latency_c = build_corpus(int(args.rate * args.seconds), args.latency_traces, seed=12, **mix)
+        latency_c = build_corpus(
+            int(args.rate * args.seconds), args.latency_traces, seed=12, **mix, **loops
+        )
         expected_c = expected_kills(latency_c.requests)
     per_message = corpus.spans / len(messages)
     print(
@@ -867,7 +1116,10 @@ def main() -> int:
     result: dict[str, object] = {}
     shipped: ShippedCollector | None = None
     try:
-        create_timed_topics(admin, [topics.input, topics.kills], args.partitions)
+        # The repartition topic's append times split the Collector's latency into stages, the
+        # trace table changelog's tell when the worker flushed its states.
+        timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
+        create_timed_topics(admin, timed, args.partitions)
         create_worker_topics(topics, args.partitions)
         workers.append(start_worker(topics, args.partitions, args))
         probe(topics.input, args.partitions, workers, seed=101)
@@ -918,7 +1170,7 @@ def main() -> int:
             print(f"collector: {COLLECTOR_SH.name} up with deploy/collector/config.yaml")
             fed = drain_through_collector(
                 shipped, topics, args.partitions, corpus_c.requests, corpus_c.spans, workers,
-                args.drain_timeout,
+                args.drain_timeout, Profiler(args.profile) if args.profile else None,
             )  # fmt: skip
             per_input, per_hop = fed.spans_per_record(corpus_c.spans)
             print(
@@ -955,15 +1207,18 @@ def main() -> int:
                 }
             )
             if "latency" in phases:
-                fed_latency = latency_through_collector(
-                    workers[0], topics, shipped, latency_c.requests, expected_c, args.rate,
-                    args.seconds,
+                fed_latency, stages = latency_through_collector(
+                    workers[0], topics, args.partitions, shipped, latency_c.requests,
+                    expected_c, args.rate, args.seconds,
                 )  # fmt: skip
                 result.update(
                     {
                         "collector_latency_p50_ms": fed_latency.p50,
                         "collector_latency_p99_ms": fed_latency.p99,
                         "collector_kills_measured": fed_latency.measured,
+                        "collector_latency_stages_p99_ms": {
+                            name: figures["p99"] for name, figures in stages.items()
+                        },
                     }
                 )
 

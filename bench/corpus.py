@@ -2,7 +2,7 @@
 
 1,000 concurrent traces, about 30% tool spans (GenAI execute_tool with JSON arguments), the
 rest chat spans with usage and other spans (HTTP clients, retrievers) with the attribute counts
-real instrumentations produce. One trace in twenty loops. Requests interleave the traces the
+real instrumentations produce. One trace in twenty loops (`loop_every`). Requests interleave the traces the
 way a Collector batch does; `per_trace=True` gives one request per trace and batch, as the
 kafka exporter writes with partition_traces_by_id. `message_spans=(1, 3)` (with `per_trace`)
 makes each request 1 to 3 consecutive spans of one trace, uniformly: what the Collector's batch
@@ -125,7 +125,9 @@ def build_corpus(
     per_trace: bool = False,
     message_spans: tuple[int, int] | None = None,
     seed: int = 7,
+    loop_every: int = 20,
 ) -> Corpus:
+    """`loop_every`: one trace in that many loops (a latency run wants many kills)."""
     if message_spans is not None and not per_trace:
         raise ValueError("message_spans needs per_trace=True")
     rng = random.Random(seed)
@@ -133,7 +135,7 @@ def build_corpus(
     roots = [rng.randbytes(8) for _ in range(traces)]
     # A trace runs on pod (index % pods); pods run one of three agent services.
     services = [("research-assistant", "support-bot", "ticket-bot")[i % 3] for i in range(pods)]
-    looping = {i for i in range(traces) if i % 20 == 0}
+    looping = {i for i in range(traces) if i % loop_every == 0}
     steps = [0] * traces
     scope = InstrumentationScope(name="opentelemetry.instrumentation.genai", version="0.5b0")
     corpus = Corpus(requests=[], spans=0)

@@ -51,6 +51,7 @@ from spanguard.streams.metrics import (
     ConsumerLag,
     DecisionsSent,
     DetectionLatency,
+    LastBatch,
     TableMemory,
     WorkerMetrics,
     worker_registry,
@@ -232,7 +233,7 @@ def build_worker(
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
-    registry, lag, sent = metrics_registry(guard, counted, states)
+    registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
     return Worker(
         app=app,
@@ -270,7 +271,10 @@ def build_worker(
 
 
 def metrics_registry(
-    guard: Guard, counted: dict[type[CountedOutcome], Counted], states: SerializedStates
+    guard: Guard,
+    counted: dict[type[CountedOutcome], Counted],
+    states: SerializedStates,
+    health: Health,
 ) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
     """What /metrics serves; the consumer lag is refreshed by LagMeter, the decisions sent
     told by the outbox."""
@@ -285,6 +289,7 @@ def metrics_registry(
             guard, counted, active_traces=states.indexed, cached_traces=lambda: states.cached
         )
     )
+    registry.register(LastBatch(health))
     return registry, lag, sent
 
 

@@ -31,8 +31,11 @@ class HealthCount(CountedOutcome):
 
 
 class Health:
-    def __init__(self, dead_after: float = 60.0, clock=time.monotonic) -> None:
+    def __init__(
+        self, dead_after: float = 60.0, clock=time.monotonic, wall_clock=time.time
+    ) -> None:
         self.clock = clock
+        self.wall_clock = wall_clock
         self.dead_after = dead_after
         self.crashed_at: float | None = None
         self.last_error: str | None = None
@@ -41,12 +44,16 @@ class Health:
         self.lost_signals = 0
         self.pending = 0
         self.waiting_since: float | None = None  # records pending and no batch done since
+        # Unix time the last batch completed: how stale the worker's decisions are, and when a
+        # drain ended for a reader that scrapes once a second (bench/bench_pipeline.py).
+        self.last_batch_at: float | None = None
 
     def count(self, outcome: HealthCount) -> int:
         return getattr(self, outcome.value)
 
     def progressed(self) -> None:
         self.batches += 1
+        self.last_batch_at = self.wall_clock()
         self.crashed_at = None
         self.waiting_since = None
 

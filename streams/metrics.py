@@ -49,7 +49,7 @@ from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.flow_resume import ResumeCount
-from spanguard.streams.health import HealthCount
+from spanguard.streams.health import Health, HealthCount
 
 __all__ = [
     "EXPORTED",
@@ -58,6 +58,7 @@ __all__ = [
     "DecisionCounts",
     "DecisionsSent",
     "DetectionLatency",
+    "LastBatch",
     "Series",
     "TableMemory",
     "WorkerMetrics",
@@ -224,6 +225,23 @@ class TableMemory(Collector):
                         continue
                 family.add_metric([table.name, kind], total)
         yield family
+
+
+class LastBatch(Collector):
+    """spanguard_last_span_batch_timestamp_seconds: when the span agent last completed a batch
+    (Unix time), absent until its first. With records waiting, a stale one is a stuck agent; a
+    reader that scrapes seldom still learns when the last records were done."""
+
+    def __init__(self, health: Health) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.health.last_batch_at is not None:
+            yield GaugeMetricFamily(
+                "spanguard_last_span_batch_timestamp_seconds",
+                "Unix time the span agent last completed a batch of messages",
+                value=self.health.last_batch_at,
+            )
 
 
 def worker_registry() -> CollectorRegistry:

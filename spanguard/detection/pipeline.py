@@ -6,6 +6,7 @@ this Faust-free lets the tests and the benchmarks drive the same routing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from spanguard.detection.slim import slim_part
 from spanguard.errors import OtlpDecodeError
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import Decision
-from spanguard.schemas.otlp import split_by_trace
+from spanguard.schemas.otlp import split_by_trace, split_serialized
 from spanguard.schemas.otlp_view import not_a_trace_request, parse_view
 
 __all__ = ["MAX_RECORD_BYTES", "Outcome", "PipelineCount", "SpanPipeline"]
@@ -121,39 +122,54 @@ class SpanPipeline:
                 return self._dead(f"internal error in detection: {type(exc).__name__}: {exc}")
 
         try:
-            # Parsed without decode_protobuf's id checks: a bad trace id is split off below.
-            parts = split_by_trace(ExportTraceServiceRequest.FromString(value))
+            parts = _split(value)
         except DecodeError as exc:
             return self._dead(f"not an OTLP ExportTraceServiceRequest: {exc}")
         self.repartitioned += 1
         outcome = Outcome()
-        dead = ExportTraceServiceRequest()
+        dead: list[bytes] = []  # serialized requests concatenate into one
         reasons: list[str] = []
-        for trace_id, part in parts.items():
-            if len(trace_id) != 32:  # only the spans with a bad trace id are dead letters
-                reasons.append(_bad_trace_id(len(trace_id) // 2))
-                dead.MergeFrom(part)
+        for raw_id, part in parts.items():
+            if len(raw_id) != 16:  # only the spans with a bad trace id are dead letters
+                reasons.append(_bad_trace_id(len(raw_id)))
+                dead.append(part)
                 continue
-            data = part.SerializeToString()
+            trace_id, data = raw_id.hex(), part
             if len(data) > MAX_RECORD_BYTES:  # too large for a record: keep what rules read
-                data = slim_part(part, self.guard.wanted_keys).SerializeToString()
+                with contextlib.suppress(DecodeError):  # unparsable: dead-lettered below
+                    request = ExportTraceServiceRequest.FromString(part)
+                    data = slim_part(request, self.guard.wanted_keys).SerializeToString()
             if len(data) > MAX_RECORD_BYTES:
                 reasons.append(
                     f"the spans of trace {trace_id} hold {len(data)} bytes the rules read,"
                     f" over the {MAX_RECORD_BYTES}-byte limit of a record"
                 )
-                dead.MergeFrom(part)
+                dead.append(part)
                 continue
             outcome.repartition.append((trace_id, data))
         if reasons:
             self.dead_letters += 1
             outcome.dead_letter = "; ".join(dict.fromkeys(reasons))
-            outcome.dead_value = dead.SerializeToString()
+            outcome.dead_value = b"".join(dead)
         return outcome
 
     def _dead(self, reason: str) -> Outcome:
         self.dead_letters += 1
         return Outcome(dead_letter=reason)
+
+
+def _split(value: bytes) -> dict[bytes, bytes]:
+    """One serialized request per raw trace id. Cut out of the bytes where the encoding allows
+    (split_serialized: a fourth of the time), else parsed, split and serialized again; the
+    latter without decode_protobuf's id checks, since a bad trace id is split off by the caller."""
+    parts = split_serialized(value)
+    if parts is not None:
+        return parts
+    request = ExportTraceServiceRequest.FromString(value)
+    return {
+        bytes.fromhex(trace_id): part.SerializeToString()
+        for trace_id, part in split_by_trace(request).items()
+    }
 
 
 def _bad_trace_id(length: int) -> str:

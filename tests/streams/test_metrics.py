@@ -242,3 +242,16 @@ def test_every_decision_sent_is_counted_with_its_spend_by_rule_action_and_scope(
             frozenset({("rule", "agent_budget"), ("action", "kill"), ("scope", "agent")}),
         )
     ] == pytest.approx(9.0)
+
+
+def test_the_last_span_batch_time_appears_once_a_batch_completes() -> None:
+    app = worker_app()
+    health = app.spanguard.health
+    name = ("spanguard_last_span_batch_timestamp_seconds", frozenset())
+    assert name not in scrape(app)  # no batch yet: no time, not a zero
+    health.wall_clock = lambda: 1_764_831_234.567
+    health.progressed()
+    assert scrape(app)[name] == 1_764_831_234.567
+    health.wall_clock = lambda: 1_764_831_240.125
+    health.progressed()
+    assert scrape(app)[name] == 1_764_831_240.125

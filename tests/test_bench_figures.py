@@ -1,0 +1,97 @@
+"""The pipeline benchmark's own arithmetic: the stages of a kill's latency, the profile's parts,
+and the corpus's share of looping traces (no broker: the figures they print depend on these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.bench_pipeline import bursts, latency_stages, print_flush_overlap
+from bench.corpus import build_corpus
+from bench.worker_profile import summarize
+
+NAMES = ("collector", "hop", "decide", "signal", "total")
+ROOT = "/srv/spanguard"
+SITE = "/usr/lib/python3.11/site-packages"
+
+
+def test_a_kills_stages_add_up_to_its_latency() -> None:
+    ended = {"a1": 1_000, "b2": 2_000}
+    input_at = {"a1": 1_030, "b2": 2_041}
+    hop_at = {"a1": 1_042, "b2": 2_300}
+    kills = [("a1", 1_050, 1_055), ("b2", 2_310, 2_318)]
+    stages = latency_stages(kills, ended, input_at, hop_at)
+    assert [{name: kill[name] for name in NAMES} for kill in stages] == [
+        {"collector": 30, "hop": 12, "decide": 8, "signal": 5, "total": 55},
+        {"collector": 41, "hop": 259, "decide": 10, "signal": 8, "total": 318},
+    ]
+    for kill in stages:
+        assert kill["collector"] + kill["hop"] + kill["decide"] + kill["signal"] == kill["total"]
+
+
+def test_a_kill_whose_span_is_missing_from_a_topic_is_left_out() -> None:
+    ended = {"a1": 1_000, "b2": 2_000}
+    stages = latency_stages(
+        [("a1", 1_050, 1_055), ("b2", 2_310, 2_318)],
+        ended,
+        input_at={"a1": 1_030, "b2": 2_041},
+        hop_at={"b2": 2_300},  # a1's repartition record was not read
+    )
+    assert [kill["total"] for kill in stages] == [318]
+
+
+def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) -> None:
+    batch = f"guard_batch ({ROOT}/streams/agents/guard_spans.py:140)"
+    decide = f"SpanAgent.decide ({ROOT}/streams/agents/guard_spans.py:170)"
+    handle = f"SpanPipeline.handle ({ROOT}/spanguard/detection/pipeline.py:120)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "\n".join(
+            [
+                # the core inside the pipeline: the core's
+                f"{batch};{decide};{handle};Guard.process_view ({ROOT}/spanguard/detection/guard.py:300)"
+                f";args_hash ({ROOT}/spanguard/detection/canonical.py:80) 6",
+                # the pipeline splitting an input record
+                f"{batch};{decide};{handle};split_by_trace ({ROOT}/schemas/otlp.py:170) 3",
+                # the flush writing through Faust's table: the flush's
+                f"{batch};flush_states ({ROOT}/streams/state.py:560);flush ({ROOT}/streams/"
+                f"state.py:240);send_changelog ({SITE}/faust/tables/base.py:400) 2",
+                f"_fetch ({SITE}/aiokafka/consumer/fetcher.py:500) 4",
+                f"EpollSelector.select ({SITE}/selectors.py:468) 5",  # waiting: left out
+                f"emit ({SITE}/logging/__init__.py:1100) 5",
+            ]
+        )
+        + "\n"
+    )
+    summary = summarize(raw)
+    assert (summary.samples, summary.idle) == (20, 5)
+    shares = dict(summary.shares)
+    assert shares["detection core (guard, rules)"] == 6 / 20
+    assert shares["split by trace (Collector batches)"] == 3 / 20
+    assert shares["state flush: encode, table write, changelog send"] == 2 / 20
+    assert shares["aiokafka consumer: fetch, decode"] == 4 / 20
+    assert shares["other"] == 5 / 20
+    assert summary.top_frames[0] == ("args_hash (detection/canonical.py)", 6 / 20)
+
+
+def test_the_latency_corpus_can_loop_more_traces() -> None:
+    few = build_corpus(4_000, 100, per_trace=True, message_spans=(1, 3), seed=8)
+    many = build_corpus(4_000, 100, per_trace=True, message_spans=(1, 3), seed=8, loop_every=4)
+    assert len(few.looping_traces) == 5
+    assert len(many.looping_traces) == 25
+
+
+def test_changelog_records_close_together_make_one_flush() -> None:
+    times = [1_000, 1_010, 1_040, 1_200, 1_230, 2_000]
+    assert bursts(times, gap=50) == [(1_000, 1_040, 3), (1_200, 1_230, 2), (2_000, 2_000, 1)]
+
+
+def test_a_kill_counts_as_waiting_on_a_flush_that_ran_while_it_was_on_its_way() -> None:
+    flushes = [(1_000, 1_100, 900), (2_000, 2_050, 800)]
+    kills = [
+        {"input": 950, "detected": 1_300, "total": 400},  # the first flush ran meanwhile
+        {"input": 1_500, "detected": 1_560, "total": 90},  # between flushes
+        {"input": 1_090, "detected": 1_120, "total": 60},  # during the first flush's tail
+        {"input": 2_060, "detected": 2_100, "total": 50},  # after the second
+    ]
+    share = print_flush_overlap(kills, flushes)
+    assert share == {"slowest_tenth": 1.0, "rest": 1 / 3}
