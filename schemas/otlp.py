@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import json_format
@@ -289,19 +290,27 @@ def _singular(fields: list[tuple[int, int, int, int, int]], data: bytes) -> dict
     return found
 
 
-def split_serialized(data: bytes) -> dict[bytes, bytes] | None:
+def split_serialized(
+    data: bytes, span_trace_ids: Sequence[bytes] | None = None
+) -> dict[bytes, bytes] | None:
     """Split serialized ExportTraceServiceRequest bytes into one serialized request per trace
     id (raw bytes; b"" for spans without one), keeping each span's resource and scope, as
     `split_by_trace` does, without parsing the spans. None for an encoding it leaves to
-    protobuf. The caller has checked that `data` parses as a trace request."""
+    protobuf. The caller has checked that `data` parses as a trace request.
+
+    `span_trace_ids`, each span's trace id as protobuf parsed it, in order: a span whose id
+    read on the wire differs (a hostile span that writes its trace id twice: protobuf keeps
+    the last) leaves the whole request to protobuf, so no span is ever sent to a partition
+    its parsed trace id does not name."""
     try:
-        return _split_serialized(data)
+        return _split_serialized(data, span_trace_ids)
     except (_Unexpected, IndexError):
         return None
 
 
-def _split_serialized(data: bytes) -> dict[bytes, bytes]:
+def _split_serialized(data: bytes, expected: Sequence[bytes] | None) -> dict[bytes, bytes]:
     parts: dict[bytes, list[bytes]] = {}
+    spans_read = 0
     for number, wire, _, start, end in _fields(data, 0, len(data)):
         if number != 1:
             continue  # not a field of a trace request: split_by_trace drops it too
@@ -323,10 +332,13 @@ def _split_serialized(data: bytes) -> dict[bytes, bytes]:
                     continue
                 if span_wire != _WIRE_LEN:
                     raise _Unexpected("a span not length-delimited")
+                trace_id = _trace_id(data, span_start, span_end)
+                if expected is not None:
+                    if spans_read >= len(expected) or expected[spans_read] != trace_id:
+                        raise _Unexpected("a span's trace id differs from protobuf's")
+                    spans_read += 1
                 # The span as written, its tag and length included.
-                by_trace.setdefault(_trace_id(data, span_start, span_end), []).append(
-                    data[tag_start:span_end]
-                )
+                by_trace.setdefault(trace_id, []).append(data[tag_start:span_end])
             singular = _singular(scope_fields, data)
             scope, scope_url = singular.get(1, b""), singular.get(3, b"")
             for trace_id, spans in by_trace.items():
@@ -343,4 +355,6 @@ def _split_serialized(data: bytes) -> dict[bytes, bytes]:
                 parts.setdefault(trace_id, []).append(
                     _RESOURCE_SPANS_TAG + _encode_varint(len(resource_spans)) + resource_spans
                 )
+    if expected is not None and spans_read != len(expected):
+        raise _Unexpected("not the spans protobuf parsed")
     return {trace_id: b"".join(pieces) for trace_id, pieces in parts.items()}

@@ -7,6 +7,8 @@ does not expect.
 
 from __future__ import annotations
 
+import random
+
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -141,3 +143,83 @@ def test_the_pipeline_repartitions_the_same_parts_either_way() -> None:
         assert [trace_id for trace_id, _ in outcome.repartition] == list(expected)
         for trace_id, part in outcome.repartition:
             assert ExportTraceServiceRequest.FromString(part) == expected[trace_id]
+
+
+def test_mangled_bytes_that_still_parse_split_as_protobuf_splits_them_or_fall_back() -> None:
+    """Hostile input: bytes flipped, cut, duplicated or inserted at random. Whatever still
+    parses as a trace request, the wire split (given each span's trace id as protobuf parsed
+    it, as the pipeline gives it) yields protobuf's parts or leaves it to protobuf (None); it
+    never raises nor gives different parts."""
+    rng = random.Random(29)
+    corpus = build_corpus(600, 30, batch_spans=60, seed=7)
+    parsed = fell_back = 0
+    for _ in range(3_000):
+        data = bytearray(rng.choice(corpus.requests))
+        for _ in range(rng.randint(1, 4)):
+            if not data:
+                break
+            at = rng.randrange(len(data))
+            how = rng.randrange(4)
+            if how == 0:
+                data[at] = rng.randrange(256)
+            elif how == 1:
+                del data[at : at + rng.randint(1, 8)]
+            elif how == 2:
+                data[at:at] = data[at : at + rng.randint(1, 16)]
+            else:
+                data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+        try:
+            request_ = ExportTraceServiceRequest.FromString(bytes(data))
+        except Exception:
+            continue  # the pipeline dead-letters it before any split
+        parsed += 1
+        span_ids = [
+            span.trace_id
+            for resource_spans in request_.resource_spans
+            for scope_spans in resource_spans.scope_spans
+            for span in scope_spans.spans
+        ]
+        parts = split_serialized(bytes(data), span_ids)
+        if parts is None:
+            fell_back += 1
+            continue
+        expected = split_by_trace(request_)
+        assert [trace_id.hex() for trace_id in parts] == list(expected)
+        for trace_id, part in parts.items():
+            assert present(ExportTraceServiceRequest.FromString(part)) == expected[trace_id.hex()]
+    assert parsed > 100, "the mangling should leave many requests that still parse"
+    assert fell_back < parsed
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def test_a_span_that_writes_its_trace_id_twice_goes_where_protobuf_reads_it() -> None:
+    """Protobuf keeps the last of a field written twice. Read on the wire alone, the span's
+    first trace id would send it to a partition whose worker parses another trace id, splits
+    it again and sends it back, for ever. Checked against protobuf's reading, the request is
+    left to protobuf and the span goes where its parsed trace id lives."""
+    twice = span(TRACE_A, 1).SerializeToString() + length_delimited(1, TRACE_B)
+    plain = span(TRACE_A, 2).SerializeToString()
+    scope_spans = length_delimited(2, twice) + length_delimited(2, plain)
+    hostile = length_delimited(1, length_delimited(2, scope_spans))
+    parsed = ExportTraceServiceRequest.FromString(hostile)
+    assert [s.trace_id for s in parsed.resource_spans[0].scope_spans[0].spans] == [
+        TRACE_B,
+        TRACE_A,
+    ]
+    assert list(split_serialized(hostile) or {}) == [TRACE_A]  # the wire's first reading
+    assert split_serialized(hostile, [TRACE_B, TRACE_A]) is None
+
+    outcome = SpanPipeline(Guard()).handle(None, hostile)
+    parts = dict(outcome.repartition)
+    assert list(parts) == [TRACE_B.hex(), TRACE_A.hex()]
+    (b_span,) = (
+        ExportTraceServiceRequest.FromString(parts[TRACE_B.hex()])
+        .resource_spans[0]
+        .scope_spans[0]
+        .spans
+    )
+    assert (b_span.trace_id, b_span.name) == (TRACE_B, "span 1")
