@@ -25,7 +25,6 @@ a list of recent span ids, this is exact however many records one crash re-sends
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Iterable, Iterator, MutableMapping
@@ -45,8 +44,9 @@ from spanguard.detection.pipeline import Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import AgentPolicy, Policy
-from spanguard.streams.delivery import Send, send_all
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.delivery import Send
+from spanguard.streams.fence import Lease
+from spanguard.streams.state import ScopeAgent, SerializedStates, TraceTable, event_context
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -277,7 +277,12 @@ def agent_usage_sends(worker: Worker, records: list[AgentUsage], sources: list[A
     for record, source in zip(records, sources, strict=True):
         first_source.setdefault(agent_key(record.service, record.agent_name), source)
     return [
-        Send(topic, {"key": key.encode(), "value": value}, source=first_source[key])
+        Send(
+            topic,
+            {"key": key.encode(), "value": value},
+            source=first_source[key],
+            deferred=True,
+        )
         for key, value in encode_usage(records, sources).items()
     ]
 
@@ -288,8 +293,8 @@ def agent_usage_sends(worker: Worker, records: list[AgentUsage], sources: list[A
 def agent_window_view(
     table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
 ) -> SerializedStates:
-    """The agent window table as the scope reads it: AgentWindows, written once per batch,
-    idle ones evicted with bounded work (streams/state.py)."""
+    """The agent window table as the scope reads it: AgentWindows, written once per commit
+    interval, idle ones evicted with bounded work (streams/state.py)."""
     return SerializedStates(
         table,
         bucket_seconds=bucket_seconds,
@@ -388,17 +393,19 @@ class WorkerAgentBudgets(AgentBudgetGuard):
         return decisions
 
 
-class AgentWindowsAgent:
-    """Reads the agent usage topic in batches: decides each record, sends the decisions
-    (acked by the broker), writes the changed windows, then acks the batch.
+class AgentWindowsAgent(ScopeAgent):
+    """Reads the agent usage topic in batches: decides each record and sends the decisions
+    (acked by the broker) per batch; writes the changed windows once per commit interval and
+    acks the messages once the changelog acked those writes, under the span agent's lease (as
+    the conversation agent does: streams/state.py, ScopeAgent)."""
 
-    The batch loop is the conversation agent's (streams/conversations.py), kept apart: each
-    scope's agent counts and evicts its own state."""
-
-    def __init__(self, worker: Worker, topic: faust.TopicT, states: SerializedStates) -> None:
-        self.worker = worker
+    def __init__(
+        self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
+    ) -> None:
+        table = states.table
+        assert isinstance(table, TraceTable)  # its changelog writes are awaited before acks
+        super().__init__(worker, states, table, lease)
         self.topic = topic
-        self.states = states
         self.outcomes = agent_window_tally(worker)
         policy = worker.guard.policy
         self.guard = WorkerAgentBudgets(policy, states, self.outcomes, clock=worker.guard.clock)
@@ -406,38 +413,11 @@ class AgentWindowsAgent:
         self.idle_after = max(worker.settings.state_ttl, float(longest_window(policy)))
 
     def attach(self, app: faust.App) -> None:
+        self.attach_writes(app)
         app.agent(self.topic, name="guard-agent-windows")(self.guard_agent_windows)
 
     async def guard_agent_windows(self, stream: faust.StreamT) -> None:
-        async for events in stream.take_events(self.worker.settings.batch_size, within=0.01):
-            await self.guard_batch(events)
-
-    async def guard_batch(self, events: list[EventT]) -> None:
-        for event in events:
-            event.message.incref()  # acked below, once the windows are written
-        self.states.begin_batch()
-        try:
-            sends = self.decide(events)
-            failed = await send_all(sends)
-            self.settle(sends, failed)
-            pointers = self.worker.outbox.pointers_to_unsent(failed)
-            for send in await send_all(pointers):
-                log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
-            self.states.flush()
-            # No offset committed ahead of its window: the changelog's acks first (and the
-            # table's list of them emptied, every batch).
-            for write in self.states.table.take_unconfirmed():  # type: ignore[attr-defined]
-                await write
-        except BaseException as exc:
-            # Not written and not acked: the messages are decided again after a restart.
-            self.states.discard()
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("agent window batch failed; its messages stay unacked")
-                self.worker.health.crashed(exc)
-            raise
-        for event in events:
-            event.ack()
-        self.evict_idle(events)
+        await self.run_batches(stream, 0.01, self.guard_batch)
 
     def decide(self, events: list[EventT]) -> list[Send]:
         outbox = self.worker.outbox

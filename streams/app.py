@@ -84,11 +84,11 @@ def create_app(
     spans.attach(app)
     if worker.conversations_out is not None:
         conversations = conversation_states(app, settings)
-        # One consumer, one lease: the span agent keeps it, both agents act under it.
+        # One consumer, one lease: the span agent keeps it, every agent acts under it.
         ConversationAgent(worker, worker.conversations_out, conversations, spans.lease).attach(app)
     if worker.agent_usage_out is not None:
         windows = agent_window_states(app, settings)
-        AgentWindowsAgent(worker, worker.agent_usage_out, windows).attach(app)
+        AgentWindowsAgent(worker, worker.agent_usage_out, windows, spans.lease).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)

@@ -39,9 +39,9 @@ from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
-from spanguard.streams.delivery import Send, send_all
+from spanguard.streams.delivery import Send
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import SerializedStates, TraceTable, WriteBackAgent, event_context
+from spanguard.streams.state import ScopeAgent, SerializedStates, TraceTable, event_context
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -342,11 +342,11 @@ class WorkerConversations(ConversationGuard):
         return decision
 
 
-class ConversationAgent(WriteBackAgent):
+class ConversationAgent(ScopeAgent):
     """Reads the conversation topic in batches: decides each record and sends the decisions
     (acked by the broker) per batch; writes the changed conversation states once per commit
     interval and acks the messages once the changelog acked those writes, as the span agent
-    does with the trace table (streams/state.py, WriteBackAgent), under the same lease."""
+    does with the trace table (streams/state.py, ScopeAgent), under the same lease."""
 
     def __init__(
         self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
@@ -364,32 +364,6 @@ class ConversationAgent(WriteBackAgent):
 
     async def guard_conversations(self, stream: faust.StreamT) -> None:
         await self.run_batches(stream, 0.01, self.guard_batch)
-
-    async def guard_batch(self, events: list[EventT]) -> None:
-        epoch = self.hold(events)
-        # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
-        if not await self.lease.wait(epoch):
-            self.release(events)
-            return
-        self.states.begin_batch()
-        sends = self.decide(events)
-        failed = await send_all(sends)
-        if epoch != self.lease.epoch:
-            return  # fenced while sending: what it decided is dropped unwritten
-        self.settle(sends, failed)
-        pointers = self.worker.outbox.pointers_to_unsent(failed)
-        for send in await send_all(pointers):
-            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
-        # A batch that sent a signal writes its states at once: a crash before the flush
-        # would decide it again and send the same signal twice (harmless, the same id, but
-        # as rare as a crash between a send and its write can make it).
-        signalled = any(send.decision is not None for send in sends)
-        if self.flush_due() or (signalled and self.held):
-            if not await self.lease.wait(epoch):
-                return  # fenced: nothing of it written
-            await self.flush_states()
-        if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
-            self.evict_idle(events)
 
     def decide(self, events: list[EventT]) -> list[Send]:
         outbox = self.worker.outbox
@@ -466,5 +440,5 @@ def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]
         found = [first_source[c] for c in pack.conversations if c in first_source]
         source = min(found, key=lambda first: first[0])[1] if found else None
         kwargs = {"key": pack.key, "value": pack.value, "partition": pack.partition}
-        sends.append(Send(topic, kwargs, source=source))
+        sends.append(Send(topic, kwargs, source=source, deferred=True))
     return sends

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,18 @@ from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.schemas.decision import Decision, kill_signals, sign
 from spanguard.streams.partitioner import collector_partition
 
-__all__ = ["MAX_DEAD_LETTER_BYTES", "SEND_ATTEMPTS", "Outbox", "Send", "send_all"]
+__all__ = [
+    "MAX_DEAD_LETTER_BYTES",
+    "SEND_ATTEMPTS",
+    "Outbox",
+    "Produced",
+    "RecordTooLarge",
+    "Send",
+    "confirm",
+    "delivery_error",
+    "produce",
+    "send_all",
+]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -26,45 +37,82 @@ HEADER_OFFSET = "spanguard.source.offset"
 # A dead letter must fit the topic's default max.message.bytes (1 MiB) with its headers.
 MAX_DEAD_LETTER_BYTES = MAX_RECORD_BYTES
 SEND_ATTEMPTS = 4
+# A dead letter's reason header stays short whatever the error says.
+MAX_REASON_CHARS = 300
 
 
 @dataclass
 class Send:
     """One record to send; a kill signal remembers its decision, to retract it if not sent,
-    other records their source message, to dead-letter a pointer to it if not sent."""
+    other records their source message, to dead-letter a pointer to it if not sent.
+
+    A `deferred` record carries no decision (a repartition pack, a conversation pack, an
+    agent usage record): it is produced at once and its ack waits for the next state flush,
+    before its source message is acked (docs/design.md, "Records acked at the flush")."""
 
     topic: Any
     kwargs: dict[str, Any]
     decision: Decision | None = None
     source: Any = None
+    deferred: bool = False
 
 
-async def send_all(sends: list[Send]) -> list[Send]:
-    """Send, then wait for the broker's acks=all; return the sends that failed for good."""
-    # A record over the limit would be refused on every attempt: it fails at once.
-    too_large = [s for s in sends if len(s.kwargs.get("value") or b"") > MAX_RECORD_BYTES]
-    pending = [s for s in sends if s not in too_large] if too_large else sends
-    for send in too_large:
-        log.warning(
-            "record too large to send",
-            extra={"topic": send.topic.get_topic_name(), "bytes": len(send.kwargs["value"])},
-        )
+class RecordTooLarge(Exception):
+    """Over the record limit: refused on every attempt, so it fails at once."""
+
+
+# What the producer made of a send: its delivery future, or the exception that refused it.
+Produced = Awaitable[Any] | BaseException
+
+
+async def produce(sends: list[Send]) -> list[Produced]:
+    """Hand each send to the producer without waiting for the broker; aligned with `sends`.
+
+    One producer sends a partition's records in the order they are handed over (aiokafka has
+    one request in flight per broker and retries a failed batch ahead of later ones), so
+    records not yet acked keep their order on their partition."""
+    produced: list[Produced] = []
+    for send in sends:
+        size = len(send.kwargs.get("value") or b"")
+        if size > MAX_RECORD_BYTES:
+            log.warning(
+                "record too large to send",
+                extra={"topic": send.topic.get_topic_name(), "bytes": size},
+            )
+            produced.append(RecordTooLarge(f"{size} bytes, over {MAX_RECORD_BYTES}"))
+            continue
+        try:
+            produced.append(await send.topic.send(**send.kwargs))
+        except Exception as exc:  # the producer refused it: counts as a failed send
+            produced.append(exc)
+    return produced
+
+
+async def delivery_error(produced: Produced) -> BaseException | None:
+    """None once the broker acked the record (acks=all), else why it was not written."""
+    if isinstance(produced, BaseException):
+        return produced
+    try:
+        await produced
+    except Exception as exc:
+        return exc
+    return None
+
+
+async def confirm(sends: list[Send], produced: list[Produced]) -> list[Send]:
+    """Wait for the broker's acks of `sends` (as `produce` handed them over), sending again
+    those that failed; return the sends that failed for good."""
+    final: list[Send] = []  # too large: no attempt can write them
+    pending, futures = sends, produced
     for attempt in range(SEND_ATTEMPTS):
-        futures = []
-        for send in pending:
-            try:
-                futures.append(await send.topic.send(**send.kwargs))
-            except Exception as exc:  # the producer refused it: counts as a failed send
-                futures.append(exc)
         failed = []
         for send, future in zip(pending, futures, strict=True):
-            error = future
-            if not isinstance(future, Exception):
-                try:
-                    await future
-                    continue
-                except Exception as exc:
-                    error = exc
+            error = await delivery_error(future)
+            if error is None:
+                continue
+            if isinstance(error, RecordTooLarge):
+                final.append(send)
+                continue
             log.warning(
                 "send failed",
                 extra={
@@ -78,7 +126,13 @@ async def send_all(sends: list[Send]) -> list[Send]:
         if not pending or attempt == SEND_ATTEMPTS - 1:
             break
         await asyncio.sleep(0.2 * 2**attempt)
-    return too_large + pending
+        futures = await produce(pending)
+    return final + pending
+
+
+async def send_all(sends: list[Send]) -> list[Send]:
+    """Send, then wait for the broker's acks=all; return the sends that failed for good."""
+    return await confirm(sends, await produce(sends))
 
 
 class Outbox:
@@ -127,15 +181,20 @@ class Outbox:
         ]
         return Send(self.dead_letters, {"key": message.key, "value": value, "headers": headers})
 
-    def pointers_to_unsent(self, failed: list[Send]) -> list[Send]:
+    def pointers_to_unsent(
+        self, failed: list[Send], errors: list[BaseException] | None = None
+    ) -> list[Send]:
         """A record that could not be written (too large, say) leaves a dead letter that
-        points at its source message."""
+        points at its source message; `errors`, aligned with `failed`, say why."""
         pointers = []
-        for send in failed:
+        for index, send in enumerate(failed):
             if send.source is None:
                 continue
             topic = send.topic.get_topic_name()
-            reason = f"could not be written to {topic} after {SEND_ATTEMPTS} attempts"
+            if errors is None:
+                reason = f"could not be written to {topic} after {SEND_ATTEMPTS} attempts"
+            else:
+                reason = f"could not be written to {topic}: {errors[index]!r}"[:MAX_REASON_CHARS]
             pointer = self.dead_letter(send.source, reason, send.kwargs.get("value") or b"")
             pointer.kwargs["key"] = send.kwargs.get("key")
             pointers.append(pointer)
@@ -170,9 +229,8 @@ class Outbox:
     def _pack(self, chunk: list[tuple[str, bytes]], partition: int, message: Any) -> Send:
         key = chunk[0][0].encode() if len(chunk) == 1 else None
         value = b"".join(part for _, part in chunk)
-        return Send(
-            self.repartition, {"key": key, "value": value, "partition": partition}, source=message
-        )
+        kwargs = {"key": key, "value": value, "partition": partition}
+        return Send(self.repartition, kwargs, source=message, deferred=True)
 
     def sends_for(self, outcome: Outcome, message: Any) -> list[Send]:
         sends: list[Send] = self.repartition_sends(outcome.repartition, message)

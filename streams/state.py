@@ -28,6 +28,7 @@ from faust.streams import _current_event, current_event
 from faust.types import TP, EventT
 
 from spanguard.detection.trace_state import TraceState
+from spanguard.streams.delivery import Produced, Send, send_all
 from spanguard.streams.fence import Lease
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "EVICT_BUDGET",
     "FLUSH_CHECK_INTERVAL",
     "ExpiryIndex",
+    "ScopeAgent",
     "SerializedStates",
     "TraceTable",
     "WriteBackAgent",
@@ -440,9 +442,10 @@ class TraceTable(faust.Table):
 class WriteBackAgent:
     """An agent over a SerializedStates table whose messages are held until the states they
     changed are written and acked by the changelog (docs/design.md, "State writes once per
-    commit"): the span agent over the trace table, the conversation agent over the
-    conversation table, each with its own held messages, flush timer and failure, under the
-    worker's one lease on its partitions (streams/fence.py).
+    commit"): the span agent over the trace table, the conversation agent and the agent-windows
+    agent over theirs, each with its own held messages, flush timer and failure, under the
+    worker's one lease on its partitions (streams/fence.py). The flush also awaits the acks of
+    the records an agent deferred (`defer`): their messages are acked after them.
 
     A subclass runs its batches through `run_batches` and, in each batch, takes its messages
     with `hold`, opens the flush window (`states.begin_batch()`), and flushes at its end once
@@ -469,6 +472,8 @@ class WriteBackAgent:
         self.unackable: BaseException | None = None
         # The lease's last fenced epoch whose unwritten states this agent has dropped.
         self.dropped_epoch = lease.epoch
+        # Records produced since the last flush whose acks it awaits before acking `held`.
+        self.deferred: list[tuple[Send, Produced]] = []
 
     def attach_writes(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
@@ -531,39 +536,97 @@ class WriteBackAgent:
 
     async def flush_states(self, ack_timeout: float | None = None) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
-        them, let their messages be acked: no offset is committed ahead of its state."""
+        them and the broker the records deferred since the last flush, let their messages be
+        acked: no offset is committed ahead of its state or of a record it sent."""
         epoch = self.lease.epoch
         self.states.flush()
         self.flushed_at = time.monotonic()
         written = self.held.copy()
         self.held.clear()
+        records, self.deferred = self.deferred, []
         self.confirming.append(written)
         try:
             writes = self.table.take_unconfirmed()
-            if not await self.changelog_acked(writes, epoch, ack_timeout):
+            unsent = await self.writes_acked(writes, records, epoch, ack_timeout)
+            if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping
+            if unsent:
+                await self.dead_letter_deferred(unsent)
+                if epoch != self.lease.epoch:
+                    return
         finally:
             self.confirming = [batch for batch in self.confirming if batch is not written]
         for event in written:
             event.ack()  # our reference; the take buffer acked its own after the batch
 
-    async def changelog_acked(
-        self, writes: list[Awaitable[Any]], epoch: int, timeout: float | None
-    ) -> bool:
-        """Wait for the broker's acks of `writes`; False if fenced or out of time first. A
-        refused write raises: its messages can never be acked."""
-        pending = {asyncio.ensure_future(write) for write in writes}
+    async def writes_acked(
+        self,
+        writes: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+        timeout: float | None,
+    ) -> list[tuple[Send, BaseException]] | None:
+        """Wait for the broker's acks of the changelog `writes` and the deferred `records`;
+        the records that failed and why, or None if fenced or out of time first. A refused
+        changelog write raises: its messages can never be acked."""
+        unsent: list[tuple[Send, BaseException]] = []
+        waiting: dict[asyncio.Future[Any], Send | None] = {}
+        for write in writes:
+            waiting[asyncio.ensure_future(write)] = None
+        for send, produced in records:
+            if isinstance(produced, BaseException):  # refused by the producer
+                unsent.append((send, produced))
+            else:
+                waiting[asyncio.ensure_future(produced)] = send
+        # Most are acked by the flush: only those still in flight are waited on.
+        done = [future for future in waiting if future.done()]
+        pending = {future for future in waiting if not future.done()}
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pending:
+        while True:
+            for future in done:
+                send = waiting[future]
+                if send is None:
+                    future.result()
+                elif future.cancelled():
+                    unsent.append((send, asyncio.CancelledError()))
+                elif (error := future.exception()) is not None:
+                    unsent.append((send, error))
+            if not pending:
+                break
             if epoch != self.lease.epoch:
-                return False
+                return None
             if deadline is not None and time.monotonic() >= deadline:
-                log.warning("changelog not acked in time; its messages stay unacked")
-                return False
-            done, pending = await asyncio.wait(pending, timeout=FLUSH_CHECK_INTERVAL)
-            for write in done:
-                write.result()
-        return epoch == self.lease.epoch
+                log.warning("changelog or records not acked in time; their messages stay unacked")
+                return None
+            finished, pending = await asyncio.wait(pending, timeout=FLUSH_CHECK_INTERVAL)
+            done = list(finished)
+        return unsent if epoch == self.lease.epoch else None
+
+    def defer(self, sends: list[Send], produced: list[Produced]) -> None:
+        """Records produced without waiting for the broker: the next flush awaits their acks
+        before it acks the messages held with them."""
+        self.deferred.extend(zip(sends, produced, strict=True))
+
+    async def dead_letter_deferred(self, unsent: list[tuple[Send, BaseException]]) -> None:
+        """Deferred records the broker refused: each leaves a dead letter pointing at its
+        source message, with why, before that message is acked. A dead letter that cannot be
+        written either raises: its message must never be acked (decided again on restart)."""
+        for send, error in unsent:
+            log.error(
+                "record not written",
+                extra={"topic": send.topic.get_topic_name(), "error": repr(error)},
+            )
+        failed, errors = [send for send, _ in unsent], [error for _, error in unsent]
+        pointers = self.worker.outbox.pointers_to_unsent(failed, errors)
+        self.count_dead_letters(len(pointers))
+        lost = await send_all(pointers)
+        if lost:
+            raise RuntimeError(
+                f"{len(lost)} dead letters of records not written could not be written either"
+            )
+
+    def count_dead_letters(self, pointers: int) -> None:
+        """Told of the dead letters left for records not written (a subclass counts them)."""
 
     def flush_due(self) -> bool:
         due = time.monotonic() - self.flushed_at >= self.worker.settings.commit_interval
@@ -585,6 +648,7 @@ class WriteBackAgent:
     def discard_unwritten(self) -> None:
         self.states.discard()
         self.held.clear()
+        self.deferred.clear()  # their messages are not acked: decided and sent again
 
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
@@ -607,6 +671,7 @@ class WriteBackAgent:
         committed offsets and the changelog."""
         self.dropped_epoch = self.lease.epoch
         self.states.discard()
+        self.deferred.clear()  # never awaited: nothing they came from is acked
         # The partitions may come back in the next generation without Faust calling them
         # revoked: what this worker cached and indexed of them may be stale by then.
         self.states.revoke_all()
@@ -641,3 +706,50 @@ class WriteBackAgent:
                 self.draining = False
 
         return flush_then_wait_empty
+
+
+class ScopeAgent(WriteBackAgent):
+    """An agent over the records of one scope (the conversations, the agent windows): each
+    batch is decided under the lease, its decisions sent and acked by the broker within the
+    batch, its states written once per commit interval (at once after a signal) and its
+    messages acked after the changelog acked them. A subclass says how a batch decides
+    (`decide`), what a signal not sent undoes (`settle`) and what idle state goes
+    (`evict_idle`)."""
+
+    async def guard_batch(self, events: list[EventT]) -> None:
+        epoch = self.hold(events)
+        # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
+        if not await self.lease.wait(epoch):
+            self.release(events)
+            return
+        self.states.begin_batch()
+        sends = self.decide(events)
+        failed = await send_all(sends)
+        if epoch != self.lease.epoch:
+            return  # fenced while sending: what it decided is dropped unwritten
+        self.settle(sends, failed)
+        pointers = self.worker.outbox.pointers_to_unsent(failed)
+        for send in await send_all(pointers):
+            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
+        # A batch that sent a signal writes its states at once: a crash before the flush
+        # would decide it again and send the same signal twice (harmless, the same id, but
+        # as rare as a crash between a send and its write can make it).
+        signalled = any(send.decision is not None for send in sends)
+        if self.flush_due() or (signalled and self.held):
+            if not await self.lease.wait(epoch):
+                return  # fenced: nothing of it written
+            await self.flush_states()
+        if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
+            self.evict_idle(events)
+
+    def decide(self, events: list[EventT]) -> list[Send]:
+        """What the batch's messages send (decisions, dead letters of bad records)."""
+        raise NotImplementedError
+
+    def settle(self, sends: list[Send], failed: list[Send]) -> None:
+        """Signals acked are sent; a decision whose signal failed is taken back."""
+        raise NotImplementedError
+
+    def evict_idle(self, events: list[EventT]) -> None:
+        """Delete idle states of the batch's partitions, with bounded work."""
+        raise NotImplementedError

@@ -1,10 +1,12 @@
 """The span agent: batches of OTLP messages through the guard, their sends acked before commit.
 
-A message counts as done (acked, so committable) once its batch's sends are acked by the broker
-and the states it changed are written and their changelog records acked. States are written once
-per commit interval, not per batch (docs/design.md, "State writes once per commit"): each message
-holds one more reference until that flush, so Faust commits no offset past a state not yet in
-the changelog (streams/state.py, WriteBackAgent). A worker whose lease on its partitions lapsed
+A message counts as done (acked, so committable) once its batch's kill signals are acked by the
+broker (within the batch), the records it sent that carry no decision (repartition and
+conversation packs, agent usage) are acked too (awaited by the flush), and the states it changed
+are written and their changelog records acked. States are written once per commit interval, not
+per batch (docs/design.md, "State writes once per commit"): each message holds one more
+reference until that flush, so Faust commits no offset past a state not yet in the changelog
+(streams/state.py, WriteBackAgent). A worker whose lease on its partitions lapsed
 (streams/fence.py) neither decides, sends, writes nor acks until a heartbeat renews it; fenced,
 it drops all of that unwritten.
 """
@@ -29,7 +31,7 @@ from spanguard.streams.conversations import (
     conversation_sends,
     conversation_tally,
 )
-from spanguard.streams.delivery import Send, send_all
+from spanguard.streams.delivery import Send, confirm, produce, send_all
 from spanguard.streams.fence import Lease
 from spanguard.streams.state import WriteBackAgent, event_context
 
@@ -136,10 +138,18 @@ class SpanAgent(WriteBackAgent):
             return
         self.states.begin_batch()
         sends, goal_sends = self.decide(events)
-        failed = await send_all(sends)
+        # Kill signals (and detections, dead letters) are acked within the batch; the records
+        # that carry no decision are produced now and acked by the flush, before the messages
+        # they came from (docs/design.md, "Records acked at the flush").
+        urgent = [send for send in sends if not send.deferred]
+        deferred = [send for send in sends if send.deferred]
+        produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
+        produced_deferred = await produce(deferred)
+        failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
-            return  # fenced while sending: what it decided is dropped unwritten
-        self.settle(sends, failed)
+            return  # fenced while sending: what it decided is dropped unwritten, unacked
+        self.defer(deferred, produced_deferred)
+        self.settle(urgent, failed)
         await self.dead_letter_unsent(failed)
         if self.flush_due():
             if not await self.lease.wait(epoch):
@@ -201,9 +211,12 @@ class SpanAgent(WriteBackAgent):
                     extra={"trace_id": send.decision.trace_id},
                 )
 
+    def count_dead_letters(self, pointers: int) -> None:
+        self.outcomes.add(SpanCount.DEAD_LETTERS, pointers)
+
     async def dead_letter_unsent(self, failed: list[Send]) -> None:
         pointers = self.worker.outbox.pointers_to_unsent(failed)
-        self.outcomes.add(SpanCount.DEAD_LETTERS, len(pointers))
+        self.count_dead_letters(len(pointers))
         for send in await send_all(pointers):
             log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
 

@@ -233,6 +233,8 @@ def test_a_batch_sends_one_record_per_agent_pointing_at_its_first_message():
         (agent_key(*TRIAGE).encode(), sources[0]),
         (agent_key("support", "billing").encode(), sources[1]),
     ]
+    # They carry no decision: acked by the flush, before their messages (not per batch).
+    assert all(send.deferred and send.decision is None for send in sends)
     _, rows = decode_usage(sends[0].kwargs["key"], sends[0].kwargs["value"])
     assert [(r.tokens, source, offset) for r, source, offset in rows] == [
         (1, "spans:0", 1),

@@ -219,6 +219,7 @@ def test_a_batch_sends_one_record_per_partition_pointing_at_its_first_message():
     sources = [None, "message 2", "message 3", "message 3"]  # the first came from no message
     (pack,) = conversation_sends(out(1), records, sources)
     assert (pack.kwargs["key"], pack.kwargs["partition"], pack.source) == (None, 0, "message 2")
+    assert pack.deferred and pack.decision is None  # acked by the flush, not per batch
     in_order = [records[0], records[2], records[3], records[1]]  # "a"'s, then "b"'s
     assert decode_records(None, pack.kwargs["value"]) == in_order
     apart = 2  # a partition count that puts "a" and "b" apart

@@ -71,6 +71,7 @@ def test_a_whole_batch_becomes_one_record_per_partition_each_trace_on_its_own() 
         held = set(traces_in(send.kwargs["value"]))
         assert {home(trace_id) for trace_id in held} == {send.kwargs["partition"]}
         assert send.kwargs["key"] == (next(iter(held)).encode() if len(held) == 1 else None)
+        assert send.deferred and send.decision is None  # acked by the flush, not per batch
         assert send.source.offset == 41  # a pack that cannot be written points at its source
         placed.extend(held)
     assert sorted(placed) == sorted(a.trace_id for a in fleet)

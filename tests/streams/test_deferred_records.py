@@ -1,0 +1,229 @@
+"""Records acked at the flush, without a broker (streams/state.py, WriteBackAgent): a message
+held with a record still in flight is not acked until the broker acks that record; a fence or a
+stop meanwhile acks nothing and drops the records unawaited. And the agent-windows agent under
+the span agent's lease, as the conversation agent is (test_conversation_agent.py).
+
+The agents, their Worker and the Faust app are the real ones, built as the worker builds them
+but not started (as in test_span_agent_fence.py). A record in flight is an asyncio future, as
+the producer's delivery future is; the test decides when the broker "acks" it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from faust.events import Event
+from faust.types.tuples import Message
+
+from spanguard.config.settings import WorkerSettings
+from spanguard.detection.agent_budget import AgentUsage
+from spanguard.schemas.policy import Policy
+from spanguard.streams.agent_windows import AgentWindowCount, AgentWindowsAgent, encode_usage
+from spanguard.streams.agents.guard_spans import SpanAgent
+from spanguard.streams.app import agent_window_states, build_worker, faust_app
+from spanguard.streams.delivery import Send
+from spanguard.streams.fence import Lease
+
+SESSION = 30.0
+KEY = "ab" * 32
+BUDGET = {"defaults": {"agent_budget": {"tokens": 100, "window": 3600}}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def span_agent(data_dir: Path, clock: Clock, policy: dict | None = None) -> SpanAgent:
+    settings = WorkerSettings(data_dir=str(data_dir), signing_key=KEY, store="memory")
+    app = faust_app(settings)
+    worker = build_worker(app, settings, Policy.from_mapping(policy or {}), None, None, None)
+    agent = SpanAgent(worker)
+    agent.lease = Lease(SESSION, clock=clock)
+    agent.lease.rebalance_began()
+    agent.lease.assigned(None)  # no coordinator: the clock alone says whether it holds
+    return agent
+
+
+def taken(agent: SpanAgent, topic: str, values: list[bytes], key: bytes = b"k") -> list[Event]:
+    """Messages as the stream hands them over, each awaited by Faust until acked."""
+    app = agent.worker.app
+    events = []
+    for offset, value in enumerate(values):
+        message = Message(topic, 0, offset, time.time(), 0, None, key, value, None)
+        app.consumer._unacked_messages.add(message)
+        events.append(Event(app, message.key, message.value, None, message))
+    return events
+
+
+def in_flight(agent: SpanAgent, source: Message) -> tuple[Send, asyncio.Future]:
+    """A repartition pack produced from `source`, its delivery future not yet resolved."""
+    send = agent.worker.outbox.repartition_sends([("a" * 32, b"part")], source)[0]
+    assert send.deferred
+    return send, asyncio.get_running_loop().create_future()
+
+
+def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Path) -> None:
+    agent = span_agent(tmp_path, Clock())
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0", b"m1"])
+
+    async def batch_then_flush() -> None:
+        agent.hold(events)
+        send, delivery = in_flight(agent, events[0].message)
+        agent.defer([send], [delivery])
+        flush = asyncio.ensure_future(agent.flush_states())
+        await asyncio.sleep(0.3)
+        assert not flush.done(), "the flush acked messages before their record was acked"
+        assert not any(event.message.acked for event in events)
+        delivery.set_result(None)  # the broker's ack
+        await asyncio.wait_for(flush, 2)
+
+    asyncio.run(batch_then_flush())
+    assert all(event.message.acked for event in events)
+    assert agent.deferred == [] and agent.held == []
+
+
+def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    agent = span_agent(tmp_path, clock)
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+
+    async def wait_empty() -> None:
+        pass
+
+    async def fenced_mid_flush() -> None:
+        agent.hold(events)
+        send, delivery = in_flight(agent, events[0].message)
+        agent.defer([send], [delivery])
+        flush = asyncio.ensure_future(agent.flush_states())
+        await asyncio.sleep(0.2)
+        clock.now += SESSION  # the lease lapsed: the partitions may be another's already
+        await agent._flushing_first(wait_empty)()  # the revocation fences
+        await asyncio.wait_for(flush, 2)
+        delivery.set_result(None)  # acked too late: nothing of it may ack its message now
+
+    asyncio.run(fenced_mid_flush())
+    assert agent.lease.fenced == 1
+    assert not events[0].message.acked
+    assert events[0].message not in agent.worker.app.consumer._unacked_messages  # released
+    assert agent.deferred == []
+
+
+def test_a_fence_drops_the_records_of_batches_not_yet_flushed(tmp_path: Path) -> None:
+    clock = Clock()
+    agent = span_agent(tmp_path, clock)
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+
+    async def wait_empty() -> None:
+        pass
+
+    async def fenced_between_batches() -> None:
+        agent.hold(events)
+        agent.defer(*map(list, zip(in_flight(agent, events[0].message), strict=True)))
+        clock.now += SESSION
+        await agent._flushing_first(wait_empty)()
+
+    asyncio.run(fenced_between_batches())
+    assert agent.deferred == [] and agent.held == []
+    assert not events[0].message.acked
+
+
+@pytest.mark.parametrize("stop", [asyncio.CancelledError(), RuntimeError("broken batch")])
+def test_a_batch_cut_short_drops_the_records_awaiting_the_flush(
+    tmp_path: Path, stop: BaseException
+) -> None:
+    agent = span_agent(tmp_path, Clock())
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+
+    async def cut_short() -> None:
+        agent.hold(events)
+        agent.defer(*map(list, zip(in_flight(agent, events[0].message), strict=True)))
+        agent.in_batch = True
+        agent.stopped_mid_batch(stop)
+
+    asyncio.run(cut_short())
+    assert agent.deferred == [] and agent.held == []
+    assert not events[0].message.acked
+
+
+# -- the agent-windows agent under the lease -------------------------------------------------
+
+
+def windows_agents(data_dir: Path, clock: Clock) -> tuple[SpanAgent, AgentWindowsAgent]:
+    """The span agent and the agent-windows agent over one lease, as streams/app.py makes them."""
+    spans = span_agent(data_dir, clock, BUDGET)
+    worker = spans.worker
+    assert worker.agent_usage_out is not None
+    states = agent_window_states(worker.app, worker.settings)
+    return spans, AgentWindowsAgent(worker, worker.agent_usage_out, states, spans.lease)
+
+
+def usage_records(tokens: list[int]) -> list[tuple[bytes, bytes]]:
+    """One agent's usage records, one a message (as the span agent sends them)."""
+    records = []
+    for index, count in enumerate(tokens):
+        usage = AgentUsage("svc", None, "a" * 32, index.to_bytes(8, "big"), 10**18, count, 0)
+        ((key, value),) = encode_usage([usage], [None]).items()
+        records.append((key.encode(), value))
+    return records
+
+
+def test_agent_windows_wait_for_the_flush_and_a_fence_drops_them_unwritten(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    spans, agent = windows_agents(tmp_path, clock)
+    records = usage_records([10, 20])  # under the budget: no decision, no send
+    key = records[0][0]
+    topic = agent.worker.settings.agent_usage_topic
+    events = taken(spans, topic, [value for _, value in records], key)
+    agent.hold(events)
+    agent.states.begin_batch()
+    assert agent.decide(events) == []
+    # Decided, not written: the windows wait for the flush of the commit interval.
+    assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
+    assert agent.held == events and not any(e.message.acked for e in events)
+
+    async def wait_empty() -> None:
+        pass
+
+    # Faust's wait for every message, wrapped by each agent as attach() does.
+    revocation = agent._flushing_first(spans._flushing_first(wait_empty))
+    clock.now += SESSION  # the lease lapsed: another worker may own the partitions already
+    asyncio.run(revocation())
+    assert spans.lease.fenced == 1
+    assert agent.held == [] and agent.states.unflushed == 0 and agent.table.unconfirmed == []
+    assert not any(event.message.acked for event in events)
+    unacked = agent.worker.app.consumer._unacked_messages
+    assert not any(event.message in unacked for event in events)
+
+
+def test_an_agent_windows_batch_under_a_lapsed_lease_decides_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    spans, agent = windows_agents(tmp_path, clock)
+    ((key, value),) = usage_records([500])  # over the budget: a decision, were it decided
+    events = taken(spans, agent.worker.settings.agent_usage_topic, [value], key)
+
+    async def frozen_then_revoked() -> None:
+        clock.now += SESSION  # woken from a freeze past the session timeout
+        batch = asyncio.ensure_future(agent.guard_batch(events))
+        await asyncio.sleep(0.3)
+        assert not batch.done(), "a batch under a lapsed lease went on"
+
+        async def wait_empty() -> None:
+            pass
+
+        await spans._flushing_first(agent._flushing_first(wait_empty))()
+        await asyncio.wait_for(batch, 2)
+
+    asyncio.run(frozen_then_revoked())
+    assert agent.held == [] and agent.states.unflushed == 0
+    assert agent.outcomes.count(AgentWindowCount.DECISIONS) == 0

@@ -1,0 +1,238 @@
+"""Records acked at the flush, on the real broker (docs/design.md, "Records acked at the flush"):
+the span agent's batch produces its repartition and conversation packs without waiting for them,
+its flush awaits their acks before it acks the messages; a pack the broker refuses leaves a
+dead letter pointing at its message, written before that message is acked; and when even the
+dead letter is refused, the messages are never acked (decided again after a restart).
+
+The span agent, its Worker and the Faust app are the real ones, built as the worker builds them;
+the batch is handed to `guard_batch` directly (as the stream would), and its records go through
+Faust's producer to the broker. A topic's `max.message.bytes` is how the broker refuses one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from faust.events import Event
+from faust.types.tuples import Message
+
+from spanguard.config.settings import WorkerSettings
+from spanguard.schemas.policy import Policy
+from spanguard.streams.agents.guard_spans import SpanAgent, SpanCount
+from spanguard.streams.app import build_worker, faust_app
+from spanguard.streams.delivery import HEADER_OFFSET, HEADER_REASON, HEADER_TOPIC
+from spanguard.streams.fence import Lease
+from tests.detection.test_conversation import turn
+from tests.support.kafka_harness import CLUSTER, Collector, Topics, end_offsets, ensure_broker
+from tests.support.spans import encode
+
+pytestmark = pytest.mark.kafka
+
+KEY = "ab" * 32
+PARTITIONS = 4
+SCOPE_ON = {"defaults": {"conversation": {"enabled": True}}}
+REFUSING = {"max.message.bytes": "64"}  # every pack is larger: the broker refuses it
+T = TypeVar("T")
+
+
+@pytest.fixture
+def topics() -> Iterator[Topics]:
+    ensure_broker()
+    names = Topics()
+    yield names
+    names.delete()
+
+
+def create(topics: Topics, refusing: tuple[str, ...] = ()) -> None:
+    """The worker's topics; those named in `refusing` refuse every record of a pack's size."""
+    names = [
+        topics.input, topics.repartition, topics.conversations, topics.agent_usage,
+        topics.kills, topics.detections, topics.dead_letters, topics.goal_checks,
+        f"{topics.app_id}-trace-state-changelog",
+    ]  # fmt: skip
+    admin = AdminClient(CLUSTER.config())
+    futures = admin.create_topics(
+        [
+            NewTopic(name, PARTITIONS, 1, config=REFUSING if name in refusing else {})
+            for name in names
+        ]
+    )
+    for future in futures.values():
+        future.result(30)
+
+
+def span_agent(data_dir: Path, topics: Topics) -> SpanAgent:
+    settings = WorkerSettings(
+        data_dir=str(data_dir),
+        signing_key=KEY,
+        store="memory",
+        bootstrap=CLUSTER.bootstrap,
+        partitions=PARTITIONS,
+        app_id=topics.app_id,
+        input_topic=topics.input,
+        kill_topic=topics.kills,
+        detections_topic=topics.detections,
+        dead_letter_topic=topics.dead_letters,
+        repartition_topic=topics.repartition,
+        goal_topic=topics.goal_checks,
+        conversation_topic=topics.conversations,
+        agent_usage_topic=topics.agent_usage,
+    )
+    app = faust_app(settings)
+    agent = SpanAgent(build_worker(app, settings, Policy.from_mapping(SCOPE_ON), None, None, None))
+    assert settings.changelog_topic == f"{topics.app_id}-trace-state-changelog"
+    agent.lease = Lease(30.0)
+    agent.lease.rebalance_began()
+    agent.lease.assigned(None)  # no group: the clock alone says whether it holds
+    return agent
+
+
+def taken(agent: SpanAgent, values: list[tuple[bytes | None, bytes]]) -> list[Event]:
+    """Input messages as the stream hands them over, each awaited by Faust until acked."""
+    app = agent.worker.app
+    events = []
+    for offset, (key, value) in enumerate(values):
+        message = Message(agent.worker.settings.input_topic, 0, offset, time.time(), 0, None,
+                          key, value, None)  # fmt: skip
+        app.consumer._unacked_messages.add(message)
+        events.append(Event(app, message.key, message.value, None, message))
+    return events
+
+
+def a_batch(agent: SpanAgent) -> list[Event]:
+    """A trace naming a conversation, keyed by its id (its calls go to the conversation topic),
+    then an unkeyed message of two traces (repacked to the repartition topic)."""
+    keyed = turn("conv-deferred")
+    first, second = turn(None), turn(None)
+    unkeyed = encode([*first.finished(), *second.finished()]).SerializeToString()
+    return taken(
+        agent,
+        [(keyed.trace_id.encode(), encode(keyed.finished()).SerializeToString()), (None, unkeyed)],
+    )
+
+
+async def stop(agent: SpanAgent) -> None:
+    await agent.worker.app.producer.stop()
+
+
+def run(agent: SpanAgent, work: Coroutine[Any, Any, T]) -> T:
+    """Run on the app's own loop, as the worker does: Faust's producer buffer (the changelog
+    writes) waits on a queue of that loop."""
+    return agent.worker.app.loop.run_until_complete(asyncio.wait_for(work, 120))
+
+
+def test_the_packs_are_acked_by_the_flush_before_their_messages(tmp_path, topics):
+    create(topics)
+    agent = span_agent(tmp_path, topics)
+    events = a_batch(agent)
+    acked_with: list[tuple[int, list[int], list[int]]] = []
+
+    def noting_what_was_written(event: Event):
+        ack = event.ack
+
+        def ack_after_looking() -> bool:
+            written = end_offsets(topics.repartition, PARTITIONS)
+            packs = end_offsets(topics.conversations, PARTITIONS)
+            acked_with.append((event.message.offset, written, packs))
+            return ack()
+
+        return ack_after_looking
+
+    for event in events:
+        event.ack = noting_what_was_written(event)  # type: ignore[method-assign]
+
+    async def batch_then_flush() -> list[str]:
+        try:
+            await agent.guard_batch(events)
+            # The batch is over: its packs were produced, not waited for, and its messages
+            # wait for the flush.
+            deferred = [send.topic.get_topic_name() for send, _ in agent.deferred]
+            assert agent.held == events and not any(e.message.acked for e in events)
+            await agent.flush_states()
+            return deferred
+        finally:
+            await stop(agent)
+
+    deferred = run(agent, batch_then_flush())
+    assert sorted(set(deferred)) == sorted({topics.repartition, topics.conversations})
+    assert all(event.message.acked for event in events) and agent.deferred == []
+    repacked = deferred.count(topics.repartition)
+    # When each message was acked, every pack of the batch was in its topic already.
+    assert [offset for offset, _, _ in acked_with] == [0, 1]
+    for _, written, packs in acked_with:
+        assert sum(written) == repacked and sum(packs) == 1
+    assert agent.outcomes.count(SpanCount.DEAD_LETTERS) == 0
+
+
+def test_a_pack_the_broker_refuses_leaves_a_dead_letter_before_its_message_is_acked(
+    tmp_path, topics
+):
+    create(topics, refusing=(topics.conversations,))
+    agent = span_agent(tmp_path, topics)
+    events = a_batch(agent)
+    letters_at_ack: list[int] = []
+    ack = events[0].ack
+
+    def ack_after_looking() -> bool:
+        letters_at_ack.append(sum(end_offsets(topics.dead_letters, PARTITIONS)))
+        return ack()
+
+    events[0].ack = ack_after_looking  # type: ignore[method-assign]
+    collector = Collector(topics.dead_letters)
+
+    async def batch_then_flush() -> None:
+        try:
+            await agent.guard_batch(events)
+            await agent.flush_states()
+        finally:
+            await stop(agent)
+
+    try:
+        run(agent, batch_then_flush())
+        deadline = time.monotonic() + 30
+        while not collector.messages and time.monotonic() < deadline:
+            time.sleep(0.1)
+        letters = list(collector.messages)
+    finally:
+        collector.close()
+
+    assert letters_at_ack == [1], "the message was acked before its dead letter was written"
+    assert all(event.message.acked for event in events)  # nothing left waiting
+    assert agent.outcomes.count(SpanCount.DEAD_LETTERS) == 1
+    (letter,) = letters
+    headers = dict(letter["headers"])
+    reason = headers[HEADER_REASON].decode()
+    assert reason.startswith(f"could not be written to {topics.conversations}: ")
+    assert "TooLarge" in reason  # the broker's own error, said
+    # It points at the message the pack's calls came from: the conversation's trace.
+    assert headers[HEADER_TOPIC].decode() == topics.input
+    assert headers[HEADER_OFFSET] == b"0"
+    assert letter["key"] == b"conv-deferred"  # a pack of one conversation keeps its id
+
+
+def test_a_dead_letter_refused_too_leaves_the_messages_unacked_and_says_so(tmp_path, topics):
+    create(topics, refusing=(topics.conversations, topics.dead_letters))
+    agent = span_agent(tmp_path, topics)
+    events = a_batch(agent)
+
+    async def batch_then_flush() -> None:
+        try:
+            await agent.guard_batch(events)
+            await agent.flush_between_batches()  # as the flush timer runs it
+        finally:
+            await stop(agent)
+
+    run(agent, batch_then_flush())
+    assert not any(event.message.acked for event in events)
+    assert isinstance(agent.unackable, RuntimeError)
+    assert "could not be written either" in str(agent.unackable)
+    # Said loudly (/livez turns red): the restart decides the messages again.
+    assert "could not be written either" in (agent.worker.health.last_error or "")
+    with pytest.raises(RuntimeError, match="left unacked"):
+        agent.hold(taken(agent, [(None, b"")]))
