@@ -110,8 +110,17 @@ def fuzzed_records(count: int) -> list[bytes | None]:
             data[at:at] = rng.randbytes(rng.randint(1, 64))
         else:
             data = bytearray(rng.randbytes(rng.randint(1, 2048)))
+        if _same_json(bytes(data), valid):
+            continue  # a flip of a space into a tab or a newline: the same signed signal
         records.append(bytes(data))
     return records
+
+
+def _same_json(data: bytes, valid: bytes) -> bool:
+    try:
+        return json.loads(data) == json.loads(valid)
+    except ValueError:
+        return False
 
 
 def test_no_record_stops_the_consumer_and_the_next_kill_is_delivered(topic, caplog):
