@@ -804,6 +804,28 @@ def installed(library: Library) -> bool:
         return False
 
 
+def use_this_checkout(library: Library) -> None:
+    """A virtualenv of its own holds one checkout, installed editable: the last that made it.
+    Point it at this one (no dependencies, seconds) if it holds another, else its agents would
+    run another checkout's code, or none if that checkout is gone."""
+    # spanguard.schemas is mapped by the editable install alone (it is not under spanguard/
+    # in the tree); asked from / so the working directory cannot answer instead.
+    where = (
+        "import pathlib, spanguard.schemas as s; print(pathlib.Path(s.__file__).resolve().parent)"
+    )
+    found = subprocess.run(
+        [library.python, "-c", where], capture_output=True, text=True, cwd="/", check=False
+    )
+    if found.returncode == 0 and Path(found.stdout.strip()) == (ROOT / "schemas").resolve():
+        return
+    print(
+        f"{library.name}: its virtualenv holds another checkout; installing this one",
+        file=sys.stderr,
+    )
+    pip = [library.python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(ROOT)]
+    subprocess.run(pip, check=True)
+
+
 def make_venv(library: Library) -> None:
     """The library's own virtualenv: its exact pins, and this checkout (no dependencies)."""
     venv = Path(library.python).parents[1]
@@ -824,6 +846,8 @@ def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict
         if not installed(library):
             print(f"{name}: not installed, skipped", file=sys.stderr)
             continue
+        if library.requirements:
+            use_this_checkout(library)
         for mode, environment in library.modes.items():
             if modes is not None and mode not in modes:
                 continue
