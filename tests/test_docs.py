@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+from tests.support.python_source import parse_python
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 
@@ -142,7 +144,7 @@ def module_exists(name: str) -> bool:
             break
     else:
         return False
-    scope = defined_names(ast.parse(path.read_text()).body)
+    scope = defined_names(parse_python(path).body)
     for attribute in parts[split:]:
         node = scope.get(attribute)
         if node is None:
@@ -158,7 +160,7 @@ def source_strings() -> frozenset[str]:
     found: set[str] = set()
     for folder in set(layout().values()):
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse_python(path)):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     found.add(node.value)
     return frozenset(found)
@@ -344,7 +346,7 @@ def wrong_citations() -> Iterator[str]:
 @cache
 def convention_names() -> frozenset[str]:
     path = ROOT / layout()["spanguard"] / "detection" / "conventions.py"
-    tree = ast.parse(path.read_text())
+    tree = parse_python(path)
     return frozenset(
         node.value
         for node in ast.walk(tree)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.python_source import parse_python
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
     "setuptools"
@@ -79,7 +81,7 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse_python(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -235,7 +237,7 @@ def _all_names(tree: ast.Module) -> list[str]:
 def _re_exports(module: str, source: str) -> list[str]:
     """Names `module` hands on from another spanguard module: listed in `__all__` without being
     defined here, or imported from spanguard and never used; and a module `__getattr__`."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     imported: dict[str, str] = {}  # local name -> where it comes from
     for node in tree.body:
         for inner in ast.walk(node):

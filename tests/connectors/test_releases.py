@@ -19,6 +19,7 @@ from spanguard.connectors.releases import ReleaseReader, ReleaseSkip
 from spanguard.schemas import decision
 from spanguard.schemas.decision import KillSignal, sign
 from tests.support.kafka_harness import SIGNING_KEY
+from tests.support.python_source import parse_python
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 
@@ -81,7 +82,7 @@ def test_every_kind_of_bad_signal_is_a_reason_to_skip() -> None:
     source = Path(decision.__file__).read_text()
     raised = {
         node.args[0].value
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(parse_python(source))
         if isinstance(node, ast.Call)
         and getattr(node.func, "id", None) == "BadSignal"
         and isinstance(node.args[0], ast.Constant)

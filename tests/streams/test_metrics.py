@@ -24,6 +24,7 @@ from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.policy import Policy
 from spanguard.streams.app import create_app
 from spanguard.streams.metrics import EXPORTED, Series
+from tests.support.python_source import parse_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,7 @@ def outcome_enums() -> set[type[CountedOutcome]]:
     """Every CountedOutcome enum declared in the source tree, imported."""
     enums = set()
     for module, path in _package_modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_python(path)):
             if isinstance(node, ast.ClassDef) and any(
                 ast.unparse(base).endswith("CountedOutcome") for base in node.bases
             ):
