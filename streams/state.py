@@ -628,15 +628,17 @@ class WriteBackAgent:
     async def flush_some(self) -> None:
         """At a batch's end: go on with the flush under way, or start one if due, writing for
         at most FLUSH_SLICE_SECONDS; once every state of it is written, await their acks and
-        ack their messages. A flush still under way a commit interval after it began is
-        finished at once: the offsets' commit waits no longer than that."""
+        ack their messages. A flush still under way a commit interval after it began, or
+        when Faust waits for every message to be acked, is finished at once."""
         flush = self.flushing
         if flush is None:
             if not self.flush_due():
                 return
             flush = self.start_flush()
         overdue = time.monotonic() - flush.started >= self.worker.settings.commit_interval
-        deadline = None if overdue else time.perf_counter() + FLUSH_SLICE_SECONDS
+        # Faust waits for every message to be acked (a rebalance, a stop): all of it now.
+        whole = overdue or self.draining
+        deadline = None if whole else time.perf_counter() + FLUSH_SLICE_SECONDS
         if self.states.write_some(deadline):
             await self.finish_flush()
 

@@ -223,6 +223,28 @@ def test_a_flush_still_under_way_a_commit_interval_on_is_written_whole(
     assert all(e.message.acked for e in events)
 
 
+def test_a_flush_under_way_when_faust_waits_for_every_ack_is_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch still running when a rebalance begins ends with the whole flush written: the
+    revocation waits for its messages' acks."""
+    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)
+    agent = span_agent(tmp_path, Clock())
+    table = with_plain_states(agent)
+    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 4)
+    changed_by(agent, events)
+    agent.flushed_at -= agent.worker.settings.commit_interval
+
+    async def draining() -> None:
+        await agent.flush_some()
+        assert len(table) == 1
+        agent.draining = True  # set by the wrapped App._consumer_wait_empty
+        await agent.flush_some()
+
+    asyncio.run(draining())
+    assert len(table) == 4 and all(e.message.acked for e in events)
+
+
 def test_the_flush_timer_writes_a_flush_whole_when_no_batch_ran_since_its_last_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
