@@ -219,3 +219,87 @@ def test_a_revoked_partitions_unflushed_states_are_not_written() -> None:
     states.revoke({1})  # its next owner decides those messages again
     states.flush()
     assert list(table) == [b"b" * 32]
+
+
+def changed(states: SerializedStates, trace_ids: list[str], partition: int = 0) -> None:
+    """One batch touching `trace_ids` (last_seen 1.0), not flushed."""
+    states.begin_batch()
+    for offset, trace_id in enumerate(trace_ids):
+        with event_context(event(partition, offset)):
+            states[trace_id] = TraceState(last_seen=1.0)
+
+
+def test_a_flush_in_slices_writes_each_state_once_and_batches_read_what_it_holds() -> None:
+    """A flush spread over batches: a batch meanwhile reads the state the flush has not yet
+    written (not the older one in the table), its change is written by this flush and again
+    by the next, which its message waits for."""
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    traces = [f"{n:032x}" for n in range(6)]
+    changed(states, traces)
+    states.start_flush()
+    assert states.write_some(deadline=0.0) is False  # a deadline passed: one state, no more
+    assert len(table) == 1 and states.writing == 5
+    pending = next(t for t in traces if t.encode() not in table)
+    states.begin_batch()
+    with event_context(event(0, 10)):
+        state = states.get(pending)
+        assert state is not None and state.last_seen == 1.0  # the flush's, not "absent"
+        state.last_seen = 2.0
+        states[pending] = state
+    assert states.write_some() is True
+    assert sorted(table) == sorted(t.encode() for t in traces)
+    assert TraceState.from_bytes(table[pending.encode()]).last_seen == 2.0
+    assert states.unflushed == 1  # the batch's change: written again by the next flush
+    states.flush()
+    assert states.unflushed == 0 and read(states, pending, 0) == state
+
+
+def test_a_trace_deleted_or_written_mid_flush_is_not_written_back_by_it() -> None:
+    table: dict[bytes, bytes] = {b"d" * 32: TraceState(last_seen=0.5).to_bytes()}
+    states = SerializedStates(table, cache_size=10)
+    changed(states, ["d" * 32, "w" * 32])
+    states.start_flush()
+    del states["d" * 32]  # evicted or finished meanwhile
+    states["w" * 32] = TraceState(last_seen=9.0)  # written at once, outside any batch
+    assert states.writing == 0
+    states.write_some()
+    assert list(table) == [b"w" * 32]
+    assert TraceState.from_bytes(table[b"w" * 32]).last_seen == 9.0
+
+
+def test_a_partition_revoked_mid_flush_has_nothing_more_written() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    changed(states, ["a" * 32], partition=1)
+    changed(states, ["b" * 32], partition=2)
+    states.start_flush()
+    states.revoke({1})
+    states.write_some()
+    assert list(table) == [b"b" * 32]
+
+
+def test_eviction_keeps_a_trace_the_flush_has_not_written_yet() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, bucket_seconds=1.0, cache_size=10)
+    touch(states, TRACE, 0, last_seen=10.0)
+    states.begin_batch()
+    with event_context(event(0, 1)):
+        state = states.get(TRACE)
+        assert state is not None
+        state.last_seen = 100.0
+        states[TRACE] = state
+    states.start_flush()  # taken, not yet written: the table still says 10.0
+    assert states.evict_idle([event(0, 1)], cutoff=50.0, limit=256) == 0
+    states.write_some()
+    assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 100.0
+
+
+def test_a_discard_mid_flush_writes_nothing_more() -> None:
+    table: dict[bytes, bytes] = {}
+    states = SerializedStates(table, cache_size=10)
+    changed(states, ["a" * 32, "b" * 32])
+    states.start_flush()
+    states.write_some(deadline=0.0)
+    states.discard()  # fenced or failed: the rest is decided again by whoever owns it next
+    assert states.write_some() is True and len(table) == 1 and states.unflushed == 0
