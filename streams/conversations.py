@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -170,16 +169,49 @@ def conversation_partition(conversation_id: str, partitions: int) -> int:
     return (murmur2(conversation_id.encode()) & 0x7FFFFFFF) % partitions
 
 
+# Conversation id -> its partition, per partition count: murmur2 is pure Python, and each span
+# batch names the same few hundred conversations again. Cleared whole when full (bounded).
+_PARTITION_CACHE_SIZE = 16_384
+_partition_cache: dict[int, dict[str, int]] = {}
+
+
+def _partition_of(conversation_id: str, partitions: int) -> int:
+    cache = _partition_cache.setdefault(partitions, {})
+    partition = cache.get(conversation_id)
+    if partition is None:
+        if len(cache) >= _PARTITION_CACHE_SIZE:
+            cache.clear()
+        partition = cache[conversation_id] = conversation_partition(conversation_id, partitions)
+    return partition
+
+
 def _row(record: Record) -> list[Any]:
     if isinstance(record, ConversationCall):
         tool, args_hash, result_hash = record.key
-        row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
-        row += [record.end_time_unix_nano, tool, args_hash, result_hash]
-    else:
-        row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
-        row += [record.tokens, record.cost]
-    row += [record.service, record.agent_name]
-    return row
+        return [
+            "c",
+            record.trace_id,
+            record.span_id.hex(),
+            record.end_time_unix_nano,
+            tool,
+            args_hash,
+            result_hash,
+            record.service,
+            record.agent_name,
+        ]
+    return [
+        "u",
+        record.trace_id,
+        record.span_id.hex(),
+        record.end_time_unix_nano,
+        record.tokens,
+        record.cost,
+        record.service,
+        record.agent_name,
+    ]
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def encode_packs(
@@ -189,20 +221,30 @@ def encode_packs(
     would pass `limit` bytes): each holds the calls and usage of the conversations whose
     partition it is, each conversation's in order, as
     `{"v": 2, "c": {conversation id: [row, ...], ...}}`."""
-    grouped: dict[str, list[list[Any]]] = defaultdict(list)
+    # partition -> conversation id -> rows; dicts keep each conversation's first appearance.
+    by_partition: dict[int, dict[str, list[list[Any]]]] = {}
     for record in records:
-        grouped[record.conversation_id].append(_row(record))
-    by_partition: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
-    for conversation_id, rows in grouped.items():
-        entry = json.dumps({conversation_id: rows}, separators=(",", ":")).encode()[1:-1]
-        by_partition[conversation_partition(conversation_id, partitions)].append(
-            (conversation_id, entry)
-        )
+        conversation_id = record.conversation_id
+        partition = _partition_of(conversation_id, partitions)
+        conversations = by_partition.get(partition)
+        if conversations is None:
+            conversations = by_partition[partition] = {}
+        rows = conversations.get(conversation_id)
+        if rows is None:
+            rows = conversations[conversation_id] = []
+        rows.append(_row(record))
     packs: list[Pack] = []
-    for partition, entries in by_partition.items():
+    for partition, conversations in by_partition.items():
+        # One encoding of the whole pack; split by conversation only when it is too large.
+        value = _dumps({"v": PACKED_VERSION, "c": conversations}).encode()
+        if len(value) <= limit:
+            key = next(iter(conversations)).encode() if len(conversations) == 1 else None
+            packs.append(Pack(partition, key, value, list(conversations)))
+            continue
         chunk: list[tuple[str, bytes]] = []
         size = 0
-        for conversation_id, entry in entries:
+        for conversation_id, rows in conversations.items():
+            entry = _dumps({conversation_id: rows}).encode()[1:-1]
             if chunk and size + len(entry) > limit:
                 packs.append(_pack(partition, chunk))
                 chunk, size = [], 0
