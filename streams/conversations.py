@@ -306,35 +306,90 @@ def _decode_rows(conversation_id: str, rows: Any) -> list[Record]:
     if not isinstance(rows, list):
         raise ValueError("no record list")
     records: list[Record] = []
+    append = records.append
     for row in rows:
-        if not isinstance(row, list) or len(row) not in (8, 9) or row[0] not in ("c", "u"):
+        # The common row, every field of the expected type, is checked inline (a pack of
+        # hundreds of rows is decoded per message); anything else takes the checks that say
+        # what is wrong.
+        if type(row) is not list:
             raise ValueError("a record is not a call or usage row")
-        trace_id = _text(row[1], "trace id")
-        try:
-            span_id = bytes.fromhex(_text(row[2], "span id"))
-        except ValueError:
-            raise ValueError("span id is not hex") from None
-        end = _count(row[3], "end time")
-        service, agent = _text(row[-2], "service"), _text(row[-1], "agent name", optional=True)
-        if row[0] == "c" and len(row) == 9:
-            key_ = (
-                _text(row[4], "tool name"),
-                _text(row[5], "arguments hash", optional=True),
-                _text(row[6], "result hash", optional=True),
-            )
-            records.append(
-                ConversationCall(conversation_id, trace_id, span_id, end, key_, service, agent)
-            )
-        elif row[0] == "u" and len(row) == 8:
-            tokens, cost = _count(row[4], "tokens"), _count(row[5], "cost")
-            records.append(
+        size = len(row)
+        kind = row[0] if size else None
+        if kind == "c" and size == 9:
+            _, trace_id, span_hex, end, tool, args_hash, result_hash, service, agent = row
+            if not (
+                _fine_text(trace_id)
+                and _fine_text(span_hex)
+                and type(end) is int
+                and end >= 0
+                and _fine_text(tool)
+                and (args_hash is None or _fine_text(args_hash))
+                and (result_hash is None or _fine_text(result_hash))
+                and _fine_text(service)
+                and (agent is None or _fine_text(agent))
+            ):
+                _check_row(row)
+            try:
+                span_id = bytes.fromhex(span_hex)
+            except ValueError:
+                raise ValueError("span id is not hex") from None
+            key = (tool, args_hash, result_hash)
+            append(ConversationCall(conversation_id, trace_id, span_id, end, key, service, agent))
+        elif kind == "u" and size == 8:
+            _, trace_id, span_hex, end, tokens, cost, service, agent = row
+            if not (
+                _fine_text(trace_id)
+                and _fine_text(span_hex)
+                and type(end) is int
+                and end >= 0
+                and type(tokens) is int
+                and tokens >= 0
+                and type(cost) is int
+                and cost >= 0
+                and _fine_text(service)
+                and (agent is None or _fine_text(agent))
+            ):
+                _check_row(row)
+            try:
+                span_id = bytes.fromhex(span_hex)
+            except ValueError:
+                raise ValueError("span id is not hex") from None
+            append(
                 ConversationUsage(
                     conversation_id, trace_id, span_id, end, tokens, cost, service, agent
                 )
             )
         else:
-            raise ValueError(f"a {row[0]!r} record of {len(row)} fields")
+            _check_row(row)
     return records
+
+
+def _fine_text(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_FIELD_CHARS
+
+
+def _check_row(row: list[Any]) -> None:
+    """Raise ValueError saying what is wrong with a row the fast path did not take."""
+    if len(row) not in (8, 9) or row[0] not in ("c", "u"):
+        raise ValueError("a record is not a call or usage row")
+    _text(row[1], "trace id")
+    try:
+        bytes.fromhex(_text(row[2], "span id"))
+    except ValueError:
+        raise ValueError("span id is not hex") from None
+    _count(row[3], "end time")
+    _text(row[-2], "service")
+    _text(row[-1], "agent name", optional=True)
+    if row[0] == "c" and len(row) == 9:
+        _text(row[4], "tool name")
+        _text(row[5], "arguments hash", optional=True)
+        _text(row[6], "result hash", optional=True)
+    elif row[0] == "u" and len(row) == 8:
+        _count(row[4], "tokens")
+        _count(row[5], "cost")
+    else:
+        raise ValueError(f"a {row[0]!r} record of {len(row)} fields")
+    raise ValueError("a record field is not of its type")
 
 
 # -- the conversation side: decide ---------------------------------------------------------

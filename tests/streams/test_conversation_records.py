@@ -142,6 +142,20 @@ def test_a_pack_over_the_size_limit_is_split_and_a_version_1_record_still_reads(
         (b"c", b'{"v":1,"r":[["u","t","0011",1,-5,0,"s",null]]}', "tokens"),
         (b"c", b'{"v":1,"r":[["c","t","0011",1,5,0,"s",null]]}', "'c' record of 8"),
         (b"c" * 600, b'{"v":1,"r":[]}', "conversation id"),
+        (b"c", b'{"v":1,"r":[["c","t","0011",true,"x",null,null,"s",null]]}', "end time"),
+        (
+            b"c",
+            b'{"v":1,"r":[["c","t","0011",1,"' + b"x" * 600 + b'",null,null,"s",null]]}',
+            "tool",
+        ),
+        (b"c", b'{"v":1,"r":[["c","t","0011",1,"x",5,null,"s",null]]}', "arguments hash"),
+        (b"c", b'{"v":1,"r":[["c","t","0011",1,"x",null,"","s",null]]}', "result hash"),
+        (b"c", b'{"v":1,"r":[["c",7,"0011",1,"x",null,null,"s",null]]}', "trace id"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,-1,"s",null]]}', "cost"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,"s",3]]}', "agent name"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,null,"a"]]}', "service"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5.0,0,"s","a"]]}', "tokens"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,"s","a"],"x"]}', "not a call or usage"),
     ],
 )
 def test_a_bad_record_is_refused_with_a_reason(key, value, says):
