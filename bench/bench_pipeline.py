@@ -35,7 +35,8 @@ run, each figure next to its same-run baseline:
    -> kill append (the signal's send); the repartition topic is LogAppendTime too. And
    whether a flush of the worker's states (a burst of records on the trace table's changelog,
    LogAppendTime as well) ran while each of the slowest tenth of kills was on its way.
-   `--profile DIR` samples the worker with py-spy over the drain (bench/worker_profile.py).
+   `--profile DIR` samples the worker with py-spy over this drain and phase 1's
+   (bench/worker_profile.py).
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -325,17 +326,26 @@ class Drain:
 
 
 def drain(
-    topic: str, messages: Messages, spans: int, workers: list[WorkerProcess], timeout: float
+    topic: str,
+    messages: Messages,
+    spans: int,
+    workers: list[WorkerProcess],
+    timeout: float,
+    profiler: Profiler | None = None,
 ) -> Drain:
     """Produce `messages` as fast as the producer goes, then time the workers to the last span,
-    from the moment the producer is done (its CPU is out of the window)."""
+    from the moment the producer is done (its CPU is out of the window). With a `profiler`,
+    the first worker is sampled over the same window."""
     counters = Counters(workers)
     base, _, _ = counters.read()
     produce_s = preproduce(topic, messages)
     started, started_at = time.monotonic(), time.time()
     meter = CpuMeter({f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)})
+    profile = profiler.start(workers[0].process.pid) if profiler is not None else None
     first, first_messages, first_per = counters.read()
     got, got_messages, per, wall = counters.wait_for(base + spans, started_at, started + timeout)
+    if profile is not None:
+        profiler.stop(profile)
     wall = max(wall, 1e-9)
     cores = meter.cores(wall)
     return Drain(
@@ -1030,8 +1040,9 @@ def main() -> int:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="sample the first worker with py-spy over the drain through the Collector; the"
-        " raw samples go to DIR (python -m bench.worker_profile DIR/worker-drain.txt)",
+        help="sample the first worker with py-spy over its drains: the raw samples go to DIR"
+        " (python -m bench.worker_profile DIR/worker-drain-one.txt, the synthetic producer's;"
+        " DIR/worker-drain.txt, through the Collector)",
     )
     parser.add_argument(
         "--phases",
@@ -1095,6 +1106,9 @@ def main() -> int:
             int(args.rate * args.seconds), args.latency_traces, seed=12, **mix, **loops
         )
         expected_c = expected_kills(latency_c.requests)
+        if args.conversations:  # the Collector's corpora carry the scope's load too
+            corpus_c.requests = with_conversations(corpus_c.requests, prefix="collector-conv")
+            latency_c.requests = with_conversations(latency_c.requests, prefix="latency-c-conv")
     per_message = corpus.spans / len(messages)
     print(
         f"corpus: {corpus.spans:,} spans in {len(messages):,} one-trace messages"
@@ -1125,7 +1139,10 @@ def main() -> int:
         probe(topics.input, args.partitions, workers, seed=101)
 
         # -- 1. one worker drains a backlog ---------------------------------------------
-        one = drain(topics.input, messages, corpus.spans, workers, args.drain_timeout)
+        one = drain(
+            topics.input, messages, corpus.spans, workers, args.drain_timeout,
+            Profiler(args.profile, "worker-drain-one.txt") if args.profile else None,
+        )  # fmt: skip
         print(
             f"pipeline (1 worker, {args.partitions} partitions): {one.spans_per_s:12,.0f} spans/s"
             f" = {one.spans_per_s / core:.3f} of the core so far"

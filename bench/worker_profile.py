@@ -1,7 +1,7 @@
 """Where a `spanguard worker` process spends its CPU: py-spy samples, summed by part.
 
-`bench/bench_pipeline.py --profile DIR` samples the first worker with py-spy over the drain
-through the Collector and prints this summary; `python -m bench.worker_profile FILE` prints it
+`bench/bench_pipeline.py --profile DIR` samples the first worker with py-spy over its drains
+(the synthetic producer's, the Collector's) and prints this summary of each; `python -m bench.worker_profile FILE` prints it
 again from the raw samples kept in DIR. Only the thread holding the GIL is sampled, so the
 shares are of the process's Python work (C code that lets the GIL go, RocksDB's writes and
 the sockets' reads, is not counted). py-spy is not a dependency of the project: it is found
@@ -188,12 +188,12 @@ def py_spy() -> str:
 class Profiler:
     """py-spy record of one process into DIR, from start() to stop()."""
 
-    def __init__(self, directory: Path, rate: int = 100) -> None:
+    def __init__(self, directory: Path, name: str = "worker-drain.txt", rate: int = 100) -> None:
         self.directory = directory
         self.rate = rate
         self.executable = py_spy()
         directory.mkdir(parents=True, exist_ok=True)
-        self.raw = directory / "worker-drain.txt"
+        self.raw = directory / name
 
     def start(self, pid: int) -> subprocess.Popen:
         command = [self.executable, "record", "--pid", str(pid), "--format", "raw"]

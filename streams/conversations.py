@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -170,16 +169,49 @@ def conversation_partition(conversation_id: str, partitions: int) -> int:
     return (murmur2(conversation_id.encode()) & 0x7FFFFFFF) % partitions
 
 
+# Conversation id -> its partition, per partition count: murmur2 is pure Python, and each span
+# batch names the same few hundred conversations again. Cleared whole when full (bounded).
+_PARTITION_CACHE_SIZE = 16_384
+_partition_cache: dict[int, dict[str, int]] = {}
+
+
+def _partition_of(conversation_id: str, partitions: int) -> int:
+    cache = _partition_cache.setdefault(partitions, {})
+    partition = cache.get(conversation_id)
+    if partition is None:
+        if len(cache) >= _PARTITION_CACHE_SIZE:
+            cache.clear()
+        partition = cache[conversation_id] = conversation_partition(conversation_id, partitions)
+    return partition
+
+
 def _row(record: Record) -> list[Any]:
     if isinstance(record, ConversationCall):
         tool, args_hash, result_hash = record.key
-        row: list[Any] = ["c", record.trace_id, record.span_id.hex()]
-        row += [record.end_time_unix_nano, tool, args_hash, result_hash]
-    else:
-        row = ["u", record.trace_id, record.span_id.hex(), record.end_time_unix_nano]
-        row += [record.tokens, record.cost]
-    row += [record.service, record.agent_name]
-    return row
+        return [
+            "c",
+            record.trace_id,
+            record.span_id.hex(),
+            record.end_time_unix_nano,
+            tool,
+            args_hash,
+            result_hash,
+            record.service,
+            record.agent_name,
+        ]
+    return [
+        "u",
+        record.trace_id,
+        record.span_id.hex(),
+        record.end_time_unix_nano,
+        record.tokens,
+        record.cost,
+        record.service,
+        record.agent_name,
+    ]
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def encode_packs(
@@ -189,20 +221,30 @@ def encode_packs(
     would pass `limit` bytes): each holds the calls and usage of the conversations whose
     partition it is, each conversation's in order, as
     `{"v": 2, "c": {conversation id: [row, ...], ...}}`."""
-    grouped: dict[str, list[list[Any]]] = defaultdict(list)
+    # partition -> conversation id -> rows; dicts keep each conversation's first appearance.
+    by_partition: dict[int, dict[str, list[list[Any]]]] = {}
     for record in records:
-        grouped[record.conversation_id].append(_row(record))
-    by_partition: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
-    for conversation_id, rows in grouped.items():
-        entry = json.dumps({conversation_id: rows}, separators=(",", ":")).encode()[1:-1]
-        by_partition[conversation_partition(conversation_id, partitions)].append(
-            (conversation_id, entry)
-        )
+        conversation_id = record.conversation_id
+        partition = _partition_of(conversation_id, partitions)
+        conversations = by_partition.get(partition)
+        if conversations is None:
+            conversations = by_partition[partition] = {}
+        rows = conversations.get(conversation_id)
+        if rows is None:
+            rows = conversations[conversation_id] = []
+        rows.append(_row(record))
     packs: list[Pack] = []
-    for partition, entries in by_partition.items():
+    for partition, conversations in by_partition.items():
+        # One encoding of the whole pack; split by conversation only when it is too large.
+        value = _dumps({"v": PACKED_VERSION, "c": conversations}).encode()
+        if len(value) <= limit:
+            key = next(iter(conversations)).encode() if len(conversations) == 1 else None
+            packs.append(Pack(partition, key, value, list(conversations)))
+            continue
         chunk: list[tuple[str, bytes]] = []
         size = 0
-        for conversation_id, entry in entries:
+        for conversation_id, rows in conversations.items():
+            entry = _dumps({conversation_id: rows}).encode()[1:-1]
             if chunk and size + len(entry) > limit:
                 packs.append(_pack(partition, chunk))
                 chunk, size = [], 0
@@ -264,35 +306,90 @@ def _decode_rows(conversation_id: str, rows: Any) -> list[Record]:
     if not isinstance(rows, list):
         raise ValueError("no record list")
     records: list[Record] = []
+    append = records.append
     for row in rows:
-        if not isinstance(row, list) or len(row) not in (8, 9) or row[0] not in ("c", "u"):
+        # The common row, every field of the expected type, is checked inline (a pack of
+        # hundreds of rows is decoded per message); anything else takes the checks that say
+        # what is wrong.
+        if type(row) is not list:
             raise ValueError("a record is not a call or usage row")
-        trace_id = _text(row[1], "trace id")
-        try:
-            span_id = bytes.fromhex(_text(row[2], "span id"))
-        except ValueError:
-            raise ValueError("span id is not hex") from None
-        end = _count(row[3], "end time")
-        service, agent = _text(row[-2], "service"), _text(row[-1], "agent name", optional=True)
-        if row[0] == "c" and len(row) == 9:
-            key_ = (
-                _text(row[4], "tool name"),
-                _text(row[5], "arguments hash", optional=True),
-                _text(row[6], "result hash", optional=True),
-            )
-            records.append(
-                ConversationCall(conversation_id, trace_id, span_id, end, key_, service, agent)
-            )
-        elif row[0] == "u" and len(row) == 8:
-            tokens, cost = _count(row[4], "tokens"), _count(row[5], "cost")
-            records.append(
+        size = len(row)
+        kind = row[0] if size else None
+        if kind == "c" and size == 9:
+            _, trace_id, span_hex, end, tool, args_hash, result_hash, service, agent = row
+            if not (
+                _fine_text(trace_id)
+                and _fine_text(span_hex)
+                and type(end) is int
+                and end >= 0
+                and _fine_text(tool)
+                and (args_hash is None or _fine_text(args_hash))
+                and (result_hash is None or _fine_text(result_hash))
+                and _fine_text(service)
+                and (agent is None or _fine_text(agent))
+            ):
+                _check_row(row)
+            try:
+                span_id = bytes.fromhex(span_hex)
+            except ValueError:
+                raise ValueError("span id is not hex") from None
+            key = (tool, args_hash, result_hash)
+            append(ConversationCall(conversation_id, trace_id, span_id, end, key, service, agent))
+        elif kind == "u" and size == 8:
+            _, trace_id, span_hex, end, tokens, cost, service, agent = row
+            if not (
+                _fine_text(trace_id)
+                and _fine_text(span_hex)
+                and type(end) is int
+                and end >= 0
+                and type(tokens) is int
+                and tokens >= 0
+                and type(cost) is int
+                and cost >= 0
+                and _fine_text(service)
+                and (agent is None or _fine_text(agent))
+            ):
+                _check_row(row)
+            try:
+                span_id = bytes.fromhex(span_hex)
+            except ValueError:
+                raise ValueError("span id is not hex") from None
+            append(
                 ConversationUsage(
                     conversation_id, trace_id, span_id, end, tokens, cost, service, agent
                 )
             )
         else:
-            raise ValueError(f"a {row[0]!r} record of {len(row)} fields")
+            _check_row(row)
     return records
+
+
+def _fine_text(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_FIELD_CHARS
+
+
+def _check_row(row: list[Any]) -> None:
+    """Raise ValueError saying what is wrong with a row the fast path did not take."""
+    if len(row) not in (8, 9) or row[0] not in ("c", "u"):
+        raise ValueError("a record is not a call or usage row")
+    _text(row[1], "trace id")
+    try:
+        bytes.fromhex(_text(row[2], "span id"))
+    except ValueError:
+        raise ValueError("span id is not hex") from None
+    _count(row[3], "end time")
+    _text(row[-2], "service")
+    _text(row[-1], "agent name", optional=True)
+    if row[0] == "c" and len(row) == 9:
+        _text(row[4], "tool name")
+        _text(row[5], "arguments hash", optional=True)
+        _text(row[6], "result hash", optional=True)
+    elif row[0] == "u" and len(row) == 8:
+        _count(row[4], "tokens")
+        _count(row[5], "cost")
+    else:
+        raise ValueError(f"a {row[0]!r} record of {len(row)} fields")
+    raise ValueError("a record field is not of its type")
 
 
 # -- the conversation side: decide ---------------------------------------------------------

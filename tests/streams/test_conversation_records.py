@@ -70,6 +70,36 @@ def test_records_round_trip_packed_by_partition_each_conversation_in_order():
     assert alone.key == b"conv-0"  # a lone conversation keeps its id as the key
 
 
+def test_a_pack_is_exactly_the_version_2_bytes_earlier_workers_read():
+    # Written out by hand: a worker of the earlier release reads these bytes, so an encoder
+    # that changes a field, its order or the separators fails here before it ships.
+    records = [
+        call("a", "t1", 1),
+        usage("b", "t2", 2, 30),
+        ConversationCall("a", "t3", bytes.fromhex("00ff"), 5, ("x", None, None), "s\u00e9", None),
+    ]
+    (pack,) = encode_packs(records, 1)
+    assert pack.value == (
+        b'{"v":2,"c":{"a":[["c","t1","0000000000000001",1000000000000000000,"search_docs","'
+        + ARGS_HASH.encode()
+        + b'","rrrrrrrrrrrrrrrr","svc",null],["c","t3","00ff",5,"x",null,null,"s\\u00e9",null]],'
+        b'"b":[["u","t2","0000000000000002",1000000000000000000,30,7,"svc","bot"]]}}'
+    )
+    assert (pack.key, pack.conversations) == (None, ["a", "b"])
+    assert decode_records(pack.key, pack.value) == [records[0], records[2], records[1]]
+
+
+def test_the_partition_of_a_conversation_is_the_same_whatever_came_before():
+    # Partitions are cached per conversation id and partition count: counts asked in turn
+    # never answer for one another.
+    conversations = [f"conversation-{n}" for n in range(300)]
+    for partitions in (8, 3, 8, 1, 1000):
+        packs = encode_packs([call(c, "t", n) for n, c in enumerate(conversations)], partitions)
+        for pack in packs:
+            for conversation in pack.conversations:
+                assert pack.partition == conversation_partition(conversation, partitions)
+
+
 @pytest.mark.parametrize(
     # Apache Kafka's own vectors (UtilsTest.testMurmur2): the Java client's default
     # partitioner puts a key at toPositive(murmur2(key)) % partitions, as aiokafka does.
@@ -112,6 +142,20 @@ def test_a_pack_over_the_size_limit_is_split_and_a_version_1_record_still_reads(
         (b"c", b'{"v":1,"r":[["u","t","0011",1,-5,0,"s",null]]}', "tokens"),
         (b"c", b'{"v":1,"r":[["c","t","0011",1,5,0,"s",null]]}', "'c' record of 8"),
         (b"c" * 600, b'{"v":1,"r":[]}', "conversation id"),
+        (b"c", b'{"v":1,"r":[["c","t","0011",true,"x",null,null,"s",null]]}', "end time"),
+        (
+            b"c",
+            b'{"v":1,"r":[["c","t","0011",1,"' + b"x" * 600 + b'",null,null,"s",null]]}',
+            "tool",
+        ),
+        (b"c", b'{"v":1,"r":[["c","t","0011",1,"x",5,null,"s",null]]}', "arguments hash"),
+        (b"c", b'{"v":1,"r":[["c","t","0011",1,"x",null,"","s",null]]}', "result hash"),
+        (b"c", b'{"v":1,"r":[["c",7,"0011",1,"x",null,null,"s",null]]}', "trace id"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,-1,"s",null]]}', "cost"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,"s",3]]}', "agent name"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,null,"a"]]}', "service"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5.0,0,"s","a"]]}', "tokens"),
+        (b"c", b'{"v":1,"r":[["u","t","0011",1,5,0,"s","a"],"x"]}', "not a call or usage"),
     ],
 )
 def test_a_bad_record_is_refused_with_a_reason(key, value, says):
