@@ -56,7 +56,7 @@ EVICT_BUDGET = 0.005
 FLUSH_CHECK_INTERVAL = 0.1
 # Seconds of state writes a batch does at its end while a flush is under way: a flush of a
 # thousand traces is spread over the batches that follow instead of stalling the one whose
-# kill waits behind it (docs/design.md, "A flush in slices").
+# kill waits behind it (docs/design.md, "State writes once per commit").
 FLUSH_SLICE_SECONDS = 0.005
 # Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
 # again after the restart); running, it waits as long as the lease holds.
