@@ -543,6 +543,8 @@ class WriteBackAgent:
         self.deferred: list[tuple[Send, Produced]] = []
         # The flush under way, written a slice per batch (None: none is).
         self.flushing: Flush | None = None
+        # The last flush whose acks were awaited in the background.
+        self.confirmation: asyncio.Future[None] | None = None
         # Batches run so far: the flush timer finishes a flush at once when none ran since its
         # last look (nothing waits behind it).
         self.batches = 0
@@ -609,14 +611,21 @@ class WriteBackAgent:
     # -- writing states, then acking -------------------------------------------------------
 
     def unwritten(self) -> bool:
-        """Messages held whose states are not yet written and acked (a flush under way too)."""
-        return bool(self.held) or self.flushing is not None
+        """Messages held whose states are not yet written and acked (a flush under way, or
+        one whose acks are awaited in the background)."""
+        confirmation = self.confirmation
+        return (
+            bool(self.held)
+            or self.flushing is not None
+            or (confirmation is not None and not confirmation.done())
+        )
 
     async def flush_states(self, ack_timeout: float | None = None) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
         them and the broker the records deferred since the last flush, let their messages be
         acked: no offset is committed ahead of its state or of a record it sent. A flush under
-        way is finished first."""
+        way is finished first, and one whose acks are awaited in the background awaited."""
+        await self.confirmed(ack_timeout)
         if self.flushing is not None:
             self.states.write_some()
             await self.finish_flush(ack_timeout)
@@ -640,7 +649,7 @@ class WriteBackAgent:
         whole = overdue or self.draining
         deadline = None if whole else time.perf_counter() + FLUSH_SLICE_SECONDS
         if self.states.write_some(deadline):
-            await self.finish_flush()
+            await self.finish_flush(wait=False)
 
     def start_flush(self) -> Flush:
         """Take the held messages and the states they changed for a flush, and the records
@@ -654,16 +663,41 @@ class WriteBackAgent:
         self.flushing = flush
         return flush
 
-    async def finish_flush(self, ack_timeout: float | None = None) -> None:
+    async def finish_flush(self, ack_timeout: float | None = None, wait: bool = True) -> None:
         """Every state of the flush under way is written: once the changelog and the broker
-        have acked them and its records, ack its messages."""
+        have acked them and its records, ack its messages. Without `wait`, the acks are
+        awaited in the background while batches go on (one flush's at a time): a batch's
+        kills do not wait for a flush's round trip to the broker."""
         flush, self.flushing = self.flushing, None
         if flush is None:
             return
+        writes = self.table.take_unconfirmed()  # this flush's: a later one takes its own
+        if wait:
+            await self.confirm_flush(flush, writes, ack_timeout)
+            return
+        await self.confirmed()
+        self.confirmation = asyncio.ensure_future(self.confirm_in_background(flush, writes))
+
+    async def confirm_in_background(self, flush: Flush, writes: list[Any]) -> None:
+        try:
+            await self.confirm_flush(flush, writes, None)
+        except Exception as exc:
+            log.exception("states not acked; their messages stay unacked until a restart")
+            self.unackable = self.unackable or exc
+            self.give_up(exc)
+
+    async def confirmed(self, timeout: float | None = None) -> None:
+        """Wait for the flush whose acks are awaited in the background, if any."""
+        confirmation = self.confirmation
+        if confirmation is not None and not confirmation.done():
+            await asyncio.wait([confirmation], timeout=timeout)
+
+    async def confirm_flush(
+        self, flush: Flush, writes: list[Any], ack_timeout: float | None
+    ) -> None:
         try:
             if flush.epoch != self.lease.epoch:
                 return  # fenced meanwhile: the fence released its messages
-            writes = self.table.take_unconfirmed()
             unsent = await self.writes_acked(writes, flush.records, flush.epoch, ack_timeout)
             if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping

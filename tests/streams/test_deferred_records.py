@@ -196,10 +196,36 @@ def test_a_flush_is_written_a_slice_per_batch_and_acks_its_messages_once_all_is_
         assert len(table) == 2 and not any(e.message.acked for e in first)
         await agent.flush_some()  # the last of the flush: its acks awaited, its messages acked
         assert len(table) == 3 and agent.flushing is None
+        await agent.confirmed()
         assert all(e.message.acked for e in first)
         assert agent.held == later and not any(e.message.acked for e in later)
 
     asyncio.run(batches())
+
+
+def test_a_batch_goes_on_while_its_flush_waits_for_the_changelogs_acks(tmp_path: Path) -> None:
+    """The acks of a flush finished at a batch's end are awaited in the background: the
+    batch ends (the next one's kills need not wait for the broker's round trip), and the
+    messages are acked only once the changelog acked their states."""
+    agent = span_agent(tmp_path, Clock())
+    with_plain_states(agent)
+    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 2)
+    changed_by(agent, events)
+    agent.flushed_at -= agent.worker.settings.commit_interval
+
+    async def acks_later() -> None:
+        write = asyncio.get_running_loop().create_future()  # a changelog record in flight
+        agent.table.unconfirmed.append(write)
+        await asyncio.wait_for(agent.flush_some(), 1)  # returns with the write unacked
+        assert agent.flushing is None and agent.unwritten()
+        await asyncio.sleep(0.2)
+        assert not any(e.message.acked for e in events)
+        write.set_result(None)  # the broker's ack
+        await asyncio.wait_for(agent.confirmed(), 2)
+        assert not agent.unwritten()
+
+    asyncio.run(acks_later())
+    assert all(e.message.acked for e in events)
 
 
 def test_a_flush_still_under_way_a_commit_interval_on_is_written_whole(
@@ -217,6 +243,7 @@ def test_a_flush_still_under_way_a_commit_interval_on_is_written_whole(
         assert len(table) == 1 and agent.flushing is not None
         agent.flushing.started -= agent.worker.settings.commit_interval
         await agent.flush_some()  # the offsets' commit waits no longer: all of it now
+        await agent.confirmed()
 
     asyncio.run(overdue())
     assert len(table) == 4 and agent.flushing is None
@@ -240,6 +267,7 @@ def test_a_flush_under_way_when_faust_waits_for_every_ack_is_written_whole(
         assert len(table) == 1
         agent.draining = True  # set by the wrapped App._consumer_wait_empty
         await agent.flush_some()
+        await agent.confirmed()
 
     asyncio.run(draining())
     assert len(table) == 4 and all(e.message.acked for e in events)
