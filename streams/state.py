@@ -19,7 +19,6 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import faust
@@ -39,7 +38,6 @@ __all__ = [
     "CHANGELOG_ACK_TIMEOUT",
     "EVICT_BUDGET",
     "FLUSH_CHECK_INTERVAL",
-    "FLUSH_SLICE_SECONDS",
     "ExpiryIndex",
     "ScopeAgent",
     "SerializedStates",
@@ -54,10 +52,6 @@ log = logging.getLogger("spanguard.worker")
 EVICT_BUDGET = 0.005
 # Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
 FLUSH_CHECK_INTERVAL = 0.1
-# Seconds of state writes a batch does at its end while a flush is under way: a flush of a
-# thousand traces is spread over the batches that follow instead of stalling the one whose
-# kill waits behind it (docs/design.md, "State writes once per commit").
-FLUSH_SLICE_SECONDS = 0.005
 # Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
 # again after the restart); running, it waits as long as the lease holds.
 CHANGELOG_ACK_TIMEOUT = 10.0
@@ -178,10 +172,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
         # Changed since the last flush (None: no flush window open).
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
-        # Taken by the flush under way and not yet written (write_some writes them a slice at
-        # a time), each with the last event that touched it before the flush began.
-        self._writing: dict[str, TraceState] = {}
-        self._writing_event_of: dict[str, Any] = {}
         self._expiry: dict[int, ExpiryIndex] = {}
         self._scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         self._owned: set[int] = set()
@@ -197,10 +187,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
             for trace_id in [t for t, e in self._event_of.items() if e.message.partition in gone]:
                 self._batch.pop(trace_id, None)
                 del self._event_of[trace_id]
-        if gone and self._writing:
-            for trace_id, event in list(self._writing_event_of.items()):
-                if event.message.partition in gone:
-                    del self._writing[trace_id], self._writing_event_of[trace_id]
         for partition in gone:
             self._owned.discard(partition)
             self._expiry.pop(partition, None)
@@ -248,55 +234,27 @@ class SerializedStates(MutableMapping[str, TraceState]):
             self._event_of = {}
 
     def discard(self) -> None:
-        """Drop the states changed since the last flush and those of a flush under way (a batch
-        failed, the worker was fenced): what of them is not written stays unwritten, and their
-        messages must not be acked, so they are decided again."""
+        """Drop the states changed since the last flush (a batch failed): nothing of them was
+        written, and their messages must not be acked, so they are decided again."""
         self._batch = None
         self._event_of = {}
-        self._writing = {}
-        self._writing_event_of = {}
 
     @property
     def unflushed(self) -> int:
-        """Traces changed and not yet written (since the last flush, or taken by one under way)."""
-        return len(self._batch or ()) + len(self._writing)
-
-    @property
-    def writing(self) -> int:
-        """Traces the flush under way has still to write."""
-        return len(self._writing)
+        """Traces changed since the last flush."""
+        return len(self._batch or ())
 
     def flush(self) -> None:
         """Write every state changed since the last flush, each once, in the context of the last
         event that touched it; call it before those events' messages are acked."""
-        self.start_flush()
-        self.write_some()
-
-    def start_flush(self) -> None:
-        """Take the states changed since the last flush for writing: `write_some` writes them.
-        Batches go on meanwhile: a trace they touch is read from what the flush holds, and
-        written again by the next flush."""
         batch, self._batch = self._batch, None
         events, self._event_of = self._event_of, {}
-        self._writing.update(batch or {})
-        self._writing_event_of.update(events)
-
-    def write_some(self, deadline: float | None = None) -> bool:
-        """Write the flush's states until `deadline` (time.perf_counter; None: all of them),
-        at least one; True once none is left."""
-        writing, events = self._writing, self._writing_event_of
-        while writing:
-            trace_id, state = writing.popitem()
-            event = events.pop(trace_id)
+        for trace_id, state in (batch or {}).items():
+            event = events[trace_id]
             with event_context(event):
                 self.table[trace_id.encode()] = state.to_bytes()
             self._index(event, trace_id, state.last_seen)
-            if self._batch is None or trace_id not in self._batch:
-                # Else a batch holds it changed since: cached only once that change is written.
-                self._keep(event.message.partition, trace_id, state)
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
-        return not writing
+            self._keep(event.message.partition, trace_id, state)
 
     def _keep(self, partition: int, trace_id: str, state: TraceState) -> None:
         if self.cache_size <= 0:
@@ -331,9 +289,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
                     examined += 1
                     if self._batch and trace_id in self._batch:  # touched, not yet flushed
                         index.put(trace_id, self._bucket(self._batch[trace_id].last_seen))
-                        continue
-                    if trace_id in self._writing:  # taken by the flush, not yet written
-                        index.put(trace_id, self._bucket(self._writing[trace_id].last_seen))
                         continue
                     key = trace_id.encode()
                     data = self.table.get(key)
@@ -384,10 +339,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def get(self, trace_id: str, default: TraceState | None = None) -> TraceState | None:  # type: ignore[override]
         if self._batch is not None and trace_id in self._batch:
             return self._batch[trace_id]
-        if self._writing and trace_id in self._writing:
-            # The flush writes this object as it is when its turn comes: a change made now is
-            # written then too, and again by the next flush (its messages are acked then).
-            return self._writing[trace_id]
         event = current_event()
         if event is not None and self._cache:
             # Taken out: the caller changes it in place, and only a flush makes that stored.
@@ -408,14 +359,8 @@ class SerializedStates(MutableMapping[str, TraceState]):
             return
         self.table[trace_id.encode()] = state.to_bytes()
         self._forget(trace_id)
-        self._unwrite(trace_id)  # written now: the flush must not write an older one over it
         if event is not None:
             self._index(event, trace_id, state.last_seen)
-
-    def _unwrite(self, trace_id: str) -> None:
-        if self._writing:
-            self._writing.pop(trace_id, None)
-            self._writing_event_of.pop(trace_id, None)
 
     def _forget(self, trace_id: str) -> None:
         """Drop the cached states of a trace id, in any partition."""
@@ -427,7 +372,6 @@ class SerializedStates(MutableMapping[str, TraceState]):
         if self._batch is not None:
             self._batch.pop(trace_id, None)
             self._event_of.pop(trace_id, None)
-        self._unwrite(trace_id)
         self._forget(trace_id)
         del self.table[trace_id.encode()]
 
@@ -495,17 +439,6 @@ class TraceTable(faust.Table):
                 self.states.assigned(partition, stored_items(self.data, partition))
 
 
-@dataclass
-class Flush:
-    """A flush under way: the messages it acks once their states are written and acked, the
-    records deferred with them, the lease epoch it began under."""
-
-    epoch: int
-    events: list[EventT]
-    records: list[tuple[Send, Produced]]
-    started: float  # time.monotonic()
-
-
 class WriteBackAgent:
     """An agent over a SerializedStates table whose messages are held until the states they
     changed are written and acked by the changelog (docs/design.md, "State writes once per
@@ -541,14 +474,6 @@ class WriteBackAgent:
         self.dropped_epoch = lease.epoch
         # Records produced since the last flush whose acks it awaits before acking `held`.
         self.deferred: list[tuple[Send, Produced]] = []
-        # The flush under way, written a slice per batch (None: none is).
-        self.flushing: Flush | None = None
-        # The last flush whose acks were awaited in the background.
-        self.confirmation: asyncio.Future[None] | None = None
-        # Batches run so far: the flush timer finishes a flush at once when none ran since its
-        # last look (nothing waits behind it).
-        self.batches = 0
-        self._batches_at_last_look = 0
 
     def attach_writes(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
@@ -575,7 +500,6 @@ class WriteBackAgent:
         try:
             async for events in stream.take_events(self.worker.settings.batch_size, within=within):
                 self.in_batch = True
-                self.batches += 1
                 await guard_batch(events)
                 self.in_batch = False
                 progressed()
@@ -583,7 +507,7 @@ class WriteBackAgent:
             crashed = self.stopped_mid_batch(exc)
             raise
         finally:
-            if self.unwritten() and not crashed and self.lease.held():
+            if self.held and not crashed and self.lease.held():
                 await self.flush_on_stop()
 
     def hold(self, events: list[EventT]) -> int:
@@ -610,104 +534,29 @@ class WriteBackAgent:
 
     # -- writing states, then acking -------------------------------------------------------
 
-    def unwritten(self) -> bool:
-        """Messages held whose states are not yet written and acked (a flush under way, or
-        one whose acks are awaited in the background)."""
-        confirmation = self.confirmation
-        return (
-            bool(self.held)
-            or self.flushing is not None
-            or (confirmation is not None and not confirmation.done())
-        )
-
     async def flush_states(self, ack_timeout: float | None = None) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
         them and the broker the records deferred since the last flush, let their messages be
-        acked: no offset is committed ahead of its state or of a record it sent. A flush under
-        way is finished first, and one whose acks are awaited in the background awaited."""
-        await self.confirmed(ack_timeout)
-        if self.flushing is not None:
-            self.states.write_some()
-            await self.finish_flush(ack_timeout)
-        if self.held:
-            self.start_flush()
-            self.states.write_some()
-            await self.finish_flush(ack_timeout)
-
-    async def flush_some(self) -> None:
-        """At a batch's end: go on with the flush under way, or start one if due, writing for
-        at most FLUSH_SLICE_SECONDS; once every state of it is written, await their acks and
-        ack their messages. A flush still under way a commit interval after it began, or
-        when Faust waits for every message to be acked, is finished at once."""
-        flush = self.flushing
-        if flush is None:
-            if not self.flush_due():
-                return
-            flush = self.start_flush()
-        overdue = time.monotonic() - flush.started >= self.worker.settings.commit_interval
-        # Faust waits for every message to be acked (a rebalance, a stop): all of it now.
-        whole = overdue or self.draining
-        deadline = None if whole else time.perf_counter() + FLUSH_SLICE_SECONDS
-        if self.states.write_some(deadline):
-            await self.finish_flush(wait=False)
-
-    def start_flush(self) -> Flush:
-        """Take the held messages and the states they changed for a flush, and the records
-        deferred with them."""
-        self.states.start_flush()
+        acked: no offset is committed ahead of its state or of a record it sent."""
+        epoch = self.lease.epoch
+        self.states.flush()
         self.flushed_at = time.monotonic()
-        flush = Flush(self.lease.epoch, self.held.copy(), self.deferred, self.flushed_at)
+        written = self.held.copy()
         self.held.clear()
-        self.deferred = []
-        self.confirming.append(flush.events)
-        self.flushing = flush
-        return flush
-
-    async def finish_flush(self, ack_timeout: float | None = None, wait: bool = True) -> None:
-        """Every state of the flush under way is written: once the changelog and the broker
-        have acked them and its records, ack its messages. Without `wait`, the acks are
-        awaited in the background while batches go on (one flush's at a time): a batch's
-        kills do not wait for a flush's round trip to the broker."""
-        flush, self.flushing = self.flushing, None
-        if flush is None:
-            return
-        writes = self.table.take_unconfirmed()  # this flush's: a later one takes its own
-        if wait:
-            await self.confirm_flush(flush, writes, ack_timeout)
-            return
-        await self.confirmed()
-        self.confirmation = asyncio.ensure_future(self.confirm_in_background(flush, writes))
-
-    async def confirm_in_background(self, flush: Flush, writes: list[Any]) -> None:
+        records, self.deferred = self.deferred, []
+        self.confirming.append(written)
         try:
-            await self.confirm_flush(flush, writes, None)
-        except Exception as exc:
-            log.exception("states not acked; their messages stay unacked until a restart")
-            self.unackable = self.unackable or exc
-            self.give_up(exc)
-
-    async def confirmed(self, timeout: float | None = None) -> None:
-        """Wait for the flush whose acks are awaited in the background, if any."""
-        confirmation = self.confirmation
-        if confirmation is not None and not confirmation.done():
-            await asyncio.wait([confirmation], timeout=timeout)
-
-    async def confirm_flush(
-        self, flush: Flush, writes: list[Any], ack_timeout: float | None
-    ) -> None:
-        try:
-            if flush.epoch != self.lease.epoch:
-                return  # fenced meanwhile: the fence released its messages
-            unsent = await self.writes_acked(writes, flush.records, flush.epoch, ack_timeout)
+            writes = self.table.take_unconfirmed()
+            unsent = await self.writes_acked(writes, records, epoch, ack_timeout)
             if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping
             if unsent:
                 await self.dead_letter_deferred(unsent)
-                if flush.epoch != self.lease.epoch:
+                if epoch != self.lease.epoch:
                     return
         finally:
-            self.confirming = [batch for batch in self.confirming if batch is not flush.events]
-        for event in flush.events:
+            self.confirming = [batch for batch in self.confirming if batch is not written]
+        for event in written:
             event.ack()  # our reference; the take buffer acked its own after the batch
 
     async def writes_acked(
@@ -800,24 +649,11 @@ class WriteBackAgent:
         self.states.discard()
         self.held.clear()
         self.deferred.clear()  # their messages are not acked: decided and sent again
-        self.flushing = None  # what of it is not written is discarded with the rest
 
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
-        # lapsed lease: the flush waits for the renewal, or is dropped by the fence. While
-        # batches run, they write the flush a slice at a time; with none since the last look,
-        # nothing waits behind it and it is written whole.
-        ran, self._batches_at_last_look = self.batches != self._batches_at_last_look, self.batches
-        if self.in_batch or not self.lease.held():
-            return
-        if ran:
-            try:
-                await self.flush_some()
-            except Exception as exc:
-                log.exception("states not written; their messages stay unacked until a restart")
-                self.unackable = exc
-                self.give_up(exc)
-        elif self.flushing is not None or self.flush_due():
+        # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
+        if not self.in_batch and self.flush_due() and self.lease.held():
             await self.flush_between_batches()
 
     async def flush_on_stop(self) -> None:
@@ -836,7 +672,6 @@ class WriteBackAgent:
         self.dropped_epoch = self.lease.epoch
         self.states.discard()
         self.deferred.clear()  # never awaited: nothing they came from is acked
-        self.flushing = None  # its messages are in `confirming`, released below
         # The partitions may come back in the next generation without Faust calling them
         # revoked: what this worker cached and indexed of them may be stale by then.
         self.states.revoke_all()
@@ -864,7 +699,7 @@ class WriteBackAgent:
                 self.drop_unwritten()
             self.draining = True
             try:
-                if not self.in_batch and self.unwritten() and self.lease.held():
+                if not self.in_batch and self.held and self.lease.held():
                     await self.flush_between_batches()
                 await wait_empty(*args, **kwargs)
             finally:
@@ -900,13 +735,10 @@ class ScopeAgent(WriteBackAgent):
         # would decide it again and send the same signal twice (harmless, the same id, but
         # as rare as a crash between a send and its write can make it).
         signalled = any(send.decision is not None for send in sends)
-        if (signalled and self.held) or self.flushing is not None or self.flush_due():
+        if self.flush_due() or (signalled and self.held):
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
-            if signalled and self.held:
-                await self.flush_states()
-            else:
-                await self.flush_some()
+            await self.flush_states()
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
 

@@ -151,10 +151,10 @@ class SpanAgent(WriteBackAgent):
         self.defer(deferred, produced_deferred)
         self.settle(urgent, failed)
         await self.dead_letter_unsent(failed)
-        if self.flushing is not None or self.flush_due():
+        if self.flush_due():
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
-            await self.flush_some()  # a slice: the next batch's kills do not wait on it all
+            await self.flush_states()
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
         if goal_sends:

@@ -18,17 +18,14 @@ import pytest
 from faust.events import Event
 from faust.types.tuples import Message
 
-import spanguard.streams.state as state_module
 from spanguard.config.settings import WorkerSettings
 from spanguard.detection.agent_budget import AgentUsage
-from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agent_windows import AgentWindowCount, AgentWindowsAgent, encode_usage
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import agent_window_states, build_worker, faust_app
 from spanguard.streams.delivery import Send
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import SerializedStates, event_context
 
 SESSION = 30.0
 KEY = "ab" * 32
@@ -155,171 +152,6 @@ def test_a_batch_cut_short_drops_the_records_awaiting_the_flush(
     asyncio.run(cut_short())
     assert agent.deferred == [] and agent.held == []
     assert not events[0].message.acked
-
-
-# -- a flush in slices --------------------------------------------------------------------
-
-
-def with_plain_states(agent: SpanAgent) -> dict[bytes, bytes]:
-    """The agent's states over a dict, so the writes can be counted without a broker (the
-    changelog's acks are the Kafka tests' part)."""
-    table: dict[bytes, bytes] = {}
-    agent.states = SerializedStates(table)
-    return table
-
-
-def changed_by(agent: SpanAgent, events: list[Event]) -> None:
-    """A batch of `events`, each changing its own trace."""
-    agent.hold(events)
-    agent.states.begin_batch()
-    for event in events:
-        with event_context(event):
-            agent.states[f"{event.message.offset:032x}"] = TraceState(last_seen=1.0)
-
-
-def test_a_flush_is_written_a_slice_per_batch_and_acks_its_messages_once_all_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)  # one state a slice
-    agent = span_agent(tmp_path, Clock())
-    table = with_plain_states(agent)
-    first = taken(agent, agent.worker.settings.input_topic, [b"m"] * 3)
-    changed_by(agent, first)
-    agent.flushed_at -= agent.worker.settings.commit_interval  # due
-
-    async def batches() -> None:
-        await agent.flush_some()  # the first batch's end: the flush begins, one state written
-        assert len(table) == 1 and agent.flushing is not None and agent.held == []
-        later = taken(agent, agent.worker.settings.input_topic, [b"m"] * 5)[3:]
-        changed_by(agent, later)  # a batch while the flush is under way: held for the next
-        await agent.flush_some()
-        assert len(table) == 2 and not any(e.message.acked for e in first)
-        await agent.flush_some()  # the last of the flush: its acks awaited, its messages acked
-        assert len(table) == 3 and agent.flushing is None
-        await agent.confirmed()
-        assert all(e.message.acked for e in first)
-        assert agent.held == later and not any(e.message.acked for e in later)
-
-    asyncio.run(batches())
-
-
-def test_a_batch_goes_on_while_its_flush_waits_for_the_changelogs_acks(tmp_path: Path) -> None:
-    """The acks of a flush finished at a batch's end are awaited in the background: the
-    batch ends (the next one's kills need not wait for the broker's round trip), and the
-    messages are acked only once the changelog acked their states."""
-    agent = span_agent(tmp_path, Clock())
-    with_plain_states(agent)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 2)
-    changed_by(agent, events)
-    agent.flushed_at -= agent.worker.settings.commit_interval
-
-    async def acks_later() -> None:
-        write = asyncio.get_running_loop().create_future()  # a changelog record in flight
-        agent.table.unconfirmed.append(write)
-        await asyncio.wait_for(agent.flush_some(), 1)  # returns with the write unacked
-        assert agent.flushing is None and agent.unwritten()
-        await asyncio.sleep(0.2)
-        assert not any(e.message.acked for e in events)
-        write.set_result(None)  # the broker's ack
-        await asyncio.wait_for(agent.confirmed(), 2)
-        assert not agent.unwritten()
-
-    asyncio.run(acks_later())
-    assert all(e.message.acked for e in events)
-
-
-def test_a_flush_still_under_way_a_commit_interval_on_is_written_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)
-    agent = span_agent(tmp_path, Clock())
-    table = with_plain_states(agent)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 4)
-    changed_by(agent, events)
-    agent.flushed_at -= agent.worker.settings.commit_interval
-
-    async def overdue() -> None:
-        await agent.flush_some()
-        assert len(table) == 1 and agent.flushing is not None
-        agent.flushing.started -= agent.worker.settings.commit_interval
-        await agent.flush_some()  # the offsets' commit waits no longer: all of it now
-        await agent.confirmed()
-
-    asyncio.run(overdue())
-    assert len(table) == 4 and agent.flushing is None
-    assert all(e.message.acked for e in events)
-
-
-def test_a_flush_under_way_when_faust_waits_for_every_ack_is_written_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch still running when a rebalance begins ends with the whole flush written: the
-    revocation waits for its messages' acks."""
-    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)
-    agent = span_agent(tmp_path, Clock())
-    table = with_plain_states(agent)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 4)
-    changed_by(agent, events)
-    agent.flushed_at -= agent.worker.settings.commit_interval
-
-    async def draining() -> None:
-        await agent.flush_some()
-        assert len(table) == 1
-        agent.draining = True  # set by the wrapped App._consumer_wait_empty
-        await agent.flush_some()
-        await agent.confirmed()
-
-    asyncio.run(draining())
-    assert len(table) == 4 and all(e.message.acked for e in events)
-
-
-def test_the_flush_timer_writes_a_flush_whole_when_no_batch_ran_since_its_last_look(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)
-    agent = span_agent(tmp_path, Clock())
-    table = with_plain_states(agent)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 4)
-    changed_by(agent, events)
-    agent.flushed_at -= agent.worker.settings.commit_interval
-
-    async def ticks() -> None:
-        agent.batches += 1  # a batch ran since the timer's last look: a slice only
-        await agent.flush_when_idle()
-        assert len(table) == 1 and agent.flushing is not None
-        await agent.flush_when_idle()  # none since: nothing waits behind the rest
-        assert agent.flushing is None
-
-    asyncio.run(ticks())
-    assert len(table) == 4 and all(e.message.acked for e in events)
-
-
-def test_a_fence_mid_flush_writes_no_more_of_it_and_acks_none_of_its_messages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(state_module, "FLUSH_SLICE_SECONDS", 0.0)
-    clock = Clock()
-    agent = span_agent(tmp_path, clock)
-    table = with_plain_states(agent)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m"] * 4)
-    changed_by(agent, events)
-    agent.flushed_at -= agent.worker.settings.commit_interval
-
-    async def wait_empty() -> None:
-        pass
-
-    async def fenced() -> None:
-        await agent.flush_some()
-        clock.now += SESSION  # the lease lapsed mid-flush
-        await agent._flushing_first(wait_empty)()
-        await agent.flush_some()
-
-    asyncio.run(fenced())
-    assert agent.lease.fenced == 1 and agent.flushing is None
-    assert len(table) == 1 and agent.states.unflushed == 0
-    assert not any(e.message.acked for e in events)
-    unacked = agent.worker.app.consumer._unacked_messages
-    assert not any(e.message in unacked for e in events)  # released, not waited on
 
 
 # -- the agent-windows agent under the lease -------------------------------------------------
