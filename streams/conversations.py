@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import faust
@@ -169,20 +170,9 @@ def conversation_partition(conversation_id: str, partitions: int) -> int:
     return (murmur2(conversation_id.encode()) & 0x7FFFFFFF) % partitions
 
 
-# Conversation id -> its partition, per partition count: murmur2 is pure Python, and each span
-# batch names the same few hundred conversations again. Cleared whole when full (bounded).
-_PARTITION_CACHE_SIZE = 16_384
-_partition_cache: dict[int, dict[str, int]] = {}
-
-
-def _partition_of(conversation_id: str, partitions: int) -> int:
-    cache = _partition_cache.setdefault(partitions, {})
-    partition = cache.get(conversation_id)
-    if partition is None:
-        if len(cache) >= _PARTITION_CACHE_SIZE:
-            cache.clear()
-        partition = cache[conversation_id] = conversation_partition(conversation_id, partitions)
-    return partition
+# murmur2 is pure Python, and each span batch names the same few hundred conversations again
+# (as collector_partition is cached for trace ids).
+_partition_of = lru_cache(maxsize=16_384)(conversation_partition)
 
 
 def _row(record: Record) -> list[Any]:
@@ -238,27 +228,30 @@ def encode_packs(
         # One encoding of the whole pack; split by conversation only when it is too large.
         value = _dumps({"v": PACKED_VERSION, "c": conversations}).encode()
         if len(value) <= limit:
-            key = next(iter(conversations)).encode() if len(conversations) == 1 else None
-            packs.append(Pack(partition, key, value, list(conversations)))
+            packs.append(_pack(partition, list(conversations), value))
             continue
         chunk: list[tuple[str, bytes]] = []
         size = 0
         for conversation_id, rows in conversations.items():
             entry = _dumps({conversation_id: rows}).encode()[1:-1]
             if chunk and size + len(entry) > limit:
-                packs.append(_pack(partition, chunk))
+                packs.append(_chunk_pack(partition, chunk))
                 chunk, size = [], 0
             chunk.append((conversation_id, entry))
             size += len(entry) + 1
-        packs.append(_pack(partition, chunk))
+        packs.append(_chunk_pack(partition, chunk))
     return packs
 
 
-def _pack(partition: int, chunk: list[tuple[str, bytes]]) -> Pack:
+def _chunk_pack(partition: int, chunk: list[tuple[str, bytes]]) -> Pack:
     value = _PACK_HEAD + b",".join(entry for _, entry in chunk) + b"}}"
+    return _pack(partition, [conversation_id for conversation_id, _ in chunk], value)
+
+
+def _pack(partition: int, conversation_ids: list[str], value: bytes) -> Pack:
     # A lone conversation keeps its id as the key, as version 1 records did.
-    key = chunk[0][0].encode() if len(chunk) == 1 else None
-    return Pack(partition, key, value, [conversation_id for conversation_id, _ in chunk])
+    key = conversation_ids[0].encode() if len(conversation_ids) == 1 else None
+    return Pack(partition, key, value, conversation_ids)
 
 
 def _text(value: Any, what: str, optional: bool = False) -> Any:
@@ -318,42 +311,26 @@ def _decode_rows(conversation_id: str, rows: Any) -> list[Record]:
         if kind == "c" and size == 9:
             _, trace_id, span_hex, end, tool, args_hash, result_hash, service, agent = row
             if not (
-                _fine_text(trace_id)
-                and _fine_text(span_hex)
-                and type(end) is int
-                and end >= 0
+                _fine_shared(trace_id, span_hex, end, service, agent)
                 and _fine_text(tool)
                 and (args_hash is None or _fine_text(args_hash))
                 and (result_hash is None or _fine_text(result_hash))
-                and _fine_text(service)
-                and (agent is None or _fine_text(agent))
             ):
                 _check_row(row)
-            try:
-                span_id = bytes.fromhex(span_hex)
-            except ValueError:
-                raise ValueError("span id is not hex") from None
+            span_id = _span_id(span_hex)
             key = (tool, args_hash, result_hash)
             append(ConversationCall(conversation_id, trace_id, span_id, end, key, service, agent))
         elif kind == "u" and size == 8:
             _, trace_id, span_hex, end, tokens, cost, service, agent = row
             if not (
-                _fine_text(trace_id)
-                and _fine_text(span_hex)
-                and type(end) is int
-                and end >= 0
+                _fine_shared(trace_id, span_hex, end, service, agent)
                 and type(tokens) is int
                 and tokens >= 0
                 and type(cost) is int
                 and cost >= 0
-                and _fine_text(service)
-                and (agent is None or _fine_text(agent))
             ):
                 _check_row(row)
-            try:
-                span_id = bytes.fromhex(span_hex)
-            except ValueError:
-                raise ValueError("span id is not hex") from None
+            span_id = _span_id(span_hex)
             append(
                 ConversationUsage(
                     conversation_id, trace_id, span_id, end, tokens, cost, service, agent
@@ -368,6 +345,25 @@ def _fine_text(value: Any) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_FIELD_CHARS
 
 
+def _fine_shared(trace_id: Any, span_hex: Any, end: Any, service: Any, agent: Any) -> bool:
+    """The fields every row has, each of its type (the fast path's check)."""
+    return (
+        _fine_text(trace_id)
+        and _fine_text(span_hex)
+        and type(end) is int
+        and end >= 0
+        and _fine_text(service)
+        and (agent is None or _fine_text(agent))
+    )
+
+
+def _span_id(span_hex: str) -> bytes:
+    try:
+        return bytes.fromhex(span_hex)
+    except ValueError:
+        raise ValueError("span id is not hex") from None
+
+
 def _check_row(row: list[Any]) -> None:
     """Raise ValueError saying what is wrong with a row the fast path did not take."""
     if len(row) not in (8, 9) or row[0] not in ("c", "u"):
@@ -375,7 +371,7 @@ def _check_row(row: list[Any]) -> None:
     _text(row[1], "trace id")
     try:
         bytes.fromhex(_text(row[2], "span id"))
-    except ValueError:
+    except ValueError:  # a span id that is no string says so too, as it always did
         raise ValueError("span id is not hex") from None
     _count(row[3], "end time")
     _text(row[-2], "service")
