@@ -822,6 +822,11 @@ def use_this_checkout(library: Library) -> None:
         f"{library.name}: its virtualenv holds another checkout; installing this one",
         file=sys.stderr,
     )
+    install_this_checkout(library)
+
+
+def install_this_checkout(library: Library) -> None:
+    """This checkout, editable and without dependencies, into the library's virtualenv."""
     pip = [library.python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(ROOT)]
     subprocess.run(pip, check=True)
 
@@ -833,7 +838,7 @@ def make_venv(library: Library) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [library.python, "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, *library.requirements, *SIDE_VENV_COMMON], check=True)
-    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
+    install_this_checkout(library)
 
 
 def generate(names: list[str], out: Path, modes: set[str] | None = None) -> dict[str, list[str]]:
