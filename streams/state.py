@@ -19,13 +19,14 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import faust
 
 # The store's and changelog's partition comes from the stream's current event.
 from faust.streams import _current_event, current_event
 from faust.types import TP, EventT
+from faust.types.enums import ProcessingGuarantee
 
 from spanguard.detection.trace_state import TraceState
 from spanguard.streams.delivery import Produced, Send, send_all
@@ -41,6 +42,7 @@ __all__ = [
     "ExpiryIndex",
     "ScopeAgent",
     "SerializedStates",
+    "StateWrite",
     "TraceTable",
     "WriteBackAgent",
     "event_context",
@@ -125,6 +127,14 @@ class ExpiryIndex:
 
     def __contains__(self, trace_id: object) -> bool:
         return trace_id in self.bucket_of
+
+
+class StateWrite(NamedTuple):
+    """One state to write: its key and encoded value, and the event whose partition it goes to."""
+
+    event: Any
+    key: bytes
+    value: bytes
 
 
 class SerializedStates(MutableMapping[str, TraceState]):
@@ -245,14 +255,24 @@ class SerializedStates(MutableMapping[str, TraceState]):
         return len(self._batch or ())
 
     def flush(self) -> None:
-        """Write every state changed since the last flush, each once, in the context of the last
-        event that touched it; call it before those events' messages are acked."""
+        """Write every state changed since the last flush, each once, to the partition of the
+        last event that touched it; call it before those events' messages are acked. A
+        TraceTable stores them at once; the flush sends their changelog records after
+        (`TraceTable.send_pending`)."""
         batch, self._batch = self._batch, None
         events, self._event_of = self._event_of, {}
+        writes = [
+            StateWrite(events[trace_id], trace_id.encode(), state.to_bytes())
+            for trace_id, state in (batch or {}).items()
+        ]
+        if isinstance(self.table, TraceTable):
+            self.table.put_states(writes)
+        else:
+            for write in writes:
+                with event_context(write.event):
+                    self.table[write.key] = write.value
         for trace_id, state in (batch or {}).items():
             event = events[trace_id]
-            with event_context(event):
-                self.table[trace_id.encode()] = state.to_bytes()
             self._index(event, trace_id, state.last_seen)
             self._keep(event.message.partition, trace_id, state)
 
@@ -382,6 +402,17 @@ class SerializedStates(MutableMapping[str, TraceState]):
         return len(self.table)
 
 
+def store_write_batch(store: Any) -> Any:
+    """An empty write batch of Faust's RocksDB store, of whichever binding it runs on."""
+    if store.use_rocksdict:
+        import rocksdict
+
+        return rocksdict.WriteBatch(raw_mode=True)
+    import rocksdb  # type: ignore[import-not-found]
+
+    return rocksdb.WriteBatch()
+
+
 def stored_items(store: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
     """The (key, value) pairs a Faust store holds for one partition, read lazily.
 
@@ -411,6 +442,8 @@ class TraceTable(faust.Table):
         super().__post_init__()
         # Changelog records sent and not yet handed to whoever waits for their acks.
         self.unconfirmed: list[Any] = []
+        # Changelog records (partition, key, value or None) stored and not yet sent.
+        self.pending: list[tuple[int, bytes, bytes | None]] = []
 
     def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
         """Keep each changelog record's future: the span agent waits for the broker's ack of
@@ -418,6 +451,72 @@ class TraceTable(faust.Table):
         future = super().send_changelog(*args, **kwargs)
         self.unconfirmed.append(future)
         return future
+
+    def writes_directly(self) -> bool:
+        """At least once on a RocksDB store, changelog records are sent straight to the
+        producer, in order, from `pending`, and a flush's states stored in one write batch per
+        partition: Faust's own path (a send through its buffer and a persisted offset per
+        record) cost about 80 us a state before its send and as much after, while every batch
+        waited (docs/performance.md). In Kafka transactions (exactly once) the transaction's
+        producer must send them, so Faust's path does."""
+        return self.app.conf.processing_guarantee is ProcessingGuarantee.AT_LEAST_ONCE and hasattr(
+            self.data, "_db_for_partition"
+        )
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        if not self.writes_directly():
+            super().on_key_set(key, value)
+            return
+        self.pending.append((self.partition_for_key(key), key, value))
+
+    def on_key_del(self, key: Any) -> None:
+        if not self.writes_directly():
+            super().on_key_del(key)
+            return
+        self.pending.append((self.partition_for_key(key), key, None))
+
+    def put_states(self, writes: list[StateWrite]) -> None:
+        """Store a flush's states, their changelog records left in `pending`."""
+        if not self.writes_directly():
+            for write in writes:
+                with event_context(write.event):
+                    self[write.key] = write.value
+            return
+        store = self.data
+        batches: dict[int, Any] = {}
+        for write in writes:
+            partition = write.event.message.partition
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = store_write_batch(store)
+            batch.put(write.key, write.value)
+            store._key_index[write.key] = partition
+            self.pending.append((partition, write.key, write.value))
+        for partition, batch in batches.items():
+            store._db_for_partition(partition).write(batch)
+
+    async def send_pending(self) -> None:
+        """Send the changelog records of what was stored since the last call, in the order it
+        was stored: the same bytes to the same partition as Faust's path; each record's ack is
+        kept for the flush to await, and the last of each partition's, once acked, is the
+        store's persisted offset (recovery reads the changelog after it), as Faust keeps."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        producer, topic = self.app.producer, self.changelog_topic.get_topic_name()
+        last: dict[int, Any] = {}
+        for partition, key, value in pending:
+            future = await producer.send(topic, key, value, partition, None, None)
+            self.unconfirmed.append(future)
+            last[partition] = future
+        for future in last.values():
+            future.add_done_callback(self._persist_offset)
+
+    def _persist_offset(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # the flush raises; recovery reads from the last offset persisted
+        metadata = future.result()
+        self.data.set_persisted_offset(metadata.topic_partition, metadata.offset)
 
     def take_unconfirmed(self) -> list[Any]:
         """The changelog records sent since the last call (their futures)."""
@@ -546,8 +645,9 @@ class WriteBackAgent:
         records, self.deferred = self.deferred, []
         self.confirming.append(written)
         try:
-            writes = self.table.take_unconfirmed()
-            unsent = await self.writes_acked(writes, records, epoch, ack_timeout)
+            await self.table.send_pending()
+            changelog = self.table.take_unconfirmed()
+            unsent = await self.writes_acked(changelog, records, epoch, ack_timeout)
             if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping
             if unsent:
@@ -741,6 +841,7 @@ class ScopeAgent(WriteBackAgent):
             await self.flush_states()
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
+            await self.table.send_pending()  # the tombstones, in order with the states
 
     def decide(self, events: list[EventT]) -> list[Send]:
         """What the batch's messages send (decisions, dead letters of bad records)."""

@@ -157,6 +157,7 @@ class SpanAgent(WriteBackAgent):
             await self.flush_states()
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
+            await self.table.send_pending()  # the tombstones, in order with the states
         if goal_sends:
             await self.dead_letter_unsent(await send_all(goal_sends))
         for event in events:
