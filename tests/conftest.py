@@ -1,5 +1,10 @@
 import sys
 
+from tests.support.python_source import pause_gc_while_parsing
+
+# Before pytest imports (and so parses) any test module: see tests/support/python_source.py.
+pause_gc_while_parsing()
+
 
 def pytest_sessionstart(session) -> None:
     """Say which Kafka the run uses (tests/support/kafka_harness.py chooses it), even under -q."""
