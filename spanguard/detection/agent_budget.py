@@ -25,6 +25,7 @@ agent is back under budget. One decision per crossing: the next comes after that
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -141,8 +142,23 @@ class AgentWindow:
 
 def agent_key(service: str, agent_name: str | None) -> str:
     """An agent's identity as one unambiguous text (a name may hold any character): the key
-    the worker keys its usage records and window table by."""
+    the worker keys its usage records and window table by. Cached for names of ordinary
+    length: a fleet has few agents, and each inference's usage asks for its key three times
+    (5.7% of a scope-on worker's samples were this JSON)."""
+    if len(service) + len(agent_name or "") <= MAX_CACHED_KEY_CHARS:
+        return _cached_agent_key(service, agent_name)
+    return _agent_key(service, agent_name)
+
+
+# Names longer than this are keyed without the cache: 4,096 keys of at most this size.
+MAX_CACHED_KEY_CHARS = 256
+
+
+def _agent_key(service: str, agent_name: str | None) -> str:
     return json.dumps([service, agent_name], separators=(",", ":"), ensure_ascii=False)
+
+
+_cached_agent_key = functools.lru_cache(maxsize=4096)(_agent_key)
 
 
 class AgentBudgetGuard(GuardObserver):
