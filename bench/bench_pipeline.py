@@ -37,6 +37,11 @@ run, each figure next to its same-run baseline:
    LogAppendTime as well) ran while each of the slowest tenth of kills was on its way.
    `--profile DIR` samples the worker with py-spy over this drain and phase 1's
    (bench/worker_profile.py).
+2c. The scopes (phase `scopes`, with `collector`): a worker with the conversation and agent
+   scopes on (`SCOPES_POLICY`: a conversation scope and per-agent budgets no run reaches), on
+   topics and a Collector of its own, drains a corpus like 2b's through the Collector, and the
+   latency run goes through it too. Its rate against 2b's (whose corpora then name
+   conversations too, so both carry the same spans): the scopes' cost on the shipped path.
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -91,7 +96,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.bench_scopes import with_conversations
-from bench.corpus import build_corpus
+from bench.corpus import Corpus, build_corpus
 from bench.worker_profile import Profiler
 from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
@@ -1013,6 +1018,66 @@ def stop_worker(worker: WorkerProcess) -> None:
         print(f"worker exited with {code}; log kept: {worker.log_path}\n{worker.log_tail()}")
 
 
+# Both scopes on, with budgets no run reaches: every call travels to the conversation agent
+# and every inference's usage to the agent windows, and nothing but the loops is decided.
+SCOPES_POLICY = """\
+defaults:
+  conversation: {enabled: true}
+  agent_budget: {window: 1h, tokens: 1000000000000, usd: 1000000000, action: flag}
+"""
+
+
+@dataclass
+class ScopesRun:
+    drain: Drain
+    latency: Latency | None
+
+
+def scopes_run(
+    args: argparse.Namespace,
+    admin: AdminClient,
+    corpus: Corpus,
+    latency_corpus: Corpus | None,
+    expected: dict[str, str],
+) -> ScopesRun:
+    """Phase `scopes`: a worker with the conversation and agent scopes on (SCOPES_POLICY), on
+    topics and a Collector of its own, drains `corpus` through the Collector and, with
+    `latency_corpus`, runs the latency run through it."""
+    topics = Topics()
+    policy = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-")) / "policy.yaml"
+    policy.write_text(SCOPES_POLICY)
+    scoped = argparse.Namespace(
+        **{**vars(args), "worker_arg": [*args.worker_arg, f"--policy={policy}"]}
+    )
+    worker: WorkerProcess | None = None
+    shipped: ShippedCollector | None = None
+    try:
+        timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
+        create_timed_topics(admin, timed, args.partitions)
+        create_worker_topics(topics, args.partitions)
+        worker = start_worker(topics, args.partitions, scoped)
+        probe(topics.input, args.partitions, [worker], seed=103)
+        shipped = ShippedCollector(topics.input)
+        fed = drain_through_collector(
+            shipped, topics, args.partitions, corpus.requests, corpus.spans, [worker],
+            args.drain_timeout,
+        )  # fmt: skip
+        latency = None
+        if latency_corpus is not None:
+            latency, _ = latency_through_collector(
+                worker, topics, args.partitions, shipped, latency_corpus.requests, expected,
+                args.rate, args.seconds,
+            )  # fmt: skip
+        return ScopesRun(fed.drain, latency)
+    finally:
+        if worker is not None:
+            stop_worker(worker)
+        if shipped is not None:
+            shipped.close()
+        delete_topics(admin, topics.prefix)
+        shutil.rmtree(policy.parent, ignore_errors=True)
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
@@ -1046,9 +1111,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--phases",
-        default="one,latency,collector,two,faust",
-        help="comma-separated subset of one,latency,collector,two,faust (one is always run);"
-        " with collector, the two-worker drain goes through the Collector too",
+        default="one,latency,collector,scopes,two,faust",
+        help="comma-separated subset of one,latency,collector,scopes,two,faust (one is always"
+        " run); with collector, the two-worker drain goes through the Collector too, and scopes"
+        " drains it again (and runs latency) with the conversation and agent scopes on",
     )
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra `spanguard worker` argument"
@@ -1106,9 +1172,22 @@ def main() -> int:
             int(args.rate * args.seconds), args.latency_traces, seed=12, **mix, **loops
         )
         expected_c = expected_kills(latency_c.requests)
-        if args.conversations:  # the Collector's corpora carry the scope's load too
+        # The Collector's corpora carry the scope's load too; with phase `scopes`, whose run
+        # they are the scope-off half of, always.
+        if args.conversations or "scopes" in phases:
             corpus_c.requests = with_conversations(corpus_c.requests, prefix="collector-conv")
             latency_c.requests = with_conversations(latency_c.requests, prefix="latency-c-conv")
+    corpus_s = latency_s = None
+    expected_s: dict[str, str] = {}
+    if "scopes" in phases and "collector" in phases:
+        corpus_s = build_corpus(args.spans, args.traces, seed=13, **mix)
+        corpus_s.requests = with_conversations(corpus_s.requests, prefix="scopes-conv")
+        if "latency" in phases:
+            latency_s = build_corpus(
+                int(args.rate * args.seconds), args.latency_traces, seed=14, **mix, **loops
+            )
+            expected_s = expected_kills(latency_s.requests)
+            latency_s.requests = with_conversations(latency_s.requests, prefix="latency-s-conv")
     per_message = corpus.spans / len(messages)
     print(
         f"corpus: {corpus.spans:,} spans in {len(messages):,} one-trace messages"
@@ -1288,6 +1367,36 @@ def main() -> int:
         if shipped is not None:
             shipped.close()
             shipped = None
+        # -- 2c. the same with the conversation and agent scopes on ------------------------
+        scopes: ScopesRun | None = None
+        if corpus_s is not None and fed is not None:
+            scopes = scopes_run(args, admin, corpus_s, latency_s, expected_s)
+            scale = scopes.drain.spans_per_s / fed.drain.spans_per_s
+            print(
+                f"pipeline through the Collector with the conversation and agent scopes on"
+                f" (1 worker): {scopes.drain.spans_per_s:12,.0f} spans/s = {scale:.2f} of the"
+                f" same drain with them off"
+                + ("" if scopes.drain.done else "  [INCOMPLETE]")
+                + f"; worker cores {scopes.drain.cores['worker 1']:.2f} on,"
+                f" {fed.drain.cores['worker 1']:.2f} off"
+            )
+            result.update(
+                {
+                    "scopes_spans_per_s": round(scopes.drain.spans_per_s),
+                    "scopes_to_off": round(scale, 3),
+                    "scopes_drain_complete": scopes.drain.done,
+                    "worker_cores_scopes": round(scopes.drain.cores["worker 1"], 2),
+                }
+            )
+            if scopes.latency is not None:
+                result.update(
+                    {
+                        "scopes_latency_p50_ms": scopes.latency.p50,
+                        "scopes_latency_p99_ms": scopes.latency.p99,
+                        "scopes_kills_measured": scopes.latency.measured,
+                    }
+                )
+
         later = core_rate(corpus.requests, corpus.spans, args.runs)
         print(f"core again, workers stopped (best of {args.runs}): {later:12,.0f} spans/s")
         core = max(core, later)
@@ -1352,6 +1461,18 @@ def main() -> int:
                     f" {os.cpu_count()} cores busy"
                 )
             line += ")"
+        if scopes is not None and fed is not None:
+            scale = scopes.drain.spans_per_s / fed.drain.spans_per_s
+            line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f})"
+            scoped = scopes.latency
+            if scoped is not None:
+                ok = scoped.p99 is not None and scoped.p99 < 100
+                ok = ok and scoped.measured == scoped.expected
+                line += (
+                    f"; p99 with scopes < 100 ms: {met(ok)}"
+                    f" ({'-' if scoped.p99 is None else f'{scoped.p99:.0f} ms'}"
+                    f" over {scoped.measured} kills)"
+                )
         print(line)
     finally:
         for worker in workers:
