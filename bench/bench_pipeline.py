@@ -1036,12 +1036,14 @@ class ScopesRun:
 def scopes_run(
     args: argparse.Namespace,
     admin: AdminClient,
+    warmup: Corpus,
     corpus: Corpus,
     latency_corpus: Corpus | None,
     expected: dict[str, str],
 ) -> ScopesRun:
     """Phase `scopes`: a worker with the conversation and agent scopes on (SCOPES_POLICY), on
-    topics and a Collector of its own, drains `corpus` through the Collector and, with
+    topics and a Collector of its own, drains `warmup` (its scope agents' first records, as
+    phase 1 warmed the scope-off worker up), then `corpus` through the Collector and, with
     `latency_corpus`, runs the latency run through it."""
     topics = Topics()
     policy = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-")) / "policy.yaml"
@@ -1058,10 +1060,11 @@ def scopes_run(
         worker = start_worker(topics, args.partitions, scoped)
         probe(topics.input, args.partitions, [worker], seed=103)
         shipped = ShippedCollector(topics.input)
-        fed = drain_through_collector(
-            shipped, topics, args.partitions, corpus.requests, corpus.spans, [worker],
-            args.drain_timeout,
-        )  # fmt: skip
+        for drained in (warmup, corpus):
+            fed = drain_through_collector(
+                shipped, topics, args.partitions, drained.requests, drained.spans, [worker],
+                args.drain_timeout,
+            )  # fmt: skip
         latency = None
         if latency_corpus is not None:
             latency, _ = latency_through_collector(
@@ -1177,11 +1180,13 @@ def main() -> int:
         if args.conversations or "scopes" in phases:
             corpus_c.requests = with_conversations(corpus_c.requests, prefix="collector-conv")
             latency_c.requests = with_conversations(latency_c.requests, prefix="latency-c-conv")
-    corpus_s = latency_s = None
+    corpus_s = latency_s = warmup_s = None
     expected_s: dict[str, str] = {}
     if "scopes" in phases and "collector" in phases:
         corpus_s = build_corpus(args.spans, args.traces, seed=13, **mix)
         corpus_s.requests = with_conversations(corpus_s.requests, prefix="scopes-conv")
+        warmup_s = build_corpus(args.spans // 10, args.traces // 10, seed=15, **mix)
+        warmup_s.requests = with_conversations(warmup_s.requests, prefix="warmup-conv")
         if "latency" in phases:
             latency_s = build_corpus(
                 int(args.rate * args.seconds), args.latency_traces, seed=14, **mix, **loops
@@ -1369,8 +1374,8 @@ def main() -> int:
             shipped = None
         # -- 2c. the same with the conversation and agent scopes on ------------------------
         scopes: ScopesRun | None = None
-        if corpus_s is not None and fed is not None:
-            scopes = scopes_run(args, admin, corpus_s, latency_s, expected_s)
+        if corpus_s is not None and warmup_s is not None and fed is not None:
+            scopes = scopes_run(args, admin, warmup_s, corpus_s, latency_s, expected_s)
             scale = scopes.drain.spans_per_s / fed.drain.spans_per_s
             print(
                 f"pipeline through the Collector with the conversation and agent scopes on"
