@@ -257,17 +257,17 @@ class SerializedStates(MutableMapping[str, TraceState]):
     def flush(self) -> None:
         """Write every state changed since the last flush, each once, to the partition of the
         last event that touched it; call it before those events' messages are acked. A
-        TraceTable stores them at once; the flush sends their changelog records after
-        (`TraceTable.send_pending`)."""
+        TraceTable that writes directly stores them at once; the flush sends their changelog
+        records after (`TraceTable.send_pending`)."""
         batch, self._batch = self._batch, None
         events, self._event_of = self._event_of, {}
         writes = [
             StateWrite(events[trace_id], trace_id.encode(), state.to_bytes())
             for trace_id, state in (batch or {}).items()
         ]
-        if isinstance(self.table, TraceTable):
+        if isinstance(self.table, TraceTable) and self.table.writes_directly():
             self.table.put_states(writes)
-        else:
+        else:  # a plain mapping, or Faust's table path, which sends the records itself
             for write in writes:
                 with event_context(write.event):
                     self.table[write.key] = write.value
@@ -476,12 +476,8 @@ class TraceTable(faust.Table):
         self.pending.append((self.partition_for_key(key), key, None))
 
     def put_states(self, writes: list[StateWrite]) -> None:
-        """Store a flush's states, their changelog records left in `pending`."""
-        if not self.writes_directly():
-            for write in writes:
-                with event_context(write.event):
-                    self[write.key] = write.value
-            return
+        """Store a flush's states, their changelog records left in `pending` (when
+        `writes_directly`)."""
         store = self.data
         batches: dict[int, Any] = {}
         for write in writes:
