@@ -1061,9 +1061,14 @@ def scopes_run(
         probe(topics.input, args.partitions, [worker], seed=103)
         shipped = ShippedCollector(topics.input)
         for drained in (warmup, corpus):
+            profiler = (
+                Profiler(args.profile, "worker-drain-scopes.txt")
+                if args.profile and drained is corpus
+                else None
+            )
             fed = drain_through_collector(
                 shipped, topics, args.partitions, drained.requests, drained.spans, [worker],
-                args.drain_timeout,
+                args.drain_timeout, profiler,
             )  # fmt: skip
         latency = None
         if latency_corpus is not None:
@@ -1117,7 +1122,7 @@ def main() -> int:
         metavar="DIR",
         help="sample the first worker with py-spy over its drains: the raw samples go to DIR"
         " (python -m bench.worker_profile DIR/worker-drain-one.txt, the synthetic producer's;"
-        " DIR/worker-drain.txt, through the Collector)",
+        " DIR/worker-drain.txt, through the Collector; DIR/worker-drain-scopes.txt, phase scopes)",
     )
     parser.add_argument(
         "--phases",

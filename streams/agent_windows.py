@@ -39,6 +39,7 @@ from spanguard.detection.agent_budget import (
     AgentUsage,
     AgentWindow,
     agent_key,
+    bucket_seconds,
 )
 from spanguard.detection.pipeline import Outcome
 from spanguard.outcomes import CountedOutcome, Tally
@@ -146,6 +147,9 @@ class AgentUsageRecorder(AgentBudgetGuard):
         self.tally = Tally() if tally is None else tally
         self.records: list[AgentUsage] = []
         self.sources: list[Any] = []  # aligned with `records`: the message each came from
+        # The current message's usage: (service, agent name, bucket) -> its sum so far.
+        self._summed: dict[tuple[str, str | None, int], AgentUsage] = {}
+        self._widths: dict[int, int] = {}  # a window's bucket width, by its seconds
         self._tell = _TellOnce()
 
     def observe_usage(self, record: AgentUsage) -> Decision | None:
@@ -161,7 +165,34 @@ class AgentUsageRecorder(AgentBudgetGuard):
                 '{what="no_identity"})',
             )
             return None
-        self.records.append(record)
+        # One record per agent and bucket of its window for the spans of one message: the
+        # window counts them the same, from a few rows instead of one per inference span.
+        ended = record.end_time_unix_nano
+        window = policy.agent_budget_window
+        width = self._widths.get(window)
+        if width is None:
+            width = self._widths[window] = bucket_seconds(window)
+        bucket = int((ended / 1e9) // width) if ended else 0  # as the window reckons it
+        key = (record.service, record.agent_name, bucket)
+        summed = self._summed.get(key)
+        if summed is None:
+            self._summed[key] = AgentUsage(
+                record.service,
+                record.agent_name,
+                record.trace_id,
+                record.span_id,
+                ended,
+                record.tokens,
+                record.cost,
+            )
+            return None
+        # The last span stands for the sum: a crossing is decided at it, naming its trace.
+        summed.trace_id = record.trace_id
+        summed.span_id = record.span_id
+        if ended > summed.end_time_unix_nano:
+            summed.end_time_unix_nano = ended
+        summed.tokens += record.tokens
+        summed.cost += record.cost
         return None
 
     def retract(self, decision: Decision) -> None:
@@ -169,6 +200,9 @@ class AgentUsageRecorder(AgentBudgetGuard):
 
     def sourced(self, message: Any) -> None:
         """The records since the last call came from `message`."""
+        if self._summed:
+            self.records.extend(self._summed.values())
+            self._summed.clear()
         self.sources.extend([message] * (len(self.records) - len(self.sources)))
 
     def drain(self) -> tuple[list[AgentUsage], list[Any]]:

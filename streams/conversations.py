@@ -128,6 +128,16 @@ class ConversationRecorder(ConversationGuard):
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
+        # Usage is sent only against a conversation budget (see observe_usage): without one
+        # anywhere, the guard hands none.
+        self.counts_usage = any(
+            entry.conversation_enabled
+            and (
+                entry.conversation_token_budget is not None
+                or entry.conversation_usd_budget is not None
+            )
+            for entry in [policy.defaults, *(rule.policy for rule in policy.rules)]
+        )
         self.records: list[Record] = []
         self.sources: list[Any] = []  # aligned with `records`: the message each came from
 

@@ -665,46 +665,69 @@ def adapt_read(
             and attributes[TRACELOOP_REQUEST_TYPE].string_value in TRACELOOP_LLM_TYPES
         )
     )
-    tokens = _tokens(attributes, present, reading.input_tokens, reading.output_tokens)
-    if tokens is None and not inference:
-        tokens = _tokens(attributes, present, reading.aggregate_input, reading.aggregate_output)
-    if tokens is None:
+    tokens_in = _first_int(attributes, present, reading.input_tokens)
+    tokens_out = _first_int(attributes, present, reading.output_tokens)
+    if tokens_in is None and tokens_out is None and not inference:
+        tokens_in = _first_int(attributes, present, reading.aggregate_input)
+        tokens_out = _first_int(attributes, present, reading.aggregate_output)
+    if tokens_in is None and tokens_out is None:
         return None
+    tokens = (tokens_in or 0) + (tokens_out or 0)
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
+    # Positional: a call by keyword costs twice as much, once per inference span.
     usage = TokenUsage(
-        span_id=span.span_id,
-        tokens=tokens,
-        aggregate=not inference,
-        agent_name=agent_name,
-        match_attributes=match_attributes,
-        end_time_unix_nano=span.end_time_unix_nano,
-        conversation_id=conversation_of(attributes, present) if named else None,
+        span.span_id,
+        tokens,
+        not inference,  # aggregate
+        agent_name,
+        match_attributes,
+        span.end_time_unix_nano,
     )
+    if named:
+        usage.conversation_id = conversation_of(attributes, present)
     for key in reading.models:
         if key in present:
-            _read_price_facts(usage, attributes, present, inference)
+            _read_price_facts(usage, attributes, present, inference, tokens_in, tokens_out)
             break
     return usage
 
 
 def _read_price_facts(
-    usage: TokenUsage, attributes: AttributeMap, present: Container[str], inference: bool
+    usage: TokenUsage,
+    attributes: AttributeMap,
+    present: Container[str],
+    inference: bool,
+    tokens_in: int | None,
+    tokens_out: int | None,
 ) -> None:
-    """What pricing needs of a usage span: the model, the provider and the counts apart."""
-    usage.request_model = _bounded_first_text(attributes, present, REQUEST_MODEL_KEYS)
-    usage.response_model = _bounded_first_text(attributes, present, RESPONSE_MODEL_KEYS)
-    usage.provider = _bounded_first_text(attributes, present, PROVIDER_KEYS)
-    input_keys: tuple[str, ...]
-    output_keys: tuple[str, ...]
-    if inference:
-        input_keys, output_keys = INPUT_TOKEN_KEYS, OUTPUT_TOKEN_KEYS
-    else:
-        input_keys = (*INPUT_TOKEN_KEYS, AGGREGATE_INPUT_KEY)
-        output_keys = (*OUTPUT_TOKEN_KEYS, AGGREGATE_OUTPUT_KEY)
-    usage.input_tokens = _first_int(attributes, present, input_keys) or 0
-    usage.output_tokens = _first_int(attributes, present, output_keys) or 0
+    """What pricing needs of a usage span: the model, the provider and the counts apart
+    (`tokens_in`, `tokens_out`: the counts the span's usage was read from)."""
+    usage.request_model = _model_text(attributes, present, REQUEST_MODEL_KEYS)
+    usage.response_model = _model_text(attributes, present, RESPONSE_MODEL_KEYS)
+    usage.provider = _model_text(attributes, present, PROVIDER_KEYS)
+    if not inference:  # an agent's total: its own counts where the inference keys lack one
+        if tokens_in is None:
+            tokens_in = _first_int(attributes, present, (AGGREGATE_INPUT_KEY,))
+        if tokens_out is None:
+            tokens_out = _first_int(attributes, present, (AGGREGATE_OUTPUT_KEY,))
+    usage.input_tokens = tokens_in or 0
+    usage.output_tokens = tokens_out or 0
     usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
     usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+
+
+def _model_text(
+    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
+) -> str | None:
+    """The first non-empty text of `keys` on the span, bounded (MAX_TEXT_CHARS): the model or
+    provider a priced span names (three per span, so a string value is read inline)."""
+    for key in keys:
+        if key in present:
+            value = attributes[key]
+            text = value.string_value or _text(value)
+            if text:
+                return text if len(text) <= MAX_TEXT_CHARS else bounded_text(text)
+    return None
 
 
 def conversation_of(attributes: AttributeMap, present: Container[str]) -> str | None:
@@ -712,17 +735,32 @@ def conversation_of(attributes: AttributeMap, present: Container[str]) -> str | 
     MAX_TEXT_CHARS (a longer one is cut and hashed: still one id per conversation)."""
     for key in CONVERSATION_KEYS:
         if key in present:
-            text = _text(attributes[key]).strip()
-            if text and text.lower() not in PLACEHOLDER_CALL_IDS:
-                return bounded_text(text)
+            value = attributes[key]
+            raw = value.string_value or _text(value)
+            # Every span of a conversation names it again: the answer is kept per text.
+            found = _conversation_ids.get(raw)
+            if found is None:
+                found = _conversation_id(raw)
+                if len(raw) <= MAX_TEXT_CHARS:
+                    if len(_conversation_ids) >= MAX_CONVERSATION_IDS_KEPT:
+                        _conversation_ids.clear()
+                    _conversation_ids[raw] = found
+            if found:
+                return found
     return None
 
 
-def _bounded_first_text(
-    attributes: AttributeMap, present: Container[str], keys: tuple[str, ...]
-) -> str | None:
-    text = _first_text(attributes, present, keys)
-    return bounded_text(text) if text is not None else None
+# conversation_of's answers by the text a span gave ("" for none), bounded.
+_conversation_ids: dict[str, str] = {}
+MAX_CONVERSATION_IDS_KEPT: Final = 16_384
+
+
+def _conversation_id(raw: str) -> str:
+    """The conversation id `raw` names: "" when blank or a placeholder."""
+    text = raw.strip()
+    if not text or text.lower() in PLACEHOLDER_CALL_IDS:
+        return ""
+    return bounded_text(text)
 
 
 def _other_kinds(
@@ -972,19 +1010,6 @@ def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{text[: limit - 30]}...sha256:{digest}"
-
-
-def _tokens(
-    attributes: AttributeMap,
-    present: Container[str],
-    input_keys: tuple[str, ...],
-    output_keys: tuple[str, ...],
-) -> int | None:
-    tokens_in = _first_int(attributes, present, input_keys)
-    tokens_out = _first_int(attributes, present, output_keys)
-    if tokens_in is None and tokens_out is None:
-        return None
-    return (tokens_in or 0) + (tokens_out or 0)
 
 
 def _first_int(

@@ -298,6 +298,10 @@ class Guard:
         self._reading = reading_of(self._wanted)
         self._warned_conversations: set[str] = set()
         self.pricer: Pricer | None = Pricer() if self.prices_usage else None
+        # Whether a change of a trace's usage goes anywhere beyond its own budgets.
+        self._hands_on_usage = (
+            conversations is not None and conversations.counts_usage
+        ) or self.agent_budgets is not None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -430,42 +434,7 @@ class Guard:
                         islice(recent_calls, len(recent_calls) - limit, None)
                     )
             return self._on_tool_call(trace_id, state, event, policy, plan)
-        if self.agent_budgets is not None:
-            return self._on_agent_tokens(trace_id, state, event, policy, plan)
-        if self.conversations is not None and state.conversation_id is not None:
-            return self._on_conversation_tokens(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
-
-    def _on_agent_tokens(
-        self,
-        trace_id: str,
-        state: TraceState,
-        usage: TokenUsage,
-        policy: AgentPolicy,
-        plan: _Plan,
-    ) -> Decision | None:
-        """The trace's (and its conversation's) budgets, then what the span added to the
-        trace's tokens and cost handed to the agent's rolling window."""
-        tokens_before, cost_before = _spent(state)
-        if self.conversations is not None and state.conversation_id is not None:
-            decision = self._on_conversation_tokens(trace_id, state, usage, policy, plan)
-        else:
-            decision = self._on_tokens(trace_id, state, usage, policy, plan)
-        tokens_after, cost_after = _spent(state)
-        if tokens_after > tokens_before or cost_after > cost_before:
-            assert self.agent_budgets is not None
-            self.agent_budgets.observe_usage(
-                AgentUsage(
-                    state.service,
-                    state.agent_name,
-                    trace_id,
-                    usage.span_id,
-                    usage.end_time_unix_nano,
-                    max(tokens_after - tokens_before, 0),
-                    max(cost_after - cost_before, 0),
-                )
-            )
-        return decision
 
     def _join_conversation(self, trace_id: str, state: TraceState, conversation_id: str) -> None:
         """The first conversation a trace's spans name is its; another is counted and told
@@ -484,32 +453,6 @@ class Guard:
                 state.conversation_id,
                 self.stats.conversation_conflicts,
             )
-
-    def _on_conversation_tokens(
-        self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
-    ) -> Decision | None:
-        """The trace's own budgets, then what the span added to the trace's tokens and cost
-        handed to the conversation scope."""
-        tokens_before, cost_before = _spent(state)
-        decision = self._on_tokens(trace_id, state, usage, policy, plan)
-        tokens_after, cost_after = _spent(state)
-        if tokens_after > tokens_before or cost_after > cost_before:
-            assert self.conversations is not None and state.conversation_id is not None
-            found = self.conversations.observe_usage(
-                ConversationUsage(
-                    state.conversation_id,
-                    trace_id,
-                    usage.span_id,
-                    usage.end_time_unix_nano,
-                    max(tokens_after - tokens_before, 0),
-                    max(cost_after - cost_before, 0),
-                    state.service,
-                    state.agent_name,
-                )
-            )
-            if found is not None:
-                self.conversations.pending.append(found)
-        return decision
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
@@ -640,16 +583,18 @@ class Guard:
         # What the trace's spend grew by (an agent's total repeats its inference spans: only
         # what the budgets count is added), by whether it has a price.
         tokens_after, cost_after = _spent(state)
-        if tokens_after > tokens_before:
-            added = tokens_after - tokens_before
+        added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
+        added_cost = cost_after - cost_before if cost_after > cost_before else 0
+        if added_tokens:
             if priced:
-                stats.tokens_priced += added
+                stats.tokens_priced += added_tokens
             elif self.pricer is not None:
-                stats.tokens_unpriced += added
+                stats.tokens_unpriced += added_tokens
             else:
-                stats.tokens_not_priced += added
-        if cost_after > cost_before:
-            stats.cost_pico_usd += cost_after - cost_before
+                stats.tokens_not_priced += added_tokens
+        if added_cost:
+            stats.cost_pico_usd += added_cost
+        decision: Decision | None = None
         fired = state.fired
         for rule, wanted in plan.token_rules:
             if fired and (
@@ -671,8 +616,49 @@ class Guard:
                     usage.end_time_unix_nano,
                 )
                 if decision is not None:
-                    return decision
-        return None
+                    break
+        if (added_tokens or added_cost) and self._hands_on_usage:
+            self._hand_on_usage(trace_id, state, usage, added_tokens, added_cost)
+        return decision
+
+    def _hand_on_usage(
+        self, trace_id: str, state: TraceState, usage: TokenUsage, tokens: int, cost: int
+    ) -> None:
+        """What the span added to the trace's tokens and cost, handed to the scopes that count
+        it: the trace's conversation (where its scope counts usage), then the agent's rolling
+        window. Their decisions wait in their `pending` until the request is done."""
+        conversations = self.conversations
+        if (
+            conversations is not None
+            and conversations.counts_usage
+            and state.conversation_id is not None
+        ):
+            found = conversations.observe_usage(
+                ConversationUsage(
+                    state.conversation_id,
+                    trace_id,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                    tokens,
+                    cost,
+                    state.service,
+                    state.agent_name,
+                )
+            )
+            if found is not None:
+                conversations.pending.append(found)
+        if self.agent_budgets is not None:
+            self.agent_budgets.observe_usage(
+                AgentUsage(
+                    state.service,
+                    state.agent_name,
+                    trace_id,
+                    usage.span_id,
+                    usage.end_time_unix_nano,
+                    tokens,
+                    cost,
+                )
+            )
 
     def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> bool:
         """Add the span's cost to the trace's: an inference span's to the sum (or its tokens to

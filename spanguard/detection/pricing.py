@@ -145,6 +145,10 @@ class Pricer:
         # request). Prices change by date: a day's answer stands for the whole day.
         self._rates: dict[tuple[int, int], tuple[Any, Any, ModelRates | None]] = {}
         self._warned: set[tuple[str | None, str | None]] = set()
+        # (response model, request model, provider, day, which overrides) -> the per-token
+        # rates that priced such a span: every inference span of a fleet names one of a few
+        # models, so most are priced from here (bounded as the lookups are).
+        self._known: dict[tuple[str | None, str | None, str | None, int, int], ModelRates] = {}
         self.has_database = importlib.util.find_spec("genai_prices") is not None
         self.unpriced_events = 0  # inference spans with usage that nothing could price
         self.priced_events = 0
@@ -154,18 +158,31 @@ class Pricer:
     ) -> int | None:
         """The span's cost in pico-dollars, or None (warned once, counted) when its model has
         no price: not in the policy's `prices:`, not in the database, or not named at all."""
+        ended = usage.end_time_unix_nano if usage.end_time_unix_nano > 0 else time.time_ns()
+        known_key = (
+            usage.response_model,
+            usage.request_model,
+            usage.provider,
+            ended // _NANOS_PER_DAY,
+            id(overrides) if overrides else 0,
+        )
+        known = self._known.get(known_key)
+        if known is not None:
+            self.priced_events += 1
+            return known.cost(usage)
         models = [name for name in (usage.response_model, usage.request_model) if name]
         if overrides:
             for name in models:
                 rates = overrides.get(name.lower())
                 if rates is not None:
                     self.priced_events += 1
+                    self._remember(known_key, rates)
                     return rates.cost(usage)
         for name in models:
             found = self._lookup(usage.provider, name)
             if found is not _UNPRICED:
                 self.priced_events += 1
-                return self._database_cost(found, usage)
+                return self._database_cost(found, usage, ended, known_key)
         self.unpriced_events += 1
         self._warn(usage.provider, models[0] if models else None)
         return None
@@ -194,9 +211,21 @@ class Pricer:
         self._found[key] = found
         return found
 
-    def _database_cost(self, found: tuple[Any, Any], usage: TokenUsage) -> int:
+    def _remember(
+        self, key: tuple[str | None, str | None, str | None, int, int], rates: ModelRates
+    ) -> None:
+        if len(self._known) >= MAX_LOOKUPS:
+            self._known.clear()
+        self._known[key] = rates
+
+    def _database_cost(
+        self,
+        found: tuple[Any, Any],
+        usage: TokenUsage,
+        ended: int,
+        known_key: tuple[str | None, str | None, str | None, int, int],
+    ) -> int:
         _provider, model = found
-        ended = usage.end_time_unix_nano if usage.end_time_unix_nano > 0 else time.time_ns()
         key = (id(model), ended // _NANOS_PER_DAY)
         entry = self._rates.get(key)
         if entry is None or entry[0] is not model:
@@ -207,6 +236,7 @@ class Pricer:
             self._rates[key] = entry
         price, rates = entry[1], entry[2]
         if rates is not None:
+            self._remember(known_key, rates)
             return rates.cost(usage)
         from genai_prices import Usage
 
