@@ -253,3 +253,50 @@ def test_a_window_stays_bounded_in_bytes_whatever_the_traffic():
     window = AgentWindow.from_bytes(stored)
     assert len(window.buckets) <= 240 and len(window.sources) <= 512
     assert len(stored) < 32_000, len(stored)
+
+
+def test_a_message_sends_one_row_per_agent_and_bucket_and_the_window_counts_the_same():
+    budget = policy("{window: 1h, tokens: 5000, action: kill}")
+    # One message's usage: two agents, spans in two minutes of the triage agent's window
+    # (its buckets are a minute wide), one late span back in the first minute.
+    spans = [
+        usage(T0 + 1, 400),
+        usage(T0 + 2, 300, agent="billing"),
+        usage(T0 + 20, 500),
+        usage(T0 + 61, 700),
+        usage(T0 + 30, 100),
+        usage(T0 + 50, 200, agent="billing"),
+    ]
+    recorder = AgentUsageRecorder(budget)
+    for record in spans:
+        recorder.observe_usage(record)
+    message = Message("spans", 2, 41)
+    recorder.sourced(message)
+    records, sources = recorder.drain()
+    assert sources == [message] * len(records)
+    sums = [(r.agent_name, r.end_time_unix_nano // 10**9 - T0, r.tokens) for r in records]
+    # A row per (agent, minute), in the order each first appeared; the last span of each
+    # stands for it (its trace is the one a crossing names).
+    assert sums == [("triage", 30, 1000), ("billing", 50, 500), ("triage", 61, 700)]
+    assert (records[0].trace_id, records[0].span_id) == (spans[4].trace_id, spans[4].span_id)
+    # The window holds what it would have held from a row per span; the late span, summed
+    # before the window saw the next minute, stays in its own minute rather than the newest
+    # (so it leaves the window no later than its own span would have).
+    one_by_one = worker_guard(budget)
+    for record in spans:
+        one_by_one.observe_usage(record)
+    summed = worker_guard(budget)
+    for agent, rows in rows_of(records, sources):
+        summed.observe_rows(agent, rows)
+    minute = T0 // 60
+    for agent, buckets in (
+        (TRIAGE, [[minute, 1000, 0], [minute + 1, 700, 0]]),
+        (("support", "billing"), [[minute, 500, 0]]),
+    ):
+        expected, got = one_by_one.windows.get(agent), summed.windows.get(agent)
+        assert got.tokens == expected.tokens and list(got.buckets) == buckets
+    assert one_by_one.windows.get(TRIAGE).late == 1 and summed.windows.get(TRIAGE).late == 0
+    # The next message starts new rows.
+    recorder.observe_usage(usage(T0 + 63, 10))
+    recorder.sourced(Message("spans", 2, 42))
+    assert [r.tokens for r in recorder.drain()[0]] == [10]
