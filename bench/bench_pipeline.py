@@ -38,10 +38,14 @@ run, each figure next to its same-run baseline:
    `--profile DIR` samples the worker with py-spy over this drain and phase 1's
    (bench/worker_profile.py).
 2c. The scopes (phase `scopes`, with `collector`): a worker with the conversation and agent
-   scopes on (`SCOPES_POLICY`: a conversation scope and per-agent budgets no run reaches), on
-   topics and a Collector of its own, drains a corpus like 2b's through the Collector, and the
-   latency run goes through it too. Its rate against 2b's (whose corpora then name
-   conversations too, so both carry the same spans): the scopes' cost on the shipped path.
+   scopes on (`SCOPES_POLICY`: a conversation scope and per-agent budgets no run reaches) and
+   one with the shipped defaults, each on topics and a Collector of its own, both warmed up
+   alike; then `--scope-rounds` corpora like 2b's (every span naming its conversation) are
+   each drained through both, back to back, which goes first alternating. The median of the
+   rounds' on/off rates is the scopes' cost on the shipped path: the two halves of a round
+   meet the same load from the rest of a shared machine, which drains minutes apart do not.
+   The latency run then goes through the scope-on worker. `--profile DIR` samples both
+   workers over the first round (DIR/worker-drain-scopes-on.txt, -off.txt).
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -75,6 +79,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1029,60 +1034,89 @@ defaults:
 
 @dataclass
 class ScopesRun:
-    drain: Drain
+    on: list[Drain]  # each round's drain with the scopes on ...
+    off: list[Drain]  # ... and the same corpus's through the scope-off worker
     latency: Latency | None
+    conversation_records: int  # Kafka records the rounds sent to the conversation topic
+    usage_records: int  # ... and to the agent usage topic
+
+    @property
+    def ratios(self) -> list[float]:
+        return [on.spans_per_s / off.spans_per_s for on, off in zip(self.on, self.off, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
 
 
 def scopes_run(
     args: argparse.Namespace,
     admin: AdminClient,
     warmup: Corpus,
-    corpus: Corpus,
+    rounds: list[Corpus],
     latency_corpus: Corpus | None,
     expected: dict[str, str],
 ) -> ScopesRun:
-    """Phase `scopes`: a worker with the conversation and agent scopes on (SCOPES_POLICY), on
-    topics and a Collector of its own, drains `warmup` (its scope agents' first records, as
-    phase 1 warmed the scope-off worker up), then `corpus` through the Collector and, with
-    `latency_corpus`, runs the latency run through it."""
-    topics = Topics()
+    """Phase `scopes`: a worker with the conversation and agent scopes on (SCOPES_POLICY) and
+    one with the shipped defaults, each on topics and a Collector of its own, both warmed up
+    by `warmup`; then each corpus of `rounds` is drained through both, back to back (which
+    goes first alternates), so that both halves of a round meet the same load from the rest of
+    this machine. With `latency_corpus`, the latency run goes through the scope-on worker."""
     policy = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-")) / "policy.yaml"
     policy.write_text(SCOPES_POLICY)
     scoped = argparse.Namespace(
         **{**vars(args), "worker_arg": [*args.worker_arg, f"--policy={policy}"]}
     )
-    worker: WorkerProcess | None = None
-    shipped: ShippedCollector | None = None
+    sides: list[tuple[Topics, WorkerProcess, ShippedCollector]] = []
     try:
-        timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
-        create_timed_topics(admin, timed, args.partitions)
-        create_worker_topics(topics, args.partitions)
-        worker = start_worker(topics, args.partitions, scoped)
-        probe(topics.input, args.partitions, [worker], seed=103)
-        shipped = ShippedCollector(topics.input)
-        for drained in (warmup, corpus):
-            profiler = (
-                Profiler(args.profile, "worker-drain-scopes.txt")
-                if args.profile and drained is corpus
-                else None
-            )
-            fed = drain_through_collector(
-                shipped, topics, args.partitions, drained.requests, drained.spans, [worker],
-                args.drain_timeout, profiler,
+        for worker_args, seed in ((args, 104), (scoped, 103)):  # off, then on
+            topics = Topics()
+            timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
+            create_timed_topics(admin, timed, args.partitions)
+            create_worker_topics(topics, args.partitions)
+            worker = start_worker(topics, args.partitions, worker_args)
+            sides.append((topics, worker, ShippedCollector(topics.input)))
+            probe(topics.input, args.partitions, [worker], seed=seed)
+        off_worker = sides[0][1]
+        topics, worker, shipped = sides[1]
+        scope_topics = (topics.conversations, topics.agent_usage)
+        for side_topics, side_worker, collector in sides:
+            drain_through_collector(
+                collector, side_topics, args.partitions, warmup.requests, warmup.spans,
+                [side_worker], args.drain_timeout,
             )  # fmt: skip
+        scope_records = [topic_records(topic, args.partitions) for topic in scope_topics]
+        on: list[Drain] = []
+        off: list[Drain] = []
+        for index, corpus in enumerate(rounds):
+            order = ("off", "on") if index % 2 == 0 else ("on", "off")
+            for side in order:
+                side_topics, side_worker, collector = sides[side == "on"]
+                name = f"worker-drain-scopes-{side}.txt"
+                profiler = Profiler(args.profile, name) if args.profile and index == 0 else None
+                fed = drain_through_collector(
+                    collector, side_topics, args.partitions, corpus.requests, corpus.spans,
+                    [side_worker], args.drain_timeout, profiler,
+                )  # fmt: skip
+                (on if side == "on" else off).append(fed.drain)
+        conversation_records, usage_records = (
+            topic_records(topic, args.partitions) - before
+            for topic, before in zip(scope_topics, scope_records, strict=True)
+        )
+        stop_worker(off_worker)  # idle from here: the latency run has the machine to itself
         latency = None
         if latency_corpus is not None:
             latency, _ = latency_through_collector(
                 worker, topics, args.partitions, shipped, latency_corpus.requests, expected,
                 args.rate, args.seconds,
             )  # fmt: skip
-        return ScopesRun(fed.drain, latency)
+        return ScopesRun(on, off, latency, conversation_records, usage_records)
     finally:
-        if worker is not None:
-            stop_worker(worker)
-        if shipped is not None:
-            shipped.close()
-        delete_topics(admin, topics.prefix)
+        for side_topics, side_worker, collector in sides:
+            if side_worker.process.poll() is None:
+                stop_worker(side_worker)
+            collector.close()
+            delete_topics(admin, side_topics.prefix)
         shutil.rmtree(policy.parent, ignore_errors=True)
 
 
@@ -1122,7 +1156,8 @@ def main() -> int:
         metavar="DIR",
         help="sample the first worker with py-spy over its drains: the raw samples go to DIR"
         " (python -m bench.worker_profile DIR/worker-drain-one.txt, the synthetic producer's;"
-        " DIR/worker-drain.txt, through the Collector; DIR/worker-drain-scopes.txt, phase scopes)",
+        " DIR/worker-drain.txt, through the Collector; DIR/worker-drain-scopes-on.txt and -off.txt,"
+        " phase scopes)",
     )
     parser.add_argument(
         "--phases",
@@ -1148,6 +1183,12 @@ def main() -> int:
         help="spans per message, uniformly (the Collector's batch timeout decides it)",
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--scope-rounds",
+        type=int,
+        default=3,
+        help="phase scopes: corpora drained through both the scope-on and a scope-off worker",
+    )
     parser.add_argument(
         "--conversations",
         action="store_true",
@@ -1192,11 +1233,16 @@ def main() -> int:
         if args.conversations or "scopes" in phases:
             corpus_c.requests = with_conversations(corpus_c.requests, prefix="collector-conv")
             latency_c.requests = with_conversations(latency_c.requests, prefix="latency-c-conv")
-    corpus_s = latency_s = warmup_s = None
+    rounds_s: list[Corpus] = []
+    latency_s = warmup_s = None
     expected_s: dict[str, str] = {}
     if "scopes" in phases and "collector" in phases:
-        corpus_s = build_corpus(args.spans, args.traces, seed=13, **mix)
-        corpus_s.requests = with_conversations(corpus_s.requests, prefix="scopes-conv")
+        for round_index in range(args.scope_rounds):
+            corpus_s = build_corpus(args.spans, args.traces, seed=13 + 10 * round_index, **mix)
+            corpus_s.requests = with_conversations(
+                corpus_s.requests, prefix=f"scopes-{round_index}-conv"
+            )
+            rounds_s.append(corpus_s)
         warmup_s = build_corpus(args.spans // 10, args.traces // 10, seed=15, **mix)
         warmup_s.requests = with_conversations(warmup_s.requests, prefix="warmup-conv")
         if "latency" in phases:
@@ -1386,23 +1432,45 @@ def main() -> int:
             shipped = None
         # -- 2c. the same with the conversation and agent scopes on ------------------------
         scopes: ScopesRun | None = None
-        if corpus_s is not None and warmup_s is not None and fed is not None:
-            scopes = scopes_run(args, admin, warmup_s, corpus_s, latency_s, expected_s)
-            scale = scopes.drain.spans_per_s / fed.drain.spans_per_s
+        if rounds_s and warmup_s is not None and fed is not None:
+            scopes = scopes_run(args, admin, warmup_s, rounds_s, latency_s, expected_s)
+            scale = scopes.ratio
+            done = all(d.done for d in scopes.on + scopes.off)
             print(
                 f"pipeline through the Collector with the conversation and agent scopes on"
-                f" (1 worker): {scopes.drain.spans_per_s:12,.0f} spans/s = {scale:.2f} of the"
-                f" same drain with them off"
-                + ("" if scopes.drain.done else "  [INCOMPLETE]")
-                + f"; worker cores {scopes.drain.cores['worker 1']:.2f} on,"
-                f" {fed.drain.cores['worker 1']:.2f} off"
+                f" (1 worker): {statistics.median(d.spans_per_s for d in scopes.on):12,.0f}"
+                f" spans/s = {scale:.2f} of a scope-off worker's (median of {len(scopes.on)}"
+                " rounds, each corpus through both, back to back: "
+                + ", ".join(f"{r:.2f}" for r in scopes.ratios)
+                + ")"
+                + ("" if done else "  [INCOMPLETE]")
+            )
+            for side, drains in (("on", scopes.on), ("off", scopes.off)):
+                print(
+                    f"  scopes {side:>3}: "
+                    + ", ".join(f"{d.spans_per_s:,.0f}" for d in drains)
+                    + " spans/s; worker cores "
+                    + ", ".join(f"{d.cores['worker 1']:.2f}" for d in drains)
+                )
+            print(
+                f"  records the scopes added: {scopes.conversation_records:,} to the conversation"
+                f" topic, {scopes.usage_records:,} to the agent usage topic"
+                f" ({fed.repartition_records:,} repartition records carried the spans)"
             )
             result.update(
                 {
-                    "scopes_spans_per_s": round(scopes.drain.spans_per_s),
+                    "scopes_spans_per_s": round(
+                        statistics.median(d.spans_per_s for d in scopes.on)
+                    ),
+                    "scopes_off_spans_per_s": round(
+                        statistics.median(d.spans_per_s for d in scopes.off)
+                    ),
                     "scopes_to_off": round(scale, 3),
-                    "scopes_drain_complete": scopes.drain.done,
-                    "worker_cores_scopes": round(scopes.drain.cores["worker 1"], 2),
+                    "scopes_rounds_to_off": [round(r, 3) for r in scopes.ratios],
+                    "scopes_drain_complete": done,
+                    "worker_cores_scopes": [round(d.cores["worker 1"], 2) for d in scopes.on],
+                    "scopes_conversation_records": scopes.conversation_records,
+                    "scopes_usage_records": scopes.usage_records,
                 }
             )
             if scopes.latency is not None:
@@ -1473,8 +1541,9 @@ def main() -> int:
                 )
             line += ")"
         if scopes is not None and fed is not None:
-            scale = scopes.drain.spans_per_s / fed.drain.spans_per_s
-            line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f})"
+            scale = scopes.ratio
+            line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f}, median of"
+            line += f" {len(scopes.ratios)} rounds)"
             if scopes.latency is not None:
                 line += f"; p99 with scopes < 100 ms: {p99_target(scopes.latency)}"
         print(line)
