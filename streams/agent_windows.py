@@ -14,7 +14,10 @@ paging and the webhook.
 What the records hold: the agent's identity (in the key), the trace and span ids, the span's
 end time, token and micro-dollar deltas (pico-dollars on the wire, as the core counts), and the
 topic partition and offset of the span message each came from; never arguments. One Kafka
-record per agent and span batch: `{"v": 1, "s": [source, ...], "r": [row, ...]}`.
+record per agent and span batch: `{"v": 1, "s": [source, ...], "r": [row, ...]}`, one row per
+agent, bucket of its window and span message: the sum of that message's usage spans in that
+bucket, named after the last of them (its trace is the one a crossing names). The window counts
+the same from it as from a row per span, and a message of 80 spans sends a few rows, not 30.
 
 Records sent twice (a span batch decided again after a crash re-sends what it had sent) are
 dropped by where they came from: the span agent reads each source partition in order and sends
