@@ -374,3 +374,26 @@ def test_a_conversation_decision_not_sent_is_retracted_in_the_conversation_only(
     guard.retract(conversation_kill)
     assert "tool_loop:" + second.trace_id not in guard.conversations.states["c"].killed
     assert trace_kill.rule in {mark.rule for mark in guard.states[second.trace_id].fired}
+
+
+def test_the_conversation_a_span_names_is_the_same_read_again():
+    from spanguard.detection.conventions import CONVERSATION_KEY_SET, conversation_of
+    from spanguard.schemas.otlp_view import view_of
+    from tests.support.spans import encode
+
+    huge = "y" * 1_000
+    answers = []
+    for _ in range(2):  # the second read answers from what the first kept
+        agent = AgentRecorder()
+        # A placeholder in the first key falls through to the next; blank is none at all.
+        agent.span("a", {"gen_ai.conversation.id": "none", "session.id": " s-1 "})
+        agent.span("b", {"gen_ai.conversation.id": huge})
+        agent.span("c", {"session.id": "   "})
+        view = view_of(encode(agent.finished()))
+        spans = view.resource_spans[0].scope_spans[0].spans
+        answers.append([conversation_of(span.attributes, span.attributes) for span in spans])
+    assert answers[0] == answers[1]
+    first, long, blank = answers[0]
+    assert first == "s-1" and blank is None
+    assert len(long) <= 200 and "sha256:" in long
+    assert "session.id" in CONVERSATION_KEY_SET

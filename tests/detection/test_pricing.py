@@ -340,3 +340,28 @@ def test_the_guard_counts_tokens_by_price_and_the_cost_of_the_priced_ones():
     stats = tokens_only.stats
     assert (stats.tokens_priced, stats.tokens_unpriced, stats.tokens_not_priced) == (0, 0, 770)
     assert stats.cost_pico_usd == 0
+
+
+def test_rates_kept_per_model_and_day_keep_a_policys_prices_apart_from_the_databases():
+    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.pricing import ModelRates, Pricer
+
+    def usage(day: int) -> TokenUsage:
+        ended = 1_780_000_000_000_000_000 + day * 86_400 * 10**9
+        span = TokenUsage(b"12345678", 1100, False, None, None, ended)
+        span.input_tokens, span.output_tokens = 1000, 100
+        span.request_model, span.provider = "gpt-4o", "openai"
+        return span
+
+    pricer = Pricer()
+    override = {"gpt-4o": ModelRates.per_million({"input_mtok": 1, "output_mtok": 2})}
+    database = Pricer().cost(usage(0))
+    assert database is not None
+    # The same span priced under a policy's own price, then under none, then again: each
+    # answer is its own, the second and third from what the first ones kept.
+    for _ in range(2):
+        assert pricer.cost(usage(0), override) == 1000 * 10**6 + 100 * 2 * 10**6
+        assert pricer.cost(usage(0)) == database
+    # Another day is looked up again (a price changes by date), and answers alike here.
+    assert pricer.cost(usage(1)) == Pricer().cost(usage(1))
+    assert pricer.priced_events == 5
