@@ -295,6 +295,11 @@ class Policy:
     rules: tuple[_Rule, ...] = ()
 
     @property
+    def entries(self) -> list[AgentPolicy]:
+        """Every entry an agent can be under: the defaults, then each rule's."""
+        return [self.defaults, *(rule.policy for rule in self.rules)]
+
+    @property
     def match_keys(self) -> frozenset[str]:
         """Every attribute name some rule matches on."""
         return frozenset(key for rule in self.rules for key, _ in rule.match)

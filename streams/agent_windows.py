@@ -93,13 +93,13 @@ def _has_budget(policy: AgentPolicy) -> bool:
 def agent_windows_wanted(policy: Policy) -> bool:
     """Whether any policy entry sets an agent budget: when none does, the worker builds none of
     it (no usage record sent, no table, no agent)."""
-    return any(_has_budget(p) for p in [policy.defaults, *(r.policy for r in policy.rules)])
+    return any(_has_budget(p) for p in policy.entries)
 
 
 def longest_window(policy: Policy) -> int:
     """The longest agent budget window of any policy entry (seconds): an agent idle that long
     has nothing left in its window, so its state can go."""
-    entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
+    entries = policy.entries
     return max((p.agent_budget_window for p in entries if _has_budget(p)), default=0)
 
 

@@ -136,7 +136,7 @@ class ConversationRecorder(ConversationGuard):
                 entry.conversation_token_budget is not None
                 or entry.conversation_usd_budget is not None
             )
-            for entry in [policy.defaults, *(rule.policy for rule in policy.rules)]
+            for entry in policy.entries
         )
         self.records: list[Record] = []
         self.sources: list[Any] = []  # aligned with `records`: the message each came from

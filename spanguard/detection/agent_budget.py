@@ -191,12 +191,12 @@ class AgentBudgetGuard(GuardObserver):
 
     @property
     def enabled(self) -> bool:
-        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        policies = self.policy.entries
         return any(_has_budget(policy) for policy in policies)
 
     @property
     def prices_usage(self) -> bool:
-        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        policies = self.policy.entries
         return any(policy.agent_budget_usd is not None for policy in policies)
 
     def take(self) -> list[Decision]:

@@ -157,10 +157,7 @@ class ConversationGuard(GuardObserver):
         self.pending: list[Decision] = []  # decisions the guard has not collected yet
         # Whether the guard hands this scope the changes of its traces' usage: only where some
         # policy entry turns the scope on.
-        self.counts_usage = any(
-            entry.conversation_enabled
-            for entry in [policy.defaults, *(rule.policy for rule in policy.rules)]
-        )
+        self.counts_usage = any(entry.conversation_enabled for entry in policy.entries)
         self.calls = 0
         self.decisions = 0
 

@@ -260,7 +260,7 @@ class Guard:
         # Whether any agent has a policy entry of its own (else one plan for every call).
         self._per_agent = bool(self.policy.rules)
         # Without a token budget anywhere, usage is never read: chat spans yield no event.
-        policies = [self.policy.defaults, *(rule.policy for rule in self.policy.rules)]
+        policies = self.policy.entries
         # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
         self.conversations = conversations
         conversation_budgets = conversations is not None and any(
