@@ -39,7 +39,7 @@ from typing import Any
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules.base import FLAG, GuardObserver
-from spanguard.detection.trace_state import iso_from_micros
+from spanguard.detection.trace_state import encode_record, iso_from_micros
 from spanguard.schemas.decision import AgentIdentity, Decision
 from spanguard.schemas.policy import AgentPolicy, Policy
 
@@ -133,7 +133,7 @@ class AgentWindow:
         )
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return encode_record(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AgentWindow:

@@ -11,6 +11,7 @@ import base64
 import json
 import struct
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -20,12 +21,23 @@ from mypy_extensions import mypyc_attr
 
 from spanguard.detection.rules.base import Fired
 
+# orjson where installed (the worker's extra): a state is encoded on every flush, and json's
+# encoder takes several times as long. An agent's install keeps its states in memory, unencoded.
+_fast_dumps: Callable[[Any], bytes] | None
+try:
+    import orjson
+
+    _fast_dumps = orjson.dumps
+except ImportError:
+    _fast_dumps = None
+
 __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
     "TraceState",
     "call_mark",
+    "encode_record",
     "iso_from_micros",
 ]
 
@@ -101,8 +113,8 @@ class TraceState:
             "v": STATE_VERSION,
             "service": self.service,
             "agent_name": self.agent_name,
-            "window": [list(key) for key in self.window],
-            "polls": [list(key) for key in self.polls],
+            "window": list(self.window),  # tuples: JSON arrays, as lists would be
+            "polls": list(self.polls),
             "window_marks": base64.b64encode(self.window_marks).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
@@ -157,7 +169,7 @@ class TraceState:
         )
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return encode_record(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TraceState:
@@ -193,7 +205,19 @@ class TraceState:
         return calls
 
 
-def _call_key(key: list[Any]) -> CallKey:
+def encode_record(record: dict[str, Any]) -> bytes:
+    """A state's record as compact JSON: orjson's where installed, json's for what orjson
+    refuses (an integer past 64 bits, a lone surrogate) and without it. Both read back alike."""
+    if _fast_dumps is not None:
+        try:
+            return _fast_dumps(record)
+        except TypeError:
+            pass
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _call_key(key: Sequence[Any]) -> CallKey:
+    """A window entry as read back: a list from JSON, a tuple from `to_dict` itself."""
     tool, digest, *rest = key
     return (tool, digest, rest[0] if rest else None)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import STATE_VERSION, TraceState
@@ -82,3 +84,26 @@ def test_cycle_runs_are_written_only_while_a_cycle_builds():
     assert again.cycle_runs == state.cycle_runs
     state.restart_window()
     assert state.cycle_runs is None
+
+
+def test_states_are_encoded_by_orjson_and_what_it_refuses_by_json_read_back_alike():
+    orjson = pytest.importorskip("orjson")  # the worker's extra, installed by `make install`
+    state = TraceState.from_bytes(V1.read_bytes())
+    state.agent_name = "agent-é"  # orjson writes UTF-8 where json escapes: both read the same
+    data = state.to_bytes()
+    assert data == orjson.dumps(state.to_dict())
+    assert json.loads(data) == json.loads(json.dumps(state.to_dict()))
+    assert data.endswith(b"}") and b'"last_seen":' in data[-40:]  # eviction reads it there
+    # A trace that priced absurd counts: a cost past 64 bits, which orjson refuses.
+    state.inference_cost = 2**70
+    data = state.to_bytes()
+    assert TraceState.from_bytes(data).inference_cost == 2**70
+    assert TraceState.from_bytes(data).to_dict() == TraceState.from_bytes(
+        V1.read_bytes()
+    ).to_dict() | {
+        "agent_name": "agent-é",
+        "inference_cost": 2**70,
+        "aggregate_cost": 0,
+        "unpriced_tokens": 0,
+        "v": STATE_VERSION,
+    }
