@@ -314,6 +314,11 @@ class WorkerSettings:
     commit_interval: float = setting(
         1.0, "seconds between offset commits; a trace's state is written once per interval"
     )
+    scope_hold: float = setting(
+        0.2,
+        "seconds the calls and usage bound for the conversation and agent scopes are held and"
+        " sent together (at the latest with the next state write); 0 sends them with each batch",
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = setting(
         "at_least_once",
         "at_least_once: redelivered records repeat decisions under the same id (agents obey an"
@@ -373,6 +378,8 @@ class WorkerSettings:
             raise SettingsError(
                 f"metrics_port must be between 1 and 65535, not {self.metrics_port}"
             )
+        if not math.isfinite(self.scope_hold) or self.scope_hold < 0:
+            raise SettingsError(f"scope_hold must be 0 or more seconds, not {self.scope_hold}")
         for name in ("commit_interval", "recovery_delay"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "commit_interval" and value == 0):

@@ -29,7 +29,7 @@ from faust.types import TP, EventT
 from faust.types.enums import ProcessingGuarantee
 
 from spanguard.detection.trace_state import TraceState
-from spanguard.streams.delivery import Produced, Send, send_all
+from spanguard.streams.delivery import Produced, Send, produce, send_all
 from spanguard.streams.fence import Lease
 
 if TYPE_CHECKING:
@@ -569,6 +569,9 @@ class WriteBackAgent:
         self.dropped_epoch = lease.epoch
         # Records produced since the last flush whose acks it awaits before acking `held`.
         self.deferred: list[tuple[Send, Produced]] = []
+        # Held records (`take_held_records`) are produced under it, in the order they were
+        # taken: the agent-window agent drops a row older than one it already counted.
+        self.producing = asyncio.Lock()
 
     def attach_writes(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
@@ -636,11 +639,18 @@ class WriteBackAgent:
         epoch = self.lease.epoch
         self.states.flush()
         self.flushed_at = time.monotonic()
+        # The messages, the records they deferred and those they hold, taken together: no
+        # batch can add to one of them and not the others in between.
         written = self.held.copy()
         self.held.clear()
         records, self.deferred = self.deferred, []
+        held_records = self.take_held_records()
         self.confirming.append(written)
         try:
+            if held_records:
+                async with self.producing:
+                    produced = await produce(held_records)
+                records.extend(zip(held_records, produced, strict=True))
             await self.table.send_pending()
             changelog = self.table.take_unconfirmed()
             unsent = await self.writes_acked(changelog, records, epoch, ack_timeout)
@@ -698,6 +708,25 @@ class WriteBackAgent:
             done = list(finished)
         return unsent if epoch == self.lease.epoch else None
 
+    def take_held_records(self) -> list[Send]:
+        """Records the agent held back to send together (the span agent's scope records),
+        taken to be sent now; none by default."""
+        return []
+
+    def forget_held_records(self) -> None:
+        """Their messages will not be acked (a fence, a failure): the held records go too."""
+
+    async def send_held_records(self) -> None:
+        """Send the held records before the flush would: produced in the order taken, their
+        acks awaited by the next flush with the messages they came from."""
+        epoch = self.lease.epoch
+        async with self.producing:
+            sends = self.take_held_records()
+            if sends:
+                produced = await produce(sends)
+                if epoch == self.lease.epoch:  # fenced meanwhile: dropped with their messages
+                    self.defer(sends, produced)
+
     def defer(self, sends: list[Send], produced: list[Produced]) -> None:
         """Records produced without waiting for the broker: the next flush awaits their acks
         before it acks the messages held with them."""
@@ -745,6 +774,7 @@ class WriteBackAgent:
         self.states.discard()
         self.held.clear()
         self.deferred.clear()  # their messages are not acked: decided and sent again
+        self.forget_held_records()
 
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
@@ -768,6 +798,7 @@ class WriteBackAgent:
         self.dropped_epoch = self.lease.epoch
         self.states.discard()
         self.deferred.clear()  # never awaited: nothing they came from is acked
+        self.forget_held_records()
         # The partitions may come back in the next generation without Faust calling them
         # revoked: what this worker cached and indexed of them may be stale by then.
         self.states.revoke_all()

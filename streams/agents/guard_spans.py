@@ -14,6 +14,7 @@ it drops all of that unwritten.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,11 @@ class SpanAgent(WriteBackAgent):
         self.verify_goals = worker.verifier is not None and worker.verifier.wanted
         # Packed records of the repartition topic are decided on the partition they were read from.
         self.repartition_topic = settings.repartition_topic
+        # The scopes' records are held `scope_hold` seconds from the first one held (or until
+        # the next flush, which sends them first): one Kafka record per partition or agent for
+        # many batches, where a batch of a quiet fleet is a message or two.
+        self.scope_hold = settings.scope_hold
+        self.holding_since: float | None = None
 
     def attach(self, app: faust.App) -> None:
         self.attach_writes(app)
@@ -145,6 +151,8 @@ class SpanAgent(WriteBackAgent):
         deferred = [send for send in sends if send.deferred]
         produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
         produced_deferred = await produce(deferred)
+        if self.records_due():
+            await self.send_held_records()
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
@@ -183,17 +191,46 @@ class SpanAgent(WriteBackAgent):
             if self.verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
+        if self.holding_since is None and self.holds_records():
+            self.holding_since = time.monotonic()
+        return sends, goal_sends
+
+    # -- the scopes' records, held ---------------------------------------------------------
+
+    def holds_records(self) -> bool:
+        worker = self.worker
+        return bool(
+            (worker.recorder is not None and worker.recorder.records)
+            or (worker.usage_recorder is not None and worker.usage_recorder.records)
+        )
+
+    def records_due(self) -> bool:
+        held_since = self.holding_since
+        return held_since is not None and time.monotonic() - held_since >= self.scope_hold
+
+    def take_held_records(self) -> list[Send]:
+        """The calls and usage held for the scopes, as records: one per conversation
+        partition and one per agent (a Kafka record each costs both agents), each row naming
+        the message it came from."""
+        worker = self.worker
+        sends: list[Send] = []
+        self.holding_since = None
         if worker.recorder is not None and worker.recorder.records:
-            # One record per partition and batch: a Kafka record each costs both agents.
             records, sources = worker.recorder.drain()
             self.conversation_records.add(ConversationCount.RECORDS_SENT, len(records))
             sends.extend(conversation_sends(worker, records, sources))
         if worker.usage_recorder is not None and worker.usage_recorder.records:
-            # One record per agent and batch, each row naming the message it came from.
             usage, usage_sources = worker.usage_recorder.drain()
             self.agent_usage_records.add(AgentWindowCount.RECORDS_SENT, len(usage))
             sends.extend(agent_usage_sends(worker, usage, usage_sources))
-        return sends, goal_sends
+        return sends
+
+    def forget_held_records(self) -> None:
+        worker = self.worker
+        self.holding_since = None
+        for recorder in (worker.recorder, worker.usage_recorder):
+            if recorder is not None:
+                recorder.drain()
 
     def settle(self, sends: list[Send], failed: list[Send]) -> None:
         """Signals acked are sent (latency observed); a decision whose signal was not sent is

@@ -20,6 +20,7 @@ from faust.types.tuples import Message
 
 from spanguard.config.settings import WorkerSettings
 from spanguard.detection.agent_budget import AgentUsage
+from spanguard.detection.conversation import ConversationCall
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agent_windows import AgentWindowCount, AgentWindowsAgent, encode_usage
 from spanguard.streams.agents.guard_spans import SpanAgent
@@ -151,6 +152,44 @@ def test_a_batch_cut_short_drops_the_records_awaiting_the_flush(
 
     asyncio.run(cut_short())
     assert agent.deferred == [] and agent.held == []
+    assert not events[0].message.acked
+
+
+CONVERSATIONS = {"defaults": {"conversation": {"enabled": True}}}
+
+
+def held_call(agent: SpanAgent, source: Message) -> None:
+    """A call held for the conversation scope, as the span agent's batch leaves it."""
+    assert agent.worker.recorder is not None
+    call = ConversationCall("conv", "a" * 32, b"s" * 8, 10**18, ("search", "h", None), "svc", None)
+    agent.worker.recorder.observe_call(call)
+    agent.worker.recorder.sourced(source)
+    agent.holding_since = time.monotonic()
+    assert agent.holds_records()
+
+
+@pytest.mark.parametrize("how", ["fenced", "cut short"])
+def test_calls_held_for_the_scopes_go_with_messages_never_acked(tmp_path: Path, how: str) -> None:
+    clock = Clock()
+    agent = span_agent(tmp_path, clock, CONVERSATIONS)
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+
+    async def wait_empty() -> None:
+        pass
+
+    async def dropped() -> None:
+        agent.hold(events)
+        held_call(agent, events[0].message)
+        if how == "fenced":
+            clock.now += SESSION  # the lease lapsed: the next owner decides them again
+            await agent._flushing_first(wait_empty)()
+        else:
+            agent.in_batch = True
+            agent.stopped_mid_batch(asyncio.CancelledError())
+
+    asyncio.run(dropped())
+    assert not agent.holds_records() and agent.holding_since is None
+    assert agent.take_held_records() == []  # nothing left for a later flush to send
     assert not events[0].message.acked
 
 

@@ -26,6 +26,7 @@ from spanguard.config.settings import WorkerSettings
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agents.guard_spans import SpanAgent, SpanCount
 from spanguard.streams.app import build_worker, faust_app
+from spanguard.streams.conversations import ConversationCount
 from spanguard.streams.delivery import HEADER_OFFSET, HEADER_REASON, HEADER_TOPIC
 from spanguard.streams.fence import Lease
 from tests.detection.test_conversation import turn
@@ -67,7 +68,8 @@ def create(topics: Topics, refusing: tuple[str, ...] = ()) -> None:
         future.result(30)
 
 
-def span_agent(data_dir: Path, topics: Topics) -> SpanAgent:
+def span_agent(data_dir: Path, topics: Topics, **changed: Any) -> SpanAgent:
+    """The span agent on the shipped settings, but for those `changed` (each test says why)."""
     settings = WorkerSettings(
         data_dir=str(data_dir),
         signing_key=KEY,
@@ -83,6 +85,7 @@ def span_agent(data_dir: Path, topics: Topics) -> SpanAgent:
         goal_topic=topics.goal_checks,
         conversation_topic=topics.conversations,
         agent_usage_topic=topics.agent_usage,
+        **changed,
     )
     app = faust_app(settings)
     agent = SpanAgent(build_worker(app, settings, Policy.from_mapping(SCOPE_ON), None, None, None))
@@ -93,11 +96,13 @@ def span_agent(data_dir: Path, topics: Topics) -> SpanAgent:
     return agent
 
 
-def taken(agent: SpanAgent, values: list[tuple[bytes | None, bytes]]) -> list[Event]:
+def taken(
+    agent: SpanAgent, values: list[tuple[bytes | None, bytes]], first: int = 0
+) -> list[Event]:
     """Input messages as the stream hands them over, each awaited by Faust until acked."""
     app = agent.worker.app
     events = []
-    for offset, (key, value) in enumerate(values):
+    for offset, (key, value) in enumerate(values, first):
         message = Message(agent.worker.settings.input_topic, 0, offset, time.time(), 0, None,
                           key, value, None)  # fmt: skip
         app.consumer._unacked_messages.add(message)
@@ -105,15 +110,17 @@ def taken(agent: SpanAgent, values: list[tuple[bytes | None, bytes]]) -> list[Ev
     return events
 
 
-def a_batch(agent: SpanAgent) -> list[Event]:
+def a_batch(agent: SpanAgent, conversation: str = "conv-deferred", first: int = 0) -> list[Event]:
     """A trace naming a conversation, keyed by its id (its calls go to the conversation topic),
-    then an unkeyed message of two traces (repacked to the repartition topic)."""
-    keyed = turn("conv-deferred")
-    first, second = turn(None), turn(None)
-    unkeyed = encode([*first.finished(), *second.finished()]).SerializeToString()
+    then an unkeyed message of two traces (repacked to the repartition topic); at offsets from
+    `first`."""
+    keyed = turn(conversation)
+    one, two = turn(None), turn(None)
+    unkeyed = encode([*one.finished(), *two.finished()]).SerializeToString()
     return taken(
         agent,
         [(keyed.trace_id.encode(), encode(keyed.finished()).SerializeToString()), (None, unkeyed)],
+        first,
     )
 
 
@@ -150,17 +157,20 @@ def test_the_packs_are_acked_by_the_flush_before_their_messages(tmp_path, topics
     async def batch_then_flush() -> list[str]:
         try:
             await agent.guard_batch(events)
-            # The batch is over: its packs were produced, not waited for, and its messages
-            # wait for the flush.
+            # The batch is over: its repartition packs were produced, not waited for, its
+            # conversation pack is held (`scope_hold`), and its messages wait for the flush,
+            # which sends the held pack first.
             deferred = [send.topic.get_topic_name() for send, _ in agent.deferred]
             assert agent.held == events and not any(e.message.acked for e in events)
+            assert agent.holds_records()
             await agent.flush_states()
             return deferred
         finally:
             await stop(agent)
 
     deferred = run(agent, batch_then_flush())
-    assert sorted(set(deferred)) == sorted({topics.repartition, topics.conversations})
+    assert sorted(set(deferred)) == [topics.repartition]
+    assert not agent.holds_records()
     assert all(event.message.acked for event in events) and agent.deferred == []
     repacked = deferred.count(topics.repartition)
     # When each message was acked, every pack of the batch was in its topic already.
@@ -168,6 +178,46 @@ def test_the_packs_are_acked_by_the_flush_before_their_messages(tmp_path, topics
     for _, written, packs in acked_with:
         assert sum(written) == repacked and sum(packs) == 1
     assert agent.outcomes.count(SpanCount.DEAD_LETTERS) == 0
+
+
+def test_held_calls_go_out_in_one_pack_once_their_hold_is_over_acked_before_their_messages(
+    tmp_path, topics
+):
+    create(topics)
+    # A short hold, so a second batch finds it over without the test waiting the default's.
+    agent = span_agent(tmp_path, topics, scope_hold=0.05)
+    first = a_batch(agent)
+    second = a_batch(agent, "conv-deferred", first=len(first))
+    events = first + second
+    packs_at_ack: list[int] = []
+    for event in events:
+        ack = event.ack
+
+        def ack_after_looking(ack=ack) -> bool:
+            packs_at_ack.append(sum(end_offsets(topics.conversations, PARTITIONS)))
+            return ack()
+
+        event.ack = ack_after_looking  # type: ignore[method-assign]
+
+    async def two_batches_then_flush() -> tuple[int, list[str]]:
+        try:
+            await agent.guard_batch(first)
+            rows_after_first = agent.conversation_records.count(ConversationCount.RECORDS_SENT)
+            await asyncio.sleep(0.1)  # the hold is over: the next batch sends what is held
+            await agent.guard_batch(second)
+            sent = [send.topic.get_topic_name() for send, _ in agent.deferred]
+            await agent.flush_states()
+            return rows_after_first, sent
+        finally:
+            await stop(agent)
+
+    rows_after_first, sent = run(agent, two_batches_then_flush())
+    assert rows_after_first == 0  # held through the first batch
+    # Both batches' calls of the one conversation, in one pack sent by the second batch.
+    assert agent.conversation_records.count(ConversationCount.RECORDS_SENT) == 4
+    assert sent.count(topics.conversations) == 1
+    assert packs_at_ack == [1, 1, 1, 1]  # each message acked after the pack was written
+    assert all(event.message.acked for event in events)
 
 
 def test_a_pack_the_broker_refuses_leaves_a_dead_letter_before_its_message_is_acked(
