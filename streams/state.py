@@ -572,6 +572,8 @@ class WriteBackAgent:
         # Held records (`take_held_records`) are produced under it, in the order they were
         # taken: the agent-window agent drops a row older than one it already counted.
         self.producing = asyncio.Lock()
+        # Flushes whose acks are awaited by a task of their own (`flush_states`).
+        self.acking: set[asyncio.Future[None]] = set()
 
     def attach_writes(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
@@ -632,10 +634,17 @@ class WriteBackAgent:
 
     # -- writing states, then acking -------------------------------------------------------
 
-    async def flush_states(self, ack_timeout: float | None = None) -> None:
+    async def flush_states(
+        self, ack_timeout: float | None = None, *, acks_in_background: bool = False
+    ) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
         them and the broker the records deferred since the last flush, let their messages be
-        acked: no offset is committed ahead of its state or of a record it sent."""
+        acked: no offset is committed ahead of its state or of a record it sent.
+
+        `acks_in_background`: return once the writes and records are handed to the producer,
+        the acks awaited (and the messages acked) by a task of their own, so the batch after
+        does not wait out the changelog's round trip (`acking`). A failure there is the
+        agent's failure, as a flush between batches is."""
         epoch = self.lease.epoch
         self.states.flush()
         self.flushed_at = time.monotonic()
@@ -653,6 +662,26 @@ class WriteBackAgent:
                 records.extend(zip(held_records, produced, strict=True))
             await self.table.send_pending()
             changelog = self.table.take_unconfirmed()
+        except BaseException:
+            self.confirming = [batch for batch in self.confirming if batch is not written]
+            raise
+        if not acks_in_background:
+            await self.ack_when_written(written, changelog, records, epoch, ack_timeout)
+            return
+        task = asyncio.ensure_future(self.acking_in_background(written, changelog, records, epoch))
+        self.acking.add(task)
+        task.add_done_callback(self.acking.discard)
+
+    async def ack_when_written(
+        self,
+        written: list[EventT],
+        changelog: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+        ack_timeout: float | None,
+    ) -> None:
+        """Ack a flush's messages once its changelog writes and records are acked."""
+        try:
             unsent = await self.writes_acked(changelog, records, epoch, ack_timeout)
             if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping
@@ -664,6 +693,20 @@ class WriteBackAgent:
             self.confirming = [batch for batch in self.confirming if batch is not written]
         for event in written:
             event.ack()  # our reference; the take buffer acked its own after the batch
+
+    async def acking_in_background(
+        self,
+        written: list[EventT],
+        changelog: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+    ) -> None:
+        try:
+            await self.ack_when_written(written, changelog, records, epoch, None)
+        except Exception as exc:
+            log.exception("states not written; their messages stay unacked until a restart")
+            self.unackable = self.unackable or exc
+            self.give_up(exc)
 
     async def writes_acked(
         self,
@@ -783,11 +826,14 @@ class WriteBackAgent:
             await self.flush_between_batches()
 
     async def flush_on_stop(self) -> None:
-        """Stopping: what was decided is written, its changelog acks awaited a bounded time."""
+        """Stopping: what was decided is written, its changelog acks awaited a bounded time
+        (and those of earlier flushes still awaited in the background)."""
         try:
             await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
         except Exception as exc:  # not committed: decided again after the restart
             log.warning("states not flushed on stop", extra={"error": repr(exc)})
+        if self.acking:
+            await asyncio.wait(set(self.acking), timeout=CHANGELOG_ACK_TIMEOUT)
 
     # -- the lease -------------------------------------------------------------------------
 

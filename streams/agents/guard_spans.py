@@ -162,7 +162,8 @@ class SpanAgent(WriteBackAgent):
         if self.flush_due():
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
-            await self.flush_states()
+            # The next batch (a kill in it, maybe) need not wait for the changelog's acks.
+            await self.flush_states(acks_in_background=True)
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
             await self.table.send_pending()  # the tombstones, in order with the states

@@ -90,6 +90,61 @@ def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Pa
     assert agent.deferred == [] and agent.held == []
 
 
+def test_a_flush_whose_acks_wait_in_the_background_acks_its_messages_only_after_them(
+    tmp_path: Path,
+) -> None:
+    agent = span_agent(tmp_path, Clock())
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0", b"m1"])
+
+    async def flush_in_background() -> None:
+        agent.hold(events)
+        send, delivery = in_flight(agent, events[0].message)
+        agent.defer([send], [delivery])
+        # Returns without the record's ack: the span agent's next batch does not wait for it.
+        await asyncio.wait_for(agent.flush_states(acks_in_background=True), 1)
+        assert len(agent.acking) == 1 and agent.held == [] and agent.deferred == []
+        await asyncio.sleep(0.3)
+        assert not any(event.message.acked for event in events)
+        assert agent.confirming == [events]  # a fence now would release them
+        delivery.set_result(None)  # the broker's ack
+        await asyncio.wait_for(asyncio.gather(*agent.acking), 2)
+
+    asyncio.run(flush_in_background())
+    assert all(event.message.acked for event in events)
+    assert agent.acking == set() and agent.confirming == []
+
+
+def test_a_background_flush_that_fails_leaves_its_messages_unacked_and_says_so(
+    tmp_path: Path,
+) -> None:
+    agent = span_agent(tmp_path, Clock())
+    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+
+    async def not_written_either(unsent: list) -> None:
+        # As WriteBackAgent.dead_letter_deferred raises when the broker refuses the dead
+        # letters too (the awaited flush's case, on the real broker: test_deferred_records_kafka.py).
+        raise RuntimeError(f"{len(unsent)} dead letters could not be written either")
+
+    agent.dead_letter_deferred = not_written_either  # type: ignore[method-assign]
+
+    async def refused_in_background() -> None:
+        agent.hold(events)
+        send, delivery = in_flight(agent, events[0].message)
+        agent.defer([send], [delivery])
+        await agent.flush_states(acks_in_background=True)
+        # The broker refuses the record, and its dead letter cannot be written either: the
+        # messages must never be acked.
+        delivery.set_exception(RuntimeError("refused"))
+        await asyncio.wait_for(asyncio.gather(*agent.acking), 30)
+
+    asyncio.run(refused_in_background())
+    assert not events[0].message.acked
+    assert agent.unackable is not None
+    assert agent.worker.health.last_error is not None  # said: /livez turns red
+    with pytest.raises(RuntimeError, match="left unacked"):
+        agent.hold(taken(agent, agent.worker.settings.input_topic, [b"m1"]))
+
+
 def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
     tmp_path: Path,
 ) -> None:
