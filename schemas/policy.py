@@ -173,6 +173,14 @@ class AgentPolicy:
     pause_timeout: float = 900.0
     pause_fallback: PauseFallback = "kill"
 
+    @property
+    def counts_conversation_usage(self) -> bool:
+        """The conversation scope is on with a budget (tokens or dollars) that usage counts
+        against: without one, no usage is handed to the conversation at all."""
+        return self.conversation_enabled and (
+            self.conversation_token_budget is not None or self.conversation_usd_budget is not None
+        )
+
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
         changes: dict[str, Any] = {}

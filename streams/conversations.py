@@ -130,14 +130,7 @@ class ConversationRecorder(ConversationGuard):
         super().__init__(policy)
         # Usage is sent only against a conversation budget (see observe_usage): without one
         # anywhere, the guard hands none.
-        self.counts_usage = any(
-            entry.conversation_enabled
-            and (
-                entry.conversation_token_budget is not None
-                or entry.conversation_usd_budget is not None
-            )
-            for entry in policy.entries
-        )
+        self.counts_usage = any(entry.counts_conversation_usage for entry in policy.entries)
         self.records: list[Record] = []
         self.sources: list[Any] = []  # aligned with `records`: the message each came from
 
@@ -150,11 +143,7 @@ class ConversationRecorder(ConversationGuard):
         # Usage matters to the conversation only against one of its budgets: without one
         # (the scope's default) it is not sent, which spares both agents most of the records
         # (usage spans outnumber tool calls). A budget set later counts from then.
-        policy = self._policy(record.service, record.agent_name)
-        if policy.conversation_enabled and (
-            policy.conversation_token_budget is not None
-            or policy.conversation_usd_budget is not None
-        ):
+        if self._policy(record.service, record.agent_name).counts_conversation_usage:
             self.records.append(record)
         return None
 

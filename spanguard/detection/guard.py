@@ -264,12 +264,7 @@ class Guard:
         # Usage is priced only where a usd budget (or the caller) asks: a price is a lookup.
         self.conversations = conversations
         conversation_budgets = conversations is not None and any(
-            policy.conversation_enabled
-            and (
-                policy.conversation_token_budget is not None
-                or policy.conversation_usd_budget is not None
-            )
-            for policy in policies
+            policy.counts_conversation_usage for policy in policies
         )
         self.agent_budgets = agent_budgets if agent_budgets and agent_budgets.enabled else None
         agent_usd = self.agent_budgets is not None and self.agent_budgets.prices_usage

@@ -70,14 +70,21 @@ def in_flight(agent: SpanAgent, source: Message) -> tuple[Send, asyncio.Future]:
     return send, asyncio.get_running_loop().create_future()
 
 
+def held_with_a_record_in_flight(agent: SpanAgent, events: list[Event]) -> asyncio.Future:
+    """A batch's messages held, with a record of the first deferred and not yet acked: its
+    delivery future, for the test to resolve."""
+    agent.hold(events)
+    send, delivery = in_flight(agent, events[0].message)
+    agent.defer([send], [delivery])
+    return delivery
+
+
 def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Path) -> None:
     agent = span_agent(tmp_path, Clock())
     events = taken(agent, agent.worker.settings.input_topic, [b"m0", b"m1"])
 
     async def batch_then_flush() -> None:
-        agent.hold(events)
-        send, delivery = in_flight(agent, events[0].message)
-        agent.defer([send], [delivery])
+        delivery = held_with_a_record_in_flight(agent, events)
         flush = asyncio.ensure_future(agent.flush_states())
         await asyncio.sleep(0.3)
         assert not flush.done(), "the flush acked messages before their record was acked"
@@ -97,9 +104,7 @@ def test_a_flush_whose_acks_wait_in_the_background_acks_its_messages_only_after_
     events = taken(agent, agent.worker.settings.input_topic, [b"m0", b"m1"])
 
     async def flush_in_background() -> None:
-        agent.hold(events)
-        send, delivery = in_flight(agent, events[0].message)
-        agent.defer([send], [delivery])
+        delivery = held_with_a_record_in_flight(agent, events)
         # Returns without the record's ack: the span agent's next batch does not wait for it.
         await asyncio.wait_for(agent.flush_states(acks_in_background=True), 1)
         assert len(agent.acking) == 1 and agent.held == [] and agent.deferred == []
@@ -128,9 +133,7 @@ def test_a_background_flush_that_fails_leaves_its_messages_unacked_and_says_so(
     agent.dead_letter_deferred = not_written_either  # type: ignore[method-assign]
 
     async def refused_in_background() -> None:
-        agent.hold(events)
-        send, delivery = in_flight(agent, events[0].message)
-        agent.defer([send], [delivery])
+        delivery = held_with_a_record_in_flight(agent, events)
         await agent.flush_states(acks_in_background=True)
         # The broker refuses the record, and its dead letter cannot be written either: the
         # messages must never be acked.
@@ -156,9 +159,7 @@ def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
         pass
 
     async def fenced_mid_flush() -> None:
-        agent.hold(events)
-        send, delivery = in_flight(agent, events[0].message)
-        agent.defer([send], [delivery])
+        delivery = held_with_a_record_in_flight(agent, events)
         flush = asyncio.ensure_future(agent.flush_states())
         await asyncio.sleep(0.2)
         clock.now += SESSION  # the lease lapsed: the partitions may be another's already
@@ -182,8 +183,7 @@ def test_a_fence_drops_the_records_of_batches_not_yet_flushed(tmp_path: Path) ->
         pass
 
     async def fenced_between_batches() -> None:
-        agent.hold(events)
-        agent.defer(*map(list, zip(in_flight(agent, events[0].message), strict=True)))
+        held_with_a_record_in_flight(agent, events)
         clock.now += SESSION
         await agent._flushing_first(wait_empty)()
 
@@ -200,8 +200,7 @@ def test_a_batch_cut_short_drops_the_records_awaiting_the_flush(
     events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
 
     async def cut_short() -> None:
-        agent.hold(events)
-        agent.defer(*map(list, zip(in_flight(agent, events[0].message), strict=True)))
+        held_with_a_record_in_flight(agent, events)
         agent.in_batch = True
         agent.stopped_mid_batch(stop)
 
