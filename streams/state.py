@@ -704,9 +704,7 @@ class WriteBackAgent:
         try:
             await self.ack_when_written(written, changelog, records, epoch, None)
         except Exception as exc:
-            log.exception("states not written; their messages stay unacked until a restart")
-            self.unackable = self.unackable or exc
-            self.give_up(exc)
+            self.flush_failed(exc)
 
     async def writes_acked(
         self,
@@ -804,9 +802,14 @@ class WriteBackAgent:
         try:
             await self.flush_states()
         except Exception as exc:
-            log.exception("states not written; their messages stay unacked until a restart")
-            self.unackable = exc
-            self.give_up(exc)
+            self.flush_failed(exc)
+
+    def flush_failed(self, exc: Exception) -> None:
+        """A flush outside a batch failed (between batches, or its acks in the background):
+        said with its traceback, and no message after it can be acked until a restart."""
+        log.exception("states not written; their messages stay unacked until a restart")
+        self.unackable = exc
+        self.give_up(exc)
 
     def give_up(self, exc: BaseException) -> None:
         """Nothing since the last flush is written or acked: decided again on restart."""
