@@ -82,6 +82,7 @@ MAX_FIELD_CHARS = 512
 MAX_AGENTS_PER_WORKER = 10_000
 # Messages logged once each: the reasons a record was refused.
 MAX_TOLD = 64
+MAX_AGENT_WIDTHS_KEPT = 4096  # agents whose window width is kept (bounded: a fleet has a few)
 
 Row = tuple[AgentUsage, str | None, int]  # a usage record, its source partition, its offset
 
@@ -152,14 +153,46 @@ class AgentUsageRecorder(AgentBudgetGuard):
         self.sources: list[Any] = []  # aligned with `records`: the message each came from
         # The current message's usage: (service, agent name, bucket) -> its sum so far.
         self._summed: dict[tuple[str, str | None, int], AgentUsage] = {}
-        self._widths: dict[int, int] = {}  # a window's bucket width, by its seconds
+        # (service, agent name) -> the bucket width of its window, 0 when it has no budget.
+        self._agent_widths: dict[tuple[str, str | None], int] = {}
         self._tell = _TellOnce()
 
     def observe_usage(self, record: AgentUsage) -> Decision | None:
-        policy = self._policy(record.service, record.agent_name)
-        if not _has_budget(policy) or (record.tokens <= 0 and record.cost <= 0):
-            return None
-        if not record.service:
+        self.observe_spend(
+            record.service,
+            record.agent_name,
+            record.trace_id,
+            record.span_id,
+            record.end_time_unix_nano,
+            record.tokens,
+            record.cost,
+        )
+        return None
+
+    def observe_spend(
+        self,
+        service: str,
+        agent_name: str | None,
+        trace_id: str,
+        span_id: bytes,
+        ended: int,
+        tokens: int,
+        cost: int,
+    ) -> None:
+        if tokens <= 0 and cost <= 0:
+            return
+        # Every inference span asks: the agent's window width (0: no budget) is kept per agent.
+        agent = (service, agent_name)
+        width = self._agent_widths.get(agent)
+        if width is None:
+            policy = self._policy(service, agent_name)
+            width = bucket_seconds(policy.agent_budget_window) if _has_budget(policy) else 0
+            if len(self._agent_widths) >= MAX_AGENT_WIDTHS_KEPT:
+                self._agent_widths.clear()
+            self._agent_widths[agent] = width
+        if not width:
+            return
+        if not service:
             self.tally.add(AgentWindowCount.NO_IDENTITY)
             self._tell(
                 "no-identity",
@@ -167,36 +200,24 @@ class AgentUsageRecorder(AgentBudgetGuard):
                 " any agent window (counted in spanguard_agent_usage_records_total"
                 '{what="no_identity"})',
             )
-            return None
+            return
         # One record per agent and bucket of its window for the spans of one message: the
         # window counts them the same, from a few rows instead of one per inference span.
-        ended = record.end_time_unix_nano
-        window = policy.agent_budget_window
-        width = self._widths.get(window)
-        if width is None:
-            width = self._widths[window] = bucket_seconds(window)
         bucket = int((ended / 1e9) // width) if ended else 0  # as the window reckons it
-        key = (record.service, record.agent_name, bucket)
+        key = (service, agent_name, bucket)
         summed = self._summed.get(key)
         if summed is None:
             self._summed[key] = AgentUsage(
-                record.service,
-                record.agent_name,
-                record.trace_id,
-                record.span_id,
-                ended,
-                record.tokens,
-                record.cost,
+                service, agent_name, trace_id, span_id, ended, tokens, cost
             )
-            return None
+            return
         # The last span stands for the sum: a crossing is decided at it, naming its trace.
-        summed.trace_id = record.trace_id
-        summed.span_id = record.span_id
+        summed.trace_id = trace_id
+        summed.span_id = span_id
         if ended > summed.end_time_unix_nano:
             summed.end_time_unix_nano = ended
-        summed.tokens += record.tokens
-        summed.cost += record.cost
-        return None
+        summed.tokens += tokens
+        summed.cost += cost
 
     def retract(self, decision: Decision) -> None:
         """Nothing to undo: the trace side takes no agent budget decision."""

@@ -203,6 +203,20 @@ class AgentBudgetGuard(GuardObserver):
         taken, self.pending = self.pending, []
         return taken
 
+    def observe_spend(
+        self,
+        service: str,
+        agent_name: str | None,
+        trace_id: str,
+        span_id: bytes,
+        ended: int,
+        tokens: int,
+        cost: int,
+    ) -> None:
+        """What one usage span added to its trace, as the guard hands it on (observe_usage's
+        fields one by one: the worker's recorder sums them without a record per span)."""
+        self.observe_usage(AgentUsage(service, agent_name, trace_id, span_id, ended, tokens, cost))
+
     def observe_usage(self, record: AgentUsage) -> Decision | None:
         policy = self._policy(record.service, record.agent_name)
         if not _has_budget(policy) or (record.tokens <= 0 and record.cost <= 0):

@@ -205,6 +205,7 @@ CACHE_WRITE_KEYS: Final = (
     "llm.token_count.prompt_details.cache_write",
     "ai.usage.inputTokenDetails.cacheWriteTokens",
 )
+CACHE_KEYS: Final = CACHE_READ_KEYS + CACHE_WRITE_KEYS
 # The model a span names: what answered first (a dated snapshot), then what was asked for.
 RESPONSE_MODEL_KEYS: Final = ("gen_ai.response.model", "ai.response.model")
 REQUEST_MODEL_KEYS: Final = ("gen_ai.request.model", "llm.model_name", "ai.model.id")
@@ -712,8 +713,12 @@ def _read_price_facts(
             tokens_out = _first_int(attributes, present, (AGGREGATE_OUTPUT_KEY,))
     usage.input_tokens = tokens_in or 0
     usage.output_tokens = tokens_out or 0
-    usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
-    usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+    # Most spans report no cache counts: one pass over both key lists finds that out.
+    for key in CACHE_KEYS:
+        if key in present:
+            usage.cache_read_tokens = _first_int(attributes, present, CACHE_READ_KEYS) or 0
+            usage.cache_write_tokens = _first_int(attributes, present, CACHE_WRITE_KEYS) or 0
+            break
 
 
 def _model_text(

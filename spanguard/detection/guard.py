@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsage
+from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
@@ -567,19 +567,29 @@ class Guard:
     ) -> Decision | None:
         stats = self.stats
         stats.token_events += 1
-        tokens_before, cost_before = _spent(state)
         if usage.aggregate:
+            tokens_before, cost_before = _spent(state)
             # Nested agents' aggregates overlap; the largest stands for the trace.
             if usage.tokens > state.aggregate_tokens:
                 state.aggregate_tokens = usage.tokens
+            priced = self.pricer is not None and self._price(state, usage, plan)
+            # What the trace's spend grew by (an agent's total repeats its inference spans:
+            # only what the budgets count is added), by whether it has a price.
+            tokens_after, cost_after = _spent(state)
+            added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
+            added_cost = cost_after - cost_before if cost_after > cost_before else 0
         else:
-            state.inference_tokens = (state.inference_tokens or 0) + usage.tokens
-        priced = self.pricer is not None and self._price(state, usage, plan)
-        # What the trace's spend grew by (an agent's total repeats its inference spans: only
-        # what the budgets count is added), by whether it has a price.
-        tokens_after, cost_after = _spent(state)
-        added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
-        added_cost = cost_after - cost_before if cost_after > cost_before else 0
+            # An inference span (most usage spans): _spent's arithmetic, inlined. The trace's
+            # inference sums stand for it from the first on, the agents' totals no more.
+            summed_tokens, summed_cost = state.inference_tokens, state.inference_cost
+            tokens_before = summed_tokens if summed_tokens is not None else state.aggregate_tokens
+            cost_before = summed_cost if summed_cost is not None else state.aggregate_cost
+            state.inference_tokens = tokens_after = (summed_tokens or 0) + usage.tokens
+            priced = self.pricer is not None and self._price(state, usage, plan)
+            summed_cost = state.inference_cost
+            cost_after = summed_cost if summed_cost is not None else state.aggregate_cost
+            added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
+            added_cost = cost_after - cost_before if cost_after > cost_before else 0
         if added_tokens:
             if priced:
                 stats.tokens_priced += added_tokens
@@ -643,16 +653,14 @@ class Guard:
             if found is not None:
                 conversations.pending.append(found)
         if self.agent_budgets is not None:
-            self.agent_budgets.observe_usage(
-                AgentUsage(
-                    state.service,
-                    state.agent_name,
-                    trace_id,
-                    usage.span_id,
-                    usage.end_time_unix_nano,
-                    tokens,
-                    cost,
-                )
+            self.agent_budgets.observe_spend(
+                state.service,
+                state.agent_name,
+                trace_id,
+                usage.span_id,
+                usage.end_time_unix_nano,
+                tokens,
+                cost,
             )
 
     def _price(self, state: TraceState, usage: TokenUsage, plan: _Plan) -> bool:

@@ -101,6 +101,8 @@ class ModelRates:
 
     def cost(self, usage: TokenUsage) -> int:
         """Pico-dollars for one span's counts."""
+        if not usage.cache_read_tokens and not usage.cache_write_tokens:  # most spans
+            return usage.input_tokens * self.input + usage.output_tokens * self.output
         uncached, cache_read, cache_write = _input_parts(usage)
         read_rate = self.input if self.cache_read is None else self.cache_read
         write_rate = self.input if self.cache_write is None else self.cache_write
