@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import faust
 from faust.types import EventT
 
+from spanguard import compact_json
 from spanguard.detection.agent_budget import (
     MAX_SOURCES,
     AgentBudgetGuard,
@@ -260,9 +261,7 @@ def encode_usage(records: Iterable[AgentUsage], sources: Iterable[Any]) -> dict[
         span_id, end = record.span_id.hex(), record.end_time_unix_nano
         rows.append([where, offset, record.trace_id, span_id, end, record.tokens, record.cost])
     return {
-        key: json.dumps(
-            {"v": RECORD_VERSION, "s": names, "r": rows}, separators=(",", ":")
-        ).encode()
+        key: compact_json.dumps({"v": RECORD_VERSION, "s": names, "r": rows})
         for key, (names, rows) in grouped.items()
     }
 
@@ -292,7 +291,7 @@ def decode_usage(
         raise ValueError("no agent identity in the key")
     try:
         identity = json.loads(key)
-        body = json.loads(value or b"")
+        body = compact_json.loads(value or b"")
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"not an agent usage record: {exc}") from None
     if not isinstance(identity, list) or len(identity) != 2:

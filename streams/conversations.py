@@ -18,7 +18,6 @@ the conversation topic and span batch, holding the conversations whose partition
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import faust
 from aiokafka.partitioner import murmur2
 from faust.types import EventT
 
+from spanguard import compact_json
 from spanguard.detection.conversation import (
     ConversationCall,
     ConversationGuard,
@@ -200,9 +200,6 @@ def _row(record: Record) -> list[Any]:
     ]
 
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
 def encode_packs(
     records: Iterable[Record], partitions: int, limit: int = MAX_RECORD_BYTES
 ) -> list[Pack]:
@@ -225,14 +222,14 @@ def encode_packs(
     packs: list[Pack] = []
     for partition, conversations in by_partition.items():
         # One encoding of the whole pack; split by conversation only when it is too large.
-        value = _dumps({"v": PACKED_VERSION, "c": conversations}).encode()
+        value = compact_json.dumps({"v": PACKED_VERSION, "c": conversations})
         if len(value) <= limit:
             packs.append(_pack(partition, list(conversations), value))
             continue
         chunk: list[tuple[str, bytes]] = []
         size = 0
         for conversation_id, rows in conversations.items():
-            entry = _dumps({conversation_id: rows}).encode()[1:-1]
+            entry = compact_json.dumps({conversation_id: rows})[1:-1]
             if chunk and size + len(entry) > limit:
                 packs.append(_chunk_pack(partition, chunk))
                 chunk, size = [], 0
@@ -271,7 +268,7 @@ def decode_records(key: bytes | None, value: bytes | None) -> list[Record]:
     """The records of one message of the conversation topic, a pack (version 2) or one
     conversation's (version 1, its id in the key); ValueError says what is wrong."""
     try:
-        body = json.loads(value or b"")
+        body = compact_json.loads(value or b"")
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"not a conversation record: {exc}") from None
     version = body.get("v") if isinstance(body, dict) else None
@@ -410,28 +407,36 @@ class WorkerConversations(ConversationGuard):
     def __init__(self, policy: Policy, states: SerializedStates, **kwargs: Any) -> None:
         super().__init__(policy, states=states, **kwargs)  # type: ignore[arg-type]
         self.duplicates = 0
+        self._taken: tuple[str, Any] | None = None  # (conversation id, its state) being observed
 
     def observe(self, record: Record) -> Decision | None:
         conversation_id = record.conversation_id
         state = self.states.get(conversation_id)
-        if state is not None:
-            if record.span_id in state.recent_span_ids:
-                self.duplicates += 1
-                return None
-            # Kept in the batch's states: the scope's own read below is a dict lookup.
-            self.states[conversation_id] = state
-        if isinstance(record, ConversationCall):
-            decision = self.observe_call(record)
-        else:
-            decision = self.observe_usage(record)
-        state = self.states.get(conversation_id)
-        if state is not None:  # none when the policy turns the scope off for this agent
-            recent = state.recent_span_ids
-            recent[record.span_id] = None
-            if len(recent) > MAX_RECENT_SPANS:
-                del recent[next(iter(recent))]  # the oldest
-            self.states[conversation_id] = state
-        return decision
+        if state is not None and record.span_id in state.recent_span_ids:
+            self.duplicates += 1
+            return None
+        # The state just read is the one the scope changes (`_state`): read once per record,
+        # written once (`_store`), not read and written again around the scope's own turn.
+        self._taken = (conversation_id, state)
+        try:
+            if isinstance(record, ConversationCall):
+                return self.observe_call(record)
+            return self.observe_usage(record)
+        finally:
+            self._taken = None
+
+    def _state(self, conversation_id: str, service: str, agent_name: str | None) -> Any:
+        taken = self._taken
+        if taken is not None and taken[0] == conversation_id and taken[1] is not None:
+            return taken[1]
+        return super()._state(conversation_id, service, agent_name)
+
+    def _store(self, record: Record, state: Any) -> None:
+        recent = state.recent_span_ids
+        recent[record.span_id] = None
+        if len(recent) > MAX_RECENT_SPANS:
+            del recent[next(iter(recent))]  # the oldest
+        super()._store(record, state)
 
 
 class ConversationAgent(ScopeAgent):

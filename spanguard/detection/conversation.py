@@ -220,7 +220,7 @@ class ConversationGuard(GuardObserver):
                 _remember(state.killed, f"{rule.name}:{record.trace_id}")
                 state.restart_window()  # another kill needs a repeat of its own
             break
-        self.states[record.conversation_id] = state
+        self._store(record, state)
         return decision
 
     def observe_usage(self, record: ConversationUsage) -> Decision | None:
@@ -239,7 +239,7 @@ class ConversationGuard(GuardObserver):
             action = FLAG if policy.shadow else KILL
             decision = self._fire(rule, action, trip, state.trace_count, record, state, policy)
             _remember(state.killed, f"{rule}:{record.trace_id}")
-        self.states[record.conversation_id] = state
+        self._store(record, state)
         return decision
 
     def retract(self, decision: Decision) -> None:
@@ -274,6 +274,11 @@ class ConversationGuard(GuardObserver):
         if state is None:
             state = ConversationState(service, agent_name)
         return state
+
+    def _store(self, record: ConversationCall | ConversationUsage, state: Any) -> None:
+        """Write the state a record changed back (the worker's scope remembers the record's
+        span id there too)."""
+        self.states[record.conversation_id] = state
 
     @staticmethod
     def _seen_trace(state: ConversationState, trace_id: str) -> None:

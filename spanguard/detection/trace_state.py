@@ -11,7 +11,7 @@ import base64
 import json
 import struct
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -19,17 +19,8 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from spanguard import compact_json
 from spanguard.detection.rules.base import Fired
-
-# orjson where installed (the worker's extra): a state is encoded on every flush, and json's
-# encoder takes several times as long. An agent's install keeps its states in memory, unencoded.
-_fast_dumps: Callable[[Any], bytes] | None
-try:
-    import orjson
-
-    _fast_dumps = orjson.dumps
-except ImportError:
-    _fast_dumps = None
 
 __all__ = [
     "MARK_BYTES",
@@ -206,14 +197,9 @@ class TraceState:
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
-    """A state's record as compact JSON: orjson's where installed, json's for what orjson
-    refuses (an integer past 64 bits, a lone surrogate) and without it. Both read back alike."""
-    if _fast_dumps is not None:
-        try:
-            return _fast_dumps(record)
-        except TypeError:
-            pass
-    return json.dumps(record, separators=(",", ":")).encode()
+    """A state's record as compact JSON (spanguard/compact_json.py: orjson's where installed,
+    json's for what orjson refuses and without it). Both read back alike."""
+    return compact_json.dumps(record)
 
 
 def _call_key(key: Sequence[Any]) -> CallKey:

@@ -4,6 +4,7 @@ state's stored form, and the dropping of records sent twice."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +37,8 @@ from tests.support.spans import AgentRecorder
 
 ARGS_HASH = "a" * 64
 KILL = {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
+# How a pack writes "é": orjson (the worker's extra) as UTF-8, json escaped.
+E_ACUTE = "é".encode() if importlib.util.find_spec("orjson") else b"\\u00e9"
 
 
 def call(conversation: str, trace: str, span: int, tool: str = "search_docs") -> ConversationCall:
@@ -82,9 +85,15 @@ def test_a_pack_is_exactly_the_version_2_bytes_earlier_workers_read():
     assert pack.value == (
         b'{"v":2,"c":{"a":[["c","t1","0000000000000001",1000000000000000000,"search_docs","'
         + ARGS_HASH.encode()
-        + b'","rrrrrrrrrrrrrrrr","svc",null],["c","t3","00ff",5,"x",null,null,"s\\u00e9",null]],'
-        b'"b":[["u","t2","0000000000000002",1000000000000000000,30,7,"svc","bot"]]}}'
+        + b'","rrrrrrrrrrrrrrrr","svc",null],["c","t3","00ff",5,"x",null,null,"s'
+        + E_ACUTE
+        + b'",null]],"b":[["u","t2","0000000000000002",1000000000000000000,30,7,"svc","bot"]]}}'
     )
+    # orjson writes text as UTF-8 where json (and earlier workers) escaped it: json, which
+    # earlier workers decode with, reads both the same.
+    escaped = pack.value.replace("é".encode(), b"\\u00e9")
+    assert json.loads(pack.value) == json.loads(escaped)
+    assert decode_records(None, escaped) == decode_records(None, pack.value)
     assert (pack.key, pack.conversations) == (None, ["a", "b"])
     assert decode_records(pack.key, pack.value) == [records[0], records[2], records[1]]
 
