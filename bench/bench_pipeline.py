@@ -1085,7 +1085,13 @@ def scopes_run(
                 collector, side_topics, args.partitions, warmup.requests, warmup.spans,
                 [side_worker], args.drain_timeout,
             )  # fmt: skip
-        scope_records = [topic_records(topic, args.partitions) for topic in scope_topics]
+        # The scope topics have `scope_partitions` (the worker's setting), not --partitions.
+        metadata = admin.list_topics(timeout=10).topics
+        scope_partitions = [len(metadata[topic].partitions) for topic in scope_topics]
+        scope_records = [
+            topic_records(topic, count)
+            for topic, count in zip(scope_topics, scope_partitions, strict=True)
+        ]
         on: list[Drain] = []
         off: list[Drain] = []
         for index, corpus in enumerate(rounds):
@@ -1100,8 +1106,10 @@ def scopes_run(
                 )  # fmt: skip
                 (on if side == "on" else off).append(fed.drain)
         conversation_records, usage_records = (
-            topic_records(topic, args.partitions) - before
-            for topic, before in zip(scope_topics, scope_records, strict=True)
+            topic_records(topic, count) - before
+            for topic, count, before in zip(
+                scope_topics, scope_partitions, scope_records, strict=True
+            )
         )
         stop_worker(off_worker)  # idle from here: the latency run has the machine to itself
         latency = None

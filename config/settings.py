@@ -272,6 +272,13 @@ class WorkerSettings:
         "compact usage records keyed by agent identity (agent budgets over a window)",
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
+    scope_partitions: int = setting(
+        2,
+        "partitions of the conversation and agent usage topics and their tables' changelogs:"
+        " their records are packed, a few percent of the spans' traffic, and each partition a"
+        " worker holds is named in every one of its fetches (about 50 a second); the scope"
+        " agents' work is shared by at most this many workers",
+    )
     replication_factor: int = setting(
         0,
         "replication of created topics; 0: min(3, brokers found), min.insync.replicas one less",
@@ -386,6 +393,8 @@ class WorkerSettings:
                 raise SettingsError(f"{name} must be a positive number of seconds, not {value}")
         if self.partitions < 1:
             raise SettingsError("partitions must be at least 1")
+        if self.scope_partitions < 1:
+            raise SettingsError("scope_partitions must be at least 1")
         if self.replication_factor < 0:
             raise SettingsError("replication_factor must be 0 (chosen for the cluster) or more")
         if self.session_timeout < 6:

@@ -70,8 +70,9 @@ class TopicSpec:
 
 def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
     """Input, repartition and the state changelog must share a partition count: a trace's
-    messages and its state then live in the same partition number."""
-    n = settings.partitions
+    messages and its state then live in the same partition number. So must each scope's topic
+    and its table's changelog (`scope_partitions`: fewer, as the scopes' records are few)."""
+    n, scopes = settings.partitions, settings.scope_partitions
     week = str(7 * 24 * 3600 * 1000)
     return [
         TopicSpec(settings.input_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
@@ -80,15 +81,15 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(settings.ack_topic, n, {"retention.ms": week}),
         TopicSpec(settings.goal_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
         # Keyed by conversation id; its changelog follows the partition a record arrives on.
-        TopicSpec(settings.conversation_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
+        TopicSpec(settings.conversation_topic, scopes, {"retention.ms": str(24 * 3600 * 1000)}),
         # Keyed by agent identity; its changelog follows the partition a record arrives on.
-        TopicSpec(settings.agent_usage_topic, n, {"retention.ms": str(24 * 3600 * 1000)}),
+        TopicSpec(settings.agent_usage_topic, scopes, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.detections_topic, n, {"retention.ms": week}),
         TopicSpec(settings.dead_letter_topic, n, {"retention.ms": week}),
         # Faust's table changelog: compacted, the latest state per trace is all it needs.
         TopicSpec(settings.changelog_topic, n, {"cleanup.policy": "compact"}),
-        TopicSpec(settings.conversation_changelog_topic, n, {"cleanup.policy": "compact"}),
-        TopicSpec(settings.agent_window_changelog_topic, n, {"cleanup.policy": "compact"}),
+        TopicSpec(settings.conversation_changelog_topic, scopes, {"cleanup.policy": "compact"}),
+        TopicSpec(settings.agent_window_changelog_topic, scopes, {"cleanup.policy": "compact"}),
     ]
 
 
@@ -112,6 +113,25 @@ def cluster_replication(settings: WorkerSettings, timeout: float = 15.0) -> Repl
     """The replication `topics create` uses on the cluster `settings` point at."""
     _, cluster = _connect(settings, timeout)
     return choose_replication(len(cluster.brokers), settings.replication_factor)
+
+
+def scope_partitions_found(settings: WorkerSettings, timeout: float = 15.0) -> int | None:
+    """The partition count of the scope topics where they exist already, so the worker packs
+    conversations for the partitions there are (topics made before `scope_partitions`, or by
+    hand); None when neither exists. Both must have the same count (ValueError)."""
+    _, cluster = _connect(settings, timeout)
+    found = {
+        name: len(cluster.topics[name].partitions)
+        for name in (settings.conversation_topic, settings.agent_usage_topic)
+        if name in cluster.topics and cluster.topics[name].partitions
+    }
+    if len(set(found.values())) > 1:
+        raise ValueError(
+            "the scope topics differ in partitions ("
+            + ", ".join(f"{name}: {count}" for name, count in found.items())
+            + "): recreate one, or both, with SPANGUARD_SCOPE_PARTITIONS partitions"
+        )
+    return next(iter(found.values()), None)
 
 
 def create_topics(

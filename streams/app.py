@@ -127,16 +127,19 @@ def faust_app(settings: WorkerSettings) -> faust.App:
     )
 
 
-def state_table(app: faust.App, settings: WorkerSettings, name: str) -> TraceTable:
+def state_table(
+    app: faust.App, settings: WorkerSettings, name: str, partitions: int | None = None
+) -> TraceTable:
     """A state table of raw bytes whose changelog follows the partition each record arrives
-    on: the trace, conversation and agent window tables are all made so."""
+    on: the trace, conversation and agent window tables are all made so (`partitions`: its
+    source topic's, the scopes' `scope_partitions`)."""
     return app.tables.add(
         TraceTable(
             app,
             name=name,
             default=None,
             beacon=app.tables.beacon,
-            partitions=settings.partitions,
+            partitions=partitions or settings.partitions,
             use_partitioner=False,
             key_type=bytes,  # bytes types make Faust use the raw codec for the changelog
             value_type=bytes,
@@ -162,7 +165,9 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
 def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The conversation table (conversation id -> ConversationState bytes) and its view: like
     the trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(app, settings, settings.conversation_table_name)
+    table = state_table(
+        app, settings, settings.conversation_table_name, settings.scope_partitions
+    )
     states = conversation_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
@@ -173,7 +178,9 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
 def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
     trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(app, settings, settings.agent_window_table_name)
+    table = state_table(
+        app, settings, settings.agent_window_table_name, settings.scope_partitions
+    )
     states = agent_window_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
@@ -261,11 +268,15 @@ def build_worker(
         lag=lag,
         recorder=recorder,
         conversations_out=(
-            app.topic(settings.conversation_topic, **RAW) if recorder is not None else None
+            app.topic(settings.conversation_topic, partitions=settings.scope_partitions, **RAW)
+            if recorder is not None
+            else None
         ),
         usage_recorder=usage_recorder,
         agent_usage_out=(
-            app.topic(settings.agent_usage_topic, **RAW) if usage_recorder is not None else None
+            app.topic(settings.agent_usage_topic, partitions=settings.scope_partitions, **RAW)
+            if usage_recorder is not None
+            else None
         ),
     )
 

@@ -533,7 +533,7 @@ def conversation_sends(worker: Worker, records: list[Record], sources: list[Any]
         if source is not None:
             first_source.setdefault(record.conversation_id, (index, source))
     sends = []
-    for pack in encode_packs(records, worker.settings.partitions):
+    for pack in encode_packs(records, worker.settings.scope_partitions):
         found = [first_source[c] for c in pack.conversations if c in first_source]
         source = min(found, key=lambda first: first[0])[1] if found else None
         kwargs = {"key": pack.key, "value": pack.value, "partition": pack.partition}

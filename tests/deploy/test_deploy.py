@@ -166,6 +166,7 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     env = env_of(worker)
     assert env["SPANGUARD_BOOTSTRAP"] == "kafka:9092"
     assert env["SPANGUARD_PARTITIONS"] == "8"
+    assert env["SPANGUARD_SCOPE_PARTITIONS"] == "2"  # the scope topics': few records, packed
     assert env["SPANGUARD_STORE"] == "rocksdb"
     assert env["SPANGUARD_STATE_TTL"] == "3600"
     assert env["SPANGUARD_METRICS_PORT"] == "9464"
@@ -380,6 +381,7 @@ def test_topics_job_hook(helm: Path) -> None:
     job_env = env_of(c)
     worker_env = env_of(container(docs))
     assert job_env["SPANGUARD_PARTITIONS"] == "12"
+    assert job_env["SPANGUARD_SCOPE_PARTITIONS"] == "2"
     assert job_env["SPANGUARD_REPLICATION_FACTOR"] == "3"
     # The same settings as the worker, so the topics are the ones it reads and writes.
     assert {k: v for k, v in worker_env.items() if k in job_env} == job_env

@@ -247,6 +247,8 @@ Numbers go through int/toString so that large values are not rendered as 1e+06.
   value: {{ .Values.kafka.topics.repartition | quote }}
 - name: SPANGUARD_PARTITIONS
   value: {{ int .Values.kafka.partitions | quote }}
+- name: SPANGUARD_SCOPE_PARTITIONS
+  value: {{ int .Values.kafka.scopePartitions | quote }}
 - name: SPANGUARD_REPLICATION_FACTOR
   value: {{ int .Values.kafka.replicationFactor | quote }}
 - name: SPANGUARD_STORE
