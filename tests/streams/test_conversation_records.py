@@ -265,7 +265,8 @@ def test_a_batch_sends_one_record_per_partition_pointing_at_its_first_message():
     def out(partitions: int) -> Any:
         return SimpleNamespace(
             conversations_out="the conversation topic",
-            settings=SimpleNamespace(partitions=partitions),
+            # The conversation topic has the scopes' partitions, not the spans' topics' count.
+            settings=SimpleNamespace(partitions=97, scope_partitions=partitions),
         )
 
     records = [call("a", "t1", 1), call("b", "t2", 2), call("a", "t3", 3), usage("a", "t3", 4, 9)]
