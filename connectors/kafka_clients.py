@@ -124,6 +124,10 @@ class LibrdkafkaLog:
         r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)"
     )
 
+    # A TLS failure names OpenSSL's error code; librdkafka's next try says it again in a
+    # shorter form (without "SSL handshake failed:" and the hint): the same failure.
+    _OPENSSL_ERROR = re.compile(r"error:[0-9A-F]{8}")
+
     def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
         self.logger = logger
         self.every = every
@@ -133,6 +137,9 @@ class LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: Any) -> None:
         line = msg % args if args else msg
         key = self._TIMING.sub("", line)
+        code = self._OPENSSL_ERROR.search(key)
+        if code is not None:  # the client and thread the line names, and the error's code
+            key = key[: key.find("]: ") + 1] + code.group()
         now = time.monotonic()
         with self._lock:
             if now - self._last.get(key, -self.every) < self.every:

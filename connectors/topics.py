@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -116,20 +116,31 @@ def cluster_replication(settings: WorkerSettings, timeout: float = 15.0) -> Repl
 
 
 def scope_partitions_found(settings: WorkerSettings, timeout: float = 15.0) -> int | None:
-    """The partition count of the scope topics where they exist already, so the worker packs
-    conversations for the partitions there are (topics made before `scope_partitions`, or by
-    hand); None when neither exists. Both must have the same count (ValueError)."""
+    """The partition count of the scope topics (the conversation and agent usage topics and
+    their tables' changelogs) where some exist already: topics made before
+    `scope_partitions`, or by hand, are used with the count they have, and the missing ones
+    made to match. None when none exists; ValueError when those that exist disagree."""
     _, cluster = _connect(settings, timeout)
+    return _scope_partitions_in(settings, cluster)
+
+
+def _scope_partitions_in(settings: WorkerSettings, cluster: Any) -> int | None:
+    names = (
+        settings.conversation_topic,
+        settings.agent_usage_topic,
+        settings.conversation_changelog_topic,
+        settings.agent_window_changelog_topic,
+    )
     found = {
         name: len(cluster.topics[name].partitions)
-        for name in (settings.conversation_topic, settings.agent_usage_topic)
+        for name in names
         if name in cluster.topics and cluster.topics[name].partitions
     }
     if len(set(found.values())) > 1:
         raise ValueError(
             "the scope topics differ in partitions ("
             + ", ".join(f"{name}: {count}" for name, count in found.items())
-            + "): recreate one, or both, with SPANGUARD_SCOPE_PARTITIONS partitions"
+            + "): recreate them with one count (SPANGUARD_SCOPE_PARTITIONS)"
         )
     return next(iter(found.values()), None)
 
@@ -142,6 +153,11 @@ def create_topics(
     admin, cluster = _connect(settings, timeout)
     replication = choose_replication(len(cluster.brokers), settings.replication_factor)
     log.info("topics: %s", replication.describe())
+    found = _scope_partitions_in(settings, cluster)
+    if found is not None and found != settings.scope_partitions:
+        # A scope's topic and its changelog must share a count: the missing ones follow.
+        log.info("the scope topics there are have %d partitions: the missing ones too", found)
+        settings = replace(settings, scope_partitions=found)
     specs = topic_specs(settings)
     futures = admin.create_topics(
         [

@@ -397,6 +397,40 @@ def test_librdkafka_lines_repeat_at_most_once_per_interval():
     ]
 
 
+def test_a_tls_failure_said_again_in_librdkafkas_shorter_form_is_logged_once():
+    # As a client refused by an untrusted broker certificate logged it: the first try's line,
+    # then the next try's, shorter, with the same OpenSSL error code.
+    thread = "[thrd:sasl_ssl://127.0.0.1:56929/bootstrap]: sasl_ssl://127.0.0.1:56929/bootstrap: "
+    first = (
+        thread + "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed:"
+        " broker certificate could not be verified, verify that ssl.ca.location is correctly"
+        " configured (after 5ms in state SSL_HANDSHAKE)"
+    )
+    again = (
+        thread
+        + "error:0A000086:SSL routines::certificate verify failed (after 3ms in state SSL_HANDSHAKE)"
+    )
+    other = (
+        thread
+        + "error:0A000412:SSL routines::sslv3 alert bad certificate (after 2ms in state SSL_HANDSHAKE)"
+    )
+    records: list[logging.LogRecord] = []
+    logger = logging.getLogger("tests.librdkafka.tls")
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        sink = LibrdkafkaLog(logger, every=60)
+        for line in (first, again, other):
+            sink.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", line)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        f"FAIL [rdkafka#consumer-1] {first}",
+        f"FAIL [rdkafka#consumer-1] {other}",  # another error: its own line
+    ]
+
+
 def test_to_env_round_trips(pki):
     security = sasl_ssl(pki, ssl_endpoint_identification_algorithm="none")
     assert KafkaSecurity.from_env(security.to_env()) == security

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -27,8 +28,14 @@ def settings_for(topics: Topics, *extra: str) -> WorkerSettings:
 
 
 def partitions_of(names: list[str]) -> dict[str, int]:
-    metadata = AdminClient(CLUSTER.config()).list_topics(timeout=10)
-    return {name: len(metadata.topics[name].partitions) for name in names}
+    """Once every one of `names` is in the cluster's metadata (a topic just made may not be)."""
+    admin = AdminClient(CLUSTER.config())
+    deadline = time.monotonic() + 30
+    while True:
+        metadata = admin.list_topics(timeout=10)
+        if all(name in metadata.topics for name in names) or time.monotonic() > deadline:
+            return {name: len(metadata.topics[name].partitions) for name in names}
+        time.sleep(0.2)
 
 
 def test_scope_partitions_below_one_are_refused():
@@ -80,9 +87,36 @@ def test_scope_topics_made_before_are_used_with_their_count_and_two_that_disagre
         settings = settings_for(topics)
         assert scope_partitions_found(settings) is None  # neither exists yet
         admin.create_topics([NewTopic(topics.conversations, 8, 1)])[topics.conversations].result(30)
+        partitions_of([topics.conversations])
         assert scope_partitions_found(settings) == 8  # an earlier release made it with 8
-        admin.create_topics([NewTopic(topics.agent_usage, 3, 1)])[topics.agent_usage].result(30)
-        with pytest.raises(ValueError, match="the scope topics differ in partitions"):
-            scope_partitions_found(settings)
+        # `topics create` makes the missing scope topics with the count found, not 2.
+        result = subprocess.run(
+            [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap",
+             CLUSTER.bootstrap, *topics.flags()],
+            capture_output=True, text=True, timeout=120, env={**os.environ, **CLUSTER.env()},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert set(
+            partitions_of(
+                [
+                    settings.conversation_topic,
+                    settings.agent_usage_topic,
+                    settings.conversation_changelog_topic,
+                    settings.agent_window_changelog_topic,
+                ]
+            ).values()
+        ) == {8}
+        assert partitions_of([settings.input_topic]) == {settings.input_topic: 8}
+        other = Topics()
+        try:
+            made = admin.create_topics([NewTopic(other.conversations, 8, 1)])
+            made[other.conversations].result(30)
+            made = admin.create_topics([NewTopic(other.agent_usage, 3, 1)])
+            made[other.agent_usage].result(30)
+            partitions_of([other.conversations, other.agent_usage])
+            with pytest.raises(ValueError, match="the scope topics differ in partitions"):
+                scope_partitions_found(settings_for(other))
+        finally:
+            other.delete()
     finally:
         topics.delete()

@@ -23,11 +23,12 @@ from spanguard.detection.guard import Guard
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.policy import Policy
-from spanguard.streams.conversations import decode_records
+from spanguard.streams.conversations import conversation_partition, decode_records
 from tests.detection.test_conversation import turn
 from tests.detection.test_rules import run
 from tests.support.kafka_harness import (
     BOOTSTRAP,
+    CLUSTER,
     SIGNING_KEY,
     Collector,
     Topics,
@@ -172,6 +173,55 @@ def test_the_scope_off_sends_no_record(tmp_path):
         metrics = worker.process.metrics() or {}
         assert worker.collector.messages == []
     assert metrics.get('spanguard_conversation_records_total{what="sent"}', 0) == 0
+
+
+def test_scope_topics_an_earlier_release_made_with_8_partitions_are_used_with_their_8(tmp_path):
+    """`SPANGUARD_SCOPE_PARTITIONS` is 2, but topics made before with 8 (the spans' count, as
+    earlier releases made them) keep working: the worker reads their count at start and packs
+    each conversation for the partition it had, where its state is."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    ensure_broker()
+    # A conversation whose partition of 8 is none of 2: a worker packing for 2 fails here.
+    conversation = next(
+        f"conv-{n}" for n in range(100) if conversation_partition(f"conv-{n}", 8) >= 2
+    )
+    policy = {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(policy))
+    turns = [turn(conversation) for _ in range(TURNS)]
+    expected = core_decisions(policy, [turns])
+    topics = Topics()
+    admin = AdminClient(CLUSTER.config())
+    for name in (topics.conversations, topics.agent_usage):
+        admin.create_topics([NewTopic(name, 8, 1)])[name].result(30)
+    worker = WorkerProcess(topics, tmp_path / "worker", policy=policy_file).start()
+    collector = Collector(topics.detections, topics.conversations)  # once its topics exist
+    try:
+        for index, agent in enumerate(turns):
+            send_spans(topics.input, agent)
+            wait_until(
+                lambda i=index: calls_on(collector, topics.conversations) >= 2 * (i + 1),
+                60,
+                f"turn {index}'s conversation records",
+                lambda: calls_on(collector, topics.conversations),
+            )
+        wait_until(
+            lambda: len(records_of(collector, topics.detections)) >= len(expected),
+            60,
+            "the conversation's decisions",
+        )
+        log = worker.log_path.read_text()
+    finally:
+        collector.close()
+        code = worker.stop()
+        topics.delete()
+    assert code == 0
+    assert "the scope topics have 8 partitions" in log
+    packs = records_of(collector, topics.conversations)
+    assert {m["partition"] for m in packs} == {conversation_partition(conversation, 8)}
+    detections = [json.loads(m["value"]) for m in records_of(collector, topics.detections)]
+    assert [d["decision_id"] for d in detections] == [d.decision_id for d in expected]
 
 
 CONVERSATIONS = 6
