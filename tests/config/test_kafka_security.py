@@ -7,6 +7,7 @@ ours, so the worker (Faust) and the killswitch (confluent-kafka) cannot drift ap
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -14,6 +15,8 @@ import ssl
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -373,14 +376,22 @@ def test_client_errors_tell_a_refusal_from_a_broker_that_is_away():
     assert "refused the client certificate (ssl.certificate.location)" in str(alert.refused)
 
 
-def test_librdkafka_lines_repeat_at_most_once_per_interval():
+@contextlib.contextmanager
+def librdkafka_lines() -> Iterator[tuple[LibrdkafkaLog, list[logging.LogRecord]]]:
+    """A LibrdkafkaLog (one line per minute) and the records it let through."""
     records: list[logging.LogRecord] = []
-    logger = logging.getLogger("tests.librdkafka")
+    logger = logging.getLogger(f"tests.librdkafka.{uuid.uuid4().hex[:8]}")
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logger.addHandler(handler)
     try:
-        sink = LibrdkafkaLog(logger, every=60)
+        yield LibrdkafkaLog(logger, every=60), records
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_librdkafka_lines_repeat_at_most_once_per_interval():
+    with librdkafka_lines() as (sink, records):
         for elapsed in (3, 5, 8):  # one failure, retried: only its timing differs
             sink.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1",
                      f"SASL authentication error (after {elapsed}ms in state AUTH_REQ)")  # fmt: skip
@@ -389,8 +400,6 @@ def test_librdkafka_lines_repeat_at_most_once_per_interval():
                  "SASL authentication error (after 9ms in state AUTH_REQ,"
                  " 1 identical error(s) suppressed)")  # fmt: skip
         sink.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "another failure")
-    finally:
-        logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == [
         "FAIL [rdkafka#consumer-1] SASL authentication error (after 3ms in state AUTH_REQ)",
         "FAIL [rdkafka#consumer-1] another failure",
@@ -414,17 +423,9 @@ def test_a_tls_failure_said_again_in_librdkafkas_shorter_form_is_logged_once():
         thread
         + "error:0A000412:SSL routines::sslv3 alert bad certificate (after 2ms in state SSL_HANDSHAKE)"
     )
-    records: list[logging.LogRecord] = []
-    logger = logging.getLogger("tests.librdkafka.tls")
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger.addHandler(handler)
-    try:
-        sink = LibrdkafkaLog(logger, every=60)
+    with librdkafka_lines() as (sink, records):
         for line in (first, again, other):
             sink.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", line)
-    finally:
-        logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == [
         f"FAIL [rdkafka#consumer-1] {first}",
         f"FAIL [rdkafka#consumer-1] {other}",  # another error: its own line

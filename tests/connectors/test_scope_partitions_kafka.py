@@ -27,6 +27,16 @@ def settings_for(topics: Topics, *extra: str) -> WorkerSettings:
     return WorkerSettings.from_sources(_flags(args, "WorkerSettings"), CLUSTER.env())
 
 
+def topics_create(topics: Topics) -> None:
+    """`spanguard topics create` for `topics`, as an operator runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap",
+         CLUSTER.bootstrap, *topics.flags()],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **CLUSTER.env()},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def partitions_of(names: list[str]) -> dict[str, int]:
     """Once every one of `names` is in the cluster's metadata (a topic just made may not be)."""
     admin = AdminClient(CLUSTER.config())
@@ -47,12 +57,7 @@ def test_topics_create_gives_the_scope_topics_and_changelogs_their_own_count():
     ensure_broker()
     topics = Topics()
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap",
-             CLUSTER.bootstrap, *topics.flags()],
-            capture_output=True, text=True, timeout=120, env={**os.environ, **CLUSTER.env()},
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-2000:]
+        topics_create(topics)
         settings = settings_for(topics)
         counts = partitions_of(
             [
@@ -90,12 +95,7 @@ def test_scope_topics_made_before_are_used_with_their_count_and_two_that_disagre
         partitions_of([topics.conversations])
         assert scope_partitions_found(settings) == 8  # an earlier release made it with 8
         # `topics create` makes the missing scope topics with the count found, not 2.
-        result = subprocess.run(
-            [sys.executable, "-m", "spanguard.cli", "topics", "create", "--bootstrap",
-             CLUSTER.bootstrap, *topics.flags()],
-            capture_output=True, text=True, timeout=120, env={**os.environ, **CLUSTER.env()},
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-2000:]
+        topics_create(topics)
         assert set(
             partitions_of(
                 [
