@@ -16,6 +16,7 @@ from spanguard.connectors.kafka_clients import (
     client_config,
     wait_for_metadata,
 )
+from spanguard.errors import SettingsError
 
 __all__ = [
     "Replication",
@@ -119,7 +120,7 @@ def scope_partitions_found(settings: WorkerSettings, timeout: float = 15.0) -> i
     """The partition count of the scope topics (the conversation and agent usage topics and
     their tables' changelogs) where some exist already: topics made before
     `scope_partitions`, or by hand, are used with the count they have, and the missing ones
-    made to match. None when none exists; ValueError when those that exist disagree."""
+    made to match. None when none exists; SettingsError when those that exist disagree."""
     _, cluster = _connect(settings, timeout)
     return _scope_partitions_in(settings, cluster)
 
@@ -136,8 +137,8 @@ def _scope_partitions_in(settings: WorkerSettings, cluster: Any) -> int | None:
         for name in names
         if name in cluster.topics and cluster.topics[name].partitions
     }
-    if len(set(found.values())) > 1:
-        raise ValueError(
+    if len(set(found.values())) > 1:  # a SettingsError: the worker's CLI says it in one line
+        raise SettingsError(
             "the scope topics differ in partitions ("
             + ", ".join(f"{name}: {count}" for name, count in found.items())
             + "): recreate them with one count (SPANGUARD_SCOPE_PARTITIONS)"

@@ -114,7 +114,7 @@ def test_scope_topics_made_before_are_used_with_their_count_and_two_that_disagre
             made = admin.create_topics([NewTopic(other.agent_usage, 3, 1)])
             made[other.agent_usage].result(30)
             partitions_of([other.conversations, other.agent_usage])
-            with pytest.raises(ValueError, match="the scope topics differ in partitions"):
+            with pytest.raises(SettingsError, match="the scope topics differ in partitions"):
                 scope_partitions_found(settings_for(other))
         finally:
             other.delete()
