@@ -41,6 +41,8 @@ from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME, ToolCall
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules import CYCLE, TOOL_LOOP
 from spanguard.detection.rules.base import FLAG, KILL, Fired, GuardObserver, Trip
+from spanguard.detection.rules.cycle import Cycle
+from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.trace_state import (
     MARK_BYTES,
     CallKey,
@@ -135,6 +137,17 @@ class ConversationState(TraceState):
         return state
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one policy entry asks of the conversation scope's call rules."""
+
+    policy: AgentPolicy
+    rules: tuple[ToolLoop | Cycle, ...]  # the call rules it turns on, tool_loop first
+    action: str  # what a repeat across traces does: flag in shadow mode, else the policy's
+    cycle_enabled: bool
+    history: int  # the calls the conversation's window keeps
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # the worker's recorder extends it
 class ConversationGuard(GuardObserver):
     """Runs tool_loop and cycle, and the conversation budgets, per conversation.
@@ -160,6 +173,7 @@ class ConversationGuard(GuardObserver):
         self.counts_usage = any(entry.conversation_enabled for entry in policy.entries)
         self.calls = 0
         self.decisions = 0
+        self._plans: dict[int, _Plan] = {}
 
     # -- fed by the guard --------------------------------------------------------------------
 
@@ -192,19 +206,20 @@ class ConversationGuard(GuardObserver):
         if not policy.conversation_enabled:
             return None
         self.calls += 1
+        plan = self._plans.get(id(policy))
+        if plan is None or plan.policy is not policy:
+            plan = self._plan(policy)
         state = self._state(record.conversation_id, record.service, record.agent_name)
         self._seen_trace(state, record.trace_id)
         key = record.key
-        if policy.cycle_enabled and key[1] is not None:
+        if plan.cycle_enabled and key[1] is not None:
             CYCLE.count(state, _NO_CALL, key, policy)
-        elif policy.cycle_enabled:
+        elif plan.cycle_enabled:
             state.cycle_runs = None
-        self._slide(state, record, policy.history)
+        self._slide(state, record, plan.history)
         decision = None
-        for rule in (TOOL_LOOP, CYCLE):
-            if rule.wanted(policy) == "off":
-                continue
-            action = FLAG if policy.shadow else policy.conversation_action
+        action = plan.action
+        for rule in plan.rules:
             if action == FLAG and rule.flagged in state.fired:
                 continue  # flagged once per conversation
             if action == KILL and f"{rule.name}:{record.trace_id}" in state.killed:
@@ -260,6 +275,15 @@ class ConversationGuard(GuardObserver):
         return len(idle)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _plan(self, policy: AgentPolicy) -> _Plan:
+        """What `policy` asks of the scope's call rules, worked out once per policy entry (not
+        per call); keyed by id (a policy hashes slowly), with the policy kept to check it."""
+        rules = tuple(rule for rule in (TOOL_LOOP, CYCLE) if rule.wanted(policy) != "off")
+        action = FLAG if policy.shadow else policy.conversation_action
+        plan = _Plan(policy, rules, action, policy.cycle_enabled, policy.history)
+        self._plans[id(policy)] = plan
+        return plan
 
     def _policy(self, service: str, agent_name: str | None) -> AgentPolicy:
         if not self.policy.rules:

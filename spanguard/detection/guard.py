@@ -573,11 +573,7 @@ class Guard:
             if usage.tokens > state.aggregate_tokens:
                 state.aggregate_tokens = usage.tokens
             priced = self.pricer is not None and self._price(state, usage, plan)
-            # What the trace's spend grew by (an agent's total repeats its inference spans:
-            # only what the budgets count is added), by whether it has a price.
             tokens_after, cost_after = _spent(state)
-            added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
-            added_cost = cost_after - cost_before if cost_after > cost_before else 0
         else:
             # An inference span (most usage spans): _spent's arithmetic, inlined. The trace's
             # inference sums stand for it from the first on, the agents' totals no more.
@@ -588,8 +584,10 @@ class Guard:
             priced = self.pricer is not None and self._price(state, usage, plan)
             summed_cost = state.inference_cost
             cost_after = summed_cost if summed_cost is not None else state.aggregate_cost
-            added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
-            added_cost = cost_after - cost_before if cost_after > cost_before else 0
+        # What the trace's spend grew by (an agent's total repeats its inference spans: only
+        # what the budgets count is added), by whether it has a price.
+        added_tokens = tokens_after - tokens_before if tokens_after > tokens_before else 0
+        added_cost = cost_after - cost_before if cost_after > cost_before else 0
         if added_tokens:
             if priced:
                 stats.tokens_priced += added_tokens
