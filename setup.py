@@ -29,6 +29,8 @@ COMPILED_MODULES = [
     "spanguard/detection/rules/no_progress.py",
     "spanguard/detection/rules/token_budget.py",
     "spanguard/detection/rules/cost_budget.py",
+    # Every inference span is priced.
+    "spanguard/detection/pricing.py",
     # The conversation scope (its state extends the trace's).
     "spanguard/detection/conversation.py",
 ]

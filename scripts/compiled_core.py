@@ -37,7 +37,14 @@ def _setup_module():
 def build() -> list[str]:
     """The compiled wheel, unpacked into TREE; returns the extension modules it holds."""
     wheels = ROOT / "build" / "compiled-wheel"
-    for folder in (TREE, wheels):
+    # setuptools' own build folders too: an extension left there by an earlier build (of a
+    # module compiled then, no more now) would be packed into the wheel again.
+    stale = [
+        path
+        for pattern in ("lib", "lib.*", "temp.*", "bdist.*")
+        for path in (ROOT / "build").glob(pattern)
+    ]
+    for folder in (TREE, wheels, *stale):
         if folder.exists():
             shutil.rmtree(folder)
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
