@@ -162,8 +162,10 @@ bench-stall: install
 	$(BIN)/python -m bench.bench_stall
 
 # One worker (RocksDB, signed) against the core, detection latency at 2,000 spans/s, two workers
-# against one, and a bare Faust agent on the same topic, in one run (about 2-3 minutes).
+# against one, the scopes on against off (the compiled core of the worker image, then pure Python),
+# and a bare Faust agent on the same topic, in one run (about 6 minutes).
 bench-pipeline: install kafka-up
+	$(BIN)/python scripts/compiled_core.py build
 	$(BIN)/python -m bench.bench_pipeline
 
 # `spanguard backtest` over a topic of a million spans (six days of record times): records/s,

@@ -44,8 +44,11 @@ run, each figure next to its same-run baseline:
    each drained through both, back to back, which goes first alternating. The median of the
    rounds' on/off rates is the scopes' cost on the shipped path: the two halves of a round
    meet the same load from the rest of a shared machine, which drains minutes apart do not.
-   The latency run then goes through the scope-on worker. `--profile DIR` samples both
-   workers over the first round (DIR/worker-drain-scopes-on.txt, -off.txt).
+   This is done once per `--scope-builds`: the worker image's compiled core first (what the
+   compose file and the chart deploy: setup.py, scripts/compiled_core.py), then pure Python
+   (a plain install); the first is judged against the target, and the latency run then goes
+   through its scope-on worker. The other phases run pure Python workers. `--profile DIR`
+   samples both workers over the first round (DIR/worker-drain-scopes-BUILD-on.txt, -off.txt).
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -1005,14 +1008,45 @@ def latency_through_collector(
     return latency, stages
 
 
-def start_worker(topics: Topics, partitions: int, args: argparse.Namespace) -> WorkerProcess:
+# The detection core's two builds (setup.py): the worker image's, compiled by mypyc, and a
+# plain install's. The compiled one runs from build/compiled-core (scripts/compiled_core.py).
+BUILDS = {"compiled": "the worker image's compiled core", "python": "pure Python, a plain install"}
+
+
+def start_worker(
+    topics: Topics, partitions: int, args: argparse.Namespace, build: str = "python"
+) -> WorkerProcess:
     env = dict(item.split("=", 1) for item in args.worker_env)
     data_dir = Path(tempfile.mkdtemp(prefix="spanguard-bench-"))
     worker = WorkerProcess(topics, data_dir, partitions=partitions, extra=args.worker_arg, env=env)
+    if build == "compiled":  # `spanguard worker` importing the wheel's compiled core first
+        runner = [str(ROOT / "scripts" / "compiled_core.py"), "run", "-m", "spanguard.cli"]
+        worker.args[1:3] = runner
     launched = time.monotonic()
     worker.start()
-    print(f"worker ready in {time.monotonic() - launched:.1f}s (store {worker_store(worker)})")
+    running = worker_core(worker)
+    if running != ("compiled" if build == "compiled" else "pure Python"):
+        stop_worker(worker)
+        raise RuntimeError(f"a worker meant to run the {build} core runs {running!r}")
+    print(
+        f"worker ready in {time.monotonic() - launched:.1f}s (store {worker_store(worker)},"
+        f" core {running})"
+    )
     return worker
+
+
+def worker_core(worker: WorkerProcess) -> str:
+    """The core build the worker says it runs (its "starting" log line)."""
+    for line in worker.log_text().splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("msg") == "starting":
+                return str(record.get("detection_core"))
+    return "unknown"
+
+
+def compiled_core_built() -> bool:
+    return any((ROOT / "build" / "compiled-core" / "spanguard" / "detection").glob("guard.*.so"))
 
 
 def stop_worker(worker: WorkerProcess) -> None:
@@ -1034,6 +1068,7 @@ defaults:
 
 @dataclass
 class ScopesRun:
+    build: str  # the core build both workers ran (BUILDS)
     on: list[Drain]  # each round's drain with the scopes on ...
     off: list[Drain]  # ... and the same corpus's through the scope-off worker
     latency: Latency | None
@@ -1056,12 +1091,14 @@ def scopes_run(
     rounds: list[Corpus],
     latency_corpus: Corpus | None,
     expected: dict[str, str],
+    build: str,
 ) -> ScopesRun:
     """Phase `scopes`: a worker with the conversation and agent scopes on (SCOPES_POLICY) and
-    one with the shipped defaults, each on topics and a Collector of its own, both warmed up
-    by `warmup`; then each corpus of `rounds` is drained through both, back to back (which
-    goes first alternates), so that both halves of a round meet the same load from the rest of
-    this machine. With `latency_corpus`, the latency run goes through the scope-on worker."""
+    one with the shipped defaults, both running the core's `build`, each on topics and a
+    Collector of its own, both warmed up by `warmup`; then each corpus of `rounds` is drained
+    through both, back to back (which goes first alternates), so that both halves of a round
+    meet the same load from the rest of this machine. With `latency_corpus`, the latency run
+    goes through the scope-on worker."""
     policy = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-")) / "policy.yaml"
     policy.write_text(SCOPES_POLICY)
     scoped = argparse.Namespace(
@@ -1074,7 +1111,7 @@ def scopes_run(
             timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
             create_timed_topics(admin, timed, args.partitions)
             create_worker_topics(topics, args.partitions)
-            worker = start_worker(topics, args.partitions, worker_args)
+            worker = start_worker(topics, args.partitions, worker_args, build)
             sides.append((topics, worker, ShippedCollector(topics.input)))
             probe(topics.input, args.partitions, [worker], seed=seed)
         off_worker = sides[0][1]
@@ -1098,7 +1135,7 @@ def scopes_run(
             order = ("off", "on") if index % 2 == 0 else ("on", "off")
             for side in order:
                 side_topics, side_worker, collector = sides[side == "on"]
-                name = f"worker-drain-scopes-{side}.txt"
+                name = f"worker-drain-scopes-{build}-{side}.txt"
                 profiler = Profiler(args.profile, name) if args.profile and index == 0 else None
                 fed = drain_through_collector(
                     collector, side_topics, args.partitions, corpus.requests, corpus.spans,
@@ -1118,7 +1155,7 @@ def scopes_run(
                 worker, topics, args.partitions, shipped, latency_corpus.requests, expected,
                 args.rate, args.seconds,
             )  # fmt: skip
-        return ScopesRun(on, off, latency, conversation_records, usage_records)
+        return ScopesRun(build, on, off, latency, conversation_records, usage_records)
     finally:
         for side_topics, side_worker, collector in sides:
             if side_worker.process.poll() is None:
@@ -1126,6 +1163,51 @@ def scopes_run(
             collector.close()
             delete_topics(admin, side_topics.prefix)
         shutil.rmtree(policy.parent, ignore_errors=True)
+
+
+def print_scopes(scopes: ScopesRun, repartition_records: int) -> None:
+    done = all(d.done for d in scopes.on + scopes.off)
+    print(
+        f"pipeline through the Collector with the conversation and agent scopes on"
+        f" (1 worker, {BUILDS[scopes.build]}):"
+        f" {statistics.median(d.spans_per_s for d in scopes.on):12,.0f}"
+        f" spans/s = {scopes.ratio:.2f} of a scope-off worker's (median of {len(scopes.on)}"
+        " rounds, each corpus through both, back to back: "
+        + ", ".join(f"{r:.2f}" for r in scopes.ratios)
+        + ")"
+        + ("" if done else "  [INCOMPLETE]")
+    )
+    for side, drains in (("on", scopes.on), ("off", scopes.off)):
+        print(
+            f"  scopes {side:>3}: "
+            + ", ".join(f"{d.spans_per_s:,.0f}" for d in drains)
+            + " spans/s; worker cores "
+            + ", ".join(f"{d.cores['worker 1']:.2f}" for d in drains)
+        )
+    print(
+        f"  records the scopes added: {scopes.conversation_records:,} to the conversation"
+        f" topic, {scopes.usage_records:,} to the agent usage topic"
+        f" ({repartition_records:,} repartition records carried the spans)"
+    )
+
+
+def scopes_result(scopes: ScopesRun, prefix: str) -> dict[str, object]:
+    """One build's scope figures for the JSON line, under `prefix`."""
+    figures: dict[str, object] = {
+        f"{prefix}_spans_per_s": round(statistics.median(d.spans_per_s for d in scopes.on)),
+        f"{prefix}_off_spans_per_s": round(statistics.median(d.spans_per_s for d in scopes.off)),
+        f"{prefix}_to_off": round(scopes.ratio, 3),
+        f"{prefix}_rounds_to_off": [round(r, 3) for r in scopes.ratios],
+        f"{prefix}_drain_complete": all(d.done for d in scopes.on + scopes.off),
+        f"worker_cores_{prefix}": [round(d.cores["worker 1"], 2) for d in scopes.on],
+        f"{prefix}_conversation_records": scopes.conversation_records,
+        f"{prefix}_usage_records": scopes.usage_records,
+    }
+    if scopes.latency is not None:
+        figures[f"{prefix}_latency_p50_ms"] = scopes.latency.p50
+        figures[f"{prefix}_latency_p99_ms"] = scopes.latency.p99
+        figures[f"{prefix}_kills_measured"] = scopes.latency.measured
+    return figures
 
 
 def met(ok: bool) -> str:
@@ -1164,8 +1246,8 @@ def main() -> int:
         metavar="DIR",
         help="sample the first worker with py-spy over its drains: the raw samples go to DIR"
         " (python -m bench.worker_profile DIR/worker-drain-one.txt, the synthetic producer's;"
-        " DIR/worker-drain.txt, through the Collector; DIR/worker-drain-scopes-on.txt and -off.txt,"
-        " phase scopes)",
+        " DIR/worker-drain.txt, through the Collector; DIR/worker-drain-scopes-BUILD-on.txt and"
+        " -off.txt, phase scopes)",
     )
     parser.add_argument(
         "--phases",
@@ -1194,8 +1276,15 @@ def main() -> int:
     parser.add_argument(
         "--scope-rounds",
         type=int,
-        default=3,
+        default=5,
         help="phase scopes: corpora drained through both the scope-on and a scope-off worker",
+    )
+    parser.add_argument(
+        "--scope-builds",
+        default="compiled,python",
+        help="phase scopes: the core builds its workers run, each pair in turn (compiled: the"
+        " worker image's, from build/compiled-core: `python scripts/compiled_core.py build`;"
+        " python: a plain install's); the first is judged and runs the latency run",
     )
     parser.add_argument(
         "--conversations",
@@ -1206,6 +1295,16 @@ def main() -> int:
     )
     args = parser.parse_args()
     phases = set(args.phases.split(","))
+    builds = [build for build in args.scope_builds.split(",") if build]
+    unknown = [build for build in builds if build not in BUILDS]
+    if unknown or not builds:
+        parser.error(f"--scope-builds: {unknown or 'none'}; choose from {', '.join(BUILDS)}")
+    if "scopes" in phases and "compiled" in builds and not compiled_core_built():
+        parser.error(
+            "--scope-builds compiled: nothing in build/compiled-core; run"
+            " `python scripts/compiled_core.py build` (make bench-pipeline does) or pass"
+            " --scope-builds python"
+        )
     bench_started = time.monotonic()
 
     ensure_broker()
@@ -1438,57 +1537,21 @@ def main() -> int:
         if shipped is not None:
             shipped.close()
             shipped = None
-        # -- 2c. the same with the conversation and agent scopes on ------------------------
-        scopes: ScopesRun | None = None
+        # -- 2c. the same with the conversation and agent scopes on, per core build ---------
+        scope_runs: list[ScopesRun] = []
         if rounds_s and warmup_s is not None and fed is not None:
-            scopes = scopes_run(args, admin, warmup_s, rounds_s, latency_s, expected_s)
-            scale = scopes.ratio
-            done = all(d.done for d in scopes.on + scopes.off)
-            print(
-                f"pipeline through the Collector with the conversation and agent scopes on"
-                f" (1 worker): {statistics.median(d.spans_per_s for d in scopes.on):12,.0f}"
-                f" spans/s = {scale:.2f} of a scope-off worker's (median of {len(scopes.on)}"
-                " rounds, each corpus through both, back to back: "
-                + ", ".join(f"{r:.2f}" for r in scopes.ratios)
-                + ")"
-                + ("" if done else "  [INCOMPLETE]")
-            )
-            for side, drains in (("on", scopes.on), ("off", scopes.off)):
-                print(
-                    f"  scopes {side:>3}: "
-                    + ", ".join(f"{d.spans_per_s:,.0f}" for d in drains)
-                    + " spans/s; worker cores "
-                    + ", ".join(f"{d.cores['worker 1']:.2f}" for d in drains)
-                )
-            print(
-                f"  records the scopes added: {scopes.conversation_records:,} to the conversation"
-                f" topic, {scopes.usage_records:,} to the agent usage topic"
-                f" ({fed.repartition_records:,} repartition records carried the spans)"
-            )
-            result.update(
-                {
-                    "scopes_spans_per_s": round(
-                        statistics.median(d.spans_per_s for d in scopes.on)
-                    ),
-                    "scopes_off_spans_per_s": round(
-                        statistics.median(d.spans_per_s for d in scopes.off)
-                    ),
-                    "scopes_to_off": round(scale, 3),
-                    "scopes_rounds_to_off": [round(r, 3) for r in scopes.ratios],
-                    "scopes_drain_complete": done,
-                    "worker_cores_scopes": [round(d.cores["worker 1"], 2) for d in scopes.on],
-                    "scopes_conversation_records": scopes.conversation_records,
-                    "scopes_usage_records": scopes.usage_records,
-                }
-            )
-            if scopes.latency is not None:
-                result.update(
-                    {
-                        "scopes_latency_p50_ms": scopes.latency.p50,
-                        "scopes_latency_p99_ms": scopes.latency.p99,
-                        "scopes_kills_measured": scopes.latency.measured,
-                    }
-                )
+            for index, build in enumerate(builds):
+                scopes = scopes_run(
+                    args, admin, warmup_s, rounds_s, latency_s if index == 0 else None,
+                    expected_s, build,
+                )  # fmt: skip
+                scope_runs.append(scopes)
+                print_scopes(scopes, fed.repartition_records)
+                # The first build's figures under the keys of earlier releases, the others' with
+                # their build in the key.
+                prefix = "scopes" if index == 0 else f"scopes_{build}"
+                result.update(scopes_result(scopes, prefix))
+            result["scopes_core_builds"] = builds
 
         later = core_rate(corpus.requests, corpus.spans, args.runs)
         print(f"core again, workers stopped (best of {args.runs}): {later:12,.0f} spans/s")
@@ -1548,12 +1611,15 @@ def main() -> int:
                     f" {os.cpu_count()} cores busy"
                 )
             line += ")"
-        if scopes is not None and fed is not None:
-            scale = scopes.ratio
+        if scope_runs and fed is not None:
+            judged, *others = scope_runs
+            scale = judged.ratio
             line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f}, median of"
-            line += f" {len(scopes.ratios)} rounds)"
-            if scopes.latency is not None:
-                line += f"; p99 with scopes < 100 ms: {p99_target(scopes.latency)}"
+            line += f" {len(judged.ratios)} rounds, {BUILDS[judged.build]}"
+            line += "".join(f"; {BUILDS[other.build]}: {other.ratio:.2f}" for other in others)
+            line += ")"
+            if judged.latency is not None:
+                line += f"; p99 with scopes < 100 ms: {p99_target(judged.latency)}"
         print(line)
     finally:
         for worker in workers:
