@@ -69,7 +69,10 @@ MAX_TRACES_REMEMBERED = 256
 SCOPE = "conversation"
 
 
-@dataclass(slots=True)
+# Made per call and per usage change, on both sides of the conversation topic: their
+# `__init__` is written out, so that the compiled core compiles it (docs/hot-path.md).
+@mypyc_attr(acyclic=True)
+@dataclass(slots=True, init=False)
 class ConversationCall:
     """One counted tool call, as the conversation scope needs it (what the worker
     repartitions by `conversation_id`)."""
@@ -82,8 +85,27 @@ class ConversationCall:
     service: str
     agent_name: str | None
 
+    def __init__(
+        self,
+        conversation_id: str,
+        trace_id: str,
+        span_id: bytes,
+        end_time_unix_nano: int,
+        key: CallKey,
+        service: str,
+        agent_name: str | None,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.end_time_unix_nano = end_time_unix_nano
+        self.key = key
+        self.service = service
+        self.agent_name = agent_name
 
-@dataclass(slots=True)
+
+@mypyc_attr(acyclic=True)
+@dataclass(slots=True, init=False)
 class ConversationUsage:
     """What one usage span added to its trace's tokens and cost (deltas, so a conversation
     sums traces without counting an agent's aggregate twice)."""
@@ -96,6 +118,26 @@ class ConversationUsage:
     cost: int  # pico-dollars; 0 when usage is not priced
     service: str
     agent_name: str | None
+
+    def __init__(
+        self,
+        conversation_id: str,
+        trace_id: str,
+        span_id: bytes,
+        end_time_unix_nano: int,
+        tokens: int,
+        cost: int,
+        service: str,
+        agent_name: str | None,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.end_time_unix_nano = end_time_unix_nano
+        self.tokens = tokens
+        self.cost = cost
+        self.service = service
+        self.agent_name = agent_name
 
 
 @dataclass(slots=True)
