@@ -413,12 +413,22 @@ def wait_for_group(admin: AdminClient, group: str, topic: str, members: int) -> 
 
 def worker_store(worker: WorkerProcess) -> str:
     """The store the worker says it runs (its "starting" log line)."""
+    return str(starting_line(worker).get("store", "unknown"))
+
+
+def worker_core(worker: WorkerProcess) -> str:
+    """The core build the worker says it runs (its "starting" log line)."""
+    return str(starting_line(worker).get("detection_core", "unknown"))
+
+
+def starting_line(worker: WorkerProcess) -> dict[str, object]:
+    """The worker's "starting" log line, as JSON ({} before it is written)."""
     for line in worker.log_text().splitlines():
         with contextlib.suppress(ValueError):
             record = json.loads(line)
-            if record.get("msg") == "starting":
-                return str(record.get("store"))
-    return "unknown"
+            if isinstance(record, dict) and record.get("msg") == "starting":
+                return record
+    return {}
 
 
 def paced_produce(
@@ -1033,16 +1043,6 @@ def start_worker(
         f" core {running})"
     )
     return worker
-
-
-def worker_core(worker: WorkerProcess) -> str:
-    """The core build the worker says it runs (its "starting" log line)."""
-    for line in worker.log_text().splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if record.get("msg") == "starting":
-                return str(record.get("detection_core"))
-    return "unknown"
 
 
 def compiled_core_built() -> bool:
