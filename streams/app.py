@@ -165,9 +165,7 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, 
 def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The conversation table (conversation id -> ConversationState bytes) and its view: like
     the trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(
-        app, settings, settings.conversation_table_name, settings.scope_partitions
-    )
+    table = state_table(app, settings, settings.conversation_table_name, settings.scope_partitions)
     states = conversation_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
@@ -178,9 +176,7 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
 def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
     """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
     trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(
-        app, settings, settings.agent_window_table_name, settings.scope_partitions
-    )
+    table = state_table(app, settings, settings.agent_window_table_name, settings.scope_partitions)
     states = agent_window_view(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
