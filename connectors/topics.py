@@ -24,7 +24,9 @@ __all__ = [
     "choose_replication",
     "cluster_replication",
     "create_topics",
+    "scope_partitions_found",
     "topic_specs",
+    "with_scope_partitions_found",
 ]
 
 log = logging.getLogger("spanguard.topics")
@@ -125,6 +127,29 @@ def scope_partitions_found(settings: WorkerSettings, timeout: float = 15.0) -> i
     return _scope_partitions_in(settings, cluster)
 
 
+def with_scope_partitions_found(
+    settings: WorkerSettings, cluster: Any = None, timeout: float = 15.0
+) -> WorkerSettings:
+    """`settings` with the scope topics' count where some exist with another (topics made
+    before `scope_partitions`, or by hand): the worker packs conversations for the partitions
+    there are and its scope tables follow them, and `topics create` makes the missing ones
+    with that count (a scope's topic and its changelog must share it). `cluster`: metadata
+    already read, else read here."""
+    if cluster is None:
+        _, cluster = _connect(settings, timeout)
+    found = _scope_partitions_in(settings, cluster)
+    if found is None or found == settings.scope_partitions:
+        return settings
+    log.info(
+        "the scope topics have %d partitions (SPANGUARD_SCOPE_PARTITIONS says %d for topics made"
+        " new): %d are used, and given to the missing ones",
+        found,
+        settings.scope_partitions,
+        found,
+    )
+    return replace(settings, scope_partitions=found)
+
+
 def _scope_partitions_in(settings: WorkerSettings, cluster: Any) -> int | None:
     names = (
         settings.conversation_topic,
@@ -154,11 +179,7 @@ def create_topics(
     admin, cluster = _connect(settings, timeout)
     replication = choose_replication(len(cluster.brokers), settings.replication_factor)
     log.info("topics: %s", replication.describe())
-    found = _scope_partitions_in(settings, cluster)
-    if found is not None and found != settings.scope_partitions:
-        # A scope's topic and its changelog must share a count: the missing ones follow.
-        log.info("the scope topics there are have %d partitions: the missing ones too", found)
-        settings = replace(settings, scope_partitions=found)
+    settings = with_scope_partitions_found(settings, cluster)
     specs = topic_specs(settings)
     futures = admin.create_topics(
         [

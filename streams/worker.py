@@ -20,7 +20,7 @@ from spanguard.config.settings import (
 )
 from spanguard.connectors.judge import OpenAICompatibleJudge
 from spanguard.connectors.kafka_clients import check_aiokafka
-from spanguard.connectors.topics import cluster_replication, scope_partitions_found
+from spanguard.connectors.topics import cluster_replication, with_scope_partitions_found
 from spanguard.detection import core_build
 from spanguard.goal.verifier import GoalVerifier
 from spanguard.logs import logging_config
@@ -84,18 +84,7 @@ def run_worker(
     )
     warn_unconfigured(policy, goal, pager, log)
     check_broker(settings)
-    found = scope_partitions_found(settings)
-    if found is not None and found != settings.scope_partitions:
-        # Made before, with another count: conversations are packed for the partitions there
-        # are, and the scope tables follow them.
-        log.info(
-            "the scope topics have %d partitions (SPANGUARD_SCOPE_PARTITIONS says %d for topics"
-            " made new): %d are used",
-            found,
-            settings.scope_partitions,
-            found,
-        )
-        settings = replace(settings, scope_partitions=found)
+    settings = with_scope_partitions_found(settings)
     if settings.replication_factor == 0:
         # Topics Faust makes itself (its assignor's) get the replication `topics create` chose.
         replication = cluster_replication(settings)
