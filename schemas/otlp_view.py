@@ -29,6 +29,7 @@ _PACKAGE = "spanguard.otlpview"
 _ANY_VALUE = ".opentelemetry.proto.common.v1.AnyValue"
 _EVENT = ".opentelemetry.proto.trace.v1.Span.Event"
 _SCOPE = ".opentelemetry.proto.common.v1.InstrumentationScope"
+_STATUS = ".opentelemetry.proto.trace.v1.Status"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
@@ -77,9 +78,14 @@ def _build() -> Any:
             ("span_id", 2, _F.TYPE_BYTES, False, ""),
             ("parent_span_id", 4, _F.TYPE_BYTES, False, ""),
             ("name", 5, _F.TYPE_STRING, False, ""),
+            # When the call started: a call id seen again is a partial span of one call only
+            # while the two overlap in time.
+            ("start_time_unix_nano", 7, _F.TYPE_FIXED64, False, ""),
             # When the call ended: the start of the detection-latency clock.
             ("end_time_unix_nano", 8, _F.TYPE_FIXED64, False, ""),
             ("events", 11, _F.TYPE_MESSAGE, True, _EVENT),
+            # A failed call (code ERROR) is one result, whatever its error text.
+            ("status", 15, _F.TYPE_MESSAGE, False, _STATUS),
         ],
         maps=[("attributes", 9)],
     )

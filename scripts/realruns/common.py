@@ -37,7 +37,9 @@ _SECRETS = [
     re.compile(r"xox[abposr]-[A-Za-z0-9\-]{10,}"),
     re.compile(r"AIza[0-9A-Za-z_\-]{35}"),
     re.compile(r"hf_[A-Za-z0-9]{30,}"),
-    re.compile(r"(?i)(api[_-]?key|secret|password|token|authorization)(\"?\s*[:=]\s*\"?)([^\s\"',}]{12,})"),
+    re.compile(
+        r"(?i)(api[_-]?key|secret|password|token|authorization)(\"?\s*[:=]\s*\"?)([^\s\"',}]{12,})"
+    ),
 ]
 
 

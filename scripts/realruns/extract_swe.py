@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import model_step, run_record, tool_step, user_step, write_runs  # noqa: E402
+from common import model_step, run_record, tool_step, user_step, write_runs
 
 CODER = {
     "repo": "NL2Code/CodeR",
@@ -57,11 +57,33 @@ MINI = {
 # SWE-agent / CodeR interface commands: the command's own name is the tool name. Other actions
 # are plain shell: `python` for python invocations, `bash` for the rest.
 SWE_AGENT_COMMANDS = {
-    "open", "goto", "scroll_down", "scroll_up", "create", "edit", "submit", "search_dir",
-    "search_file", "find_file", "plan", "succeed", "fail", "exit_cost", "exit_context",
-    "exit_api", "exit_format", "exit_error", "skip", "rover_search_class",
-    "rover_search_method", "rover_search_code", "rover_search_file", "rover_search_extension",
-    "rover_search_method_in_class", "rover_search_code_in_file", "stackoverflow_search",
+    "open",
+    "goto",
+    "scroll_down",
+    "scroll_up",
+    "create",
+    "edit",
+    "submit",
+    "search_dir",
+    "search_file",
+    "find_file",
+    "plan",
+    "succeed",
+    "fail",
+    "exit_cost",
+    "exit_context",
+    "exit_api",
+    "exit_format",
+    "exit_error",
+    "skip",
+    "rover_search_class",
+    "rover_search_method",
+    "rover_search_code",
+    "rover_search_file",
+    "rover_search_extension",
+    "rover_search_method_in_class",
+    "rover_search_code_in_file",
+    "stackoverflow_search",
     "similar_issue_search",
 }
 
@@ -81,18 +103,25 @@ class Git:
     def __init__(self, git_dir: str, commit: str):
         self.git_dir = git_dir
         self.commit = commit
-        subprocess.run(["git", "--git-dir", git_dir, "cat-file", "-e", commit + "^{commit}"],
-                       check=True)
+        subprocess.run(
+            ["git", "--git-dir", git_dir, "cat-file", "-e", commit + "^{commit}"], check=True
+        )
 
     def ls(self, prefix: str) -> list[str]:
         out = subprocess.run(
             ["git", "--git-dir", self.git_dir, "ls-tree", "-r", "--name-only", self.commit, prefix],
-            check=True, capture_output=True, text=True).stdout
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return sorted(out.split())
 
     def show(self, path: str) -> bytes:
-        return subprocess.run(["git", "--git-dir", self.git_dir, "show", f"{self.commit}:{path}"],
-                              check=True, capture_output=True).stdout
+        return subprocess.run(
+            ["git", "--git-dir", self.git_dir, "show", f"{self.commit}:{path}"],
+            check=True,
+            capture_output=True,
+        ).stdout
 
 
 def lenient_json(raw: bytes) -> Any:
@@ -105,6 +134,7 @@ def lenient_json(raw: bytes) -> Any:
 
 
 # ---------------------------------------------------------------- CodeR (SWE-agent trajectories)
+
 
 def coder_tool_name(action: str) -> str:
     first = action.strip().split(None, 1)[0] if action.strip() else ""
@@ -138,18 +168,35 @@ def extract_coder(git: Git) -> list[dict[str, Any]]:
         for entry in data["trajectory"]:
             action = (entry.get("action") or "").rstrip("\n")
             steps.append(model_step(extra_scrub(entry.get("thought") or "")))
-            steps.append(tool_step(coder_tool_name(action), None, {"command": extra_scrub(action)},
-                                   extra_scrub(entry.get("observation")), None))
+            steps.append(
+                tool_step(
+                    coder_tool_name(action),
+                    None,
+                    {"command": extra_scrub(action)},
+                    extra_scrub(entry.get("observation")),
+                    None,
+                )
+            )
         if instance in resolved:
             outcome, reward = "success", 1.0
         elif instance in evaluated:
             outcome, reward = "failure", 0.0
         else:
             outcome, reward = None, None
-        runs.append(run_record(
-            f"swe/swe-agent-{CODER['submission']}/{instance}",
-            repo=CODER["repo"], commit=CODER["commit"], path=path, harness=CODER["harness"],
-            model=CODER["model"], kind="coding", outcome=outcome, reward=reward, steps=steps))
+        runs.append(
+            run_record(
+                f"swe/swe-agent-{CODER['submission']}/{instance}",
+                repo=CODER["repo"],
+                commit=CODER["commit"],
+                path=path,
+                harness=CODER["harness"],
+                model=CODER["model"],
+                kind="coding",
+                outcome=outcome,
+                reward=reward,
+                steps=steps,
+            )
+        )
     return runs
 
 
@@ -159,8 +206,9 @@ _RETURNCODE = re.compile(r"<returncode>(-?\d+)</returncode>")
 
 
 def mini_problem(content: str) -> str:
-    match = re.search(r"Consider the following PR description:\n(.*?)\n</pr_description>",
-                      content, re.S)
+    match = re.search(
+        r"Consider the following PR description:\n(.*?)\n</pr_description>", content, re.S
+    )
     return match.group(1) if match else content
 
 
@@ -219,9 +267,15 @@ def extract_mini(git: Git) -> list[dict[str, Any]]:
                     arguments = dict(arguments, command=extra_scrub(arguments["command"]))
                 result = results.get(call.get("id"))
                 output = None if result is None else text_of(result.get("content"))
-                steps.append(tool_step(function.get("name") or "bash", call.get("id"), arguments,
-                                       extra_scrub(output),
-                                       None if output is None else mini_error(output)))
+                steps.append(
+                    tool_step(
+                        function.get("name") or "bash",
+                        call.get("id"),
+                        arguments,
+                        extra_scrub(output),
+                        None if output is None else mini_error(output),
+                    )
+                )
         report = reports.get(instance)
         if report is not None:
             ok = bool(report.get("resolved"))
@@ -230,18 +284,29 @@ def extract_mini(git: Git) -> list[dict[str, Any]]:
             outcome, reward = "failure", 0.0  # empty patch: unresolved by definition
         else:
             outcome, reward = None, None
-        runs.append(run_record(
-            f"swe/mini-swe-agent-{MINI['short']}/{instance}",
-            repo=MINI["repo"], commit=MINI["commit"], path=path, harness=MINI["harness"],
-            model=MINI["model"], kind="coding", outcome=outcome, reward=reward, steps=steps))
+        runs.append(
+            run_record(
+                f"swe/mini-swe-agent-{MINI['short']}/{instance}",
+                repo=MINI["repo"],
+                commit=MINI["commit"],
+                path=path,
+                harness=MINI["harness"],
+                model=MINI["model"],
+                kind="coding",
+                outcome=outcome,
+                reward=reward,
+                steps=steps,
+            )
+        )
     return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--coder-git-dir", required=True, help="snapshot of NL2Code/CodeR")
-    parser.add_argument("--mini-git-dir", required=True,
-                        help="snapshot of RussellRyanH/CSCI-635-LiveSWE-Agent")
+    parser.add_argument(
+        "--mini-git-dir", required=True, help="snapshot of RussellRyanH/CSCI-635-LiveSWE-Agent"
+    )
     args = parser.parse_args()
     runs = extract_coder(Git(args.coder_git_dir, CODER["commit"]))
     runs += extract_mini(Git(args.mini_git_dir, MINI["commit"]))

@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     model_step,
     read_runs,
     run_record,
@@ -225,9 +225,13 @@ def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if later not in used and messages[later].get("id") == call_id:
                     match = later
                     break
-            if match is None and call_id is None and position < len(answers):
-                if answers[position] not in used:
-                    match = answers[position]
+            if (
+                match is None
+                and call_id is None
+                and position < len(answers)
+                and answers[position] not in used
+            ):
+                match = answers[position]
             result = error = None
             if match is not None:
                 used.add(match)

@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     model_step,
     read_runs,
     run_record,
@@ -56,7 +56,7 @@ from common import (  # noqa: E402
     user_step,
     write_runs,
 )
-from extract_tau2 import (  # noqa: E402
+from extract_tau2 import (
     KEYLIKE,
     extra_scrub,
     git,
@@ -79,7 +79,9 @@ EXCLUDED = re.compile(
 
 CODESQUE = "c9e1346e5a5a62062fb085aeca56a6c2db5a0235"  # codesque16/tau2-bench main HEAD
 BOG_TUDOR = "c811fc8fa339826cf5d8992342558c684361068c"  # bogoliubon: "Add Claude Code trajectories, GPT-5 rollouts, ..."
-BOG_CHLOE = "947b0d29e760e832dba1c8a1a550b04a7c10caae"  # bogoliubon: "Add Chloe's evaluation results"
+BOG_CHLOE = (
+    "947b0d29e760e832dba1c8a1a550b04a7c10caae"  # bogoliubon: "Add Chloe's evaluation results"
+)
 MADHAV = "aeb171db5dd4f5fdac1a42e55cb892aa892d7641"  # Madhav-Kanda/tau-bench main HEAD
 AVALJOT = "f2ad25ac1aa0b42bb6d2f1ced30b38d3dd34f086"  # avaljotsingh/tau-bench main HEAD
 
@@ -242,9 +244,13 @@ def v1_steps(traj: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if later not in used and traj[later].get("tool_call_id") == call_id:
                     match = later
                     break
-            if match is None and call_id is None and position < len(answers):
-                if answers[position] not in used:
-                    match = answers[position]
+            if (
+                match is None
+                and call_id is None
+                and position < len(answers)
+                and answers[position] not in used
+            ):
+                match = answers[position]
             result = None
             if match is not None:
                 used.add(match)
@@ -280,13 +286,17 @@ def records_of(git_dir: str, commit: str, path: str, fmt: str, domain: str | Non
             if data is None:
                 print(f"  SKIPPED {full}: {why}")
                 continue
-            sim = data.get("simulation_run") if isinstance(data.get("simulation_run"), dict) else data
+            sim = (
+                data.get("simulation_run") if isinstance(data.get("simulation_run"), dict) else data
+            )
             reward = reward_of(sim)
             if reward is None and isinstance(data.get("reward"), (int, float)):
                 reward = float(data["reward"])
             trial = sim.get("trial")
             task_id = data.get("task_id", sim.get("task_id"))
-            out.append((task_id, trial, domain, None, reward, steps_of(sim.get("messages") or []), full))
+            out.append(
+                (task_id, trial, domain, None, reward, steps_of(sim.get("messages") or []), full)
+            )
     elif fmt == "tau2-eval":
         data, why = blob_json(git_dir, commit, path)
         if data is None:
@@ -296,8 +306,10 @@ def records_of(git_dir: str, commit: str, path: str, fmt: str, domain: str | Non
         for result in data.get("task_results") or []:
             sim = result.get("trajectory")
             if not isinstance(sim, dict) or not sim.get("messages"):
-                print(f"  left out task {result.get('task_id')} trial {result.get('trial')}: "
-                      f"no trajectory recorded (termination {result.get('termination_reason')})")
+                print(
+                    f"  left out task {result.get('task_id')} trial {result.get('trial')}: "
+                    f"no trajectory recorded (termination {result.get('termination_reason')})"
+                )
                 continue
             reward = reward_of(sim)
             if reward is None and isinstance(result.get("reward"), (int, float)):
@@ -323,8 +335,15 @@ def records_of(git_dir: str, commit: str, path: str, fmt: str, domain: str | Non
             reward = item.get("reward")
             reward = float(reward) if isinstance(reward, (int, float)) else None
             out.append(
-                (item.get("task_id"), item.get("trial"), domain, None, reward,
-                 v1_steps(item.get("traj") or []), path)
+                (
+                    item.get("task_id"),
+                    item.get("trial"),
+                    domain,
+                    None,
+                    reward,
+                    v1_steps(item.get("traj") or []),
+                    path,
+                )
             )
     else:
         raise ValueError(fmt)

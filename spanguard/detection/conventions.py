@@ -90,6 +90,7 @@ import ast
 import hashlib
 import json
 import math
+import re
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -232,6 +233,12 @@ CONVERSATION_KEYS: Final = (
     "ai.telemetry.metadata.sessionId",
 )
 CONVERSATION_KEY_SET: Final = frozenset(CONVERSATION_KEYS)
+# A failed call: the span's status ERROR, or this attribute (OpenTelemetry's `error.type`).
+ERROR_TYPE: Final = "error.type"
+# What an inference span was sent (GenAI semantic conventions, JSON): a new user message last
+# means the user spoke since the agent's previous turn.
+INPUT_MESSAGES: Final = "gen_ai.input.messages"
+STATUS_ERROR: Final = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 AGGREGATE_INPUT_KEY: Final = "gen_ai.aggregated_usage.input_tokens"
 AGGREGATE_OUTPUT_KEY: Final = "gen_ai.aggregated_usage.output_tokens"
 
@@ -281,6 +288,8 @@ WANTED_KEYS: Final = frozenset(
         *RESULT_KEYS,
         ARGS_HASH_KEY,
         RESULT_HASH_KEY,
+        ERROR_TYPE,
+        INPUT_MESSAGES,
         *INPUT_TOKEN_KEYS,
         *OUTPUT_TOKEN_KEYS,
         AGGREGATE_INPUT_KEY,
@@ -335,6 +344,8 @@ class ToolCall:
     scope: str  # the instrumentation scope's name: which library made the span
     end_time_unix_nano: int  # 0: the span carries no end time
     conversation_id: str | None  # read only when the conversation scope is on
+    start_time_unix_nano: int  # 0: the span carries no start time
+    failed: bool  # the span says the call failed (status ERROR, error.type)
 
     def __init__(
         self,
@@ -350,6 +361,8 @@ class ToolCall:
         scope: str = "",
         end_time_unix_nano: int = 0,
         conversation_id: str | None = None,
+        start_time_unix_nano: int = 0,
+        failed: bool = False,
     ) -> None:
         self.span_id = span_id
         self.tool_name = tool_name
@@ -363,6 +376,8 @@ class ToolCall:
         self.scope = scope
         self.end_time_unix_nano = end_time_unix_nano
         self.conversation_id = conversation_id
+        self.start_time_unix_nano = start_time_unix_nano
+        self.failed = failed
 
 
 @mypyc_attr(acyclic=True, free_list_len=1)
@@ -383,6 +398,8 @@ class TokenUsage:
     response_model: str | None
     provider: str | None
     conversation_id: str | None  # read only when the conversation scope is on
+    # When an inference sent a new user message started (microseconds; 0: not one).
+    user_turn: int
 
     def __init__(
         self,
@@ -415,6 +432,7 @@ class TokenUsage:
         self.response_model = response_model
         self.provider = provider
         self.conversation_id = conversation_id
+        self.user_turn = 0
 
     @property
     def priced(self) -> bool:
@@ -431,6 +449,7 @@ class AgentSeen:
     agent_name: str | None
     match_attributes: dict[str, str] | None
     conversation_id: str | None
+    user_turn: int  # when an inference sent a new user message started (us; 0: not one)
 
     def __init__(
         self,
@@ -438,11 +457,13 @@ class AgentSeen:
         agent_name: str | None,
         match_attributes: dict[str, str] | None,
         conversation_id: str | None = None,
+        user_turn: int = 0,
     ) -> None:
         self.span_id = span_id
         self.agent_name = agent_name
         self.match_attributes = match_attributes
         self.conversation_id = conversation_id
+        self.user_turn = user_turn
 
 
 def resource_info(attributes: AttributeMap, match_keys: frozenset[str]) -> ResourceInfo:
@@ -636,8 +657,13 @@ def adapt_read(
             scope=scope,
             end_time_unix_nano=span.end_time_unix_nano,
             conversation_id=conversation_of(attributes, present) if named else None,
+            start_time_unix_nano=span.start_time_unix_nano,
+            failed=span.status.code == STATUS_ERROR or ERROR_TYPE in present,
         )
 
+    user_turn = 0
+    if INPUT_MESSAGES in present and ends_with_user_message(attributes[INPUT_MESSAGES]):
+        user_turn = (span.start_time_unix_nano or span.end_time_unix_nano) // 1000 or 1
     for key in reading.usage:
         if key in present:
             break
@@ -651,9 +677,9 @@ def adapt_read(
             if named and (operation or oi_kind or tl_kind or ai_operation)
             else None
         )
-        if (match and agent_name is not None) or conversation_id is not None:
+        if (match and agent_name is not None) or conversation_id is not None or user_turn:
             # The policy matches on the agent's name, which may only be on this span.
-            return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id)
+            return AgentSeen(span.span_id, agent_name, match_attributes, conversation_id, user_turn)
         return None
     if operation is not None and operation not in INFERENCE_OPERATIONS:
         oi_kind, tl_kind, ai_operation = _other_kinds(attributes, present)
@@ -672,6 +698,8 @@ def adapt_read(
         tokens_in = _first_int(attributes, present, reading.aggregate_input)
         tokens_out = _first_int(attributes, present, reading.aggregate_output)
     if tokens_in is None and tokens_out is None:
+        if user_turn:
+            return AgentSeen(span.span_id, agent_name, match_attributes, None, user_turn)
         return None
     tokens = (tokens_in or 0) + (tokens_out or 0)
     # Usage on anything but an inference span (agent, workflow, chain) is an aggregate.
@@ -686,11 +714,37 @@ def adapt_read(
     )
     if named:
         usage.conversation_id = conversation_of(attributes, present)
+    usage.user_turn = user_turn
     for key in reading.models:
         if key in present:
             _read_price_facts(usage, attributes, present, inference, tokens_in, tokens_out)
             break
     return usage
+
+
+_LAST_ROLE: Final = re.compile(r'"role"\s*:\s*"([A-Za-z_]+)"')
+
+
+def ends_with_user_message(value: AnyValue) -> bool:
+    """Whether input messages (GenAI conventions' JSON) end with the user's: the user spoke
+    since the agent's previous turn. The last `"role"` key outside a string is the last
+    message's; one found inside a string is escaped (`\\"role\\"`), and skipped. A user
+    message of tool results (`tool_call_response` parts) is no new word from the user."""
+    text = value.string_value
+    end = len(text)
+    while True:
+        at = text.rfind('"role"', 0, end)
+        if at < 0:
+            return False
+        if at == 0 or text[at - 1] != "\\":
+            found = _LAST_ROLE.match(text, at)
+            # Some instrumentations (pydantic-ai) send tool results as the user's parts.
+            return (
+                found is not None
+                and found.group(1) == "user"
+                and "tool_call_response" not in text[at:]
+            )
+        end = at
 
 
 def _read_price_facts(

@@ -46,6 +46,7 @@ from spanguard.detection.conventions import (
 )
 from spanguard.detection.conversation import ConversationGuard, ConversationUsage
 from spanguard.detection.pricing import ModelRates, Pricer
+from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
 from spanguard.detection.rules import CYCLE as _CYCLE
 from spanguard.detection.rules import NO_PROGRESS as _NO_PROGRESS
@@ -119,6 +120,8 @@ class GuardCount(CountedOutcome):
     TOKEN_EVENTS = "token_events"
     DUPLICATE_SPANS = "duplicate_spans"
     REPEATED_CALL_IDS = "repeated_call_ids"
+    REISSUED_CALL_IDS = "reissued_call_ids"
+    USER_TURNS = "user_turns"
     MISSING_ARGUMENTS = "missing_arguments"
     MALFORMED_SPANS = "malformed_spans"
     RELEASES_APPLIED = "releases_applied"
@@ -145,7 +148,9 @@ class GuardStats:
     tool_calls: int = 0
     token_events: int = 0
     duplicate_spans: int = 0
-    repeated_call_ids: int = 0
+    repeated_call_ids: int = 0  # partial spans of a call already counted
+    reissued_call_ids: int = 0  # a call id made again after its call ended: counted anew
+    user_turns: int = 0  # inference spans sent a new user message (the window starts anew)
     missing_arguments: int = 0
     malformed_spans: int = 0
     releases_applied: int = 0  # killed traces whose loop rules an operator's release re-armed
@@ -398,6 +403,12 @@ class Guard:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
             self._join_conversation(trace_id, state, event.conversation_id)
+        if not isinstance(event, ToolCall) and event.user_turn:
+            # The user spoke: what the agent repeats next answers them, not its own loop. The
+            # calls made before the model heard it are forgotten (spans come in the order
+            # they end: an inference span may end after calls that followed its start).
+            self.stats.user_turns += 1
+            state.forget_calls_before(event.user_turn)
         if isinstance(event, AgentSeen):
             return None
         if self._per_agent:
@@ -420,13 +431,26 @@ class Guard:
             call_id = event.call_id
             if call_id is not None:
                 recent_calls = state.recent_call_ids
-                if call_id in recent_calls:
-                    self.stats.repeated_call_ids += 1  # a partial span of a call already counted
+                ended = recent_calls.get(call_id)
+                start_micros = event.start_time_unix_nano // 1000
+                if ended is not None and (not ended or not start_micros or start_micros < ended):
+                    # The same call id while the counted call has no result yet (0), or on a
+                    # span that overlaps it: a partial span of that call. One that starts
+                    # after a call with its result ended is the call made again (a harness
+                    # re-issuing it, a model reusing ids).
+                    self.stats.repeated_call_ids += 1
                     return None
-                recent_calls[call_id] = None
+                if ended is not None:
+                    self.stats.reissued_call_ids += 1
+                    del recent_calls[call_id]  # kept newest last, for the trim below
+                recent_calls[call_id] = (
+                    event.end_time_unix_nano // 1000
+                    if event.result is not MISSING or event.result_digest is not None
+                    else 0
+                )
                 if len(recent_calls) > limit + (limit >> 2):
-                    state.recent_call_ids = dict.fromkeys(
-                        islice(recent_calls, len(recent_calls) - limit, None)
+                    state.recent_call_ids = dict(
+                        islice(recent_calls.items(), len(recent_calls) - limit, None)
                     )
             return self._on_tool_call(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
@@ -532,9 +556,9 @@ class Guard:
             self._warn_missing_arguments(state.service, call.scope)
             self._tell_call(trace_id, state, call, None)
             return None
-        result = call.result_digest
-        if result is None and call.result is not MISSING:
-            result = args_hash(call.result, policy.volatile_keys)
+        result = result_key(
+            call.result, call.failed, call.result_digest, policy.volatile_keys, MISSING
+        )
         self.stats.tool_calls += 1
         key = (call.tool_name, digest, result)
         for counting in plan.counting:

@@ -20,6 +20,7 @@ from typing import Any, Final
 from mypy_extensions import mypyc_attr
 
 from spanguard import compact_json
+from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 
 __all__ = [
@@ -34,8 +35,9 @@ __all__ = [
 
 # 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building; 3: the costs
 # (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
-# `conversation_id` of a trace in the conversation scope.
-STATE_VERSION = 3
+# `conversation_id` of a trace in the conversation scope; 4: `recent_call_ends`, when each
+# remembered call id's span ended.
+STATE_VERSION = 4
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
@@ -78,7 +80,9 @@ class TraceState:
     # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
     # the guard: a dict drops its oldest entries cheaply only many at a time.
     recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
-    recent_call_ids: dict[str, None] = field(default_factory=dict)
+    # Call id -> when its counted span ended, if it carried the call's result (microseconds;
+    # 0: no result yet, or a state written before version 4).
+    recent_call_ids: dict[str, int] = field(default_factory=dict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
@@ -111,6 +115,7 @@ class TraceState:
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
             "recent_call_ids": list(self.recent_call_ids),
+            "recent_call_ends": list(self.recent_call_ids.values()),  # version 4
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
             "fired": sorted(map(str, self.fired)),
@@ -146,7 +151,7 @@ class TraceState:
             polls=polls,
             poll_counts=dict(Counter(polls)),
             recent_span_ids=dict.fromkeys(_split_ids(record["recent_span_ids"])),
-            recent_call_ids=dict.fromkeys(record["recent_call_ids"]),
+            recent_call_ids=_call_ends(record),
             inference_tokens=record["inference_tokens"],
             aggregate_tokens=record["aggregate_tokens"],
             fired={Fired.parse(text) for text in record["fired"]},
@@ -172,6 +177,32 @@ class TraceState:
         self.counts.clear()
         self.polls.clear()
         self.poll_counts.clear()
+        self.cycle_runs = None
+
+    def forget_calls_before(self, micros: int) -> None:
+        """Drop the window's oldest calls that ended before `micros` (all of them when none
+        ended after it): the rules count from there."""
+        marks = self.window_marks
+        keep_from = 0
+        for start in range(0, len(marks), MARK_BYTES):
+            ended = int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big")
+            if ended and ended >= micros:
+                break
+            keep_from += 1
+        if keep_from >= len(self.window):
+            self.restart_window()
+            return
+        if not keep_from:
+            return
+        counts = self.counts
+        for _ in range(keep_from):
+            oldest = self.window.popleft()
+            remaining = counts[oldest] - 1
+            if remaining:
+                counts[oldest] = remaining
+            else:
+                del counts[oldest]
+        del marks[: keep_from * MARK_BYTES]
         self.cycle_runs = None
 
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
@@ -203,9 +234,22 @@ def encode_record(record: dict[str, Any]) -> bytes:
 
 
 def _call_key(key: Sequence[Any]) -> CallKey:
-    """A window entry as read back: a list from JSON, a tuple from `to_dict` itself."""
+    """A window entry as read back: a list from JSON, a tuple from `to_dict` itself. An empty
+    result a version before 4 hashed is read as the marker version 4 keys it by."""
     tool, digest, *rest = key
-    return (tool, digest, rest[0] if rest else None)
+    result = rest[0] if rest else None
+    if result in EMPTY_RESULT_DIGESTS:
+        result = EMPTY
+    return (tool, digest, result)
+
+
+def _call_ends(record: dict[str, Any]) -> dict[str, int]:
+    """Call ids and their spans' end times; 0 for states written before version 4."""
+    ids = record["recent_call_ids"]
+    ends = record.get("recent_call_ends")
+    if not isinstance(ends, list) or len(ends) != len(ids):
+        return dict.fromkeys(ids, 0)
+    return dict(zip(ids, ends, strict=True))
 
 
 def _split_ids(encoded: str) -> list[bytes]:

@@ -219,10 +219,9 @@ def test_polling_has_its_own_threshold(tmp_path, name, mode):
     policy = tmp_path / "policy.yaml"
     policy.write_text("defaults: {polling: {window: 10, threshold: 6}}\n")
     decisions = run_replay(name, mode, policy).decisions
-    [decision] = decisions["polling"]
-    assert (decision["rule"], decision["action"], decision["hits"]) == ("tool_polling", "kill", 6)
-    sixth = tool_span_ids(scenario_file(name, mode, "polling"), "get_job_status")[5]
-    assert decision["span_id"] == sixth
+    # The job's status moves on every call ("10% done", "20% done" ...): however low the
+    # threshold, a poll that makes progress is not stopped for its count alone.
+    assert decisions["polling"] == []
     assert [d["rule"] for d in decisions["loop_identical"]] == ["tool_loop"]
 
 

@@ -149,16 +149,18 @@ def test_a_rule_switched_off_for_one_agent():
     policy = Policy.from_yaml(CONTROLS)
     assert run(Guard(policy), looping("batch-bot").finished()) == []
     assert [d.rule for d in run(Guard(policy), looping("support-bot").finished())] == ["tool_loop"]
-    off = Policy.from_yaml("defaults: {polling: {enabled: false, threshold: 3, window: 5}}")
+    off = Policy.from_yaml(
+        "defaults: {polling: {enabled: false, threshold: 3, window: 5}, cycle: {enabled: false}}"
+    )
     agent = AgentRecorder()
     for status in range(6):
         agent.tool("wait", None, attributes={
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": "wait",
             "gen_ai.tool.call.arguments": '{"job": 1}',
-            "gen_ai.tool.call.result": f'{{"done": {status}}}',
+            "gen_ai.tool.call.result": f'{{"done": {status % 2}}}',
         })  # fmt: skip
-    on = Policy.from_yaml("defaults: {polling: {threshold: 3, window: 5}}")
+    on = Policy.from_yaml("defaults: {polling: {threshold: 3, window: 5}, cycle: {enabled: false}}")
     assert [d.rule for d in run(Guard(on), agent.finished())] == ["tool_polling"]
     assert run(Guard(off), agent.finished()) == []
 

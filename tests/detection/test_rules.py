@@ -82,7 +82,8 @@ def test_oscillation_is_a_cycle_caught_at_its_sixth_call():
         "a sequence of 2 calls (search_docs -> read_page) repeated 3x with the same arguments"
         " and results"
     )
-    # Without the cycle rule, tool_loop catches the same agent at A's 4th call (the 7th).
+    # Without the cycle rule, tool_loop catches the same agent at A's 4th call (the 7th): the
+    # B between is made again and again, no new work.
     [loop] = run(Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), agent.finished())
     assert loop.span_id == span_id_of(agent.finished()[6])
     assert loop.reason == "search_docs called 4x in last 7 steps"
@@ -96,15 +97,49 @@ def test_three_repeats_in_a_window_are_exploration_not_a_loop():
 
 
 def test_streaming_partial_spans_of_one_call_count_once():
+    """Spans sharing a call id before the call's result came are parts of one call."""
     agent = AgentRecorder()
+    tracer = agent.tracer
     for call in range(3):
-        for _partial in range(4):
-            agent.tool("search_docs", REFUND, call_id=f"call_{call}")
+        for _partial in range(3):  # chunks streamed before the result: no result yet
+            tracer.start_span(
+                "execute_tool search_docs", context=agent._context, attributes=tool_attributes(call)
+            ).end()
+        done = {**tool_attributes(call), "gen_ai.tool.call.result": "2 documents"}
+        tracer.start_span("execute_tool search_docs", context=agent._context, attributes=done).end()
     guard = Guard()
     assert run(guard, agent.finished()) == []
     assert guard.stats.repeated_call_ids == 9
     agent.tool("search_docs", REFUND, call_id="call_3")
     assert len(run(guard, agent.finished()[-1:])) == 1
+
+
+def tool_attributes(call: int) -> dict:
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search_docs",
+        "gen_ai.tool.call.arguments": json.dumps(REFUND),
+        "gen_ai.tool.call.id": f"call_{call}",
+    }
+
+
+def test_a_call_id_made_again_after_its_call_ended_is_a_new_execution():
+    """Harnesses re-issue a call with the first call's id, and models reuse ids across turns:
+    each execution counts (a state written before version 4 knows no end times: partial)."""
+    agent = AgentRecorder()
+    for _ in range(4):
+        agent.tool("transfer_to_human_agents", None, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "transfer_to_human_agents",
+            "gen_ai.tool.call.arguments": '{"summary": "refund"}',
+            "gen_ai.tool.call.id": "call_1",
+            "gen_ai.tool.call.result": "Transfer failed: no agent available",
+        })  # fmt: skip
+    guard = Guard()
+    [decision] = run(guard, agent.finished())
+    assert (decision.rule, decision.hits) == ("tool_loop", 4)
+    assert decision.span_id == span_id_of(agent.finished()[3])
+    assert (guard.stats.reissued_call_ids, guard.stats.repeated_call_ids) == (3, 0)
 
 
 def test_placeholder_call_ids_are_no_ids():
@@ -138,7 +173,12 @@ def backoff_agent(service: str) -> AgentRecorder:
     for attempt in range(6):
         agent.tool("get_job_status", {"job": "j-42"})
         for pause in range(attempt + 2):
-            agent.tool("sleep", {"seconds": 2**attempt, "i": pause})
+            agent.tool("sleep", None, attributes={  # a wait answers nothing: no new work
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "sleep",
+                "gen_ai.tool.call.arguments": json.dumps({"seconds": 2**attempt, "i": pause}),
+                "gen_ai.tool.call.result": "",
+            })  # fmt: skip
     return agent
 
 
@@ -335,9 +375,20 @@ def test_same_call_same_result_is_a_loop_changing_result_is_polling():
             "gen_ai.tool.call.arguments": json.dumps(job),
             "gen_ai.tool.call.result": json.dumps({"state": "running", "done": step}),
         })  # fmt: skip
-    (decision,) = run(Guard(), agent.finished())
+    assert run(Guard(), agent.finished()) == []  # the job makes progress: never killed for it
+    flipping = AgentRecorder()  # a status going round the same answers: no progress
+    for step in range(25):
+        flipping.tool("get_job_status", job, attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_job_status",
+            "gen_ai.tool.call.arguments": json.dumps(job),
+            "gen_ai.tool.call.result": f"stage {step % 6} of 6",
+        })  # fmt: skip
+    (decision,) = run(
+        Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), flipping.finished()
+    )
     assert (decision.rule, decision.action, decision.hits) == ("tool_polling", "kill", 20)
-    assert decision.span_id == span_id_of(agent.finished()[19])
+    assert decision.span_id == span_id_of(flipping.finished()[19])
     validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
 
     stuck = AgentRecorder()
@@ -391,7 +442,6 @@ def test_folding_is_opt_in_per_tool():
     agent = AgentRecorder()
     for query in ("Refund policy", "refund  policy", "REFUND POLICY ", "refund policy"):
         agent.tool("search_docs", {"query": query})
-        agent.tool("search_web", {"query": query})
     (decision,) = run(Guard(policy), agent.finished())
     assert decision.tool_name == "search_docs" and decision.hits == 4
     assert run(Guard(), agent.finished()) == []

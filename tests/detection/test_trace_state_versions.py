@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spanguard.detection.guard import Guard
+from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import STATE_VERSION, TraceState
 from tests.support.spans import AgentRecorder, one_request_per_span
@@ -39,7 +40,13 @@ def test_a_state_written_by_version_1_loads():
 def test_version_1_written_again_is_version_2_with_the_same_content():
     old = json.loads(V1.read_bytes())
     new = json.loads(TraceState.from_bytes(V1.read_bytes()).to_bytes())
-    assert new.pop("v") == STATE_VERSION == 3
+    assert new.pop("v") == STATE_VERSION == 4
+    # Version 4 keys an empty result by its marker: the empty result version 1 hashed is read
+    # as that marker, so a loop goes on counting across the upgrade.
+    assert old["window"][0][2] in EMPTY_RESULT_DIGESTS and new["window"][0][2] == EMPTY
+    new["window"][0][2] = old["window"][0][2]
+    # Version 4 adds when each call id's call ended: unknown (0) for what version 1 wrote.
+    assert new.pop("recent_call_ends") == [0] * len(old["recent_call_ids"])
     assert new == old
     assert list(new)[-1] == "last_seen"  # eviction reads it off the end of the bytes
 
@@ -63,8 +70,11 @@ def test_a_loaded_version_1_state_goes_on_counting():
                 "gen_ai.tool.call.result": json.dumps({"_raw": "no results"}),
             },
         )
-    [decision] = [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)]
-    assert (decision.rule, decision.hits) == ("tool_loop", 4)
+    assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
+    # The loaded search and the three new ones are one call: counted 4 times in the window
+    # (no kill: the window's `lookup`, whose result was not recorded, may have been new work).
+    key = guard.states[agent.trace_id].window[-1]
+    assert key[2] == EMPTY and guard.states[agent.trace_id].counts[key] == 4
 
 
 def test_keys_a_version_does_not_know_are_ignored():

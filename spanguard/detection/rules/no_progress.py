@@ -1,5 +1,10 @@
-"""no_progress: different calls of one tool that all come back with one same result that says
-nothing came back: an empty list, object or string, null, an error, or a "no results" text.
+"""no_progress: different calls of one tool in a row that all come back with nothing found: an
+empty list or object, a "no results" text (spanguard/detection/results.py: EMPTY).
+
+A hit of the tool between them (a result with content) ends the streak: an agent sweeping a
+grid of routes and dates gets empty answers between its hits, and is making progress. A
+failure is not "nothing found" (the same call failing is tool_loop's), and neither is a tool
+that answers nothing by design (a `think` tool's "").
 
 Different calls answered by one same *content* are not a stall: edits each answered
 `{"ok": true}`, searches answered by one canned text, a tool that returns a fixed
@@ -11,13 +16,10 @@ before the span leaves) against the hashes of the same empty shapes.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import MISSING
+from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS, is_content, says_nothing
 from spanguard.detection.rules.base import ToolCallRule, Trip
 
 if TYPE_CHECKING:
@@ -26,100 +28,6 @@ if TYPE_CHECKING:
     from spanguard.schemas.policy import AgentPolicy
 
 __all__ = ["EMPTY_RESULT_DIGESTS", "NoProgress", "says_nothing"]
-
-# Texts that say nothing came back (compared lower-case, without surrounding punctuation).
-NOTHING_TEXTS = frozenset(
-    {
-        "",
-        "[]",
-        "{}",
-        "null",
-        "none",
-        "no results",
-        "no result",
-        "no results found",
-        "no result found",
-        "no matches",
-        "no matches found",
-        "no match found",
-        "no documents found",
-        "no data",
-        "nothing found",
-        "not found",
-        "0 results",
-        "0 results found",
-        "0 documents found",
-        "empty",
-    }
-)
-# Keys under which a count of zero means "nothing" (`{"results": [], "total": 0}`).
-COUNT_KEYS = frozenset({"count", "total", "total_count", "totalcount", "num_results", "hits"})
-# Keys of an error: `{"error": ...}`, MCP's `{"isError": true, ...}`, `{"status": "error"}`.
-ERROR_STATUSES = frozenset({"error", "failed", "failure"})
-_ERROR_TEXT = re.compile(r"^\s*(error|exception|traceback)\b", re.IGNORECASE)
-_TRIM = " \t\r\n.!:;\"'`"
-
-
-def _text_says_nothing(text: str) -> bool:
-    return text.strip(_TRIM).lower() in NOTHING_TEXTS or bool(_ERROR_TEXT.match(text))
-
-
-def says_nothing(value: Any, depth: int = 0) -> bool:
-    """Whether a tool's result (decoded JSON-like value) says nothing came back."""
-    if value is None or value is MISSING:
-        return value is None
-    if isinstance(value, str):
-        return _text_says_nothing(value)
-    if isinstance(value, list | tuple):
-        return not value or (depth < 4 and all(says_nothing(item, depth + 1) for item in value))
-    if isinstance(value, Mapping):
-        if not value:
-            return True
-        if value.get("isError") is True or value.get("is_error") is True:
-            return True  # MCP's CallToolResult of a failed call
-        status = value.get("status")
-        if isinstance(status, str) and status.lower() in ERROR_STATUSES:
-            return True
-        if "_raw" in value and len(value) == 1:  # a text that is not JSON (conventions.py)
-            raw = value["_raw"]
-            return isinstance(raw, str) and _text_says_nothing(raw)
-        if value.keys() == {"error"} and value["error"]:
-            return True
-        if depth >= 4:
-            return False
-        return all(
-            (key.lower() in COUNT_KEYS and item == 0)
-            or (not isinstance(item, bool) and says_nothing(item, depth + 1))
-            for key, item in value.items()
-            if isinstance(key, str) and key not in ("isError", "is_error")  # False: no error
-        )
-    return False  # numbers and booleans are content
-
-
-def _shapes() -> list[Any]:
-    """Results that say nothing as tools and instrumentations record them, for results known
-    only by their hash: a bare value or text, and the wrappers instrumentations put around a
-    tool's return value (Google ADK's {"result": ...}, strands' [{"text": ...}], MCP content)."""
-    texts = ["", "[]", "{}", "null", "none", "None", "no results", "No results"]
-    texts += ["No results found", "No results found.", "not found", "Not found"]
-    texts += ["No matches found", "No documents found", "0 results"]
-    values: list[Any] = [None, [], {}, *texts, *({"_raw": text} for text in texts)]
-    values += [{key: []} for key in ("results", "items", "documents", "data", "content")]
-    shapes = list(values)
-    for value in values:
-        shapes.append({"result": value})
-        shapes.append({"output": value})
-    for text in texts:
-        shapes.append([{"text": text}])
-        shapes.append({"content": [{"type": "text", "text": text}]})
-        shapes.append({"content": [{"type": "text", "text": text}], "isError": False})
-    shapes.append({"content": [], "isError": False})
-    return shapes
-
-
-EMPTY_RESULT_DIGESTS: frozenset[str] = frozenset(
-    args_hash(shape, frozenset()) for shape in _shapes()
-)
 
 
 class NoProgress(ToolCallRule):
@@ -138,24 +46,22 @@ class NoProgress(ToolCallRule):
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
         tool, digest, result = key
-        if result is None or digest is None:
+        if result != EMPTY or digest is None:
             return None
-        if call.result is not MISSING:
-            if not says_nothing(call.result):
-                return None
-        elif result not in EMPTY_RESULT_DIGESTS:
-            return None
-        distinct = {
-            seen_digest
-            for name, seen_digest, same in islice(reversed(state.window), policy.window)
-            if name == tool and same == result and seen_digest is not None
-        }
+        distinct: set[str] = set()
+        for name, seen_digest, seen_result in islice(reversed(state.window), policy.window):
+            if name != tool:
+                continue
+            if seen_result == EMPTY:
+                if seen_digest is not None:
+                    distinct.add(seen_digest)
+            elif seen_result is not None and is_content(seen_result):
+                break  # a hit: the tool is finding things
         if len(distinct) < policy.no_progress_threshold:
             return None
         steps = min(len(state.window), policy.window)
         return Trip(
-            f"{len(distinct)} different {tool} calls in last {steps} steps all returned the"
-            " same empty result",
+            f"{len(distinct)} different {tool} calls in last {steps} steps all found nothing",
             {
                 "tool_name": tool,
                 "result_hash": result,

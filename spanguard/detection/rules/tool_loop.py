@@ -1,5 +1,13 @@
 """tool_loop: the same call with the same result (or none recorded), `threshold` times in the
-last `window` calls of the trace. A sliding window, not a run: stuck agents interleave."""
+last `window` calls of the trace, with no new work between the repeats.
+
+New work is a call the window has not seen before that brought content back: an edit, a
+different query answered. A coding agent re-running the same tests after each different edit
+learns something each time, and is not stuck; the same no-op edit again and again is. Calls
+that bring nothing (a `think` tool answering "", a search finding nothing, a call failing) are
+not new work: the same booking rejected three times with a `think` between each is a loop.
+Repeats interleaved with other repeats still count: stuck agents go round.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.conventions import MISSING
+from spanguard.detection.results import NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 
 if TYPE_CHECKING:
@@ -14,7 +23,34 @@ if TYPE_CHECKING:
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 
-__all__ = ["ToolLoop", "recorded_arguments"]
+__all__ = ["ToolLoop", "recorded_arguments", "repeats_without_new_work"]
+
+
+def repeats_without_new_work(
+    window: Any, counts: dict[CallKey, int], key: CallKey, last: int
+) -> int:
+    """How many times `key`, the newest call of `window`, was made among its last `last`
+    calls with no new work between (see the module's docstring). New work is a call made
+    once in the window (`counts`: the window's count of each call): one made again is part
+    of the round, wherever the window starts."""
+    calls = list(window)
+    newest = len(calls) - 1
+    oldest = max(0, len(calls) - last)
+    with_content = {
+        tool for tool, _digest, result in calls if result is not None and is_content(result)
+    }
+    repeats = 1
+    for index in range(newest - 1, oldest - 1, -1):
+        seen = calls[index]
+        if seen == key:
+            repeats += 1
+            continue
+        if counts.get(seen, 0) > 1:
+            continue  # a call made again: part of the round, nothing new
+        result = seen[2]
+        if is_content(result) or (result == NOTHING and seen[0] in with_content):
+            break  # new work: a call made once that brought something back
+    return repeats
 
 
 def recorded_arguments(call: ToolCall, policy: AgentPolicy) -> Any:
@@ -60,6 +96,10 @@ class ToolLoop(ToolCallRule):
             steps = len(state.window)
         if hits < threshold:
             return None
+        if digest is not None:
+            hits = repeats_without_new_work(state.window, state.counts, key, window)
+            if hits < threshold:
+                return None
         reason = f"{tool} called {hits}x in last {steps} steps"
         evidence: dict[str, Any] = {
             "tool_name": tool,

@@ -67,6 +67,10 @@ class ToolPolling(ToolCallRule):
         hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
         if hits < policy.polling_threshold:
             return None
+        if result is not None and state.counts.get(key, 0) < 2:
+            # An answer the recent calls have not seen: the job is moving (output growing, a
+            # counter going up). Its count alone is no reason to stop it.
+            return None
         steps = len(state.polls)
         return Trip(
             f"{tool} polled {hits}x in last {steps} calls with the same arguments",

@@ -1,0 +1,330 @@
+"""Recorded runs of real agents as OTLP traces, made with the OpenTelemetry SDK, and replayed
+through the guard.
+
+The runs live in tests/fixtures/realruns/*.jsonl.gz (extracted from public sources by
+scripts/realruns/extract_*.py, the step format in scripts/realruns/common.py) and the peers'
+loop-detection suites in tests/fixtures/peer_suites/*.json. Each run becomes one trace the way
+a GenAI instrumentation writes it: an `invoke_agent` span, a `chat` span per model turn (its
+`gen_ai.input.messages` holding what came in since the previous turn: the user's messages and
+the tool results), and an `execute_tool` span per call with the call id, the arguments and the
+result as recorded (status ERROR and `error.type` where the call failed). Calls a user
+simulator made on its own device (`user:` tools) are not the agent's and are left out.
+
+    python -m tests.support.realruns            # the precision table over every run
+    python -m tests.support.realruns --show RUN # one run, step by step, with its decisions
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import random
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import Status, StatusCode
+
+from spanguard.detection.guard import Guard
+from spanguard.schemas.policy import Policy
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "tests" / "fixtures" / "realruns"
+PEERS = ROOT / "tests" / "fixtures" / "peer_suites"
+LABELS = RUNS / "labels.jsonl"
+SCOPE = "spanguard.realruns"
+TURN_NS = 1_000_000_000  # a model turn
+TOOL_NS = 100_000_000  # a tool call
+USER_NS = 2_000_000_000  # a user's message
+
+
+@dataclass
+class Run:
+    """One recorded run: its id, where it came from, its outcome and its steps."""
+
+    run: str
+    source: str  # the corpus file it came from (tau2, swe, a peer's name)
+    harness: str
+    kind: str
+    outcome: str | None
+    steps: list[dict[str, Any]]
+    # A peer suite's case: what the peer's test asserts, and whether it is spanguard's remit.
+    stuck: bool | None = None
+    in_remit: bool = True
+    peer_stop_at: int | None = None
+
+    @property
+    def tool_steps(self) -> list[dict[str, Any]]:
+        """The agent's own tool calls, in order (what the call indices count)."""
+        return [step for step in self.steps if is_agent_call(step)]
+
+
+def is_agent_call(step: dict[str, Any]) -> bool:
+    return step["type"] == "tool" and not str(step["name"]).startswith("user:")
+
+
+def load_runs(sources: Iterable[str] | None = None) -> list[Run]:
+    """Every run of the corpus and every case of the peers' suites (or those of `sources`)."""
+    wanted = None if sources is None else set(sources)
+    runs: list[Run] = []
+    for path in sorted(RUNS.glob("*.jsonl.gz")):
+        name = path.name.removesuffix(".jsonl.gz")
+        if wanted is not None and name not in wanted:
+            continue
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            for line in lines:
+                record = json.loads(line)
+                runs.append(
+                    Run(
+                        record["run"],
+                        name,
+                        record["harness"],
+                        record["kind"],
+                        record["outcome"],
+                        record["steps"],
+                    )
+                )
+    for path in sorted(PEERS.glob("*.json")):
+        suite = json.loads(path.read_text())
+        name = f"peer:{path.stem}"
+        if wanted is not None and name not in wanted:
+            continue
+        for case in suite["cases"]:
+            runs.append(
+                Run(
+                    case["case"],
+                    name,
+                    suite["peer"],
+                    "peer",
+                    None,
+                    case["steps"],
+                    stuck=case["stuck"],
+                    in_remit=case["in_remit"],
+                    peer_stop_at=case.get("peer_stop_at"),
+                )
+            )
+    return runs
+
+
+class _SeededIds(IdGenerator):
+    """Trace and span ids drawn from the run's id: the same run makes the same trace."""
+
+    def __init__(self, seed: str) -> None:
+        self._random = random.Random(hashlib.sha256(seed.encode()).digest())
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def to_request(run: Run, *, start_ns: int = 1_700_000_000_000_000_000) -> tuple[bytes, list[str]]:
+    """The run as one OTLP ExportTraceServiceRequest, and the span ids (hex) of its agent tool
+    calls in order."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": f"realruns-{run.source}"}),
+        id_generator=_SeededIds(run.run),
+    )
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer(SCOPE)
+    now = start_ns
+    call_span_ids: list[str] = []
+    root = tracer.start_span(
+        f"invoke_agent {run.harness}",
+        start_time=now,
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": run.harness},
+    )
+    from opentelemetry import trace
+
+    context = trace.set_span_in_context(root)
+    incoming: list[dict[str, Any]] = []
+    for step in run.steps:
+        kind = step["type"]
+        if kind == "user":
+            now += USER_NS
+            incoming.append(
+                {"role": "user", "parts": [{"type": "text", "content": step.get("text", "")}]}
+            )
+        elif kind == "model":
+            chat = tracer.start_span(
+                "chat",
+                context=context,
+                start_time=now,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.input.messages": json.dumps(incoming, ensure_ascii=False),
+                },
+            )
+            now += TURN_NS
+            chat.end(end_time=now)
+            incoming = []
+        elif is_agent_call(step):
+            attributes: dict[str, Any] = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": step["name"],
+                "gen_ai.tool.call.arguments": _text(step.get("arguments")),
+            }
+            if step.get("id"):
+                attributes["gen_ai.tool.call.id"] = step["id"]
+            if step.get("result") is not None:
+                attributes["gen_ai.tool.call.result"] = step["result"]
+            if step.get("error"):
+                attributes["error.type"] = "tool_error"
+            span = tracer.start_span(
+                f"execute_tool {step['name']}",
+                context=context,
+                start_time=now,
+                attributes=attributes,
+            )
+            if step.get("error"):
+                span.set_status(Status(StatusCode.ERROR))
+            now += TOOL_NS
+            span.end(end_time=now)
+            call_span_ids.append(format(span.get_span_context().span_id, "016x"))
+            incoming.append(
+                {"role": "tool", "parts": [{"type": "tool_call_response", "id": step.get("id")}]}
+            )
+        else:  # the user's own device calls: their results reach the agent as the user's words
+            now += TOOL_NS
+    root.end(end_time=now + 1)
+    request = encode_spans(exporter.get_finished_spans())
+    provider.shutdown()
+    return request.SerializeToString(), call_span_ids
+
+
+@dataclass
+class RunDecisions:
+    """What the guard decided on one run: (rule, action, call index from 1 or None)."""
+
+    run: Run
+    decisions: list[tuple[str, str, int | None]] = field(default_factory=list)
+
+
+def replay(runs: Iterable[Run], policy: Policy | None = None) -> Iterator[RunDecisions]:
+    """Each run through a guard of its own on `policy` (the shipped defaults by default)."""
+    policy = policy or Policy()
+    for run in runs:
+        request, calls = to_request(run)
+        guard = Guard(policy)
+        index = {span_id: position + 1 for position, span_id in enumerate(calls)}
+        found = RunDecisions(run)
+        for decision in guard.process(request):
+            found.decisions.append(
+                (decision.rule, decision.action, index.get(decision.span_id or ""))
+            )
+        yield found
+
+
+def load_labels() -> dict[str, dict[str, Any]]:
+    """Hand labels, by run id: verdict (loop or healthy), stop_at (the call a person stops
+    it at), why."""
+    if not LABELS.exists():
+        return {}
+    labels = {}
+    for line in LABELS.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            labels[record["run"]] = record
+    return labels
+
+
+def needs_label(run: Run) -> bool:
+    """Whether a person must label the run even when no rule decides on it: the same call
+    (tool and arguments) made a third time, or three calls of one tool in a row that found
+    nothing."""
+    from spanguard.detection.results import EMPTY, classify
+
+    seen: Counter[tuple[str, str]] = Counter()
+    streaks: Counter[str] = Counter()
+    for step in run.tool_steps:
+        call = (step["name"], json.dumps(step.get("arguments"), sort_keys=True))
+        seen[call] += 1
+        if seen[call] >= 3:
+            return True
+        result = step.get("result")
+        if result is not None and classify(result) == EMPTY:
+            streaks[step["name"]] += 1
+            if streaks[step["name"]] >= 3:
+                return True
+        else:
+            streaks[step["name"]] = 0
+    return False
+
+
+def show(run: Run, decisions: list[tuple[str, str, int | None]], width: int = 300) -> str:
+    """The run step by step, for a person labelling it: each agent call numbered."""
+    by_call = defaultdict(list)
+    for rule, action, at in decisions:
+        by_call[at].append(f"<<< {rule} {action}")
+    lines = [f"# {run.run}  harness={run.harness} kind={run.kind} outcome={run.outcome}"]
+    number = 0
+    for step in run.steps:
+        if step["type"] == "user":
+            lines.append(f"  USER: {step.get('text', '')[:width]!r}")
+        elif step["type"] == "model":
+            if step.get("text"):
+                lines.append(f"  MODEL: {step['text'][:width]!r}")
+        elif is_agent_call(step):
+            number += 1
+            arguments = _text(step.get("arguments"))
+            result = step.get("result")
+            flag = " ERROR" if step.get("error") else ""
+            lines.append(
+                f"  [{number}] {step['name']}({arguments[:width]}) id={step.get('id')}{flag}"
+                f" -> {str(result)[:width]!r} {' '.join(by_call.get(number, []))}"
+            )
+        else:
+            lines.append(f"  (user device) {step['name']}({_text(step.get('arguments'))[:120]})")
+    if None in by_call:
+        lines.append(f"  decisions not on a call: {by_call[None]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--show", nargs="*", default=None, help="run ids to print")
+    parser.add_argument("--source", action="append", help="only these corpus files")
+    parser.add_argument("--decided", action="store_true", help="print every decided run")
+    parser.add_argument("--blind", action="store_true", help="--show without the decisions")
+    parser.add_argument("--width", type=int, default=300, help="characters shown per text")
+    parser.add_argument("--json", help="write every run's decisions to this file")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.source)
+    if args.show:
+        wanted = set(args.show)
+        runs = [run for run in runs if run.run in wanted]
+    tally: Counter[tuple[str, str, str]] = Counter()
+    everything = {}
+    for found in replay(runs):
+        everything[found.run.run] = found.decisions
+        if args.show is not None or (args.decided and found.decisions):
+            print(show(found.run, [] if args.blind else found.decisions, args.width))
+        for rule, action, _at in found.decisions:
+            tally[(found.run.source, rule, action)] += 1
+    for (source, rule, action), count in sorted(tally.items()):
+        print(f"{source:20} {rule:14} {action:9} {count}")
+    print(f"{len(runs)} runs")
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
