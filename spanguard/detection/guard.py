@@ -434,20 +434,15 @@ class Guard:
                 ended = recent_calls.get(call_id)
                 start_micros = event.start_time_unix_nano // 1000
                 if ended is not None and (not ended or not start_micros or start_micros < ended):
-                    # The same call id while the counted call has no result yet (0), or on a
-                    # span that overlaps it: a partial span of that call. One that starts
-                    # after a call with its result ended is the call made again (a harness
-                    # re-issuing it, a model reusing ids).
+                    # The same call id on a span that overlaps the counted one (or times
+                    # unknown): a partial span of that call. One that starts after it ended
+                    # is the call made again (a harness re-issuing it, a model reusing ids).
                     self.stats.repeated_call_ids += 1
                     return None
                 if ended is not None:
                     self.stats.reissued_call_ids += 1
                     del recent_calls[call_id]  # kept newest last, for the trim below
-                recent_calls[call_id] = (
-                    event.end_time_unix_nano // 1000
-                    if event.result is not MISSING or event.result_digest is not None
-                    else 0
-                )
+                recent_calls[call_id] = event.end_time_unix_nano // 1000
                 if len(recent_calls) > limit + (limit >> 2):
                     state.recent_call_ids = dict(
                         islice(recent_calls.items(), len(recent_calls) - limit, None)

@@ -80,8 +80,8 @@ class TraceState:
     # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
     # the guard: a dict drops its oldest entries cheaply only many at a time.
     recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
-    # Call id -> when its counted span ended, if it carried the call's result (microseconds;
-    # 0: no result yet, or a state written before version 4).
+    # Call id -> when its counted span ended (microseconds; 0: unknown, as in states written
+    # before version 4).
     recent_call_ids: dict[str, int] = field(default_factory=dict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0

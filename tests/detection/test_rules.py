@@ -97,16 +97,18 @@ def test_three_repeats_in_a_window_are_exploration_not_a_loop():
 
 
 def test_streaming_partial_spans_of_one_call_count_once():
-    """Spans sharing a call id before the call's result came are parts of one call."""
+    """Spans sharing a call id while they overlap in time are parts of one call."""
     agent = AgentRecorder()
     tracer = agent.tracer
     for call in range(3):
-        for _partial in range(3):  # chunks streamed before the result: no result yet
+        parts = [
             tracer.start_span(
                 "execute_tool search_docs", context=agent._context, attributes=tool_attributes(call)
-            ).end()
-        done = {**tool_attributes(call), "gen_ai.tool.call.result": "2 documents"}
-        tracer.start_span("execute_tool search_docs", context=agent._context, attributes=done).end()
+            )
+            for _part in range(4)
+        ]
+        for part in parts:
+            part.end()
     guard = Guard()
     assert run(guard, agent.finished()) == []
     assert guard.stats.repeated_call_ids == 9

@@ -268,6 +268,96 @@ def needs_label(run: Run) -> bool:
     return False
 
 
+@dataclass
+class Cell:
+    """One row of the precision table: a rule (or every rule: "any") on one source."""
+
+    runs: int = 0
+    healthy_kills: int = 0
+    healthy_flags: int = 0
+    loops: int = 0
+    caught_in_time: int = 0  # first decision at the person's call or one after
+    caught_late: int = 0
+    caught_early: int = 0  # before the person would have stopped it
+    missed: int = 0
+    unlabelled: list[str] = field(default_factory=list)  # decided runs nobody labelled
+
+    def row(self, source: str, rule: str) -> str:
+        return (
+            f"| {source} | {rule} | {self.runs} | {self.healthy_kills} | {self.healthy_flags} |"
+            f" {self.loops} | {self.caught_in_time} | {self.caught_early} | {self.caught_late} |"
+            f" {self.missed} |"
+        )
+
+
+HEADER = (
+    "| source | rule | runs | kills on healthy | flags on healthy | loops | caught at the"
+    " person's call (or one after) | caught earlier | caught later | missed |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def truth(run: Run, labels: dict[str, dict[str, Any]]) -> tuple[str | None, int | None]:
+    """(verdict, the call a person stops it at): the hand label, or the peer's assertion for a
+    peer's in-remit case; (None, None) where there is none."""
+    if run.source.startswith("peer:"):
+        if not run.in_remit:
+            return None, None
+        if run.stuck:
+            return "loop", run.peer_stop_at
+        return "healthy", None
+    label = labels.get(run.run)
+    if label is None:
+        return None, None
+    return label["verdict"], label.get("stop_at")
+
+
+def precision(found: Iterable[RunDecisions], labels: dict[str, dict[str, Any]]):
+    """{(source, rule): Cell}, rule "any" for the first decision of every rule."""
+    from spanguard.detection.rules import RULES
+
+    table: dict[tuple[str, str], Cell] = defaultdict(Cell)
+    for item in found:
+        run = item.run
+        verdict, stop_at = truth(run, labels)
+        if not run.source.startswith("peer:") and run.outcome is None and verdict is None:
+            pass
+        for rule in ["any", *(r.name for r in RULES)]:
+            mine = [d for d in item.decisions if rule == "any" or d[0] == rule]
+            cell = table[(run.source, rule)]
+            cell.runs += 1
+            if verdict is None:
+                if mine and (run.in_remit or not run.source.startswith("peer:")):
+                    cell.unlabelled.append(run.run)
+                continue
+            if verdict == "healthy":
+                cell.healthy_kills += sum(1 for d in mine if d[1] in ("kill", "downgrade", "pause"))
+                cell.healthy_flags += sum(1 for d in mine if d[1] == "flag")
+                continue
+            if rule != "any":
+                continue  # a loop is caught by the first rule that decides on it
+            cell.loops += 1
+            if not mine:
+                cell.missed += 1
+                continue
+            at = mine[0][2]
+            if stop_at is None or at is None or stop_at <= at <= stop_at + 1:
+                cell.caught_in_time += 1
+            elif at < stop_at:
+                cell.caught_early += 1
+            else:
+                cell.caught_late += 1
+    return dict(table)
+
+
+def render(table) -> str:
+    lines = [HEADER]
+    for (source, rule), cell in sorted(table.items()):
+        if rule == "any" or cell.healthy_kills or cell.healthy_flags:
+            lines.append(cell.row(source, rule))
+    return "\n".join(lines)
+
+
 def show(run: Run, decisions: list[tuple[str, str, int | None]], width: int = 300) -> str:
     """The run step by step, for a person labelling it: each agent call numbered."""
     by_call = defaultdict(list)
@@ -321,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     for (source, rule, action), count in sorted(tally.items()):
         print(f"{source:20} {rule:14} {action:9} {count}")
     print(f"{len(runs)} runs")
+    if args.show is None:
+        print(render(precision(replay(runs), load_labels())))
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=0))
     return 0
