@@ -177,3 +177,38 @@ def test_an_agent_process_stopped_by_the_guard_exits_75_with_one_json_line():
 def test_other_failures_and_success_keep_their_exit_status():
     assert _run_agent("failed").returncode == 1
     assert _run_agent("fine").returncode == 0
+
+
+# -- the shared vectors: the same event in Python, TypeScript and Go ---------------------------
+
+VECTORS = json.loads((ROOT / "schemas" / "testdata" / "kill-signal-vectors.json").read_text())
+
+
+@pytest.mark.parametrize("case", VECTORS["stop_events"], ids=lambda case: case["name"])
+def test_the_shared_stop_event_vectors(tracer, case):
+    from datetime import datetime
+
+    from spanguard.schemas.decision import keyring, read_signal
+
+    tracer, exporter = tracer
+    now = datetime.fromisoformat(VECTORS["now"].replace("Z", "+00:00"))
+    book = SignalBook(clock=lambda: now)
+    book.deliver(read_signal(case["signal"].encode(), keyring([VECTORS["keys"]["current"]]), now))
+    check = case["check"]
+    with tracer.start_as_current_span("step"):
+        for _ in range(2):  # the same check again adds no second event
+            try:
+                outcome = (
+                    "message"
+                    if book.check(check["trace"], conversation_id=check.get("conversation"))
+                    else "pass"
+                )
+            except AgentKilled as killed:
+                outcome = "killed"
+                attributes = case["event"]["attributes"]
+                assert killed.rule == attributes["spanguard.rule"]
+                assert killed.decision_id == attributes["spanguard.decision_id"]
+                assert killed.scope == attributes["spanguard.scope"]
+            if outcome != "pass":
+                assert outcome == case["expect"]
+    assert _events(exporter, "step") == [(case["event"]["name"], case["event"]["attributes"])]
