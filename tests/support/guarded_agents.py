@@ -7,8 +7,9 @@ The agent exports OTLP/HTTP to the real Collector, whose kafka exporter feeds th
 from SPANGUARD_SIGNING_KEY_FILE (the stack's own key file, made by `scripts/stack.sh key-file`).
 
     python -m tests.support.guarded_agents matrix     # every row: calls before the stop, latency
-    python -m tests.support.guarded_agents export     # calls before the stop per step time,
-                                                      # the SDK's export defaults vs. spanguard's
+    python -m tests.support.guarded_agents export     # calls before the stop per step time: the
+                                                      # SDK's defaults without the adapter's prompt
+                                                      # export, with it, and PromptBatchSpanProcessor
 
 Every agent runs in a process of its own (`run` below): instrumentors patch globally.
 """
@@ -63,7 +64,9 @@ ROWS: dict[str, tuple[str, str]] = {
 }
 # "sdk-default": the plain BatchSpanProcessor (5 s) + OTLP exporter, as a user sets it up; the
 # adapters alone must make it prompt. "prompt": PromptBatchSpanProcessor, installed by hand.
-EXPORTS = ("sdk-default", "prompt")
+# "sdk-unhelped": the SDK's defaults with the adapter's prompt export switched off, as every
+# adapter was before issue 42 (for the `export` table only).
+EXPORTS = ("sdk-default", "prompt", "sdk-unhelped")
 
 
 @dataclass
@@ -195,6 +198,10 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: s
     library = agents.LIBRARIES[ROWS[row][0]]
     provider = _provider(endpoint, export, f"{row}-{scenario}")
     in_memory = _stop_events(provider)
+    if export == "sdk-unhelped":
+        from spanguard.killswitch import adapters
+
+        adapters._prompt_export = lambda span: None  # this process is this one agent
     library.instrument(provider, "capture")
     # The key from SPANGUARD_SIGNING_KEY_FILE: the variable the worker reads.
     switch = KillSwitch(BOOTSTRAP, kill_topic, ack_topic=ack_topic)
@@ -450,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(format_rows(outcomes[-1:]).splitlines()[1], flush=True)
         else:
             for step in args.steps:
-                for how in ("sdk-default", "prompt"):
+                for how in ("sdk-unhelped", "sdk-default", "prompt"):
                     outcomes.append(run_row(running, args.row, "loop", step_delay=step, export=how))
                     print(format_rows(outcomes[-1:]).splitlines()[1], flush=True)
     print(format_rows(outcomes))
