@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-pipeline bench-backtest kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -155,6 +155,11 @@ bench: install
 # The longest per-batch eviction pause with a million idle traces, against a full scan.
 bench-eviction: install
 	$(BIN)/python -m bench.bench_eviction
+
+# What the adapters' prompt export costs a healthy agent on the SDK's defaults: calls per second
+# with and without it, in one process (about a minute and a half; no broker).
+bench-prompt-export: install
+	$(BIN)/python -m bench.bench_prompt_export
 
 # The longest event-loop stall with a million idle traces in a real RocksDB table while
 # eviction runs per batch, against a full scan (about a minute; no broker).

@@ -20,6 +20,17 @@ guarded: the adapter says so once, loudly (a warning naming the framework, the
 instrumentation it found and what to do), and counts it in `adapter.unguarded` and in the
 `KillSwitch`'s `unguarded`. Never a silent skip.
 
+Before each check the adapter makes the run's spans leave in time: it adds a
+`FlushAfterToolSpans` to the tracer provider of the run's span (else the global one) when that
+provider batches with the SDK's defaults (`ensure_prompt_export`, killswitch/export.py), so a
+looping agent is stopped by its 4th or 5th call without its owner changing the provider. A
+provider it cannot make prompt (a processor it does not know, no SDK provider) is warned about
+once, loudly, and counted in `adapter.late_export` and the `KillSwitch`'s `late_export`.
+
+A kill, pause or downgrade obeyed is recorded on the run's span (`spanguard.stop` /
+`spanguard.downgrade`, killswitch/stop.py), also where that span is not current (OpenInference's
+LangChain spans).
+
 `AgentKilled` propagates out of the hook; what the agent's code then sees is documented per
 framework in docs/agents.md. A downgrade's system message goes to `on_downgrade` (or waits in
 `pending_messages` for the agent to inject it). A paused trace waits in the checker's `wait()`
@@ -29,10 +40,11 @@ framework in docs/agents.md. A downgrade's system message goes to `on_downgrade`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
 from spanguard.killswitch.signals import AgentPaused, current_trace_id
@@ -78,6 +90,9 @@ class TraceGate:
         self.pending_messages: list[str] = []
         self.unguarded = 0
         self._warned = False
+        # Checks whose spans may reach the guard late (see ensure_prompt_export).
+        self.late_export = 0
+        self._late_warned = False
         self._runs_lock = threading.Lock()
         # run id -> (parent run id, trace id seen at the run's start)
         self._runs: OrderedDict[Hashable, tuple[Hashable | None, str | None]] = OrderedDict()
@@ -130,14 +145,17 @@ class TraceGate:
             " inside a span of your own, or pass trace_id= to the adapter"
         )
 
-    def check_trace(self, trace_id: str | None, wait: bool = True) -> None:
+    def check_trace(self, trace_id: str | None, wait: bool = True, span: Any = None) -> None:
         """Check `trace_id` (raises AgentKilled); None: count and report an unguarded call.
-        A paused trace waits here (`wait=False`: AgentPaused is raised instead)."""
+        A paused trace waits here (`wait=False`: AgentPaused is raised instead). `span`: the
+        run's span where it is not the current one (the stop event goes on it)."""
+        self._ensure_export(span)
         trace_id = self.trace_id or trace_id
         if trace_id is None:
             self._report_unguarded()
             return
-        message = self._check_or_wait(trace_id, wait)  # raises AgentKilled
+        with _current(span):
+            message = self._check_or_wait(trace_id, wait)  # raises AgentKilled
         if message is None:
             return
         if self.on_downgrade is not None:
@@ -145,12 +163,26 @@ class TraceGate:
         else:
             self.pending_messages.append(message)
 
-    async def check_trace_async(self, trace_id: str | None) -> None:
+    async def check_trace_async(self, trace_id: str | None, span: Any = None) -> None:
         """check_trace() for async hooks: a pause waits in a thread, not on the event loop."""
         try:
-            self.check_trace(trace_id, wait=False)
+            self.check_trace(trace_id, wait=False, span=span)
         except AgentPaused:
-            await asyncio.to_thread(self.check_trace, trace_id)
+            await asyncio.to_thread(self.check_trace, trace_id, True, span)
+
+    def _ensure_export(self, span: Any) -> None:
+        """Make the run's spans leave in time, or say once, loudly, that they may not."""
+        problem = _prompt_export(span if span is not None else _current_span())
+        if problem is None:
+            return
+        self.late_export += 1
+        where = f"{type(self).__name__} ({self.framework})"
+        note = getattr(self.checker, "note_late_export", None)
+        if callable(note):  # a KillSwitch: counted there too, warned once per switch
+            note(where, problem)
+        elif not self._late_warned:
+            log.warning(late_export_warning(where, problem, ".late_export"))
+        self._late_warned = True
 
     def _check_or_wait(self, trace_id: str, wait: bool) -> str | None:
         """check(); a paused trace waits in the checker's `wait` for an operator's answer or
@@ -187,6 +219,52 @@ class TraceGate:
                 self.what_to_do(),
             )
         self._warned = True
+
+
+EXPORT_ADVICE = (
+    "add spanguard.killswitch.export.PromptBatchSpanProcessor(exporter) to the tracer provider"
+    " instead of BatchSpanProcessor, or set OTEL_BSP_SCHEDULE_DELAY=50"
+)
+
+
+def late_export_warning(where: str, problem: str, counter: str) -> str:
+    """The one warning about spans that may leave late: the setting and the fix."""
+    return (
+        f"spanguard killswitch: {where}: {problem}. With the SDK's BatchSpanProcessor defaults"
+        " (OTEL_BSP_SCHEDULE_DELAY, 5000 ms) a looping agent at 0.3 s a step makes about 15"
+        f" calls before the guard sees the loop. Fix: {EXPORT_ADVICE} (further ones are counted"
+        f" in {counter}, not logged)"
+    )
+
+
+def _prompt_export(span: Any) -> str | None:
+    try:
+        from spanguard.killswitch.export import ensure_prompt_export
+    except ImportError:  # no OpenTelemetry SDK in this process
+        return "the OpenTelemetry SDK is not installed: the agent's spans may never reach the guard"
+    return ensure_prompt_export(span)
+
+
+def _current_span() -> Any:
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace.get_current_span()
+
+
+@contextlib.contextmanager
+def _current(span: Any) -> Iterator[None]:
+    """`span` made current for the check (its stop event goes on it), where it is not already."""
+    if span is None or _current_span() is span:
+        yield
+        return
+    from opentelemetry import trace
+
+    with trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    ):
+        yield
 
 
 def span_trace_id(span: Any) -> str | None:

@@ -54,17 +54,26 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
     # -- where the trace is found ------------------------------------------------------------
 
     def trace_of(self, run_id: UUID, parent_run_id: UUID | None) -> str | None:
+        return self.find(run_id, parent_run_id)[0]
+
+    def find(self, run_id: UUID, parent_run_id: UUID | None) -> tuple[str | None, Any]:
+        """The run's trace, and OpenInference's span of the run where no span is current (the
+        stop event and the export check go on it)."""
         current = current_trace_id()
         if current is not None:
-            return current
+            return current, None
         chain = self.run_chain(run_id, parent_run_id)
         tracer = _openinference_tracer()
         if tracer is not None:
             for run in chain:
                 span = tracer.get_span(run)
                 if span is not None and (trace_id := span_trace_id(span)) is not None:
-                    return trace_id
-        return self.recorded_trace(chain)
+                    return trace_id, span
+        return self.recorded_trace(chain), None
+
+    def _check(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        trace_id, span = self.find(run_id, parent_run_id)
+        self.check_trace(trace_id, span=span)
 
     def instrumentation(self) -> str:
         found = [name for name in (OPENINFERENCE, OPENLLMETRY) if name in sys.modules]
@@ -94,17 +103,17 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
                             parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
         # Before each model call too: a killed run does not pay for another turn.
         self._start(run_id, parent_run_id)
-        self.check_trace(self.trace_of(run_id, parent_run_id))
+        self._check(run_id, parent_run_id)
 
     def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: UUID,
                      parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
         self._start(run_id, parent_run_id)
-        self.check_trace(self.trace_of(run_id, parent_run_id))
+        self._check(run_id, parent_run_id)
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
         self._start(run_id, parent_run_id)
-        self.check_trace(self.trace_of(run_id, parent_run_id))
+        self._check(run_id, parent_run_id)
 
     def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID,
                            parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip

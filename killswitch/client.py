@@ -177,6 +177,10 @@ class KillSwitch:
         # Checks that found no trace to check: each one is a tool call nothing guarded.
         self.unguarded = 0
         self._unguarded_warned: set[str] = set()
+        # Adapters' checks whose spans may reach the guard late (an export the adapter could
+        # not make prompt: spanguard.killswitch.export.ensure_prompt_export); warned once.
+        self.late_export = 0
+        self._late_export_warned = False
         # Acks of the signals this process obeyed (None: not written); see killswitch/acks.py.
         producer_config = {
             "bootstrap.servers": bootstrap_servers,
@@ -291,6 +295,19 @@ class KillSwitch:
                 where,
                 what_to_do,
             )
+
+    def note_late_export(self, where: str, problem: str) -> None:
+        """Count a check whose spans may reach the guard late; warn once, naming the fix.
+
+        Never silent: a loop seen seconds late is stopped a dozen calls late."""
+        from spanguard.killswitch.adapters import late_export_warning
+
+        with self._ack_lock:
+            self.late_export += 1
+            first = not self._late_export_warned
+            self._late_export_warned = True
+        if first:
+            log.warning(late_export_warning(where, problem, "KillSwitch.late_export"))
 
     # -- pause: kept apart from check(), which never blocks ---------------------------------
 

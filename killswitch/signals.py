@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from spanguard.killswitch.stop import record_on_current_span
 from spanguard.schemas.decision import AgentIdentity, KillSignal
 
 __all__ = [
@@ -37,7 +38,9 @@ DEFAULT_MAX_TRACES = 10_000
 
 
 class AgentKilled(Exception):
-    """Raised by `check()` in an agent whose trace was killed; carries the signal."""
+    """Raised by `check()` in an agent whose trace was killed; carries the signal, and what a
+    parent process or a log wants of it: `rule`, `action`, `decision_id`, `scope`, `reason`
+    (the attributes of the `spanguard.stop` span event; killswitch/stop.py)."""
 
     def __init__(self, signal: KillSignal) -> None:
         super().__init__(f"spanguard killed {signal.describe_target()}: {signal.reason}")
@@ -45,6 +48,9 @@ class AgentKilled(Exception):
         self.trace_id = signal.trace_id
         self.reason = signal.reason
         self.scope = signal.stops  # "trace", "conversation" or "agent"
+        self.rule = str(signal.rule)
+        self.action = str(signal.kind)  # "kill" (a pause past its deadline: its fallback's kill)
+        self.decision_id = signal.signal_id
 
     def __reduce__(self) -> tuple[type[AgentKilled], tuple[KillSignal]]:
         # The default reduce would call AgentKilled(message): keep it picklable (multiprocessing).
@@ -67,6 +73,10 @@ class AgentPaused(Exception):
         self.reason = signal.reason
         self.until = signal.pause_until
         self.fallback = signal.pause_fallback
+        self.scope = signal.stops
+        self.rule = str(signal.rule)
+        self.action = "pause"
+        self.decision_id = signal.signal_id
 
     def __reduce__(self) -> tuple[type[AgentPaused], tuple[KillSignal]]:
         return (type(self), (self.signal,))
@@ -78,7 +88,8 @@ class _TraceSignals:
 
     signal_ids: set[str] = field(default_factory=set)
     kill: KillSignal | None = None
-    unread_messages: deque[str] = field(default_factory=deque)
+    # A downgrade's message with its signal (the span event names the decision).
+    unread_messages: deque[tuple[str, KillSignal]] = field(default_factory=deque)
     pause: KillSignal | None = None  # waiting for an operator (see AgentPaused)
 
 
@@ -178,7 +189,8 @@ class SignalBook:
                     self._killed[trace_id] = self._watched.pop(trace_id)
                     _trim(self._killed, self.max_traces)
             else:
-                entry.unread_messages.append(signal.system_message or _fallback_message(signal))
+                message = signal.system_message or _fallback_message(signal)
+                entry.unread_messages.append((message, signal))
             return True
 
     def _first_sight(self, entry: _TraceSignals | _ScopeSignals, signal: KillSignal) -> bool:
@@ -241,6 +253,7 @@ class SignalBook:
                 break
             else:
                 return
+        record_on_current_span(kill)
         raise AgentKilled(kill)
 
     def check(
@@ -271,14 +284,29 @@ class SignalBook:
                     self._watched.pop(trace_id, None)
                     self._killed[trace_id] = entry
                     _trim(self._killed, self.max_traces)
+            pause = None
             if entry.pause is not None and entry.kill is None:
                 self._pause_over(trace_id, entry)
-                if entry.pause is not None:
-                    raise AgentPaused(entry.pause)
+                pause = entry.pause
             kill = entry.kill
-            if kill is None:
-                return entry.unread_messages.popleft() if entry.unread_messages else None
-        raise AgentKilled(kill)
+            unread = (
+                entry.unread_messages.popleft()
+                if kill is None and pause is None and entry.unread_messages
+                else None
+            )
+        # Outside the lock: the span event is the agent's own record of why it stopped or
+        # was steered (killswitch/stop.py).
+        if pause is not None:
+            record_on_current_span(pause)
+            raise AgentPaused(pause)
+        if kill is not None:
+            record_on_current_span(kill)
+            raise AgentKilled(kill)
+        if unread is None:
+            return None
+        message, downgrade = unread
+        record_on_current_span(downgrade)
+        return message
 
     # -- pause: the one place that blocks -------------------------------------------------
 

@@ -99,6 +99,12 @@ func atOrAfter(later, earlier string) bool {
 	return !a.Before(b)
 }
 
+// unreadMessage is a downgrade's message with its signal (its span event names the decision).
+type unreadMessage struct {
+	message string
+	signal  *Signal
+}
+
 // AgentPaused is returned by Check in an agent whose trace is paused: it must wait for an
 // operator's `spanguard release` (go on) or `spanguard kill` (stop), or until Until, when the
 // policy's Fallback ("kill" or "release") applies. Wait does the waiting.
@@ -127,7 +133,7 @@ func newAgentPaused(signal *Signal) *AgentPaused {
 type traceSignals struct {
 	signalIDs map[string]bool
 	kill      *Signal
-	unread    []string
+	unread    []unreadMessage
 	pause     *Signal // waiting for an operator (see AgentPaused)
 }
 
@@ -365,13 +371,20 @@ func (b *SignalBook) Deliver(signal *Signal) bool {
 		if signal.SystemMessage != nil {
 			message = *signal.SystemMessage
 		}
-		entry.unread = append(entry.unread, message)
+		// With its signal: the downgrade's span event names the decision (stop.go).
+		entry.unread = append(entry.unread, unreadMessage{message, signal})
 	}
 	return true
 }
 
 // Check returns *AgentKilled if traceID is killed; else a downgrade's message not yet read, or "".
 func (b *SignalBook) Check(traceID string) (string, error) {
+	message, _, err := b.check(traceID)
+	return message, err
+}
+
+// check is Check, with the downgrade whose message it returns (for its span event).
+func (b *SignalBook) check(traceID string) (string, *Signal, error) {
 	id := normalizeTraceID(traceID)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -398,18 +411,18 @@ func (b *SignalBook) Check(traceID string) (string, error) {
 	if entry.pause != nil && entry.kill == nil {
 		b.pauseOver(id, entry)
 		if entry.pause != nil {
-			return "", newAgentPaused(entry.pause)
+			return "", nil, newAgentPaused(entry.pause)
 		}
 	}
 	if entry.kill != nil {
-		return "", &AgentKilled{Signal: entry.kill}
+		return "", nil, &AgentKilled{Signal: entry.kill}
 	}
 	if len(entry.unread) > 0 {
-		message := entry.unread[0]
+		unread := entry.unread[0]
 		entry.unread = entry.unread[1:]
-		return message, nil
+		return unread.message, unread.signal, nil
 	}
-	return "", nil
+	return "", nil, nil
 }
 
 // Wait is Check, and while the trace is paused, blocks until an operator answers: a release

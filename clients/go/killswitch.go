@@ -415,14 +415,20 @@ func (k *KillSwitch) CheckContext(ctx context.Context) (string, error) {
 // checkIn checks the scope, then the trace; `where` names the method for the warning about a
 // check with no trace. A scope kill returns first: that tool call is stopped, not unguarded.
 func (k *KillSwitch) checkIn(ctx context.Context, traceID string, scope CheckScope, where string) (string, error) {
+	// The span the stop event goes on (stop.go): ctx's, so CheckContext records and Check,
+	// given no context, does not.
+	span := trace.SpanFromContext(ctx)
 	if err := k.Signals.CheckScopes(k.scope.resolve(ctx, scope)); err != nil {
+		recordResult(span, nil, err)
 		return "", err
 	}
 	if traceID == "" {
 		k.noteUnguarded(where)
 		return "", nil
 	}
-	return k.Signals.Check(traceID)
+	message, downgrade, err := k.Signals.check(traceID)
+	recordResult(span, downgrade, err)
+	return message, err
 }
 
 // What to do about a check with no trace, by where it found none: Check and CheckIn (given

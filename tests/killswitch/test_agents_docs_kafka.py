@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import threading
 import uuid
 from pathlib import Path
@@ -107,8 +108,10 @@ def test_the_documented_snippets_run_and_stop_a_langgraph_agent(topic, monkeypat
     namespace["switch"].close()
 
     guide = python_blocks(ROOT / "docs" / "agents.md")
-    # The fourth, the in-process guard, needs an agent's exporter: test_inprocess.py covers it.
-    assert len(guide) == 4, "the killswitch, the export processor, LangGraph, the in-process guard"
+    # The last, the in-process guard, needs an agent's exporter: test_inprocess.py covers it.
+    assert len(guide) == 5, (
+        "the killswitch, the export processor, LangGraph, exit_on_stop, the in-process guard"
+    )
     exec(for_the_test(guide[0], topic), namespace)
     exec(guide[1], namespace)
     switch = namespace["switch"]
@@ -139,6 +142,21 @@ def test_the_documented_snippets_run_and_stop_a_langgraph_agent(topic, monkeypat
     assert len(calls) == 4, calls
     assert len(set(checked)) == 1 and None not in checked
     assert switch.unguarded == 0
+
+
+def test_the_documented_exit_on_stop_exits_75_with_the_stop_reason(capsys):
+    (snippet,) = [b for b in python_blocks(ROOT / "docs" / "agents.md") if "exit_on_stop" in b]
+    killed = AgentKilled(kill_signal(uuid.uuid4().hex))
+
+    class StoppedAgent:  # a framework that wraps the AgentKilled, as ADK does
+        def invoke(self, *args: object) -> None:
+            raise RuntimeError("Error in plugin 'spanguard'") from killed
+
+    with pytest.raises(SystemExit) as exited:
+        exec(textwrap.dedent(snippet), {"agent": StoppedAgent()})  # a list item's block
+    assert exited.value.code == 75
+    reason = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert reason["decision_id"] == killed.decision_id and reason["action"] == "kill"
 
 
 def test_start_is_idempotent(topic):

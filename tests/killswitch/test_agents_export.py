@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -85,3 +87,108 @@ def test_a_burst_of_tool_spans_costs_one_export(exported):
 def test_flush_after_must_not_be_negative():
     with pytest.raises(ValueError, match="flush_after"):
         PromptBatchSpanProcessor(InMemorySpanExporter(), flush_after=-1)
+
+
+# -- the adapters on the SDK's defaults: ensure_prompt_export --------------------------------
+
+
+def _sdk_default_provider(exporter):
+    """A provider as a user sets it up: the SDK's BatchSpanProcessor with its 5 s delay."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def test_an_adapters_check_makes_the_sdk_defaults_export_after_each_tool_span():
+    from spanguard.killswitch import SignalBook
+    from spanguard.killswitch.adapters import TraceGate
+
+    exporter = CountingExporter()
+    provider = _sdk_default_provider(exporter)
+    tracer = provider.get_tracer("agent")
+    gate = TraceGate(SignalBook())
+    try:
+        with tracer.start_as_current_span("invoke_agent") as run:
+            trace_id = format(run.get_span_context().trace_id, "032x")
+            gate.check_trace(trace_id)  # before the first tool call
+            gate.check_trace(trace_id)  # looked at once: no second flusher
+            ended = time.monotonic()
+            with tracer.start_as_current_span(
+                "execute_tool search_docs", attributes={"gen_ai.operation.name": "execute_tool"}
+            ):
+                pass
+            wait_until(lambda: exporter.get_finished_spans(), timeout=3, interval=0.002)
+            # The SDK alone would wait 5 s; 20 ms + an export here, loose for a loaded machine.
+            assert exporter.exports[0][0] - ended < 1.0
+        assert gate.late_export == 0
+        flushers = [
+            p
+            for p in provider._active_span_processor._span_processors
+            if type(p).__name__ == "FlushAfterToolSpans"
+        ]
+        assert len(flushers) == 1 and flushers[0].flushes >= 1
+    finally:
+        provider.shutdown()
+
+
+def test_a_provider_the_adapter_cannot_make_prompt_is_warned_about_once_and_counted(caplog):
+    import logging
+
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from spanguard.killswitch.adapters import TraceGate
+    from spanguard.killswitch.client import KillSwitch
+
+    class ShipsSomewhere(SpanProcessor):  # a vendor's processor: nothing says when it exports
+        pass
+
+    provider = TracerProvider()
+    provider.add_span_processor(ShipsSomewhere())
+    switch = KillSwitch("127.0.0.1:1", signing_key="k" * 32, start=False)
+    gate = TraceGate(switch)
+    tracer = provider.get_tracer("agent")
+    with (
+        caplog.at_level(logging.WARNING, logger="spanguard.killswitch"),
+        tracer.start_as_current_span("invoke_agent") as run,
+    ):
+        trace_id = format(run.get_span_context().trace_id, "032x")
+        for _ in range(3):
+            gate.check_trace(trace_id)
+    assert gate.late_export == 3 and switch.late_export == 3
+    warnings = [r.getMessage() for r in caplog.records if "late" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "ShipsSomewhere" in warnings[0] and "OTEL_BSP_SCHEDULE_DELAY" in warnings[0]
+    assert "PromptBatchSpanProcessor" in warnings[0] and "KillSwitch.late_export" in warnings[0]
+    provider.shutdown()
+
+
+def test_no_sdk_provider_is_warned_about_too():
+    """A no-op provider (none set): the adapter cannot make spans leave, and says so."""
+    code = (
+        "from spanguard.killswitch.export import ensure_prompt_export;"
+        "print(ensure_prompt_export(None))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "no OpenTelemetry SDK tracer provider" in result.stdout, result.stderr
+    assert "ProxyTracerProvider" in result.stdout
+
+
+def test_prompt_and_simple_processors_need_no_help():
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    from spanguard.killswitch.export import ensure_prompt_export
+
+    exporter = InMemorySpanExporter()
+    for processor in (
+        PromptBatchSpanProcessor(exporter),
+        SimpleSpanProcessor(exporter),
+        BatchSpanProcessor(exporter, schedule_delay_millis=50),  # OTEL_BSP_SCHEDULE_DELAY=50
+    ):
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        with provider.get_tracer("agent").start_as_current_span("run") as span:
+            assert ensure_prompt_export(span) is None
+        assert len(provider._active_span_processor._span_processors) == 1  # nothing added
+        provider.shutdown()

@@ -7,8 +7,9 @@ The agent exports OTLP/HTTP to the real Collector, whose kafka exporter feeds th
 from SPANGUARD_SIGNING_KEY_FILE (the stack's own key file, made by `scripts/stack.sh key-file`).
 
     python -m tests.support.guarded_agents matrix     # every row: calls before the stop, latency
-    python -m tests.support.guarded_agents export     # calls before the stop per step time,
-                                                      # the SDK's export defaults vs. spanguard's
+    python -m tests.support.guarded_agents export     # calls before the stop per step time: the
+                                                      # SDK's defaults without the adapter's prompt
+                                                      # export, with it, and PromptBatchSpanProcessor
 
 Every agent runs in a process of its own (`run` below): instrumentors patch globally.
 """
@@ -61,7 +62,11 @@ ROWS: dict[str, tuple[str, str]] = {
     "google-adk": ("google-adk", "RuntimeError"),  # "Error in plugin 'spanguard' ..."
     "strands": ("strands", "EventLoopException"),
 }
-EXPORTS = ("prompt", "sdk-default")
+# "sdk-default": the plain BatchSpanProcessor (5 s) + OTLP exporter, as a user sets it up; the
+# adapters alone must make it prompt. "prompt": PromptBatchSpanProcessor, installed by hand.
+# "sdk-unhelped": the SDK's defaults with the adapter's prompt export switched off, as every
+# adapter was before issue 42 (for the `export` table only).
+EXPORTS = ("sdk-default", "prompt", "sdk-unhelped")
 
 
 @dataclass
@@ -77,6 +82,9 @@ class Outcome:
     # Seconds from the end of the call that tripped the rule to the signal in the agent's book.
     stop_latency_s: float | None = None
     unguarded: int = 0
+    late_export: int = 0  # checks whose spans the adapter could not make leave in time
+    # The spanguard.stop event on the agent's spans (exported in-process too): its action.
+    stop_event: str | None = None
 
 
 # -- one agent, in its own process ---------------------------------------------------------
@@ -115,6 +123,17 @@ def _provider(endpoint: str, export: str, service: str) -> Any:
     )
     provider.add_span_processor(processor)
     return provider
+
+
+def _stop_events(provider: Any) -> Any:
+    """The agent's ended spans in memory as well (a SimpleSpanProcessor: an adapter knows it
+    exports at once), for the spanguard.stop events the kill left on them."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
 
 
 def _adapter(library: str, switch: Any) -> Any:
@@ -166,6 +185,9 @@ class SeenTraces:
     def note_unguarded(self, where: str, what_to_do: str) -> None:
         self.switch.note_unguarded(where, what_to_do)
 
+    def note_late_export(self, where: str, problem: str) -> None:
+        self.switch.note_late_export(where, problem)
+
 
 def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: str,
         step_delay: float, export: str) -> Outcome:  # fmt: skip
@@ -175,6 +197,11 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: s
 
     library = agents.LIBRARIES[ROWS[row][0]]
     provider = _provider(endpoint, export, f"{row}-{scenario}")
+    in_memory = _stop_events(provider)
+    if export == "sdk-unhelped":
+        from spanguard.killswitch import adapters
+
+        adapters._prompt_export = lambda span: None  # this process is this one agent
     library.instrument(provider, "capture")
     # The key from SPANGUARD_SIGNING_KEY_FILE: the variable the worker reads.
     switch = KillSwitch(BOOTSTRAP, kill_topic, ack_topic=ack_topic)
@@ -211,6 +238,16 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: s
     outcome.calls = len(script.call_times)
     outcome.trace_ids = seen.trace_ids
     outcome.unguarded = switch.unguarded
+    outcome.late_export = switch.late_export
+    outcome.stop_event = next(
+        (
+            str((event.attributes or {}).get("spanguard.action"))
+            for span in in_memory.get_finished_spans()
+            for event in span.events
+            if event.name == "spanguard.stop"
+        ),
+        None,
+    )
     if arrived and len(script.call_times) >= TRIPS_AT:
         outcome.stop_latency_s = round(arrived[0] - script.call_times[TRIPS_AT - 1], 3)
     return outcome
@@ -337,7 +374,7 @@ def missing(row: str) -> str | None:
 
 
 def run_row(stack: Stack, row: str, scenario: str, *, step_delay: float = STEP_DELAY,
-            export: str = "prompt", timeout: float = 120) -> Outcome:  # fmt: skip
+            export: str = "sdk-default", timeout: float = 120) -> Outcome:  # fmt: skip
     """`run` in a fresh interpreter (the library's instrumentation patches globally)."""
     library = agents.LIBRARIES[ROWS[row][0]]
     env = {
@@ -373,13 +410,13 @@ def explain(stack: Stack, trace_id: str, timeout: float = 20) -> str:
 def format_rows(outcomes: list[Outcome]) -> str:
     lines = [
         f"{'row':30} {'scenario':8} {'export':12} {'step s':>6} {'status':8} {'calls':>5}"
-        f" {'stop latency':>12}  exception"
+        f" {'stop latency':>12} {'event':5}  exception"
     ]
     for o in outcomes:
         latency = f"{o.stop_latency_s * 1000:.0f} ms" if o.stop_latency_s is not None else "-"
         lines.append(
             f"{o.row:30} {o.scenario:8} {o.export:12} {o.step_delay:6.1f} {o.status:8}"
-            f" {o.calls:5d} {latency:>12}  {' <- '.join(o.exception) or '-'}"
+            f" {o.calls:5d} {latency:>12} {o.stop_event or '-':5}  {' <- '.join(o.exception) or '-'}"
         )
     return "\n".join(lines)
 
@@ -394,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--kill-topic", required=True)
     one.add_argument("--ack-topic", required=True)
     one.add_argument("--step-delay", type=float, default=STEP_DELAY)
-    one.add_argument("--export", choices=EXPORTS, default="prompt")
+    one.add_argument("--export", choices=EXPORTS, default="sdk-default")
     offline = sub.add_parser("offline", help=argparse.SUPPRESS)
     offline.add_argument("row", choices=ROWS)
     matrix = sub.add_parser("matrix", help="every row against the real stack")
@@ -420,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(format_rows(outcomes[-1:]).splitlines()[1], flush=True)
         else:
             for step in args.steps:
-                for how in ("sdk-default", "prompt"):
+                for how in ("sdk-unhelped", "sdk-default", "prompt"):
                     outcomes.append(run_row(running, args.row, "loop", step_delay=step, export=how))
                     print(format_rows(outcomes[-1:]).splitlines()[1], flush=True)
     print(format_rows(outcomes))

@@ -561,7 +561,8 @@ def build() -> dict[str, Any]:
             " its bytes when they are not text; python_lax: the Python reader of this checkout"
             " does not decide it strictly yet. sequences: a book's answers, step by step;"
             " scope_resolution: what a check stands for; unguarded_checks: checks with no"
-            " trace, counted and warned about once."
+            " trace, counted and warned about once; stop_events: the span event a check that"
+            " stops or steers the agent adds to the active span."
         ),
         "now": NOW,
         "keys": KEYS,
@@ -574,7 +575,55 @@ def build() -> dict[str, Any]:
         ],
         "scope_resolution": _scope_resolution(),
         "unguarded_checks": _unguarded_checks(),
+        "stop_events": _stop_events(kill, downgrade),
     }
+
+
+def _stop_events(kill: dict[str, Any], downgrade: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a check that stops or steers the agent records on the active span, alike in every
+    language: `spanguard.stop` (a kill; a pause too) or `spanguard.downgrade` (when its message
+    is handed over), with these five attributes; the AgentKilled carries the same values.
+
+    Each case: deliver `signal` (read with the current key at `now`), check `check` inside an
+    active span, and expect `expect` ("killed" or "message") and exactly `event` on that span;
+    the same check again adds no second event."""
+    conversation_kill = signed(CONVERSATION_KILL)
+
+    def event(record: dict[str, Any], name: str = "spanguard.stop") -> dict[str, Any]:
+        return {
+            "name": name,
+            "attributes": {
+                "spanguard.rule": record["rule"],
+                "spanguard.action": record["kind"],
+                "spanguard.decision_id": record["signal_id"],
+                "spanguard.scope": record.get("scope", "trace"),
+                "spanguard.reason": record["reason"],
+            },
+        }
+
+    return [
+        {
+            "name": "a kill of the trace",
+            "signal": text(kill),
+            "check": {"trace": TRACE},
+            "expect": "killed",
+            "event": event(kill),
+        },
+        {
+            "name": "a downgrade, when its message is handed over",
+            "signal": text(downgrade),
+            "check": {"trace": TRACE},
+            "expect": "message",
+            "event": event(downgrade, "spanguard.downgrade"),
+        },
+        {
+            "name": "a kill of the conversation",
+            "signal": text(conversation_kill),
+            "check": {"trace": TRACE, "conversation": CONVERSATION},
+            "expect": "killed",
+            "event": event(conversation_kill),
+        },
+    ]
 
 
 def _pause_vectors(

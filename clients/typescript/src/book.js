@@ -2,6 +2,7 @@
 // The same semantics as the Python killswitch's SignalBook (killswitch/signals.py).
 
 import { parseDateTime } from './signal.js';
+import { recordOnActiveSpan } from './stop.js';
 
 export const DEFAULT_MAX_TRACES = 10_000;
 // A wait re-checks at least this often, so a deadline is met even if the clock jumps.
@@ -16,6 +17,10 @@ export class AgentKilled extends Error {
     this.traceId = signal.traceId;
     this.reason = signal.reason;
     this.scope = signal.scope ?? 'trace'; // 'trace', 'conversation' or 'agent'
+    // As the spanguard.stop span event names them (stop.js).
+    this.rule = signal.rule;
+    this.action = signal.kind;
+    this.decisionId = signal.signalId;
   }
 }
 
@@ -35,6 +40,10 @@ export class AgentPaused extends Error {
     this.reason = signal.reason;
     this.until = signal.pauseUntil;
     this.fallback = signal.pauseFallback;
+    this.scope = signal.scope ?? 'trace';
+    this.rule = signal.rule;
+    this.action = 'pause';
+    this.decisionId = signal.signalId;
   }
 }
 
@@ -157,7 +166,8 @@ export class SignalBook {
         this.killed.set(traceId, entry);
       }
     } else {
-      entry.unread.push(signal.systemMessage ?? fallbackMessage(signal));
+      // With its signal: the downgrade's span event names the decision.
+      entry.unread.push({ message: signal.systemMessage ?? fallbackMessage(signal), signal });
     }
     return true;
   }
@@ -200,6 +210,7 @@ export class SignalBook {
         entry.kill = null; // its window freed: the scope goes on
         continue;
       }
+      recordOnActiveSpan(entry.kill);
       throw new AgentKilled(entry.kill);
     }
   }
@@ -229,10 +240,19 @@ export class SignalBook {
     }
     if (entry.pause !== null && entry.kill === null) {
       this.pauseOver(id, entry);
-      if (entry.pause !== null) throw new AgentPaused(entry.pause);
+      if (entry.pause !== null) {
+        recordOnActiveSpan(entry.pause);
+        throw new AgentPaused(entry.pause);
+      }
     }
-    if (entry.kill !== null) throw new AgentKilled(entry.kill);
-    return entry.unread.length ? entry.unread.shift() : null;
+    if (entry.kill !== null) {
+      recordOnActiveSpan(entry.kill);
+      throw new AgentKilled(entry.kill);
+    }
+    if (!entry.unread.length) return null;
+    const { message, signal } = entry.unread.shift();
+    recordOnActiveSpan(signal);
+    return message;
   }
 
   /**

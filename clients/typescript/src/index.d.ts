@@ -44,6 +44,10 @@ export class AgentKilled extends Error {
   readonly reason: string;
   /** What the kill stops: the trace, its conversation or its agent. */
   readonly scope: 'trace' | 'conversation' | 'agent';
+  /** The rule that decided, the action ('kill') and the worker's decision id. */
+  readonly rule: string;
+  readonly action: string;
+  readonly decisionId: string;
 }
 
 /** Who is checking, beyond the trace: a conversation or agent kill stops every trace of it. */
@@ -61,6 +65,10 @@ export class AgentPaused extends Error {
   readonly reason: string;
   readonly until: string;
   readonly fallback: 'kill' | 'release';
+  readonly scope: 'trace' | 'conversation' | 'agent';
+  readonly rule: string;
+  readonly action: 'pause';
+  readonly decisionId: string;
 }
 
 export const DEFAULT_MAX_TRACES: number;
@@ -187,3 +195,18 @@ export function readSignal(value: Uint8Array | null | undefined, keys: Map<strin
 export function sign(record: Record<string, unknown>, key: string | Uint8Array): Record<string, unknown>;
 export function verify(record: Record<string, unknown>, keys: Map<string, Uint8Array>): 'valid' | 'unsigned' | 'unknown_key' | 'forged';
 export function canonicalJson(value: unknown): string;
+
+/** The span events a kill, pause or downgrade leaves on the active span (stop.js). */
+export const STOP_EVENT: 'spanguard.stop';
+export const DOWNGRADE_EVENT: 'spanguard.downgrade';
+/** The exit status of an agent process the guard stopped. */
+export const EXIT_KILLED: 75;
+export function stopAttributes(signal: KillSignal): Record<string, string>;
+export function recordOnActiveSpan(signal: KillSignal): boolean;
+export function findStop(error: unknown): AgentKilled | AgentPaused | null;
+export function stopReason(stop: AgentKilled | AgentPaused): Record<string, string>;
+/** Run fn; a guard's stop becomes exit(EXIT_KILLED) after one JSON line on stderr. */
+export function exitOnStop<T>(
+  fn: () => T | Promise<T>,
+  options?: { exit?: (code: number) => never; stderr?: { write(text: string): unknown } },
+): Promise<T>;

@@ -23,3 +23,13 @@ export {
   verify,
 } from './signal.js';
 export { canonicalJson } from './json.js';
+export {
+  DOWNGRADE_EVENT,
+  EXIT_KILLED,
+  STOP_EVENT,
+  exitOnStop,
+  findStop,
+  recordOnActiveSpan,
+  stopAttributes,
+  stopReason,
+} from './stop.js';
