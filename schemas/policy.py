@@ -3,7 +3,7 @@
 Shape (every field optional):
 
     defaults:
-      loop: {window: 10, threshold: 4, enabled: true}
+      loop: {window: 10, threshold: 3, enabled: true}
       polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
       tools: {}                  # tool name -> {threshold, window} for tool_loop, or
                                  #   {exempt: true}: no rule counts its calls, or
@@ -119,7 +119,7 @@ class AgentPolicy:
     """The settings in force for one agent."""
 
     window: int = 10
-    threshold: int = 4
+    threshold: int = 3
     loop_enabled: bool = True  # false: tool_loop is off for this agent
     polling_enabled: bool = True  # false: tool_polling is off for this agent
     # Tool name -> its own tool_loop threshold/window, or exempt from every rule.

@@ -10,8 +10,8 @@ A result is one of four things, and the call's key (tool, args hash, result) car
   nothing. Whether that is work done depends on the tool (see `is_new_work`).
 - anything else: content, hashed like arguments (canonical JSON) after what changes on every
   execution is taken out: volatile keys (the policy's, and ids and times of an execution:
-  `command_id`, `pid`, `created_at`, any `..._id`), and in text UUIDs, timestamps and long hex
-  ids. A write called twice whose results differ only by the new record's id is one result.
+  `command_id`, `pid`, any `..._id`/`...Id`, `..._at`/`...At`), and in text UUIDs, timestamps,
+  long hex ids, process numbers and name-number ids (`exec-7`, `certificate_7654321`). A write called twice whose results differ only by the new record's id is one result.
 
 A result hashed before the span left (`spanguard.tool.result_hash`) is recognised as `EMPTY`
 when it is the hash of an empty shape, and is content otherwise.
@@ -115,6 +115,7 @@ _VOLATILE_TEXT: Final = re.compile(
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"  # times
     r"|\b[0-9a-f]{24,}\b"  # long hex ids (object ids, digests)
     r"|\b(?:pid|process|command_id|job)[ =:#]+\d+"  # a process's number
+    r"|\b[A-Za-z][A-Za-z0-9]*[-_]\d+\b"  # a name and a number: exec-7, certificate_7654321
 )
 # Longer texts are compared as they are: the pass over them is bounded.
 MAX_NORMALISED_CHARS: Final = 1 << 20
@@ -199,7 +200,10 @@ def _normalised(value: Any, depth: int = 0) -> Any:
             for key, item in value.items()
             if not (
                 type(key) is str
-                and (key in RESULT_VOLATILE_KEYS or key.endswith("_id") or key.endswith("Id"))
+                and (
+                    key in RESULT_VOLATILE_KEYS
+                    or key.endswith(("_id", "Id", "_at", "At"))  # ids, times (camelCase too)
+                )
             )
         }
     if kind is list:

@@ -6,7 +6,7 @@ These tests replay the checked-in files and need neither node nor go; the last t
 agents where node or go is there.
 
 Per (library, mode) the expected decisions follow from what the mode records:
-- `full`: arguments and results: both loops killed at their 4th call, the empty searches
+- `full`: arguments and results: both loops killed at their 3rd call, the empty searches
   flagged as no progress, nothing else;
 - `args`: arguments without results: a call whose result is not recorded is the same call,
   so the polled job is a loop too (the documented price of hiding results), and different
@@ -71,8 +71,10 @@ TYPESCRIPT = [name for name in LIBRARIES if name != "genkit"]
 # Genkit keeps a model call's usage inside its genkit:output document only: no budget to check.
 WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
-LOOP = [("tool_loop", "kill", 4)]
-CYCLE = [("cycle", "kill", 3)]  # hits: the rounds (the default `repeats`)
+LOOP = [("tool_loop", "kill", 3)]
+# A round of calls repeated: its first call made a third time with nothing new between, at
+# the start of the third round (before the cycle rule's call ending it).
+CYCLE = [("tool_loop", "kill", 3)]
 EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
     "full": {
         "loop_volatile": LOOP,
@@ -105,7 +107,7 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
     },
     "none": {scenario: [] for scenario in SCENARIOS},
 }
-# The tool each scenario's loop is about, for the span id of its 4th call.
+# The tool each scenario's loop is about, for the span id of its 3rd call.
 LOOP_TOOL = {"loop_volatile": "search_docs", "loop_identical": "search_docs"}
 TOOL_NAME_KEYS = ("gen_ai.tool.name", "tool.name", "ai.toolCall.name", "genkit:name")
 
@@ -174,10 +176,10 @@ def test_expected_against_decided_per_framework_and_scenario(capsys):
     ("name", "mode"), [case for case in CASES if LIBRARIES[case[0]][0][case[1]] != "none"]
 )
 @pytest.mark.parametrize("scenario", sorted(LOOP_TOOL))
-def test_a_loop_is_killed_on_the_span_of_its_fourth_call(name, mode, scenario):
+def test_a_loop_is_killed_on_the_span_of_its_third_call(name, mode, scenario):
     [decision] = replayed(name, mode).decisions[scenario]
-    fourth = tool_span_ids(name, mode, scenario, LOOP_TOOL[scenario])[3]
-    assert decision["span_id"] == fourth and decision["tool_name"] == "search_docs"
+    third = tool_span_ids(name, mode, scenario, LOOP_TOOL[scenario])[2]
+    assert decision["span_id"] == third and decision["tool_name"] == "search_docs"
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,7 @@ CLI (`spanguard replay`, the shipped default policy).
 
 Per (library, mode): the decisions each rule takes on the healthy scenarios (the target is 0)
 and, for each stuck scenario, which rule caught it at which call (the earliest call its rule
-can: a loop's 4th identical call, a cycle's call completing its third round, the empty index's
-4th rephrasing). `pytest -s` prints the table.
+can). `pytest -s` prints the table.
 """
 
 from __future__ import annotations
@@ -27,12 +26,14 @@ from tests.detection.test_instrumentation_fixtures import (
 from tests.support.instrumented_agents import SCENARIOS
 
 HEALTHY = ("distinct", "retry", "polling", "round_fresh", "tests_improving", "canned_ok")
-# Stuck scenario -> (the rule that must catch it, the call at which it can first).
+# Stuck scenario -> (the rule that must catch it, the call at which it can first): a loop's
+# third identical call, a round's first call made a third time (the start of the third
+# round), the empty index's fourth rephrasing.
 STUCK = {
-    "loop_volatile": ("tool_loop", 4),
-    "loop_identical": ("tool_loop", 4),
-    "cycle_4": ("cycle", 12),
-    "cycle_8": ("cycle", 24),
+    "loop_volatile": ("tool_loop", 3),
+    "loop_identical": ("tool_loop", 3),
+    "cycle_4": ("tool_loop", 9),
+    "cycle_8": ("tool_loop", 17),
     "no_progress": ("no_progress", 4),
 }
 

@@ -155,6 +155,22 @@ def to_request(run: Run, *, start_ns: int = 1_700_000_000_000_000_000) -> tuple[
 
     context = trace.set_span_in_context(root)
     incoming: list[dict[str, Any]] = []
+
+    def model_turn() -> None:
+        nonlocal now, incoming
+        chat = tracer.start_span(
+            "chat",
+            context=context,
+            start_time=now,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": json.dumps(incoming, ensure_ascii=False),
+            },
+        )
+        now += TURN_NS
+        chat.end(end_time=now)
+        incoming = []
+
     for step in run.steps:
         kind = step["type"]
         if kind == "user":
@@ -163,19 +179,10 @@ def to_request(run: Run, *, start_ns: int = 1_700_000_000_000_000_000) -> tuple[
                 {"role": "user", "parts": [{"type": "text", "content": step.get("text", "")}]}
             )
         elif kind == "model":
-            chat = tracer.start_span(
-                "chat",
-                context=context,
-                start_time=now,
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.input.messages": json.dumps(incoming, ensure_ascii=False),
-                },
-            )
-            now += TURN_NS
-            chat.end(end_time=now)
-            incoming = []
+            model_turn()
         elif is_agent_call(step):
+            if incoming and incoming[-1]["role"] == "user":
+                model_turn()  # the model heard the user before it called the tool
             attributes: dict[str, Any] = {
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": step["name"],

@@ -33,8 +33,8 @@ __all__ = ["EMPTY_RESULT_DIGESTS", "NoProgress", "says_nothing"]
 class NoProgress(ToolCallRule):
     name = "no_progress"
     catches = (
-        "`threshold` different calls of one tool in the loop window, one same result that says"
-        " nothing came back (empty, null, an error, no results)"
+        "`threshold` different calls of one tool in the loop window that all found nothing"
+        " (empty, no results), with no hit of the tool between"
     )
     settings = "no_progress: {threshold: 4, action: flag}"
     default_action = "flag"

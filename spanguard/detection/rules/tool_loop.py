@@ -62,8 +62,11 @@ def recorded_arguments(call: ToolCall, policy: AgentPolicy) -> Any:
 
 class ToolLoop(ToolCallRule):
     name = "tool_loop"
-    catches = "the same call with the same result, `threshold` times in the last `window` calls"
-    settings = "loop: {window: 10, threshold: 4}"
+    catches = (
+        "the same call with the same result (or failing again), `threshold` times in the last"
+        " `window` calls with no new work between"
+    )
+    settings = "loop: {window: 10, threshold: 3}"
     default_action = "kill"
 
     def wanted(self, policy: AgentPolicy) -> str:

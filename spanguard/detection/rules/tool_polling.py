@@ -19,8 +19,8 @@ __all__ = ["ToolPolling"]
 class ToolPolling(ToolCallRule):
     name = "tool_polling"
     catches = (
-        "the same call whose result keeps changing (a job polled), `threshold` times in the"
-        " last `window`"
+        "the same call whose result changes without progressing (answers seen before),"
+        " `threshold` times in the last `window`"
     )
     settings = "polling: {window: 30, threshold: 20, tools: []}"
     default_action = "kill"
