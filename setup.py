@@ -22,6 +22,7 @@ COMPILED_MODULES = [
     "spanguard/detection/conventions.py",
     "spanguard/detection/canonical.py",
     "spanguard/detection/trace_state.py",
+    "spanguard/detection/results.py",
     "spanguard/detection/rules/base.py",
     "spanguard/detection/rules/tool_loop.py",
     "spanguard/detection/rules/cycle.py",

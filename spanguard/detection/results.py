@@ -82,6 +82,14 @@ COUNT_KEYS: Final = frozenset(
 # `{"status": "error"}` and its kin.
 ERROR_STATUSES: Final = frozenset({"error", "failed", "failure"})
 _ERROR_TEXT: Final = re.compile(r"^\s*(error|exception|traceback)\b", re.IGNORECASE)
+# What tools and harnesses write when a call failed, anywhere in its first line: a shell's
+# and an editor's refusals (SWE-agent's "Your proposed edit has introduced new syntax error(s)").
+_FAILURE_TEXT: Final = re.compile(
+    r"syntax error|command not found|no such file or directory|permission denied"
+    r"|is not defined|cannot be (?:modified|cancelled|found)",
+    re.IGNORECASE,
+)
+_FIRST_LINE_CHARS: Final = 300
 _TRIM: Final = " \t\r\n.!:;\"'`"
 _MAX_DEPTH: Final = 4
 
@@ -126,6 +134,9 @@ def _text_kind(text: str) -> str | None:
     if not stripped:
         return NOTHING if not text.strip() else EMPTY
     if _ERROR_TEXT.match(text):
+        return ERROR
+    first = text[:_FIRST_LINE_CHARS].partition("\n")[0]
+    if _FAILURE_TEXT.search(first):
         return ERROR
     if len(stripped) <= 24 and stripped.lower() in NOTHING_TEXTS:
         return EMPTY

@@ -320,7 +320,9 @@ def truth(run: Run, labels: dict[str, dict[str, Any]]) -> tuple[str | None, int 
 
 
 def precision(found: Iterable[RunDecisions], labels: dict[str, dict[str, Any]]):
-    """{(source, rule): Cell}, rule "any" for the first decision of every rule."""
+    """{(source, rule): Cell}: rule "any" for every rule together (a loop caught by the
+    first decision on it); a rule's row counts its decisions on healthy runs and the loops it
+    decided first (its `loops`)."""
     from spanguard.detection.rules import RULES
 
     table: dict[tuple[str, str], Cell] = defaultdict(Cell)
@@ -341,7 +343,7 @@ def precision(found: Iterable[RunDecisions], labels: dict[str, dict[str, Any]]):
                 cell.healthy_kills += sum(1 for d in mine if d[1] in ("kill", "downgrade", "pause"))
                 cell.healthy_flags += sum(1 for d in mine if d[1] == "flag")
                 continue
-            if rule != "any":
+            if rule != "any" and (not mine or item.decisions[0] != mine[0]):
                 continue  # a loop is caught by the first rule that decides on it
             cell.loops += 1
             if not mine:
@@ -360,7 +362,7 @@ def precision(found: Iterable[RunDecisions], labels: dict[str, dict[str, Any]]):
 def render(table) -> str:
     lines = [HEADER]
     for (source, rule), cell in sorted(table.items()):
-        if rule == "any" or cell.healthy_kills or cell.healthy_flags:
+        if rule == "any" or cell.healthy_kills or cell.healthy_flags or cell.loops:
             lines.append(cell.row(source, rule))
     return "\n".join(lines)
 
