@@ -7,6 +7,7 @@ Shape (every field optional):
       polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
       tools: {}                  # tool name -> {threshold, window} for tool_loop, or
                                  #   {exempt: true}: no rule counts its calls, or
+                                 #   {exempt_when: {action: [scroll_down]}}: those calls, or
                                  #   {cycle: false}: a cycle with a call of it does not trip
       cycle: {max_period: 10, repeats: 3, enabled: true}  # a sequence of calls repeated
       no_progress: {threshold: 4, action: flag}  # different calls, one same empty result
@@ -112,6 +113,21 @@ class ToolPolicy:
     window: int | None = None
     exempt: bool = False  # no rule counts its calls (a `sleep`, a `wait_for_job` poller)
     cycle: bool = True  # False: a cycle with a call of this tool in it does not trip
+    # Argument -> values: a call whose argument has one of them is exempt (a browser tool's
+    # `action: scroll_down`), the tool's other calls are counted.
+    exempt_when: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def exempts(self, arguments: Any) -> bool:
+        """Whether a call with these (decoded) arguments is exempt from every rule."""
+        if self.exempt:
+            return True
+        if not self.exempt_when or not isinstance(arguments, dict):
+            return False
+        for name, values in self.exempt_when:
+            value = arguments.get(name)
+            if isinstance(value, str | int | float | bool) and str(value) in values:
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +210,14 @@ class AgentPolicy:
         if "tools" in settings:
             tools = dict(self.tools)
             for name, values in settings["tools"].items():
+                values = dict(values)
+                if "exempt_when" in values:
+                    values["exempt_when"] = tuple(
+                        sorted(
+                            (str(argument), frozenset(map(str, matched)))
+                            for argument, matched in values["exempt_when"].items()
+                        )
+                    )
                 tools[name] = replace(tools.get(name, ToolPolicy()), **values)
             changes["tools"] = tuple(sorted(tools.items()))
         polling = settings.get("polling") or {}
@@ -426,6 +450,10 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
                     ("window", tool.window),
                     ("exempt", tool.exempt),
                     ("cycle", tool.cycle),
+                    (
+                        "exempt_when",
+                        {argument: sorted(values) for argument, values in tool.exempt_when} or None,
+                    ),
                 )
                 if value is not None
             }

@@ -534,7 +534,7 @@ class Guard:
         """Key the call once, slide the window, let the rules count it, then decide in turn."""
         if policy.tools:
             tool_policy = policy.tool(call.tool_name)
-            if tool_policy is not None and tool_policy.exempt:
+            if tool_policy is not None and tool_policy.exempts(call.arguments):
                 self.stats.tool_calls += 1
                 self._tell_call(trace_id, state, call, None)
                 return None  # the policy exempts this tool: no rule counts it
