@@ -60,7 +60,7 @@ test-failover: install
 	$(BIN)/pytest -q -s -m broker_failover tests/streams/test_failover_kafka.py
 
 # Every framework x instrumentation x adapter row against the real stack (Collector, default
-# worker, KillSwitch): the looping agent stops at its 4th call, its healthy twin finishes; each
+# worker, KillSwitch): the looping agent stops at its 3rd call, its healthy twin finishes; each
 # row prints its calls before the stop and the stop latency (`make test` runs one row).
 # Google ADK and strands run in virtualenvs of their own (made or brought up to date here).
 test-agents: install kafka-up collector

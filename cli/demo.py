@@ -108,7 +108,7 @@ def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
                         agent_name,
                         f"call {result.calls}: {tool}({arguments['query']!r}) -> no results",
                     )
-                    if result.calls == 4:
+                    if result.calls == 3:  # the default loop.threshold: this call trips it
                         tripped_at = time.monotonic()
                 elif result.calls % 10 == 0:
                     _say(
@@ -176,7 +176,7 @@ def run_demo(root: Path, step_delay: float) -> int:
     if support is not None and support.kill_latency_s is not None:
         print(
             f"demo: the kill signal reached the support agent {support.kill_latency_s * 1000:.0f} ms"
-            " after its 4th identical call",
+            " after its 3rd identical call",
             flush=True,
         )
     summary_support = (

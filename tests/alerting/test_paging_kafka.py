@@ -83,10 +83,10 @@ def test_one_incident_with_the_exact_payload_and_none_for_other_agents(paging_st
     assert payload["source"] == "autopilot"
     assert payload["severity"] == "critical"
     assert "autopilot" in payload["summary"] and "tool_loop" in payload["summary"]
-    assert "restart_service called 4x in last 4 steps" in payload["summary"]
+    assert "restart_service called 3x in last 3 steps" in payload["summary"]
     details = payload["custom_details"]
     assert details["trace_id"] == autonomous.trace_id
-    assert (details["tool_name"], details["hits"], details["window"]) == ("restart_service", 4, 10)
+    assert (details["tool_name"], details["hits"], details["window"]) == ("restart_service", 3, 10)
     assert len(details["args_hash"]) == 16
     assert event["links"] == [
         {"href": f"https://tempo.example/trace/{autonomous.trace_id}", "text": "trace"}

@@ -1,5 +1,5 @@
 """End to end in other languages: a TypeScript and a Go agent -> OTLP -> the real Collector ->
-Kafka -> the worker -> their own killswitch, killed before their fifth identical call.
+Kafka -> the worker -> their own killswitch, killed before their fourth identical call.
 
 - TypeScript: tests/support/ts_agents/e2e_agent.mjs, a real AI SDK 6 agent (scripted model)
   whose spans are the AI SDK's own legacy `ai.*` telemetry, and clients/typescript's
@@ -8,7 +8,7 @@ Kafka -> the worker -> their own killswitch, killed before their fifth identical
   clients/go's KillSwitch.
 
 Each agent thinks STEP_DELAY between calls, so the signal has that long, from the end of the
-4th call's span, to reach it before the 5th: the measured latency is printed.
+3rd call's span, to reach it before the 4th: the measured latency is printed.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def agent_flags(topics: Topics, http_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def check_killed_before_the_fifth_call(result: dict, language: str) -> None:
+def check_killed_before_the_fourth_call(result: dict, language: str) -> None:
     assert result["status"] == "killed", result
-    assert result["calls"] == 4, result
-    assert result["reason"].startswith("search_docs called 4x"), result
+    assert result["calls"] == 3, result
+    assert result["reason"].startswith("search_docs called 3x"), result
     assert result["kill_latency_s"] is not None
     print(
-        f"\n{language} agent: killed after 4 calls, kill latency {result['kill_latency_s']:.3f} s"
+        f"\n{language} agent: killed after 3 calls, kill latency {result['kill_latency_s']:.3f} s"
     )
 
 
@@ -83,13 +83,13 @@ def go_agent(tmp_path: Path) -> Path:
 def test_an_ai_sdk_agent_is_killed_through_the_typescript_killswitch(stack, node_ready):  # noqa: F811
     topics, http_port = stack
     command = ["node", "e2e_agent.mjs", *agent_flags(topics, http_port), str(STEP_DELAY)]
-    check_killed_before_the_fifth_call(result_of(command, SIGNING_KEY, TS_AGENTS), "TypeScript")
+    check_killed_before_the_fourth_call(result_of(command, SIGNING_KEY, TS_AGENTS), "TypeScript")
 
 
 def test_a_go_agent_is_killed_through_the_go_killswitch(stack, go_agent):  # noqa: F811
     topics, http_port = stack
     command = [str(go_agent), *agent_flags(topics, http_port), f"{STEP_DELAY}s"]
-    check_killed_before_the_fifth_call(result_of(command, SIGNING_KEY, GO_AGENT), "Go")
+    check_killed_before_the_fourth_call(result_of(command, SIGNING_KEY, GO_AGENT), "Go")
 
 
 def test_a_forged_signal_does_not_kill_the_typescript_agent(stack, node_ready):  # noqa: F811

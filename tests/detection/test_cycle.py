@@ -38,6 +38,11 @@ def run(guard: Guard, spans) -> list:
     return [d for request in one_request_per_span(spans) for d in guard.process(request)]
 
 
+# tool_loop switched off: a round short enough for tool_loop's window (10) to hold the first
+# calls of three rounds (period <= 4) is caught by tool_loop first, at call 2p+1.
+NO_LOOP = "defaults: {loop: {enabled: false}}"
+
+
 def cycling(period: int, rounds: int, service: str = "coder") -> tuple[AgentRecorder, list]:
     agent = AgentRecorder(service, "coder")
     spans = [call(agent, *step) for _ in range(rounds) for step in round_of(period)]
@@ -45,9 +50,15 @@ def cycling(period: int, rounds: int, service: str = "coder") -> tuple[AgentReco
 
 
 @pytest.mark.parametrize("period", range(2, 11))
-def test_the_default_policy_catches_periods_2_to_10_at_the_call_ending_the_third_round(period):
+def test_the_default_policy_catches_periods_2_to_10_by_the_call_ending_the_third_round(period):
     agent, spans = cycling(period, 4)
     decisions = run(Guard(), agent.finished())
+    if 2 * period + 1 <= 10:
+        # The first calls of three rounds fit in tool_loop's window: it catches the round
+        # first, at the first call of the third round. The cycle rule on its own, below.
+        assert [(d.rule, d.action) for d in decisions] == [("tool_loop", "kill")]
+        assert decisions[0].span_id == span_id_of(spans[2 * period])
+        decisions = run(Guard(Policy.from_yaml(NO_LOOP)), agent.finished())
     assert [(d.rule, d.action) for d in decisions] == [("cycle", "kill")]
     [decision] = decisions
     assert decision.span_id == span_id_of(spans[3 * period - 1])  # the call ending round 3
@@ -74,7 +85,8 @@ def test_a_period_longer_than_max_period_is_not_a_cycle_until_the_policy_says_so
 
 def test_repeats_come_from_the_policy():
     agent, spans = cycling(4, 5)
-    policy = Policy.from_yaml("defaults: {cycle: {repeats: 5}}")
+    # tool_loop off: it would catch the round at its 9th call (see NO_LOOP).
+    policy = Policy.from_yaml("defaults: {cycle: {repeats: 5}, loop: {enabled: false}}")
     [decision] = run(Guard(policy), agent.finished())
     assert (decision.hits, decision.span_id) == (5, span_id_of(spans[19]))
 
@@ -159,7 +171,8 @@ def test_per_agent_settings():
     )
     relaxed, _ = cycling(4, 4, "relaxed")
     strict, strict_spans = cycling(4, 4, "strict")
-    assert run(Guard(policy), relaxed.finished()) == []
+    # No cycle for the relaxed agent: only tool_loop's kill at the first call of round 3.
+    assert [d.rule for d in run(Guard(policy), relaxed.finished())] == ["tool_loop"]
     [decision] = run(Guard(policy), strict.finished())
     assert decision.span_id == span_id_of(strict_spans[7])
     assert (decision.policy_entry, decision.threshold) == ("agents.1", 2)
@@ -168,10 +181,14 @@ def test_per_agent_settings():
 def test_shadow_mode_flags_once_and_downgrade_comes_before_the_kill():
     agent, spans = cycling(3, 8)
     flags = run(Guard(Policy.from_yaml("defaults: {action: flag}")), agent.finished())
-    # Each rule flags once; the cycle (three rounds) comes before tool_loop (4 in 10).
-    assert [(d.rule, d.action) for d in flags] == [("cycle", "flag"), ("tool_loop", "flag")]
-    assert flags[0].span_id == span_id_of(spans[8])
-    decisions = run(Guard(Policy.from_yaml("defaults: {action: downgrade}")), agent.finished())
+    # Each rule flags once; tool_loop (3 in 10: the first call of the third round) comes
+    # before the cycle (three rounds).
+    assert [(d.rule, d.action) for d in flags] == [("tool_loop", "flag"), ("cycle", "flag")]
+    assert flags[0].span_id == span_id_of(spans[6])
+    assert flags[1].span_id == span_id_of(spans[8])
+    # tool_loop off: its own downgrade would restart the window before the cycle's.
+    downgrading = Policy.from_yaml("defaults: {action: downgrade, loop: {enabled: false}}")
+    decisions = run(Guard(downgrading), agent.finished())
     assert [(d.rule, d.action) for d in decisions] == [("cycle", "downgrade"), ("cycle", "kill")]
     downgrade, kill = decisions
     assert "repeated the same 3 tool calls 3 times" in downgrade.system_message
@@ -182,7 +199,7 @@ def test_shadow_mode_flags_once_and_downgrade_comes_before_the_kill():
 
 def test_a_release_rearms_the_cycle_rule():
     released: dict[str, float] = {}
-    guard = Guard(released=released)
+    guard = Guard(Policy.from_yaml(NO_LOOP), released=released)  # tool_loop would come first
     agent, _ = cycling(4, 3)
     [first] = run(guard, agent.finished())
     more = [call(agent, *step) for _ in range(3) for step in round_of(4)]

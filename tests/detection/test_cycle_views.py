@@ -22,8 +22,12 @@ def test_the_page_and_explain_show_the_repeated_sequence(tmp_path):
     traces = tmp_path / "traces.jsonl"
     traces.write_text("".join(encode_json_line(encode([s])) + "\n" for s in agent.finished()))
     page_file = tmp_path / "report.html"
+    # tool_loop switched off: on, it catches a round of 4 calls first (at the 9th call).
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("defaults: {loop: {enabled: false}}\n")
+    command = ["replay", "--policy", str(policy), "--html", str(page_file), str(traces)]
     result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "replay", "--html", str(page_file), str(traces)],
+        [sys.executable, "-m", "spanguard.cli", *command],
         capture_output=True,
         text=True,
         timeout=120,

@@ -70,14 +70,14 @@ def test_a_loop_decision_carries_its_window_policy_entry_and_threshold() -> None
 def test_the_window_slides_and_the_defaults_are_named() -> None:
     agent = AgentRecorder("support-bot")
     spans = [agent.tool("step", {"n": n}) for n in range(12)]
-    spans += [agent.tool("search_docs", REFUND) for _ in range(4)]
+    spans += [agent.tool("search_docs", REFUND) for _ in range(3)]
     (decision,) = run(Guard(), agent)
     assert (decision.policy_entry, decision.policy_match, decision.threshold) == (
         "defaults",
         None,
-        4,
+        3,
     )
-    # Window 10: the 4 searches and the 6 distinct steps before them, the older ones slid out.
+    # Window 10: the 3 searches and the 7 distinct steps before them, the older ones slid out.
     assert [c["span_id"] for c in decision.calls] == [span_id_of(s) for s in spans[-10:]]
 
 
@@ -94,7 +94,7 @@ def test_a_budget_decision_names_its_entry_and_has_no_window() -> None:
 
 def test_window_marks_survive_the_changelog_and_older_states_still_load() -> None:
     agent = AgentRecorder("support-bot")
-    spans = [agent.tool("search_docs", REFUND) for _ in range(3)]
+    spans = [agent.tool("search_docs", REFUND) for _ in range(2)]  # one short of the loop
     guard = Guard()
     run(guard, agent)
     (state,) = guard.states.values()
@@ -108,10 +108,10 @@ def test_window_marks_survive_the_changelog_and_older_states_still_load() -> Non
     calls = TraceState.from_dict(old).window_calls()
     assert [(c["tool_name"], c["span_id"], c["ended_at"]) for c in calls] == [
         ("search_docs", None, None)
-    ] * 3
-    # And it keeps counting: the 4th identical call still trips, with a partly known window.
+    ] * 2
+    # And it keeps counting: the 3rd identical call still trips, with a partly known window.
     guard.states[next(iter(guard.states))] = TraceState.from_dict(old)
-    fourth = agent.tool("search_docs", REFUND)
-    (decision,) = [d for r in one_request_per_span([fourth]) for d in guard.process(r)]
-    assert [c["span_id"] for c in decision.calls] == [None, None, None, span_id_of(fourth)]
+    third = agent.tool("search_docs", REFUND)
+    (decision,) = [d for r in one_request_per_span([third]) for d in guard.process(r)]
+    assert [c["span_id"] for c in decision.calls] == [None, None, span_id_of(third)]
     validate(decision.to_dict(), "detection")

@@ -72,9 +72,11 @@ TYPESCRIPT = [name for name in LIBRARIES if name != "genkit"]
 WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
 LOOP = [("tool_loop", "kill", 3)]
-# A round of calls repeated: its first call made a third time with nothing new between, at
-# the start of the third round (before the cycle rule's call ending it).
-CYCLE = [("tool_loop", "kill", 3)]
+# A round of four calls repeated: its first call made a third time with nothing new between,
+# at the start of the third round (before the cycle rule's call ending it). A round of eight
+# does not fit twice in the loop window: the cycle rule catches it, at its third round's end.
+ROUND_4 = [("tool_loop", "kill", 3)]
+CYCLE = [("cycle", "kill", 3)]  # hits: the rounds (the default `repeats`)
 EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
     "full": {
         "loop_volatile": LOOP,
@@ -83,7 +85,7 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
         "retry": [],
         "polling": [],
         "no_progress": [("no_progress", "flag", 4)],
-        "cycle_4": CYCLE,
+        "cycle_4": ROUND_4,
         "cycle_8": CYCLE,
         "round_fresh": [],
         "tests_improving": [],
@@ -99,7 +101,7 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
         "retry": [],
         "polling": LOOP,
         "no_progress": [],
-        "cycle_4": CYCLE,
+        "cycle_4": ROUND_4,
         "cycle_8": CYCLE,
         "round_fresh": [],
         "tests_improving": [],

@@ -166,15 +166,17 @@ def test_replay_prints_one_decision_per_line(corpus):
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     looper = corpus["looper"]
     tool_spans = [s for s in looper.finished() if s.name.startswith("execute_tool")]
-    # support-bot's policy says downgrade: a downgrade on the 4th call, nothing more in 6 calls.
+    # support-bot's policy says downgrade: a downgrade on the 3rd call, then the window starts
+    # afresh and the 3rd call after it (the 6th) is killed.
     assert [(r["rule"], r["action"], r["span_id"]) for r in records] == [
-        ("tool_loop", "downgrade", span_id_of(tool_spans[3]))
+        ("tool_loop", "downgrade", span_id_of(tool_spans[2])),
+        ("tool_loop", "kill", span_id_of(tool_spans[5])),
     ]
     record = records[0]
     for record in records:
         validate(record, "detection")
     assert record["trace_id"] == looper.trace_id
-    assert record["reason"] == "search_docs called 4x in last 4 steps"
+    assert record["reason"] == "search_docs called 3x in last 3 steps"
     assert record["agent"] == {"service": "support-bot", "name": None}
     stderr = result.stderr.decode()
     assert "support.jsonl:4: skipped: not JSON" in stderr
@@ -193,7 +195,7 @@ def test_replay_reads_stdin(corpus):
     result = run_replay("-", stdin=data)
     assert result.returncode == 1  # the corpus's broken line
     (record,) = (json.loads(line) for line in result.stdout.decode().splitlines())
-    assert record["action"] == "kill" and record["hits"] == 4
+    assert record["action"] == "kill" and record["hits"] == 3
 
 
 def test_replay_bad_policy_exits_2_naming_the_field(tmp_path, corpus):

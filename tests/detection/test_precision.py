@@ -27,13 +27,14 @@ from tests.support.instrumented_agents import SCENARIOS
 
 HEALTHY = ("distinct", "retry", "polling", "round_fresh", "tests_improving", "canned_ok")
 # Stuck scenario -> (the rule that must catch it, the call at which it can first): a loop's
-# third identical call, a round's first call made a third time (the start of the third
-# round), the empty index's fourth rephrasing.
+# third identical call, a round of four's first call made a third time (the start of the
+# third round), a round of eight's last call of its third round, the empty index's fourth
+# rephrasing.
 STUCK = {
     "loop_volatile": ("tool_loop", 3),
     "loop_identical": ("tool_loop", 3),
     "cycle_4": ("tool_loop", 9),
-    "cycle_8": ("tool_loop", 17),
+    "cycle_8": ("cycle", 24),  # two rounds of eight do not fit in the loop window
     "no_progress": ("no_progress", 4),
 }
 

@@ -55,7 +55,7 @@ class Page(HTMLParser):
 def test_the_page_has_a_timeline_per_tripped_trace(tmp_path: Path) -> None:
     looper = AgentRecorder("support-bot", "support")
     calls = []
-    for step in range(3):
+    for step in range(2):
         calls.append(looper.tool("search_docs", REFUND))
         calls.append(looper.tool(ODD_TOOL, None, attributes={  # answers nothing: no new work
             "gen_ai.operation.name": "execute_tool",
@@ -63,7 +63,7 @@ def test_the_page_has_a_timeline_per_tripped_trace(tmp_path: Path) -> None:
             "gen_ai.tool.call.arguments": json.dumps({"page": step}),
             "gen_ai.tool.call.result": "",
         }))  # fmt: skip
-    calls.append(looper.tool("search_docs", REFUND))  # the 4th identical search: the kill
+    calls.append(looper.tool("search_docs", REFUND))  # the 3rd identical search: the kill
     calls.append(looper.tool("search_docs", REFUND))  # after the kill
     looper.finish()
 
@@ -101,7 +101,7 @@ def test_the_page_has_a_timeline_per_tripped_trace(tmp_path: Path) -> None:
     assert list(page.sections) == [looper.trace_id, spender.trace_id]
     assert research.trace_id not in text
 
-    # The looper: every call in order; the repeated key highlighted, the 4th search fired,
+    # The looper: every call in order; the repeated key highlighted, the 3rd search fired,
     # the call after it marked; the other tool's name escaped, its calls not highlighted.
     rows = page.sections[looper.trace_id]
     assert [span for _, span, _ in rows] == [span_id_of(s) for s in calls]
@@ -109,13 +109,13 @@ def test_the_page_has_a_timeline_per_tripped_trace(tmp_path: Path) -> None:
         c.name.removeprefix("execute_tool ") for c in calls
     ]
     classes = [row_classes for row_classes, _, _ in rows]
-    assert classes == [{"repeated"}, set()] * 3 + [{"fired"}, {"after"}]
-    fired_cells = rows[6][2]
-    assert "tool_loop fired → kill: search_docs called 4x in last 7 steps" in fired_cells[5]
-    assert len({cells[3] for _, _, cells in rows[0:7:2]}) == 1  # one hash prefix, 8 hex digits
+    assert classes == [{"repeated"}, set()] * 2 + [{"fired"}, {"after"}]
+    fired_cells = rows[4][2]
+    assert "tool_loop fired → kill: search_docs called 3x in last 5 steps" in fired_cells[5]
+    assert len({cells[3] for _, _, cells in rows[0:5:2]}) == 1  # one hash prefix, 8 hex digits
     assert len(rows[0][2][3]) == 8 and rows[0][2][3] != rows[1][2][3]
     assert ODD_TOOL not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
-    assert "policy defaults · window 10, threshold 4" in text
+    assert "policy defaults · window 10, threshold 3" in text
 
     # The budget: a marker row after the second lookup (the 3rd chat crossed the budget).
     rows = page.sections[spender.trace_id]

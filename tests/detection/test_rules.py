@@ -38,7 +38,7 @@ def test_research_agent_with_80_distinct_calls_never_trips():
     assert guard.stats.tool_calls == 80
 
 
-def test_flaky_index_agent_trips_on_its_fourth_identical_call():
+def test_flaky_index_agent_trips_on_its_third_identical_call():
     agent = AgentRecorder("support-bot", "support")
     for step in range(7):
         agent.chat(300, 40)
@@ -48,29 +48,37 @@ def test_flaky_index_agent_trips_on_its_fourth_identical_call():
     decisions = run(guard, agent.finished())
     assert len(decisions) == 1  # the loop goes on to 7 calls: still one kill
     decision = decisions[0]
-    fourth = tool_spans(agent)[3]
-    assert decision.span_id == span_id_of(fourth)
-    assert decision.trace_id == trace_id_of(fourth)
+    third = tool_spans(agent)[2]
+    assert decision.span_id == span_id_of(third)
+    assert decision.trace_id == trace_id_of(third)
     assert (decision.rule, decision.action, decision.hits, decision.window) == (
         "tool_loop",
         "kill",
-        4,
+        3,
         10,
     )
-    assert decision.reason == "search_docs called 4x in last 4 steps"
+    assert decision.reason == "search_docs called 3x in last 3 steps"
     assert decision.agent.service == "support-bot"
     validate(decision.to_dict(), "detection")
     validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
 
 
-def test_oscillation_is_a_cycle_caught_at_its_sixth_call():
+def test_oscillation_is_a_loop_at_its_fifth_call_and_a_cycle_at_its_sixth():
     agent = AgentRecorder()
     for step in range(8):
         if step % 2 == 0:
             agent.tool("search_docs", REFUND)
         else:
             agent.tool("read_page", {"url": "https://kb/refunds"})
-    [decision] = run(Guard(), agent.finished())  # the cycle's kill restarts the window
+    # The default policy's tool_loop catches the round first, at A's 3rd call (the 5th: the
+    # first call of the third round): the B between is made again and again, no new work.
+    [loop] = run(Guard(), agent.finished())
+    assert loop.rule == "tool_loop"
+    assert loop.span_id == span_id_of(agent.finished()[4])
+    assert loop.reason == "search_docs called 3x in last 5 steps"
+    # With tool_loop off, the cycle rule catches it at the call ending the third round.
+    no_loop = Policy.from_yaml("defaults: {loop: {enabled: false}}")
+    [decision] = run(Guard(no_loop), agent.finished())  # the cycle's kill restarts the window
     assert (decision.rule, decision.action, decision.period, decision.hits) == (
         "cycle",
         "kill",
@@ -82,17 +90,13 @@ def test_oscillation_is_a_cycle_caught_at_its_sixth_call():
         "a sequence of 2 calls (search_docs -> read_page) repeated 3x with the same arguments"
         " and results"
     )
-    # Without the cycle rule, tool_loop catches the same agent at A's 4th call (the 7th): the
-    # B between is made again and again, no new work.
-    [loop] = run(Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), agent.finished())
-    assert loop.span_id == span_id_of(agent.finished()[6])
-    assert loop.reason == "search_docs called 4x in last 7 steps"
 
 
-def test_three_repeats_in_a_window_are_exploration_not_a_loop():
+def test_two_tries_of_each_query_are_exploration_not_a_loop():
     agent = AgentRecorder()
     for step in range(30):
-        agent.tool("search_docs", {"query": f"q{step // 3}"})  # each query tried three times
+        # Each query tried twice (a third identical try is the default threshold: a loop).
+        agent.tool("search_docs", {"query": f"q{step // 2}"})
     assert run(Guard(), agent.finished()) == []
 
 
@@ -100,7 +104,7 @@ def test_streaming_partial_spans_of_one_call_count_once():
     """Spans sharing a call id while they overlap in time are parts of one call."""
     agent = AgentRecorder()
     tracer = agent.tracer
-    for call in range(3):
+    for call in range(2):  # two calls of 4 parts each: the third call is the loop's
         parts = [
             tracer.start_span(
                 "execute_tool search_docs", context=agent._context, attributes=tool_attributes(call)
@@ -111,8 +115,8 @@ def test_streaming_partial_spans_of_one_call_count_once():
             part.end()
     guard = Guard()
     assert run(guard, agent.finished()) == []
-    assert guard.stats.repeated_call_ids == 9
-    agent.tool("search_docs", REFUND, call_id="call_3")
+    assert guard.stats.repeated_call_ids == 6
+    agent.tool("search_docs", REFUND, call_id="call_2")
     assert len(run(guard, agent.finished()[-1:])) == 1
 
 
@@ -129,7 +133,7 @@ def test_a_call_id_made_again_after_its_call_ended_is_a_new_execution():
     """Harnesses re-issue a call with the first call's id, and models reuse ids across turns:
     each execution counts (a state written before version 4 knows no end times: partial)."""
     agent = AgentRecorder()
-    for _ in range(4):
+    for _ in range(3):
         agent.tool("transfer_to_human_agents", None, attributes={
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": "transfer_to_human_agents",
@@ -139,9 +143,9 @@ def test_a_call_id_made_again_after_its_call_ended_is_a_new_execution():
         })  # fmt: skip
     guard = Guard()
     [decision] = run(guard, agent.finished())
-    assert (decision.rule, decision.hits) == ("tool_loop", 4)
-    assert decision.span_id == span_id_of(agent.finished()[3])
-    assert (guard.stats.reissued_call_ids, guard.stats.repeated_call_ids) == (3, 0)
+    assert (decision.rule, decision.hits) == ("tool_loop", 3)
+    assert decision.span_id == span_id_of(agent.finished()[2])
+    assert (guard.stats.reissued_call_ids, guard.stats.repeated_call_ids) == (2, 0)
 
 
 def test_placeholder_call_ids_are_no_ids():
@@ -153,13 +157,13 @@ def test_placeholder_call_ids_are_no_ids():
 
 def test_duplicate_deliveries_are_not_recounted():
     agent = AgentRecorder()
-    for _ in range(3):
+    for _ in range(2):  # one call short of the loop
         agent.tool("search_docs", REFUND)
     request = encode(agent.finished())
     guard = Guard()
     for _ in range(3):  # an exporter retry and a Kafka redelivery of the same batch
         assert guard.process(request) == []
-    assert guard.stats.duplicate_spans == 6
+    assert guard.stats.duplicate_spans == 4
     agent.tool("search_docs", REFUND)
     assert len(run(guard, agent.finished()[-1:])) == 1
 
@@ -170,11 +174,12 @@ BACKOFF_POLICY = Policy.from_mapping(
 
 
 def backoff_agent(service: str) -> AgentRecorder:
-    """Calls, waits longer each time (a distinct wait call per step), calls again."""
+    """Calls, waits longer each time (a distinct wait call per step), calls again. The waits
+    (4, 5, 6, ... calls) keep three status calls out of any 10 calls: the default threshold."""
     agent = AgentRecorder(service)
     for attempt in range(6):
         agent.tool("get_job_status", {"job": "j-42"})
-        for pause in range(attempt + 2):
+        for pause in range(attempt + 4):
             agent.tool("sleep", None, attributes={  # a wait answers nothing: no new work
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": "sleep",
@@ -274,15 +279,15 @@ def test_downgrade_then_kill():
     assert [d.action for d in decisions] == ["downgrade", "kill"]
     downgrade, kill = decisions
     assert downgrade.system_message == (
-        "You called search_docs 4 times with the same arguments; the tool returns the same"
+        "You called search_docs 3 times with the same arguments; the tool returns the same"
         " result. Try a different approach or stop and report what you found."
     )
-    # The window restarts after the downgrade: the kill comes at the 4th call after it.
-    assert kill.span_id == span_id_of(agent.finished()[7])
+    # The window restarts after the downgrade: the kill comes at the 3rd call after it.
+    assert kill.span_id == span_id_of(agent.finished()[5])
     assert kill.system_message is None
     signal = KillSignal.from_decision(downgrade).to_dict()
     validate(signal, "kill-signal")
-    assert signal["kind"] == "downgrade" and signal["evidence"]["hits"] == 4
+    assert signal["kind"] == "downgrade" and signal["evidence"]["hits"] == 3
 
 
 @pytest.mark.parametrize("missing_args", ["skip", "name_only"])
@@ -308,13 +313,13 @@ def test_tool_spans_without_arguments(missing_args, caplog):
 def test_state_holds_hashes_not_raw_arguments():
     agent = AgentRecorder()
     secret = "4111-1111-1111-1111"
-    for _ in range(3):
+    for _ in range(2):  # one call short of the loop: its kill would empty the window
         agent.tool("charge_card", {"card": secret})
     guard = Guard()
     run(guard, agent.finished())
     (state,) = guard.states.values()
     assert secret not in json.dumps(state.to_dict())
-    assert len(state.window) == 3
+    assert len(state.window) == 2
 
 
 def test_state_is_bounded_by_the_window():
@@ -402,7 +407,7 @@ def test_same_call_same_result_is_a_loop_changing_result_is_polling():
             "gen_ai.tool.call.result": "running",
         })  # fmt: skip
     (loop,) = run(Guard(), stuck.finished())
-    assert (loop.rule, loop.hits) == ("tool_loop", 4) and loop.result_hash is not None
+    assert (loop.rule, loop.hits) == ("tool_loop", 3) and loop.result_hash is not None
 
 
 def test_polling_tools_are_patient_even_when_the_status_repeats():
@@ -445,7 +450,7 @@ def test_folding_is_opt_in_per_tool():
     for query in ("Refund policy", "refund  policy", "REFUND POLICY ", "refund policy"):
         agent.tool("search_docs", {"query": query})
     (decision,) = run(Guard(policy), agent.finished())
-    assert decision.tool_name == "search_docs" and decision.hits == 4
+    assert decision.tool_name == "search_docs" and decision.hits == 3
     assert run(Guard(), agent.finished()) == []
 
 

@@ -58,7 +58,7 @@ def test_a_loaded_version_1_state_goes_on_counting():
     guard = Guard()
     agent = AgentRecorder("support-bot", "support")
     guard.states[agent.trace_id] = state
-    for _ in range(3):  # with the window's one search_docs: 4
+    for _ in range(2):  # with the window's one search_docs: 3 (the default threshold)
         agent.tool(
             "search_docs",
             attributes={
@@ -71,10 +71,10 @@ def test_a_loaded_version_1_state_goes_on_counting():
             },
         )
     assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
-    # The loaded search and the three new ones are one call: counted 4 times in the window
+    # The loaded search and the two new ones are one call: counted 3 times in the window
     # (no kill: the window's `lookup`, whose result was not recorded, may have been new work).
     key = guard.states[agent.trace_id].window[-1]
-    assert key[2] == EMPTY and guard.states[agent.trace_id].counts[key] == 4
+    assert key[2] == EMPTY and guard.states[agent.trace_id].counts[key] == 3
 
 
 def test_keys_a_version_does_not_know_are_ignored():

@@ -1,7 +1,7 @@
 """Each framework's adapter finds the run's trace under the real instrumentation libraries.
 
 The looping agents of tests/support/instrumented_agents.py run with spanguard's adapter and a
-SignalBook; when their 4th call runs, the kill is delivered for the trace of the spans the
+SignalBook; when their 3rd call runs, the kill is delivered for the trace of the spans the
 instrumentation exported so far, as the worker would. The agent stops only if the adapter
 checked that trace: OpenInference's LangChain instrumentation sets no current span during
 callbacks, so an adapter reading only the current span lets that agent make all 15 calls.

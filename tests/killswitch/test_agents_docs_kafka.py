@@ -61,7 +61,7 @@ def publish_kill(topic: str, trace_id: str) -> None:
 
 def scripted_langgraph_parts(calls: list[str], kill: object) -> tuple[object, list[object]]:
     """The `model` and `tools` the LangGraph snippet takes: a model asking for the same search
-    forever, and a search that has the kill published at its 4th call (as the worker would)."""
+    forever, and a search that has the kill published at its 3rd call (as the worker would)."""
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.tools import tool
@@ -81,7 +81,7 @@ def scripted_langgraph_parts(calls: list[str], kill: object) -> tuple[object, li
     def search_docs(query: str) -> str:
         """Search the knowledge base."""
         calls.append(query)
-        if len(calls) == 4:
+        if len(calls) == 3:
             kill()
         return "no results"
 
@@ -139,7 +139,7 @@ def test_the_documented_snippets_run_and_stop_a_langgraph_agent(topic, monkeypat
         LangChainInstrumentor().uninstrument()
         namespace["provider"].shutdown()
         switch.close()
-    assert len(calls) == 4, calls
+    assert len(calls) == 3, calls
     assert len(set(checked)) == 1 and None not in checked
     assert switch.unguarded == 0
 

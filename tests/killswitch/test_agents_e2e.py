@@ -8,13 +8,13 @@ scripted model thinks STEP_DELAY (0.3) seconds a turn; the looping agent asks fo
 search 15 times, the healthy twin makes 12 different ones (at 0.2 s a turn). Each agent exports
 with the OpenTelemetry SDK's defaults, as a user sets them up (the plain `BatchSpanProcessor`,
 5 s, and the OTLP exporter): the adapter alone must make its spans leave in time. The looping
-agent must stop by its 4th call (the default policy's threshold; the 5th at the latest, when
+agent must stop by its 3rd call (the default policy's threshold; the 4th at the latest, when
 the kill lands within a step of a loaded machine), with `AgentKilled` as the exception or its
 cause and a `spanguard.stop` event on its span, the healthy twin must finish, and `spanguard
 explain` must find the trace and the agent's signed ack of the kill.
 
 One row runs in `make test`; the whole matrix is `make test-agents` (marker `agents`). Each
-row prints its calls before the stop and the stop latency (the end of the 4th call to the
+row prints its calls before the stop and the stop latency (the end of the 3rd call to the
 kill in the agent's book).
 """
 
@@ -31,7 +31,7 @@ from tests.support.guarded_agents import explain as explain_trace
 
 pytestmark = pytest.mark.kafka
 
-# The looping agent's step (issue 42: 0.3 s, stopped by its 4th call, the 5th at the latest).
+# The looping agent's step (issue 42: 0.3 s, stopped by its 3rd call, the 4th at the latest).
 # The kill takes 0.05-0.25 s on a quiet machine. The healthy twin only has to finish.
 STEP_DELAY = float(os.environ.get("SPANGUARD_TEST_STEP_DELAY", "0.3"))
 HEALTHY_STEP_DELAY = 0.2
@@ -51,7 +51,7 @@ ROW_PARAMS = [
 
 
 @pytest.mark.parametrize("row", ROW_PARAMS)
-def test_the_looping_agent_stops_at_its_4th_call_and_its_twin_finishes(running_stack, row):
+def test_the_looping_agent_stops_at_its_3rd_call_and_its_twin_finishes(running_stack, row):
     if (reason := missing(row)) is not None:
         pytest.skip(reason)
     # The twins run side by side, as two agents of a fleet do.

@@ -127,7 +127,7 @@ def test_openai_agents_runner_is_stopped_before_its_next_model_call():
 
     class Hooks(SpanguardRunHooks):
         async def on_tool_end(self, context, agent, tool, result) -> None:
-            if len(calls) == 4:  # the pipeline's kill arrives after the 4th identical call
+            if len(calls) == 3:  # the pipeline's kill arrives after the 3rd identical call
                 book.deliver(signal(trace_id))
 
     model = StuckModel()
@@ -141,4 +141,4 @@ def test_openai_agents_runner_is_stopped_before_its_next_model_call():
                 run_config=RunConfig(model_provider=Provider(model), tracing_disabled=True),
             )
         )
-    assert len(calls) == 4 and model.turns == 4  # no fifth model call, no fifth search
+    assert len(calls) == 3 and model.turns == 3  # no fourth model call, no fourth search

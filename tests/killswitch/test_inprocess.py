@@ -137,15 +137,15 @@ async def run_agent_async(fleet: Fleet, arguments: Arguments, calls: int) -> Run
 # -- the demo's two agents ---------------------------------------------------------------
 
 
-def test_looping_agent_is_stopped_before_its_fifth_call_and_research_agent_finishes():
+def test_looping_agent_is_stopped_before_its_fourth_call_and_research_agent_finishes():
     fleet = Fleet()
     loop = run_agent(fleet, looping, calls=20)
     deep = run_agent(fleet, research, calls=80, agent="research")
 
-    assert loop.calls == 4  # the 4th identical call ended; the check before the 5th raised
+    assert loop.calls == 3  # the 3rd identical call ended; the check before the 4th raised
     assert loop.killed is not None
     assert loop.killed.trace_id == loop.trace_id
-    assert loop.killed.reason == "search_docs called 4x in last 4 steps"
+    assert loop.killed.reason == "search_docs called 3x in last 3 steps"
     assert loop.killed.signal.kind == "kill"
     validate(loop.killed.signal.to_dict(), "kill-signal")
 
@@ -168,10 +168,10 @@ def test_decision_span_reaches_the_exporter_under_the_span_that_tripped_it():
     assert len(decisions) == 1
     span = decisions[0]
     tool_spans = [s for s in exported if s.name == "execute_tool search_docs"]
-    assert len(tool_spans) == 4
-    fourth = tool_spans[3]
+    assert len(tool_spans) == 3
+    third = tool_spans[2]
     assert format(span.context.trace_id, "032x") == loop.trace_id
-    assert span.parent is not None and span.parent.span_id == fourth.context.span_id
+    assert span.parent is not None and span.parent.span_id == third.context.span_id
     assert span.instrumentation_scope.name == INSTRUMENTATION_SCOPE
     assert span.resource.attributes["service.name"] == "support-bot"
     decision = fleet.decisions[0]
@@ -179,16 +179,16 @@ def test_decision_span_reaches_the_exporter_under_the_span_that_tripped_it():
     assert {key: attributes[key] for key in list(attributes)[:6]} == {
         "spanguard.rule": "tool_loop",
         "spanguard.action": "kill",
-        "spanguard.reason": "search_docs called 4x in last 4 steps",
+        "spanguard.reason": "search_docs called 3x in last 3 steps",
         "spanguard.tool_name": "search_docs",
         "spanguard.args_hash": decision.args_hash,
-        "spanguard.hits": 4,
+        "spanguard.hits": 3,
     }
     assert len(decision.args_hash) == 16
     assert attributes["spanguard.decision_id"] == decision.decision_id
-    assert decision.span_id == format(fourth.context.span_id, "016x")
-    # Every span of the agent was exported as well: 4 chat, 4 tool, the root.
-    assert len(exported) == 4 + 4 + 1 + 1
+    assert decision.span_id == format(third.context.span_id, "016x")
+    # Every span of the agent was exported as well: 3 chat, 3 tool, the root.
+    assert len(exported) == 3 + 3 + 1 + 1
 
 
 def test_failing_on_decision_callback_never_breaks_span_export(caplog):
@@ -203,9 +203,9 @@ def test_failing_on_decision_callback_never_breaks_span_export(caplog):
         loop = run_agent(fleet, looping, calls=20)
 
     assert len(calls) == 1
-    assert loop.calls == 4 and loop.killed is not None  # the kill still arrived
+    assert loop.calls == 3 and loop.killed is not None  # the kill still arrived
     exported = fleet.exported()
-    assert len(exported) == 4 + 4 + 1 + 1  # agent spans and the decision span
+    assert len(exported) == 3 + 3 + 1 + 1  # agent spans and the decision span
     assert sum(s.name == DECISION_SPAN_NAME for s in exported) == 1
     assert fleet.processor.errors == 1
     assert "on_decision callback raised" in caplog.text
@@ -253,13 +253,13 @@ def test_downgrade_hands_the_message_once_then_kills():
 
     assert loop.messages == [
         (
-            5,
-            "You called search_docs 4 times with the same arguments; the tool returns the same"
+            4,
+            "You called search_docs 3 times with the same arguments; the tool returns the same"
             " result. Try a different approach or stop and report what you found.",
         )
     ]
-    # The window restarted with the downgrade: 4 more identical calls, then the kill.
-    assert loop.calls == 8 and loop.killed is not None
+    # The window restarted with the downgrade: 3 more identical calls, then the kill.
+    assert loop.calls == 6 and loop.killed is not None
     assert [d.action for d in fleet.decisions] == ["downgrade", "kill"]
     assert [s.attributes["spanguard.action"] for s in fleet.decision_spans()] == [
         "downgrade",
@@ -297,7 +297,7 @@ def test_concurrent_agents_in_threads_get_exactly_their_own_kills():
     others = [run for i, run in enumerate(runs) if i % 2 == 1]
     assert len({run.trace_id for run in runs}) == agents
     for run in loopers:
-        assert run.calls == 4
+        assert run.calls == 3
         assert run.killed is not None and run.killed.trace_id == run.trace_id
     for run in others:
         assert (run.calls, run.killed) == (150, None)
@@ -324,8 +324,8 @@ def test_asyncio_tasks_each_check_their_own_trace():
         )
 
     first, other, second = asyncio.run(main())
-    assert first.calls == 4 and first.killed and first.killed.trace_id == first.trace_id
-    assert second.calls == 4 and second.killed and second.killed.trace_id == second.trace_id
+    assert first.calls == 3 and first.killed and first.killed.trace_id == first.trace_id
+    assert second.calls == 3 and second.killed and second.killed.trace_id == second.trace_id
     assert (other.calls, other.killed) == (20, None)
 
 
@@ -571,9 +571,9 @@ def test_a_repeat_across_turns_of_one_chat_is_stopped_in_process():
     other = chat_turn(fleet, "chat-2", calls=2)  # another chat: counts apart
     second = chat_turn(fleet, "chat-1", calls=5)
     assert (first.calls, first.killed, other.calls, other.killed) == (2, None, 2, None)
-    # The conversation's 4th identical call is the second turn's 2nd: the check before its
-    # 3rd raises.
-    assert second.calls == 2 and second.killed is not None
+    # The conversation's 3rd identical call is the second turn's 1st: the check before its
+    # 2nd raises.
+    assert second.calls == 1 and second.killed is not None
     assert second.killed.trace_id == second.trace_id
     (decision,) = fleet.decisions
     assert (decision.scope, decision.conversation_id, decision.traces) == (
@@ -585,5 +585,6 @@ def test_a_repeat_across_turns_of_one_chat_is_stopped_in_process():
 
 def test_without_the_scope_each_turn_counts_alone():
     fleet = Fleet()
-    runs = [chat_turn(fleet, "chat-1", calls=3) for _ in range(4)]
+    # Two calls a turn, one fewer than the threshold (3): only the conversation reaches it.
+    runs = [chat_turn(fleet, "chat-1", calls=2) for _ in range(4)]
     assert all(run.killed is None for run in runs) and fleet.decisions == []

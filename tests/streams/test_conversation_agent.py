@@ -72,7 +72,8 @@ def taken(agent: ConversationAgent, values: list[bytes]) -> list[Event]:
 
 
 def loop_across_two_traces() -> list[bytes]:
-    """Two messages of conversation c: 4 identical calls over two traces, a repeat to kill."""
+    """Two messages of conversation c: 4 identical calls over two traces, the 3rd (the second
+    trace's first) a repeat to kill."""
     first = [call("a" * 32, 1), call("a" * 32, 2)]
     second = [call("b" * 32, 3), call("b" * 32, 4)]
     return [encode_packs(records, 8)[0].value for records in (first, second)]

@@ -79,7 +79,8 @@ def calls_on(collector: Collector, topic: str) -> int:
 
 @pytest.mark.parametrize(
     ("action", "expected_actions"),
-    [("kill", ["kill", "kill", "kill"]), (None, ["flag"])],
+    # Killed at the 3rd identical call (the 2nd turn's 1st); the window restarts at each kill.
+    [("kill", ["kill", "kill", "kill", "kill"]), (None, ["flag"])],
     ids=["kill", "default-flag"],
 )
 def test_a_conversation_of_six_traces_is_decided_once_per_repeat(
@@ -240,7 +241,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
     }
     expected = core_decisions(policy, list(conversations.values()))
     expected_ids = {d.decision_id: d for d in expected}
-    assert len(expected_ids) == len(expected) == 3 * CONVERSATIONS
+    assert len(expected_ids) == len(expected) == 4 * CONVERSATIONS
 
     topics = Topics()
     collector = Collector(topics.kills, topics.conversations)

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.faults]
 
 LOOPS = 12
 CLEAN = 4
-CALLS = 12  # 4 before the fault, 4 during, 4 after the zombie is back
+CALLS = 12  # 3 before the fault (the threshold call last), 5 during, 4 after the zombie is back
 SESSION_TIMEOUT = 30.0  # the worker's shipped session timeout
 
 
@@ -98,19 +98,19 @@ def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp
         loops, clean = loops_and_clean(LOOPS, CLEAN, calls=CALLS)
         ledger = KillLedger(loops, clean)
         everyone = loops + clean
-        pipeline.spans.send(everyone, slice(0, 3))
+        pipeline.spans.send(everyone, slice(0, 2))
         pipeline.spans.flush()
-        wait_processed(pipeline.workers, 3 * len(everyone))
+        wait_processed(pipeline.workers, 2 * len(everyone))
         time.sleep(2.5)  # past the commit interval
 
         zombie = pipeline.workers[1]
         # The threshold call arrives and the worker freezes with it fetched, maybe decided,
         # maybe half-written: whatever it holds is stale by the time it wakes.
-        pipeline.spans.send(everyone, slice(3, 4))
+        pipeline.spans.send(everyone, slice(2, 3))
         pipeline.spans.flush()
         freeze(zombie.process.pid)
         frozen = time.monotonic()
-        pipeline.spans.send(everyone, slice(4, 8))
+        pipeline.spans.send(everyone, slice(3, 8))
         pipeline.spans.flush()
         done = kills_or_stall(pipeline, ledger, timeout=SESSION_TIMEOUT + 180)
         time.sleep(max(0.0, frozen + SESSION_TIMEOUT + 10 - time.monotonic()))
@@ -141,17 +141,17 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
         loops, clean = loops_and_clean(LOOPS, CLEAN, calls=CALLS)
         ledger = KillLedger(loops, clean)
         everyone = loops + clean
-        pipeline.spans.send(everyone, slice(0, 3))
+        pipeline.spans.send(everyone, slice(0, 2))
         pipeline.spans.flush()
-        wait_processed(pipeline.workers, 3 * len(everyone))
+        wait_processed(pipeline.workers, 2 * len(everyone))
         time.sleep(2.5)
 
-        pipeline.spans.send(everyone, slice(3, 4))
+        pipeline.spans.send(everyone, slice(2, 3))
         pipeline.spans.flush()
         for proxy in proxies:  # no byte either way, every connection left open
             proxy.stall()
         cut = time.monotonic()
-        pipeline.spans.send(everyone, slice(4, 8))
+        pipeline.spans.send(everyone, slice(3, 8))
         pipeline.spans.flush()
         # The other worker takes the partitions after the session timeout; the cut-off one
         # may hold decisions it made before the cut, written to sockets that do not move.

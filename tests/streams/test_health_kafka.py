@@ -149,7 +149,7 @@ def test_a_span_agent_stuck_with_records_waiting_turns_liveness_red(tmp_path):
         worker.wait_for("spanguard_tool_calls_observed_total", 1)
         time.sleep(DEAD_AFTER + 2)
         assert probe(worker, "/livez")[0] == 200
-        send_loop(topics.input, AgentRecorder(), 6)  # trips at the 4th call: its kill hangs
+        send_loop(topics.input, AgentRecorder(), 6)  # trips at the 3rd call: its kill hangs
         stuck = time.monotonic()
         wait_for_status(worker, "/livez", 503, DEAD_AFTER + 15)
         assert time.monotonic() - stuck >= DEAD_AFTER - 1

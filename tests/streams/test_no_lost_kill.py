@@ -1,6 +1,6 @@
 """A kill is never lost to a bad neighbour: a span the rules cannot read costs itself only.
 
-Each case puts the looping trace's 4th identical call in one request with a hostile span after
+Each case puts the looping trace's 3rd identical call in one request with a hostile span after
 it; before, the exception dead-lettered the whole request and the trace's fired mark (set
 before the raise) meant it never tripped again.
 """
@@ -34,34 +34,34 @@ HOSTILE = [
 @pytest.mark.parametrize(("label", "hostile"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_span_after_the_tripping_call_keeps_the_kill(label, hostile):
     agent = AgentRecorder()
-    for _ in range(4):
+    for _ in range(3):
         agent.tool("search_docs", REFUND)
     hostile(agent)
     guard = Guard(BUDGET)
     pipeline = SpanPipeline(guard)
     key = agent.trace_id.encode()
     spans = agent.finished()
-    for span in spans[:3]:
+    for span in spans[:2]:
         assert pipeline.handle(key, encode([span]).SerializeToString()).decisions == []
-    outcome = pipeline.handle(key, encode(spans[3:]).SerializeToString())
+    outcome = pipeline.handle(key, encode(spans[2:]).SerializeToString())
     assert outcome.dead_letter is None, outcome.dead_letter
     (decision,) = outcome.decisions
-    assert decision.span_id == span_id_of(spans[3])
+    assert decision.span_id == span_id_of(spans[2])
     state = guard.states[agent.trace_id]
     assert len(state.to_bytes()) < 10_000  # bounded in bytes, whatever the names
 
 
 def test_a_retracted_kill_trips_again_on_the_next_call():
     agent = AgentRecorder()
-    for _ in range(8):
+    for _ in range(6):
         agent.tool("search_docs", REFUND)
     guard = Guard()
     spans = agent.finished()
-    (first,) = [d for s in spans[:4] for d in guard.process(encode([s]))]
+    (first,) = [d for s in spans[:3] for d in guard.process(encode([s]))]
     guard.retract(first)  # its signal could not be sent
-    # The window restarted at the trip: four more identical calls trip it again.
-    (again,) = [d for s in spans[4:] for d in guard.process(encode([s]))]
-    assert again.span_id == span_id_of(spans[7])
+    # The window restarted at the trip: three more identical calls trip it again.
+    (again,) = [d for s in spans[3:] for d in guard.process(encode([s]))]
+    assert again.span_id == span_id_of(spans[5])
 
 
 def test_a_malformed_trace_id_costs_its_spans_not_the_other_traces():

@@ -33,7 +33,7 @@ from tests.support.spans import AgentRecorder, encode, span_id_of
 
 COLLECTOR_CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
 PERSISTENT_QUEUE = ROOT / "deploy" / "collector" / "persistent-queue.yaml"
-THRESHOLD = 4  # the shipped loop rule: the 4th identical call in the window trips
+THRESHOLD = 3  # the shipped loop rule: the 3rd identical call in the window trips
 SHIPPED_PARTITIONS = 8  # the shipped SPANGUARD_PARTITIONS
 
 

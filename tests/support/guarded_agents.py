@@ -42,7 +42,7 @@ from tests.support.kafka_harness import (
 
 MODULE = "tests.support.guarded_agents"
 LOOP_CALLS = 15  # the stuck agent's script: the same search, again and again
-TRIPS_AT = 4  # the default policy's tool_loop threshold
+TRIPS_AT = 3  # the default policy's tool_loop threshold
 STEP_DELAY = 0.3  # seconds the scripted model "thinks" per turn
 
 # row -> (its instrumented_agents library, the exception the agent's code sees when the kill
@@ -255,7 +255,7 @@ def run(row: str, scenario: str, *, endpoint: str, kill_topic: str, ack_topic: s
 
 def run_offline(row: str) -> Outcome:
     """The looping agent of `row` with no Kafka: spans in memory, and the kill delivered to a
-    SignalBook for the trace of the spans exported so far when the 4th call runs (as the
+    SignalBook for the trace of the spans exported so far when the 3rd call runs (as the
     worker would). The adapter stops the agent only if it checks that trace."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -115,7 +115,8 @@ SCENARIOS: dict[str, list[Call]] = {
         for query in ("refund", "refunds", "refund policy", "returns", "money back", "reimburse")
     ],
     # A stuck coding agent going round four calls (list, read, grep, run the tests) with the
-    # same arguments and the same results: no call repeats 4 times in 10, the round does.
+    # same arguments and the same results: the round repeats (tool_loop sees its first call a
+    # third time with nothing new between at the third round's start, the cycle rule at its end).
     "cycle_4": CODING_ROUND * 4,
     # The same with eight calls in the round, three rounds.
     "cycle_8": LONG_ROUND * 3,

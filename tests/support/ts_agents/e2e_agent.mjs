@@ -78,7 +78,7 @@ const tools = {
     inputSchema: z.object({ query: z.string() }),
     execute: async ({ query }) => {
       result.calls += 1;
-      if (result.calls === 4) trippedAt = performance.now();
+      if (result.calls === 3) trippedAt = performance.now(); // the default loop.threshold trips here
       console.log(`[${AGENT}] call ${result.calls}: search_docs(${JSON.stringify(query)}) -> no results`);
       return 'no results';
     },
