@@ -291,6 +291,9 @@ COUNTER_HELP = {
     "tool_spans_without_arguments": "tool spans skipped because their arguments were not"
     " recorded (missing_args: skip)",
     "repeats_ignored": "spans not recounted",
+    "tool_calls_reissued": "tool calls made again with the call id of an earlier call that had"
+    " ended (counted as new executions)",
+    "user_turns": "inference spans sent a new user message (the trace's loop count starts anew)",
     "malformed_spans": "spans with invalid ids, skipped",
     "releases_read": "operators' releases read from the kill topic",
     "releases_applied": "killed traces whose loop rules an operator's release re-armed",
@@ -337,6 +340,8 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.TOKEN_EVENTS: (Series("token_events"),),
     GuardCount.DUPLICATE_SPANS: (Series("repeats_ignored", (("why", "same_span_id"),)),),
     GuardCount.REPEATED_CALL_IDS: (Series("repeats_ignored", (("why", "same_call_id"),)),),
+    GuardCount.REISSUED_CALL_IDS: (Series("tool_calls_reissued"),),
+    GuardCount.USER_TURNS: (Series("user_turns"),),
     GuardCount.MISSING_ARGUMENTS: (Series("tool_spans_without_arguments"),),
     GuardCount.MALFORMED_SPANS: (Series("malformed_spans"),),
     GuardCount.RELEASES_APPLIED: (Series("releases_applied"),),
