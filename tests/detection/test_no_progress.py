@@ -8,7 +8,7 @@ import pytest
 
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.guard import Guard
-from spanguard.detection.rules.no_progress import EMPTY_RESULT_DIGESTS, says_nothing
+from spanguard.detection.results import EMPTY_RESULT_DIGESTS, says_nothing
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, one_request_per_span
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS, is_content, says_nothing
+from spanguard.detection.results import EMPTY, is_content
 from spanguard.detection.rules.base import ToolCallRule, Trip
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 
-__all__ = ["EMPTY_RESULT_DIGESTS", "NoProgress", "says_nothing"]
+__all__ = ["NoProgress"]
 
 
 class NoProgress(ToolCallRule):
