@@ -68,11 +68,11 @@ from spanguard.detection.rules.base import (
     Trip,
 )
 from spanguard.detection.trace_state import (
-    MARK_BYTES,
     CallKey,
     TraceState,
     call_mark,
     iso_from_micros,
+    trim_window,
 )
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
@@ -170,19 +170,6 @@ class GuardStats:
 
     def count(self, outcome: GuardCount) -> int:
         return getattr(self, outcome.value)
-
-
-def _trim(window: Any, counts: dict, marks: bytearray, size: int) -> None:
-    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
-    aligned with it."""
-    while len(window) > size:
-        oldest = window.popleft()
-        del marks[:MARK_BYTES]
-        remaining = counts[oldest] - 1
-        if remaining:
-            counts[oldest] = remaining
-        else:
-            del counts[oldest]
 
 
 def _spent(state: TraceState) -> tuple[int, int]:
@@ -564,7 +551,7 @@ class Guard:
         marks += call_mark(call.span_id, call.end_time_unix_nano)
         counts[key] = counts.get(key, 0) + 1
         if len(window) > plan.history:
-            _trim(window, counts, marks, plan.history)
+            trim_window(window, counts, marks, plan.history)
         if self.observers:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired

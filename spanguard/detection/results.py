@@ -1,17 +1,21 @@
 """What a tool's result is, as the rules compare it.
 
 A result is one of four things, and the call's key (tool, args hash, result) carries which:
-- `ERROR` (written e25300b07fd275ec): the call failed (the span's status is ERROR, it names an `error.type`, or the
-  result is error-shaped: `Error: ...`, `{"error": ...}`, MCP's `isError: true`). Every failure
-  of one call is the same result, whatever its text: the same call failing again and again is
-  a loop even when each error message differs.
-- `EMPTY` (2a7e98419e2641ee): it found nothing (`[]`, `{}`, "No results found", `{"results": [], "total": 0}`).
-- `NOTHING` (26b753427f18f012): it returns no content at all (`""` or null): a `think` tool, a command that prints
-  nothing. Whether that is work done depends on the tool (see `is_new_work`).
+- `ERROR` (written e25300b07fd275ec): the call failed (the span's status is ERROR, it names an
+  `error.type`, or the result is error-shaped: `Error: ...`, `{"error": ...}`, MCP's
+  `isError: true`, a shell's or an editor's refusal on its first line). Every failure of one
+  call is the same result, whatever its text: the same call failing again and again is a loop
+  even when each error message differs.
+- `EMPTY` (2a7e98419e2641ee): it found nothing (`[]`, `{}`, "No results found",
+  `{"results": [], "total": 0}`).
+- `NOTHING` (26b753427f18f012): it returns no content at all (`""` or null): a `think` tool, a
+  command that prints nothing. Whether that is work done depends on the tool
+  (rules/tool_loop.py, `repeats_without_new_work`).
 - anything else: content, hashed like arguments (canonical JSON) after what changes on every
   execution is taken out: volatile keys (the policy's, and ids and times of an execution:
   `command_id`, `pid`, any `..._id`/`...Id`, `..._at`/`...At`), and in text UUIDs, timestamps,
-  long hex ids, process numbers and name-number ids (`exec-7`, `certificate_7654321`). A write called twice whose results differ only by the new record's id is one result.
+  long hex ids, process numbers and name-number ids (`exec-7`, `certificate_7654321`). A write
+  called twice whose results differ only by the new record's id is one result.
 
 A result hashed before the span left (`spanguard.tool.result_hash`) is recognised as `EMPTY`
 when it is the hash of an empty shape, and is content otherwise.
@@ -35,7 +39,6 @@ __all__ = [
     "classify",
     "is_content",
     "result_key",
-    "says_nothing",
 ]
 
 
@@ -49,7 +52,6 @@ ERROR: Final = _marker("error")
 EMPTY: Final = _marker("empty")
 NOTHING: Final = _marker("nothing")
 MARKERS: Final = frozenset({ERROR, EMPTY, NOTHING})
-MARKER_NAMES: Final = {ERROR: "error", EMPTY: "empty", NOTHING: "nothing"}
 
 # Texts that say nothing came back (compared lower-case, without surrounding punctuation).
 NOTHING_TEXTS: Final = frozenset(
@@ -189,11 +191,6 @@ def classify(value: Any, depth: int = 0) -> str | None:
                 found = ERROR
         return found
     return None  # numbers and booleans are content
-
-
-def says_nothing(value: Any) -> bool:
-    """Whether a tool's result says nothing came back (empty, null, an error)."""
-    return classify(value) is not None
 
 
 def _normalised(value: Any, depth: int = 0) -> Any:

@@ -31,6 +31,7 @@ __all__ = [
     "call_mark",
     "encode_record",
     "iso_from_micros",
+    "trim_window",
 ]
 
 # 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building; 3: the costs
@@ -194,15 +195,7 @@ class TraceState:
             return
         if not keep_from:
             return
-        counts = self.counts
-        for _ in range(keep_from):
-            oldest = self.window.popleft()
-            remaining = counts[oldest] - 1
-            if remaining:
-                counts[oldest] = remaining
-            else:
-                del counts[oldest]
-        del marks[: keep_from * MARK_BYTES]
+        trim_window(self.window, self.counts, marks, len(self.window) - keep_from)
         self.cycle_runs = None
 
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
@@ -225,6 +218,19 @@ class TraceState:
                 }
             )
         return calls
+
+
+def trim_window(window: Any, counts: dict, marks: bytearray, size: int) -> None:
+    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
+    aligned with it."""
+    while len(window) > size:
+        oldest = window.popleft()
+        del marks[:MARK_BYTES]
+        remaining = counts[oldest] - 1
+        if remaining:
+            counts[oldest] = remaining
+        else:
+            del counts[oldest]
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
