@@ -3,7 +3,6 @@ tripped, the policy entry in force, the threshold, and when the tripping span en
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 from spanguard.detection.guard import Guard
@@ -38,12 +37,7 @@ def test_a_loop_decision_carries_its_window_policy_entry_and_threshold() -> None
     for step in range(5):  # search, read, search, read, search: the 3rd search trips (6, 3)
         tools.append(agent.tool("search_docs", REFUND))
         if step < 4:  # pages that answer nothing: no new work between the searches
-            tools.append(agent.tool("read_page", None, attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "read_page",
-                "gen_ai.tool.call.arguments": json.dumps({"url": f"kb/{step}"}),
-                "gen_ai.tool.call.result": "",
-            }))  # fmt: skip
+            tools.append(agent.tool("read_page", {"url": f"kb/{step}"}, result=""))
     (decision,) = run(Guard(Policy.from_mapping(POLICY)), agent)
     validate(decision.to_dict(), "detection")
     assert (decision.policy_entry, decision.policy_match) == (

@@ -126,12 +126,7 @@ def test_each_tool_counts_in_its_own_window():
     for step in range(8):
         # Log lines that answer nothing: no new work between the searches, so only the
         # window keeps the first search out of the count.
-        agent.tool("fetch_log", None, attributes={
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "fetch_log",
-            "gen_ai.tool.call.arguments": json.dumps({"line": step}),
-            "gen_ai.tool.call.result": "",
-        })  # fmt: skip
+        agent.tool("fetch_log", {"line": step}, result="")
     for _ in range(2):
         agent.tool("search_docs", REFUND)
     assert run(Guard(policy), agent.finished()) == []
@@ -161,12 +156,7 @@ def test_a_rule_switched_off_for_one_agent():
     )
     agent = AgentRecorder()
     for status in range(4):  # two of each answer: a third would be tool_loop's
-        agent.tool("wait", None, attributes={
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "wait",
-            "gen_ai.tool.call.arguments": '{"job": 1}',
-            "gen_ai.tool.call.result": f'{{"done": {status % 2}}}',
-        })  # fmt: skip
+        agent.tool("wait", {"job": 1}, result=f'{{"done": {status % 2}}}')
     on = Policy.from_yaml("defaults: {polling: {threshold: 3, window: 5}, cycle: {enabled: false}}")
     assert [d.rule for d in run(Guard(on), agent.finished())] == ["tool_polling"]
     assert run(Guard(off), agent.finished()) == []

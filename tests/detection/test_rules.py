@@ -134,13 +134,12 @@ def test_a_call_id_made_again_after_its_call_ended_is_a_new_execution():
     each execution counts (a state written before version 4 knows no end times: partial)."""
     agent = AgentRecorder()
     for _ in range(3):
-        agent.tool("transfer_to_human_agents", None, attributes={
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "transfer_to_human_agents",
-            "gen_ai.tool.call.arguments": '{"summary": "refund"}',
-            "gen_ai.tool.call.id": "call_1",
-            "gen_ai.tool.call.result": "Transfer failed: no agent available",
-        })  # fmt: skip
+        agent.tool(
+            "transfer_to_human_agents",
+            {"summary": "refund"},
+            call_id="call_1",
+            result="Transfer failed: no agent available",
+        )
     guard = Guard()
     [decision] = run(guard, agent.finished())
     assert (decision.rule, decision.hits) == ("tool_loop", 3)
@@ -180,12 +179,8 @@ def backoff_agent(service: str) -> AgentRecorder:
     for attempt in range(6):
         agent.tool("get_job_status", {"job": "j-42"})
         for pause in range(attempt + 4):
-            agent.tool("sleep", None, attributes={  # a wait answers nothing: no new work
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "sleep",
-                "gen_ai.tool.call.arguments": json.dumps({"seconds": 2**attempt, "i": pause}),
-                "gen_ai.tool.call.result": "",
-            })  # fmt: skip
+            # A wait answers nothing: no new work.
+            agent.tool("sleep", {"seconds": 2**attempt, "i": pause}, result="")
     return agent
 
 
@@ -385,12 +380,7 @@ def test_same_call_same_result_is_a_loop_changing_result_is_polling():
     assert run(Guard(), agent.finished()) == []  # the job makes progress: never killed for it
     flipping = AgentRecorder()  # a status going round the same answers: no progress
     for step in range(25):
-        flipping.tool("get_job_status", job, attributes={
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "get_job_status",
-            "gen_ai.tool.call.arguments": json.dumps(job),
-            "gen_ai.tool.call.result": f"stage {step % 6} of 6",
-        })  # fmt: skip
+        flipping.tool("get_job_status", job, result=f"stage {step % 6} of 6")
     (decision,) = run(
         Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), flipping.finished()
     )

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -37,6 +38,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Status, StatusCode
 
 from spanguard.detection.guard import Guard
+from spanguard.detection.results import EMPTY, classify
+from spanguard.detection.rules import RULES
 from spanguard.schemas.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,8 +154,6 @@ def to_request(run: Run, *, start_ns: int = 1_700_000_000_000_000_000) -> tuple[
         start_time=now,
         attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": run.harness},
     )
-    from opentelemetry import trace
-
     context = trace.set_span_in_context(root)
     incoming: list[dict[str, Any]] = []
 
@@ -256,8 +257,6 @@ def needs_label(run: Run) -> bool:
     """Whether a person must label the run even when no rule decides on it: the same call
     (tool and arguments) made a third time, or three calls of one tool in a row that found
     nothing."""
-    from spanguard.detection.results import EMPTY, classify
-
     seen: Counter[tuple[str, str]] = Counter()
     streaks: Counter[str] = Counter()
     for step in run.tool_steps:
@@ -323,14 +322,10 @@ def precision(found: Iterable[RunDecisions], labels: dict[str, dict[str, Any]]):
     """{(source, rule): Cell}: rule "any" for every rule together (a loop caught by the
     first decision on it); a rule's row counts its decisions on healthy runs and the loops it
     decided first (its `loops`)."""
-    from spanguard.detection.rules import RULES
-
     table: dict[tuple[str, str], Cell] = defaultdict(Cell)
     for item in found:
         run = item.run
         verdict, stop_at = truth(run, labels)
-        if not run.source.startswith("peer:") and run.outcome is None and verdict is None:
-            pass
         for rule in ["any", *(r.name for r in RULES)]:
             mine = [d for d in item.decisions if rule == "any" or d[0] == rule]
             cell = table[(run.source, rule)]

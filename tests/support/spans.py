@@ -58,12 +58,14 @@ class AgentRecorder:
         arguments: Any = None,
         *,
         call_id: str | None = None,
+        result: str | None = None,
         attributes: Attributes | None = None,
         span_name: str | None = None,
         kind: SpanKind = SpanKind.INTERNAL,
         events: Sequence[tuple[str, Attributes]] = (),
     ) -> ReadableSpan:
-        """An OTel GenAI execute_tool span (arguments JSON-encoded unless None)."""
+        """An OTel GenAI execute_tool span (arguments JSON-encoded unless None, the result as
+        `gen_ai.tool.call.result` when given)."""
         attrs: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
         if arguments is not None:
             attrs["gen_ai.tool.call.arguments"] = (
@@ -71,6 +73,8 @@ class AgentRecorder:
             )
         if call_id is not None:
             attrs["gen_ai.tool.call.id"] = call_id
+        if result is not None:
+            attrs["gen_ai.tool.call.result"] = result
         if attributes is not None:
             attrs = dict(attributes)
         return self.span(span_name or f"execute_tool {name}", attrs, kind=kind, events=events)
