@@ -198,6 +198,43 @@ def flatten(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return flat
 
 
+def tool_answers(messages: list[Any], index: int) -> list[int]:
+    """Where the tool messages right after messages[index] are: the answers to its calls."""
+    answers = []
+    for later in range(index + 1, len(messages)):
+        if not isinstance(messages[later], dict) or messages[later].get("role") != "tool":
+            break
+        answers.append(later)
+    return answers
+
+
+def answer_of(
+    messages: list[Any],
+    answers: list[int],
+    used: set[int],
+    position: int,
+    call_id: Any,
+    id_key: str,
+) -> int | None:
+    """The tool message answering the `position`th call: the one naming its id (`id_key`),
+    else, for a call without an id, the one in its place; each answers one call (`used`)."""
+    match = None
+    for later in answers:
+        if later not in used and messages[later].get(id_key) == call_id:
+            match = later
+            break
+    if (
+        match is None
+        and call_id is None
+        and position < len(answers)
+        and answers[position] not in used
+    ):
+        match = answers[position]
+    if match is not None:
+        used.add(match)
+    return match
+
+
 def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     messages = flatten(messages)
     used: set[int] = set()
@@ -213,28 +250,12 @@ def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             continue  # system messages carry no step
         # the tool messages answering this message's calls follow it
-        answers = []
-        for later in range(index + 1, len(messages)):
-            if messages[later].get("role") != "tool":
-                break
-            answers.append(later)
+        answers = tool_answers(messages, index)
         for position, call in enumerate(message.get("tool_calls") or []):
             call_id = call.get("id")
-            match = None
-            for later in answers:
-                if later not in used and messages[later].get("id") == call_id:
-                    match = later
-                    break
-            if (
-                match is None
-                and call_id is None
-                and position < len(answers)
-                and answers[position] not in used
-            ):
-                match = answers[position]
+            match = answer_of(messages, answers, used, position, call_id, "id")
             result = error = None
             if match is not None:
-                used.add(match)
                 result = text_of(messages[match].get("content"))
                 error = messages[match].get("error")
             requestor = call.get("requestor") or role

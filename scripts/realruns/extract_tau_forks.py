@@ -58,6 +58,7 @@ from common import (
 )
 from extract_tau2 import (
     KEYLIKE,
+    answer_of,
     extra_scrub,
     git,
     loop_signs,
@@ -67,6 +68,7 @@ from extract_tau2 import (
     steps_of,
     task_key,
     text_of,
+    tool_answers,
 )
 
 EXCLUDED = re.compile(
@@ -231,29 +233,13 @@ def v1_steps(traj: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role != "assistant":
             continue  # system and tool messages carry no step of their own
         steps.append(model_step(extra_scrub(text_of(message.get("content")))))
-        answers = []
-        for later in range(index + 1, len(traj)):
-            if not isinstance(traj[later], dict) or traj[later].get("role") != "tool":
-                break
-            answers.append(later)
+        answers = tool_answers(traj, index)
         for position, call in enumerate(message.get("tool_calls") or []):
             function = call.get("function") or {}
             call_id = call.get("id")
-            match = None
-            for later in answers:
-                if later not in used and traj[later].get("tool_call_id") == call_id:
-                    match = later
-                    break
-            if (
-                match is None
-                and call_id is None
-                and position < len(answers)
-                and answers[position] not in used
-            ):
-                match = answers[position]
+            match = answer_of(traj, answers, used, position, call_id, "tool_call_id")
             result = None
             if match is not None:
-                used.add(match)
                 result = text_of(traj[match].get("content"))
             steps.append(
                 tool_step(
