@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,10 +33,7 @@ type stopEventCase struct {
 }
 
 func loadStopEvents(t *testing.T) (time.Time, []byte, []stopEventCase) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := vectorsJSON(t)
 	var file struct {
 		Now        string            `json:"now"`
 		Keys       map[string]string `json:"keys"`

@@ -45,6 +45,16 @@ type sequenceStep struct {
 	Fallback  *string        `json:"fallback"`
 }
 
+// vectorsJSON is the shared vectors file's bytes, read by every test below.
+func vectorsJSON(t *testing.T) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // The shared kill-signal vectors (schemas/testdata/kill-signal-vectors.json): every killswitch
 // must reach each verdict, so a record no two languages would read alike is decided alike.
 type vectorFile struct {
@@ -68,10 +78,7 @@ type vectorFile struct {
 
 func loadVectors(t *testing.T) vectorFile {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := vectorsJSON(t)
 	var file vectorFile
 	if err := json.Unmarshal(data, &file); err != nil {
 		t.Fatal(err)
@@ -324,10 +331,7 @@ func (a *agentEntry) agent() *Agent {
 }
 
 func TestScopeResolution(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := vectorsJSON(t)
 	var file struct {
 		Cases []scopeCase `json:"scope_resolution"`
 	}
@@ -392,10 +396,7 @@ func TestTheVectorsHoldScopeCasesWithAnActiveSpan(t *testing.T) {
 	var file struct {
 		Cases []scopeCase `json:"scope_resolution"`
 	}
-	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := vectorsJSON(t)
 	if err := json.Unmarshal(data, &file); err != nil {
 		t.Fatal(err)
 	}
@@ -439,10 +440,7 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 // A check with no trace: counted in Unguarded every time, warned about once through the
 // Config's Logger, its scope still checked (a switch not started: the book is fed directly).
 func TestUnguardedChecks(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "schemas", "testdata", "kill-signal-vectors.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := vectorsJSON(t)
 	var file struct {
 		Now       string            `json:"now"`
 		Keys      map[string]string `json:"keys"`
