@@ -1,7 +1,7 @@
 """tool_loop: the same call with the same result (or none recorded), `threshold` times in the
 last `window` calls of the trace, with no new work between the repeats.
 
-New work is a call the window has not seen before that brought content back: an edit, a
+New work is a call made only once in the window that brought content back: an edit, a
 different query answered. A coding agent re-running the same tests after each different edit
 learns something each time, and is not stuck; the same no-op edit again and again is. Calls
 that bring nothing (a `think` tool answering "", a search finding nothing, a call failing) are
