@@ -390,13 +390,8 @@ class Guard:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
             self._join_conversation(trace_id, state, event.conversation_id)
-        if not isinstance(event, ToolCall) and event.user_turn:
-            # The user spoke: what the agent repeats next answers them, not its own loop. The
-            # calls made before the model heard it are forgotten (spans come in the order
-            # they end: an inference span may end after calls that followed its start).
-            self.stats.user_turns += 1
-            state.forget_calls_before(event.user_turn)
-        if isinstance(event, AgentSeen):
+        user_turn = 0 if isinstance(event, ToolCall) else event.user_turn
+        if isinstance(event, AgentSeen) and not user_turn:
             return None
         if self._per_agent:
             policy = self._policy_for(state, event, resource)
@@ -405,6 +400,16 @@ class Guard:
         else:  # one policy for every agent: its plan is made once
             policy = self._defaults
             plan = self._defaults_plan or self._plan(policy)
+        if user_turn:
+            # The user spoke: what the agent repeats next answers them, not its own loop. The
+            # calls made before the model heard it are forgotten (spans come in the order
+            # they end: an inference span may end after calls that followed its start), unless
+            # the policy keeps them: a harness whose "user" is an automated "continue".
+            self.stats.user_turns += 1
+            if policy.user_turns == "forget":
+                state.forget_calls_before(user_turn)
+        if isinstance(event, AgentSeen):
+            return None
         limit = plan.recent_ids
         recent = state.recent_span_ids
         span_id = event.span_id
@@ -787,7 +792,10 @@ class Guard:
         return decision
 
     def _policy_for(
-        self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None
+        self,
+        state: TraceState,
+        event: ToolCall | TokenUsage | AgentSeen,
+        resource: ResourceInfo | None,
     ) -> AgentPolicy:
         if not self.policy.rules:
             return self.policy.defaults

@@ -37,6 +37,7 @@ def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_pol
     assert support["action"] == "downgrade" and support["loop"] == {
         "window": 10,
         "threshold": 3,  # examples/policy.yaml's defaults: the shipped threshold
+        "failing_threshold": None,
         "enabled": True,
     }
 
@@ -76,5 +77,5 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
         " (did you mean 'token_budget'?); valid keys: action, agent_budget, autonomous,"
         " conversation, cycle, fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
-        " severity, token_budget, tools, usd_budget, volatile_keys"
+        " severity, token_budget, tools, usd_budget, user_turns, volatile_keys"
     ]

@@ -15,7 +15,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.conventions import MISSING
-from spanguard.detection.results import NOTHING, is_content
+from spanguard.detection.results import ERROR, NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class ToolLoop(ToolCallRule):
         "the same call with the same result (or failing again), `threshold` times in the last"
         " `window` calls with no new work between"
     )
-    settings = "loop: {window: 10, threshold: 3}"
+    settings = "loop: {window: 10, threshold: 3, failing_threshold: null}"
     default_action = "kill"
 
     def wanted(self, policy: AgentPolicy) -> str:
@@ -89,6 +89,8 @@ class ToolLoop(ToolCallRule):
         if tool_policy is not None:
             window = tool_policy.window or window
             threshold = tool_policy.threshold or threshold
+        if result == ERROR and policy.failing_threshold is not None:
+            threshold = policy.failing_threshold
         if len(state.window) > window:
             # The trace keeps a wider window (another tool's, or the cycle rule's): count this
             # tool's own window.
