@@ -376,3 +376,106 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- agents calling through the proxy -----------------------------------------------------------
+
+
+@dataclass
+class AgentRun:
+    """What one agent did through the proxy."""
+
+    scenario: str
+    calls: int = 0  # tool calls it ran
+    status: str = "finished"  # "finished" | "refused" | "error"
+    refusal_status: int | None = None
+    refusal: dict[str, Any] | None = None  # the error body the agent got
+    refused_at: float | None = None  # time.time() of the refusal
+    trace_id: str | None = None
+
+
+def run_agent(
+    base_url: str,
+    scenario: str,
+    *,
+    step_delay: float = 0.3,
+    endpoint: str | None = None,
+    run_id: str | None = None,
+    trace_id: str | None = None,
+    service: str = "gateway-agent",
+    max_calls: int = LOOP_CALLS + 2,
+) -> AgentRun:
+    """An agent loop over the proxy: ask the model, run the tool calls it asks for (each takes
+    `step_delay` s and answers "no results" for the loop, something new otherwise), until the
+    model answers or the proxy refuses.
+
+    `endpoint`: instrumented, the OpenTelemetry SDK's defaults (BatchSpanProcessor, OTLP/HTTP
+    there), an `invoke_agent` span and an `execute_tool` span per call (GenAI conventions, the
+    model's call id), and the W3C `traceparent` of its span on each model call; no spanguard
+    adapter. Else no instrumentation at all: `run_id` (if any) as `x-spanguard-run`, and
+    `trace_id` (if any) as a bare traceparent."""
+    run = AgentRun(scenario)
+    provider = tracer = None
+    if endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        tracer = provider.get_tracer("tests.gateway-agent")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": scenario}]
+    with contextlib.ExitStack() as stack:
+        if tracer is not None:
+            root = stack.enter_context(
+                tracer.start_as_current_span(
+                    "invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}
+                )
+            )
+            run.trace_id = format(root.get_span_context().trace_id, "032x")
+        elif trace_id is not None:
+            run.trace_id = trace_id
+        while run.calls < max_calls:
+            headers: dict[str, str] = {}
+            if tracer is not None:
+                from opentelemetry.propagate import inject
+
+                inject(headers)
+            elif trace_id is not None:
+                headers["traceparent"] = f"00-{trace_id}-{os.urandom(8).hex()}-01"
+            if run_id is not None:
+                headers["x-spanguard-run"] = run_id
+            status, reply = chat(base_url, messages, headers)
+            if status != 200:
+                run.refused_at = time.time()
+                run.status = "refused" if status in (403, 423) else "error"
+                run.refusal_status, run.refusal = status, reply
+                break
+            message = reply["choices"][0]["message"]
+            asked = message.get("tool_calls") or []
+            if not asked:
+                break
+            messages.append({"role": "assistant", "content": None, "tool_calls": asked})
+            for call in asked:
+                arguments = json.loads(call["function"]["arguments"])
+                result = "no results" if scenario == "loop" else f"found {arguments['query']}"
+                if tracer is not None:
+                    with tracer.start_as_current_span(
+                        f"execute_tool {call['function']['name']}",
+                        attributes={
+                            "gen_ai.operation.name": "execute_tool",
+                            "gen_ai.tool.name": call["function"]["name"],
+                            "gen_ai.tool.call.id": call["id"],
+                            "gen_ai.tool.call.arguments": call["function"]["arguments"],
+                            "gen_ai.tool.call.result": result,
+                        },
+                    ):
+                        time.sleep(step_delay)
+                else:
+                    time.sleep(step_delay)
+                run.calls += 1
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    if provider is not None:
+        provider.shutdown()
+    return run
