@@ -359,7 +359,7 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
-                    if type(event) is tuple:
+                    if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
                         # its own usage (conventions.gateway_calls).
                         for one in event:
