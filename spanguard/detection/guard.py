@@ -359,6 +359,18 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
+                    if isinstance(event, tuple):
+                        # A LiteLLM proxy span: the tool calls its request answered, then
+                        # its own usage (conventions.gateway_calls).
+                        for one in event:
+                            try:
+                                decision = self.observe(trace_id, state, one, resource)
+                            except Exception as exc:
+                                self._on_bad_span(exc)
+                                continue
+                            if decision is not None:
+                                decisions.append(decision)
+                        continue
                     try:
                         decision = self.observe(trace_id, state, event, resource)
                     except Exception as exc:  # e.g. arguments nested too deep to hash
