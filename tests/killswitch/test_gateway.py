@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.detection.conventions import ToolCall, adapt_span, gateway_calls
 from spanguard.detection.guard import Guard
+from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.gateway import (
     GatewayGuard,
     RequestFacts,
@@ -84,21 +85,17 @@ def test_the_derived_trace_is_stable_and_a_trace_id():
     assert len(derived_trace_id("run-1")) == 32 and int(derived_trace_id("run-1"), 16)
 
 
-class _Unreachable:
-    """A switch whose start fails, as a KillSwitch's does when no broker answers."""
-
-    def start(self):
-        raise ConnectionError("no broker at 127.0.0.1:1")
-
-    def close(self):
-        pass
+def _unreachable() -> KillSwitch:
+    """A real KillSwitch on a port no broker listens on: its start fails (after its metadata
+    wait), as it does when the proxy cannot reach the kill topic."""
+    return KillSwitch("127.0.0.1:1", allow_unsigned=True, start=False)
 
 
 def test_an_unreachable_kill_topic_fails_open_by_default_and_says_so_once(caplog):
     caplog.set_level(logging.WARNING, "spanguard.killswitch.gateway")
-    guard = GatewayGuard(_Unreachable, retry_seconds=60)
+    guard = GatewayGuard(_unreachable, retry_seconds=60)
     try:
-        assert not guard.wait_ready(5)
+        assert not guard.wait_ready(25)  # the switch's metadata wait, then its error
         facts = RequestFacts(TRACE, None, None, None, None)
         verdicts = [asyncio.run(guard.check(facts)) for _ in range(3)]
         assert all(v.refusal is None for v in verdicts)
@@ -110,16 +107,15 @@ def test_an_unreachable_kill_topic_fails_open_by_default_and_says_so_once(caplog
 
 
 def test_fail_closed_refuses_while_the_kill_topic_cannot_be_read():
-    guard = GatewayGuard(_Unreachable, unreachable="fail_closed", retry_seconds=60)
+    guard = GatewayGuard(_unreachable, unreachable="fail_closed", retry_seconds=60)
     try:
-        guard.wait_ready(5)
         verdict = asyncio.run(guard.check(RequestFacts(TRACE, None, None, None, None)))
         assert verdict.refusal is not None and verdict.refusal.status == 503
         assert "fail_closed" in verdict.refusal.body["error"]
     finally:
         guard.close()
     with pytest.raises(ValueError):
-        GatewayGuard(_Unreachable, unreachable="maybe")
+        GatewayGuard(_unreachable, unreachable="maybe")
 
 
 # -- LiteLLM's spans, as the real proxy's otel callback wrote them ---------------------------
