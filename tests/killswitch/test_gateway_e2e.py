@@ -220,3 +220,44 @@ def test_forged_and_expired_kills_refuse_nothing(gateway_stack):
             {"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"},
         )
     assert status == 403, body
+
+
+def _operator(running, *scope: str) -> None:
+    """`spanguard kill` or `release` by an operator, signed with the stack's key."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", *scope, "--bootstrap", BOOTSTRAP,
+         "--kill-topic", running.topics.kills, "--reason", "test"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "SPANGUARD_SIGNING_KEY_FILE": running.key_file,
+             "SPANGUARD_SIGNING_KEY": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def _status_until(proxy, headers: dict[str, str], wanted: int, timeout: float = 10):
+    deadline, status, body = time.monotonic() + timeout, 0, None
+    while time.monotonic() < deadline:
+        status, body = gateway.chat(proxy.base_url, [{"role": "user", "content": "hi"}], headers)
+        if status == wanted:
+            break
+        time.sleep(0.2)
+    return status, body
+
+
+@pytest.mark.agents
+def test_an_operators_conversation_and_agent_kills_refuse_the_calls_that_name_them(gateway_stack):
+    """A kill of a conversation or an agent scope refuses every call that names it (by the
+    x-spanguard-* headers), whatever its run; other conversations and agents go on."""
+    running, proxy = gateway_stack
+    conversation, agent = f"conv-{uuid.uuid4().hex[:8]}", f"billing-{uuid.uuid4().hex[:8]}"
+    _operator(running, "kill", "--conversation", conversation)
+    _operator(running, "kill", "--agent", f"{agent}/refunds")
+    in_conversation = {"x-spanguard-conversation": conversation, "x-spanguard-run": "r-1"}
+    status, body = _status_until(proxy, in_conversation, 403)
+    assert status == 403 and conversation in json.dumps(body), body
+    status, body = _status_until(proxy, {"x-spanguard-agent": f"{agent}/refunds"}, 403)
+    assert status == 403 and agent in json.dumps(body), body
+    elsewhere = {"x-spanguard-conversation": "conv-other", "x-spanguard-agent": f"{agent}/other"}
+    assert _status_until(proxy, elsewhere, 200)[0] == 200
+    _operator(running, "release", "--conversation", conversation)
+    assert _status_until(proxy, in_conversation, 200)[0] == 200
