@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import re
+from collections import Counter
 from functools import cache
 
 from tests.support.realruns import (
@@ -125,6 +126,38 @@ def test_the_peers_suites_on_settings_like_theirs(capsys):
         cell = cells[(peer, "any")]
         assert cell.missed == cell.caught_late == 0, peer
         assert cell.healthy_kills == cell.healthy_flags == 0, peer
+
+
+def test_downgrade_first_spares_the_coding_loops_that_escape_and_still_kills_the_stuck():
+    """`action: downgrade` on the coding runs (docs/rules.md, "Kill or downgrade first"): the
+    loops an agent left on its own and then resolved its task are downgraded, not killed; the
+    loops it never left are still killed a few calls after the downgrade (on recorded runs the
+    agent never read the downgrade's message, so this is the least it does)."""
+    from spanguard.schemas.policy import Policy
+
+    labels = load_labels()
+    runs = [run for run in load_runs(["swe"]) if labels.get(run.run, {}).get("verdict")]
+    policy = Policy.from_mapping({"defaults": {"action": "downgrade"}})
+    outcomes = Counter()
+    for found in replay(runs, policy):
+        label = labels[found.run.run]
+        actions = {action for _rule, action, _at in found.decisions}
+        if label["verdict"] == "healthy":
+            assert not actions, found.run.run
+            continue
+        kind = "escaped" if label.get("escaped") else "stuck"
+        killed = "kill" in actions
+        outcomes[(kind, found.run.outcome, killed)] += 1
+    escaped_resolved = (
+        outcomes[("escaped", "success", False)] + outcomes[("escaped", "success", True)]
+    )
+    assert escaped_resolved >= 5
+    assert outcomes[("escaped", "success", True)] <= 1
+    stuck = sum(count for (kind, _, _), count in outcomes.items() if kind == "stuck")
+    stuck_killed = sum(
+        count for (kind, _, killed), count in outcomes.items() if kind == "stuck" and killed
+    )
+    assert stuck_killed * 4 >= stuck * 3, (stuck_killed, stuck)
 
 
 def test_calls_a_user_device_made_are_not_the_agents_spans():

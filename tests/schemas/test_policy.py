@@ -48,12 +48,13 @@ def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 3 agent rules")
+    assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 4 agent rules")
     printed = yaml.safe_load(result.stdout)
     assert [rule["match"] for rule in printed["agents"]] == [
         {"service.name": "research-assistant"},
         {"gen_ai.agent.name": "ticket-bot"},
         {"service.name": "support-bot"},
+        {"gen_ai.agent.name": "coding-agent"},
     ]
     ticket_bot = printed["agents"][1]
     assert ticket_bot["token_budget"] == 200000
