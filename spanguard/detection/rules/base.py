@@ -49,7 +49,7 @@ class Fired(NamedTuple):
     action: str
 
     def __str__(self) -> str:
-        return f"{self.rule}:{self.action}"  # the changelog's form, unchanged since version 1
+        return f"{self.rule}:{self.action}"  # the changelog's form, in every state version
 
     @classmethod
     def parse(cls, text: str) -> Fired:
