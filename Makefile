@@ -86,7 +86,7 @@ test-agents: install gateway-venv kafka-up collector
 	$(BIN)/pytest -q -s -m "agents or not agents" tests/killswitch/test_agents_e2e.py \
 		tests/killswitch/test_agents_adapters.py tests/killswitch/test_gateway_e2e.py
 
-# Faults of a three-broker cluster of their own (scripts/kafka.sh cluster, free ports) under two
+# Faults of a three-broker cluster of their own (scripts/kafka-cluster.sh, free ports) under two
 # workers on their shipped defaults: partition leaders SIGKILLed, a rolling restart, a frozen
 # worker, the Collector SIGKILLed (with and without its queue on disk), a worker cut off from
 # the brokers. Each prints kills expected/sent/doubled/lost and its recovery time (10-17 min

@@ -4,7 +4,7 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -209,7 +209,9 @@ class Guard:
 
     `states` is any mutable mapping from hex trace id to TraceState (a dict by default; the
     worker passes a view of its Faust table). Each trace touched by a request is written back
-    once per request, so a changelog-backed mapping logs one update per trace and message.
+    to `states` once per request. The worker's mapping (streams/state.py, `SerializedStates`)
+    keeps those writes in memory and writes each trace to its table and changelog once per
+    commit interval (docs/design.md, "State writes once per commit").
     """
 
     def __init__(

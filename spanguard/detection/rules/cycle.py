@@ -41,9 +41,6 @@ class Cycle(ToolCallRule):
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.cycle_enabled else OFF
 
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        return policy.cycle_max_period
-
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Called before the call joins the window, which holds the last max_period calls."""
         if not policy.cycle_enabled:

@@ -72,12 +72,6 @@ class ToolLoop(ToolCallRule):
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.loop_enabled else OFF
 
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        tool_policy = policy.tool(tool_name) if policy.tools else None
-        if tool_policy is not None and tool_policy.window:
-            return tool_policy.window
-        return policy.window
-
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
