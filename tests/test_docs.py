@@ -585,3 +585,22 @@ def counts() -> dict[str, int]:
 
 if __name__ == "__main__":
     print(counts())
+
+
+def test_agent_code_in_the_docs_imports_from_the_one_agent_package():
+    """What an agent writes (the killswitch, its exceptions, the stop helper, the span
+    processors) has one import path, `spanguard.killswitch`, and every name the docs import
+    from it is there; framework adapters keep a module each."""
+    import importlib
+
+    agent_api = importlib.import_module("spanguard.killswitch")
+    pattern = re.compile(r"from (spanguard\.killswitch(?:\.\w+)?) import ([\w, ]+)")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for module, names in pattern.findall(path.read_text()):
+            if module == "spanguard.killswitch":
+                for name in (n.strip() for n in names.split(",")):
+                    assert hasattr(agent_api, name), f"{path.name}: {name}"
+                continue
+            assert module.rsplit(".", 1)[1].startswith("adapters_") or module.endswith("gateway"), (
+                f"{path.name} imports from {module}: the agent API is spanguard.killswitch"
+            )
