@@ -277,6 +277,10 @@ EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
 LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
 # LiteLLM's proxy spans (see the module docstring): the tool calls its requests answer.
 GATEWAY_SCOPE: Final = "litellm"
+# A handoff between agents (opentelemetry-instrumentation-openai-agents): read as a call.
+HANDOFF_OPERATION: Final = "agent_handoff"
+HANDOFF_FROM: Final = "gen_ai.handoff.from_agent"
+HANDOFF_TO: Final = "gen_ai.handoff.to_agent"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
@@ -655,12 +659,14 @@ def _adapt_one(
             named = True
             break
 
+    if operation == HANDOFF_OPERATION:
+        return _handoff(span, attributes, agent_name, match_attributes, scope)
     if (
         operation == "execute_tool"
         if operation is not None
         else _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation)
     ):
-        tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
+        tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or _tool_span_name(span.name)
         if tool_name == ADK_MERGED_TOOLS:
             return None
         if len(tool_name) > MAX_TEXT_CHARS:
@@ -865,6 +871,43 @@ def _other_kinds(
     if GENKIT_SUBTYPE in present and ai_operation is None:
         ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
     return oi_kind, tl_kind, ai_operation
+
+
+def _tool_span_name(name: str) -> str:
+    """A tool span's own name where it records no tool name (OpenInference's OpenAI Agents
+    handoffs: "handoff to billing"): "execute_tool X" is X; a bare or empty name is unknown."""
+    name = name.removeprefix("execute_tool ").strip()
+    if not name or name.lower() in PLACEHOLDERS or name == "execute_tool":
+        return "unknown"
+    return bounded_text(name)
+
+
+def _handoff(
+    span: Any,
+    attributes: AttributeMap,
+    agent_name: str | None,
+    match_attributes: dict[str, str] | None,
+    scope: str,
+) -> ToolCall | None:
+    """An `agent_handoff` span (the OpenTelemetry OpenAI Agents instrumentation): the agent
+    handing the run to another, counted as its call "handoff to <agent>" with both agents as
+    arguments, so two agents handing a task back and forth are a loop like any other."""
+    if HANDOFF_TO not in attributes:
+        return None
+    to_agent = bounded_text(_text(attributes[HANDOFF_TO]))
+    from_agent = bounded_text(_text(attributes[HANDOFF_FROM])) if HANDOFF_FROM in attributes else ""
+    return ToolCall(
+        span_id=span.span_id,
+        tool_name=f"handoff to {to_agent}",
+        arguments={"from_agent": from_agent, "to_agent": to_agent},
+        call_id=None,
+        agent_name=agent_name,
+        match_attributes=match_attributes,
+        result=MISSING,
+        scope=scope,
+        end_time_unix_nano=span.end_time_unix_nano,
+        start_time_unix_nano=span.start_time_unix_nano,
+    )
 
 
 def _is_tool_span(
