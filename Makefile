@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest bench-gateway gateway-venv kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go test-java ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest bench-gateway gateway-venv kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 # `make kafka-down` stops it), the Collector binary and helm; all three are fetched or built
 # once into ~/.cache/spanguard, outside the repo, so the long first builds show up here;
 # `compose` checks docker-compose.yml with Compose v2 (built from Go modules if the plugin is missing).
-test: install gateway-venv kafka-up collector helm compose test-typescript test-go ts-agents
+test: install gateway-venv kafka-up collector helm compose test-typescript test-go test-java ts-agents
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -67,6 +67,11 @@ test-typescript: kafka-up $(TS_CLIENT)/node_modules/.installed
 
 test-go: kafka-up
 	cd clients/go && go mod download && go vet ./... && go test -count=1 ./...
+
+# The Java killswitch (JUnit, Maven Surefire) on the shared vectors and the real broker; Maven
+# Central fills ~/.m2 once (a JDK >= 17 and mvn on PATH), later runs need no network.
+test-java: kafka-up
+	cd clients/java && mvn -q -B test
 
 # Two workers across a SIGKILL of a broker of the test's own and its restart from its data
 # directory, with its figures (about a minute, so not in `make test`; the shared broker is not
