@@ -49,20 +49,20 @@ public final class Signals {
       Pattern.compile(
           "([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\\.[0-9]{1,6})?"
               + "(Z|([+-])([0-9]{2}):([0-9]{2}))");
-  private static final Set<String> KINDS = Set.of("kill", "downgrade", "release", "pause");
-  private static final Set<String> RULES =
+  static final Set<String> KINDS = Set.of("kill", "downgrade", "release", "pause");
+  static final Set<String> RULES =
       Set.of("tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "cost_budget",
           "agent_budget", "manual");
-  private static final Set<String> SCOPES = Set.of("trace", "conversation", "agent");
-  private static final Set<String> FIELDS =
+  static final Set<String> SCOPES = Set.of("trace", "conversation", "agent");
+  static final Set<String> FIELDS =
       Set.of("schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence",
           "agent", "detected_at", "expires_at", "system_message", "operator", "pause_until",
           "pause_fallback", "scope", "conversation_id", "key_id", "signature");
-  private static final List<String> REQUIRED =
+  static final List<String> REQUIRED =
       List.of("schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence",
           "agent", "detected_at", "expires_at");
   // evidence field -> "string", "hex16", or the minimum of an integer
-  private static final Map<String, Object> EVIDENCE_FIELDS =
+  static final Map<String, Object> EVIDENCE_FIELDS =
       Map.ofEntries(Map.entry("span_id", "hex16"), Map.entry("tool_name", "string"),
           Map.entry("args_hash", "hex16"), Map.entry("result_hash", "hex16"),
           Map.entry("hits", 1L), Map.entry("window", 1L), Map.entry("steps", 1L),
