@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest bench-gateway gateway-venv kafka-up kafka-down topics worker \
+.PHONY: install test test-typescript test-go test-java java-agents ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest bench-gateway gateway-venv kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 # `make kafka-down` stops it), the Collector binary and helm; all three are fetched or built
 # once into ~/.cache/spanguard, outside the repo, so the long first builds show up here;
 # `compose` checks docker-compose.yml with Compose v2 (built from Go modules if the plugin is missing).
-test: install gateway-venv kafka-up collector helm compose test-typescript test-go ts-agents
+test: install gateway-venv kafka-up collector helm compose test-typescript test-go test-java java-agents ts-agents
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -67,6 +67,17 @@ test-typescript: kafka-up $(TS_CLIENT)/node_modules/.installed
 
 test-go: kafka-up
 	cd clients/go && go mod download && go vet ./... && go test -count=1 ./...
+
+# The Java killswitch (JUnit, Maven Surefire) on the shared vectors and the real broker; Maven
+# Central fills ~/.m2 once (a JDK >= 17 and mvn on PATH), later runs need no network.
+test-java: kafka-up
+	cd clients/java && mvn -q -B test
+
+# The Java agents (LangChain4j over a scripted model) for the span fixtures and the end-to-end
+# test: clients/java installed into ~/.m2, then the agents with their dependencies in target/lib.
+java-agents:
+	cd clients/java && mvn -q -B install -DskipTests
+	cd tests/support/java_agents && mvn -q -B package -DskipTests
 
 # Two workers across a SIGKILL of a broker of the test's own and its restart from its data
 # directory, with its figures (about a minute, so not in `make test`; the shared broker is not
@@ -155,12 +166,13 @@ lint: install
 # Span fixtures from the real instrumentation libraries (tests/fixtures/instrumentation).
 # Google ADK and strands get virtualenvs of their own (their OTel pins exclude the SDK's); the
 # TypeScript frameworks run under node from tests/support/ts_agents (its own lockfile).
-fixtures: install ts-agents
+fixtures: install ts-agents java-agents
 	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/python -m tests.support.instrumented_agents
 	$(BIN)/python -m tests.support.instrumented_agents --typescript
 	$(BIN)/python -m tests.support.instrumented_agents --go
+	$(BIN)/python -m tests.support.instrumented_agents --java
 
 # Both builds of the detection core: pure Python (a plain install) and compiled by mypyc (setup.py;
 # the worker image), each against the same process's protobuf parse and attribute scan.

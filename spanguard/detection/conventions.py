@@ -44,6 +44,12 @@ each convention's own source (the version read is given per convention):
   `genkit:input` and the result in `genkit:output` (`{"output": ...}` for tool.v2); no call id,
   and no usage outside the model span's `genkit:output` document (not read). It has no setting
   that turns content off.
+- LangChain4j 1.19 (Java) makes no spans of its own (it has ChatModelListener, AI service
+  events and before/afterToolExecution hooks); clients/java's LangChain4jTracing (scope
+  `dev.spanguard.langchain4j`) makes the GenAI conventions above from them: one `chat` span per
+  model call with its usage, one `execute_tool NAME` span per tool call with the call id, and,
+  with `captureContent` on (its default), the arguments (LangChain4j's JSON text) and the
+  result (the tool's return value as LangChain4j hands it to the model).
 - Mastra 1.71.0's observability through @mastra/otel-exporter 1.4.0: the GenAI conventions
   above; `tracingOptions: {hideInput: true}` drops the arguments.
 - OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
@@ -1275,6 +1281,11 @@ CAPTURE_SETTINGS_EXACT: Final = {
         "Genkit",
         "Genkit always records a tool's input (genkit:input); a span processor or the Collector"
         " must have dropped it",
+    ),
+    "dev.spanguard.langchain4j": (
+        "LangChain4j (through clients/java's LangChain4jTracing)",
+        "LangChain4jTracing.create(openTelemetry) or create(openTelemetry, true):"
+        " captureContent true, its default",
     ),
     "gen_ai": (
         "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",

@@ -1,9 +1,10 @@
 """`spanguard replay` on spans real TypeScript and Go agent frameworks emitted (scripted models).
 
 tests/fixtures/instrumentation/<library>/<mode> comes from tests/support/ts_agents/generate.mjs
-(node, its own lockfile) and tests/support/go_agents (go run, their own go.mod); `make fixtures`.
-These tests replay the checked-in files and need neither node nor go; the last two re-run the
-agents where node or go is there.
+(node, its own lockfile), tests/support/go_agents (go run, their own go.mod) and
+tests/support/java_agents (a JVM, its own pom.xml); `make fixtures`. These tests replay the
+checked-in files and need neither node, go nor java; the last three re-run the agents where
+they can run.
 
 Per (library, mode) the expected decisions follow from what the mode records:
 - `full`: arguments and results: both loops killed at their 3rd call, the empty searches
@@ -30,8 +31,10 @@ from tests.support.instrumented_agents import (
     FIXTURES,
     SCENARIOS,
     generate_go,
+    generate_java,
     generate_typescript,
     go_ready,
+    java_ready,
     typescript_ready,
 )
 
@@ -66,8 +69,11 @@ LIBRARIES: dict[str, tuple[dict[str, str], tuple[str, str]]] = {
     ),
     # Go: Genkit's own tracing; it has no setting that turns content off.
     "genkit": ({"capture": "full"}, ("Genkit", "genkit:input")),
+    # Java: LangChain4j makes no spans; clients/java's LangChain4jTracing makes them from its
+    # listeners and tool hooks (GenAI conventions), content capture on or off.
+    "langchain4j": ({"capture": "full", "off": "none"}, ("LangChain4j", "captureContent")),
 }
-TYPESCRIPT = [name for name in LIBRARIES if name != "genkit"]
+TYPESCRIPT = [name for name in LIBRARIES if name not in ("genkit", "langchain4j")]
 # Genkit keeps a model call's usage inside its genkit:output document only: no budget to check.
 WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
@@ -268,3 +274,12 @@ def test_the_go_generator_reproduces_the_fixtures(tmp_path):
         pytest.skip(f"Go agents not runnable here: {why_not}")
     generate_go(tmp_path)
     assert_reproduced(tmp_path, ["genkit"])
+
+
+def test_the_java_generator_reproduces_the_fixtures(tmp_path):
+    """Re-run the Java agents (a JVM): the same decisions and hashes in both modes."""
+    why_not = java_ready()
+    if why_not is not None:
+        pytest.skip(f"Java agents not runnable here: {why_not}")
+    generate_java(tmp_path)
+    assert_reproduced(tmp_path, ["langchain4j"])

@@ -26,6 +26,11 @@ with its own package.json and lockfile (`--typescript` runs `npm ci` there first
 A Go agent framework, Genkit for Go, runs them under `go run` (tests/support/go_agents/genkit,
 its own go.mod): `--go`.
 
+A Java one, LangChain4j, runs them in a JVM (tests/support/java_agents, its own pom.xml, built by
+`make java-agents`): `--java`. LangChain4j makes no spans itself; clients/java's
+LangChain4jTracing makes them from its listeners and tool hooks (GenAI conventions), and the
+OpenTelemetry Java SDK exports them over OTLP/HTTP to a receiver here.
+
 Google ADK and strands-agents pin OpenTelemetry versions this project's SDK pin excludes, so they
 run in a virtualenv of their own, made on demand under ~/.cache/spanguard/fixtures-<library>
 (or $SPANGUARD_FIXTURE_VENVS/fixtures-<library>)
@@ -38,12 +43,14 @@ import argparse
 import asyncio
 import dataclasses
 import gzip
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +67,8 @@ VENVS = Path(
 TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
 GO_AGENTS = ROOT / "tests" / "support" / "go_agents"
 GO_LIBRARIES = {"genkit": ("capture",)}  # Genkit has no setting that turns content off
+JAVA_AGENTS = ROOT / "tests" / "support" / "java_agents"
+JAVA_LIBRARIES = {"langchain4j": ("capture", "off")}  # off: LangChain4jTracing captureContent
 SERVICE = "scripted-agent"
 MODULE = "tests.support.instrumented_agents"
 
@@ -927,6 +936,90 @@ def generate_go(out: Path) -> None:
                         gz.write(line)
 
 
+def java_ready() -> str | None:
+    """None when the Java agents are built here, else why not (one line)."""
+    if shutil.which("java") is None:
+        return "java is not on PATH"
+    if not (JAVA_AGENTS / "target" / "lib").is_dir():
+        return f"{JAVA_AGENTS}/target/lib is missing (run `make java-agents`)"
+    return None
+
+
+def java_command(*args: str) -> list[str]:
+    """The Java agents' command line (tests/support/java_agents, built by `make java-agents`)."""
+    classpath = os.pathsep.join(
+        [str(JAVA_AGENTS / "target" / "classes"), str(JAVA_AGENTS / "target" / "lib" / "*")]
+    )
+    return ["java", "-cp", classpath, "dev.spanguard.agents.Main", *args]
+
+
+class _OtlpSink(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that keeps every protobuf request body it is sent."""
+
+    bodies: list[bytes]
+
+    def do_POST(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def generate_java(out: Path) -> None:
+    """Run the Java agents over SCENARIOS per mode; each scenario's trace becomes its fixture."""
+    from spanguard.schemas.otlp import decode_protobuf, encode_json_line, split_by_trace
+
+    why_not = java_ready()
+    if why_not is not None:
+        raise RuntimeError(f"the Java fixtures need the Java agents: {why_not}")
+    scenarios = {
+        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        scenario_file = Path(scratch) / "scenarios.json"
+        scenario_file.write_text(json.dumps(scenarios))
+        for name, modes in JAVA_LIBRARIES.items():
+            for mode in modes:
+                bodies: list[bytes] = []
+                handler = type("Sink", (_OtlpSink,), {"bodies": bodies})
+                server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+                thread = threading.Thread(target=server.serve_forever, daemon=True)
+                thread.start()
+                try:
+                    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+                    command = java_command("fixtures", "--scenarios", str(scenario_file),
+                                           "--mode", mode, "--endpoint", endpoint)  # fmt: skip
+                    done = subprocess.run(command, capture_output=True, text=True, check=True)
+                finally:
+                    server.shutdown()
+                    server.server_close()
+                traces = {
+                    line["scenario"]: line["trace_id"]
+                    for line in map(json.loads, done.stdout.splitlines())
+                }
+                parts: dict[str, list[Any]] = {}
+                for body in bodies:
+                    for trace_id, part in split_by_trace(decode_protobuf(body)).items():
+                        parts.setdefault(trace_id, []).append(part)
+                folder = out / name / mode
+                folder.mkdir(parents=True, exist_ok=True)
+                for scenario in SCENARIOS:
+                    request = parts[traces[scenario]][0]
+                    for more in parts[traces[scenario]][1:]:
+                        request.resource_spans.extend(more.resource_spans)
+                    line = (encode_json_line(request) + "\n").encode()
+                    path = folder / f"{scenario}.json.gz"
+                    with (
+                        path.open("wb") as file,
+                        gzip.GzipFile(fileobj=file, mode="wb", mtime=0) as gz,
+                    ):
+                        gz.write(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("libraries", nargs="*", help=f"default: all ({', '.join(LIBRARIES)})")
@@ -937,7 +1030,11 @@ def main(argv: list[str] | None = None) -> int:
         "--typescript", action="store_true", help="the TypeScript frameworks' agents (node)"
     )
     parser.add_argument("--go", action="store_true", help="the Go frameworks' agents (go run)")
+    parser.add_argument("--java", action="store_true", help="the Java frameworks' agents (a JVM)")
     args = parser.parse_args(argv)
+    if args.java:
+        generate_java(args.out)
+        return 0
     if args.go:
         generate_go(args.out)
         return 0
