@@ -482,6 +482,9 @@ CLIENT_RULE_LISTS = {
     "clients/typescript/src/signal.js": r"const RULES = new Set\(\[([^\]]*)\]\)",
     "clients/typescript/src/index.d.ts": r"readonly rule: ('[^;]*');",
     "clients/go/signal.go": r"\brules\s*=\s*map\[string\]bool\{([^}]*)\}",
+    "clients/java/src/main/java/dev/spanguard/killswitch/Signals.java": (
+        r"Set<String> RULES =\s*Set\.of\(([^)]*)\)"
+    ),
 }
 
 
