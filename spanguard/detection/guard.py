@@ -169,7 +169,8 @@ class GuardStats:
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
-        return getattr(self, outcome.value)
+        counted: int = getattr(self, outcome.value)
+        return counted
 
 
 def _spent(state: TraceState) -> tuple[int, int]:
