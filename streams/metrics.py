@@ -409,7 +409,7 @@ class WorkerMetrics(Collector):
     def __init__(
         self,
         guard: Guard,
-        counts: Mapping[type[CountedOutcome], Counted],
+        counts: Mapping[type[CountedOutcome], Counted[Any]],
         active_traces: Callable[[], int],
         cached_traces: Callable[[], int] = lambda: 0,
     ) -> None:

@@ -459,7 +459,9 @@ class TraceTable(faust.Table):
         record) cost about 80 us a state before its send and as much after, while every batch
         waited (docs/performance.md). In Kafka transactions (exactly once) the transaction's
         producer must send them, so Faust's path does."""
-        return self.app.conf.processing_guarantee is ProcessingGuarantee.AT_LEAST_ONCE and hasattr(
+        # (Faust's setting descriptor types the value as the enum class; it is a member.)
+        guarantee: ProcessingGuarantee = self.app.conf.processing_guarantee  # type: ignore[assignment]
+        return guarantee is ProcessingGuarantee.AT_LEAST_ONCE and hasattr(
             self.data, "_db_for_partition"
         )
 
@@ -467,18 +469,19 @@ class TraceTable(faust.Table):
         if not self.writes_directly():
             super().on_key_set(key, value)
             return
-        self.pending.append((self.partition_for_key(key), key, value))
+        # Declared without use_partitioner, the table names the arriving record's partition.
+        self.pending.append((self.partition_for_key(key), key, value))  # type: ignore[arg-type]
 
     def on_key_del(self, key: Any) -> None:
         if not self.writes_directly():
             super().on_key_del(key)
             return
-        self.pending.append((self.partition_for_key(key), key, None))
+        self.pending.append((self.partition_for_key(key), key, None))  # type: ignore[arg-type]
 
     def put_states(self, writes: list[StateWrite]) -> None:
         """Store a flush's states, their changelog records left in `pending` (when
         `writes_directly`)."""
-        store = self.data
+        store: Any = self.data  # a RocksDB store (writes_directly): its private index and DBs
         batches: dict[int, Any] = {}
         for write in writes:
             partition = write.event.message.partition
@@ -582,7 +585,7 @@ class WriteBackAgent:
         # first (a batch still running flushes as it ends), so neither waits out the interval
         # or forever. A worker whose lease lapsed writes nothing more: the partitions may be
         # another's already.
-        app._consumer_wait_empty = self._flushing_first(app._consumer_wait_empty)  # type: ignore[method-assign]
+        app._consumer_wait_empty = self._flushing_first(app._consumer_wait_empty)  # type: ignore[method-assign, assignment]
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -598,7 +601,9 @@ class WriteBackAgent:
         flushed, on a failure nothing more is written."""
         crashed = False
         try:
-            async for events in stream.take_events(self.worker.settings.batch_size, within=within):
+            # (take_events is Stream's, not on the StreamT interface Faust types it by.)
+            batches = stream.take_events(self.worker.settings.batch_size, within=within)  # type: ignore[attr-defined]
+            async for events in batches:
                 self.in_batch = True
                 await guard_batch(events)
                 self.in_batch = False
@@ -718,6 +723,7 @@ class WriteBackAgent:
         changelog write raises: its messages can never be acked."""
         unsent: list[tuple[Send, BaseException]] = []
         waiting: dict[asyncio.Future[Any], Send | None] = {}
+        send: Send | None
         for write in writes:
             waiting[asyncio.ensure_future(write)] = None
         for send, produced in records:
@@ -857,7 +863,8 @@ class WriteBackAgent:
         """Let go of `events` unacked: Faust stops waiting on them and commits none of them."""
         dropped = {id(event) for event in events}
         self.held = [event for event in self.held if id(event) not in dropped]
-        unacked = self.worker.app.consumer._unacked_messages  # Faust waits on these to rebalance
+        consumer: Any = self.worker.app.consumer  # the driver's; ConsumerT types no private state
+        unacked = consumer._unacked_messages  # Faust waits on these to rebalance
         waited_on = [event for event in events if event.message in unacked]
         for event in waited_on:
             unacked.discard(event.message)
