@@ -98,7 +98,8 @@ class Traffic(threading.Thread):
                     self._post(requests, kills)
                 self.posting_seconds = time.monotonic() - started
                 upcoming.cancel()
-        except BaseException as exc:
+        # Any failure of the traffic thread is handed to the main thread, which reports it.
+        except BaseException as exc:  # noqa: BLE001
             self.error = exc
 
     def _post(self, requests: list[tuple[bytes, set[str]]], kills: dict[str, str]) -> None:
@@ -160,7 +161,7 @@ class LagMeter(threading.Thread):
                 )
                 lag += max(high - max(committed.get(p, 0), 0), 0)
             return lag
-        except Exception:
+        except Exception:  # a broker down mid-read: the next sample counts  # noqa: BLE001
             return None  # a broker down mid-read: the next sample counts
 
     def run(self) -> None:

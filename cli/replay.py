@@ -224,7 +224,8 @@ def replay(
             if item.request is not None:
                 try:
                     decisions = guard.process(item.request)
-                except Exception as exc:  # a bug must cost one request, never the replay
+                # A bug must cost one request, never the replay.
+                except Exception as exc:  # noqa: BLE001
                     item.error = f"detection failed: {type(exc).__name__}: {exc}"
                 else:
                     result.requests += 1

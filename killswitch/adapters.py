@@ -271,7 +271,8 @@ def span_trace_id(span: Any) -> str | None:
     """The 32-hex trace id of an OpenTelemetry span, None if it has no valid context."""
     try:
         context = span.get_span_context()
-    except Exception:
+    # Any span object an SDK hands over: no trace id, never a failure in the agent.
+    except Exception:  # noqa: BLE001
         return None
     if not context.is_valid:
         return None

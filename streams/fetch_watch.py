@@ -141,7 +141,8 @@ class FetchWatch:
     async def look(self) -> None:
         try:
             await self._look()
-        except Exception as exc:  # starting, stopping, rebalancing: the next look tries again
+        # Starting, stopping, rebalancing: the next look tries again.
+        except Exception as exc:  # noqa: BLE001
             log.debug("fetch watch skipped a look", extra={"error": repr(exc)})
 
     async def _look(self) -> None:

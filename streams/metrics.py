@@ -221,7 +221,7 @@ class TableMemory(Collector):
                 for database in databases:
                     try:
                         total += database.property_int_value(prop) or 0
-                    except Exception:  # closed by a rebalance since the listing
+                    except Exception:  # closed by a rebalance since the listing  # noqa: BLE001
                         continue
                 family.add_metric([table.name, kind], total)
         yield family

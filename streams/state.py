@@ -708,7 +708,8 @@ class WriteBackAgent:
     ) -> None:
         try:
             await self.ack_when_written(written, changelog, records, epoch, None)
-        except Exception as exc:
+        # A background task: any failure goes to flush_failed (logged with its traceback, writes stop).
+        except Exception as exc:  # noqa: BLE001
             self.flush_failed(exc)
 
     async def writes_acked(
@@ -716,7 +717,8 @@ class WriteBackAgent:
         writes: list[Awaitable[Any]],
         records: list[tuple[Send, Produced]],
         epoch: int,
-        timeout: float | None,
+        # None or a deadline the loop checks between acks, as flush_states passes it.
+        timeout: float | None,  # noqa: ASYNC109
     ) -> list[tuple[Send, BaseException]] | None:
         """Wait for the broker's acks of the changelog `writes` and the deferred `records`;
         the records that failed and why, or None if fenced or out of time first. A refused
@@ -807,7 +809,8 @@ class WriteBackAgent:
     async def flush_between_batches(self) -> None:
         try:
             await self.flush_states()
-        except Exception as exc:
+        # Any failure goes to flush_failed (logged with its traceback, writes stop until a restart).
+        except Exception as exc:  # noqa: BLE001
             self.flush_failed(exc)
 
     def flush_failed(self, exc: Exception) -> None:
@@ -839,7 +842,7 @@ class WriteBackAgent:
         (and those of earlier flushes still awaited in the background)."""
         try:
             await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
-        except Exception as exc:  # not committed: decided again after the restart
+        except Exception as exc:  # not committed: decided again after the restart  # noqa: BLE001
             log.warning("states not flushed on stop", extra={"error": repr(exc)})
         if self.acking:
             await asyncio.wait(set(self.acking), timeout=CHANGELOG_ACK_TIMEOUT)

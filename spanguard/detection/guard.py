@@ -341,7 +341,8 @@ class Guard:
                         continue
                     try:
                         event = adapt_read(span, reading, match, scope)
-                    except Exception as exc:  # a bad span costs itself, never its neighbours
+                    # A bad span costs itself, never its neighbours.
+                    except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
                     if event is None:
@@ -362,7 +363,8 @@ class Guard:
                         touched[trace_id] = state
                     try:
                         decision = self.observe(trace_id, state, event, resource)
-                    except Exception as exc:  # e.g. arguments nested too deep to hash
+                    # E.g. arguments nested too deep to hash.
+                    except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
                     if decision is not None:

@@ -124,7 +124,8 @@ class SpanAgent(WriteBackAgent):
     async def watch_progress(self) -> None:
         try:
             pending = self.pending_records()
-        except Exception:  # no consumer yet (starting, rebalancing): nothing to say this tick
+        # No consumer yet (starting, rebalancing): nothing to say this tick.
+        except Exception:  # noqa: BLE001
             return
         self.worker.health.observe_pending(pending)
 
