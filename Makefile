@@ -40,7 +40,8 @@ typecheck: install
 
 # The killswitch clients for TypeScript (node's test runner) and Go (go test), each on the shared
 # kill-signal vectors and against the real broker; npm ci and the Go module proxy fetch their
-# dependencies once (node >= 20 and go on PATH).
+# dependencies once (node >= 20 and go on PATH). The TypeScript client's `npm test` first runs
+# tsc over its index.d.ts and a usage file compiled against it (npm run typecheck).
 TS_CLIENT := clients/typescript
 TS_AGENTS := tests/support/ts_agents
 
