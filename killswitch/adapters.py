@@ -59,7 +59,16 @@ MAX_RUNS = 10_000
 
 
 class Checker(Protocol):
-    def check(self, trace_id: str, **scope: Any) -> str | None: ...
+    """What an adapter checks before a tool call: a KillSwitch, a SignalBook or a
+    GuardingSpanProcessor (each takes the scope as these keywords)."""
+
+    def check(
+        self,
+        trace_id: str,
+        *,
+        conversation_id: str | None = ...,
+        agent: AgentIdentity | None = ...,
+    ) -> str | None: ...
 
 
 class TraceGate:
