@@ -263,7 +263,8 @@ def main() -> int:
               f"{args.chaos_every:.0f} s", flush=True)  # fmt: skip
 
         time.sleep(args.warmup)
-        rss_start = [rss_kib(w.process.pid) for w in workers]
+        # (The harness started it above: its process is set.)
+        rss_start = [rss_kib(w.process.pid) for w in workers]  # type: ignore[union-attr]
         # Each minute: seconds since the start and each slot's RSS in MiB (a replaced worker's
         # from its replacement): memory that levels off, or not.
         rss_series: list[list[int]] = []
@@ -278,7 +279,8 @@ def main() -> int:
             if time.monotonic() >= next_rss:
                 next_rss += 60
                 with contextlib.suppress(OSError):  # a worker replaced this very second
-                    rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]
+                    # (The harness started it above: its process is set.)
+                    rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]  # type: ignore[union-attr]
                     rss_series.append([round(time.monotonic() - started), *rss])
                 memory_series.append(
                     [round(time.monotonic() - started), *map(memory_parts, workers)]
@@ -334,7 +336,8 @@ def main() -> int:
             time.sleep(2)
         drained_in = time.monotonic() - traffic_done
         time.sleep(10)  # late duplicates, were there any
-        rss_end = [rss_kib(w.process.pid) for w in workers]
+        # (The harness started it above: its process is set.)
+        rss_end = [rss_kib(w.process.pid) for w in workers]  # type: ignore[union-attr]
 
         by_trace: dict[str, set[str]] = {}
         latencies = []
