@@ -32,9 +32,10 @@ test: install kafka-up collector helm compose test-typescript test-go ts-agents
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/pytest -q
 
-# mypy over the whole package, each folder under its import name (scripts/typecheck.py; the
-# settings are pyproject.toml's [tool.mypy]): strict for the schemas and the detection kernel,
-# a baseline elsewhere. Its cache is .mypy_cache: about a minute from nothing, seconds after.
+# mypy over the whole package, each folder under its import name, and bench/ and scripts/
+# (scripts/typecheck.py; the settings are pyproject.toml's [tool.mypy]): strict for the schemas
+# and the detection kernel, a baseline elsewhere. Its cache is .mypy_cache: about a minute from
+# nothing, a second or two after.
 typecheck: install
 	$(BIN)/python scripts/typecheck.py
 
