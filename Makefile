@@ -4,10 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test typecheck test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest kafka-up kafka-down topics worker \
+.PHONY: install test typecheck test-typescript test-go ts-agents test-agents test-failover test-faults soak test-unit lint bench bench-eviction bench-stall bench-prompt-export bench-pipeline bench-backtest bench-gateway gateway-venv kafka-up kafka-down topics worker \
 	collector helm compose constraints up down demo clean fixtures
 
 install: $(STAMP)
+
+# The LiteLLM proxy and spanguard's guardrail for it (spanguard[litellm]) in a virtualenv of
+# their own: litellm's pins (httpx, openai, aiohttp) conflict with constraints.txt. This
+# checkout is installed editable into it, at the versions of constraints-litellm.txt.
+GATEWAY_VENV := .venv-litellm
+GATEWAY_STAMP := $(GATEWAY_VENV)/.installed
+
+gateway-venv: $(GATEWAY_STAMP)
+
+$(GATEWAY_STAMP): pyproject.toml constraints-litellm.txt
+	$(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(GATEWAY_VENV)/bin/pip install --quiet -c constraints-litellm.txt -e ".[litellm]"
+	@touch $@
 
 # Re-install when the dependency list changes; a fresh clone gets everything from PyPI, at the
 # versions of constraints.txt (the tested set; `make constraints` rewrites it from .venv).
@@ -26,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 # `make kafka-down` stops it), the Collector binary and helm; all three are fetched or built
 # once into ~/.cache/spanguard, outside the repo, so the long first builds show up here;
 # `compose` checks docker-compose.yml with Compose v2 (built from Go modules if the plugin is missing).
-test: install kafka-up collector helm compose test-typescript test-go ts-agents
+test: install gateway-venv kafka-up collector helm compose test-typescript test-go ts-agents
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
@@ -73,13 +88,15 @@ test-failover: install
 # worker, KillSwitch): the looping agent stops at its 3rd call, its healthy twin finishes; each
 # row prints its calls before the stop and the stop latency (`make test` runs one row).
 # Google ADK and strands run in virtualenvs of their own (made or brought up to date here).
-test-agents: install kafka-up collector
+# The gateway rows (tests/killswitch/test_gateway_e2e.py) run the real LiteLLM proxy from
+# gateway-venv.
+test-agents: install gateway-venv kafka-up collector
 	$(BIN)/python -m tests.support.instrumented_agents --venv google-adk
 	$(BIN)/python -m tests.support.instrumented_agents --venv strands
 	$(BIN)/pytest -q -s -m "agents or not agents" tests/killswitch/test_agents_e2e.py \
-		tests/killswitch/test_agents_adapters.py
+		tests/killswitch/test_agents_adapters.py tests/killswitch/test_gateway_e2e.py
 
-# Faults of a three-broker cluster of their own (scripts/kafka.sh cluster, free ports) under two
+# Faults of a three-broker cluster of their own (scripts/kafka-cluster.sh, free ports) under two
 # workers on their shipped defaults: partition leaders SIGKILLed, a rolling restart, a frozen
 # worker, the Collector SIGKILLed (with and without its queue on disk), a worker cut off from
 # the brokers. Each prints kills expected/sent/doubled/lost and its recovery time (10-17 min
@@ -198,5 +215,10 @@ bench-pipeline: install kafka-up
 bench-backtest: install kafka-up
 	$(BIN)/python -m bench.bench_backtest
 
+# What the gateway's guardrail adds to a model call through the real LiteLLM proxy: p50/p99 per
+# call with and without it, in one run, and their ratio (about a minute; the shared broker).
+bench-gateway: install gateway-venv kafka-up
+	$(BIN)/python -m bench.bench_gateway
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(GATEWAY_VENV) .pytest_cache .ruff_cache build *.egg-info

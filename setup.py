@@ -1,8 +1,8 @@
 """Build hook: the detection core compiled with mypyc when SPANGUARD_COMPILE=1.
 
 Every span of every agent passes through the modules below. Compiled by mypyc (the compiler
-mypy and black ship with) from the very same source, they run the guard about 1.5 times as
-fast; the worker image builds them so (Dockerfile). A plain `pip install` and the editable
+mypy and black ship with) from the very same source, they run the guard faster (the figure:
+docs/performance.md, "Figures behind the code"); the worker image builds them so (Dockerfile). A plain `pip install` and the editable
 install of `make install` keep them pure Python and need no C compiler. Which one runs is
 `spanguard.detection.core_build()`, and the worker logs it at start.
 

@@ -1234,7 +1234,7 @@ def p99_target(latency: Latency) -> str:
     return f"{met(ok)} ({'-' if p99 is None else f'{p99:.0f} ms'} over {latency.measured} kills)"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=100_000, help="spans per drain corpus")
     parser.add_argument("--traces", type=int, default=1_000, help="traces per drain corpus")
@@ -1306,21 +1306,67 @@ def main() -> int:
         " traces a conversation (the conversation scope's load, with a policy that turns it on:"
         " --worker-arg=--policy=FILE)",
     )
-    args = parser.parse_args()
-    phases = set(args.phases.split(","))
-    builds = [build for build in args.scope_builds.split(",") if build]
-    unknown = [build for build in builds if build not in BUILDS]
-    if unknown or not builds:
+    args = parser.parse_args(argv)
+    args.phase_set = set(args.phases.split(","))
+    args.builds = [build for build in args.scope_builds.split(",") if build]
+    unknown = [build for build in args.builds if build not in BUILDS]
+    if unknown or not args.builds:
         parser.error(f"--scope-builds: {unknown or 'none'}; choose from {', '.join(BUILDS)}")
-    if "scopes" in phases and "compiled" in builds and not compiled_core_built():
+    if "scopes" in args.phase_set and "compiled" in args.builds and not compiled_core_built():
         parser.error(
             "--scope-builds compiled: nothing in build/compiled-core; run"
             " `python scripts/compiled_core.py build` (make bench-pipeline does) or pass"
             " --scope-builds python"
         )
-    bench_started = time.monotonic()
+    return args
 
-    ensure_broker()
+
+@dataclass
+class Run:
+    """One run of the benchmark: its arguments, corpora, live processes, what each phase
+    measured, and `result`, the JSON line printed last. Each phase reads and adds to it."""
+
+    args: argparse.Namespace
+    started: float  # time.monotonic() at the start, for the closing line
+    # The corpora (built by `corpora`): drain, second drain (phase two), latency run; the
+    # Collector's (phase collector) and the scope rounds' (phase scopes) with fresh trace ids.
+    corpus: Corpus | None = None
+    messages: list[tuple[bytes, bytes, list[str]]] | None = None
+    second: Corpus | None = None
+    paced: list[tuple[bytes, bytes, list[str]]] | None = None
+    expected: dict[str, str] | None = None
+    corpus_c: Corpus | None = None
+    latency_c: Corpus | None = None
+    expected_c: dict[str, str] | None = None
+    rounds_s: list[Corpus] | None = None
+    latency_s: Corpus | None = None
+    warmup_s: Corpus | None = None
+    expected_s: dict[str, str] | None = None
+    per_message: float = 0.0
+    # Live: the topics, the admin client, the workers and the Collector (stopped at the end).
+    topics: Topics | None = None
+    admin: AdminClient | None = None
+    workers: list[WorkerProcess] | None = None
+    shipped: ShippedCollector | None = None
+    # Measured.
+    core: float = 0.0
+    one: Drain | None = None
+    latency: Latency | None = None
+    fed: Fed | None = None
+    fed_latency: Latency | None = None
+    two: Drain | None = None
+    scope_runs: list[ScopesRun] | None = None
+    floor: Floor | None = None
+    result: dict[str, object] | None = None
+
+    @property
+    def phases(self) -> set[str]:
+        return self.args.phase_set
+
+
+def build_corpora(run: Run) -> None:
+    """Every corpus the chosen phases drain, built before anything is timed."""
+    args, phases = run.args, run.phases
     started = time.perf_counter()
     low, high = (int(n) for n in args.message_spans.split(","))
     mix: dict[str, Any] = {"per_trace": True, "message_spans": (low, high)}
@@ -1328,323 +1374,410 @@ def main() -> int:
     messages = keyed_messages(
         with_conversations(corpus.requests) if args.conversations else corpus.requests
     )
-    second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
+    run.corpus, run.messages = corpus, messages
+    run.second = build_corpus(args.spans, args.traces, seed=9, **mix) if "two" in phases else None
     loops = {"loop_every": args.latency_loop_every}
     latency_corpus = build_corpus(
         int(args.rate * args.seconds), args.latency_traces, seed=8, **mix, **loops
     )
-    paced = keyed_messages(
+    run.paced = paced = keyed_messages(
         with_conversations(latency_corpus.requests, prefix="latency-conv")
         if args.conversations
         else latency_corpus.requests
     )
-    expected = expected_kills(latency_corpus.requests)
+    run.expected = expected = expected_kills(latency_corpus.requests)
     # Fresh trace ids for the Collector's drain and latency run.
-    corpus_c = latency_c = None
-    expected_c: dict[str, str] = {}
+    run.expected_c = {}
     if "collector" in phases:
-        corpus_c = build_corpus(args.spans, args.traces, seed=11, **mix)
-        latency_c = build_corpus(
+        run.corpus_c = corpus_c = build_corpus(args.spans, args.traces, seed=11, **mix)
+        run.latency_c = latency_c = build_corpus(
             int(args.rate * args.seconds), args.latency_traces, seed=12, **mix, **loops
         )
-        expected_c = expected_kills(latency_c.requests)
+        run.expected_c = expected_kills(latency_c.requests)
         # The Collector's corpora carry the scope's load too; with phase `scopes`, whose run
         # they are the scope-off half of, always.
         if args.conversations or "scopes" in phases:
             corpus_c.requests = with_conversations(corpus_c.requests, prefix="collector-conv")
             latency_c.requests = with_conversations(latency_c.requests, prefix="latency-c-conv")
-    rounds_s: list[Corpus] = []
-    latency_s = warmup_s = None
-    expected_s: dict[str, str] = {}
+    run.rounds_s = []
+    run.expected_s = {}
     if "scopes" in phases and "collector" in phases:
         for round_index in range(args.scope_rounds):
             corpus_s = build_corpus(args.spans, args.traces, seed=13 + 10 * round_index, **mix)
             corpus_s.requests = with_conversations(
                 corpus_s.requests, prefix=f"scopes-{round_index}-conv"
             )
-            rounds_s.append(corpus_s)
-        warmup_s = build_corpus(args.spans // 10, args.traces // 10, seed=15, **mix)
+            run.rounds_s.append(corpus_s)
+        run.warmup_s = warmup_s = build_corpus(args.spans // 10, args.traces // 10, seed=15, **mix)
         warmup_s.requests = with_conversations(warmup_s.requests, prefix="warmup-conv")
         if "latency" in phases:
-            latency_s = build_corpus(
+            run.latency_s = latency_s = build_corpus(
                 int(args.rate * args.seconds), args.latency_traces, seed=14, **mix, **loops
             )
-            expected_s = expected_kills(latency_s.requests)
+            run.expected_s = expected_kills(latency_s.requests)
             latency_s.requests = with_conversations(latency_s.requests, prefix="latency-s-conv")
-    per_message = corpus.spans / len(messages)
+    run.per_message = corpus.spans / len(messages)
     print(
         f"corpus: {corpus.spans:,} spans in {len(messages):,} one-trace messages"
-        f" ({per_message:.2f} spans each, {low}-{high}) over {args.traces:,} traces"
+        f" ({run.per_message:.2f} spans each, {low}-{high}) over {args.traces:,} traces"
         f" ({sum(map(len, corpus.requests)) / 1e6:.1f} MB); latency run:"
         f" {latency_corpus.spans:,} spans in {len(paced):,} messages over"
         f" {args.latency_traces:,} traces, {len(expected)} loops to kill"
         f" (built in {time.perf_counter() - started:.1f}s)"
     )
 
-    # Best of runs before the workers start and after they stop: other load on a shared
-    # machine only ever slows a run down.
-    core = core_rate(corpus.requests, corpus.spans, args.runs)
-    print(f"core (Guard().process, same requests, best of {args.runs}): {core:12,.0f} spans/s")
 
-    topics = Topics()
-    admin = AdminClient(CLUSTER.config())
-    workers: list[WorkerProcess] = []
-    result: dict[str, object] = {}
-    shipped: ShippedCollector | None = None
-    try:
-        # The repartition topic's append times split the Collector's latency into stages, the
-        # trace table changelog's tell when the worker flushed its states.
-        timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
-        create_timed_topics(admin, timed, args.partitions)
-        create_worker_topics(topics, args.partitions)
-        workers.append(start_worker(topics, args.partitions, args))
-        probe(topics.input, args.partitions, workers, seed=101)
+def core_before(run: Run) -> None:
+    """The core over the same requests, best of runs, before the workers start and after
+    they stop (`core_after`): other load on a shared machine only ever slows a run down."""
+    assert run.corpus is not None
+    runs = run.args.runs
+    core = run.core = core_rate(run.corpus.requests, run.corpus.spans, runs)
+    print(f"core (Guard().process, same requests, best of {runs}): {core:12,.0f} spans/s")
 
-        # -- 1. one worker drains a backlog ---------------------------------------------
-        one = drain(
-            topics.input, messages, corpus.spans, workers, args.drain_timeout,
-            Profiler(args.profile, "worker-drain-one.txt") if args.profile else None,
+
+def start_first_worker(run: Run) -> None:
+    """The topics, then one worker, probed until it takes spans from every partition."""
+    topics, admin, args = run.topics, run.admin, run.args
+    assert topics is not None and admin is not None and run.workers is not None
+    # The repartition topic's append times split the Collector's latency into stages, the
+    # trace table changelog's tell when the worker flushed its states.
+    timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
+    create_timed_topics(admin, timed, args.partitions)
+    create_worker_topics(topics, args.partitions)
+    run.workers.append(start_worker(topics, args.partitions, args))
+    probe(topics.input, args.partitions, run.workers, seed=101)
+
+
+def phase_one(run: Run) -> None:
+    """1. One worker drains a backlog."""
+    args, topics, workers = run.args, run.topics, run.workers
+    assert topics is not None and workers is not None and run.corpus is not None
+    assert run.messages is not None and run.result is not None
+    one = run.one = drain(
+        topics.input, run.messages, run.corpus.spans, workers, args.drain_timeout,
+        Profiler(args.profile, "worker-drain-one.txt") if args.profile else None,
+    )  # fmt: skip
+    print(
+        f"pipeline (1 worker, {args.partitions} partitions): {one.spans_per_s:12,.0f} spans/s"
+        f" = {one.spans_per_s / run.core:.3f} of the core so far"
+        f" ({one.messages_per_s:,.0f} messages/s)"
+        + ("" if one.done else "  [INCOMPLETE]")
+        + f"; produced in {one.produce_s:.1f}s ({one.before_done:.0%} processed meanwhile),"
+        f" then drained in {one.seconds:.1f}s"
+    )
+    print(f"  during the drain: {one.meter.text(one.cores)}")
+    run.result.update(
+        {
+            "pipeline_spans_per_s": round(one.spans_per_s),
+            "spans_per_message": round(run.per_message, 2),
+            "store": worker_store(workers[0]),
+            "partitions": args.partitions,
+            "drain_complete": one.done,
+            "worker_cores_drain": round(one.cores["worker 1"], 2),
+            "other_cores_drain": round(one.cores["others"], 2),
+        }
+    )
+
+
+def phase_latency(run: Run) -> None:
+    """2. Detection latency at a steady rate."""
+    if "latency" not in run.phases:
+        return
+    assert run.workers and run.topics is not None and run.result is not None
+    assert run.paced is not None and run.expected is not None
+    latency = run.latency = latency_run(
+        run.workers[0], run.topics, run.paced, run.expected, run.args.rate, run.args.seconds
+    )
+    run.result.update(
+        {
+            "latency_p50_ms": latency.p50,
+            "latency_p99_ms": latency.p99,
+            "latency_max_ms": latency.max,
+            "kills_measured": latency.measured,
+            "kills_expected": latency.expected,
+            "other_cores_latency": round(latency.cores["others"], 2),
+        }
+    )
+
+
+def phase_collector(run: Run) -> None:
+    """2b. The same through the shipped Collector."""
+    corpus_c, latency_c = run.corpus_c, run.latency_c
+    if corpus_c is None or latency_c is None:
+        return
+    args, topics, workers, result = run.args, run.topics, run.workers, run.result
+    assert topics is not None and workers is not None and result is not None
+    assert run.corpus is not None and run.one is not None and run.expected_c is not None
+    shipped = run.shipped = ShippedCollector(topics.input)
+    print(f"collector: {COLLECTOR_SH.name} up with deploy/collector/config.yaml")
+    fed = run.fed = drain_through_collector(
+        shipped, topics, args.partitions, corpus_c.requests, corpus_c.spans, workers,
+        args.drain_timeout, Profiler(args.profile) if args.profile else None,
+    )  # fmt: skip
+    per_input, per_hop = fed.spans_per_record(corpus_c.spans)
+    print(
+        f"pipeline through the Collector (1 worker): {fed.drain.spans_per_s:12,.0f}"
+        f" spans/s = {fed.drain.spans_per_s / run.core:.3f} of the core so far"
+        + ("" if fed.drain.done else "  [INCOMPLETE]")
+        + f"; {per_input:.1f} spans per input record ({fed.input_records:,} records),"
+        f" {per_hop:.1f} per repartition record ({fed.repartition_records:,});"
+        f" posted in {fed.drain.produce_s:.1f}s, done in {fed.drain.seconds:.1f}s"
+    )
+    print(f"  during the drain: {fed.drain.meter.text(fed.drain.cores)}")
+    # Spans per second of the worker's own CPU: what the worker would move on a core of
+    # its own, whatever else this machine ran meanwhile (the core runs on one).
+    per_cpu = per_worker_cpu(fed.drain)
+    synthetic_per_cpu = per_worker_cpu(run.one)
+    core_cpu = core_rate(run.corpus.requests, run.corpus.spans, args.runs, cpu=True)
+    print(
+        f"  per worker CPU second: {per_cpu:,.0f} spans through the Collector"
+        f" ({per_cpu / core_cpu:.3f} of the core's {core_cpu:,.0f} per CPU second),"
+        f" {synthetic_per_cpu:,.0f} from the synthetic producer"
+        f" ({synthetic_per_cpu / core_cpu:.3f})"
+    )
+    result.update(
+        {
+            "collector_spans_per_s": round(fed.drain.spans_per_s),
+            "collector_spans_per_input_record": round(per_input, 1),
+            "collector_spans_per_repartition_record": round(per_hop, 1),
+            "collector_drain_complete": fed.drain.done,
+            "worker_cores_collector": round(fed.drain.cores["worker 1"], 2),
+            "collector_spans_per_worker_cpu_s": round(per_cpu),
+            "pipeline_spans_per_worker_cpu_s": round(synthetic_per_cpu),
+            "core_spans_per_cpu_s": round(core_cpu),
+            "collector_per_cpu_to_core": round(per_cpu / core_cpu, 3),
+        }
+    )
+    if "latency" in run.phases:
+        fed_latency, stages = latency_through_collector(
+            workers[0], topics, args.partitions, shipped, latency_c.requests,
+            run.expected_c, args.rate, args.seconds,
         )  # fmt: skip
-        print(
-            f"pipeline (1 worker, {args.partitions} partitions): {one.spans_per_s:12,.0f} spans/s"
-            f" = {one.spans_per_s / core:.3f} of the core so far"
-            f" ({one.messages_per_s:,.0f} messages/s)"
-            + ("" if one.done else "  [INCOMPLETE]")
-            + f"; produced in {one.produce_s:.1f}s ({one.before_done:.0%} processed meanwhile),"
-            f" then drained in {one.seconds:.1f}s"
-        )
-        print(f"  during the drain: {one.meter.text(one.cores)}")
+        run.fed_latency = fed_latency
         result.update(
             {
-                "pipeline_spans_per_s": round(one.spans_per_s),
-                "spans_per_message": round(per_message, 2),
-                "store": worker_store(workers[0]),
-                "partitions": args.partitions,
-                "drain_complete": one.done,
-                "worker_cores_drain": round(one.cores["worker 1"], 2),
-                "other_cores_drain": round(one.cores["others"], 2),
+                "collector_latency_p50_ms": fed_latency.p50,
+                "collector_latency_p99_ms": fed_latency.p99,
+                "collector_kills_measured": fed_latency.measured,
+                "collector_latency_stages_p99_ms": {
+                    name: figures["p99"] for name, figures in stages.items()
+                },
             }
         )
 
-        # -- 2. detection latency at a steady rate --------------------------------------
-        latency = None
-        if "latency" in phases:
-            latency = latency_run(workers[0], topics, paced, expected, args.rate, args.seconds)
-            result.update(
-                {
-                    "latency_p50_ms": latency.p50,
-                    "latency_p99_ms": latency.p99,
-                    "latency_max_ms": latency.max,
-                    "kills_measured": latency.measured,
-                    "kills_expected": latency.expected,
-                    "other_cores_latency": round(latency.cores["others"], 2),
-                }
-            )
 
-        # -- 2b. the same through the shipped Collector -------------------------------------
-        fed: Fed | None = None
-        fed_latency: Latency | None = None
-        if corpus_c is not None and latency_c is not None:
-            shipped = ShippedCollector(topics.input)
-            print(f"collector: {COLLECTOR_SH.name} up with deploy/collector/config.yaml")
-            fed = drain_through_collector(
-                shipped, topics, args.partitions, corpus_c.requests, corpus_c.spans, workers,
-                args.drain_timeout, Profiler(args.profile) if args.profile else None,
-            )  # fmt: skip
-            per_input, per_hop = fed.spans_per_record(corpus_c.spans)
-            print(
-                f"pipeline through the Collector (1 worker): {fed.drain.spans_per_s:12,.0f}"
-                f" spans/s = {fed.drain.spans_per_s / core:.3f} of the core so far"
-                + ("" if fed.drain.done else "  [INCOMPLETE]")
-                + f"; {per_input:.1f} spans per input record ({fed.input_records:,} records),"
-                f" {per_hop:.1f} per repartition record ({fed.repartition_records:,});"
-                f" posted in {fed.drain.produce_s:.1f}s, done in {fed.drain.seconds:.1f}s"
-            )
-            print(f"  during the drain: {fed.drain.meter.text(fed.drain.cores)}")
-            # Spans per second of the worker's own CPU: what the worker would move on a core of
-            # its own, whatever else this machine ran meanwhile (the core runs on one).
-            per_cpu = per_worker_cpu(fed.drain)
-            synthetic_per_cpu = per_worker_cpu(one)
-            core_cpu = core_rate(corpus.requests, corpus.spans, args.runs, cpu=True)
-            print(
-                f"  per worker CPU second: {per_cpu:,.0f} spans through the Collector"
-                f" ({per_cpu / core_cpu:.3f} of the core's {core_cpu:,.0f} per CPU second),"
-                f" {synthetic_per_cpu:,.0f} from the synthetic producer"
-                f" ({synthetic_per_cpu / core_cpu:.3f})"
-            )
-            result.update(
-                {
-                    "collector_spans_per_s": round(fed.drain.spans_per_s),
-                    "collector_spans_per_input_record": round(per_input, 1),
-                    "collector_spans_per_repartition_record": round(per_hop, 1),
-                    "collector_drain_complete": fed.drain.done,
-                    "worker_cores_collector": round(fed.drain.cores["worker 1"], 2),
-                    "collector_spans_per_worker_cpu_s": round(per_cpu),
-                    "pipeline_spans_per_worker_cpu_s": round(synthetic_per_cpu),
-                    "core_spans_per_cpu_s": round(core_cpu),
-                    "collector_per_cpu_to_core": round(per_cpu / core_cpu, 3),
-                }
-            )
-            if "latency" in phases:
-                fed_latency, stages = latency_through_collector(
-                    workers[0], topics, args.partitions, shipped, latency_c.requests,
-                    expected_c, args.rate, args.seconds,
-                )  # fmt: skip
-                result.update(
-                    {
-                        "collector_latency_p50_ms": fed_latency.p50,
-                        "collector_latency_p99_ms": fed_latency.p99,
-                        "collector_kills_measured": fed_latency.measured,
-                        "collector_latency_stages_p99_ms": {
-                            name: figures["p99"] for name, figures in stages.items()
-                        },
-                    }
-                )
+def phase_two(run: Run) -> None:
+    """3. Two workers."""
+    second = run.second
+    if second is None:
+        return
+    args, topics, admin, workers = run.args, run.topics, run.admin, run.workers
+    assert topics is not None and admin is not None and workers is not None
+    assert run.one is not None and run.result is not None
+    workers.append(start_worker(topics, args.partitions, args))
+    held = wait_for_group(admin, topics.app_id, topics.input, 2)
+    took = probe(topics.input, args.partitions, workers, seed=102)
+    print(
+        f"two workers: input partitions held {held[0]}+{held[1]}; probe spans taken"
+        f" {took[0]:.0f}+{took[1]:.0f}"
+    )
+    # Through the Collector when it ran: compared with one worker's drain the same way.
+    one_rate = run.fed.drain.spans_per_s if run.fed is not None else run.one.spans_per_s
+    shipped = run.shipped
+    if shipped is not None:
+        two = drain_through_collector(
+            shipped, topics, args.partitions, second.requests, second.spans, workers,
+            args.drain_timeout,
+        ).drain  # fmt: skip
+    else:
+        two = drain(
+            topics.input, keyed_messages(second.requests), second.spans, workers,
+            args.drain_timeout,
+        )  # fmt: skip
+    run.two = two
+    print(
+        f"pipeline (2 workers, {args.partitions} partitions"
+        + (", through the Collector" if shipped is not None else "")
+        + f"): {two.spans_per_s:12,.0f}"
+        f" spans/s = {two.spans_per_s / one_rate:.2f}x one worker"
+        + ("" if two.done else "  [INCOMPLETE]")
+        + f"; spans per worker {two.per_worker[0]:,.0f} + {two.per_worker[1]:,.0f}"
+        f" in {two.seconds:.1f}s"
+    )
+    print(f"  during the drain: {two.meter.text(two.cores)}")
+    run.result.update(
+        {
+            "two_workers_spans_per_s": round(two.spans_per_s),
+            "two_to_one": round(two.spans_per_s / one_rate, 2),
+            "two_worker_cores": [
+                round(two.cores["worker 1"], 2),
+                round(two.cores["worker 2"], 2),
+            ],
+            "other_cores_two": round(two.cores["others"], 2),
+        }
+    )
 
-        # -- 3. two workers -------------------------------------------------------------
-        two = None
-        if second is not None:
-            workers.append(start_worker(topics, args.partitions, args))
-            held = wait_for_group(admin, topics.app_id, topics.input, 2)
-            took = probe(topics.input, args.partitions, workers, seed=102)
-            print(
-                f"two workers: input partitions held {held[0]}+{held[1]}; probe spans taken"
-                f" {took[0]:.0f}+{took[1]:.0f}"
-            )
-            # Through the Collector when it ran: compared with one worker's drain the same way.
-            one_rate = fed.drain.spans_per_s if fed is not None else one.spans_per_s
-            if shipped is not None:
-                two = drain_through_collector(
-                    shipped, topics, args.partitions, second.requests, second.spans, workers,
-                    args.drain_timeout,
-                ).drain  # fmt: skip
-            else:
-                two = drain(
-                    topics.input, keyed_messages(second.requests), second.spans, workers,
-                    args.drain_timeout,
-                )  # fmt: skip
-            print(
-                f"pipeline (2 workers, {args.partitions} partitions"
-                + (", through the Collector" if shipped is not None else "")
-                + f"): {two.spans_per_s:12,.0f}"
-                f" spans/s = {two.spans_per_s / one_rate:.2f}x one worker"
-                + ("" if two.done else "  [INCOMPLETE]")
-                + f"; spans per worker {two.per_worker[0]:,.0f} + {two.per_worker[1]:,.0f}"
-                f" in {two.seconds:.1f}s"
-            )
-            print(f"  during the drain: {two.meter.text(two.cores)}")
-            result.update(
-                {
-                    "two_workers_spans_per_s": round(two.spans_per_s),
-                    "two_to_one": round(two.spans_per_s / one_rate, 2),
-                    "two_worker_cores": [
-                        round(two.cores["worker 1"], 2),
-                        round(two.cores["worker 2"], 2),
-                    ],
-                    "other_cores_two": round(two.cores["others"], 2),
-                }
-            )
-        for worker in workers:
-            stop_worker(worker)
-        workers.clear()
-        if shipped is not None:
-            shipped.close()
-            shipped = None
-        # -- 2c. the same with the conversation and agent scopes on, per core build ---------
-        scope_runs: list[ScopesRun] = []
-        if rounds_s and warmup_s is not None and fed is not None:
-            for index, build in enumerate(builds):
-                scopes = scopes_run(
-                    args, admin, warmup_s, rounds_s, latency_s if index == 0 else None,
-                    expected_s, build,
-                )  # fmt: skip
-                scope_runs.append(scopes)
-                print_scopes(scopes, fed.repartition_records)
-                # The first build's figures under the keys of earlier releases, the others' with
-                # their build in the key.
-                prefix = "scopes" if index == 0 else f"scopes_{build}"
-                result.update(scopes_result(scopes, prefix))
-            result["scopes_core_builds"] = builds
 
-        later = core_rate(corpus.requests, corpus.spans, args.runs)
-        print(f"core again, workers stopped (best of {args.runs}): {later:12,.0f} spans/s")
-        core = max(core, later)
+def stop_workers(run: Run) -> None:
+    """The workers and the Collector of the phases above stop before the scope phase's."""
+    assert run.workers is not None
+    for worker in run.workers:
+        stop_worker(worker)
+    run.workers.clear()
+    if run.shipped is not None:
+        run.shipped.close()
+        run.shipped = None
 
-        # -- 4. Faust's own floor on the same topic -------------------------------------
-        floor = None
-        if "faust" in phases:
-            records = sum(end_offsets(topics.input, args.partitions))
-            env = dict(item.split("=", 1) for item in args.worker_env)
-            floor = faust_floor(topics, records, env, args.drain_timeout)
-            print(
-                f"faust pass-through (same topic, {records:,} records from its start):"
-                f" {floor.records_per_s:12,.0f} records/s"
-                f" (= {floor.records_per_s * per_message:,.0f} spans/s at {per_message:.2f}"
-                f" spans each), {floor.cores:.2f} cores; the worker moves"
-                f" {one.messages_per_s / floor.records_per_s:.3f} of it"
-            )
-            result.update(
-                {
-                    "faust_records_per_s": round(floor.records_per_s),
-                    "pipeline_to_faust": round(one.messages_per_s / floor.records_per_s, 3),
-                    "faust_cores": round(floor.cores, 2),
-                }
-            )
 
-        ratio = one.spans_per_s / core
-        result["core_spans_per_s"] = round(core)
-        result["pipeline_to_core"] = round(ratio, 3)
-        if floor is not None:
-            # Any agent on Faust moves at most this share of the core's spans/s.
-            result["faust_to_core"] = round(floor.records_per_s * per_message / core, 3)
-            print(
-                f"faust's floor = {floor.records_per_s * per_message / core:.3f} of core in"
-                f" spans/s: the most any Faust agent reaches on this topic; the worker"
-                f" {ratio:.3f} of core"
-            )
-        if fed is not None:
-            result["collector_to_core"] = round(fed.drain.spans_per_s / core, 3)
-        # The targets are the shipped path's when it ran: the Collector's records, its batching.
-        via = "through the Collector" if fed is not None else "synthetic producer"
-        if fed is not None:
-            ratio = fed.drain.spans_per_s / core
-        latency = fed_latency if fed_latency is not None else latency
-        line = f"targets ({via}): 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f})"
-        if latency is not None:
-            line += f"; p99 < 100 ms at {args.rate:,.0f} spans/s: {p99_target(latency)}"
-        if two is not None:
-            scale = two.spans_per_s / (
-                fed.drain.spans_per_s if fed is not None else one.spans_per_s
-            )
-            busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
-            line += f"; 2 workers >= 1.6x: {met(scale >= 1.6)} ({scale:.2f}x"
-            if scale < 1.6:
-                line += (
-                    f"; workers and broker kept {busy:.2f} of this machine's"
-                    f" {os.cpu_count()} cores busy"
-                )
-            line += ")"
-        if scope_runs and fed is not None:
-            judged, *others = scope_runs
-            scale = judged.ratio
-            line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f}, median of"
-            line += f" {len(judged.ratios)} rounds, {BUILDS[judged.build]}"
-            line += "".join(f"; {BUILDS[other.build]}: {other.ratio:.2f}" for other in others)
-            line += ")"
-            if judged.latency is not None:
-                line += f"; p99 with scopes < 100 ms: {p99_target(judged.latency)}"
-        print(line)
-    finally:
-        for worker in workers:
-            stop_worker(worker)
-        if shipped is not None:
-            shipped.close()
-        deleted = delete_topics(admin, topics.prefix)
+def phase_scopes(run: Run) -> None:
+    """2c. The same with the conversation and agent scopes on, per core build."""
+    run.scope_runs = []
+    rounds_s, warmup_s, fed = run.rounds_s, run.warmup_s, run.fed
+    if not (rounds_s and warmup_s is not None and fed is not None):
+        return
+    assert run.admin is not None and run.result is not None and run.expected_s is not None
+    builds = run.args.builds
+    for index, build in enumerate(builds):
+        scopes = scopes_run(
+            run.args, run.admin, warmup_s, rounds_s, run.latency_s if index == 0 else None,
+            run.expected_s, build,
+        )  # fmt: skip
+        run.scope_runs.append(scopes)
+        print_scopes(scopes, fed.repartition_records)
+        # The first build's figures under the keys of earlier releases, the others' with
+        # their build in the key.
+        prefix = "scopes" if index == 0 else f"scopes_{build}"
+        run.result.update(scopes_result(scopes, prefix))
+    run.result["scopes_core_builds"] = builds
+
+
+def core_after(run: Run) -> None:
+    """The core again, workers stopped; the better of the two runs is the core's figure."""
+    assert run.corpus is not None
+    later = core_rate(run.corpus.requests, run.corpus.spans, run.args.runs)
+    print(f"core again, workers stopped (best of {run.args.runs}): {later:12,.0f} spans/s")
+    run.core = max(run.core, later)
+
+
+def phase_faust(run: Run) -> None:
+    """4. Faust's own floor on the same topic."""
+    if "faust" not in run.phases:
+        return
+    args, topics, one, per_message = run.args, run.topics, run.one, run.per_message
+    assert topics is not None and one is not None and run.result is not None
+    records = sum(end_offsets(topics.input, args.partitions))
+    env = dict(item.split("=", 1) for item in args.worker_env)
+    floor = run.floor = faust_floor(topics, records, env, args.drain_timeout)
+    print(
+        f"faust pass-through (same topic, {records:,} records from its start):"
+        f" {floor.records_per_s:12,.0f} records/s"
+        f" (= {floor.records_per_s * per_message:,.0f} spans/s at {per_message:.2f}"
+        f" spans each), {floor.cores:.2f} cores; the worker moves"
+        f" {one.messages_per_s / floor.records_per_s:.3f} of it"
+    )
+    run.result.update(
+        {
+            "faust_records_per_s": round(floor.records_per_s),
+            "pipeline_to_faust": round(one.messages_per_s / floor.records_per_s, 3),
+            "faust_cores": round(floor.cores, 2),
+        }
+    )
+
+
+def print_targets(run: Run) -> None:
+    """The ratios to the core, and the targets line: met or not, with each figure."""
+    one, fed, two, floor, core = run.one, run.fed, run.two, run.floor, run.core
+    result, args, per_message = run.result, run.args, run.per_message
+    assert one is not None and result is not None
+    ratio = one.spans_per_s / core
+    result["core_spans_per_s"] = round(core)
+    result["pipeline_to_core"] = round(ratio, 3)
+    if floor is not None:
+        # Any agent on Faust moves at most this share of the core's spans/s.
+        result["faust_to_core"] = round(floor.records_per_s * per_message / core, 3)
         print(
-            f"cleanup: workers stopped, {len(deleted)} topics deleted;"
-            f" bench took {time.monotonic() - bench_started:.0f}s"
+            f"faust's floor = {floor.records_per_s * per_message / core:.3f} of core in"
+            f" spans/s: the most any Faust agent reaches on this topic; the worker"
+            f" {ratio:.3f} of core"
         )
-    print(json.dumps(result))
+    if fed is not None:
+        result["collector_to_core"] = round(fed.drain.spans_per_s / core, 3)
+    # The targets are the shipped path's when it ran: the Collector's records, its batching.
+    via = "through the Collector" if fed is not None else "synthetic producer"
+    if fed is not None:
+        ratio = fed.drain.spans_per_s / core
+    latency = run.fed_latency if run.fed_latency is not None else run.latency
+    line = f"targets ({via}): 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f})"
+    if latency is not None:
+        line += f"; p99 < 100 ms at {args.rate:,.0f} spans/s: {p99_target(latency)}"
+    if two is not None:
+        scale = two.spans_per_s / (fed.drain.spans_per_s if fed is not None else one.spans_per_s)
+        busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
+        line += f"; 2 workers >= 1.6x: {met(scale >= 1.6)} ({scale:.2f}x"
+        if scale < 1.6:
+            line += (
+                f"; workers and broker kept {busy:.2f} of this machine's"
+                f" {os.cpu_count()} cores busy"
+            )
+        line += ")"
+    if run.scope_runs and fed is not None:
+        judged, *others = run.scope_runs
+        scale = judged.ratio
+        line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f}, median of"
+        line += f" {len(judged.ratios)} rounds, {BUILDS[judged.build]}"
+        line += "".join(f"; {BUILDS[other.build]}: {other.ratio:.2f}" for other in others)
+        line += ")"
+        if judged.latency is not None:
+            line += f"; p99 with scopes < 100 ms: {p99_target(judged.latency)}"
+    print(line)
+
+
+def clean_up(run: Run) -> None:
+    """Whatever the phases left running stops, and the run's topics are deleted."""
+    for worker in run.workers or []:
+        stop_worker(worker)
+    if run.shipped is not None:
+        run.shipped.close()
+    assert run.admin is not None and run.topics is not None
+    deleted = delete_topics(run.admin, run.topics.prefix)
+    print(
+        f"cleanup: workers stopped, {len(deleted)} topics deleted;"
+        f" bench took {time.monotonic() - run.started:.0f}s"
+    )
+
+
+# Before the workers: the corpora and the core's first figure (nothing to clean up yet).
+SETUP = (("corpora", build_corpora), ("core", core_before))
+# With the broker's topics, workers and the Collector, in this order; `clean_up` runs after
+# them whatever happens. A phase not chosen by --phases returns at once.
+PHASES = (
+    ("start", start_first_worker),
+    ("one", phase_one),
+    ("latency", phase_latency),
+    ("collector", phase_collector),
+    ("two", phase_two),
+    ("stop", stop_workers),
+    ("scopes", phase_scopes),
+    ("core again", core_after),
+    ("faust", phase_faust),
+    ("targets", print_targets),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run = Run(parse_args(argv), started=time.monotonic())
+    ensure_broker()
+    for _name, phase in SETUP:
+        phase(run)
+    run.topics, run.admin = Topics(), AdminClient(CLUSTER.config())
+    run.workers, run.result = [], {}
+    try:
+        for _name, phase in PHASES:
+            phase(run)
+    finally:
+        clean_up(run)
+    print(json.dumps(run.result))
     return 0
 
 

@@ -1,11 +1,18 @@
-"""What an agent process imports to obey spanguard's decisions.
+"""What an agent process imports to obey spanguard's decisions: one import path for all of it.
 
-- `SignalBook` / `AgentKilled`: the kills and downgrades each trace was told about; the agent's
-  `check()` before each tool call raises `AgentKilled` or returns a downgrade message.
+    from spanguard.killswitch import KillSwitch, AgentKilled, AgentPaused, exit_on_stop
+
+- `KillSwitch`: the consumer of the kill-signal topic and the `check()` before each tool call
+  (raises `AgentKilled`, waits or raises `AgentPaused`, or returns a downgrade's message).
+- `AgentKilled` / `AgentPaused`: what `check()` raises, with the rule, action, decision id and
+  scope as attributes; `exit_on_stop()`: a process stopped by the guard exits with status 75.
+- `SignalBook`: the kills and downgrades each trace was told about (the KillSwitch's memory).
+- `PromptBatchSpanProcessor`: the SDK's batch processor that lets tool spans leave at once.
 - `GuardingSpanProcessor`: in-process mode, the detection core as an OpenTelemetry
-  SpanProcessor (needs the `inprocess` extra: opentelemetry-sdk and the OTLP proto encoder).
-- `ArgsHashingSpanProcessor` (killswitch.hashing, same extra): tool arguments leave the agent
-  as `spanguard.tool.args_hash`, never raw.
+  SpanProcessor; `ArgsHashingSpanProcessor`: tool arguments leave the agent as hashes (both need
+  the `inprocess` extra: opentelemetry-sdk and the OTLP proto encoder).
+
+Framework adapters live beside it, one module per framework (`adapters_langchain`, ...).
 """
 
 from __future__ import annotations
@@ -15,20 +22,43 @@ from __future__ import annotations
 if __name__ != "spanguard.killswitch":
     raise ImportError(f"import spanguard.killswitch, not {__name__}")
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from spanguard.killswitch.signals import AgentKilled, SignalBook, current_trace_id
+from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook, current_trace_id
 
 if TYPE_CHECKING:
+    from spanguard.killswitch.client import KillSwitch
+    from spanguard.killswitch.export import PromptBatchSpanProcessor
+    from spanguard.killswitch.hashing import ArgsHashingSpanProcessor
     from spanguard.killswitch.processor import GuardingSpanProcessor
+    from spanguard.killswitch.stop import exit_on_stop
 
-__all__ = ["AgentKilled", "GuardingSpanProcessor", "SignalBook", "current_trace_id"]
+__all__ = [
+    "AgentKilled",
+    "AgentPaused",
+    "ArgsHashingSpanProcessor",
+    "GuardingSpanProcessor",
+    "KillSwitch",
+    "PromptBatchSpanProcessor",
+    "SignalBook",
+    "current_trace_id",
+    "exit_on_stop",
+]
+
+# Imported on first use: an agent that only reads Kafka signals needs no OTel SDK, and one that
+# guards in process needs no Kafka client.
+_LAZY = {
+    "KillSwitch": "spanguard.killswitch.client",
+    "PromptBatchSpanProcessor": "spanguard.killswitch.export",
+    "ArgsHashingSpanProcessor": "spanguard.killswitch.hashing",
+    "GuardingSpanProcessor": "spanguard.killswitch.processor",
+    "exit_on_stop": "spanguard.killswitch.stop",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: an agent that only reads Kafka signals needs no OTel SDK.
-    if name == "GuardingSpanProcessor":
-        from spanguard.killswitch.processor import GuardingSpanProcessor
-
-        return GuardingSpanProcessor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -253,6 +253,17 @@ class KillSwitch:
                 self._acknowledge(signal)
         return message
 
+    def check_scopes(
+        self, conversation_id: str | None = None, agent: AgentIdentity | str | None = None
+    ) -> None:
+        """Raise AgentKilled if the conversation or agent (as `scope()` finds them) is killed:
+        `check()` for a call that names no trace (the gateway's), acknowledged the same way."""
+        try:
+            self.signals.check_scopes(*self.scope(conversation_id, agent))
+        except AgentKilled as killed:
+            self._acknowledge(killed.signal)
+            raise
+
     def scope(
         self, conversation_id: str | None = None, agent: AgentIdentity | str | None = None
     ) -> tuple[str | None, AgentIdentity | None]:

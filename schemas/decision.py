@@ -185,7 +185,7 @@ class Decision:
     budget_micro_usd: int | None = None
     unpriced_tokens: int | None = None
     # A decision of the conversation scope: "conversation", its id, and how many of its traces
-    # the evidence spans (None: a decision of the trace alone, as every rule's always was).
+    # the evidence spans (None: a decision of the trace alone).
     scope: str | None = None
     conversation_id: str | None = None
     traces: int | None = None

@@ -182,8 +182,8 @@ def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceS
 # -- splitting serialized requests by trace, on the wire ----------------------------------------
 #
 # The worker splits every Collector batch by trace (docs/design.md, "Spans per record"). Parsing
-# the batch into messages, regrouping them and serializing each part costs about 10 us a span
-# in CPython, more than the rules. The protobuf wire format lets the same parts be cut out of
+# the batch into messages, regrouping them and serializing each part costs more per span in
+# CPython than the rules (docs/performance.md, "Figures behind the code"). The protobuf wire format lets the same parts be cut out of
 # the bytes: a part is the request's own ResourceSpans, each holding the resource, the scope and
 # that trace's spans as they were written, so nothing is decoded but the tags, the lengths and
 # the trace ids. Anything it does not expect (a group, a field of the wrong wire type, a

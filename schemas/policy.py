@@ -3,13 +3,17 @@
 Shape (every field optional):
 
     defaults:
-      loop: {window: 10, threshold: 3, enabled: true}
+      loop: {window: 10, threshold: 3, failing_threshold: null, enabled: true}
+                                 # failing_threshold: the same call failing trips at this
+                                 #   many instead (null: threshold)
       polling: {window: 30, threshold: 20, tools: [], enabled: true}   # changing result
       tools: {}                  # tool name -> {threshold, window} for tool_loop, or
                                  #   {exempt: true}: no rule counts its calls, or
                                  #   {exempt_when: {action: [scroll_down]}}: those calls, or
                                  #   {cycle: false}: a cycle with a call of it does not trip
-      cycle: {max_period: 10, repeats: 3, enabled: true}  # a sequence of calls repeated
+      cycle: {max_period: 10, repeats: 3, compare_results: true, enabled: true}
+                                 # a sequence of calls repeated; compare_results false:
+                                 #   by tool and arguments alone
       no_progress: {threshold: 4, action: flag}  # different calls, one same empty result
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
@@ -35,6 +39,8 @@ Shape (every field optional):
                                  #   release or kill; unanswered after `timeout` s, `fallback`
       autonomous: false          # true: also page on-call
       missing_args: skip         # skip | name_only
+      user_turns: forget         # forget | keep: a new user message in the spans starts the
+                                 #   count afresh, or is counted through (automated "continue")
       record_arguments: false    # keep raw tool arguments in decisions
       severity: error            # PagerDuty severity for autonomous agents
       goal: {enabled: false, model: null, min_confidence: 0.7, sample_rate: 1.0}
@@ -101,6 +107,7 @@ DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
 # `pause.timeout` seconds, after which `pause.fallback` applies.
 LoopAction = Literal["kill", "downgrade", "pause", "flag"]
 MissingArgs = Literal["skip", "name_only"]
+UserTurns = Literal["forget", "keep"]
 NoProgressAction = Literal["flag", "kill", "downgrade", "pause", "off"]
 PauseFallback = Literal["kill", "release"]
 Severity = Literal["critical", "error", "warning", "info"]
@@ -137,6 +144,8 @@ class AgentPolicy:
 
     window: int = 10
     threshold: int = 3
+    # The same call failing again trips at this many instead (None: `threshold`).
+    failing_threshold: int | None = None
     loop_enabled: bool = True  # false: tool_loop is off for this agent
     polling_enabled: bool = True  # false: tool_polling is off for this agent
     # Tool name -> its own tool_loop threshold/window, or exempt from every rule.
@@ -150,6 +159,9 @@ class AgentPolicy:
     cycle_enabled: bool = True
     cycle_max_period: int = 10
     cycle_repeats: int = 3
+    # False: calls compared by tool and arguments alone, whatever they returned (a round
+    # whose results change every time still trips).
+    cycle_compare_results: bool = True
     # No progress: `threshold` different calls of one tool in the window, one same empty result.
     no_progress_threshold: int = 4
     no_progress_action: NoProgressAction = "flag"
@@ -179,6 +191,10 @@ class AgentPolicy:
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
+    # A new user message in the spans: "forget" the calls before it (repeats the user asked
+    # for are not the agent's loop), or "keep" counting through it (a harness that sends an
+    # automated "continue" as the user).
+    user_turns: UserTurns = "forget"
     record_arguments: bool = False
     severity: Severity = "error"
     # The goal verifier: off by default (every verdict is a model call that costs money).
@@ -206,6 +222,8 @@ class AgentPolicy:
             changes["window"] = loop["window"]
         if "threshold" in loop:
             changes["threshold"] = loop["threshold"]
+        if "failing_threshold" in loop:
+            changes["failing_threshold"] = loop["failing_threshold"]
         if "enabled" in loop:
             changes["loop_enabled"] = loop["enabled"]
         if "tools" in settings:
@@ -232,7 +250,7 @@ class AgentPolicy:
         cycle = settings.get("cycle") or {}
         if "enabled" in cycle:
             changes["cycle_enabled"] = cycle["enabled"]
-        for name in ("max_period", "repeats"):
+        for name in ("max_period", "repeats", "compare_results"):
             if name in cycle:
                 changes[f"cycle_{name}"] = cycle[name]
         no_progress = settings.get("no_progress") or {}
@@ -256,6 +274,7 @@ class AgentPolicy:
             "action",
             "autonomous",
             "missing_args",
+            "user_turns",
             "record_arguments",
             "severity",
         ):
@@ -426,6 +445,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         "loop": {
             "window": policy.window,
             "threshold": policy.threshold,
+            "failing_threshold": policy.failing_threshold,
             "enabled": policy.loop_enabled,
         },
         "polling": {
@@ -437,6 +457,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         "cycle": {
             "max_period": policy.cycle_max_period,
             "repeats": policy.cycle_repeats,
+            "compare_results": policy.cycle_compare_results,
             "enabled": policy.cycle_enabled,
         },
         "no_progress": {
@@ -467,6 +488,7 @@ def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
         "action": policy.action,
         "autonomous": policy.autonomous,
         "missing_args": policy.missing_args,
+        "user_turns": policy.user_turns,
         "record_arguments": policy.record_arguments,
         "severity": policy.severity,
         "conversation": {
@@ -657,6 +679,11 @@ def _check_loop(policy: AgentPolicy, where: str) -> None:
     if policy.threshold > policy.window:
         raise PolicyError(
             f"{where}: threshold {policy.threshold} can never be reached"
+            f" in a window of {policy.window} calls"
+        )
+    if policy.failing_threshold is not None and policy.failing_threshold > policy.window:
+        raise PolicyError(
+            f"{where}: failing_threshold {policy.failing_threshold} can never be reached"
             f" in a window of {policy.window} calls"
         )
     for name, tool in policy.tools:

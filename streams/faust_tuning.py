@@ -5,8 +5,8 @@ The worker reads the busy input partitions and several nearly idle ones (reparti
 detections, goal checks, changelogs, Faust's leader topic), and aiokafka keeps one fetch in
 flight per broker: when every busy partition still has records buffered, the next fetch names
 only idle ones and the broker holds it for the full 1.5 s while new spans wait behind it.
-Measured with bench/bench_pipeline.py at 2,000 spans/s: p99 detection latency 1.4-3.5 s in
-5 of 8 runs with 1500 ms, 20-60 ms in 4 of 4 runs with 20 ms.
+A wait of 20 ms keeps those stalls out of the detection latency (bench/bench_pipeline.py's
+figures for both waits: docs/performance.md, "Figures behind the code").
 """
 
 from __future__ import annotations

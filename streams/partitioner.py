@@ -25,8 +25,8 @@ def fnv1a_32(data: bytes) -> int:
 
 
 # A trace's id is hashed for each of its parts the worker packs and for each pack it decides
-# in place: the hash in Python costs about 3 us for a 32-character key, a cached one 0.1 us,
-# and a trace's spans come in many records while it runs.
+# in place: the hash in Python costs many times a cache lookup, and a trace's spans come in
+# many records while it runs (docs/performance.md, "Figures behind the code").
 @lru_cache(maxsize=65536)
 def collector_partition(key: bytes, partitions: int) -> int:
     """sarama's hash partitioner: abs(int32(fnv1a(key)) % n), with Go's truncating remainder."""

@@ -89,9 +89,9 @@ class StartupTasks:
 
     async def freeze_startup_objects(self) -> None:
         # Tasks start once the first table recovery is done: what the process holds now
-        # (modules, Faust's and aiokafka's services, about 140k objects) lives as long as it
-        # does. Frozen, full collections walk only what came later: measured in the pipeline
-        # benchmark's latency run, 105-145 ms pauses became 20-35 ms.
+        # (modules, Faust's and aiokafka's services) lives as long as it does. Frozen, full
+        # collections walk only what came later, a fraction of the pause (docs/performance.md,
+        # "Figures behind the code").
         gc.collect()
         gc.freeze()
         log.info("startup objects frozen", extra={"objects": gc.get_freeze_count()})

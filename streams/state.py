@@ -5,7 +5,7 @@ declared without `use_partitioner`, so each changelog record goes to the partiti
 message that changed it, the very partition the trace's messages arrive on whatever partitioner
 their producer used. Faust's stores and changelog writes find that partition through the stream's
 current event, so every read and write here runs inside `event_context(event)` of a message of
-the trace's partition; a write outside one is what crashed the RocksDB store before.
+the trace's partition; a write outside one crashes the RocksDB store.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class ExpiryIndex:
 
     Plain dicts of str keys and None or int values, and a heap of ints: CPython's cyclic
     garbage collector does not track or walk them, so a million entries cost no GC pause (an
-    OrderedDict or a heap of tuples of that size adds 35-110 ms to every full collection).
+    OrderedDict or a heap of tuples of that size would: docs/performance.md, "Figures behind the
+    code").
     """
 
     __slots__ = ("bucket_of", "buckets", "order")
@@ -456,7 +457,7 @@ class TraceTable(faust.Table):
         """At least once on a RocksDB store, changelog records are sent straight to the
         producer, in order, from `pending`, and a flush's states stored in one write batch per
         partition: Faust's own path (a send through its buffer and a persisted offset per
-        record) cost about 80 us a state before its send and as much after, while every batch
+        record) costs several times as much per state, before its send and after, while every batch
         waited (docs/performance.md). In Kafka transactions (exactly once) the transaction's
         producer must send them, so Faust's path does."""
         # (Faust's setting descriptor types the value as the enum class; it is a member.)

@@ -1,7 +1,10 @@
 """The docs name only what exists: in README.md and docs/*.md every repository path, link and
 anchor, `spanguard.*` module (or module attribute), `make` target, `spanguard` command and
 flag, and `SPANGUARD_*` setting is checked against the tree, the Makefile, the CLI's own
-argparse parser and the settings registry. A docs section cited in the code exists.
+argparse parser and the settings registry. A docs section cited in the code exists. Values
+restated outside the code are compared with it: the state version docs/rules.md gives, and the
+rule lists of the TypeScript and Go killswitch clients and of schemas/decision.py against the
+schemas' `rule` enums.
 
 Import names map to folders through the layout table of docs/design.md ("Layout"), so a module
 is looked for where the documented layout puts it. `python -m tests.test_docs` prints how many
@@ -455,6 +458,103 @@ def test_the_checks_accept_what_exists(tmp_path):
     assert not modules, modules
 
 
+# -- values the docs and the clients restate --------------------------------------------------
+
+
+def documented_state_version(rules_md: str) -> int:
+    """The `"v": N` docs/rules.md gives in "The state's changelog form"."""
+    section = rules_md.split("\n## The state's changelog form\n", 1)[1].split("\n## ", 1)[0]
+    (version,) = re.findall(r'`"v": (\d+)`', section)
+    return int(version)
+
+
+def schema_rules(name: str) -> list[str]:
+    """The `rule` enum of schemas/NAME.schema.json."""
+    import json
+
+    schema = json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
+    return list(schema["properties"]["rule"]["enum"])
+
+
+# Each client's list of the rules a kill signal may name: (file, pattern of the list's text).
+# A client refuses a signal whose rule it does not list, so each list must be the schema's.
+CLIENT_RULE_LISTS = {
+    "clients/typescript/src/signal.js": r"const RULES = new Set\(\[([^\]]*)\]\)",
+    "clients/typescript/src/index.d.ts": r"readonly rule: ('[^;]*');",
+    "clients/go/signal.go": r"\brules\s*=\s*map\[string\]bool\{([^}]*)\}",
+}
+
+
+def client_rules(path: str, text: str) -> list[str]:
+    """The rule names of one client's list (quoted names, in the order written)."""
+    found = re.findall(CLIENT_RULE_LISTS[path], text)
+    assert len(found) == 1, f"{path}: the rule list was not found once ({len(found)})"
+    return re.findall(r"""["'](\w+)["']""", found[0].replace(": true", ""))
+
+
+def wrong_client_rules(texts: dict[str, str], enum: list[str]) -> Iterator[str]:
+    for path, text in texts.items():
+        names = client_rules(path, text)
+        if len(set(names)) != len(names):
+            yield f"{path}: a rule listed twice: {names}"
+        if set(names) != set(enum):
+            missing, extra = sorted(set(enum) - set(names)), sorted(set(names) - set(enum))
+            yield f"{path}: rules {names} are not the kill signal schema's (missing {missing}, extra {extra})"
+
+
+def test_the_state_version_in_the_docs_is_the_codes():
+    from spanguard.detection.trace_state import STATE_VERSION
+
+    documented = documented_state_version((ROOT / "docs" / "rules.md").read_text())
+    assert documented == STATE_VERSION, (
+        f'docs/rules.md says "v": {documented}, trace_state.STATE_VERSION is {STATE_VERSION}'
+    )
+
+
+def test_the_state_version_check_reads_the_number():
+    text = (ROOT / "docs" / "rules.md").read_text()
+    from spanguard.detection.trace_state import STATE_VERSION
+
+    drifted = text.replace(f'`"v": {STATE_VERSION}`', f'`"v": {STATE_VERSION + 1}`')
+    assert documented_state_version(drifted) == STATE_VERSION + 1
+
+
+def test_every_clients_rule_list_is_the_kill_signal_schemas():
+    enum = schema_rules("kill-signal")
+    texts = {path: (ROOT / path).read_text() for path in CLIENT_RULE_LISTS}
+    problems = list(wrong_client_rules(texts, enum))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_python_rule_names_are_the_schemas():
+    """Python's killswitch validates against kill-signal.schema.json itself; its decisions name
+    `Rule` (schemas/decision.py), which must be the detection schema's enum, and a kill signal
+    names only rules a detection may name. The registry's rules are all detection rules."""
+    import typing
+
+    from spanguard.detection.rules import RULES
+    from spanguard.schemas.decision import Rule
+
+    detection = schema_rules("detection")
+    assert list(typing.get_args(Rule)) == detection
+    assert set(schema_rules("kill-signal")) <= set(detection)
+    assert {rule.name for rule in RULES} <= set(detection)
+
+
+def test_the_client_rule_check_catches_a_drift():
+    enum = schema_rules("kill-signal")
+    texts = {path: (ROOT / path).read_text() for path in CLIENT_RULE_LISTS}
+    assert not list(wrong_client_rules(texts, enum))
+    # A rule added to the schema but not to a client, and one a client lists twice.
+    assert len(list(wrong_client_rules(texts, [*enum, "new_rule"]))) == len(texts)
+    go = texts["clients/go/signal.go"].replace('"cycle": true,', '"cycle": true, "cycle": true,')
+    problems = list(wrong_client_rules({"clients/go/signal.go": go}, enum))
+    assert problems and "twice" in problems[0]
+    ts = texts["clients/typescript/src/index.d.ts"].replace(" | 'cycle'", "")
+    problems = list(wrong_client_rules({"clients/typescript/src/index.d.ts": ts}, enum))
+    assert problems and "missing ['cycle']" in problems[0]
+
+
 def counts() -> dict[str, int]:
     """How many references of each kind the docs hold (each one checked by the tests above)."""
     totals = dict.fromkeys(("paths", "links", "modules", "make", "commands", "settings"), 0)
@@ -485,3 +585,22 @@ def counts() -> dict[str, int]:
 
 if __name__ == "__main__":
     print(counts())
+
+
+def test_agent_code_in_the_docs_imports_from_the_one_agent_package():
+    """What an agent writes (the killswitch, its exceptions, the stop helper, the span
+    processors) has one import path, `spanguard.killswitch`, and every name the docs import
+    from it is there; framework adapters keep a module each."""
+    import importlib
+
+    agent_api = importlib.import_module("spanguard.killswitch")
+    pattern = re.compile(r"from (spanguard\.killswitch(?:\.\w+)?) import ([\w, ]+)")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for module, names in pattern.findall(path.read_text()):
+            if module == "spanguard.killswitch":
+                for name in (n.strip() for n in names.split(",")):
+                    assert hasattr(agent_api, name), f"{path.name}: {name}"
+                continue
+            assert module.rsplit(".", 1)[1].startswith("adapters_") or module.endswith("gateway"), (
+                f"{path.name} imports from {module}: the agent API is spanguard.killswitch"
+            )

@@ -7,7 +7,8 @@ __all__ = ["core_build"]
 
 def core_build() -> str:
     """ "compiled" when the hot path runs as mypyc extension modules (setup.py, the worker
-    image), else "pure Python" (a plain install): the same code, about 1.5x apart."""
+    image), else "pure Python" (a plain install): the same code, the compiled one faster
+    (docs/performance.md, "Figures behind the code")."""
     from spanguard.detection import guard
 
     return "pure Python" if guard.__file__.endswith(".py") else "compiled"

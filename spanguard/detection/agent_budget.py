@@ -144,7 +144,8 @@ def agent_key(service: str, agent_name: str | None) -> str:
     """An agent's identity as one unambiguous text (a name may hold any character): the key
     the worker keys its usage records and window table by. Cached for names of ordinary
     length: a fleet has few agents, and each inference's usage asks for its key three times
-    (5.7% of a scope-on worker's samples were this JSON)."""
+    (uncached, a visible share of a scope-on worker's samples: docs/performance.md, "Figures
+    behind the code")."""
     if len(service) + len(agent_name or "") <= MAX_CACHED_KEY_CHARS:
         return _cached_agent_key(service, agent_name)
     return _agent_key(service, agent_name)

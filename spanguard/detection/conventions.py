@@ -51,6 +51,16 @@ each convention's own source (the version read is given per convention):
   (`input.value` = `refund policy`, kept as that string) and its result as a serialised
   ToolMessage (`{"lc": 1, "type": "constructor", "id": [..., "ToolMessage"], "kwargs": ...}`).
 
+- LiteLLM's proxy (its `otel` callback, instrumentation scope `litellm`, litellm 1.106): one
+  `litellm_request` span per model call, `gen_ai.operation.name` `acompletion`, the request's
+  messages in `gen_ai.input.messages` (JSON: OpenAI's shape, text in `parts`). It makes no tool
+  span: a call shows up as the model's `tool_calls` in one request's history and its result as
+  the `tool` messages (`tool_call_id`) that close the next request. So a `litellm` span whose
+  input messages end with tool results yields one ToolCall per call they answer, besides its
+  own usage (`gateway_calls`). An agent that records its own tool spans with the call id is
+  counted once: these calls carry no start time and end when the request started, so either
+  copy of a call id is the other's partial span to the guard.
+
 Results (the result-aware loop rule): `gen_ai.tool.call.result`, OpenInference `output.value`,
 `traceloop.entity.output` (`{"output": ..., "kwargs": ...}`), ADK `gcp.vertex.agent.tool_response`,
 pydantic-ai <= 2 `tool_response`, strands' legacy `gen_ai.choice` event (`message`) on tool
@@ -118,6 +128,7 @@ __all__ = [
     "adapt_span",
     "capture_setting",
     "decode_arguments",
+    "gateway_calls",
     "reading_of",
     "resource_info",
 ]
@@ -264,6 +275,12 @@ PLACEHOLDERS: Final = frozenset(
 # Instrumentations known to write an empty object when content capture is off (by scope name).
 EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
 LANGCHAIN_ENVELOPE: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
+# LiteLLM's proxy spans (see the module docstring): the tool calls its requests answer.
+GATEWAY_SCOPE: Final = "litellm"
+# A handoff between agents (opentelemetry-instrumentation-openai-agents): read as a call.
+HANDOFF_OPERATION: Final = "agent_handoff"
+HANDOFF_FROM: Final = "gen_ai.handoff.from_agent"
+HANDOFF_TO: Final = "gen_ai.handoff.to_agent"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 MAX_REPR_CHARS: Final = 65_536
@@ -560,7 +577,7 @@ def reading_of(wanted: frozenset[str]) -> SpanReading:
 
 def adapt_span(
     span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False, scope: str = ""
-) -> ToolCall | TokenUsage | AgentSeen | None:
+) -> ToolCall | TokenUsage | AgentSeen | tuple[ToolCall | TokenUsage | AgentSeen, ...] | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
     `wanted` is WANTED_KEYS (less the usage keys when no budget is set anywhere: then chat
@@ -574,11 +591,28 @@ def adapt_span(
     return adapt_read(span, reading_of(wanted), match, scope)
 
 
+# What a span may be: one event, or (a LiteLLM proxy span) the tool calls its request answered
+# followed by its own event, if any.
+Event = ToolCall | TokenUsage | AgentSeen
+
+
 def adapt_read(
     span: Any, reading: SpanReading, match: bool, scope: str
-) -> ToolCall | TokenUsage | AgentSeen | None:
+) -> Event | tuple[Event, ...] | None:
     """adapt_span with its `wanted` keys worked out already (`reading_of`): the guard's call,
-    once per span."""
+    once per span. A tuple only for LiteLLM's proxy spans (scope `litellm`)."""
+    event = _adapt_one(span, reading, match, scope)
+    if scope != GATEWAY_SCOPE:
+        return event
+    calls = gateway_calls(span, scope)
+    if not calls:
+        return event
+    return (*calls, event) if event is not None else tuple(calls)
+
+
+def _adapt_one(
+    span: Any, reading: SpanReading, match: bool, scope: str
+) -> ToolCall | TokenUsage | AgentSeen | None:
     attributes: AttributeMap = span.attributes
     # Whether the span names its operation, asked once (a wanted key, so `OPERATION in present`
     # below would say the same).
@@ -625,12 +659,14 @@ def adapt_read(
             named = True
             break
 
+    if operation == HANDOFF_OPERATION:
+        return _handoff(span, attributes, agent_name, match_attributes, scope)
     if (
         operation == "execute_tool"
         if operation is not None
         else _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation)
     ):
-        tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or "unknown"
+        tool_name = _first_text(attributes, present, TOOL_NAME_KEYS) or _tool_span_name(span.name)
         if tool_name == ADK_MERGED_TOOLS:
             return None
         if len(tool_name) > MAX_TEXT_CHARS:
@@ -837,6 +873,43 @@ def _other_kinds(
     return oi_kind, tl_kind, ai_operation
 
 
+def _tool_span_name(name: str) -> str:
+    """A tool span's own name where it records no tool name (OpenInference's OpenAI Agents
+    handoffs: "handoff to billing"): "execute_tool X" is X; a bare or empty name is unknown."""
+    name = name.removeprefix("execute_tool ").strip()
+    if not name or name.lower() in PLACEHOLDERS or name == "execute_tool":
+        return "unknown"
+    return bounded_text(name)
+
+
+def _handoff(
+    span: Any,
+    attributes: AttributeMap,
+    agent_name: str | None,
+    match_attributes: dict[str, str] | None,
+    scope: str,
+) -> ToolCall | None:
+    """An `agent_handoff` span (the OpenTelemetry OpenAI Agents instrumentation): the agent
+    handing the run to another, counted as its call "handoff to <agent>" with both agents as
+    arguments, so two agents handing a task back and forth are a loop like any other."""
+    if HANDOFF_TO not in attributes:
+        return None
+    to_agent = bounded_text(_text(attributes[HANDOFF_TO]))
+    from_agent = bounded_text(_text(attributes[HANDOFF_FROM])) if HANDOFF_FROM in attributes else ""
+    return ToolCall(
+        span_id=span.span_id,
+        tool_name=f"handoff to {to_agent}",
+        arguments={"from_agent": from_agent, "to_agent": to_agent},
+        call_id=None,
+        agent_name=agent_name,
+        match_attributes=match_attributes,
+        result=MISSING,
+        scope=scope,
+        end_time_unix_nano=span.end_time_unix_nano,
+        start_time_unix_nano=span.start_time_unix_nano,
+    )
+
+
 def _is_tool_span(
     name: str,
     present: Container[str],
@@ -913,6 +986,78 @@ def _unwrap_envelope(value: Any) -> tuple[Any, str | None]:
     if not isinstance(input_str, str):
         return MISSING, call_id
     return decode_arguments(input_str, python_repr=True), call_id
+
+
+def gateway_calls(span: Any, scope: str = GATEWAY_SCOPE) -> list[ToolCall]:
+    """The tool calls a LiteLLM proxy span's request answers: the `tool` messages that end its
+    `gen_ai.input.messages`, each with the call of the assistant message before them that it
+    answers (name, arguments, id). Empty when the request ends otherwise (a user's message,
+    the first request of a run) or records no messages."""
+    attributes: AttributeMap = span.attributes
+    if INPUT_MESSAGES not in attributes:
+        return []
+    messages = decode_arguments(_text(attributes[INPUT_MESSAGES]))
+    if type(messages) is not list:
+        return []
+    first = len(messages)
+    while first and _role(messages[first - 1]) == "tool":
+        first -= 1
+    if first == len(messages) or first == 0 or _role(messages[first - 1]) != "assistant":
+        return []
+    results: dict[str, Any] = {}
+    for message in messages[first:]:
+        call_id = message.get("tool_call_id")
+        if isinstance(call_id, str):
+            results[call_id] = _message_content(message)
+    asked = messages[first - 1].get("tool_calls")
+    calls: list[ToolCall] = []
+    for index, call in enumerate(asked if type(asked) is list else ()):
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict or not isinstance(function.get("name"), str):
+            continue
+        call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        arguments = function.get("arguments", MISSING)
+        calls.append(
+            ToolCall(
+                # One span, several calls: each its own id (the guard drops a repeated span id),
+                # the same on every redelivery of the span.
+                span_id=_derived_span_id(span.span_id, call_id or str(index)),
+                tool_name=bounded_text(function["name"]),
+                arguments=decode_arguments(arguments) if type(arguments) is str else arguments,
+                call_id=bounded_text(call_id) if call_id else None,
+                agent_name=None,
+                match_attributes=None,
+                result=results.get(call_id, MISSING) if call_id else MISSING,
+                scope=scope,
+                # The tool ran before this request was sent; when it started is not recorded.
+                end_time_unix_nano=span.start_time_unix_nano,
+                start_time_unix_nano=0,
+            )
+        )
+    return calls
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if type(message) is dict else None
+
+
+def _message_content(message: dict[str, Any]) -> Any:
+    """A tool message's result: OpenAI's `content`, or the text of its GenAI `parts`."""
+    content = message.get("content", MISSING)
+    if content is MISSING:
+        parts = message.get("parts")
+        texts = [
+            part.get("content") for part in parts if type(part) is dict
+        ] if type(parts) is list else []  # fmt: skip
+        if len(texts) == 1:
+            content = texts[0]
+        elif texts:
+            content = "".join(text for text in texts if isinstance(text, str))
+    return decode_arguments(content) if type(content) is str else content
+
+
+def _derived_span_id(span_id: bytes, call_id: str) -> bytes:
+    return hashlib.sha256(span_id + call_id.encode("utf-8", "surrogatepass")).digest()[:8]
 
 
 def _not_recorded(value: Any, scope: str) -> bool:

@@ -4,7 +4,7 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -210,7 +210,9 @@ class Guard:
 
     `states` is any mutable mapping from hex trace id to TraceState (a dict by default; the
     worker passes a view of its Faust table). Each trace touched by a request is written back
-    once per request, so a changelog-backed mapping logs one update per trace and message.
+    to `states` once per request. The worker's mapping (streams/state.py, `SerializedStates`)
+    keeps those writes in memory and writes each trace to its table and changelog once per
+    commit interval (docs/design.md, "State writes once per commit").
     """
 
     def __init__(
@@ -361,6 +363,18 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
+                    if isinstance(event, tuple):
+                        # A LiteLLM proxy span: the tool calls its request answered, then
+                        # its own usage (conventions.gateway_calls).
+                        for one in event:
+                            try:
+                                decision = self.observe(trace_id, state, one, resource)
+                            except Exception as exc:
+                                self._on_bad_span(exc)
+                                continue
+                            if decision is not None:
+                                decisions.append(decision)
+                        continue
                     try:
                         decision = self.observe(trace_id, state, event, resource)
                     # E.g. arguments nested too deep to hash.
@@ -393,13 +407,8 @@ class Guard:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
             self._join_conversation(trace_id, state, event.conversation_id)
-        if not isinstance(event, ToolCall) and event.user_turn:
-            # The user spoke: what the agent repeats next answers them, not its own loop. The
-            # calls made before the model heard it are forgotten (spans come in the order
-            # they end: an inference span may end after calls that followed its start).
-            self.stats.user_turns += 1
-            state.forget_calls_before(event.user_turn)
-        if isinstance(event, AgentSeen):
+        user_turn = 0 if isinstance(event, ToolCall) else event.user_turn
+        if isinstance(event, AgentSeen) and not user_turn:
             return None
         if self._per_agent:
             policy = self._policy_for(state, event, resource)
@@ -408,6 +417,16 @@ class Guard:
         else:  # one policy for every agent: its plan is made once
             policy = self._defaults
             plan = self._defaults_plan or self._plan(policy)
+        if user_turn:
+            # The user spoke: what the agent repeats next answers them, not its own loop. The
+            # calls made before the model heard it are forgotten (spans come in the order
+            # they end: an inference span may end after calls that followed its start), unless
+            # the policy keeps them: a harness whose "user" is an automated "continue".
+            self.stats.user_turns += 1
+            if policy.user_turns == "forget":
+                state.forget_calls_before(user_turn)
+        if isinstance(event, AgentSeen):
+            return None
         limit = plan.recent_ids
         recent = state.recent_span_ids
         span_id = event.span_id
@@ -790,7 +809,10 @@ class Guard:
         return decision
 
     def _policy_for(
-        self, state: TraceState, event: ToolCall | TokenUsage, resource: ResourceInfo | None
+        self,
+        state: TraceState,
+        event: ToolCall | TokenUsage | AgentSeen,
+        resource: ResourceInfo | None,
     ) -> AgentPolicy:
         if not self.policy.rules:
             return self.policy.defaults

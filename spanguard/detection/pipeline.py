@@ -1,7 +1,9 @@
 """What the worker does with one Kafka message, without Kafka: route, detect, or dead-letter.
 
-The Faust agent in streams/app.py feeds each message here and sends what comes back; keeping
-this Faust-free lets the tests and the benchmarks drive the same routing.
+The worker's span agent (`SpanAgent`, streams/agents/guard_spans.py; streams/app.py builds the
+pipeline) feeds each message here and sends what comes back; `spanguard backtest`
+(spanguard/detection/backtest.py) drives it over a topic's history. Keeping this Faust-free
+lets the tests and the benchmarks drive the same routing.
 """
 
 from __future__ import annotations

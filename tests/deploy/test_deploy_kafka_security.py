@@ -132,7 +132,8 @@ def test_compose_passes_the_kafka_variables_from_the_shell():
 def test_compose_runs_the_kafka_release_of_kafka_sh():
     import re
 
-    script = (ROOT / "scripts" / "kafka.sh").read_text()
+    # scripts/kafka.sh and scripts/kafka-cluster.sh share the release in their library.
+    script = (ROOT / "scripts" / "lib" / "kafka-common.sh").read_text()
     (version,) = re.findall(r"^KAFKA_VERSION=(\S+)$", script, re.M)
     image = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["kafka"]["image"]
     assert image == f"apache/kafka:{version}"

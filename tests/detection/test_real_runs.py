@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import gzip
 import re
+from collections import Counter
 from functools import cache
 
 from tests.support.realruns import (
+    PEER_SETTINGS,
     PEERS,
     RUNS,
     is_agent_call,
     load_labels,
     load_runs,
     needs_label,
+    peer_policy,
     precision,
     render,
     replay,
@@ -92,10 +95,11 @@ def test_the_real_runs_table(capsys):
 
 
 def test_the_peers_suites():
-    """Their stuck cases are caught (at their call or before it: every peer's own threshold
-    is at or above spanguard's); of their not-stuck cases, only Gemini CLI's two that are loops
-    by spanguard's measure (four identical calls with nothing between; a round of three calls
-    made three times) are decided: docs/rules.md says why."""
+    """At the shipped defaults: 38 of their 45 stuck cases are caught (at their call or
+    before it); the other seven wait for a peer's setting (user turns counted through, a lower
+    threshold). Of their not-stuck cases, only Gemini CLI's two (four identical calls with
+    nothing between; a round of three calls made three times) are decided: at Gemini CLI's own
+    limits they are not (the next test)."""
     cells = table()
     peers = sorted(source for source, rule in cells if source.startswith("peer:") and rule == "any")
     assert len(peers) == 5
@@ -106,6 +110,54 @@ def test_the_peers_suites():
     decided_healthy = {peer: cells[(peer, "any")].healthy_kills for peer in peers}
     assert caught >= 37 and stuck == 45, (caught, stuck)
     assert decided_healthy == {peer: 2 if peer == "peer:gemini-cli" else 0 for peer in peers}
+
+
+def test_the_peers_suites_on_settings_like_theirs(capsys):
+    """On the settings docs/rules.md gives for an agent like each peer ("Settings like a
+    peer's"), every in-remit stuck case is caught at the peer's call or before it, and no
+    not-stuck case is decided."""
+    runs = [run for run in load_runs(PEER_SETTINGS) if run.in_remit]
+    cells = precision(list(replay(runs, policy_of=peer_policy)), load_labels())
+    with capsys.disabled():
+        print("\n" + render(cells))
+    peers = sorted(PEER_SETTINGS)
+    assert sum(cells[(peer, "any")].loops for peer in peers) == 45
+    for peer in peers:
+        cell = cells[(peer, "any")]
+        assert cell.missed == cell.caught_late == 0, peer
+        assert cell.healthy_kills == cell.healthy_flags == 0, peer
+
+
+def test_downgrade_first_spares_the_coding_loops_that_escape_and_still_kills_the_stuck():
+    """`action: downgrade` on the coding runs (docs/rules.md, "Kill or downgrade first"): the
+    loops an agent left on its own and then resolved its task are downgraded, not killed; the
+    loops it never left are still killed a few calls after the downgrade (on recorded runs the
+    agent never read the downgrade's message, so this is the least it does)."""
+    from spanguard.schemas.policy import Policy
+
+    labels = load_labels()
+    runs = [run for run in load_runs(["swe"]) if labels.get(run.run, {}).get("verdict")]
+    policy = Policy.from_mapping({"defaults": {"action": "downgrade"}})
+    outcomes = Counter()
+    for found in replay(runs, policy):
+        label = labels[found.run.run]
+        actions = {action for _rule, action, _at in found.decisions}
+        if label["verdict"] == "healthy":
+            assert not actions, found.run.run
+            continue
+        kind = "escaped" if label.get("escaped") else "stuck"
+        killed = "kill" in actions
+        outcomes[(kind, found.run.outcome, killed)] += 1
+    escaped_resolved = (
+        outcomes[("escaped", "success", False)] + outcomes[("escaped", "success", True)]
+    )
+    assert escaped_resolved >= 5
+    assert outcomes[("escaped", "success", True)] <= 1
+    stuck = sum(count for (kind, _, _), count in outcomes.items() if kind == "stuck")
+    stuck_killed = sum(
+        count for (kind, _, killed), count in outcomes.items() if kind == "stuck" and killed
+    )
+    assert stuck_killed * 4 >= stuck * 3, (stuck_killed, stuck)
 
 
 def test_calls_a_user_device_made_are_not_the_agents_spans():

@@ -37,6 +37,7 @@ def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_pol
     assert support["action"] == "downgrade" and support["loop"] == {
         "window": 10,
         "threshold": 3,  # examples/policy.yaml's defaults: the shipped threshold
+        "failing_threshold": None,
         "enabled": True,
     }
 
@@ -47,12 +48,13 @@ def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 3 agent rules")
+    assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 4 agent rules")
     printed = yaml.safe_load(result.stdout)
     assert [rule["match"] for rule in printed["agents"]] == [
         {"service.name": "research-assistant"},
         {"gen_ai.agent.name": "ticket-bot"},
         {"service.name": "support-bot"},
+        {"gen_ai.agent.name": "coding-agent"},
     ]
     ticket_bot = printed["agents"][1]
     assert ticket_bot["token_budget"] == 200000
@@ -76,5 +78,5 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
         " (did you mean 'token_budget'?); valid keys: action, agent_budget, autonomous,"
         " conversation, cycle, fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
-        " severity, token_budget, tools, usd_budget, volatile_keys"
+        " severity, token_budget, tools, usd_budget, user_turns, volatile_keys"
     ]

@@ -1,6 +1,6 @@
 """The three-broker cluster of the fault tests: started once per run, only when one asks.
 
-SPANGUARD_FAULTS_CLUSTER_DIR names a `scripts/kafka.sh cluster` data dir to use (started if it
+SPANGUARD_FAULTS_CLUSTER_DIR names a `scripts/kafka-cluster.sh` data dir to use (started if it
 is not running) and leave running at the end, for runs one after the other.
 """
 

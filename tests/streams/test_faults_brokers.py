@@ -1,6 +1,6 @@
 """Brokers of a three-node cluster fail under two shipped workers: no kill lost or doubled.
 
-The cluster is `scripts/kafka.sh cluster` (replication factor 3, min.insync.replicas 2), the
+The cluster is `scripts/kafka-cluster.sh` (replication factor 3, min.insync.replicas 2), the
 workers run on their shipped defaults, the spans sit on the partition the Collector's exporter
 gives their trace id. Each test prints kills expected, sent, doubled and lost, and how long the
 pipeline took to recover. `make test-faults` runs them.

@@ -1,7 +1,7 @@
 """Faults of a real cluster for the tests and the soak: three brokers, a TCP proxy that cuts a
 client off, traffic partitioned as the Collector partitions it, and the kill ledger.
 
-The cluster is `scripts/kafka.sh cluster` (its own data dir, free ports): the shared broker on
+The cluster is `scripts/kafka-cluster.sh` (its own data dir, free ports): the shared broker on
 9092 is never touched. Every process started here is stopped by the one who started it.
 """
 
@@ -38,7 +38,7 @@ SHIPPED_PARTITIONS = 8  # the shipped SPANGUARD_PARTITIONS
 
 
 class KafkaCluster:
-    """`scripts/kafka.sh cluster`: three KRaft nodes, each broker and controller."""
+    """`scripts/kafka-cluster.sh`: three KRaft nodes, each broker and controller."""
 
     def __init__(self, data_dir: Path, brokers: int = 3) -> None:
         self.data_dir = data_dir
@@ -47,12 +47,11 @@ class KafkaCluster:
 
     def _script(self, *args: str, timeout: float = 600) -> str:
         result = subprocess.run(
-            [str(ROOT / "scripts" / "kafka.sh"), "cluster", "--data-dir", str(self.data_dir),
-             *args],
+            [str(ROOT / "scripts" / "kafka-cluster.sh"), "--data-dir", str(self.data_dir), *args],
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if result.returncode != 0:
-            raise RuntimeError(f"kafka.sh cluster {args} failed:\n{result.stdout}\n{result.stderr}")
+            raise RuntimeError(f"kafka-cluster.sh {args} failed:\n{result.stdout}\n{result.stderr}")
         return result.stdout
 
     def up(self) -> KafkaCluster:

@@ -21,9 +21,10 @@ import gzip
 import hashlib
 import json
 import random
+import re
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ class Run:
     stuck: bool | None = None
     in_remit: bool = True
     peer_stop_at: int | None = None
+    why: str = ""  # a peer case: what its test sets and asserts (its limit, where it sets one)
 
     @property
     def tool_steps(self) -> list[dict[str, Any]]:
@@ -115,6 +117,7 @@ def load_runs(sources: Iterable[str] | None = None) -> list[Run]:
                     stuck=case["stuck"],
                     in_remit=case["in_remit"],
                     peer_stop_at=case.get("peer_stop_at"),
+                    why=case["why"],
                 )
             )
     return runs
@@ -225,12 +228,51 @@ class RunDecisions:
     decisions: list[tuple[str, str, int | None]] = field(default_factory=list)
 
 
-def replay(runs: Iterable[Run], policy: Policy | None = None) -> Iterator[RunDecisions]:
-    """Each run through a guard of its own on `policy` (the shipped defaults by default)."""
+# The settings that make spanguard judge as each peer does, with the limit each test sets:
+# docs/rules.md, "Settings like a peer's".
+PEER_SETTINGS: dict[str, dict[str, Any]] = {
+    # Its TOOL_CALL_LOOP_THRESHOLD; its cycle needs 15 calls of a round of 3.
+    "peer:gemini-cli": {"loop": {"threshold": 5}, "cycle": {"repeats": 5}},
+    "peer:openhands": {"user_turns": "keep"},  # headless: a user message resets nothing
+    # Its mistake counter runs across turns; identical calls stop at its hard limit, 5.
+    "peer:cline": {"user_turns": "keep", "loop": {"threshold": 5}},
+    "peer:openclaw": {"cycle": {"compare_results": False}},  # ping-pong whatever the results
+    "peer:roo-code": {},
+}
+
+
+def peer_policy(run: Run) -> Policy:
+    """The policy judging `run` as its peer does: the peer's settings, and the limit its test
+    sets (Roo Code's `limit` N blocks the (N+1)th identical call, Cline's loop detection
+    `hard` N the Nth, its `maxConsecutiveMistakes` N the Nth failed one)."""
+    defaults = {
+        key: dict(value) if isinstance(value, dict) else value
+        for key, value in PEER_SETTINGS[run.source].items()
+    }
+    limits = dict(re.findall(r"\b(limit|maxConsecutiveMistakes|hard)=(\d+)", run.why))
+    if not run.in_remit:
+        limits = {}  # limit 0 or below: "unlimited" and config cases, nothing to mirror
+    if "limit" in limits:
+        defaults.setdefault("loop", {})["threshold"] = int(limits["limit"]) + 1
+    if "hard" in limits:
+        defaults.setdefault("loop", {})["threshold"] = int(limits["hard"])
+    if "maxConsecutiveMistakes" in limits:
+        mistakes = int(limits["maxConsecutiveMistakes"])
+        defaults.setdefault("loop", {})["failing_threshold"] = mistakes
+    return Policy.from_mapping({"defaults": defaults})
+
+
+def replay(
+    runs: Iterable[Run],
+    policy: Policy | None = None,
+    policy_of: Callable[[Run], Policy] | None = None,
+) -> Iterator[RunDecisions]:
+    """Each run through a guard of its own on `policy` (the shipped defaults by default), or
+    on `policy_of(run)`."""
     policy = policy or Policy()
     for run in runs:
         request, calls = to_request(run)
-        guard = Guard(policy)
+        guard = Guard(policy_of(run) if policy_of is not None else policy)
         index = {span_id: position + 1 for position, span_id in enumerate(calls)}
         found = RunDecisions(run)
         for decision in guard.process(request):
@@ -399,7 +441,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blind", action="store_true", help="--show without the decisions")
     parser.add_argument("--width", type=int, default=300, help="characters shown per text")
     parser.add_argument("--json", help="write every run's decisions to this file")
+    parser.add_argument(
+        "--peer-settings",
+        action="store_true",
+        help="replay the peers' suites on settings like each peer's (PEER_SETTINGS)",
+    )
     args = parser.parse_args(argv)
+    if args.peer_settings:
+        peers = [run for run in load_runs(args.source or PEER_SETTINGS) if run.in_remit]
+        print(render(precision(replay(peers, policy_of=peer_policy), load_labels())))
+        return 0
     runs = load_runs(args.source)
     if args.show:
         wanted = set(args.show)

@@ -1,7 +1,8 @@
 """What a rule is: the interface each rule module implements, its fired mark and what it trips.
 
-A rule says what it keys a call on (`key`), over which window it counts (`window`), keeps its
-own counts up to date on every call (`count`) and decides (`check`): a `Trip` with the
+The guard keys each call once, (tool name, args hash, result hash), and keeps the trace's
+window of keys; a rule gets that key and the state, keeps its own counts up to date on every
+call if it has any (`counts = True` and `count`), and decides (`check`): a `Trip` with the
 evidence, or None. What happens next is the same for every rule and lives in the guard (one
 decision per trace and rule, downgrade then kill where the policy says, a flag in shadow mode,
 re-armed by an operator's release); a rule never builds a Decision itself.
@@ -9,7 +10,6 @@ re-armed by an operator's release); a rule never builds a Decision itself.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
@@ -49,7 +49,7 @@ class Fired(NamedTuple):
     action: str
 
     def __str__(self) -> str:
-        return f"{self.rule}:{self.action}"  # the changelog's form, unchanged since version 1
+        return f"{self.rule}:{self.action}"  # the changelog's form, in every state version
 
     @classmethod
     def parse(cls, text: str) -> Fired:
@@ -99,18 +99,12 @@ class Rule:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ToolCallRule(Rule):
-    """A rule over a trace's tool calls. `key` is (tool name, args hash, result hash)."""
+    """A rule over a trace's tool calls. The `key` its methods get is the guard's key of the
+    call, (tool name, args hash, result hash); a rule that counts over a window of its own keeps
+    it in the state (tool_polling's `polls`)."""
 
     # True when `count` keeps state of its own: the guard calls it on every counted call.
     counts: ClassVar[bool] = False
-
-    def key(self, key: CallKey) -> Hashable | None:
-        """What this rule counts a call as (None: the call is not this rule's business)."""
-        return key
-
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        """How many of the trace's last calls the rule looks at for `tool_name`."""
-        return policy.window
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Bring the rule's own counts up to date with this call, before the call joins the

@@ -9,7 +9,8 @@ row equalled the call p calls before them. A sequence of period p repeated N tim
 (N - 1) * p. Each call updates the runs in O(max_period), and in O(1) when the call is new to
 the window (every run breaks), which is what healthy agents mostly do. A result that changes
 (tests re-run while the failures go down) makes the call differ from its predecessor and breaks
-the run, as a changing result breaks a loop.
+the run, as a changing result breaks a loop; `cycle.compare_results: false` compares calls by
+tool and arguments alone, for agents whose rounds must stop however their results change.
 """
 
 from __future__ import annotations
@@ -40,14 +41,12 @@ class Cycle(ToolCallRule):
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.cycle_enabled else OFF
 
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        return policy.cycle_max_period
-
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Called before the call joins the window, which holds the last max_period calls."""
         if not policy.cycle_enabled:
             return
-        if key[1] is None or key not in state.counts:
+        compare_results = policy.cycle_compare_results
+        if key[1] is None or (compare_results and key not in state.counts):
             # Not recorded (a tool name alone cannot tell a cycle from fresh arguments), or
             # not among the last max_period calls: every run breaks.
             state.cycle_runs = None
@@ -58,7 +57,16 @@ class Cycle(ToolCallRule):
             runs = (runs + [0] * periods)[:periods]
         # The calls 1, 2, ... max_period back: run[p - 1] grows where the call p back is equal.
         earlier = islice(reversed(state.window), periods)
-        fresh = [run + 1 if seen == key else 0 for run, seen in zip(runs, earlier, strict=False)]
+        if compare_results:
+            fresh = [
+                run + 1 if seen == key else 0 for run, seen in zip(runs, earlier, strict=False)
+            ]
+        else:
+            tool, digest = key[0], key[1]
+            fresh = [
+                run + 1 if seen[0] == tool and seen[1] == digest else 0
+                for run, seen in zip(runs, earlier, strict=False)
+            ]
         fresh += [0] * (periods - len(fresh))
         state.cycle_runs = fresh
 
@@ -81,9 +89,10 @@ class Cycle(ToolCallRule):
             repeats = runs[period - 1] // period + 1
             steps = repeats * period
             tools = " -> ".join(tool for tool, _, _ in sequence)
+            same_results = " and results" if policy.cycle_compare_results else ""
             return Trip(
                 f"a sequence of {period} calls ({tools}) repeated {repeats}x with the same"
-                " arguments and results",
+                f" arguments{same_results}",
                 {
                     "tool_name": key[0],
                     "args_hash": key[1],
@@ -97,8 +106,8 @@ class Cycle(ToolCallRule):
                 },
                 message=(
                     f"You have repeated the same {period} tool calls {repeats} times with the"
-                    " same arguments and the same results. Try a different approach or stop"
-                    " and report what you found."
+                    f" same arguments{same_results}. Try a different approach or stop and"
+                    " report what you found."
                 ),
             )
         return None

@@ -15,7 +15,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.conventions import MISSING
-from spanguard.detection.results import NOTHING, is_content
+from spanguard.detection.results import ERROR, NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 
 if TYPE_CHECKING:
@@ -66,17 +66,11 @@ class ToolLoop(ToolCallRule):
         "the same call with the same result (or failing again), `threshold` times in the last"
         " `window` calls with no new work between"
     )
-    settings = "loop: {window: 10, threshold: 3}"
+    settings = "loop: {window: 10, threshold: 3, failing_threshold: null}"
     default_action = "kill"
 
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.loop_enabled else OFF
-
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        tool_policy = policy.tool(tool_name) if policy.tools else None
-        if tool_policy is not None and tool_policy.window:
-            return tool_policy.window
-        return policy.window
 
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
@@ -89,6 +83,8 @@ class ToolLoop(ToolCallRule):
         if tool_policy is not None:
             window = tool_policy.window or window
             threshold = tool_policy.threshold or threshold
+        if result == ERROR and policy.failing_threshold is not None:
+            threshold = policy.failing_threshold
         if len(state.window) > window:
             # The trace keeps a wider window (another tool's, or the cycle rule's): count this
             # tool's own window.

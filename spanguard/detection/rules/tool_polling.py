@@ -29,13 +29,6 @@ class ToolPolling(ToolCallRule):
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.polling_enabled else OFF
 
-    def key(self, key: CallKey) -> tuple[str, str] | None:
-        tool, digest, _ = key
-        return None if digest is None else (tool, digest)
-
-    def window(self, policy: AgentPolicy, tool_name: str) -> int:
-        return policy.polling_window
-
     @staticmethod
     def polled(key: CallKey, policy: AgentPolicy) -> bool:
         """A call this rule counts: arguments recorded, and a result (or a polling tool)."""

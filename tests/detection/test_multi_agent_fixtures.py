@@ -1,0 +1,100 @@
+"""Agents handing a run to each other (tests/fixtures/multi_agent, made by the real OpenAI
+Agents SDK under OpenInference's and OpenTelemetry's instrumentations: tests/support/
+multi_agents.py), replayed by `spanguard replay` on the shipped defaults.
+
+A handoff is read as the handing agent's call "handoff to <agent>" (OpenInference names its
+handoff span so; OpenTelemetry's `agent_handoff` span names both agents), so two agents handing
+a task back and forth with nothing done between are a loop like any other, and a healthy chain
+of handoffs, or visits that each do new work, are not."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from spanguard.schemas.decision import validate
+from tests.support.multi_agents import EXPECTED, FIXTURES, INSTRUMENTATIONS, SCENARIOS
+
+
+def read_request(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def spans(path: Path) -> list[dict]:
+    return [
+        span
+        for resource in read_request(path)["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+
+
+def handoff_to(span: dict) -> str | None:
+    """The agent a handoff span hands to, in either instrumentation's form."""
+    if span["name"].startswith("handoff to "):
+        return span["name"].removeprefix("handoff to ")
+    for attribute in span.get("attributes", ()):
+        if attribute["key"] == "gen_ai.handoff.to_agent":
+            return attribute["value"]["stringValue"]
+    return None
+
+
+@cache
+def replayed(root: Path, instrumentation: str) -> dict[str, list[dict]]:
+    files = {name: root / instrumentation / f"{name}.json.gz" for name in SCENARIOS}
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "replay", *map(str, files.values())],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    owner = {span["traceId"]: name for name, path in files.items() for span in spans(path)}
+    decisions: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
+    for line in result.stdout.splitlines():
+        record = json.loads(line)
+        validate(record, "detection")
+        decisions[owner[record["trace_id"]]].append(record)
+    return decisions
+
+
+@pytest.mark.parametrize("instrumentation", INSTRUMENTATIONS)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_each_scenario_is_decided_as_expected(instrumentation, scenario):
+    decisions = replayed(FIXTURES, instrumentation)[scenario]
+    expected = EXPECTED[scenario]
+    if expected is None:
+        assert decisions == []
+        return
+    [decision] = decisions
+    rule, action, at = expected
+    assert (decision["rule"], decision["action"]) == (rule, action)
+    # The handoff it trips at: the `at`-th handoff or call of the run, in the order they ended.
+    path = FIXTURES / instrumentation / f"{scenario}.json.gz"
+    handoffs = sorted(
+        (span for span in spans(path) if handoff_to(span)), key=lambda s: int(s["endTimeUnixNano"])
+    )
+    assert decision["span_id"] == handoffs[at - 1]["spanId"]
+    assert decision["tool_name"] == f"handoff to {handoff_to(handoffs[at - 1])}"
+    assert decision["hits"] == 3
+
+
+def test_the_fixtures_are_what_the_libraries_emit_now(tmp_path):
+    """Made again from the installed SDK and instrumentations: the same decisions."""
+    subprocess.run(
+        [sys.executable, "-m", "tests.support.multi_agents", "--out", str(tmp_path)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    for instrumentation in INSTRUMENTATIONS:
+        fresh = replayed(tmp_path, instrumentation)
+        kept = replayed(FIXTURES, instrumentation)
+        assert {
+            name: [(d["rule"], d["action"], d["tool_name"], d["hits"]) for d in records]
+            for name, records in fresh.items()
+        } == {
+            name: [(d["rule"], d["action"], d["tool_name"], d["hits"]) for d in records]
+            for name, records in kept.items()
+        }
