@@ -369,7 +369,8 @@ class Guard:
                         for one in event:
                             try:
                                 decision = self.observe(trace_id, state, one, resource)
-                            except Exception as exc:
+                            # A bad call costs itself, never its neighbours.
+                            except Exception as exc:  # noqa: BLE001
                                 self._on_bad_span(exc)
                                 continue
                             if decision is not None:
