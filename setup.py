@@ -35,8 +35,10 @@ COMPILED_MODULES = [
     # The conversation scope (its state extends the trace's).
     "spanguard/detection/conversation.py",
 ]
-# Type-checked alone: the modules' imports outside this list are read, not compiled.
-MYPY_OPTIONS = ["--ignore-missing-imports", "--follow-imports=silent"]
+# Type-checked alone: the modules' imports outside this list are read, not compiled. No config
+# file: pyproject.toml's [tool.mypy] is `make typecheck`'s (its link tree and per-module flags),
+# and the compile must not change with it.
+MYPY_OPTIONS = ["--ignore-missing-imports", "--follow-imports=silent", "--config-file="]
 
 
 def ext_modules() -> list:

@@ -27,7 +27,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import httpx2
 import pagerduty
@@ -257,7 +257,8 @@ class Pager:
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
         client = pagerduty.EventsApiV2Client(
-            settings.routing_key,
+            # PagerSettings.__post_init__ sets the key or refuses the settings.
+            cast(str, settings.routing_key),
             base_url=settings.events_url,
             verify=verify,
             # A new connection per attempt: the attempt's deadline watches its socket.
@@ -274,7 +275,7 @@ class Pager:
         client.retry = {429: 1}
         client.max_http_attempts = -1
         client.max_network_attempts = 0  # first TransportError raises pagerduty.Error
-        client.timeout = settings.timeout
+        client.timeout = settings.timeout  # type: ignore[assignment]  # httpx2 takes a float; pagerduty's default is an int
         # With that, the client's only log line is an ERROR per 429 claiming it "exceeded maximum
         # number of attempts (-1)": misleading, and we log every outcome ourselves. Drop just that
         # line, on a logger of our own (the library's global logger is left alone).
@@ -350,7 +351,8 @@ class Pager:
                 event["event_action"], dedup_key=event["dedup_key"], **properties
             )
         except pagerduty.HttpError as exc:
-            response = exc.response
+            # HttpError always carries its response; its base class types it Optional.
+            response: httpx2.Response = exc.response  # type: ignore[assignment]
             status = response.status_code
             if response.is_success:
                 # 2xx with a body the client did not expect: PagerDuty took the event.

@@ -143,8 +143,9 @@ def inprocess_us_per_span(spans: int = 20_000, runs: int = 5) -> float:
     """
     # The SDK is a dev/`inprocess` dependency, imported here so the rest runs without it.
     from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.util.types import AttributeValue
 
     from spanguard.killswitch.processor import GuardingSpanProcessor
 
@@ -153,10 +154,12 @@ def inprocess_us_per_span(spans: int = 20_000, runs: int = 5) -> float:
             return SpanExportResult.SUCCESS
 
     per_trace = 50
-    mix = []  # per trace: the attributes of its spans, built outside the timed loops
+    # per trace: the attributes of its spans, built outside the timed loops
+    mix: list[list[tuple[str, dict[str, AttributeValue]]]] = []
     for index in range(max(spans // per_trace, 1)):
-        trace_spans = []
+        trace_spans: list[tuple[str, dict[str, AttributeValue]]] = []
         for step in range(per_trace - 1):  # the root is the 50th ended span
+            attributes: dict[str, AttributeValue]
             if step % 2:
                 attributes = {
                     "gen_ai.operation.name": "chat",
@@ -179,7 +182,7 @@ def inprocess_us_per_span(spans: int = 20_000, runs: int = 5) -> float:
     ended = len(mix) * per_trace
 
     def provider(guarded: bool) -> TracerProvider:
-        processor = SimpleSpanProcessor(NoopExporter())
+        processor: SpanProcessor = SimpleSpanProcessor(NoopExporter())
         tracer_provider = TracerProvider()
         if guarded:
             processor = GuardingSpanProcessor(processor, tracer_provider=tracer_provider)

@@ -91,6 +91,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -353,12 +354,15 @@ def drain(
     base, _, _ = counters.read()
     produce_s = preproduce(topic, messages)
     started, started_at = time.monotonic(), time.time()
-    meter = CpuMeter({f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)})
-    profile = profiler.start(workers[0].process.pid) if profiler is not None else None
+    # (The harness started it above: its process is set.)
+    meter = CpuMeter({f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)})  # type: ignore[union-attr]
+    # (The harness started it above: its process is set.)
+    profile = profiler.start(workers[0].process.pid) if profiler is not None else None  # type: ignore[union-attr]
     first, first_messages, first_per = counters.read()
     got, got_messages, per, wall = counters.wait_for(base + spans, started_at, started + timeout)
     if profile is not None:
-        profiler.stop(profile)
+        # (A profile is taken only with a profiler.)
+        profiler.stop(profile)  # type: ignore[union-attr]
     wall = max(wall, 1e-9)
     cores = meter.cores(wall)
     return Drain(
@@ -504,7 +508,8 @@ def latency_run(
     try:
         time.sleep(1.0)  # the collector's consumer joins before the first kill can appear
         before = (worker.metrics() or {}).get("spanguard_spans_total", 0.0)
-        meter = CpuMeter({"worker": worker.process.pid})
+        # (The harness started it above: its process is set.)
+        meter = CpuMeter({"worker": worker.process.pid})  # type: ignore[union-attr]
         appended, paced_s, paced_spans = paced_produce(
             topics.input, paced, rate, limit_s=seconds * 1.5
         )
@@ -724,16 +729,19 @@ def drain_through_collector(
     )
     started, started_at = time.monotonic(), time.time()
     meter = CpuMeter(
-        {f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)}
+        # (The harness started it above: its process is set.)
+        {f"worker {i + 1}": w.process.pid for i, w in enumerate(workers)}  # type: ignore[union-attr]
         | {"collector": collector.pid}
     )
-    profile = profiler.start(workers[0].process.pid) if profiler is not None else None
+    # (The harness started it above: its process is set.)
+    profile = profiler.start(workers[0].process.pid) if profiler is not None else None  # type: ignore[union-attr]
     for at in range(0, len(requests), POST_REQUESTS):
         collector.post(b"".join(requests[at : at + POST_REQUESTS]))
     posted = time.monotonic() - started
     got, got_messages, per, wall = counters.wait_for(base + spans, started_at, started + timeout)
     if profile is not None:
-        profiler.stop(profile)
+        # (A profile is taken only with a profiler.)
+        profiler.stop(profile)  # type: ignore[union-attr]
     wall = max(wall, 1e-9)
     cores = meter.cores(wall)
     drained = Drain(
@@ -770,14 +778,16 @@ def span_appends(topic: str, start: list[int], end: list[int]) -> dict[str, int]
             for message in consumer.consume(500, timeout=1.0):
                 if message.error() or message.partition() not in left:
                     continue
-                request = ExportTraceServiceRequest.FromString(message.value())
+                # (confluent-kafka types these Optional; a consumed message without error has them.)
+                request = ExportTraceServiceRequest.FromString(message.value())  # type: ignore[arg-type]
                 stamp = message.timestamp()[1]
                 for resource_spans in request.resource_spans:
                     for scope_spans in resource_spans.scope_spans:
                         for span in scope_spans.spans:
                             appended.setdefault(span.span_id.hex(), stamp)
-                if message.offset() + 1 >= left[message.partition()][1]:
-                    del left[message.partition()]
+                # (confluent-kafka types these Optional; a consumed message without error has them.)
+                if message.offset() + 1 >= left[message.partition()][1]:  # type: ignore[index, operator]
+                    del left[message.partition()]  # type: ignore[arg-type]
     finally:
         consumer.close()
     return appended
@@ -803,8 +813,9 @@ def record_times(topic: str, start: list[int], end: list[int]) -> list[int]:
                 if message.error() or message.partition() not in left:
                     continue
                 times.append(message.timestamp()[1])
-                if message.offset() + 1 >= left[message.partition()]:
-                    del left[message.partition()]
+                # (confluent-kafka types these Optional; a consumed message without error has them.)
+                if message.offset() + 1 >= left[message.partition()]:  # type: ignore[index, operator]
+                    del left[message.partition()]  # type: ignore[arg-type]
     finally:
         consumer.close()
     return sorted(times)
@@ -947,7 +958,8 @@ def latency_through_collector(
     }
     try:
         time.sleep(1.0)  # the reader's consumer joins before the first kill can appear
-        meter = CpuMeter({"worker": worker.process.pid, "collector": collector.pid})
+        # (The harness started it above: its process is set.)
+        meter = CpuMeter({"worker": worker.process.pid, "collector": collector.pid})  # type: ignore[union-attr]
         started = time.monotonic()
         sent, index, tick = 0, 0, 0.01
         while index < len(requests) and time.monotonic() - started < seconds * 1.5:
@@ -1158,7 +1170,8 @@ def scopes_run(
         return ScopesRun(build, on, off, latency, conversation_records, usage_records)
     finally:
         for side_topics, side_worker, collector in sides:
-            if side_worker.process.poll() is None:
+            # (The harness started it above: its process is set.)
+            if side_worker.process.poll() is None:  # type: ignore[union-attr]
                 stop_worker(side_worker)
             collector.close()
             delete_topics(admin, side_topics.prefix)
@@ -1356,7 +1369,7 @@ def build_corpora(run: Run) -> None:
     args, phases = run.args, run.phases
     started = time.perf_counter()
     low, high = (int(n) for n in args.message_spans.split(","))
-    mix = {"per_trace": True, "message_spans": (low, high)}
+    mix: dict[str, Any] = {"per_trace": True, "message_spans": (low, high)}
     corpus = build_corpus(args.spans, args.traces, seed=7, **mix)
     messages = keyed_messages(
         with_conversations(corpus.requests) if args.conversations else corpus.requests

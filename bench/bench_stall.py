@@ -86,7 +86,8 @@ def fill(store, now: float) -> None:
     batches = [rocksdict.WriteBatch(raw_mode=True) for _ in range(PARTITIONS)]
     for n in range(TRACES):
         state = TraceState(service="support-bot", last_seen=now - TTL - 3600 * (1 + n / TRACES))
-        state.window.extend([("search_docs", "1d79773f7dd21571")] * 3)
+        # A window entry of state version 1's shape (no result hash), which from_dict reads.
+        state.window.extend([("search_docs", "1d79773f7dd21571")] * 3)  # type: ignore[list-item]
         batches[n % PARTITIONS].put(f"{n:032x}".encode(), state.to_bytes())
     for partition, batch in enumerate(batches):
         store._db_for_partition(partition).write(batch)
@@ -169,7 +170,7 @@ async def main() -> None:
             app, name="trace-state", default=None, beacon=app.tables.beacon,
             partitions=PARTITIONS, use_partitioner=False, key_type=bytes, value_type=bytes,
         ))  # fmt: skip
-        store = table.data
+        store = table.data  # type: ignore[attr-defined]  # tables.add() is typed as returning CollectionT
         states = SerializedStates(store, bucket_seconds=TTL / 60)  # as the worker
         now = time.time()
         start = time.perf_counter()

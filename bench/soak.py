@@ -98,7 +98,8 @@ class Traffic(threading.Thread):
                     self._post(requests, kills)
                 self.posting_seconds = time.monotonic() - started
                 upcoming.cancel()
-        except BaseException as exc:
+        # Any failure of the traffic thread is handed to the main thread, which reports it.
+        except BaseException as exc:  # noqa: BLE001
             self.error = exc
 
     def _post(self, requests: list[tuple[bytes, set[str]]], kills: dict[str, str]) -> None:
@@ -160,7 +161,7 @@ class LagMeter(threading.Thread):
                 )
                 lag += max(high - max(committed.get(p, 0), 0), 0)
             return lag
-        except Exception:
+        except Exception:  # a broker down mid-read: the next sample counts  # noqa: BLE001
             return None  # a broker down mid-read: the next sample counts
 
     def run(self) -> None:
@@ -262,7 +263,8 @@ def main() -> int:
               f"{args.chaos_every:.0f} s", flush=True)  # fmt: skip
 
         time.sleep(args.warmup)
-        rss_start = [rss_kib(w.process.pid) for w in workers]
+        # (The harness started it above: its process is set.)
+        rss_start = [rss_kib(w.process.pid) for w in workers]  # type: ignore[union-attr]
         # Each minute: seconds since the start and each slot's RSS in MiB (a replaced worker's
         # from its replacement): memory that levels off, or not.
         rss_series: list[list[int]] = []
@@ -277,7 +279,8 @@ def main() -> int:
             if time.monotonic() >= next_rss:
                 next_rss += 60
                 with contextlib.suppress(OSError):  # a worker replaced this very second
-                    rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]
+                    # (The harness started it above: its process is set.)
+                    rss = [round(rss_kib(w.process.pid) / 1024) for w in workers]  # type: ignore[union-attr]
                     rss_series.append([round(time.monotonic() - started), *rss])
                 memory_series.append(
                     [round(time.monotonic() - started), *map(memory_parts, workers)]
@@ -333,7 +336,8 @@ def main() -> int:
             time.sleep(2)
         drained_in = time.monotonic() - traffic_done
         time.sleep(10)  # late duplicates, were there any
-        rss_end = [rss_kib(w.process.pid) for w in workers]
+        # (The harness started it above: its process is set.)
+        rss_end = [rss_kib(w.process.pid) for w in workers]  # type: ignore[union-attr]
 
         by_trace: dict[str, set[str]] = {}
         latencies = []

@@ -96,8 +96,8 @@ def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:
         if path != "-" and bare.endswith(PROTOBUF_SUFFIXES):
             try:
                 # Bounded, compressed or not: 1.5 MB of .pb.gz can expand to gigabytes.
-                with gzip.open(path, "rb") if gzipped else open(path, "rb") as handle:
-                    data = handle.read(MAX_LINE_BYTES + 1)
+                with gzip.open(path, "rb") if gzipped else open(path, "rb") as whole:
+                    data = whole.read(MAX_LINE_BYTES + 1)
             except (OSError, EOFError) as exc:
                 raise ReplayInputError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
             if len(data) > MAX_LINE_BYTES:
@@ -114,7 +114,8 @@ def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:
         else:
             try:
                 # Closed below, after the generator.
-                handle = gzip.open(path, "rb") if gzipped else open(path, "rb")  # noqa: SIM115
+                # (A GzipFile reads bytes like any binary file; typeshed does not call it IO.)
+                handle = gzip.open(path, "rb") if gzipped else open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
             except OSError as exc:
                 raise ReplayInputError(f"{path}: {exc.strerror}") from None
         try:
@@ -223,7 +224,8 @@ def replay(
             if item.request is not None:
                 try:
                     decisions = guard.process(item.request)
-                except Exception as exc:  # a bug must cost one request, never the replay
+                # A bug must cost one request, never the replay.
+                except Exception as exc:  # noqa: BLE001
                     item.error = f"detection failed: {type(exc).__name__}: {exc}"
                 else:
                     result.requests += 1

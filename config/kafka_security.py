@@ -306,7 +306,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                 help=f"file holding {name} (${env}_FILE; or ${env})",
             )
             continue
-        choices = None
+        choices: tuple[str, ...] | None = None
         if spec.name == "security_protocol":
             choices = PROTOCOLS
         elif spec.name == "sasl_mechanism":

@@ -88,7 +88,7 @@ class Setting:
     secret: bool
 
 
-def _env_name(cls: type, spec: Field) -> str:
+def _env_name(cls: type[Any], spec: Field[Any]) -> str:
     return spec.metadata.get("env") or ENV_PREFIX + cls.ENV_GROUP + spec.name.upper()
 
 
@@ -836,6 +836,7 @@ def redact_url(url: str) -> str:
         host = parts.hostname or ""
     except ValueError:
         return "(not a URL)"
+    port: int | str | None
     try:
         port = parts.port
     except ValueError:

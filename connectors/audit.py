@@ -100,21 +100,24 @@ def _scan(
         if message is None:
             continue
         partition = message.partition()
-        if message.error() is not None:
-            if message.error().code() == KafkaError._PARTITION_EOF:
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
                 ends.pop(partition, None)
                 continue
-            raise AuditReadError(f"{topic}: {message.error()}")
+            raise AuditReadError(f"{topic}: {error}")
         scan.scanned += 1
         if message.key() == key:
             try:
-                record = json.loads(message.value())
+                # A tombstone's None raises TypeError: counted unreadable below.
+                record = json.loads(message.value())  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 record = None
             if isinstance(record, dict):
                 scan.records.append(record)
             else:
                 scan.unreadable += 1
-        if message.offset() + 1 >= ends.get(partition, 0):
+        # (confluent-kafka types offset() Optional; a consumed message without error has one.)
+        if message.offset() + 1 >= ends.get(partition, 0):  # type: ignore[operator]
             ends.pop(partition, None)
     return scan

@@ -240,19 +240,21 @@ def _consume(
             continue
         idle_since = time.monotonic()
         for message in messages:
-            partition = message.partition()
+            # (confluent-kafka types partition() and offset() Optional: a consumed message,
+            # an end-of-partition event among them, has both.)
+            partition: int = message.partition()  # type: ignore[assignment]
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     # The end of what is there (transaction markers may stop short of `end`).
-                    if partition in ends and message.offset() >= ends[partition] - 1:
+                    if partition in ends and message.offset() >= ends[partition] - 1:  # type: ignore[operator]
                         _finish(consumer, topic, ends, partition)
                     continue
                 raise BacktestError(f"{topic} partition {partition}: {error.str()}")
             end = ends.get(partition)
             if end is None:
                 continue  # read past its end in the same batch
-            offset = message.offset()
+            offset: int = message.offset()  # type: ignore[assignment]
             if offset >= end:
                 _finish(consumer, topic, ends, partition)
                 continue

@@ -284,7 +284,9 @@ class OpenAICompatibleJudge:
                 api_key=self._api_key or _NO_KEY,
                 timeout=self.timeout,
                 max_retries=0,  # the retry loop in `judge` is the only one
-                default_headers=_NO_AMBIENT_IDS,  # an Omit value removes the header
+                # An Omit value removes the header (openai's own documented use, which its
+                # default_headers annotation, Mapping[str, str], leaves out).
+                default_headers=_NO_AMBIENT_IDS,  # type: ignore[arg-type]
                 http_client=http_client,
             )
         return self._client

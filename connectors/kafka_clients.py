@@ -159,7 +159,9 @@ def wait_for_metadata(
     while True:
         try:
             return client.list_topics(topic, timeout=0.5)
-        except Exception as exc:  # KafkaException: _TRANSPORT / _TIMED_OUT while connecting
+        # KafkaException (_TRANSPORT / _TIMED_OUT while connecting) or whatever the client
+        # given raises: said in the error once the deadline passes.
+        except Exception as exc:  # noqa: BLE001
             last = str(exc)
         # list_topics does not serve callbacks: poll() runs the error_cb for what happened.
         client.poll(0)
@@ -177,7 +179,8 @@ def wait_for_metadata(
             )
 
 
-async def check_aiokafka(bootstrap: str, security: KafkaSecurity, timeout: float = 15.0) -> None:
+# The deadline of a connection check, handed to aiokafka's own calls.
+async def check_aiokafka(bootstrap: str, security: KafkaSecurity, timeout: float = 15.0) -> None:  # noqa: ASYNC109
     """Connect to a bootstrap broker the way Faust will (aiokafka, the same settings) and ask for
     metadata. Raises KafkaConnectError at once when TLS or SASL fail, or after `timeout` when no
     broker answers; Faust itself would retry both forever."""

@@ -165,7 +165,8 @@ async def deliver_async(
     *,
     max_attempts: int,
     backoff: Backoff,
-    timeout: float | None,
+    # A per-attempt deadline of the delivery loop, not the whole call's.
+    timeout: float | None,  # noqa: ASYNC109
     what: str,
     log: logging.Logger,
     context: dict[str, Any] | None = None,

@@ -164,7 +164,8 @@ class ReleaseReader:
             try:
                 consumer.assign(self._start_positions(consumer))
                 self._consume(consumer)
-            except Exception as exc:  # never dies: an error costs a pause, then a new start
+            # Never dies: an error costs a pause, then a new start.
+            except Exception as exc:  # noqa: BLE001
                 log.error("release reader: %s; restarting in 5 s", exc)
                 self._stop.wait(5.0)
             finally:
@@ -203,5 +204,5 @@ class ReleaseReader:
             appended_at = timestamp_ms / 1000 if timestamp_ms > 0 else self.clock()
             try:
                 self.accept(message.value(), appended_at)
-            except Exception as exc:  # a bug costs one record, never the thread
+            except Exception as exc:  # a bug costs one record, never the thread  # noqa: BLE001
                 log.error("release reader skipped a record: %r", exc)

@@ -85,7 +85,8 @@ class AckSender:
                     on_delivery=self._delivered,
                 )
                 self._producer.poll(0)
-            except Exception as exc:  # never the agent's problem: its tool call is stopped
+            # Never the agent's problem: its tool call is stopped.
+            except Exception as exc:  # noqa: BLE001
                 self._failed(str(exc))
 
     def _delivered(self, error: Any, message: Any) -> None:

@@ -59,7 +59,16 @@ MAX_RUNS = 10_000
 
 
 class Checker(Protocol):
-    def check(self, trace_id: str, **scope: Any) -> str | None: ...
+    """What an adapter checks before a tool call: a KillSwitch, a SignalBook or a
+    GuardingSpanProcessor (each takes the scope as these keywords)."""
+
+    def check(
+        self,
+        trace_id: str,
+        *,
+        conversation_id: str | None = ...,
+        agent: AgentIdentity | None = ...,
+    ) -> str | None: ...
 
 
 class TraceGate:
@@ -271,7 +280,8 @@ def span_trace_id(span: Any) -> str | None:
     """The 32-hex trace id of an OpenTelemetry span, None if it has no valid context."""
     try:
         context = span.get_span_context()
-    except Exception:
+    # Any span object an SDK hands over: no trace id, never a failure in the agent.
+    except Exception:  # noqa: BLE001
         return None
     if not context.is_valid:
         return None

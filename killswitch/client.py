@@ -332,7 +332,10 @@ class KillSwitch:
         return self.signals.wait(trace_id, timeout)
 
     async def wait_async(
-        self, trace_id: str | None = None, timeout: float | None = None
+        self,
+        trace_id: str | None = None,
+        # The same signature as the blocking wait() it runs in a thread.
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> str | None:
         """`wait()` for asyncio code: the blocking wait runs in a thread."""
         import asyncio
@@ -379,7 +382,8 @@ class KillSwitch:
         consumer = Consumer(self._config)
         try:
             consumer.assign(self._end_positions(consumer))
-        except Exception as exc:
+        # Any failure to start is handed to start(), which raises it in the caller.
+        except Exception as exc:  # noqa: BLE001
             self._error = exc
             self._ready.set()
             consumer.close()
@@ -389,7 +393,8 @@ class KillSwitch:
             while not self._stop.is_set():
                 try:
                     message = consumer.poll(0.1)
-                except Exception as exc:  # a fatal client error: keep trying, never die
+                # A fatal client error: keep trying, never die.
+                except Exception as exc:  # noqa: BLE001
                     self._ignore(BadSignal("consumer_error", repr(exc)), exc)
                     time.sleep(1.0)
                     continue
@@ -400,7 +405,8 @@ class KillSwitch:
                     continue
                 try:
                     self._accept(message.value())
-                except Exception as exc:  # a bug must cost one record, never the thread
+                # A bug must cost one record, never the thread.
+                except Exception as exc:  # noqa: BLE001
                     self._ignore(BadSignal("internal", f"{type(exc).__name__}: {exc}"), exc)
         finally:
             consumer.close()

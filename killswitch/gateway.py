@@ -128,7 +128,8 @@ def request_facts(data: Mapping[str, Any], key_alias: str | None = None) -> Requ
         if getattr(span_context, "is_valid", False):
             parent_trace_id = format(span_context.trace_id, "032x")
 
-    trace_id, no_trace = None, "absent"
+    trace_id: str | None = None
+    no_trace: str | None = "absent"
     traceparent = _header(headers, "traceparent")
     if traceparent is not None:
         text = traceparent if isinstance(traceparent, str) else ""
@@ -239,7 +240,8 @@ class GatewayGuard:
             switch = self._make_switch()
             try:
                 switch.start()
-            except Exception as exc:  # unreachable, refused credentials, missing topic
+            # Unreachable, refused credentials, missing topic: the thread retries, never dies.
+            except Exception as exc:  # noqa: BLE001
                 switch.close()
                 self.start_error = exc
                 if not said:

@@ -188,13 +188,15 @@ class GuardingSpanProcessor(SpanProcessor):
             try:
                 if not self._is_own(span):
                     self._observe(span)
-            except Exception:
+            # In the agent's span pipeline: logged with its traceback, never raised into the SDK.
+            except Exception:  # noqa: BLE001
                 self._log_error("guarding an ended span failed; the span is exported as usual")
             finally:
                 self._busy.active = False
         try:
             self.inner.on_end(span)
-        except Exception:
+        # In the agent's span pipeline: logged with its traceback, never raised into the SDK.
+        except Exception:  # noqa: BLE001
             self._log_error("the wrapped span processor failed in on_end")
 
     def shutdown(self) -> None:
@@ -344,16 +346,19 @@ class GuardingSpanProcessor(SpanProcessor):
         try:  # a flag is for people only; a conversation kill stops its later traces too
             for signal in kill_signals(decision):
                 self.signals.deliver(signal)
-        except Exception:
+        # In the agent's span pipeline: logged with its traceback, never raised into the SDK.
+        except Exception:  # noqa: BLE001
             self._log_error("delivering a decision to the signal book failed")
         if self.on_decision is not None:
             try:
                 self.on_decision(decision)
-            except Exception:
+            # The user's callback may raise anything: logged with its traceback, never into the SDK.
+            except Exception:  # noqa: BLE001
                 self._log_error("the on_decision callback raised")
         try:
             self._record(decision, span)
-        except Exception:
+        # In the agent's span pipeline: logged with its traceback, never raised into the SDK.
+        except Exception:  # noqa: BLE001
             self._log_error("recording a decision span failed")
 
     def _record(self, decision: Decision, span: ReadableSpan) -> None:

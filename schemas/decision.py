@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import jsonschema
+from jsonschema.protocols import Validator
 
 __all__ = [
     "DECISION_SCHEMA_VERSION",
@@ -444,14 +445,15 @@ def _whole_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> 
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-# The draft's validator with `pattern` read as a whole-text match.
-_ContractValidator = jsonschema.validators.extend(
+# The draft's validator with `pattern` read as a whole-text match. (types-jsonschema leaves
+# extend() unannotated.)
+_ContractValidator: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft202012Validator, validators={"pattern": _whole_pattern}
 )
 
 
 @cache
-def schema_validator(name: Literal["detection", "kill-signal"]) -> jsonschema.Draft202012Validator:
+def schema_validator(name: Literal["detection", "kill-signal"]) -> Validator:
     """The validator of one contract's JSON Schema (loaded once)."""
     text = resources.files("spanguard.schemas").joinpath(f"{name}.schema.json").read_text()
     return _ContractValidator(json.loads(text))
@@ -574,7 +576,7 @@ class _UnsafeNumber(Exception):  # not a ValueError: it is `invalid`, not `not_j
     pass
 
 
-def _refuse_unsafe_number(literal: str) -> Any:
+def _refuse_unsafe_number(literal: str) -> NoReturn:
     raise _UnsafeNumber(f"the number {literal[:40]} is not an integer within +-(2**53 - 1)")
 
 
@@ -592,8 +594,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     record = dict(pairs)
     if len(record) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise _DuplicateKey(f"key {duplicate!r} appears twice in one object")
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} appears twice in one object")
+            seen.add(key)
     return record
 
 
@@ -607,6 +611,7 @@ def _depth(document: Any) -> int:
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
 from spanguard.errors import OtlpDecodeError
 from spanguard.schemas.otlp_view import not_a_trace_request
@@ -162,7 +162,7 @@ def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceS
     parts: dict[str, ExportTraceServiceRequest] = {}
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
-            by_trace: dict[str, list] = {}
+            by_trace: dict[str, list[Span]] = {}
             for span in scope_spans.spans:
                 by_trace.setdefault(span.trace_id.hex(), []).append(span)
             for trace_id, spans in by_trace.items():

@@ -11,6 +11,7 @@ Span.Event types), so the very bytes the Collector writes parse as a view.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -44,7 +45,11 @@ def _build() -> Any:
         ],
     )
 
-    def message(name: str, fields: list[tuple[str, int, int, bool, str]], maps=()) -> None:
+    def message(
+        name: str,
+        fields: Sequence[tuple[str, int, int, bool, str]],
+        maps: Sequence[tuple[str, int]] = (),
+    ) -> None:
         proto = file.message_type.add(name=name)
         for field_name, number, kind, repeated, type_name in fields:
             label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
@@ -164,7 +169,7 @@ def _build_probe() -> Any:
         name="spanguard/otlp_probe.proto", package=_PROBE, syntax="proto2"
     )
 
-    def message(name: str, fields: list[tuple[str, int, int, int, str]]) -> None:
+    def message(name: str, fields: Sequence[tuple[str, int, int, int, str]]) -> None:
         proto = file.message_type.add(name=name)
         for field_name, number, kind, label, type_name in fields:
             field = proto.field.add(name=field_name, number=number, type=kind, label=label)

@@ -67,10 +67,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import jsonschema
 import yaml
+from jsonschema.protocols import Validator
 
 from spanguard.errors import PolicyError
 
@@ -730,7 +731,8 @@ def _is_count(checker: Any, instance: Any) -> bool:
 
 
 # One type rule for every integer field of the schema, present and future sections alike.
-_PolicyValidator = jsonschema.validators.extend(
+# (types-jsonschema leaves extend() unannotated.)
+_PolicyValidator: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_count),
 )
@@ -746,8 +748,11 @@ def _validate(document: Any, source: str) -> None:
     for error in errors:
         if error.validator in ("additionalProperties", "unevaluatedProperties"):
             where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-            allowed = _allowed_keys(error.schema)
-            unknowns = sorted(key for key in error.instance if key not in allowed)
+            # (Such an error's schema is the object's schema and its instance the object; the
+            # stubs also allow jsonschema's `_unset`, for an error not yet filled in.)
+            allowed = _allowed_keys(cast("Mapping[str, Any]", error.schema))
+            instance = cast("Mapping[str, Any]", error.instance)
+            unknowns = sorted(key for key in instance if key not in allowed)
             if not unknowns:
                 continue
             unknown = unknowns[0]

@@ -34,7 +34,10 @@ def reachable(name: str) -> dict[str, str]:
             requirement = Requirement(line)
             marker = requirement.marker
             if marker is not None and not any(
-                marker.evaluate({**environment, "extra": extra}) for extra in extras | {""}
+                # (packaging's Environment TypedDict holds only strings; mypy reads its values
+                # as object when unpacked.)
+                marker.evaluate({**environment, "extra": extra})  # type: ignore[dict-item]
+                for extra in extras | {""}
             ):
                 continue
             key = canonicalize_name(requirement.name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 __all__ = ["Counted", "CountedOutcome", "Tally"]
 
@@ -28,10 +28,14 @@ class CountedOutcome(Enum):
     """
 
 
-class Counted(Protocol):
+# The enum a part counts: GuardStats counts GuardCount members only, a Tally any member.
+OutcomeT = TypeVar("OutcomeT", bound=CountedOutcome, contravariant=True)
+
+
+class Counted(Protocol[OutcomeT]):
     """What counts outcomes: how many times `outcome` happened so far (0 when never)."""
 
-    def count(self, outcome: CountedOutcome) -> int: ...
+    def count(self, outcome: OutcomeT) -> int: ...
 
 
 class Tally(Counter[CountedOutcome]):

@@ -367,9 +367,10 @@ class AgentWindowTable(MutableMapping[tuple[str, str | None], AgentWindow]):
         self.states = states
 
     def __getitem__(self, key: tuple[str, str | None]) -> AgentWindow:
+        # (SerializedStates is typed by the trace state; this table's codec makes AgentWindows.)
         return self.states[agent_key(*key)]  # type: ignore[return-value]
 
-    def get(self, key: tuple[str, str | None], default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: tuple[str, str | None], default: Any = None) -> Any:
         return self.states.get(agent_key(*key), default)
 
     def __setitem__(self, key: tuple[str, str | None], window: AgentWindow) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import faust
+from faust.types import TableT
 from prometheus_client import CollectorRegistry
 
 from spanguard.alerting.pagerduty import Pager
@@ -66,7 +68,12 @@ __all__ = ["create_app"]
 log = logging.getLogger("spanguard.worker")
 
 # Every topic is bytes in, bytes out: the pipeline decodes, and bad bytes are its business.
-RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+RAW: dict[str, Any] = {
+    "key_type": bytes,
+    "value_type": bytes,
+    "key_serializer": "raw",
+    "value_serializer": "raw",
+}
 
 
 def create_app(
@@ -133,7 +140,8 @@ def state_table(
     """A state table of raw bytes whose changelog follows the partition each record arrives
     on: the trace, conversation and agent window tables are all made so (`partitions`: its
     source topic's, the scopes' `scope_partitions`)."""
-    return app.tables.add(
+    # (Faust types tables.add() as returning its CollectionT interface; it returns the table.)
+    return app.tables.add(  # type: ignore[return-value]
         TraceTable(
             app,
             name=name,
@@ -184,7 +192,7 @@ def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedS
     return states
 
 
-def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> faust.Table:
+def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> TableT:
     """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
     detections topic it follows. Its changelog topic is created on start."""
     return app.Table(
@@ -279,7 +287,7 @@ def build_worker(
 
 def metrics_registry(
     guard: Guard,
-    counted: dict[type[CountedOutcome], Counted],
+    counted: dict[type[CountedOutcome], Counted[Any]],
     states: SerializedStates,
     health: Health,
 ) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
@@ -338,9 +346,9 @@ def counting_parts(
     webhook: WebhookService,
     verifier: GoalVerifier | None,
     releases: ReleaseReader,
-) -> dict[type[CountedOutcome], Counted]:
+) -> dict[type[CountedOutcome], Counted[Any]]:
     """Which part counts each outcome enum (the streams parts add their own as they attach)."""
-    counted: dict[type[CountedOutcome], Counted] = {
+    counted: dict[type[CountedOutcome], Counted[Any]] = {
         GuardCount: guard.stats,
         PipelineCount: pipeline,
         HealthCount: health,

@@ -33,4 +33,4 @@ def set_fetch_max_wait(milliseconds: int) -> None:
     """Make every worker consumer built from now on wait at most `milliseconds` per fetch."""
     global _fetch_max_wait_ms
     _fetch_max_wait_ms = milliseconds
-    faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer
+    faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer  # type: ignore[method-assign]  # patched on purpose

@@ -141,12 +141,13 @@ class FetchWatch:
     async def look(self) -> None:
         try:
             await self._look()
-        except Exception as exc:  # starting, stopping, rebalancing: the next look tries again
+        # Starting, stopping, rebalancing: the next look tries again.
+        except Exception as exc:  # noqa: BLE001
             log.debug("fetch watch skipped a look", extra={"error": repr(exc)})
 
     async def _look(self) -> None:
         await self._look_at_restore()
-        consumer = self.worker.app.consumer
+        consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
         if not consumer.flow_active:
             self.tracker.forget()
             self.unprocessed.forget()
@@ -187,7 +188,7 @@ class FetchWatch:
     ) -> None:
         """Span partitions fetched past their committed offset, none of whose messages is in
         process, for STALL_AFTER seconds: records taken from Kafka that no agent got."""
-        consumer = self.worker.app.consumer
+        consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
         settings = self.worker.settings
         spans = {settings.input_topic, settings.repartition_topic}
         busy = {message.tp for message in list(consumer._unacked_messages)}
@@ -216,7 +217,8 @@ class FetchWatch:
 
     async def _look_at_restore(self) -> None:
         """A table restore whose records left to read stand still for STALL_AFTER seconds."""
-        recovery = self.worker.app.tables.recovery
+        # TableManager's recovery: Faust's TableManagerT interface does not declare it.
+        recovery = self.worker.app.tables.recovery  # type: ignore[attr-defined]
         left = recovery.active_remaining_total() if recovery.in_recovery else 0
         now = time.monotonic()
         if left <= 0:
@@ -229,7 +231,7 @@ class FetchWatch:
             return
         self.restore.since = -1.0  # told once per standing
         self.outcomes.add(FetchCount.RESTORE_STALLED)
-        consumer = self.worker.app.consumer
+        consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
         thread = consumer._thread
         state = await thread.call_thread(
             _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
@@ -254,7 +256,7 @@ class FetchWatch:
 
     async def seek(self, offsets: dict[TP, int], why: str) -> None:
         """Seek `offsets` in the consumer's thread, the fetcher's read offsets with them."""
-        consumer = self.worker.app.consumer
+        consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
         offsets = {tp: offset for tp, offset in offsets.items() if tp in consumer.assignment()}
         if not offsets:
             return
@@ -336,7 +338,7 @@ async def _positions(aio: Any, tps: set[TP]) -> dict[TP, int | None]:
 def _describe_task(task: asyncio.Task, seen: dict[int, float], now: float) -> str:
     """The chain of awaits a task waits in, innermost last, and how long it has existed."""
     first = seen.setdefault(id(task), now)
-    chain = []
+    chain: list[str] = []
     awaited: Any = task.get_coro()
     while awaited is not None and len(chain) < 12:
         frame = next(

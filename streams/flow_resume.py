@@ -74,7 +74,7 @@ class KeepCurrentOnResume:
             for queue, events in kept.items():
                 if events:
                     # Synchronous since the clear: nothing was queued or taken meanwhile.
-                    queue._queue.extend(events)
+                    queue._queue.extend(events)  # type: ignore[attr-defined]  # asyncio.Queue's deque: private, not in typeshed
                     where.update(f"{e.message.topic}/{e.message.partition}" for e in events)
             if where:
                 self.outcomes.add(ResumeCount.RECORDS_KEPT, sum(where.values()))

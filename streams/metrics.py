@@ -221,7 +221,7 @@ class TableMemory(Collector):
                 for database in databases:
                     try:
                         total += database.property_int_value(prop) or 0
-                    except Exception:  # closed by a rebalance since the listing
+                    except Exception:  # closed by a rebalance since the listing  # noqa: BLE001
                         continue
                 family.add_metric([table.name, kind], total)
         yield family
@@ -409,7 +409,7 @@ class WorkerMetrics(Collector):
     def __init__(
         self,
         guard: Guard,
-        counts: Mapping[type[CountedOutcome], Counted],
+        counts: Mapping[type[CountedOutcome], Counted[Any]],
         active_traces: Callable[[], int],
         cached_traces: Callable[[], int] = lambda: 0,
     ) -> None:

@@ -51,7 +51,8 @@ class LagMeter:
     async def measure_lag(self) -> None:
         try:
             await self.worker.lag.refresh(self.worker.app.consumer, self.consumed)
-        except Exception as exc:  # not started, or mid-rebalance: the next tick tries again
+        # Not started, or mid-rebalance: the next tick tries again.
+        except Exception as exc:  # noqa: BLE001
             log.debug("consumer lag not read", extra={"error": repr(exc)})
 
 

@@ -460,7 +460,9 @@ class TraceTable(faust.Table):
         record) costs several times as much per state, before its send and after, while every batch
         waited (docs/performance.md). In Kafka transactions (exactly once) the transaction's
         producer must send them, so Faust's path does."""
-        return self.app.conf.processing_guarantee is ProcessingGuarantee.AT_LEAST_ONCE and hasattr(
+        # (Faust's setting descriptor types the value as the enum class; it is a member.)
+        guarantee: ProcessingGuarantee = self.app.conf.processing_guarantee  # type: ignore[assignment]
+        return guarantee is ProcessingGuarantee.AT_LEAST_ONCE and hasattr(
             self.data, "_db_for_partition"
         )
 
@@ -468,18 +470,19 @@ class TraceTable(faust.Table):
         if not self.writes_directly():
             super().on_key_set(key, value)
             return
-        self.pending.append((self.partition_for_key(key), key, value))
+        # Declared without use_partitioner, the table names the arriving record's partition.
+        self.pending.append((self.partition_for_key(key), key, value))  # type: ignore[arg-type]
 
     def on_key_del(self, key: Any) -> None:
         if not self.writes_directly():
             super().on_key_del(key)
             return
-        self.pending.append((self.partition_for_key(key), key, None))
+        self.pending.append((self.partition_for_key(key), key, None))  # type: ignore[arg-type]
 
     def put_states(self, writes: list[StateWrite]) -> None:
         """Store a flush's states, their changelog records left in `pending` (when
         `writes_directly`)."""
-        store = self.data
+        store: Any = self.data  # a RocksDB store (writes_directly): its private index and DBs
         batches: dict[int, Any] = {}
         for write in writes:
             partition = write.event.message.partition
@@ -583,7 +586,7 @@ class WriteBackAgent:
         # first (a batch still running flushes as it ends), so neither waits out the interval
         # or forever. A worker whose lease lapsed writes nothing more: the partitions may be
         # another's already.
-        app._consumer_wait_empty = self._flushing_first(app._consumer_wait_empty)  # type: ignore[method-assign]
+        app._consumer_wait_empty = self._flushing_first(app._consumer_wait_empty)  # type: ignore[method-assign, assignment]
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -599,7 +602,9 @@ class WriteBackAgent:
         flushed, on a failure nothing more is written."""
         crashed = False
         try:
-            async for events in stream.take_events(self.worker.settings.batch_size, within=within):
+            # (take_events is Stream's, not on the StreamT interface Faust types it by.)
+            batches = stream.take_events(self.worker.settings.batch_size, within=within)  # type: ignore[attr-defined]
+            async for events in batches:
                 self.in_batch = True
                 await guard_batch(events)
                 self.in_batch = False
@@ -704,7 +709,8 @@ class WriteBackAgent:
     ) -> None:
         try:
             await self.ack_when_written(written, changelog, records, epoch, None)
-        except Exception as exc:
+        # A background task: any failure goes to flush_failed (logged with its traceback, writes stop).
+        except Exception as exc:  # noqa: BLE001
             self.flush_failed(exc)
 
     async def writes_acked(
@@ -712,13 +718,15 @@ class WriteBackAgent:
         writes: list[Awaitable[Any]],
         records: list[tuple[Send, Produced]],
         epoch: int,
-        timeout: float | None,
+        # None or a deadline the loop checks between acks, as flush_states passes it.
+        timeout: float | None,  # noqa: ASYNC109
     ) -> list[tuple[Send, BaseException]] | None:
         """Wait for the broker's acks of the changelog `writes` and the deferred `records`;
         the records that failed and why, or None if fenced or out of time first. A refused
         changelog write raises: its messages can never be acked."""
         unsent: list[tuple[Send, BaseException]] = []
         waiting: dict[asyncio.Future[Any], Send | None] = {}
+        send: Send | None
         for write in writes:
             waiting[asyncio.ensure_future(write)] = None
         for send, produced in records:
@@ -802,7 +810,8 @@ class WriteBackAgent:
     async def flush_between_batches(self) -> None:
         try:
             await self.flush_states()
-        except Exception as exc:
+        # Any failure goes to flush_failed (logged with its traceback, writes stop until a restart).
+        except Exception as exc:  # noqa: BLE001
             self.flush_failed(exc)
 
     def flush_failed(self, exc: Exception) -> None:
@@ -834,7 +843,7 @@ class WriteBackAgent:
         (and those of earlier flushes still awaited in the background)."""
         try:
             await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
-        except Exception as exc:  # not committed: decided again after the restart
+        except Exception as exc:  # not committed: decided again after the restart  # noqa: BLE001
             log.warning("states not flushed on stop", extra={"error": repr(exc)})
         if self.acking:
             await asyncio.wait(set(self.acking), timeout=CHANGELOG_ACK_TIMEOUT)
@@ -858,7 +867,8 @@ class WriteBackAgent:
         """Let go of `events` unacked: Faust stops waiting on them and commits none of them."""
         dropped = {id(event) for event in events}
         self.held = [event for event in self.held if id(event) not in dropped]
-        unacked = self.worker.app.consumer._unacked_messages  # Faust waits on these to rebalance
+        consumer: Any = self.worker.app.consumer  # the driver's; ConsumerT types no private state
+        unacked = consumer._unacked_messages  # Faust waits on these to rebalance
         waited_on = [event for event in events if event.message in unacked]
         for event in waited_on:
             unacked.discard(event.message)

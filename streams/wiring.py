@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # Types only: streams/app.py builds these, and the modules that define them import the agents.
 if TYPE_CHECKING:
     import faust
+    from faust.types import TableT
     from prometheus_client import CollectorRegistry
 
     from spanguard.alerting.service import PagingService
@@ -36,8 +37,8 @@ class Worker:
     goal_checks: faust.TopicT
     detections_in: faust.TopicT
     table: TraceTable  # trace id -> TraceState bytes
-    paged: faust.Table  # trace id -> rules already paged
-    notified: faust.Table | None  # trace id -> rules already sent to the webhook (a webhook only)
+    paged: TableT  # trace id -> rules already paged
+    notified: TableT | None  # trace id -> rules already sent to the webhook (a webhook only)
     states: SerializedStates
     guard: Guard
     pipeline: SpanPipeline
@@ -48,7 +49,7 @@ class Worker:
     verifier: GoalVerifier | None
     releases: ReleaseReader
     # Which part counts each outcome enum: what /metrics reads (the agents add their own).
-    counted: dict[type[CountedOutcome], Counted]
+    counted: dict[type[CountedOutcome], Counted[Any]]
     registry: CollectorRegistry  # what /metrics serves
     latency: DetectionLatency
     lag: ConsumerLag

@@ -70,11 +70,11 @@ def clean(value: Any) -> Any:
     return value
 
 
-def user_step(text: str) -> dict[str, Any]:
+def user_step(text: str | None) -> dict[str, Any]:
     return {"type": "user", "text": trim(scrub(text or ""), TEXT_LIMIT, TEXT_LIMIT - 100)}
 
 
-def model_step(text: str) -> dict[str, Any]:
+def model_step(text: str | None) -> dict[str, Any]:
     return {"type": "model", "text": trim(scrub(text or ""), TEXT_LIMIT, TEXT_LIMIT - 100)}
 
 

@@ -28,12 +28,28 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import model_step, run_record, tool_step, user_step, write_runs
 
-CODER = {
+
+class Source(TypedDict, total=False):
+    """Where one harness's runs are read from (each source names the keys it needs)."""
+
+    repo: str
+    commit: str
+    trajs: str
+    results: str
+    submission: str
+    harness: str
+    model: str | None
+    reports: str
+    preds: str
+    short: str
+
+
+CODER: Source = {
     "repo": "NL2Code/CodeR",
     "commit": "d63468344bc215bbabb8f0c1ba4af24897a946df",
     "trajs": "trajs/",
@@ -43,7 +59,7 @@ CODER = {
     "model": None,  # the repository does not name the model
 }
 
-MINI = {
+MINI: Source = {
     "repo": "RussellRyanH/CSCI-635-LiveSWE-Agent",
     "commit": "2813cfb19465bb9f57d50ebd0798550480a2f836",
     "trajs": "results/llm-ablation/gpt-5-mini/",

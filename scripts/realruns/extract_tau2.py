@@ -311,12 +311,12 @@ def main() -> int:
         commit = args.commit or commit
         path = f"{SUBMISSIONS}/{submission}/trajectories/{name}"
         try:
-            full = git(args.git_dir, "rev-parse", "--verify", f"{commit}^{{commit}}")
+            found = git(args.git_dir, "rev-parse", "--verify", f"{commit}^{{commit}}")
         except subprocess.CalledProcessError:
             print(f"SKIPPED {submission}/{name}: commit {commit} not in the git directory")
             skipped.append((submission, name, "commit absent"))
             continue
-        full = full.decode().strip()
+        full = found.decode().strip()
         data, why = read_blob(args.git_dir, full, path)
         if data is None:
             print(f"SKIPPED {submission}/{name}: {why}")
@@ -329,7 +329,7 @@ def main() -> int:
         model = (info.get("agent_info") or {}).get("llm")
         domain = (info.get("environment_info") or {}).get("domain_name")
         chosen = sorted(simulations or [], key=task_key)[:limit]
-        tally = Counter()
+        tally: Counter[str | None] = Counter()
         for sim in chosen:
             sim_domain = domain or str(sim.get("domain") or "unknown")
             run_id = f"tau2/{submission}/{sim_domain}/{sim.get('task_id')}/{sim.get('trial')}"
@@ -372,7 +372,7 @@ def main() -> int:
         return 1 if not runs else 0
     target = write_runs("tau2", runs)
     print(f"wrote {target} ({target.stat().st_size} bytes)")
-    leftovers = Counter()
+    leftovers: Counter[str] = Counter()
     for run in read_runs(target):
         for match in KEYLIKE.finditer(json.dumps(run, ensure_ascii=False)):
             leftovers[match.group(0)[:12]] += 1

@@ -359,7 +359,7 @@ def main() -> int:
         records.sort(key=lambda r: task_key({"task_id": r[0], "trial": r[1]}))
         chosen = records[:limit]
         tally: Counter[str | None] = Counter()
-        models = Counter()
+        models: Counter[str | None] = Counter()
         tool_steps = unanswered = 0
         for task_id, trial, sim_domain, file_model, reward, steps, file_path in chosen:
             run_model = model or file_model
@@ -405,7 +405,7 @@ def main() -> int:
         return 1 if not runs else 0
     target = write_runs("tau-forks", runs)
     print(f"wrote {target} ({target.stat().st_size} bytes)")
-    leftovers = Counter()
+    leftovers: Counter[str] = Counter()
     for run in read_runs(target):
         for match in KEYLIKE.finditer(json.dumps(run, ensure_ascii=False)):
             leftovers[match.group(0)[:12]] += 1

@@ -40,7 +40,7 @@ from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules.base import FLAG, GuardObserver
 from spanguard.detection.trace_state import encode_record, iso_from_micros
-from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.decision import AgentIdentity, Decision, Rule
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
@@ -56,7 +56,7 @@ __all__ = [
 log = logging.getLogger("spanguard.core")
 
 SCOPE = "agent"
-RULE = "agent_budget"
+RULE: Rule = "agent_budget"
 WINDOW_VERSION = 1
 # Sources (Kafka topic partitions) a window remembers the last record of, at most.
 MAX_SOURCES = 512
@@ -316,7 +316,7 @@ class AgentBudgetGuard(GuardObserver):
             trace_id=record.trace_id,
             span_id=record.span_id.hex(),
             rule=RULE,
-            action=action,  # type: ignore[arg-type]
+            action=action,
             reason=f"{reason}; the window frees at {until}",
             agent=AgentIdentity(record.service, record.agent_name),
             detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(

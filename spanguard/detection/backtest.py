@@ -281,7 +281,7 @@ class _GuardStates(MutableMapping[str, TraceState]):
         return default if state is None else state
 
     def __getitem__(self, trace_id: str) -> TraceState:
-        state = self.get(trace_id)
+        state: TraceState | None = self.get(trace_id)
         if state is None:
             raise KeyError(trace_id)
         return state
@@ -363,9 +363,9 @@ class Backtest:
         self.timelines = timelines
         self.store = _Store()
         self._clocks: dict[int, float] = {}
-        self.guards = tuple(
-            Guard(policy, states=_GuardStates(self.store, index), clock=self._now)
-            for index, policy in ((NEW, new), (CURRENT, current))
+        self.guards = (
+            Guard(new, states=_GuardStates(self.store, NEW), clock=self._now),
+            Guard(current, states=_GuardStates(self.store, CURRENT), clock=self._now),
         )
         if timelines:
             # Only the new policy's calls are drawn: the spans are the same under both.
@@ -546,7 +546,7 @@ def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
         lines.append("no change: the new policy decides exactly what the current one does")
         return "\n".join(lines) + "\n"
     tokens = report.tokens_tracked
-    rows = [("agent", "rule", "action", "added", "removed")]
+    rows: list[tuple[str, ...]] = [("agent", "rule", "action", "added", "removed")]
     if tokens:
         rows[0] += ("tokens after added", "tokens after removed")
     for (service, agent_name, rule, action), change in sorted(

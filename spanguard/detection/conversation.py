@@ -171,7 +171,8 @@ class ConversationState(TraceState):
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> ConversationState:
-        state = TraceState.from_dict.__func__(cls, record)  # type: ignore[attr-defined]
+        # (mypy does not know a classmethod's __func__: the call gives a `cls`, as annotated.)
+        state: ConversationState = TraceState.from_dict.__func__(cls, record)  # type: ignore[attr-defined]
         state.window_traces = deque(record.get("window_traces", ()))
         state.traces = OrderedDict.fromkeys(record.get("traces", ()))
         state.trace_count = record.get("trace_count", len(state.traces))

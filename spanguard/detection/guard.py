@@ -169,7 +169,8 @@ class GuardStats:
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
-        return getattr(self, outcome.value)
+        counted: int = getattr(self, outcome.value)
+        return counted
 
 
 def _spent(state: TraceState) -> tuple[int, int]:
@@ -342,7 +343,8 @@ class Guard:
                         continue
                     try:
                         event = adapt_read(span, reading, match, scope)
-                    except Exception as exc:  # a bad span costs itself, never its neighbours
+                    # A bad span costs itself, never its neighbours.
+                    except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
                     if event is None:
@@ -367,7 +369,8 @@ class Guard:
                         for one in event:
                             try:
                                 decision = self.observe(trace_id, state, one, resource)
-                            except Exception as exc:
+                            # A bad call costs itself, never its neighbours.
+                            except Exception as exc:  # noqa: BLE001
                                 self._on_bad_span(exc)
                                 continue
                             if decision is not None:
@@ -375,7 +378,8 @@ class Guard:
                         continue
                     try:
                         decision = self.observe(trace_id, state, event, resource)
-                    except Exception as exc:  # e.g. arguments nested too deep to hash
+                    # E.g. arguments nested too deep to hash.
+                    except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
                     if decision is not None:

@@ -65,7 +65,8 @@ class SpanPipeline:
         self.dead_letters = 0
 
     def count(self, outcome: PipelineCount) -> int:
-        return getattr(self, outcome.value)
+        counted: int = getattr(self, outcome.value)
+        return counted
 
     def handle(
         self, key: bytes | None, value: bytes | None, partition: int | None = None

@@ -10,6 +10,9 @@ it is): the guard decides the slim part exactly as it would the whole one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
@@ -22,6 +25,9 @@ from spanguard.detection.conventions import (
     bounded_text,
 )
 
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 __all__ = ["slim_part"]
 
 # Read by the rules only through bounded_text: shortening them changes nothing they decide.
@@ -29,7 +35,11 @@ _BOUNDED_KEYS = frozenset({*TOOL_NAME_KEYS, *CALL_ID_KEYS, AGENT_NAME, SERVICE_N
 _EVENT_ARGUMENTS = "gen_ai.tool.call.arguments"
 
 
-def _copy_kept(source, target, keep: frozenset[str]) -> None:
+def _copy_kept(
+    source: Iterable[KeyValue],
+    target: RepeatedCompositeFieldContainer[KeyValue],
+    keep: frozenset[str],
+) -> None:
     for kv in source:
         if kv.key not in keep:
             continue

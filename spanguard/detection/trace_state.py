@@ -220,7 +220,7 @@ class TraceState:
         return calls
 
 
-def trim_window(window: Any, counts: dict, marks: bytearray, size: int) -> None:
+def trim_window(window: Any, counts: dict[Any, int], marks: bytearray, size: int) -> None:
     """Drop the oldest calls of a window grown past `size`, with their counts and the marks
     aligned with it."""
     while len(window) > size:

@@ -19,7 +19,7 @@ from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
 from spanguard.goal.verdicts import Judge
 from spanguard.outcomes import CountedOutcome, Tally
-from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.decision import AgentIdentity, Decision, Rule
 from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
 
@@ -27,7 +27,7 @@ __all__ = ["GoalOutcome", "GoalVerifier"]
 
 log = logging.getLogger("spanguard.goal")
 
-GOAL_UNMET = "goal_unmet"
+GOAL_UNMET: Rule = "goal_unmet"
 
 
 class JudgeChoice(Protocol):

@@ -84,11 +84,12 @@ class SpanAgent(WriteBackAgent):
     def attach(self, app: faust.App) -> None:
         self.attach_writes(app)
         app.timer(interval=1.0)(self.watch_progress)
-        app.on_partitions_revoked.connect(self.forget_positions)
+        # (Faust types a receiver as taking any positional arguments; its signals send these.)
+        app.on_partitions_revoked.connect(self.forget_positions)  # type: ignore[arg-type]
         # The lease starts with the rebalance that assigns the partitions, and is renewed by
         # each heartbeat answered after (the consumer's thread calls both).
         app.on_rebalance_start = self._noting_rebalance_start(app.on_rebalance_start)  # type: ignore[method-assign]
-        app.on_partitions_assigned.connect(self.hold_lease)
+        app.on_partitions_assigned.connect(self.hold_lease)  # type: ignore[arg-type]
         app.agent(self.worker.spans_in, name="guard-spans")(self.guard_spans)
 
     # -- the lease -------------------------------------------------------------------------
@@ -101,7 +102,9 @@ class SpanAgent(WriteBackAgent):
         return note_rebalance_start
 
     async def hold_lease(self, _: Any, assigned: set[TP], **__: Any) -> None:
-        self.lease.assigned(self.worker.app.consumer._thread._consumer._coordinator)
+        # The aiokafka driver's coordinator, private to Faust (App.consumer is typed ConsumerT).
+        consumer: Any = self.worker.app.consumer
+        self.lease.assigned(consumer._thread._consumer._coordinator)
 
     # -- progress --------------------------------------------------------------------------
 
@@ -121,7 +124,8 @@ class SpanAgent(WriteBackAgent):
     async def watch_progress(self) -> None:
         try:
             pending = self.pending_records()
-        except Exception:  # no consumer yet (starting, rebalancing): nothing to say this tick
+        # No consumer yet (starting, rebalancing): nothing to say this tick.
+        except Exception:  # noqa: BLE001
             return
         self.worker.health.observe_pending(pending)
 

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 import faust
+from faust.types import TableT
 
 from spanguard.alerting.pagerduty import PageResult
 from spanguard.alerting.service import paged_rules, with_rule
@@ -21,7 +22,7 @@ __all__ = ["deliver_once_per_rule"]
 async def deliver_once_per_rule(
     worker: Worker,
     stream: faust.StreamT,
-    table: faust.Table,
+    table: TableT,
     choose: Callable[[bytes | None, set[str]], Decision | None],
     deliver: Callable[[Decision], PageResult | NotifyResult],
     what: str,

@@ -101,7 +101,7 @@ class Traffic(threading.Thread):
                 tick += 1
                 time.sleep(self.every)
             self.pipeline.spans.flush()
-        except BaseException as exc:  # reported by the test
+        except BaseException as exc:  # reported by the test  # noqa: BLE001
             self.error = exc
 
 

@@ -78,11 +78,11 @@ def docker_answers(timeout: float = 3.0) -> bool:
         return False
     try:
         client = docker.from_env(timeout=timeout)
-    except Exception:  # no socket, no DOCKER_HOST: docker.errors.DockerException
+    except Exception:  # no socket, no DOCKER_HOST: docker.errors.DockerException  # noqa: BLE001
         return False
     try:
         return bool(client.ping())
-    except Exception:
+    except Exception:  # any failure to ping: no Docker engine to use  # noqa: BLE001
         return False
     finally:
         client.close()

@@ -41,8 +41,8 @@ class ToolPolling(ToolCallRule):
             return  # not polled (self.polled, inlined: this runs on every call)
         poll_key = (tool, digest)
         polls, counts = state.polls, state.poll_counts
-        polls.append(poll_key)  # type: ignore[arg-type]
-        counts[poll_key] = counts.get(poll_key, 0) + 1  # type: ignore[index]
+        polls.append(poll_key)
+        counts[poll_key] = counts.get(poll_key, 0) + 1
         while len(polls) > policy.polling_window:
             oldest = polls.popleft()
             remaining = counts[oldest] - 1
@@ -57,7 +57,7 @@ class ToolPolling(ToolCallRule):
         tool, digest, result = key
         if digest is None or (result is None and tool not in policy.polling_tools):
             return None  # not polled
-        hits = state.poll_counts[(tool, digest)]  # type: ignore[index]
+        hits = state.poll_counts[(tool, digest)]
         if hits < policy.polling_threshold:
             return None
         if result is not None and state.counts.get(key, 0) < 2:
