@@ -65,6 +65,7 @@ def gateway_stack(tmp_path_factory):
         }
         with gateway.Proxy(config, workdir / "proxy", env=env) as proxy:
             _wait_guarded(proxy)
+            proxy.model = model  # what the proxy sent on, for the downgrade row
             yield running, proxy
 
 
@@ -261,3 +262,54 @@ def test_an_operators_conversation_and_agent_kills_refuse_the_calls_that_name_th
     assert _status_until(proxy, elsewhere, 200)[0] == 200
     _operator(running, "release", "--conversation", conversation)
     assert _status_until(proxy, in_conversation, 200)[0] == 200
+
+
+def _send_signed(running, record: dict) -> None:
+    from spanguard.schemas.decision import sign
+
+    key = Path(running.key_file).read_text().strip().encode()
+    send = producer()
+    send.produce(
+        running.topics.kills, json.dumps(sign(record, key)).encode(),
+        key=record["trace_id"].encode(),
+    )  # fmt: skip
+    send.flush(10)
+
+
+@pytest.mark.agents
+def test_a_downgrade_reaches_the_model_and_a_pause_holds_then_refuses(gateway_stack):
+    """A downgrade refuses nothing and hands the model its system message; a paused trace's
+    call waits (the guardrail's pause_wait_seconds, 5 s) and is refused with 423 while the
+    pause lasts; a release lets it through."""
+    from tests.support.spans import kill_signal
+
+    running, proxy = gateway_stack
+    downgraded, paused = uuid.uuid4().hex, uuid.uuid4().hex
+    advice = "You repeat search_docs: stop and report what you found."
+    _send_signed(running, kill_signal(downgraded, "downgrade", advice).to_dict())
+    until = (datetime.now(UTC) + timedelta(minutes=5)).isoformat(timespec="milliseconds")
+    pause = {**kill_signal(paused).to_dict(), "kind": "pause", "pause_until": until,
+             "pause_fallback": "kill", "signal_id": uuid.uuid4().hex}  # fmt: skip
+    _send_signed(running, pause)
+    time.sleep(1.0)  # read by the proxy's consumer
+
+    def traceparent(trace_id: str) -> dict[str, str]:
+        return {"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"}
+
+    status, body = gateway.chat(
+        proxy.base_url, [{"role": "user", "content": "healthy"}], traceparent(downgraded)
+    )
+    assert status == 200, body
+    sent = proxy.model.bodies[-1]["messages"]
+    assert {"role": "system", "content": advice} in sent, sent
+
+    started = time.monotonic()
+    status, body = gateway.chat(
+        proxy.base_url, [{"role": "user", "content": "healthy"}], traceparent(paused)
+    )
+    waited = time.monotonic() - started
+    print(f"\npaused: http={status} after {waited:.1f} s")
+    assert status == 423 and "pause" in json.dumps(body).lower(), body
+    assert waited >= 4.0  # it waited for the operator before refusing
+    _operator(running, "release", paused)
+    assert _status_until(proxy, traceparent(paused), 200)[0] == 200

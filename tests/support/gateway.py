@@ -118,6 +118,7 @@ class _Server:
 class ScriptedModel(_Server):
     def __init__(self) -> None:
         self.requests = 0
+        self.bodies: list[dict[str, Any]] = []  # every request the proxy sent on, in order
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,6 +129,7 @@ class ScriptedModel(_Server):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 outer.requests += 1
+                outer.bodies.append(body)
                 data = json.dumps(scripted_reply(body)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
