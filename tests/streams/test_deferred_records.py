@@ -1,4 +1,4 @@
-"""Records acked at the flush, without a broker (streams/state.py, WriteBackAgent): a message
+"""Records acked at the flush, without a broker (streams/write_back.py, WriteBackAgent): a message
 held with a record still in flight is not acked until the broker acks that record; a fence or a
 stop meanwhile acks nothing and drops the records unawaited. And the agent-windows agent under
 the span agent's lease, as the conversation agent is (test_conversation_agent.py).
