@@ -30,7 +30,8 @@ EVICT_BUDGET = 0.005
 
 
 class DecodedStates(MutableMapping[str, TraceState]):
-    """A MutableMapping[str, TraceState] over the table, write-coalescing, with bounded eviction.
+    """Decoded states (TraceState, or a subclass's: `decode`) by id, over a table of their
+    encoded bytes: a MutableMapping[str, TraceState], write-coalescing, with bounded eviction.
 
     Between begin_batch() and flush(), states live in memory and each trace is written to the
     table (one changelog record) once per flush, in the context of the last event that touched
@@ -135,7 +136,7 @@ class DecodedStates(MutableMapping[str, TraceState]):
             self._batch = {}
             self._event_of = {}
 
-    def discard(self) -> None:
+    def drop_unflushed(self) -> None:
         """Drop the states changed since the last flush (a batch failed): nothing of them was
         written, and their messages must not be acked, so they are decided again."""
         self._batch = None

@@ -34,7 +34,8 @@ class StateWrite(NamedTuple):
 
 
 class StateTable(faust.Table):
-    """The state table: tells its DecodedStates when partitions come and go.
+    """A table of encoded states keyed by id (the trace table, the conversation table and the
+    agent-window table are each one): tells its DecodedStates when partitions come and go.
 
     A revoked partition's indexes are dropped (another worker may change its traces while it
     is away); a partition owned after recovery is indexed from what the store holds, the

@@ -68,7 +68,7 @@ class WriteBackAgent:
         self.dropped_epoch = lease.epoch
         # Records produced since the last flush whose acks it awaits before acking `held`.
         self.deferred: list[tuple[Send, Produced]] = []
-        # Held records (`take_held_records`) are produced under it, in the order they were
+        # Scope records (`take_scope_records`) are produced under it, in the order they were
         # taken: the agent-window agent drops a row older than one it already counted.
         self.producing = asyncio.Lock()
         # Flushes whose acks are awaited by a task of their own (`flush_states`).
@@ -128,9 +128,9 @@ class WriteBackAgent:
         crashed = not isinstance(exc, asyncio.CancelledError)
         if crashed:
             self.unackable = self.unackable or exc
-            self.give_up(exc)
+            self.crash(exc)
         elif cut_short:
-            self.discard_unwritten()
+            self.drop_unwritten_keep_unacked()
         return crashed
 
     # -- writing states, then acking -------------------------------------------------------
@@ -154,7 +154,7 @@ class WriteBackAgent:
         written = self.held.copy()
         self.held.clear()
         records, self.deferred = self.deferred, []
-        held_records = self.take_held_records()
+        held_records = self.take_scope_records()
         self.confirming.append(written)
         try:
             if held_records:
@@ -253,20 +253,22 @@ class WriteBackAgent:
             done = list(finished)
         return unsent if epoch == self.lease.epoch else None
 
-    def take_held_records(self) -> list[Send]:
-        """Records the agent held back to send together (the span agent's scope records),
-        taken to be sent now; none by default."""
+    def take_scope_records(self) -> list[Send]:
+        """Records the agent held back to send together (the span agent's records for the
+        conversation and agent-window scopes), taken to be sent now; none by default. (Not
+        `held`: those are the messages whose acks wait for the flush.)"""
         return []
 
-    def forget_held_records(self) -> None:
-        """Their messages will not be acked (a fence, a failure): the held records go too."""
+    def drop_scope_records(self) -> None:
+        """Drop the scope records held back, unsent: their messages will not be acked (a fence,
+        a failure), so they are decided and sent again. None by default."""
 
-    async def send_held_records(self) -> None:
-        """Send the held records before the flush would: produced in the order taken, their
-        acks awaited by the next flush with the messages they came from."""
+    async def send_scope_records(self) -> None:
+        """Send the scope records held back before the flush would: produced in the order
+        taken, their acks awaited by the next flush with the messages they came from."""
         epoch = self.lease.epoch
         async with self.producing:
-            sends = self.take_held_records()
+            sends = self.take_scope_records()
             if sends:
                 produced = await produce(sends)
                 if epoch == self.lease.epoch:  # fenced meanwhile: dropped with their messages
@@ -314,18 +316,24 @@ class WriteBackAgent:
         said with its traceback, and no message after it can be acked until a restart."""
         log.exception("states not written; their messages stay unacked until a restart")
         self.unackable = exc
-        self.give_up(exc)
+        self.crash(exc)
 
-    def give_up(self, exc: BaseException) -> None:
-        """Nothing since the last flush is written or acked: decided again on restart."""
-        self.discard_unwritten()
+    def crash(self, exc: BaseException) -> None:
+        """A failure: nothing since the last flush is written or acked (decided again on
+        restart), and health says the agent crashed (/livez turns red)."""
+        self.drop_unwritten_keep_unacked()
         self.worker.health.crashed(exc)
 
-    def discard_unwritten(self) -> None:
-        self.states.discard()
+    def drop_unwritten_keep_unacked(self) -> None:
+        """A failure or a stop mid-batch: drop what was decided since the last flush (states,
+        deferred and scope records), its messages left unacked, still held by Faust, so their
+        offsets are never committed and the restart decides them again. Unlike
+        `drop_unwritten_when_fenced`, Faust goes on waiting for them and this worker still owns
+        its partitions, so it forgets nothing it cached of them."""
+        self.states.drop_unflushed()
         self.held.clear()
         self.deferred.clear()  # their messages are not acked: decided and sent again
-        self.forget_held_records()
+        self.drop_scope_records()
 
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
@@ -345,21 +353,24 @@ class WriteBackAgent:
 
     # -- the lease -------------------------------------------------------------------------
 
-    def drop_unwritten(self) -> None:
+    def drop_unwritten_when_fenced(self) -> None:
         """Fenced: what was decided since the last flush is not written and its messages are
-        not acked (nor left for Faust to wait on): the next owner decides them again from the
-        committed offsets and the changelog."""
+        not acked, nor left for Faust to wait on (`let_go_unacked`, with those of flushes
+        still awaiting their acks); what this worker cached of its partitions is forgotten.
+        The next owner decides them again from the committed offsets and the changelog."""
         self.dropped_epoch = self.lease.epoch
-        self.states.discard()
+        self.states.drop_unflushed()
         self.deferred.clear()  # never awaited: nothing they came from is acked
-        self.forget_held_records()
+        self.drop_scope_records()
         # The partitions may come back in the next generation without Faust calling them
         # revoked: what this worker cached and indexed of them may be stale by then.
         self.states.revoke_all()
-        self.release(self.held + [event for written in self.confirming for event in written])
+        self.let_go_unacked(self.held + [event for written in self.confirming for event in written])
 
-    def release(self, events: list[EventT]) -> None:
-        """Let go of `events` unacked: Faust stops waiting on them and commits none of them."""
+    def let_go_unacked(self, events: list[EventT]) -> None:
+        """Let go of `events` unacked: this agent holds them no longer, and Faust stops waiting
+        on them (a rebalance goes on without them) and commits none of them. Never acked: the
+        partitions' next owner decides them again."""
         dropped = {id(event) for event in events}
         self.held = [event for event in self.held if id(event) not in dropped]
         waited_on = stop_waiting_for(self.worker.app, events)  # Faust waits on these to rebalance
@@ -374,7 +385,7 @@ class WriteBackAgent:
             # that fences, or another agent's hook may have fenced before this one ran.
             self.lease.fence_if_lapsed()
             if self.lease.epoch != self.dropped_epoch:
-                self.drop_unwritten()
+                self.drop_unwritten_when_fenced()
             self.draining = True
             try:
                 if not self.in_batch and self.held and self.lease.held():
@@ -398,7 +409,7 @@ class ScopeAgent(WriteBackAgent):
         epoch = self.hold(events)
         # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
         if not await self.lease.wait(epoch):
-            self.release(events)
+            self.let_go_unacked(events)
             return
         self.states.begin_batch()
         sends = self.decide(events)

@@ -143,7 +143,7 @@ class SpanAgent(WriteBackAgent):
         # Decide only what was fetched under a lease that holds (a frozen worker wakes with it
         # lapsed): fenced while waiting, the batch is dropped, released by the revocation.
         if not await self.lease.wait(epoch):
-            self.release(events)
+            self.let_go_unacked(events)
             return
         self.states.begin_batch()
         sends, goal_sends = self.decide(events)
@@ -155,7 +155,7 @@ class SpanAgent(WriteBackAgent):
         produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
         produced_deferred = await produce(deferred)
         if self.records_due():
-            await self.send_held_records()
+            await self.send_scope_records()
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
@@ -212,7 +212,7 @@ class SpanAgent(WriteBackAgent):
         held_since = self.holding_since
         return held_since is not None and time.monotonic() - held_since >= self.scope_hold
 
-    def take_held_records(self) -> list[Send]:
+    def take_scope_records(self) -> list[Send]:
         """The calls and usage held for the scopes, as records: one per conversation
         partition and one per agent (a Kafka record each costs both agents), each row naming
         the message it came from."""
@@ -229,7 +229,7 @@ class SpanAgent(WriteBackAgent):
             sends.extend(agent_usage_sends(worker, usage, usage_sources))
         return sends
 
-    def forget_held_records(self) -> None:
+    def drop_scope_records(self) -> None:
         worker = self.worker
         self.holding_since = None
         for recorder in (worker.recorder, worker.usage_recorder):

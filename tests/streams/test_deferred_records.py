@@ -243,7 +243,7 @@ def test_calls_held_for_the_scopes_go_with_messages_never_acked(tmp_path: Path, 
 
     asyncio.run(dropped())
     assert not agent.holds_records() and agent.holding_since is None
-    assert agent.take_held_records() == []  # nothing left for a later flush to send
+    assert agent.take_scope_records() == []  # nothing left for a later flush to send
     assert not events[0].message.acked
 
 

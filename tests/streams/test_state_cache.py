@@ -103,7 +103,7 @@ def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
         state.fired.add(Fired("tool_loop", "kill"))  # changed in place, as the guard does
         states[TRACE] = state
     # ...and the batch dies before flush(): its messages are not acked, nothing was written.
-    states.discard()
+    states.drop_unflushed()
     states.begin_batch()
     again = read(states, TRACE, 0)
     assert again is not None and again.fired == set() and again.last_seen == 5.0
