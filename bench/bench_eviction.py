@@ -1,6 +1,6 @@
 """Longest pause eviction causes with a million idle traces, the old full scan as the baseline.
 
-The worker's eviction (SerializedStates.evict_idle, run after every batch) against the scan the
+The worker's eviction (DecodedStates.evict_idle, run after every batch) against the scan the
 worker used to run on a timer (Guard.evict_idle over every state), on the same million traces in
 the same process. Prints one JSON line: the longest per-batch eviction, the scan, and their ratio.
 """
@@ -13,10 +13,11 @@ from types import SimpleNamespace
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.decoded_states import DecodedStates
+from spanguard.streams.faust_internals import event_context
 
 
-class Event:  # what SerializedStates reads of a Faust event; weak-referenceable like one
+class Event:  # what DecodedStates reads of a Faust event; weak-referenceable like one
     def __init__(self, partition: int) -> None:
         self.message = SimpleNamespace(partition=partition)
 
@@ -27,7 +28,7 @@ PARTITIONS = 8
 
 def main() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table)
+    states = DecodedStates(table)
     events = [Event(p) for p in range(PARTITIONS)]
     states.begin_batch()
     for n in range(TRACES):

@@ -67,7 +67,7 @@ Reading the latency: Faust creates its aiokafka consumer with fetch_max_wait_ms=
 aiokafka keeps one fetch in flight per broker; when every input partition still has buffered
 records, the next fetch names only idle partitions (detections, goal checks, changelogs) and
 the broker holds it for 1.5 s, input waiting behind it. The worker sets it to
-`SPANGUARD_FETCH_MAX_WAIT` (20 ms, streams/faust_tuning.py); a run caught in the old cycle
+`SPANGUARD_FETCH_MAX_WAIT` (20 ms, streams/faust_internals.py); a run caught in the old cycle
 shows latencies of 1-2 s in every third of the run.
 """
 

@@ -5,7 +5,7 @@ per partition, in a temporary data dir) holds 1,000,000 idle traces, written str
 partitions' databases as a worker finds them after a restart from its volume. The worker's
 state code then runs as the span agent runs it, on one asyncio loop: the partitions are
 assigned (the index scan of what the store holds starts), and batch after batch writes a few
-fresh traces and evicts idle ones (`SerializedStates.evict_idle`, at most 256 entries read and
+fresh traces and evicts idle ones (`DecodedStates.evict_idle`, at most 256 entries read and
 256 examined per batch), with an `await` between batches as the agent awaits its sends. A
 probe task on the same loop sleeps 5 ms at a time; a stall is how late it wakes up.
 
@@ -41,7 +41,9 @@ import rocksdict
 from faust.types import Message
 
 from spanguard.detection.trace_state import TraceState
-from spanguard.streams.state import SerializedStates, TraceTable, event_context, stored_items
+from spanguard.streams.decoded_states import DecodedStates
+from spanguard.streams.faust_internals import event_context, store_write, stored_items
+from spanguard.streams.state_table import StateTable
 
 TRACES = 1_000_000
 PARTITIONS = 8
@@ -90,10 +92,10 @@ def fill(store, now: float) -> None:
         state.window.extend([("search_docs", "1d79773f7dd21571")] * 3)  # type: ignore[list-item]
         batches[n % PARTITIONS].put(f"{n:032x}".encode(), state.to_bytes())
     for partition, batch in enumerate(batches):
-        store._db_for_partition(partition).write(batch)
+        store_write(store, partition, batch)
 
 
-async def per_batch_eviction(app, states: SerializedStates, store, now: float) -> dict:
+async def per_batch_eviction(app, states: DecodedStates, store, now: float) -> dict:
     events = [event(app, p) for p in range(PARTITIONS)]
     for partition in range(PARTITIONS):
         states.assigned(partition, stored_items(store, partition))
@@ -166,12 +168,12 @@ async def main() -> None:
     datadir = Path(tempfile.mkdtemp(prefix="spanguard-bench-stall-"))
     try:
         app = faust.App("bench-stall", store="rocksdb://", datadir=str(datadir))
-        table = app.tables.add(TraceTable(
+        table = app.tables.add(StateTable(
             app, name="trace-state", default=None, beacon=app.tables.beacon,
             partitions=PARTITIONS, use_partitioner=False, key_type=bytes, value_type=bytes,
         ))  # fmt: skip
         store = table.data  # type: ignore[attr-defined]  # tables.add() is typed as returning CollectionT
-        states = SerializedStates(store, bucket_seconds=TTL / 60)  # as the worker
+        states = DecodedStates(store, bucket_seconds=TTL / 60)  # as the worker
         now = time.time()
         start = time.perf_counter()
         fill(store, now)

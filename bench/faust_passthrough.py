@@ -26,7 +26,7 @@ import faust
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.logs import logging_config
-from spanguard.streams.faust_tuning import set_fetch_max_wait
+from spanguard.streams.faust_internals import set_fetch_max_wait
 
 RAW: dict[str, Any] = {
     "key_type": bytes,

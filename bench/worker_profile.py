@@ -68,9 +68,9 @@ PARTS: list[tuple[str, list[Callable[[str, str], bool]]]] = [
     ("sends: producer calls, ack awaits", [_in("streams/delivery.py", "send_all")]),
     (
         "state flush: encode, table write, changelog send",
-        [_in("streams/state.py", "flush", "flush_states")],
+        [_in("streams/decoded_states.py", "flush"), _in("streams/write_back.py", "flush_states")],
     ),
-    ("eviction", [_in("streams/state.py", "evict_idle")]),
+    ("eviction", [_in("streams/decoded_states.py", "evict_idle")]),
     (
         "Faust tables (changelog, store)",
         [_under("faust/tables/"), _under("faust/stores/"), _under("rocksdict")],

@@ -49,9 +49,12 @@ from spanguard.detection.pipeline import Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import AgentPolicy, Policy
+from spanguard.streams.decoded_states import DecodedStates
 from spanguard.streams.delivery import Send
+from spanguard.streams.faust_internals import event_context
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import ScopeAgent, SerializedStates, TraceTable, event_context
+from spanguard.streams.state_table import StateTable
+from spanguard.streams.write_back import ScopeAgent
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -349,10 +352,10 @@ def agent_usage_sends(worker: Worker, records: list[AgentUsage], sources: list[A
 
 def agent_window_view(
     table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
-) -> SerializedStates:
+) -> DecodedStates:
     """The agent window table as the scope reads it: AgentWindows, written once per commit
-    interval, idle ones evicted with bounded work (streams/state.py)."""
-    return SerializedStates(
+    interval, idle ones evicted with bounded work (streams/decoded_states.py)."""
+    return DecodedStates(
         table,
         bucket_seconds=bucket_seconds,
         cache_size=cache_size,
@@ -363,11 +366,11 @@ def agent_window_view(
 class AgentWindowTable(MutableMapping[tuple[str, str | None], AgentWindow]):
     """The core's (service, agent name) keys over the table's text keys (`agent_key`)."""
 
-    def __init__(self, states: SerializedStates) -> None:
+    def __init__(self, states: DecodedStates) -> None:
         self.states = states
 
     def __getitem__(self, key: tuple[str, str | None]) -> AgentWindow:
-        # (SerializedStates is typed by the trace state; this table's codec makes AgentWindows.)
+        # (DecodedStates is typed by the trace state; this table's codec makes AgentWindows.)
         return self.states[agent_key(*key)]  # type: ignore[return-value]
 
     def get(self, key: tuple[str, str | None], default: Any = None) -> Any:
@@ -396,7 +399,7 @@ class WorkerAgentBudgets(AgentBudgetGuard):
     def __init__(
         self,
         policy: Policy,
-        states: SerializedStates,
+        states: DecodedStates,
         tally: Tally | None = None,
         max_agents: int = MAX_AGENTS_PER_WORKER,
         **kwargs: Any,
@@ -455,13 +458,13 @@ class AgentWindowsAgent(ScopeAgent):
     """Reads the agent usage topic in batches: decides each record and sends the decisions
     (acked by the broker) per batch; writes the changed windows once per commit interval and
     acks the messages once the changelog acked those writes, under the span agent's lease (as
-    the conversation agent does: streams/state.py, ScopeAgent)."""
+    the conversation agent does: streams/write_back.py, ScopeAgent)."""
 
     def __init__(
-        self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
+        self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
     ) -> None:
         table = states.table
-        assert isinstance(table, TraceTable)  # its changelog writes are awaited before acks
+        assert isinstance(table, StateTable)  # its changelog writes are awaited before acks
         super().__init__(worker, states, table, lease)
         self.topic = topic
         self.outcomes = agent_window_tally(worker)

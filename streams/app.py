@@ -44,8 +44,9 @@ from spanguard.streams.conversations import (
     conversation_view,
     conversations_wanted,
 )
+from spanguard.streams.decoded_states import DecodedStates
 from spanguard.streams.delivery import Outbox
-from spanguard.streams.faust_tuning import set_fetch_max_wait
+from spanguard.streams.faust_internals import set_fetch_max_wait
 from spanguard.streams.fetch_watch import FetchWatch
 from spanguard.streams.flow_resume import KeepCurrentOnResume, ResumeCount
 from spanguard.streams.health import Health, HealthCount
@@ -60,7 +61,7 @@ from spanguard.streams.metrics import (
 )
 from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
-from spanguard.streams.state import SerializedStates, TraceTable
+from spanguard.streams.state_table import StateTable
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
@@ -136,13 +137,13 @@ def faust_app(settings: WorkerSettings) -> faust.App:
 
 def state_table(
     app: faust.App, settings: WorkerSettings, name: str, partitions: int | None = None
-) -> TraceTable:
+) -> StateTable:
     """A state table of raw bytes whose changelog follows the partition each record arrives
     on: the trace, conversation and agent window tables are all made so (`partitions`: its
     source topic's, the scopes' `scope_partitions`)."""
     # (Faust types tables.add() as returning its CollectionT interface; it returns the table.)
     return app.tables.add(  # type: ignore[return-value]
-        TraceTable(
+        StateTable(
             app,
             name=name,
             default=None,
@@ -156,21 +157,21 @@ def state_table(
     )
 
 
-def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[TraceTable, SerializedStates]:
+def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[StateTable, DecodedStates]:
     """The state table and the guard's view of it (decoded states, the expiry index)."""
     # No use_partitioner: each changelog record goes to the partition of the message that
     # changed it, where the trace's messages arrive whatever partitioner their producer used
     # (the Collector's FNV-1a, librdkafka's CRC32, Java's murmur2). See docs/design.md.
     table = state_table(app, settings, settings.table_name)
     # Idle traces are evicted at most a 60th of the TTL late (the index's time buckets).
-    states = SerializedStates(
+    states = DecodedStates(
         table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
     )
     table.states = states  # its rebalance hooks keep the expiry index right
     return table, states
 
 
-def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
+def conversation_states(app: faust.App, settings: WorkerSettings) -> DecodedStates:
     """The conversation table (conversation id -> ConversationState bytes) and its view: like
     the trace table, its changelog follows the partition each record arrives on."""
     table = state_table(app, settings, settings.conversation_table_name, settings.scope_partitions)
@@ -181,7 +182,7 @@ def conversation_states(app: faust.App, settings: WorkerSettings) -> SerializedS
     return states
 
 
-def agent_window_states(app: faust.App, settings: WorkerSettings) -> SerializedStates:
+def agent_window_states(app: faust.App, settings: WorkerSettings) -> DecodedStates:
     """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
     trace table, its changelog follows the partition each record arrives on."""
     table = state_table(app, settings, settings.agent_window_table_name, settings.scope_partitions)
@@ -288,7 +289,7 @@ def build_worker(
 def metrics_registry(
     guard: Guard,
     counted: dict[type[CountedOutcome], Counted[Any]],
-    states: SerializedStates,
+    states: DecodedStates,
     health: Health,
 ) -> tuple[CollectorRegistry, ConsumerLag, DecisionsSent]:
     """What /metrics serves; the consumer lag is refreshed by LagMeter, the decisions sent

@@ -39,9 +39,12 @@ from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
+from spanguard.streams.decoded_states import DecodedStates
 from spanguard.streams.delivery import Send
+from spanguard.streams.faust_internals import event_context
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import ScopeAgent, SerializedStates, TraceTable, event_context
+from spanguard.streams.state_table import StateTable
+from spanguard.streams.write_back import ScopeAgent
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -389,10 +392,10 @@ def _check_row(row: list[Any]) -> None:
 
 def conversation_view(
     table: MutableMapping[bytes, bytes], bucket_seconds: float = 60.0, cache_size: int = 0
-) -> SerializedStates:
+) -> DecodedStates:
     """The conversation table as the scope reads it: ConversationStates, written once per
-    commit interval, idle ones evicted with bounded work (streams/state.py)."""
-    return SerializedStates(
+    commit interval, idle ones evicted with bounded work (streams/decoded_states.py)."""
+    return DecodedStates(
         table,
         bucket_seconds=bucket_seconds,
         cache_size=cache_size,
@@ -404,7 +407,7 @@ class WorkerConversations(ConversationGuard):
     """The conversation scope over the worker's table: a record seen before (a span batch
     decided again after a crash sends its records again) is dropped by its span id."""
 
-    def __init__(self, policy: Policy, states: SerializedStates, **kwargs: Any) -> None:
+    def __init__(self, policy: Policy, states: DecodedStates, **kwargs: Any) -> None:
         super().__init__(policy, states=states, **kwargs)  # type: ignore[arg-type]
         self.duplicates = 0
         self._taken: tuple[str, Any] | None = None  # (conversation id, its state) being observed
@@ -443,13 +446,13 @@ class ConversationAgent(ScopeAgent):
     """Reads the conversation topic in batches: decides each record and sends the decisions
     (acked by the broker) per batch; writes the changed conversation states once per commit
     interval and acks the messages once the changelog acked those writes, as the span agent
-    does with the trace table (streams/state.py, ScopeAgent), under the same lease."""
+    does with the trace table (streams/write_back.py, ScopeAgent), under the same lease."""
 
     def __init__(
-        self, worker: Worker, topic: faust.TopicT, states: SerializedStates, lease: Lease
+        self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
     ) -> None:
         table = states.table
-        assert isinstance(table, TraceTable)  # its changelog writes are awaited before acks
+        assert isinstance(table, StateTable)  # its changelog writes are awaited before acks
         super().__init__(worker, states, table, lease)
         self.topic = topic
         self.outcomes = conversation_tally(worker)

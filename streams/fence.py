@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from spanguard.streams.faust_internals import heartbeat_rejoining, wrap_heartbeat
 
 __all__ = ["LEASE_SHARE", "Lease"]
 
@@ -109,21 +111,23 @@ class Lease:
 
     def watch(self, coordinator: Any) -> None:
         """Renew the lease on each heartbeat the coordinator answers (aiokafka's
-        GroupCoordinator; its heartbeat routine calls `_do_heartbeat` for each one)."""
+        GroupCoordinator; its heartbeat routine calls one method for each one)."""
         if coordinator is None or coordinator is self._coordinator:
             return
         self._coordinator = coordinator
-        beat = coordinator._do_heartbeat
         lease = self
 
-        async def heartbeat_renewing_lease() -> bool:
-            sent = lease.clock()
-            answered = await beat()
-            # True is also "rebalancing, keep heartbeating": that one renews nothing, as the
-            # rebalance may end without this member if it does not rejoin in time.
-            rejoining = coordinator._rejoin_needed_fut.done()
-            if answered and not rejoining and getattr(coordinator, "generation", 0) >= 0:
-                lease.renewed(sent)
-            return answered
+        def renewing_lease(beat: Callable[[], Awaitable[bool]]) -> Callable[[], Awaitable[bool]]:
+            async def heartbeat_renewing_lease() -> bool:
+                sent = lease.clock()
+                answered = await beat()
+                # True is also "rebalancing, keep heartbeating": that one renews nothing, as
+                # the rebalance may end without this member if it does not rejoin in time.
+                rejoining = heartbeat_rejoining(coordinator)
+                if answered and not rejoining and getattr(coordinator, "generation", 0) >= 0:
+                    lease.renewed(sent)
+                return answered
 
-        coordinator._do_heartbeat = heartbeat_renewing_lease
+            return heartbeat_renewing_lease
+
+        wrap_heartbeat(coordinator, renewing_lease)

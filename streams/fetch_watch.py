@@ -30,6 +30,20 @@ from typing import TYPE_CHECKING, Any
 from faust.types import TP
 
 from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.streams.faust_internals import (
+    call_in_consumer_thread,
+    commit_refresh_task,
+    committed_offset,
+    fetch_positions,
+    fetcher_assignment,
+    fetcher_summary,
+    fetcher_tasks,
+    partition_fetch_state,
+    restart_commit_refresh,
+    set_read_offset,
+    unacked_messages,
+    wanted_partitions,
+)
 
 if TYPE_CHECKING:
     import faust
@@ -152,21 +166,20 @@ class FetchWatch:
             self.tracker.forget()
             self.unprocessed.forget()
             return
-        wanted = set(consumer._active_partitions or ()) & consumer.assignment()
+        wanted = wanted_partitions(consumer) & consumer.assignment()
         if not wanted:
             self.tracker.forget()
             self.unprocessed.forget()
             return
         ends = await consumer.highwaters(*wanted)
-        thread = consumer._thread
-        positions = await thread.call_thread(_positions, thread._ensure_consumer(), wanted)
+        positions = await call_in_consumer_thread(consumer, _positions, wanted)
         now = time.monotonic()
         stalled = self.tracker.observe(now, {tp: ends.get(tp) for tp in wanted}, positions)
         await self._look_at_unprocessed(now, wanted, positions)
         if stalled:
             self.outcomes.add(FetchCount.STALLED, len(stalled))
-            state = await thread.call_thread(
-                _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
+            state = await call_in_consumer_thread(
+                consumer, _consumer_state, consumer, self.task_seen
             )
             state["worker_tasks"] = _task_stacks(self.task_seen)
             log.error(
@@ -179,7 +192,7 @@ class FetchWatch:
                 {s.tp: s.position for s in stalled if s.position is not None}, "stalled"
             )
         if self.tracker.told:  # at every look while any stands still
-            actions = await thread.call_thread(_unstick_fetcher, thread._ensure_consumer())
+            actions = await call_in_consumer_thread(consumer, _unstick_fetcher)
             if actions:
                 log.warning("fetcher unstuck", extra={"actions": actions})
 
@@ -191,19 +204,18 @@ class FetchWatch:
         consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
         settings = self.worker.settings
         spans = {settings.input_topic, settings.repartition_topic}
-        busy = {message.tp for message in list(consumer._unacked_messages)}
+        busy = {message.tp for message in list(unacked_messages(self.worker.app))}
         fetched, committed = {}, {}
         for tp in wanted:
             if tp.topic in spans:
-                done = consumer._committed_offset.get(tp)
+                done = committed_offset(consumer, tp)
                 fetched[tp] = None if tp in busy or done is None else positions.get(tp)
                 committed[tp] = done
         skipped = self.unprocessed.observe(now, fetched, committed)
         if skipped:
             self.outcomes.add(FetchCount.UNPROCESSED, len(skipped))
-            thread = consumer._thread
-            state = await thread.call_thread(
-                _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
+            state = await call_in_consumer_thread(
+                consumer, _consumer_state, consumer, self.task_seen
             )
             state["worker_tasks"] = _task_stacks(self.task_seen)
             log.error(
@@ -232,10 +244,7 @@ class FetchWatch:
         self.restore.since = -1.0  # told once per standing
         self.outcomes.add(FetchCount.RESTORE_STALLED)
         consumer: Any = self.worker.app.consumer  # the aiokafka driver's, private state read
-        thread = consumer._thread
-        state = await thread.call_thread(
-            _consumer_state, thread._ensure_consumer(), consumer, self.task_seen
-        )
+        state = await call_in_consumer_thread(consumer, _consumer_state, consumer, self.task_seen)
         state["worker_tasks"] = _task_stacks(self.task_seen)
         left_tps = [tp for tp, count in recovery.active_remaining().items() if count > 0]
         log.error(
@@ -263,11 +272,10 @@ class FetchWatch:
         # The fetcher drops a record below its partition's read offset as read already: set
         # before the seek and after (a record from before the seek may move it meanwhile).
         for tp, offset in offsets.items():
-            consumer._read_offset[tp] = offset
-        thread = consumer._thread
-        await thread.call_thread(seek_in_thread, thread._ensure_consumer(), offsets)
+            set_read_offset(consumer, tp, offset)
+        await call_in_consumer_thread(consumer, seek_in_thread, offsets)
         for tp, offset in offsets.items():
-            consumer._read_offset[tp] = offset
+            set_read_offset(consumer, tp, offset)
         self.outcomes.add(FetchCount.SOUGHT, len(offsets))
         log.warning(
             "partitions sought to be read again",
@@ -293,16 +301,14 @@ async def _unstick_fetcher(aio: Any) -> list[str]:
     """In the consumer's thread: restart the committed-offset refresh if it died (offset
     resets wait on it without a timeout), cancel fetcher tasks alive for STUCK_TASK_AGE."""
     actions = []
-    fetcher = aio._fetcher
-    assignment = fetcher._subscriptions.subscription.assignment
-    coordinator = aio._coordinator
-    refresh = coordinator._commit_refresh_task
+    assignment = fetcher_assignment(aio)
+    refresh = commit_refresh_task(aio)
     if assignment is not None and assignment.active and (refresh is None or refresh.done()):
         died = None if refresh is None or refresh.cancelled() else refresh.exception()
-        coordinator.start_commit_offsets_refresh_task(assignment)
+        restart_commit_refresh(aio, assignment)
         actions.append(f"committed-offset refresh restarted (it ended with {died!r})")
     now = time.monotonic()
-    for task in list(fetcher._pending_tasks):
+    for task in fetcher_tasks(aio):
         born = _TASK_BORN.get(id(task), now)
         if now - born >= STUCK_TASK_AGE and not task.done():
             task.cancel()
@@ -310,10 +316,10 @@ async def _unstick_fetcher(aio: Any) -> list[str]:
     return actions
 
 
-def _note_fetcher_tasks(fetcher: Any) -> None:
+def _note_fetcher_tasks(aio: Any) -> None:
     """When each pending fetcher task was first seen (by id), forgetting finished ones."""
     now = time.monotonic()
-    alive = {id(task) for task in fetcher._pending_tasks}
+    alive = {id(task) for task in fetcher_tasks(aio)}
     for gone in _TASK_BORN.keys() - alive:
         del _TASK_BORN[gone]
     for task_id in alive:
@@ -326,13 +332,8 @@ _TASK_BORN: dict[int, float] = {}
 
 async def _positions(aio: Any, tps: set[TP]) -> dict[TP, int | None]:
     """The fetch position of each of `tps` (None: none yet), read in the consumer's thread."""
-    _note_fetcher_tasks(aio._fetcher)
-    assignment = aio._fetcher._subscriptions.subscription.assignment
-    positions: dict[TP, int | None] = {}
-    for tp in tps:
-        state = assignment.state_value(tp)
-        positions[tp] = state.position if state is not None and state.has_valid_position else None
-    return positions
+    _note_fetcher_tasks(aio)
+    return fetch_positions(aio, tps)
 
 
 def _describe_task(task: asyncio.Task, seen: dict[int, float], now: float) -> str:
@@ -374,45 +375,22 @@ def _task_stacks(seen: dict[int, float]) -> list[str]:
 async def _consumer_state(aio: Any, consumer: Any, seen: dict[int, float]) -> dict[str, Any]:
     """aiokafka's fetcher and Faust's partition sets, read in the consumer's thread."""
     now = time.monotonic()
-    fetcher = aio._fetcher
-    assignment = fetcher._subscriptions.subscription.assignment
-    cluster = aio._client.cluster
-    partitions = {}
-    for tp in sorted(assignment.tps):
-        state = assignment.state_value(tp)
-        record = fetcher._records.get(tp)
-        partitions[f"{tp.topic}/{tp.partition}"] = {
-            "leader": cluster.leader_for_partition(tp),
-            "position": state._position,
-            "status": state._status.name,
-            "reset": state._reset_strategy,
-            "paused": state.paused,
-            "committed_waiters": len(state._committed_futs),
-            "highwater": state.highwater,
-            "buffered": None if record is None else type(record).__name__,
-            "read_offset": consumer._read_offset.get(tp),
-            "committed": consumer._committed_offset.get(tp),
-            "faust": (
-                "active"
-                if tp in consumer._active_partitions
-                else "paused"
-                if tp in consumer._paused_partitions
-                else "buffered"
-                if tp in consumer._buffered_partitions
-                else "none"
-            ),
-        }
-    refresh = aio._coordinator._commit_refresh_task
+    assignment = fetcher_assignment(aio)
+    partitions = {
+        f"{tp.topic}/{tp.partition}": partition_fetch_state(aio, consumer, tp)
+        for tp in sorted(assignment.tps)
+    }
+    summary = fetcher_summary(aio)
+    refresh = commit_refresh_task(aio)
+    fetch_task = summary["fetch_task"]
     return {
-        "in_flight": sorted(fetcher._in_flight),
-        "pending": [_describe_task(t, seen, now) for t in fetcher._pending_tasks],
-        "fetch_task": _describe_task(fetcher._fetch_task, seen, now)
-        if fetcher._fetch_task is not None
-        else None,
+        "in_flight": summary["in_flight"],
+        "pending": [_describe_task(t, seen, now) for t in fetcher_tasks(aio)],
+        "fetch_task": _describe_task(fetch_task, seen, now) if fetch_task is not None else None,
         "commit_refresh": None
         if refresh is None
         else ("done" if refresh.done() else _describe_task(refresh, seen, now)),
-        "generation": aio._coordinator.generation,
+        "generation": summary["generation"],
         "consumer_tasks": _task_stacks(seen),
         "flow_active": consumer.flow_active,
         "partitions": partitions,

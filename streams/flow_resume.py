@@ -27,9 +27,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.streams.faust_internals import (
+    flow_control_queues,
+    queued_items,
+    requeue,
+    wrap_flow_control_resume,
+)
 
 if TYPE_CHECKING:
     import faust
@@ -50,7 +57,7 @@ def current_events(queue: Any, generation: int) -> list[Any]:
     """The queued events of `generation`, in queue order (what a clear must not drop)."""
     return [
         item
-        for item in list(getattr(queue, "_queue", ()))
+        for item in queued_items(queue)
         if getattr(getattr(item, "message", None), "generation_id", None) == generation
     ]
 
@@ -63,18 +70,19 @@ class KeepCurrentOnResume:
         self.outcomes = outcomes if outcomes is not None else Tally()
 
     def attach(self) -> None:
-        flow = self.app.flow_control
-        resume = flow.resume
+        wrap_flow_control_resume(self.app, self.keeping_current)
 
+    def keeping_current(self, resume: Callable[[], None]) -> Callable[[], None]:
         def resume_keeping_current() -> None:
             generation = self.app.consumer_generation_id
-            kept = {queue: current_events(queue, generation) for queue in list(flow._queues)}
+            queues = flow_control_queues(self.app)
+            kept = {queue: current_events(queue, generation) for queue in queues}
             resume()  # resumes, then empties every queue it manages
             where: Counter[str] = Counter()
             for queue, events in kept.items():
                 if events:
                     # Synchronous since the clear: nothing was queued or taken meanwhile.
-                    queue._queue.extend(events)  # type: ignore[attr-defined]  # asyncio.Queue's deque: private, not in typeshed
+                    requeue(queue, events)
                     where.update(f"{e.message.topic}/{e.message.partition}" for e in events)
             if where:
                 self.outcomes.add(ResumeCount.RECORDS_KEPT, sum(where.values()))
@@ -83,4 +91,4 @@ class KeepCurrentOnResume:
                     extra={"kept": dict(where), "generation": generation},
                 )
 
-        flow.resume = resume_keeping_current  # type: ignore[method-assign]
+        return resume_keeping_current

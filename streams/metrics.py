@@ -47,6 +47,7 @@ from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import AgentWindowCount
 from spanguard.streams.agents.guard_spans import SpanCount
 from spanguard.streams.conversations import ConversationCount
+from spanguard.streams.faust_internals import store_databases
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import Health, HealthCount
@@ -212,8 +213,7 @@ class TableMemory(Collector):
             labels=["table", "kind"],
         )
         for table in self.tables():
-            # Faust's RocksDB store keeps one database per partition; a memory store has none.
-            databases = list(getattr(table.data, "_dbs", {}).values())
+            databases = store_databases(table.data)
             if not databases:
                 continue
             for kind, prop in ROCKSDB_MEMORY.items():

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
     from spanguard.outcomes import Counted, CountedOutcome
     from spanguard.streams.agent_windows import AgentUsageRecorder
     from spanguard.streams.conversations import ConversationRecorder
+    from spanguard.streams.decoded_states import DecodedStates
     from spanguard.streams.delivery import Outbox
     from spanguard.streams.health import Health
     from spanguard.streams.metrics import ConsumerLag, DetectionLatency
-    from spanguard.streams.state import SerializedStates, TraceTable
+    from spanguard.streams.state_table import StateTable
 
 __all__ = ["Worker"]
 
@@ -36,10 +37,10 @@ class Worker:
     spans_in: faust.TopicT  # the Collector's topic and the repartition topic
     goal_checks: faust.TopicT
     detections_in: faust.TopicT
-    table: TraceTable  # trace id -> TraceState bytes
+    table: StateTable  # trace id -> TraceState bytes
     paged: TableT  # trace id -> rules already paged
     notified: TableT | None  # trace id -> rules already sent to the webhook (a webhook only)
-    states: SerializedStates
+    states: DecodedStates
     guard: Guard
     pipeline: SpanPipeline
     outbox: Outbox

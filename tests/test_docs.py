@@ -38,6 +38,8 @@ OTHER_VARIABLES = {
     "SPANGUARD_FIXTURE_VENVS": "where the fixture agents' virtualenvs live",
     "SPANGUARD_COLLECTOR_QUEUE_DIR": "the Collector's on-disk sending queue",
     "SPANGUARD_COMPILE": "setup.py compiling the detection core (the worker image)",
+    "SPANGUARD_ALLOW_UNTESTED_FAUST": "read at import, before any setting: the worker on"
+    " Faust, mode or aiokafka versions its internals were not written for",
 }
 SOURCE_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".go", ".ts", ".tpl", ".json", ".toml"}
 SKIPPED_DIRS = {".venv", "node_modules", ".git", "__pycache__", "build"}

@@ -210,7 +210,7 @@ class Guard:
 
     `states` is any mutable mapping from hex trace id to TraceState (a dict by default; the
     worker passes a view of its Faust table). Each trace touched by a request is written back
-    to `states` once per request. The worker's mapping (streams/state.py, `SerializedStates`)
+    to `states` once per request. The worker's mapping (streams/decoded_states.py, `DecodedStates`)
     keeps those writes in memory and writes each trace to its table and changelog once per
     commit interval (docs/design.md, "State writes once per commit").
     """

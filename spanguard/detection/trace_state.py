@@ -130,7 +130,7 @@ class TraceState:
             record["unpriced_tokens"] = self.unpriced_tokens
         if self.conversation_id is not None:
             record["conversation_id"] = self.conversation_id  # version 3
-        # Last, so eviction can read it without decoding (streams/state.py).
+        # Last, so eviction can read it without decoding (streams/expiry.py).
         record["last_seen"] = self.last_seen
         return record
 

@@ -6,7 +6,7 @@ conversation packs, agent usage) are acked too (awaited by the flush), and the s
 are written and their changelog records acked. States are written once per commit interval, not
 per batch (docs/design.md, "State writes once per commit"): each message holds one more
 reference until that flush, so Faust commits no offset past a state not yet in the changelog
-(streams/state.py, WriteBackAgent). A worker whose lease on its partitions lapsed
+(streams/write_back.py, WriteBackAgent). A worker whose lease on its partitions lapsed
 (streams/fence.py) neither decides, sends, writes nor acks until a heartbeat renews it; fenced,
 it drops all of that unwritten.
 """
@@ -33,8 +33,9 @@ from spanguard.streams.conversations import (
     conversation_tally,
 )
 from spanguard.streams.delivery import Send, confirm, produce, send_all
+from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
-from spanguard.streams.state import WriteBackAgent, event_context
+from spanguard.streams.write_back import WriteBackAgent
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -88,7 +89,7 @@ class SpanAgent(WriteBackAgent):
         app.on_partitions_revoked.connect(self.forget_positions)  # type: ignore[arg-type]
         # The lease starts with the rebalance that assigns the partitions, and is renewed by
         # each heartbeat answered after (the consumer's thread calls both).
-        app.on_rebalance_start = self._noting_rebalance_start(app.on_rebalance_start)  # type: ignore[method-assign]
+        wrap_rebalance_start(app, self._noting_rebalance_start)
         app.on_partitions_assigned.connect(self.hold_lease)  # type: ignore[arg-type]
         app.agent(self.worker.spans_in, name="guard-spans")(self.guard_spans)
 
@@ -102,9 +103,7 @@ class SpanAgent(WriteBackAgent):
         return note_rebalance_start
 
     async def hold_lease(self, _: Any, assigned: set[TP], **__: Any) -> None:
-        # The aiokafka driver's coordinator, private to Faust (App.consumer is typed ConsumerT).
-        consumer: Any = self.worker.app.consumer
-        self.lease.assigned(consumer._thread._consumer._coordinator)
+        self.lease.assigned(group_coordinator(self.worker.app))
 
     # -- progress --------------------------------------------------------------------------
 
@@ -144,7 +143,7 @@ class SpanAgent(WriteBackAgent):
         # Decide only what was fetched under a lease that holds (a frozen worker wakes with it
         # lapsed): fenced while waiting, the batch is dropped, released by the revocation.
         if not await self.lease.wait(epoch):
-            self.release(events)
+            self.let_go_unacked(events)
             return
         self.states.begin_batch()
         sends, goal_sends = self.decide(events)
@@ -156,7 +155,7 @@ class SpanAgent(WriteBackAgent):
         produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
         produced_deferred = await produce(deferred)
         if self.records_due():
-            await self.send_held_records()
+            await self.send_scope_records()
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
@@ -213,7 +212,7 @@ class SpanAgent(WriteBackAgent):
         held_since = self.holding_since
         return held_since is not None and time.monotonic() - held_since >= self.scope_hold
 
-    def take_held_records(self) -> list[Send]:
+    def take_scope_records(self) -> list[Send]:
         """The calls and usage held for the scopes, as records: one per conversation
         partition and one per agent (a Kafka record each costs both agents), each row naming
         the message it came from."""
@@ -230,7 +229,7 @@ class SpanAgent(WriteBackAgent):
             sends.extend(agent_usage_sends(worker, usage, usage_sources))
         return sends
 
-    def forget_held_records(self) -> None:
+    def drop_scope_records(self) -> None:
         worker = self.worker
         self.holding_since = None
         for recorder in (worker.recorder, worker.usage_recorder):

@@ -26,7 +26,7 @@ from spanguard.streams.agent_windows import (
     encode_usage,
     longest_window,
 )
-from spanguard.streams.state import stored_last_seen
+from spanguard.streams.expiry import stored_last_seen
 from tests.detection.test_agent_budget import T0, chat_request, policy, usage
 
 TRIAGE = ("support", "triage")

@@ -30,7 +30,7 @@ from spanguard.streams.conversations import (
     decode_records,
     encode_packs,
 )
-from spanguard.streams.state import stored_last_seen
+from spanguard.streams.expiry import stored_last_seen
 from tests.detection.test_conversation import turn
 from tests.detection.test_rules import run
 from tests.support.spans import AgentRecorder

@@ -1,4 +1,4 @@
-"""Records acked at the flush, without a broker (streams/state.py, WriteBackAgent): a message
+"""Records acked at the flush, without a broker (streams/write_back.py, WriteBackAgent): a message
 held with a record still in flight is not acked until the broker acks that record; a fence or a
 stop meanwhile acks nothing and drops the records unawaited. And the agent-windows agent under
 the span agent's lease, as the conversation agent is (test_conversation_agent.py).
@@ -243,7 +243,7 @@ def test_calls_held_for_the_scopes_go_with_messages_never_acked(tmp_path: Path, 
 
     asyncio.run(dropped())
     assert not agent.holds_records() and agent.holding_since is None
-    assert agent.take_held_records() == []  # nothing left for a later flush to send
+    assert agent.take_scope_records() == []  # nothing left for a later flush to send
     assert not events[0].message.acked
 
 

@@ -1,6 +1,6 @@
 """The expiry index stays right across rebalances: what it holds is a hint, the store decides.
 
-Faust events and messages are the real types; the table is a dict, which SerializedStates
+Faust events and messages are the real types; the table is a dict, which DecodedStates
 takes like a Faust table (the Kafka test in test_eviction_kafka.py runs the RocksDB store).
 """
 
@@ -12,7 +12,9 @@ import faust
 from faust.types import Message
 
 from spanguard.detection.trace_state import TraceState
-from spanguard.streams.state import SerializedStates, event_context, stored_last_seen
+from spanguard.streams.decoded_states import DecodedStates
+from spanguard.streams.expiry import stored_last_seen
+from spanguard.streams.faust_internals import event_context
 
 APP = faust.App("expiry-index-test")
 
@@ -22,7 +24,7 @@ def event(partition: int) -> faust.Event:
     return faust.Event(APP, b"k", b"v", None, message)
 
 
-def write(states: SerializedStates, trace_id: str, partition: int, last_seen: float) -> None:
+def write(states: DecodedStates, trace_id: str, partition: int, last_seen: float) -> None:
     """A batch that touches one trace, as the worker writes it."""
     states.begin_batch()
     with event_context(event(partition)):
@@ -36,7 +38,7 @@ def stored(last_seen: float) -> bytes:
 
 def test_a_trace_touched_elsewhere_while_its_partition_was_away_is_kept() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     write(states, "a" * 32, 0, last_seen=10.0)
     # Partition 0 moves to another worker, which touches the trace; it comes back with the
     # newer state recovered from the changelog.
@@ -51,7 +53,7 @@ def test_a_trace_touched_elsewhere_while_its_partition_was_away_is_kept() -> Non
 
 def test_the_stored_last_seen_wins_over_a_stale_index_entry() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     write(states, "b" * 32, 0, last_seen=10.0)
     table[b"b" * 32] = stored(100.0)  # changed without this worker's index knowing
     assert states.evict_idle([event(0)], cutoff=50.0, limit=256) == 0
@@ -62,7 +64,7 @@ def test_the_stored_last_seen_wins_over_a_stale_index_entry() -> None:
 
 def test_an_index_entry_of_a_trace_already_gone_is_skipped() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     write(states, "c" * 32, 0, last_seen=10.0)
     del table[b"c" * 32]
     assert states.evict_idle([event(0)], cutoff=50.0, limit=256) == 0
@@ -70,7 +72,7 @@ def test_an_index_entry_of_a_trace_already_gone_is_skipped() -> None:
 
 def test_a_revoked_partitions_index_is_dropped() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     write(states, "d" * 32, 1, last_seen=10.0)
     states.revoke({1})
     # Not owned any more: even with a message of that partition, nothing is deleted.
@@ -80,7 +82,7 @@ def test_a_revoked_partitions_index_is_dropped() -> None:
 
 def test_recovered_traces_are_indexed_a_few_per_batch_and_evicted() -> None:
     table = {f"{n:032x}".encode(): stored(float(n)) for n in range(2000)}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     states.assigned(2, iter(list(table.items())))
     assert states.scanning == 1
     batches = []
@@ -95,7 +97,7 @@ def test_recovered_traces_are_indexed_a_few_per_batch_and_evicted() -> None:
 
 def test_a_recovered_trace_touched_again_is_evicted_by_its_new_touch() -> None:
     table = {b"e" * 32: stored(10.0)}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     states.assigned(3, iter(list(table.items())))
     states.evict_idle([event(3)], cutoff=0.0, limit=256)  # scans it into the index
     write(states, "e" * 32, 3, last_seen=100.0)
@@ -105,7 +107,7 @@ def test_a_recovered_trace_touched_again_is_evicted_by_its_new_touch() -> None:
 
 def test_a_partition_kept_through_a_rebalance_is_not_rescanned() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0)
+    states = DecodedStates(table, bucket_seconds=1.0)
     states.assigned(0, iter([]))
     states.evict_idle([event(0)], cutoff=0.0, limit=256)
     assert states.scanning == 0
@@ -122,7 +124,7 @@ def test_the_stored_last_seen_is_read_without_being_fooled_by_names() -> None:
 def test_the_index_is_nothing_the_garbage_collector_walks() -> None:
     # A million entries in GC-tracked containers add tens of milliseconds to every full
     # collection, on the loop that heartbeats; untracked dicts of strings add nothing.
-    states = SerializedStates({}, bucket_seconds=1.0)
+    states = DecodedStates({}, bucket_seconds=1.0)
     for n in range(1000):
         write(states, f"{n:032x}", 0, last_seen=float(n))
     (index,) = states._expiry.values()

@@ -2,7 +2,7 @@
 
 Each worker runs `spanguard worker` through a `python -c` wrapper that patches one function
 before the command starts:
-- the crash: `SerializedStates.flush` writes the batch's states to the store outside any
+- the crash: `DecodedStates.flush` writes the batch's states to the store outside any
   event, which is what the worker once did; Faust's RocksDB store then raises
   `assert event is not None`;
 - the stall: sends to the kill topic never return (a broker connection that hangs), so the
@@ -38,7 +38,7 @@ sys.exit(main())
 CRASH_ON_FLUSH = (
     """
 from faust.streams import _current_event
-from spanguard.streams.state import SerializedStates
+from spanguard.streams.decoded_states import DecodedStates
 
 def flush(self):
     # The store write the worker once made outside any event. Its table then sent changelog
@@ -52,7 +52,7 @@ def flush(self):
     finally:
         _current_event.reset(token)
 
-SerializedStates.flush = flush
+DecodedStates.flush = flush
 """
     + RUN_CLI
 )

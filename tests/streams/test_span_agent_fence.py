@@ -94,8 +94,8 @@ def test_the_fenced_messages_are_counted_once_in_the_log(
     agent = span_agent(tmp_path, Clock())
     events = taken(agent, range(4))
     agent.held.extend(events)
-    agent.release(events)  # the revocation
-    agent.release(events[:2])  # the batch that was waiting, released again
+    agent.let_go_unacked(events)  # the revocation
+    agent.let_go_unacked(events[:2])  # the batch that was waiting, released again
     dropped = [r for r in caplog.records if r.getMessage() == "fenced messages dropped"]
     assert [record.messages for record in dropped] == [4]
     assert agent.held == []

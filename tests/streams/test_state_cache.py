@@ -1,6 +1,6 @@
 """Decoded states kept between batches: what the cache serves is what the table holds.
 
-Faust events and messages are the real types; the table is a dict, which SerializedStates
+Faust events and messages are the real types; the table is a dict, which DecodedStates
 takes like a Faust table (the Kafka tests run the worker, cache on, over the RocksDB store).
 """
 
@@ -12,7 +12,8 @@ from faust.types import Message
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import TraceState
-from spanguard.streams.state import SerializedStates, event_context
+from spanguard.streams.decoded_states import DecodedStates
+from spanguard.streams.faust_internals import event_context
 from tests.support.spans import AgentRecorder, encode
 
 APP = faust.App("state-cache-test")
@@ -24,7 +25,7 @@ def event(partition: int, offset: int = 0) -> faust.Event:
     return faust.Event(APP, b"k", b"v", None, message)
 
 
-def touch(states: SerializedStates, trace_id: str, partition: int, last_seen: float) -> TraceState:
+def touch(states: DecodedStates, trace_id: str, partition: int, last_seen: float) -> TraceState:
     """One batch reading, changing and writing one trace, as the guard does."""
     states.begin_batch()
     with event_context(event(partition)):
@@ -35,14 +36,14 @@ def touch(states: SerializedStates, trace_id: str, partition: int, last_seen: fl
     return state
 
 
-def read(states: SerializedStates, trace_id: str, partition: int) -> TraceState | None:
+def read(states: DecodedStates, trace_id: str, partition: int) -> TraceState | None:
     with event_context(event(partition)):
         return states.get(trace_id)
 
 
 def test_a_batchs_writes_reach_the_table_and_the_next_read_skips_the_decode() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     written = touch(states, TRACE, 0, last_seen=5.0)
     assert table[TRACE.encode()] == written.to_bytes()
     assert states.cached == 1
@@ -51,7 +52,7 @@ def test_a_batchs_writes_reach_the_table_and_the_next_read_skips_the_decode() ->
 
 def test_without_a_cache_every_read_decodes_the_table() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=0)
+    states = DecodedStates(table, cache_size=0)
     written = touch(states, TRACE, 0, last_seen=5.0)
     assert states.cached == 0
     again = read(states, TRACE, 0)
@@ -60,7 +61,7 @@ def test_without_a_cache_every_read_decodes_the_table() -> None:
 
 def test_a_revoked_partitions_cached_states_are_dropped() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     touch(states, TRACE, 1, last_seen=5.0)
     touch(states, "b" * 32, 2, last_seen=5.0)
     states.revoke({1})
@@ -75,7 +76,7 @@ def test_a_revoked_partitions_cached_states_are_dropped() -> None:
 
 def test_a_fenced_worker_forgets_every_partition_even_those_it_gets_back() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     touch(states, TRACE, 1, last_seen=5.0)
     states.assigned(1, iter([]))
     # Fenced out of the group: the next generation gives partition 1 back without Faust
@@ -93,7 +94,7 @@ def test_a_fenced_worker_forgets_every_partition_even_those_it_gets_back() -> No
 
 def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     touch(states, TRACE, 0, last_seen=5.0)
     states.begin_batch()
     with event_context(event(0)):
@@ -102,7 +103,7 @@ def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
         state.fired.add(Fired("tool_loop", "kill"))  # changed in place, as the guard does
         states[TRACE] = state
     # ...and the batch dies before flush(): its messages are not acked, nothing was written.
-    states.discard()
+    states.drop_unflushed()
     states.begin_batch()
     again = read(states, TRACE, 0)
     assert again is not None and again.fired == set() and again.last_seen == 5.0
@@ -111,7 +112,7 @@ def test_states_discarded_before_their_flush_change_nothing_cached() -> None:
 
 def test_an_evicted_traces_cached_state_goes_with_it() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0, cache_size=10)
+    states = DecodedStates(table, bucket_seconds=1.0, cache_size=10)
     touch(states, TRACE, 0, last_seen=10.0)
     assert states.evict_idle([event(0)], cutoff=50.0, limit=256) == 1
     assert table == {} and states.cached == 0
@@ -120,7 +121,7 @@ def test_an_evicted_traces_cached_state_goes_with_it() -> None:
 
 def test_the_cache_keeps_the_most_recently_used_states() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=2)
+    states = DecodedStates(table, cache_size=2)
     first = touch(states, "1" * 32, 0, last_seen=1.0)
     touch(states, "2" * 32, 0, last_seen=2.0)
     touch(states, "3" * 32, 0, last_seen=3.0)
@@ -132,7 +133,7 @@ def test_the_cache_keeps_the_most_recently_used_states() -> None:
 
 def test_one_trace_id_on_two_partitions_keeps_two_states_as_the_store_does() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     touch(states, TRACE, 0, last_seen=1.0)
     touch(states, TRACE, 1, last_seen=2.0)
     zero, one = read(states, TRACE, 0), read(states, TRACE, 1)
@@ -145,7 +146,7 @@ def test_a_retraction_outside_any_event_is_written_with_its_batch() -> None:
     were handled, outside any message's context: the retracted state is what gets written,
     to the partition of the message that tripped it, and what the next message reads."""
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     guard = Guard(states=states)
     agent = AgentRecorder()
     for _ in range(4):
@@ -175,7 +176,7 @@ def test_a_trace_touched_by_many_batches_between_flushes_is_written_once() -> No
             super().__setitem__(key, value)
 
     table = CountingTable()
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     for offset in range(5):
         states.begin_batch()  # one window across the batches: nothing written yet
         with event_context(event(3, offset)):
@@ -194,7 +195,7 @@ def test_a_trace_touched_by_many_batches_between_flushes_is_written_once() -> No
 
 def test_an_unflushed_trace_is_not_evicted_on_its_stale_stored_state() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, bucket_seconds=1.0, cache_size=10)
+    states = DecodedStates(table, bucket_seconds=1.0, cache_size=10)
     touch(states, TRACE, 0, last_seen=10.0)
     states.begin_batch()
     with event_context(event(0, 1)):
@@ -211,7 +212,7 @@ def test_an_unflushed_trace_is_not_evicted_on_its_stale_stored_state() -> None:
 
 def test_a_revoked_partitions_unflushed_states_are_not_written() -> None:
     table: dict[bytes, bytes] = {}
-    states = SerializedStates(table, cache_size=10)
+    states = DecodedStates(table, cache_size=10)
     states.begin_batch()
     for partition, trace_id in ((1, TRACE), (2, "b" * 32)):
         with event_context(event(partition)):

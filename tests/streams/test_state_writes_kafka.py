@@ -1,6 +1,6 @@
 """The trace table's writes as the shipped worker makes them (at least once, RocksDB): each
 flush stores its states in write batches and sends their changelog records straight to the
-producer (streams/state.py, `TraceTable`), not through Faust's table path.
+producer (streams/state_table.py, `StateTable`), not through Faust's table path.
 
 What Faust's path guaranteed must still hold, read from outside the worker: every trace's
 last changelog record is the state its store holds, on the partition its spans arrive on,

@@ -1,0 +1,445 @@
+"""Agents whose messages are held until the states they changed are written and acked by
+the changelog (docs/design.md, "State writes once per commit"): the flush-and-ack protocol
+(`WriteBackAgent`) and the scope agents' batches over it (`ScopeAgent`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import faust
+from faust.types import EventT
+
+from spanguard.streams.decoded_states import DecodedStates
+from spanguard.streams.delivery import Produced, Send, produce, send_all
+from spanguard.streams.faust_internals import stop_waiting_for, wrap_consumer_wait_empty
+from spanguard.streams.fence import Lease
+from spanguard.streams.state_table import StateTable
+
+if TYPE_CHECKING:
+    from spanguard.streams.wiring import Worker
+
+__all__ = ["CHANGELOG_ACK_TIMEOUT", "FLUSH_CHECK_INTERVAL", "ScopeAgent", "WriteBackAgent"]
+
+log = logging.getLogger("spanguard.worker")
+
+# Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
+FLUSH_CHECK_INTERVAL = 0.1
+# Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
+# again after the restart); running, it waits as long as the lease holds.
+CHANGELOG_ACK_TIMEOUT = 10.0
+
+
+class WriteBackAgent:
+    """An agent over a DecodedStates table whose messages are held until the states they
+    changed are written and acked by the changelog (docs/design.md, "State writes once per
+    commit"): the span agent over the trace table, the conversation agent and the agent-windows
+    agent over theirs, each with its own held messages, flush timer and failure, under the
+    worker's one lease on its partitions (streams/fence.py). The flush also awaits the acks of
+    the records an agent deferred (`defer`): their messages are acked after them.
+
+    A subclass runs its batches through `run_batches` and, in each batch, takes its messages
+    with `hold`, opens the flush window (`states.begin_batch()`), and flushes at its end once
+    `flush_due()`; `attach_writes` registers the flush timer and the flush before Faust waits
+    for every message to be acked (a rebalance, a stop)."""
+
+    def __init__(
+        self, worker: Worker, states: DecodedStates, table: StateTable, lease: Lease
+    ) -> None:
+        self.worker = worker
+        self.states = states
+        self.table = table
+        self.lease = lease
+        # Events whose changed states are not written yet: each holds its message's ack.
+        self.held: list[EventT] = []
+        # Events whose states are written, waiting for the changelog's acks (one list per flush).
+        self.confirming: list[list[EventT]] = []
+        self.flushed_at = time.monotonic()
+        self.in_batch = False
+        self.draining = False  # Faust waits for every message to be acked: flush at once
+        # A failure (a batch that raised, a flush that failed) left messages that can never be
+        # acked, so no offset after them would be committed: every batch after it fails too,
+        # loudly, until the restart decides them again (health: crashed, then /livez red).
+        self.unackable: BaseException | None = None
+        # The lease's last fenced epoch whose unwritten states this agent has dropped.
+        self.dropped_epoch = lease.epoch
+        # Records produced since the last flush whose acks it awaits before acking `held`.
+        self.deferred: list[tuple[Send, Produced]] = []
+        # Scope records (`take_scope_records`) are produced under it, in the order they were
+        # taken: the agent-window agent drops a row older than one it already counted.
+        self.producing = asyncio.Lock()
+        # Flushes whose acks are awaited by a task of their own (`flush_states`).
+        self.acking: set[asyncio.Future[None]] = set()
+
+    def attach_writes(self, app: faust.App) -> None:
+        app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
+        # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message
+        # taken is acked, with timers already stopped on a stop: the held messages are flushed
+        # first (a batch still running flushes as it ends), so neither waits out the interval
+        # or forever. A worker whose lease lapsed writes nothing more: the partitions may be
+        # another's already.
+        wrap_consumer_wait_empty(app, self._flushing_first)
+
+    # -- batches ---------------------------------------------------------------------------
+
+    async def run_batches(
+        self,
+        stream: faust.StreamT,
+        within: float,
+        guard_batch: Callable[[list[EventT]], Awaitable[None]],
+        progressed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Take the stream's messages in batches of up to `batch_size` (waiting at most
+        `within` seconds for one to fill) and guard each; on a stop, what was decided is
+        flushed, on a failure nothing more is written."""
+        crashed = False
+        try:
+            # (take_events is Stream's, not on the StreamT interface Faust types it by.)
+            batches = stream.take_events(self.worker.settings.batch_size, within=within)  # type: ignore[attr-defined]
+            async for events in batches:
+                self.in_batch = True
+                await guard_batch(events)
+                self.in_batch = False
+                progressed()
+        except BaseException as exc:
+            crashed = self.stopped_mid_batch(exc)
+            raise
+        finally:
+            if self.held and not crashed and self.lease.held():
+                await self.flush_on_stop()
+
+    def hold(self, events: list[EventT]) -> int:
+        """Take a batch's messages: each holds its ack until the flush that writes its states.
+        Returns the lease epoch the batch was fetched under."""
+        if self.unackable is not None:
+            raise RuntimeError(f"messages left unacked by an earlier failure: {self.unackable!r}")
+        for event in events:
+            event.message.incref()  # acked by flush_states, once its states are written
+        self.held.extend(events)
+        return self.lease.epoch
+
+    def stopped_mid_batch(self, exc: BaseException) -> bool:
+        """Stopped or failed, maybe mid-batch with kills not yet acked: that batch's states
+        (fired marks among them) are not written, decided again on restart. True if failed."""
+        cut_short, self.in_batch = self.in_batch, False
+        crashed = not isinstance(exc, asyncio.CancelledError)
+        if crashed:
+            self.unackable = self.unackable or exc
+            self.crash(exc)
+        elif cut_short:
+            self.drop_unwritten_keep_unacked()
+        return crashed
+
+    # -- writing states, then acking -------------------------------------------------------
+
+    async def flush_states(
+        self, ack_timeout: float | None = None, *, acks_in_background: bool = False
+    ) -> None:
+        """Write the states changed since the last flush and, once the changelog has acked
+        them and the broker the records deferred since the last flush, let their messages be
+        acked: no offset is committed ahead of its state or of a record it sent.
+
+        `acks_in_background`: return once the writes and records are handed to the producer,
+        the acks awaited (and the messages acked) by a task of their own, so the batch after
+        does not wait out the changelog's round trip (`acking`). A failure there is the
+        agent's failure, as a flush between batches is."""
+        epoch = self.lease.epoch
+        self.states.flush()
+        self.flushed_at = time.monotonic()
+        # The messages, the records they deferred and those they hold, taken together: no
+        # batch can add to one of them and not the others in between.
+        written = self.held.copy()
+        self.held.clear()
+        records, self.deferred = self.deferred, []
+        held_records = self.take_scope_records()
+        self.confirming.append(written)
+        try:
+            if held_records:
+                async with self.producing:
+                    produced = await produce(held_records)
+                records.extend(zip(held_records, produced, strict=True))
+            await self.table.send_pending()
+            changelog = self.table.take_unconfirmed()
+        except BaseException:
+            self.confirming = [batch for batch in self.confirming if batch is not written]
+            raise
+        if not acks_in_background:
+            await self.ack_when_written(written, changelog, records, epoch, ack_timeout)
+            return
+        task = asyncio.ensure_future(self.acking_in_background(written, changelog, records, epoch))
+        self.acking.add(task)
+        task.add_done_callback(self.acking.discard)
+
+    async def ack_when_written(
+        self,
+        written: list[EventT],
+        changelog: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+        ack_timeout: float | None,
+    ) -> None:
+        """Ack a flush's messages once its changelog writes and records are acked."""
+        try:
+            unsent = await self.writes_acked(changelog, records, epoch, ack_timeout)
+            if unsent is None:
+                return  # fenced meanwhile (the revocation released them) or stopping
+            if unsent:
+                await self.dead_letter_deferred(unsent)
+                if epoch != self.lease.epoch:
+                    return
+        finally:
+            self.confirming = [batch for batch in self.confirming if batch is not written]
+        for event in written:
+            event.ack()  # our reference; the take buffer acked its own after the batch
+
+    async def acking_in_background(
+        self,
+        written: list[EventT],
+        changelog: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+    ) -> None:
+        try:
+            await self.ack_when_written(written, changelog, records, epoch, None)
+        # A background task: any failure goes to flush_failed (logged with its traceback, writes stop).
+        except Exception as exc:  # noqa: BLE001
+            self.flush_failed(exc)
+
+    async def writes_acked(
+        self,
+        writes: list[Awaitable[Any]],
+        records: list[tuple[Send, Produced]],
+        epoch: int,
+        # None or a deadline the loop checks between acks, as flush_states passes it.
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> list[tuple[Send, BaseException]] | None:
+        """Wait for the broker's acks of the changelog `writes` and the deferred `records`;
+        the records that failed and why, or None if fenced or out of time first. A refused
+        changelog write raises: its messages can never be acked."""
+        unsent: list[tuple[Send, BaseException]] = []
+        waiting: dict[asyncio.Future[Any], Send | None] = {}
+        send: Send | None
+        for write in writes:
+            waiting[asyncio.ensure_future(write)] = None
+        for send, produced in records:
+            if isinstance(produced, BaseException):  # refused by the producer
+                unsent.append((send, produced))
+            else:
+                waiting[asyncio.ensure_future(produced)] = send
+        # Most are acked by the flush: only those still in flight are waited on.
+        done = [future for future in waiting if future.done()]
+        pending = {future for future in waiting if not future.done()}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for future in done:
+                send = waiting[future]
+                if send is None:
+                    future.result()
+                elif future.cancelled():
+                    unsent.append((send, asyncio.CancelledError()))
+                elif (error := future.exception()) is not None:
+                    unsent.append((send, error))
+            if not pending:
+                break
+            if epoch != self.lease.epoch:
+                return None
+            if deadline is not None and time.monotonic() >= deadline:
+                log.warning("changelog or records not acked in time; their messages stay unacked")
+                return None
+            finished, pending = await asyncio.wait(pending, timeout=FLUSH_CHECK_INTERVAL)
+            done = list(finished)
+        return unsent if epoch == self.lease.epoch else None
+
+    def take_scope_records(self) -> list[Send]:
+        """Records the agent held back to send together (the span agent's records for the
+        conversation and agent-window scopes), taken to be sent now; none by default. (Not
+        `held`: those are the messages whose acks wait for the flush.)"""
+        return []
+
+    def drop_scope_records(self) -> None:
+        """Drop the scope records held back, unsent: their messages will not be acked (a fence,
+        a failure), so they are decided and sent again. None by default."""
+
+    async def send_scope_records(self) -> None:
+        """Send the scope records held back before the flush would: produced in the order
+        taken, their acks awaited by the next flush with the messages they came from."""
+        epoch = self.lease.epoch
+        async with self.producing:
+            sends = self.take_scope_records()
+            if sends:
+                produced = await produce(sends)
+                if epoch == self.lease.epoch:  # fenced meanwhile: dropped with their messages
+                    self.defer(sends, produced)
+
+    def defer(self, sends: list[Send], produced: list[Produced]) -> None:
+        """Records produced without waiting for the broker: the next flush awaits their acks
+        before it acks the messages held with them."""
+        self.deferred.extend(zip(sends, produced, strict=True))
+
+    async def dead_letter_deferred(self, unsent: list[tuple[Send, BaseException]]) -> None:
+        """Deferred records the broker refused: each leaves a dead letter pointing at its
+        source message, with why, before that message is acked. A dead letter that cannot be
+        written either raises: its message must never be acked (decided again on restart)."""
+        for send, error in unsent:
+            log.error(
+                "record not written",
+                extra={"topic": send.topic.get_topic_name(), "error": repr(error)},
+            )
+        failed, errors = [send for send, _ in unsent], [error for _, error in unsent]
+        pointers = self.worker.outbox.pointers_to_unsent(failed, errors)
+        self.count_dead_letters(len(pointers))
+        lost = await send_all(pointers)
+        if lost:
+            raise RuntimeError(
+                f"{len(lost)} dead letters of records not written could not be written either"
+            )
+
+    def count_dead_letters(self, pointers: int) -> None:
+        """Told of the dead letters left for records not written (a subclass counts them)."""
+
+    def flush_due(self) -> bool:
+        due = time.monotonic() - self.flushed_at >= self.worker.settings.commit_interval
+        return bool(self.held) and (due or self.draining)
+
+    async def flush_between_batches(self) -> None:
+        try:
+            await self.flush_states()
+        # Any failure goes to flush_failed (logged with its traceback, writes stop until a restart).
+        except Exception as exc:  # noqa: BLE001
+            self.flush_failed(exc)
+
+    def flush_failed(self, exc: Exception) -> None:
+        """A flush outside a batch failed (between batches, or its acks in the background):
+        said with its traceback, and no message after it can be acked until a restart."""
+        log.exception("states not written; their messages stay unacked until a restart")
+        self.unackable = exc
+        self.crash(exc)
+
+    def crash(self, exc: BaseException) -> None:
+        """A failure: nothing since the last flush is written or acked (decided again on
+        restart), and health says the agent crashed (/livez turns red)."""
+        self.drop_unwritten_keep_unacked()
+        self.worker.health.crashed(exc)
+
+    def drop_unwritten_keep_unacked(self) -> None:
+        """A failure or a stop mid-batch: drop what was decided since the last flush (states,
+        deferred and scope records), its messages left unacked, still held by Faust, so their
+        offsets are never committed and the restart decides them again. Unlike
+        `drop_unwritten_when_fenced`, Faust goes on waiting for them and this worker still owns
+        its partitions, so it forgets nothing it cached of them."""
+        self.states.drop_unflushed()
+        self.held.clear()
+        self.deferred.clear()  # their messages are not acked: decided and sent again
+        self.drop_scope_records()
+
+    async def flush_when_idle(self) -> None:
+        # Between batches only: a batch's retractions write to states it has open. Not on a
+        # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
+        if not self.in_batch and self.flush_due() and self.lease.held():
+            await self.flush_between_batches()
+
+    async def flush_on_stop(self) -> None:
+        """Stopping: what was decided is written, its changelog acks awaited a bounded time
+        (and those of earlier flushes still awaited in the background)."""
+        try:
+            await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
+        except Exception as exc:  # not committed: decided again after the restart  # noqa: BLE001
+            log.warning("states not flushed on stop", extra={"error": repr(exc)})
+        if self.acking:
+            await asyncio.wait(set(self.acking), timeout=CHANGELOG_ACK_TIMEOUT)
+
+    # -- the lease -------------------------------------------------------------------------
+
+    def drop_unwritten_when_fenced(self) -> None:
+        """Fenced: what was decided since the last flush is not written and its messages are
+        not acked, nor left for Faust to wait on (`let_go_unacked`, with those of flushes
+        still awaiting their acks); what this worker cached of its partitions is forgotten.
+        The next owner decides them again from the committed offsets and the changelog."""
+        self.dropped_epoch = self.lease.epoch
+        self.states.drop_unflushed()
+        self.deferred.clear()  # never awaited: nothing they came from is acked
+        self.drop_scope_records()
+        # The partitions may come back in the next generation without Faust calling them
+        # revoked: what this worker cached and indexed of them may be stale by then.
+        self.states.revoke_all()
+        self.let_go_unacked(self.held + [event for written in self.confirming for event in written])
+
+    def let_go_unacked(self, events: list[EventT]) -> None:
+        """Let go of `events` unacked: this agent holds them no longer, and Faust stops waiting
+        on them (a rebalance goes on without them) and commits none of them. Never acked: the
+        partitions' next owner decides them again."""
+        dropped = {id(event) for event in events}
+        self.held = [event for event in self.held if id(event) not in dropped]
+        waited_on = stop_waiting_for(self.worker.app, events)  # Faust waits on these to rebalance
+        if waited_on:  # counted once: a batch dropped by the revocation is released again
+            log.warning("fenced messages dropped", extra={"messages": waited_on})
+
+    def _flushing_first(
+        self, wait_empty: Callable[..., Awaitable[None]]
+    ) -> Callable[..., Awaitable[None]]:
+        async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
+            # Each agent over the one lease drops its own: the first to look may be the one
+            # that fences, or another agent's hook may have fenced before this one ran.
+            self.lease.fence_if_lapsed()
+            if self.lease.epoch != self.dropped_epoch:
+                self.drop_unwritten_when_fenced()
+            self.draining = True
+            try:
+                if not self.in_batch and self.held and self.lease.held():
+                    await self.flush_between_batches()
+                await wait_empty(*args, **kwargs)
+            finally:
+                self.draining = False
+
+        return flush_then_wait_empty
+
+
+class ScopeAgent(WriteBackAgent):
+    """An agent over the records of one scope (the conversations, the agent windows): each
+    batch is decided under the lease, its decisions sent and acked by the broker within the
+    batch, its states written once per commit interval (at once after a signal) and its
+    messages acked after the changelog acked them. A subclass says how a batch decides
+    (`decide`), what a signal not sent undoes (`settle`) and what idle state goes
+    (`evict_idle`)."""
+
+    async def guard_batch(self, events: list[EventT]) -> None:
+        epoch = self.hold(events)
+        # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
+        if not await self.lease.wait(epoch):
+            self.let_go_unacked(events)
+            return
+        self.states.begin_batch()
+        sends = self.decide(events)
+        failed = await send_all(sends)
+        if epoch != self.lease.epoch:
+            return  # fenced while sending: what it decided is dropped unwritten
+        self.settle(sends, failed)
+        pointers = self.worker.outbox.pointers_to_unsent(failed)
+        for send in await send_all(pointers):
+            log.error("dead letter not written", extra={"key": repr(send.kwargs.get("key"))})
+        # A batch that sent a signal writes its states at once: a crash before the flush
+        # would decide it again and send the same signal twice (harmless, the same id, but
+        # as rare as a crash between a send and its write can make it).
+        signalled = any(send.decision is not None for send in sends)
+        if self.flush_due() or (signalled and self.held):
+            if not await self.lease.wait(epoch):
+                return  # fenced: nothing of it written
+            await self.flush_states()
+        if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
+            self.evict_idle(events)
+            await self.table.send_pending()  # the tombstones, in order with the states
+
+    def decide(self, events: list[EventT]) -> list[Send]:
+        """What the batch's messages send (decisions, dead letters of bad records)."""
+        raise NotImplementedError
+
+    def settle(self, sends: list[Send], failed: list[Send]) -> None:
+        """Signals acked are sent; a decision whose signal failed is taken back."""
+        raise NotImplementedError
+
+    def evict_idle(self, events: list[EventT]) -> None:
+        """Delete idle states of the batch's partitions, with bounded work."""
+        raise NotImplementedError
