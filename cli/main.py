@@ -266,7 +266,8 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from spanguard.detection.backtest import Backtest, format_report, render_backtest_html
+    from spanguard.cli.report import render_backtest_html
+    from spanguard.detection.backtest import Backtest, format_report
 
     settings = _settings(args)
     now = time.time()

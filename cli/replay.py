@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from spanguard.cli.report import render_html
 from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
-from spanguard.detection.report import Timelines, render_html
+from spanguard.detection.timelines import Timelines
 from spanguard.errors import OtlpDecodeError, ReplayInputError
 from spanguard.schemas.otlp import ExportTraceServiceRequest, decode_json_line, decode_protobuf
 from spanguard.schemas.policy import Policy
@@ -191,7 +192,7 @@ def replay(
 ) -> ReplayResult:
     """Print one JSON decision per line on stdout, each skipped input and a one-line summary
     on stderr; with `html`, also write that file: a timeline per tripped trace
-    (spanguard/detection/report.py)."""
+    (cli/report.py)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
