@@ -49,7 +49,9 @@ Shape (every field optional):
         loop: {window: 20, threshold: 4}
 
 A policy file is outside input: whatever it holds, loading it ends in a Policy or in one
-PolicyError line naming the file, the field and the problem, quickly. The file's size, its
+PolicyError line naming the file, the field and the problem, quickly. The file is read by
+`spanguard.config.policy_file.load_policy`; this module parses its text (`Policy.from_yaml`)
+or a mapping (`Policy.from_mapping`). The file's size, its
 nesting and what its YAML aliases expand to are bounded before anything is built from it (an
 alias bomb is refused in milliseconds); keys the schema does not know are errors that name
 the closest valid key, as are duplicate keys, keys that are not strings (YAML reads an unquoted
@@ -61,12 +63,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal, cast
 
 import jsonschema
@@ -407,25 +406,6 @@ class Policy:
         return cls(defaults, tuple(rules))
 
     @classmethod
-    def load(cls, path: str | Path) -> Policy:
-        path = Path(path)
-        try:
-            # Non-blocking open: a FIFO with no writer would otherwise block here for good.
-            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(descriptor)
-            raise PolicyError(f"{path}: not a regular file ({_file_kind(mode)}): not a policy")
-        with os.fdopen(descriptor, "rb") as handle:
-            try:
-                data = handle.read(MAX_POLICY_BYTES + 1)  # bounded, whatever the file grows to
-            except OSError as exc:
-                raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
-        return cls.from_yaml(data, source=str(path))
-
-    @classmethod
     def from_yaml(cls, data: bytes | str, *, source: str = "policy") -> Policy:
         """A policy from YAML text (bytes must be UTF-8), within the bounds above."""
         if len(data) > MAX_POLICY_BYTES:
@@ -621,19 +601,6 @@ def _children(node: yaml.Node, source: str) -> list[yaml.Node]:
 
 
 _YAML_INT = "tag:yaml.org,2002:int"
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a plain file"
 
 
 def _line(node: yaml.Node) -> int:

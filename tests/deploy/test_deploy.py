@@ -22,8 +22,8 @@ import promql_parser
 import pytest
 import yaml
 
+from spanguard.config.policy_file import load_policy
 from spanguard.config.settings import ENV_PREFIX, REGISTRY, WorkerSettings
-from spanguard.schemas.policy import Policy
 from tests.support.helm import MONITORING_ON
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     assert policy_volume["configMap"]["name"] == cm["metadata"]["name"]
     local = tmp_path / policy_file.name
     local.write_text(cm["data"][policy_file.name])
-    assert Policy.load(str(local)).defaults.threshold == 3
+    assert load_policy(str(local)).defaults.threshold == 3
 
     # Metrics Service with scrape annotations; PDB.
     svc = only(docs, "Service", f"{FULLNAME}-metrics")

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spanguard.cli.replay import replay
+from spanguard.config.policy_file import load_policy
 from spanguard.detection.conversation import MAX_TRACES_REMEMBERED, ConversationGuard
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
@@ -317,7 +318,7 @@ def test_replay_over_a_multi_trace_file(tmp_path):
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text("defaults:\n  conversation: {enabled: true}\n")
     out, err = io.StringIO(), io.StringIO()
-    replay([str(path)], Policy.load(policy_path), stdout=out, stderr=err)
+    replay([str(path)], load_policy(policy_path), stdout=out, stderr=err)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["rule"], r["action"], r["scope"], r["conversation_id"]) for r in records] == [
         ("tool_loop", "flag", "conversation", "conv-42")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from spanguard.config.policy_file import load_policy
 from spanguard.schemas.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +25,12 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
         "  - match: {service.name: b}\n"
         "    loop: *wide\n"
     )
-    policy = Policy.load(path)
+    policy = load_policy(path)
     assert [(r.policy.window, r.policy.threshold) for r in policy.rules] == [(20, 5), (20, 5)]
 
 
 def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_policy():
-    policy = Policy.load(EXAMPLE)
+    policy = load_policy(EXAMPLE)
     document = policy.effective()
     assert Policy.from_mapping(yaml.safe_load(yaml.safe_dump(document))) == policy
     support = document["agents"][2]
@@ -62,7 +63,7 @@ def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
     # What CI saves is a policy file: loading it gives the very policy that was checked.
     saved = tmp_path / "effective.yaml"
     saved.write_text(result.stdout)
-    assert Policy.load(saved) == Policy.load(EXAMPLE)
+    assert load_policy(saved) == load_policy(EXAMPLE)
 
 
 def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
