@@ -95,6 +95,41 @@ MAX_POLICY_INTEGER = 2**53
 # The agent budget's window by name, in seconds.
 WINDOW_NAMES = {"1h": 3600, "1d": 86400}
 
+# How `AgentPolicy.merged` lays a policy section over a policy: a section's key -> the field
+# it sets, as written (polling.tools, agent_budget.window and the sections that add to the
+# policy's own, such as tools, are converted there).
+_SECTION_FIELDS: dict[str, dict[str, str]] = {
+    "loop": {
+        "window": "window",
+        "threshold": "threshold",
+        "failing_threshold": "failing_threshold",
+        "enabled": "loop_enabled",
+    },
+    "polling": {"enabled": "polling_enabled", "window": "polling_window",
+                "threshold": "polling_threshold"},
+    "cycle": {"enabled": "cycle_enabled", "max_period": "cycle_max_period",
+              "repeats": "cycle_repeats", "compare_results": "cycle_compare_results"},
+    "no_progress": {"threshold": "no_progress_threshold", "action": "no_progress_action"},
+    "conversation": {
+        name: f"conversation_{name}"
+        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl")
+    },
+    "agent_budget": {name: f"agent_budget_{name}" for name in ("tokens", "usd", "action")},
+    "goal": {name: f"goal_{name}" for name in ("enabled", "model", "min_confidence", "sample_rate")},
+    "pause": {"timeout": "pause_timeout", "fallback": "pause_fallback"},
+}  # fmt: skip
+# Settings of a section's top level that set the field of their own name.
+_TOP_LEVEL_FIELDS = (
+    "token_budget",
+    "usd_budget",
+    "action",
+    "autonomous",
+    "missing_args",
+    "user_turns",
+    "record_arguments",
+    "severity",
+)
+
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
     {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
@@ -216,15 +251,28 @@ class AgentPolicy:
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
         changes: dict[str, Any] = {}
-        loop = settings.get("loop") or {}
-        if "window" in loop:
-            changes["window"] = loop["window"]
-        if "threshold" in loop:
-            changes["threshold"] = loop["threshold"]
-        if "failing_threshold" in loop:
-            changes["failing_threshold"] = loop["failing_threshold"]
-        if "enabled" in loop:
-            changes["loop_enabled"] = loop["enabled"]
+        for section, fields in _SECTION_FIELDS.items():
+            values = settings.get(section) or {}
+            for key, field_name in fields.items():
+                if key in values:
+                    changes[field_name] = values[key]
+        for name in _TOP_LEVEL_FIELDS:
+            if name in settings:
+                changes[name] = settings[name]
+        polling = settings.get("polling") or {}
+        if "tools" in polling:
+            changes["polling_tools"] = frozenset(polling["tools"])
+        agent_budget = settings.get("agent_budget") or {}
+        if "window" in agent_budget:
+            window = agent_budget["window"]
+            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
+        changes.update(self._merged_collections(settings))
+        return replace(self, **changes)
+
+    def _merged_collections(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings that add to this policy's own (tools, volatile keys, folds, prices)
+        rather than replace them."""
+        changes: dict[str, Any] = {}
         if "tools" in settings:
             tools = dict(self.tools)
             for name, values in settings["tools"].items():
@@ -238,24 +286,6 @@ class AgentPolicy:
                     )
                 tools[name] = replace(tools.get(name, ToolPolicy()), **values)
             changes["tools"] = tuple(sorted(tools.items()))
-        polling = settings.get("polling") or {}
-        if "enabled" in polling:
-            changes["polling_enabled"] = polling["enabled"]
-        for name in ("window", "threshold"):
-            if name in polling:
-                changes[f"polling_{name}"] = polling[name]
-        if "tools" in polling:
-            changes["polling_tools"] = frozenset(polling["tools"])
-        cycle = settings.get("cycle") or {}
-        if "enabled" in cycle:
-            changes["cycle_enabled"] = cycle["enabled"]
-        for name in ("max_period", "repeats", "compare_results"):
-            if name in cycle:
-                changes[f"cycle_{name}"] = cycle[name]
-        no_progress = settings.get("no_progress") or {}
-        for name in ("threshold", "action"):
-            if name in no_progress:
-                changes[f"no_progress_{name}"] = no_progress[name]
         if "volatile_keys" in settings:
             changes["volatile_keys"] = self.volatile_keys | frozenset(settings["volatile_keys"])
         if "fold" in settings:
@@ -267,38 +297,7 @@ class AgentPolicy:
             for model, rates in settings["prices"].items():
                 prices[model.lower()] = tuple(sorted(rates.items()))
             changes["prices"] = tuple(sorted(prices.items()))
-        for name in (
-            "token_budget",
-            "usd_budget",
-            "action",
-            "autonomous",
-            "missing_args",
-            "user_turns",
-            "record_arguments",
-            "severity",
-        ):
-            if name in settings:
-                changes[name] = settings[name]
-        conversation = settings.get("conversation") or {}
-        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl"):
-            if name in conversation:
-                changes[f"conversation_{name}"] = conversation[name]
-        agent_budget = settings.get("agent_budget") or {}
-        for name in ("tokens", "usd", "action"):
-            if name in agent_budget:
-                changes[f"agent_budget_{name}"] = agent_budget[name]
-        if "window" in agent_budget:
-            window = agent_budget["window"]
-            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
-        goal = settings.get("goal") or {}
-        for name in ("enabled", "model", "min_confidence", "sample_rate"):
-            if name in goal:
-                changes[f"goal_{name}"] = goal[name]
-        pause = settings.get("pause") or {}
-        for name in ("timeout", "fallback"):
-            if name in pause:
-                changes[f"pause_{name}"] = pause[name]
-        return replace(self, **changes)
+        return changes
 
     @property
     def shadow(self) -> bool:
