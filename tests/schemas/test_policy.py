@@ -3,14 +3,13 @@ are the policy table of tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from spanguard.config.policy_file import load_policy
 from spanguard.schemas.policy import Policy
+from tests.support.cli import run_spanguard
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -44,10 +43,7 @@ def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_pol
 
 
 def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(EXAMPLE)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_spanguard("policy", "check", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 4 agent rules")
     printed = yaml.safe_load(result.stdout)
@@ -69,10 +65,7 @@ def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
 def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text("defaults:\n  tokenbudget: 100\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_spanguard("policy", "check", str(path))
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
