@@ -82,26 +82,7 @@ def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
                 if message:
                     _say(agent_name, f"downgraded: {message}")
                 tool, arguments = _next_call(kind, step)
-                with tracer.start_as_current_span(
-                    "chat gpt-4o",
-                    attributes={
-                        "gen_ai.operation.name": "chat",
-                        "gen_ai.request.model": "gpt-4o",
-                        "gen_ai.usage.input_tokens": 800 + 40 * step,
-                        "gen_ai.usage.output_tokens": 60,
-                    },
-                ):
-                    pass
-                with tracer.start_as_current_span(
-                    f"execute_tool {tool}",
-                    attributes={
-                        "gen_ai.operation.name": "execute_tool",
-                        "gen_ai.tool.name": tool,
-                        "gen_ai.tool.call.id": f"call_{step}",
-                        "gen_ai.tool.call.arguments": json.dumps(arguments),
-                    },
-                ):
-                    pass
+                _record_step(tracer, step, tool, arguments)
                 result.calls += 1
                 if kind == "support":
                     _say(
@@ -135,6 +116,30 @@ def run_agent(kind: str, *, endpoint: str, bootstrap: str, kill_topic: str,
         provider.shutdown()
         switch.close()
     return result
+
+
+def _record_step(tracer: Any, step: int, tool: str, arguments: dict[str, Any]) -> None:
+    """One step's spans: the model's chat call, then the tool call it chose."""
+    with tracer.start_as_current_span(
+        "chat gpt-4o",
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": 800 + 40 * step,
+            "gen_ai.usage.output_tokens": 60,
+        },
+    ):
+        pass
+    with tracer.start_as_current_span(
+        f"execute_tool {tool}",
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": f"call_{step}",
+            "gen_ai.tool.call.arguments": json.dumps(arguments),
+        },
+    ):
+        pass
 
 
 def _next_call(kind: str, step: int) -> tuple[str, dict[str, Any]]:

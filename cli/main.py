@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from spanguard import __version__
+from spanguard.config.policy_file import load_policy
 from spanguard.errors import BacktestError, PolicyError, SettingsError, SpanguardError
 from spanguard.schemas.policy import Policy
 
@@ -15,7 +16,7 @@ EXIT_USAGE = 2
 
 
 def _load_policy(path: str | None) -> Policy:
-    return Policy.load(path) if path else Policy()
+    return load_policy(path) if path else Policy()
 
 
 EXIT_SKIPPED = 1  # replay: every input read, but some broken lines or files were skipped
@@ -33,7 +34,7 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
     the one-line problem (exit 2)."""
     import yaml
 
-    policy = Policy.load(args.file)
+    policy = load_policy(args.file)
     rules = len(policy.rules)
     print(f"# {args.file}: valid; the defaults and {rules} agent rule{'s' * (rules != 1)},"
           " every setting in force written out (first match wins)")  # fmt: skip
@@ -266,7 +267,8 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from spanguard.detection.backtest import Backtest, format_report, render_backtest_html
+    from spanguard.cli.report import render_backtest_html
+    from spanguard.detection.backtest import Backtest, format_report
 
     settings = _settings(args)
     now = time.time()
@@ -285,7 +287,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     if args.max_traces < 1:
         raise BacktestError("--max-traces must be at least 1")
     current_path = args.against or settings.policy
-    new_policy = Policy.load(args.policy)
+    new_policy = load_policy(args.policy)
     current_policy = _load_policy(current_path)  # bad policies stop here, before Kafka
     backtest = Backtest(
         new_policy,

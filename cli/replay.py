@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from spanguard.cli.report import render_html
 from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
-from spanguard.detection.report import Timelines, render_html
+from spanguard.detection.timelines import Timelines
 from spanguard.errors import OtlpDecodeError, ReplayInputError
 from spanguard.schemas.otlp import ExportTraceServiceRequest, decode_json_line, decode_protobuf
 from spanguard.schemas.policy import Policy
@@ -191,27 +192,13 @@ def replay(
 ) -> ReplayResult:
     """Print one JSON decision per line on stdout, each skipped input and a one-line summary
     on stderr; with `html`, also write that file: a timeline per tripped trace
-    (spanguard/detection/report.py)."""
+    (cli/report.py)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     source = stdin or sys.stdin.buffer
     total = sum(os.path.getsize(p) for p in paths if p != "-" and os.path.isfile(p))
     # The page shows each trace's tokens and cost: price usage for it, budget or not.
-    # The conversation scope, where a policy entry asks for it: every trace of the input is
-    # seen here, in the input's order.
-    policy = policy or Policy()
-    entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
-    conversations = (
-        ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
-    )
-    # The agent scope over time, where a policy entry gives an agent budget (record time).
-    agent_budgets = AgentBudgetGuard(policy)
-    guard = Guard(
-        policy,
-        price_usage=bool(html),
-        conversations=conversations,
-        agent_budgets=agent_budgets if agent_budgets.enabled else None,
-    )
+    guard = _replay_guard(policy or Policy(), price_usage=bool(html))
     timelines = Timelines() if html else None
     if timelines is not None:
         guard.add_observer(timelines)
@@ -238,23 +225,8 @@ def replay(
     finally:
         progress.close()
         out.flush()
+    err.write(_summary(result, time.monotonic() - started))
     stats = guard.stats
-    by_rule = ", ".join(
-        f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
-    )
-    skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
-    if guard.pricer is not None:
-        skipped += (
-            f", {stats.priced_usage:,} usage spans priced, {stats.unpriced_usage:,} without a price"
-        )
-    err.write(
-        f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
-        f" {stats.tool_calls:,} tool calls,"
-        f" {sum(stats.decisions.values())} decisions ({by_rule or 'none'}),"
-        f" {stats.missing_arguments:,} tool spans without arguments skipped,"
-        f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
-        f" in {time.monotonic() - started:.1f}s\n"
-    )
     if html and timelines is not None:
         try:
             Path(html).write_text(
@@ -264,6 +236,44 @@ def replay(
             raise ReplayInputError(f"{html}: cannot write the page: {exc.strerror}") from None
         err.write(f"replay: wrote {html} ({len(timelines.tripped())} tripped traces)\n")
     return result
+
+
+def _replay_guard(policy: Policy, *, price_usage: bool) -> Guard:
+    """The guard a replay runs: with the conversation scope where a policy entry asks for it
+    (every trace of the input is seen here, in the input's order), and the agent scope over
+    time where one gives an agent budget (record time)."""
+    entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
+    conversations = (
+        ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
+    )
+    agent_budgets = AgentBudgetGuard(policy)
+    return Guard(
+        policy,
+        price_usage=price_usage,
+        conversations=conversations,
+        agent_budgets=agent_budgets if agent_budgets.enabled else None,
+    )
+
+
+def _summary(result: ReplayResult, elapsed: float) -> str:
+    """The one line a replay ends with on stderr."""
+    guard, stats = result.guard, result.guard.stats
+    by_rule = ", ".join(
+        f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
+    )
+    skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
+    if guard.pricer is not None:
+        skipped += (
+            f", {stats.priced_usage:,} usage spans priced, {stats.unpriced_usage:,} without a price"
+        )
+    return (
+        f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
+        f" {stats.tool_calls:,} tool calls,"
+        f" {sum(stats.decisions.values())} decisions ({by_rule or 'none'}),"
+        f" {stats.missing_arguments:,} tool spans without arguments skipped,"
+        f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
+        f" in {elapsed:.1f}s\n"
+    )
 
 
 def _one_line(text: str) -> str:

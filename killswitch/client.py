@@ -110,6 +110,33 @@ log = logging.getLogger("spanguard.killswitch")
 MAX_ACKED = 10_000
 
 
+def _signing_keyring(
+    signing_key: bytes | str | None,
+    signing_keys: Iterable[bytes | str],
+    allow_unsigned: bool,
+    environ: Mapping[str, str] | None,
+) -> dict[str, bytes]:
+    """The keys a KillSwitch checks signals with ({} with allow_unsigned): the ones given, else
+    the worker's own variables and files; a SettingsError for keys and allow_unsigned both,
+    or neither."""
+    given = [*([signing_key] if signing_key else []), *signing_keys]
+    if not given and not allow_unsigned:
+        # The worker's own variables and files, read by the same reader
+        # (spanguard.config.secrets).
+        given = list(signing_keys_from_env(environ))
+    # The same whitespace rule as the worker's: a key file's trailing newline is not the key.
+    keys = keyring([normalize_secret(key) for key in given])
+    if keys and allow_unsigned:
+        raise SettingsError("give signing keys or allow_unsigned=True, not both")
+    if not keys and not allow_unsigned:
+        raise SettingsError(
+            "no signing key: pass signing_key=, or set SPANGUARD_SIGNING_KEY or"
+            " SPANGUARD_SIGNING_KEY_FILE (the worker's key), or pass allow_unsigned=True"
+            " to obey unsigned signals (insecure)"
+        )
+    return keys
+
+
 class KillSwitch:
     def __init__(
         self,
@@ -130,21 +157,7 @@ class KillSwitch:
         agent: AgentIdentity | str | None = None,
         tracer_provider: Any = None,
     ) -> None:
-        given = [*([signing_key] if signing_key else []), *signing_keys]
-        if not given and not allow_unsigned:
-            # The worker's own variables and files, read by the same reader
-            # (spanguard.config.secrets).
-            given = list(signing_keys_from_env(environ))
-        # The same whitespace rule as the worker's: a key file's trailing newline is not the key.
-        keys = keyring([normalize_secret(key) for key in given])
-        if keys and allow_unsigned:
-            raise SettingsError("give signing keys or allow_unsigned=True, not both")
-        if not keys and not allow_unsigned:
-            raise SettingsError(
-                "no signing key: pass signing_key=, or set SPANGUARD_SIGNING_KEY or"
-                " SPANGUARD_SIGNING_KEY_FILE (the worker's key), or pass allow_unsigned=True"
-                " to obey unsigned signals (insecure)"
-            )
+        keys = _signing_keyring(signing_key, signing_keys, allow_unsigned, environ)
         self.topic = topic
         self.security = security if security is not None else KafkaSecurity.from_env()
         self._errors = ClientErrors(bootstrap_servers)

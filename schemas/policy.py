@@ -49,7 +49,9 @@ Shape (every field optional):
         loop: {window: 20, threshold: 4}
 
 A policy file is outside input: whatever it holds, loading it ends in a Policy or in one
-PolicyError line naming the file, the field and the problem, quickly. The file's size, its
+PolicyError line naming the file, the field and the problem, quickly. The file is read by
+`spanguard.config.policy_file.load_policy`; this module parses its text (`Policy.from_yaml`)
+or a mapping (`Policy.from_mapping`). The file's size, its
 nesting and what its YAML aliases expand to are bounded before anything is built from it (an
 alias bomb is refused in milliseconds); keys the schema does not know are errors that name
 the closest valid key, as are duplicate keys, keys that are not strings (YAML reads an unquoted
@@ -61,12 +63,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal, cast
 
 import jsonschema
@@ -95,6 +94,41 @@ MAX_POLICY_NODES = 100_000
 MAX_POLICY_INTEGER = 2**53
 # The agent budget's window by name, in seconds.
 WINDOW_NAMES = {"1h": 3600, "1d": 86400}
+
+# How `AgentPolicy.merged` lays a policy section over a policy: a section's key -> the field
+# it sets, as written (polling.tools, agent_budget.window and the sections that add to the
+# policy's own, such as tools, are converted there).
+_SECTION_FIELDS: dict[str, dict[str, str]] = {
+    "loop": {
+        "window": "window",
+        "threshold": "threshold",
+        "failing_threshold": "failing_threshold",
+        "enabled": "loop_enabled",
+    },
+    "polling": {"enabled": "polling_enabled", "window": "polling_window",
+                "threshold": "polling_threshold"},
+    "cycle": {"enabled": "cycle_enabled", "max_period": "cycle_max_period",
+              "repeats": "cycle_repeats", "compare_results": "cycle_compare_results"},
+    "no_progress": {"threshold": "no_progress_threshold", "action": "no_progress_action"},
+    "conversation": {
+        name: f"conversation_{name}"
+        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl")
+    },
+    "agent_budget": {name: f"agent_budget_{name}" for name in ("tokens", "usd", "action")},
+    "goal": {name: f"goal_{name}" for name in ("enabled", "model", "min_confidence", "sample_rate")},
+    "pause": {"timeout": "pause_timeout", "fallback": "pause_fallback"},
+}  # fmt: skip
+# Settings of a section's top level that set the field of their own name.
+_TOP_LEVEL_FIELDS = (
+    "token_budget",
+    "usd_budget",
+    "action",
+    "autonomous",
+    "missing_args",
+    "user_turns",
+    "record_arguments",
+    "severity",
+)
 
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
@@ -217,15 +251,28 @@ class AgentPolicy:
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
         changes: dict[str, Any] = {}
-        loop = settings.get("loop") or {}
-        if "window" in loop:
-            changes["window"] = loop["window"]
-        if "threshold" in loop:
-            changes["threshold"] = loop["threshold"]
-        if "failing_threshold" in loop:
-            changes["failing_threshold"] = loop["failing_threshold"]
-        if "enabled" in loop:
-            changes["loop_enabled"] = loop["enabled"]
+        for section, fields in _SECTION_FIELDS.items():
+            values = settings.get(section) or {}
+            for key, field_name in fields.items():
+                if key in values:
+                    changes[field_name] = values[key]
+        for name in _TOP_LEVEL_FIELDS:
+            if name in settings:
+                changes[name] = settings[name]
+        polling = settings.get("polling") or {}
+        if "tools" in polling:
+            changes["polling_tools"] = frozenset(polling["tools"])
+        agent_budget = settings.get("agent_budget") or {}
+        if "window" in agent_budget:
+            window = agent_budget["window"]
+            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
+        changes.update(self._merged_collections(settings))
+        return replace(self, **changes)
+
+    def _merged_collections(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings that add to this policy's own (tools, volatile keys, folds, prices)
+        rather than replace them."""
+        changes: dict[str, Any] = {}
         if "tools" in settings:
             tools = dict(self.tools)
             for name, values in settings["tools"].items():
@@ -239,24 +286,6 @@ class AgentPolicy:
                     )
                 tools[name] = replace(tools.get(name, ToolPolicy()), **values)
             changes["tools"] = tuple(sorted(tools.items()))
-        polling = settings.get("polling") or {}
-        if "enabled" in polling:
-            changes["polling_enabled"] = polling["enabled"]
-        for name in ("window", "threshold"):
-            if name in polling:
-                changes[f"polling_{name}"] = polling[name]
-        if "tools" in polling:
-            changes["polling_tools"] = frozenset(polling["tools"])
-        cycle = settings.get("cycle") or {}
-        if "enabled" in cycle:
-            changes["cycle_enabled"] = cycle["enabled"]
-        for name in ("max_period", "repeats", "compare_results"):
-            if name in cycle:
-                changes[f"cycle_{name}"] = cycle[name]
-        no_progress = settings.get("no_progress") or {}
-        for name in ("threshold", "action"):
-            if name in no_progress:
-                changes[f"no_progress_{name}"] = no_progress[name]
         if "volatile_keys" in settings:
             changes["volatile_keys"] = self.volatile_keys | frozenset(settings["volatile_keys"])
         if "fold" in settings:
@@ -268,38 +297,7 @@ class AgentPolicy:
             for model, rates in settings["prices"].items():
                 prices[model.lower()] = tuple(sorted(rates.items()))
             changes["prices"] = tuple(sorted(prices.items()))
-        for name in (
-            "token_budget",
-            "usd_budget",
-            "action",
-            "autonomous",
-            "missing_args",
-            "user_turns",
-            "record_arguments",
-            "severity",
-        ):
-            if name in settings:
-                changes[name] = settings[name]
-        conversation = settings.get("conversation") or {}
-        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl"):
-            if name in conversation:
-                changes[f"conversation_{name}"] = conversation[name]
-        agent_budget = settings.get("agent_budget") or {}
-        for name in ("tokens", "usd", "action"):
-            if name in agent_budget:
-                changes[f"agent_budget_{name}"] = agent_budget[name]
-        if "window" in agent_budget:
-            window = agent_budget["window"]
-            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
-        goal = settings.get("goal") or {}
-        for name in ("enabled", "model", "min_confidence", "sample_rate"):
-            if name in goal:
-                changes[f"goal_{name}"] = goal[name]
-        pause = settings.get("pause") or {}
-        for name in ("timeout", "fallback"):
-            if name in pause:
-                changes[f"pause_{name}"] = pause[name]
-        return replace(self, **changes)
+        return changes
 
     @property
     def shadow(self) -> bool:
@@ -405,25 +403,6 @@ class Policy:
             _check_loop(merged, f"{source}: field agents.{index}.loop")
             rules.append(_Rule(match, merged))
         return cls(defaults, tuple(rules))
-
-    @classmethod
-    def load(cls, path: str | Path) -> Policy:
-        path = Path(path)
-        try:
-            # Non-blocking open: a FIFO with no writer would otherwise block here for good.
-            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(descriptor)
-            raise PolicyError(f"{path}: not a regular file ({_file_kind(mode)}): not a policy")
-        with os.fdopen(descriptor, "rb") as handle:
-            try:
-                data = handle.read(MAX_POLICY_BYTES + 1)  # bounded, whatever the file grows to
-            except OSError as exc:
-                raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
-        return cls.from_yaml(data, source=str(path))
 
     @classmethod
     def from_yaml(cls, data: bytes | str, *, source: str = "policy") -> Policy:
@@ -621,19 +600,6 @@ def _children(node: yaml.Node, source: str) -> list[yaml.Node]:
 
 
 _YAML_INT = "tag:yaml.org,2002:int"
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a plain file"
 
 
 def _line(node: yaml.Node) -> int:

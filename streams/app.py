@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
+from spanguard.config.policy_file import load_policy
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
@@ -84,7 +85,7 @@ def create_app(
     verifier: GoalVerifier | None = None,
     webhook: Webhook | None = None,
 ) -> faust.App:
-    policy = policy or (Policy.load(settings.policy) if settings.policy else Policy())
+    policy = policy or (load_policy(settings.policy) if settings.policy else Policy())
     set_fetch_max_wait(settings.fetch_max_wait)
     app = faust_app(settings)
     worker = build_worker(app, settings, policy, pager, verifier, webhook)

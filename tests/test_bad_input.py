@@ -221,7 +221,7 @@ def test_unsigned_signals_only_when_told_and_never_expired_ones():
     KillSwitch("127.0.0.1:9", allow_unsigned=True, start=False)
 
 
-# -- policy files (schemas/policy.py: Policy.load; `spanguard policy check`) --------------------
+# -- policy files (config/policy_file.py: load_policy; `spanguard policy check`) ---------------
 
 
 def _alias_bomb(levels: int = 9) -> bytes:
@@ -293,13 +293,13 @@ POLICY_FILES: list[tuple[str, bytes, str]] = [
 )
 def test_policy_files(tmp_path, capsys, data, message):
     from spanguard.cli.main import main
+    from spanguard.config.policy_file import load_policy
     from spanguard.errors import PolicyError
-    from spanguard.schemas.policy import Policy
 
     path = tmp_path / "policy.yaml"
     path.write_bytes(data)
     with pytest.raises(PolicyError) as caught:
-        Policy.load(path)
+        load_policy(path)
     assert str(caught.value).startswith(f"{path}: ")
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
@@ -318,8 +318,8 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
     import os
     import threading
 
+    from spanguard.config.policy_file import load_policy
     from spanguard.errors import PolicyError
-    from spanguard.schemas.policy import Policy
 
     path = {"a FIFO": tmp_path / "fifo", "a character device": "/dev/zero",
             "a directory": tmp_path}[kind]  # fmt: skip
@@ -329,7 +329,7 @@ def test_policy_paths_that_are_no_file(tmp_path, kind):
 
     def load() -> None:
         try:
-            Policy.load(path)
+            load_policy(path)
         except PolicyError as exc:
             errors.append(str(exc))
 

@@ -294,6 +294,73 @@ def loop_signs(steps: list[dict[str, Any]]) -> tuple[int, str]:
     return count, f"{name} {arguments[:80]}"
 
 
+def runs_of_file(
+    data: bytes,
+    submission: str,
+    name: str,
+    commit: str,
+    path: str,
+    limit: int,
+    seen: Counter[str],
+    loops: list[tuple[int, str, str]],
+) -> list[dict[str, Any]]:
+    """The run records of one results file (its first `limit` simulations by task), with a
+    line of what it held; repeated calls seen are added to `loops`, run ids to `seen`."""
+    runs: list[dict[str, Any]] = []
+    results = json.loads(data)
+    simulations = results.get("simulations") if isinstance(results, dict) else results
+    info = results.get("info") if isinstance(results, dict) else None
+    info = info or {}
+    model = (info.get("agent_info") or {}).get("llm")
+    domain = (info.get("environment_info") or {}).get("domain_name")
+    chosen = sorted(simulations or [], key=task_key)[:limit]
+    tally: Counter[str | None] = Counter()
+    for sim in chosen:
+        sim_domain = domain or str(sim.get("domain") or "unknown")
+        run_id = f"tau2/{submission}/{sim_domain}/{sim.get('task_id')}/{sim.get('trial')}"
+        seen[run_id] += 1
+        if seen[run_id] > 1:
+            run_id = f"{run_id}#{seen[run_id]}"
+        reward = reward_of(sim)
+        outcome = None if reward is None else ("success" if reward >= 0.999 else "failure")
+        tally[outcome] += 1
+        steps = steps_of(sim.get("messages") or [])
+        count, what = loop_signs(steps)
+        if count >= 3:
+            loops.append((count, run_id, what))
+        runs.append(
+            run_record(
+                run_id,
+                repo=REPO,
+                commit=commit,
+                path=path,
+                harness=submission,
+                model=model,
+                kind="service",
+                outcome=outcome,
+                reward=reward,
+                steps=steps,
+            )
+        )
+    print(
+        f"{submission}/{name}: {len(simulations or [])} simulations in the file, "
+        f"{len(chosen)} taken, model {model}, domain {domain}; "
+        f"success {tally['success']}, failure {tally['failure']}, no reward {tally[None]}"
+    )
+    return runs
+
+
+def write_and_check(runs: list[dict[str, Any]]) -> None:
+    """Write the runs, then count what still looks like a key in what was written."""
+    target = write_runs("tau2", runs)
+    print(f"wrote {target} ({target.stat().st_size} bytes)")
+    leftovers: Counter[str] = Counter()
+    for run in read_runs(target):
+        for match in KEYLIKE.finditer(json.dumps(run, ensure_ascii=False)):
+            leftovers[match.group(0)[:12]] += 1
+    print(f"key-like strings left in the output: {dict(leftovers) or 'none'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--git-dir", required=True)
@@ -322,46 +389,7 @@ def main() -> int:
             print(f"SKIPPED {submission}/{name}: {why}")
             skipped.append((submission, name, why))
             continue
-        results = json.loads(data)
-        simulations = results.get("simulations") if isinstance(results, dict) else results
-        info = results.get("info") if isinstance(results, dict) else None
-        info = info or {}
-        model = (info.get("agent_info") or {}).get("llm")
-        domain = (info.get("environment_info") or {}).get("domain_name")
-        chosen = sorted(simulations or [], key=task_key)[:limit]
-        tally: Counter[str | None] = Counter()
-        for sim in chosen:
-            sim_domain = domain or str(sim.get("domain") or "unknown")
-            run_id = f"tau2/{submission}/{sim_domain}/{sim.get('task_id')}/{sim.get('trial')}"
-            seen[run_id] += 1
-            if seen[run_id] > 1:
-                run_id = f"{run_id}#{seen[run_id]}"
-            reward = reward_of(sim)
-            outcome = None if reward is None else ("success" if reward >= 0.999 else "failure")
-            tally[outcome] += 1
-            steps = steps_of(sim.get("messages") or [])
-            count, what = loop_signs(steps)
-            if count >= 3:
-                loops.append((count, run_id, what))
-            runs.append(
-                run_record(
-                    run_id,
-                    repo=REPO,
-                    commit=full,
-                    path=path,
-                    harness=submission,
-                    model=model,
-                    kind="service",
-                    outcome=outcome,
-                    reward=reward,
-                    steps=steps,
-                )
-            )
-        print(
-            f"{submission}/{name}: {len(simulations or [])} simulations in the file, "
-            f"{len(chosen)} taken, model {model}, domain {domain}; "
-            f"success {tally['success']}, failure {tally['failure']}, no reward {tally[None]}"
-        )
+        runs += runs_of_file(data, submission, name, full, path, limit, seen, loops)
 
     print(f"total runs {len(runs)}; files skipped {len(skipped)}")
     for count, run_id, what in sorted(loops, reverse=True)[:20]:
@@ -370,13 +398,7 @@ def main() -> int:
         if not runs:
             print("nothing written: no run could be read")
         return 1 if not runs else 0
-    target = write_runs("tau2", runs)
-    print(f"wrote {target} ({target.stat().st_size} bytes)")
-    leftovers: Counter[str] = Counter()
-    for run in read_runs(target):
-        for match in KEYLIKE.finditer(json.dumps(run, ensure_ascii=False)):
-            leftovers[match.group(0)[:12]] += 1
-    print(f"key-like strings left in the output: {dict(leftovers) or 'none'}")
+    write_and_check(runs)
     return 0
 
 

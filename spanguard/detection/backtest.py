@@ -25,7 +25,7 @@ from typing import Any
 
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
-from spanguard.detection.report import Timeline, Timelines
+from spanguard.detection.timelines import Timeline, Timelines
 from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
@@ -39,7 +39,7 @@ __all__ = [
     "ChangedTrace",
     "Verdict",
     "format_report",
-    "render_backtest_html",
+    "iso_time",
 ]
 
 NEW, CURRENT = 0, 1
@@ -53,7 +53,8 @@ TRACES_PER_ROW = 20
 SKIP_REASONS_KEPT = 5
 
 
-def _iso(seconds: float) -> str:
+def iso_time(seconds: float) -> str:
+    """A record time (epoch seconds) as the reports write it: ISO 8601, to the second."""
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
@@ -73,7 +74,7 @@ class Verdict:
             "rule": self.rule,
             "action": self.action,
             "span_id": self.span_id,
-            "at": _iso(self.at),
+            "at": iso_time(self.at),
             "reason": self.reason,
             "tokens_at": self.tokens_at,
         }
@@ -102,6 +103,11 @@ class ChangedTrace:
             "removed": [v.to_dict() for v in self.removed],
             "tokens": self.tokens,
         }
+
+    @property
+    def current_decisions(self) -> list[Decision]:
+        """The current policy's full decisions (--html only; empty without them)."""
+        return self.decisions[CURRENT] if self.decisions else []
 
 
 @dataclass(slots=True)
@@ -157,8 +163,8 @@ class BacktestReport:
             "spans": self.spans,
             "skipped": self.skipped,
             "skip_reasons": self.skip_reasons,
-            "from": _iso(self.first_record_at) if self.first_record_at is not None else None,
-            "to": _iso(self.last_record_at) if self.last_record_at is not None else None,
+            "from": iso_time(self.first_record_at) if self.first_record_at is not None else None,
+            "to": iso_time(self.last_record_at) if self.last_record_at is not None else None,
             "traces": self.traces,
             "evicted_early": self.evicted_early,
             "decisions": {"new": self.decisions[NEW], "current": self.decisions[CURRENT]},
@@ -516,7 +522,7 @@ def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
     """The human report: totals, a table per agent, rule and action, then changed traces."""
     lines = []
     span = (
-        f" from {_iso(report.first_record_at)} to {_iso(report.last_record_at)}"
+        f" from {iso_time(report.first_record_at)} to {iso_time(report.last_record_at)}"
         if report.first_record_at is not None and report.last_record_at is not None
         else ""
     )
@@ -574,64 +580,6 @@ def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
             for verdict in verdicts:
                 lines.append(
                     f"  {sign} {trace.trace_id} {agent} {verdict.rule} -> {verdict.action}"
-                    f" at {_iso(verdict.at)}: {verdict.reason}"
+                    f" at {iso_time(verdict.at)}: {verdict.reason}"
                 )
     return "\n".join(lines) + "\n"
-
-
-# -- the page ---------------------------------------------------------------------------------
-
-
-def render_backtest_html(report: BacktestReport) -> str:
-    """`--html`: the replay page's style, one section per changed trace kept: what changed,
-    the trace's tool calls with the new policy's decisions, and the current policy's."""
-    import html
-
-    from spanguard.detection.report import STYLE, _decision_box, _trace_section
-
-    e = html.escape
-    sections = []
-    for trace in report.kept:
-        changes = [
-            f'<div class="decision {e(v.action)}"><b>{sign} {e(v.rule)} → {e(v.action)}</b>'
-            f" under the {which} policy only: {e(v.reason)} (at {e(_iso(v.at))})</div>"
-            for sign, which, verdicts in (
-                ("added", "new", trace.added),
-                ("removed", "current", trace.removed),
-            )
-            for v in verdicts
-        ]
-        timeline = trace.timeline or Timeline(service=trace.service, agent_name=trace.agent_name)
-        current = trace.decisions[CURRENT] if trace.decisions else []
-        sections.append(
-            f'<div class="changed">{"".join(changes)}'
-            + _trace_section(trace.trace_id, timeline)
-            + (
-                '<p class="meta">under the current policy:</p>'
-                + "".join(_decision_box(d) for d in current)
-                if current
-                else '<p class="meta">under the current policy: no decision</p>'
-            )
-            + "</div>"
-        )
-    if not sections:
-        sections = ["<p>No trace is decided differently.</p>"]
-    title = (
-        f"spanguard backtest: {report.added} decisions added, {report.removed} removed"
-        f" in {report.changed_traces} traces"
-    )
-    more = (
-        f" ({report.changed_traces - len(report.kept)} more changed traces not shown)"
-        if report.changed_traces > len(report.kept)
-        else ""
-    )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{e(title)}</title><style>{STYLE}</style></head><body>\n"
-        f"<h1>{e(title)}</h1>\n"
-        f'<p class="meta">{e(report.new_policy)} against {e(report.current_policy)} ·'
-        f" {report.records:,} records, {report.spans:,} spans, {report.traces:,} traces{e(more)}</p>\n"
-        + "\n".join(sections)
-        + "\n</body></html>\n"
-    )

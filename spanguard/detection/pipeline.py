@@ -125,6 +125,11 @@ class SpanPipeline:
                 log.exception("detection failed on a message; sent to the dead-letter topic")
                 return self._dead(f"internal error in detection: {type(exc).__name__}: {exc}")
 
+        return self._repartition(value, span_trace_ids)
+
+    def _repartition(self, value: bytes, span_trace_ids: list[bytes]) -> Outcome:
+        """A message to split: one part per trace, handed back for re-keying; the parts with a
+        bad trace id, or too large for a record, are its dead letter."""
         try:
             parts = _split(value, span_trace_ids)
         except DecodeError as exc:

@@ -86,6 +86,17 @@ def test_plaintext_is_the_default_and_maps_to_nothing_else():
     assert WorkerSettings.from_sources({}, {}).kafka == security
 
 
+def described_sasl_ssl(pki) -> dict[str, str]:
+    """librdkafka's settings for SCRAM-SHA-512 over TLS as user spanguard, the password aside."""
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(pki["ca"]),
+        "ssl.endpoint.identification.algorithm": "https",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "spanguard",
+    }
+
+
 def test_sasl_ssl_from_the_environment_with_the_password_in_a_file(pki, tmp_path):
     password_file = tmp_path / "password"
     password_file.write_text(PASSWORD + "\n")
@@ -97,14 +108,7 @@ def test_sasl_ssl_from_the_environment_with_the_password_in_a_file(pki, tmp_path
         "SPANGUARD_KAFKA_SASL_PASSWORD_FILE": str(password_file),
     }
     security = KafkaSecurity.from_env(env)
-    assert security.confluent_config() == {
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(pki["ca"]),
-        "ssl.endpoint.identification.algorithm": "https",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "spanguard",
-        "sasl.password": PASSWORD,
-    }
+    assert security.confluent_config() == {**described_sasl_ssl(pki), "sasl.password": PASSWORD}
     kwargs = security.aiokafka_kwargs()
     context = kwargs.pop("ssl_context")
     assert kwargs == {
@@ -335,13 +339,7 @@ def test_passwords_never_in_repr_or_describe(pki, tmp_path):
     settings = WorkerSettings(kafka=security)
     for text in (repr(security), str(security), repr(settings), repr(security.describe())):
         assert PASSWORD not in text
-    assert security.describe() == {
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(pki["ca"]),
-        "ssl.endpoint.identification.algorithm": "https",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "spanguard",
-    }
+    assert security.describe() == described_sasl_ssl(pki)
 
 
 @pytest.mark.parametrize("command", [["worker"], ["topics", "create"]])

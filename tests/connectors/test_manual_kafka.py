@@ -14,7 +14,7 @@ from tests.support.kafka_harness import (
     SIGNING_KEY,
 )
 from tests.support.spans import AgentRecorder
-from tests.support.waiting import wait_until
+from tests.support.waiting import raises, wait_until
 from tests.support.worker import run_cli, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
@@ -23,11 +23,7 @@ POLICY = "defaults: {token_budget: 1000}\n"
 
 
 def killed(switch: KillSwitch, trace_id: str) -> bool:
-    try:
-        switch.check(trace_id)
-    except AgentKilled:
-        return True
-    return False
+    return raises(lambda: switch.check(trace_id), AgentKilled)
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ import promql_parser
 import pytest
 import yaml
 
+from spanguard.config.policy_file import load_policy
 from spanguard.config.settings import ENV_PREFIX, REGISTRY, WorkerSettings
-from spanguard.schemas.policy import Policy
-from tests.support.helm import MONITORING_ON
+from tests.support.helm import ALERTS, MONITORING_ON
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "spanguard"
@@ -70,6 +70,16 @@ def helm() -> Path:
 
 def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def assert_template_refused(helm: Path, args: list[str], sets: list[str], message: str) -> None:
+    """`helm template` with `args` and each of `sets` as --set fails with `message`, and
+    renders nothing."""
+    for item in sets:
+        args = [*args, "--set", item]
+    proc = run_helm(helm, *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -204,7 +214,7 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     assert policy_volume["configMap"]["name"] == cm["metadata"]["name"]
     local = tmp_path / policy_file.name
     local.write_text(cm["data"][policy_file.name])
-    assert Policy.load(str(local)).defaults.threshold == 3
+    assert load_policy(str(local)).defaults.threshold == 3
 
     # Metrics Service with scrape annotations; PDB.
     svc = only(docs, "Service", f"{FULLNAME}-metrics")
@@ -415,28 +425,16 @@ def test_generated_signing_keys_differ_and_unsigned_is_an_explicit_choice(helm: 
     ],
 )
 def test_a_chart_without_a_usable_key_does_not_render(helm: Path, sets, message) -> None:
-    args = ["template", RELEASE, str(CHART)]
-    for item in sets:
-        args += ["--set", item]
-    proc = run_helm(helm, *args)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
-    assert proc.stdout == ""
+    assert_template_refused(helm, ["template", RELEASE, str(CHART)], sets, message)
 
 
 def test_replicas_above_partitions_fail(helm: Path) -> None:
-    proc = run_helm(
+    assert_template_refused(
         helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--set",
-        "replicaCount=9",
-        "--set",
-        "kafka.partitions=8",
+        ["template", RELEASE, str(CHART)],
+        ["replicaCount=9", "kafka.partitions=8"],
+        "replicaCount (9) must not exceed kafka.partitions (8)",
     )
-    assert proc.returncode != 0
-    assert "replicaCount (9) must not exceed kafka.partitions (8)" in proc.stderr
-    assert proc.stdout == ""
 
 
 def test_autoscaling_on_consumer_lag_never_past_the_partitions(helm: Path) -> None:
@@ -508,11 +506,7 @@ def test_autoscaling_refuses_more_workers_than_partitions(
     args = ["template", RELEASE, str(CHART), "--set", "autoscaling.enabled=true"]
     if not any("serverAddress" in s for s in sets) and "serverAddress" not in message:
         args += ["--set", "autoscaling.prometheus.serverAddress=http://prometheus:9090"]
-    for item in sets:
-        args += ["--set", item]
-    proc = run_helm(helm, *args)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
-    assert proc.stdout == ""
+    assert_template_refused(helm, args, sets, message)
 
 
 def test_values_schema_rejects_typos(helm: Path) -> None:
@@ -568,13 +562,7 @@ def test_monitoring_ships_behind_its_flags(helm: Path) -> None:
 
     rule = only(docs, "PrometheusRule")
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
-    assert set(alerts) == {
-        "SpanguardWorkerDown",
-        "SpanguardConsumerLagGrowing",
-        "SpanguardDeadLettersRising",
-        "SpanguardPagesUndeliverable",
-        "SpanguardFetchStalls",
-    }
+    assert set(alerts) == ALERTS
     assert alerts["SpanguardConsumerLagGrowing"]["for"] == "5m"
     for name, alert in alerts.items():
         promql_parser.parse(alert["expr"])  # raises on an expression Prometheus would refuse
@@ -606,14 +594,8 @@ def test_the_fetch_stall_alert_warns_on_stalls_in_15_minutes(helm: Path) -> None
     assert "$labels.what" in alert["annotations"]["description"]
     assert "docs/operating.md" in alert["annotations"]["description"]
     assert stall_alert("monitoring.prometheusRule.fetchStallThreshold=3")["expr"].endswith("> 3")
-    proc = run_helm(
-        helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--set",
-        ",".join([*MONITORING_ON, "monitoring.prometheusRule.fetchStallThreshold=-1"]),
-    )
+    negative = ",".join([*MONITORING_ON, "monitoring.prometheusRule.fetchStallThreshold=-1"])
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", negative)
     assert proc.returncode != 0 and "fetchStallThreshold" in proc.stderr, proc.stderr
 
 

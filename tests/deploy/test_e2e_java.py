@@ -12,7 +12,6 @@ of the 3rd call to the kill in the agent's book) is printed.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import sys
 import pytest
 
 from tests.deploy.test_e2e import SIGNING_KEY, stack  # noqa: F401 - the fixture
+from tests.support.cli import result_of
 from tests.support.instrumented_agents import java_command, java_ready
 from tests.support.kafka_harness import BOOTSTRAP, ROOT, Topics
 
@@ -43,16 +43,7 @@ def run_agent(topics: Topics, http_port: int, signing_key: str, *extra: str) -> 
         "--step-delay", str(STEP_DELAY), *extra,
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPANGUARD_SIGNING_KEY")}
-    process = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-        env={**env, "SPANGUARD_SIGNING_KEY": signing_key},
-    )
-    assert process.returncode == 0, process.stdout + process.stderr
-    return json.loads(process.stdout.strip().splitlines()[-1])
+    return result_of(command, signing_key, ROOT, env)
 
 
 def test_a_langchain4j_agent_is_killed_through_the_java_killswitch(stack, java_agent):  # noqa: F811

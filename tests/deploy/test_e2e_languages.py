@@ -13,8 +13,6 @@ Each agent thinks STEP_DELAY between calls, so the signal has that long, from th
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.test_e2e import SIGNING_KEY, stack  # noqa: F401 - the fixture
+from tests.support.cli import result_of
 from tests.support.kafka_harness import BOOTSTRAP, ROOT, Topics
 
 pytestmark = pytest.mark.kafka
@@ -30,19 +29,6 @@ STEP_DELAY = 1.5  # seconds; generous for a loaded machine (the latency is print
 TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
 TS_CLIENT = ROOT / "clients" / "typescript"
 GO_AGENT = ROOT / "tests" / "support" / "go_agent"
-
-
-def result_of(command: list[str], signing_key: str, cwd: Path) -> dict:
-    process = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd,
-        env={**os.environ, "SPANGUARD_SIGNING_KEY": signing_key},
-    )
-    assert process.returncode == 0, process.stdout + process.stderr
-    return json.loads(process.stdout.strip().splitlines()[-1])
 
 
 def agent_flags(topics: Topics, http_port: int) -> list[str]:

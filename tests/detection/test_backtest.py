@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from spanguard.detection.backtest import Backtest, format_report, render_backtest_html
+from spanguard.cli.report import render_backtest_html
+from spanguard.detection.backtest import Backtest, format_report
 from spanguard.schemas.policy import Policy
 from tests.detection.test_report import Page
 from tests.support.spans import AgentRecorder, encode

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spanguard.cli.replay import replay
+from spanguard.config.policy_file import load_policy
 from spanguard.detection.conversation import MAX_TRACES_REMEMBERED, ConversationGuard
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
@@ -270,18 +271,25 @@ def test_the_conversation_token_budget_kills_each_trace_that_spends_past_it():
     assert decisions[0].decision_id != decisions[1].decision_id
 
 
-def test_the_conversation_usd_budget():
+def priced_turns(usd_budget: float, turns: int, conversation_id: str) -> list:
+    """The decisions over `turns` chat turns of one conversation at $0.005 each (gpt-4o at $10
+    a million tokens), under a conversation budget of `usd_budget` dollars."""
     guard = guard_for(
         {
             "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
-            "conversation": {"enabled": True, "usd_budget": 0.01},
+            "conversation": {"enabled": True, "usd_budget": usd_budget},
         }
     )
     decisions = []
-    for _ in range(3):
+    for _ in range(turns):
         agent = AgentRecorder()
-        agent.chat(400, 100, **{"gen_ai.conversation.id": "c"})  # $0.005 a turn
+        agent.chat(400, 100, **{"gen_ai.conversation.id": conversation_id})  # $0.005 a turn
         decisions += run(guard, agent.finished())
+    return decisions
+
+
+def test_the_conversation_usd_budget():
+    decisions = priced_turns(0.01, 3, "c")
     assert [(d.rule, d.cost_micro_usd, d.budget_micro_usd) for d in decisions] == [
         ("cost_budget", 15_000, 10_000)
     ]
@@ -317,7 +325,7 @@ def test_replay_over_a_multi_trace_file(tmp_path):
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text("defaults:\n  conversation: {enabled: true}\n")
     out, err = io.StringIO(), io.StringIO()
-    replay([str(path)], Policy.load(policy_path), stdout=out, stderr=err)
+    replay([str(path)], load_policy(policy_path), stdout=out, stderr=err)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["rule"], r["action"], r["scope"], r["conversation_id"]) for r in records] == [
         ("tool_loop", "flag", "conversation", "conv-42")
@@ -331,18 +339,7 @@ def test_replay_over_a_multi_trace_file(tmp_path):
 def test_a_page_names_the_conversation_and_the_cost():
     from spanguard.alerting.pagerduty import PagerSettings, build_event
 
-    guard = guard_for(
-        {
-            "prices": {"gpt-4o": {"input_mtok": 10, "output_mtok": 10}},
-            "conversation": {"enabled": True, "usd_budget": 0.006},
-        }
-    )
-    decisions = []
-    for _ in range(2):
-        agent = AgentRecorder()
-        agent.chat(400, 100, **{"gen_ai.conversation.id": "c-7"})  # $0.005 a turn
-        decisions += run(guard, agent.finished())
-    (decision,) = decisions
+    (decision,) = priced_turns(0.006, 2, "c-7")
     settings = PagerSettings(routing_key="R0uT1nGk3yS3cR3tV4lu3F0rT3sts42x")
     details = build_event(decision.to_dict(), settings)["payload"]["custom_details"]
     assert (details["scope"], details["conversation_id"], details["traces"]) == (

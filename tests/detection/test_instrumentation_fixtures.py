@@ -20,6 +20,7 @@ import pytest
 
 from spanguard.schemas.decision import validate
 from tests.support.instrumented_agents import FIXTURES, LIBRARIES, SCENARIOS, generate, installed
+from tests.support.spans import tool_span_ids_in
 
 CASES = [(name, mode) for name, library in LIBRARIES.items() for mode in library.modes]
 # Modes whose spans carry the arguments (or their hash); the others carry none or placeholders.
@@ -71,20 +72,18 @@ def trace_ids(path: Path) -> set[str]:
     }
 
 
+def hashed_decisions(decisions: dict[str, list[dict]]) -> dict[str, list[tuple]]:
+    """Scenario -> (rule, action, hits, args_hash) of each decision: what a fixture's replay
+    must reproduce."""
+    return {
+        s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
+        for s, ds in decisions.items()
+    }
+
+
 def tool_span_ids(path: Path, tool: str) -> list[str]:
     """Span ids of the spans naming `tool`, in the order they started."""
-    spans = [
-        span
-        for resource in read_request(path)["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-        if any(
-            attribute["key"] in TOOL_NAME_KEYS and attribute["value"].get("stringValue") == tool
-            for attribute in span.get("attributes", ())
-        )
-    ]
-    spans.sort(key=lambda span: int(span["startTimeUnixNano"]))
-    return [span["spanId"] for span in spans]
+    return tool_span_ids_in(read_request(path), {tool}, TOOL_NAME_KEYS)
 
 
 def run_replay(name: str, mode: str, policy: Path | None = None, root: Path = FIXTURES) -> Replay:
@@ -237,12 +236,4 @@ def test_the_generator_reproduces_the_fixtures(tmp_path):
     for name in done:
         fresh = run_replay(name, "capture", root=tmp_path).decisions
         kept = replayed(name, "capture").decisions
-        summary = {
-            s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
-            for s, ds in fresh.items()
-        }
-        expected = {
-            s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
-            for s, ds in kept.items()
-        }
-        assert summary == expected, name
+        assert hashed_decisions(fresh) == hashed_decisions(kept), name

@@ -18,11 +18,14 @@ Per (library, mode) the expected decisions follow from what the mode records:
 from __future__ import annotations
 
 import json
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
+from pathlib import Path
 
 import pytest
 
 from tests.detection.test_instrumentation_fixtures import (
+    hashed_decisions,
     read_request,
     run_replay,
     scenario_file,
@@ -37,6 +40,7 @@ from tests.support.instrumented_agents import (
     java_ready,
     typescript_ready,
 )
+from tests.support.spans import tool_span_ids_in
 
 AI_SDK_LEGACY_HINT = ("Vercel AI SDK's legacy ai.* spans", "recordOutputs")
 OPENINFERENCE_JS_HINT = ("OpenInference JS", "hideInputs")
@@ -133,18 +137,9 @@ def decided(name: str, mode: str) -> dict[str, list[tuple[str, str, int]]]:
 
 
 def tool_span_ids(name: str, mode: str, scenario: str, tool: str) -> list[str]:
-    spans = [
-        span
-        for resource in read_request(scenario_file(name, mode, scenario))["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-        if any(
-            attribute["key"] in TOOL_NAME_KEYS and attribute["value"].get("stringValue") == tool
-            for attribute in span.get("attributes", ())
-        )
-    ]
-    spans.sort(key=lambda span: int(span["startTimeUnixNano"]))
-    return [span["spanId"] for span in spans]
+    return tool_span_ids_in(
+        read_request(scenario_file(name, mode, scenario)), {tool}, TOOL_NAME_KEYS
+    )
 
 
 def test_every_library_and_mode_has_its_fixtures():
@@ -247,39 +242,33 @@ def assert_reproduced(root, names: list[str]) -> None:
         for mode in LIBRARIES[name][0]:
             fresh = run_replay(name, mode, root=root).decisions
             kept = replayed(name, mode).decisions
-            summary = {
-                s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
-                for s, ds in fresh.items()
-            }
-            expected = {
-                s: [(d["rule"], d["action"], d["hits"], d["args_hash"]) for d in ds]
-                for s, ds in kept.items()
-            }
-            assert summary == expected, (name, mode)
+            assert hashed_decisions(fresh) == hashed_decisions(kept), (name, mode)
+
+
+def assert_generator_reproduces(
+    language: str, why_not: str | None, generate: Callable[[], None], out: Path, names: list[str]
+) -> None:
+    """Re-run a language's agents (`generate` writes into `out`): the same decisions and hashes
+    as the fixtures of `names`, in every mode they have; skipped where they cannot run."""
+    if why_not is not None:
+        pytest.skip(f"{language} agents not runnable here: {why_not}")
+    generate()
+    assert_reproduced(out, names)
 
 
 def test_the_typescript_generator_reproduces_the_fixtures(tmp_path):
     """Re-run the TypeScript agents (node): the same decisions and hashes in every mode."""
-    why_not = typescript_ready()
-    if why_not is not None:
-        pytest.skip(f"TypeScript agents not runnable here: {why_not}")
-    generate_typescript(tmp_path, TYPESCRIPT)
-    assert_reproduced(tmp_path, TYPESCRIPT)
+    generate = partial(generate_typescript, tmp_path, TYPESCRIPT)
+    assert_generator_reproduces("TypeScript", typescript_ready(), generate, tmp_path, TYPESCRIPT)
 
 
 def test_the_go_generator_reproduces_the_fixtures(tmp_path):
     """Re-run the Go agents (go run): the same decisions and hashes."""
-    why_not = go_ready()
-    if why_not is not None:
-        pytest.skip(f"Go agents not runnable here: {why_not}")
-    generate_go(tmp_path)
-    assert_reproduced(tmp_path, ["genkit"])
+    generate = partial(generate_go, tmp_path)
+    assert_generator_reproduces("Go", go_ready(), generate, tmp_path, ["genkit"])
 
 
 def test_the_java_generator_reproduces_the_fixtures(tmp_path):
     """Re-run the Java agents (a JVM): the same decisions and hashes in both modes."""
-    why_not = java_ready()
-    if why_not is not None:
-        pytest.skip(f"Java agents not runnable here: {why_not}")
-    generate_java(tmp_path)
-    assert_reproduced(tmp_path, ["langchain4j"])
+    generate = partial(generate_java, tmp_path)
+    assert_generator_reproduces("Java", java_ready(), generate, tmp_path, ["langchain4j"])

@@ -12,7 +12,7 @@ from spanguard.schemas.decision import validate
 from spanguard.schemas.otlp import encode_json_line
 from spanguard.schemas.policy import Policy
 from tests.detection.test_otlp_and_replay import run_replay
-from tests.detection.test_rules import REFUND, run
+from tests.detection.test_rules import REFUND, run, searches_that_find_nothing
 from tests.support.spans import AgentRecorder, encode
 
 
@@ -47,14 +47,7 @@ def test_shadow_mode_per_agent_beside_a_killing_default():
 
 def test_shadow_mode_turns_a_killing_no_progress_into_a_flag():
     policy = Policy.from_yaml("defaults: {action: flag, no_progress: {action: kill}}")
-    agent = AgentRecorder()
-    for query in ("refund", "refunds", "refund policy", "returns", "money back"):
-        agent.tool("search_docs", None, attributes={
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "search_docs",
-            "gen_ai.tool.call.arguments": json.dumps({"query": query}),
-            "gen_ai.tool.call.result": "[]",
-        })  # fmt: skip
+    agent = searches_that_find_nothing()
     (decision,) = run(Guard(policy), agent.finished())
     assert (decision.rule, decision.action) == ("no_progress", "flag")
 

@@ -24,6 +24,7 @@ from tests.detection.test_instrumentation_fixtures import (
     scenario_file,
 )
 from tests.support.instrumented_agents import SCENARIOS
+from tests.support.spans import tool_span_ids_in
 
 HEALTHY = ("distinct", "retry", "polling", "round_fresh", "tests_improving", "canned_ok")
 # Stuck scenario -> (the rule that must catch it, the call at which it can first): a loop's
@@ -46,18 +47,7 @@ def test_every_scenario_is_either_healthy_or_stuck():
 def tool_calls(path: Path, tools: set[str]) -> list[str]:
     """Span ids of the calls of `tools` (the scenario's; smolagents adds final_answer) in the
     order they started."""
-    spans = [
-        span
-        for resource in read_request(path)["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-        if any(
-            attribute["key"] in TOOL_NAME_KEYS and attribute["value"].get("stringValue") in tools
-            for attribute in span.get("attributes", ())
-        )
-    ]
-    spans.sort(key=lambda span: int(span["startTimeUnixNano"]))
-    return [span["spanId"] for span in spans]
+    return tool_span_ids_in(read_request(path), tools, TOOL_NAME_KEYS)
 
 
 def measure(name: str, mode: str) -> tuple[Counter, dict[str, str]]:

@@ -10,7 +10,7 @@ import sys
 import typing
 from pathlib import Path
 
-from spanguard.detection import report
+from spanguard.detection import timelines
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import RULES, markdown_table, rule_named
 from spanguard.detection.rules.base import Fired, GuardObserver, ToolCallRule, Trip
@@ -150,5 +150,5 @@ def test_observers_hear_every_call_and_decision():
 
 
 def test_the_replay_page_observes_the_guard_instead_of_subclassing_it():
-    assert not issubclass(report.Timelines, Guard)
-    assert issubclass(report.Timelines, GuardObserver)
+    assert not issubclass(timelines.Timelines, Guard)
+    assert issubclass(timelines.Timelines, GuardObserver)

@@ -416,7 +416,8 @@ def test_polling_tools_are_patient_even_when_the_status_repeats():
     assert (decision.rule, decision.hits) == ("tool_polling", 10)
 
 
-def test_no_progress_is_a_flag_by_default_and_can_kill():
+def searches_that_find_nothing() -> AgentRecorder:
+    """Five different searches, each answered with nothing: no progress, not a loop."""
     agent = AgentRecorder()
     for query in ("refund", "refunds", "refund policy", "returns", "money back"):
         agent.tool("search_docs", None, attributes={
@@ -425,6 +426,11 @@ def test_no_progress_is_a_flag_by_default_and_can_kill():
             "gen_ai.tool.call.arguments": json.dumps({"query": query}),
             "gen_ai.tool.call.result": "[]",
         })  # fmt: skip
+    return agent
+
+
+def test_no_progress_is_a_flag_by_default_and_can_kill():
+    agent = searches_that_find_nothing()
     (flag,) = run(Guard(), agent.finished())
     assert (flag.rule, flag.action, flag.hits) == ("no_progress", "flag", 4)
     policy = Policy.from_mapping({"defaults": {"no_progress": {"threshold": 5, "action": "kill"}}})

@@ -170,37 +170,35 @@ def test_openinference_agent_root_with_input_and_output_value():
     assert end.instructions is None
 
 
+def lone_root_end(service: str, name: str, attributes: dict[str, str]):
+    """The invocation end found in a trace of one root span, `name` with `attributes`."""
+    agent = AgentRecorder(service, "unused")
+    agent.tracer.start_span(name, context=otel_context.Context(), attributes=attributes).end()
+    (end,) = find_invocation_ends(wire(agent.finished()[-1:]))
+    return end
+
+
 def test_openinference_json_input_is_passed_as_recorded():
-    agent = AgentRecorder("triage-bot", "unused")
     document = json.dumps({"messages": [{"role": "user", "content": "Cancel order 77"}]})
-    span = agent.tracer.start_span(
+    end = lone_root_end(
+        "triage-bot",
         "Agent",
-        context=otel_context.Context(),
-        attributes={
+        {
             "openinference.span.kind": "AGENT",
             "input.value": document,
             "input.mime_type": "application/json",
         },
     )
-    span.end()
-    (end,) = find_invocation_ends(wire(agent.finished()[-1:]))
     assert end.request == document  # not reinterpreted
     assert end.answer is None
 
 
 def test_trace_root_without_agent_spans_is_the_end():
-    agent = AgentRecorder("rag-service", "unused")
-    span = agent.tracer.start_span(
+    end = lone_root_end(
+        "rag-service",
         "answer_question",
-        context=otel_context.Context(),
-        attributes={
-            "openinference.span.kind": "CHAIN",
-            "input.value": REQUEST,
-            "output.value": ANSWER,
-        },
+        {"openinference.span.kind": "CHAIN", "input.value": REQUEST, "output.value": ANSWER},
     )
-    span.end()
-    (end,) = find_invocation_ends(wire(agent.finished()[-1:]))
     assert (end.kind, end.agent_name, end.request, end.answer) == (
         "trace_root",
         None,

@@ -131,12 +131,17 @@ def test_wait_with_a_timeout_raises_paused_again() -> None:
         book.wait(signal.trace_id, timeout=0.2)
 
 
-def test_the_adapters_gate_waits_for_the_answer() -> None:
+def paused_gate(release_id: str) -> tuple[SignalBook, TraceGate, KillSignal]:
+    """A book holding a pause, the adapters' gate on its trace, and a release that answers it."""
     book = SignalBook()
     signal = pause_signal()
     book.deliver(signal)
     gate = TraceGate(book, signal.trace_id, None)
-    release = replace(signal, signal_id="3" * 32, kind="release", reason="go on")
+    return book, gate, replace(signal, signal_id=release_id, kind="release", reason="go on")
+
+
+def test_the_adapters_gate_waits_for_the_answer() -> None:
+    book, gate, release = paused_gate("3" * 32)
     threading.Timer(0.3, book.deliver, (release,)).start()
     gate.before_tool()  # returns once released
 
@@ -157,11 +162,7 @@ def test_the_page_and_the_webhook_say_the_agent_waits_and_how_to_answer() -> Non
 def test_the_async_gate_waits_off_the_event_loop() -> None:
     import asyncio
 
-    book = SignalBook()
-    signal = pause_signal()
-    book.deliver(signal)
-    gate = TraceGate(book, signal.trace_id, None)
-    release = replace(signal, signal_id="4" * 32, kind="release", reason="go on")
+    book, gate, release = paused_gate("4" * 32)
 
     async def main() -> int:
         ticks = 0

@@ -17,7 +17,7 @@ from tests.support.kafka_harness import (
     SIGNING_KEY,
 )
 from tests.support.spans import AgentRecorder
-from tests.support.waiting import wait_until
+from tests.support.waiting import raises, wait_until
 from tests.support.worker import run_cli, running_worker, send_spans
 
 pytestmark = pytest.mark.kafka
@@ -43,11 +43,7 @@ def running(tmp_path_factory):
 
 
 def paused(switch: KillSwitch, trace_id: str) -> bool:
-    try:
-        switch.check(trace_id)
-    except AgentPaused:
-        return True
-    return False
+    return raises(lambda: switch.check(trace_id), AgentPaused)
 
 
 def loop(service: str) -> AgentRecorder:
@@ -73,13 +69,18 @@ def waiting(switch: KillSwitch, trace_id: str) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
-def test_pause_then_release_and_the_agent_goes_on(running) -> None:
-    topics, collector, switch = running
-    agent = loop("patient-reconciler")
+def paused_and_waiting(running, service: str) -> tuple[AgentRecorder, threading.Thread, dict]:
+    """A looping agent of `service`, paused by the worker, and its thread blocked in wait()."""
+    topics, _, switch = running
+    agent = loop(service)
     send_spans(topics.input, agent)
     wait_until(lambda: paused(switch, agent.trace_id), timeout=30)
+    return agent, *waiting(switch, agent.trace_id)
 
-    thread, outcome = waiting(switch, agent.trace_id)
+
+def test_pause_then_release_and_the_agent_goes_on(running) -> None:
+    topics, collector, switch = running
+    agent, thread, outcome = paused_and_waiting(running, "patient-reconciler")
     time.sleep(1.0)
     assert thread.is_alive(), outcome  # the agent waits: no answer yet
 
@@ -103,10 +104,7 @@ def test_pause_then_release_and_the_agent_goes_on(running) -> None:
 
 def test_pause_unanswered_ends_in_the_fallback_kill(running) -> None:
     topics, collector, switch = running
-    agent = loop("hasty-reconciler")
-    send_spans(topics.input, agent)
-    wait_until(lambda: paused(switch, agent.trace_id), timeout=30)
-    thread, outcome = waiting(switch, agent.trace_id)
+    agent, thread, outcome = paused_and_waiting(running, "hasty-reconciler")
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert "fallback kills" in str(outcome["killed"]), outcome

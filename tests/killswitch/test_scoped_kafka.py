@@ -4,9 +4,7 @@ that knows its conversation and agent (passed in, set on the switch, or from OTe
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -19,6 +17,7 @@ from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import AgentIdentity
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, SIGNING_KEY, Topics, ensure_broker
 from tests.support.waiting import wait_until
+from tests.support.worker import operator_cli
 
 pytestmark = pytest.mark.kafka
 
@@ -35,16 +34,6 @@ def topics() -> Iterator[Topics]:
     names.delete()
 
 
-def spanguard(command: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
-    return subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", command, *args, "--bootstrap", CLUSTER.bootstrap,
-         "--kill-topic", topics.kills, "--detections-topic", topics.detections,
-         "--operator", "alice"],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-
-
 def new_trace() -> str:
     return uuid.uuid4().hex
 
@@ -57,7 +46,9 @@ def test_a_conversation_kill_stops_that_conversation_only_until_released(topics)
     conversation, other = f"conv-{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4().hex[:8]}"
     with KillSwitch(BOOTSTRAP, topics.kills, signing_key=SIGNING_KEY, ack_topic=None) as switch:
         assert switch.check(new_trace(), conversation_id=conversation) is None
-        sent(spanguard("kill", topics, "--conversation", conversation, "--reason", "refund loop"))
+        sent(
+            operator_cli("kill", topics, "--conversation", conversation, "--reason", "refund loop")
+        )
         wait_until(lambda: switch.received >= 1)
         # A new trace of the conversation is stopped at its first check.
         with pytest.raises(AgentKilled) as caught:
@@ -74,7 +65,7 @@ def test_a_conversation_kill_stops_that_conversation_only_until_released(topics)
                 switch.check(new_trace())
         finally:
             context.detach(token)
-        sent(spanguard("release", topics, "--conversation", conversation))
+        sent(operator_cli("release", topics, "--conversation", conversation))
         wait_until(lambda: switch.received >= 2)
         assert switch.check(new_trace(), conversation_id=conversation) is None
 
@@ -92,7 +83,7 @@ def test_an_agent_kill_stops_that_agent_and_not_another_until_released(topics):
         agent=AgentIdentity(service, "billing"),
     )
     with triage, billing:
-        result = spanguard("kill", topics, "--agent", f"{service}/triage", "--reason", "spend")
+        result = operator_cli("kill", topics, "--agent", f"{service}/triage", "--reason", "spend")
         sent(result)
         assert f"agent {service}/triage" in result.stdout and "until" in result.stdout
         wait_until(lambda: triage.received >= 1 and billing.received >= 1)
@@ -103,11 +94,11 @@ def test_an_agent_kill_stops_that_agent_and_not_another_until_released(topics):
         assert billing.check(new_trace()) is None
         # The agent passed to one check wins over the switch's own.
         assert triage.check(new_trace(), agent=f"{service}/billing") is None
-        sent(spanguard("release", topics, "--agent", f"{service}/triage"))
+        sent(operator_cli("release", topics, "--agent", f"{service}/triage"))
         wait_until(lambda: triage.received >= 2)
         assert triage.check(new_trace()) is None
         # Without /NAME: every agent of the service.
-        sent(spanguard("kill", topics, "--agent", service, "--reason", "all of them"))
+        sent(operator_cli("kill", topics, "--agent", service, "--reason", "all of them"))
         wait_until(lambda: billing.received >= 3)
         with pytest.raises(AgentKilled):
             billing.check(new_trace())
@@ -122,6 +113,6 @@ def test_the_cli_refuses_a_scope_without_its_id_and_two_targets(topics):
         [new_trace(), "--conversation", "c1"],
         [],
     ):
-        result = spanguard("release", topics, *args)
+        result = operator_cli("release", topics, *args)
         assert result.returncode != 0, args
         assert result.stderr.strip().count("\n") == 0, result.stderr  # one line

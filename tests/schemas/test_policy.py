@@ -3,13 +3,13 @@ are the policy table of tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from spanguard.config.policy_file import load_policy
 from spanguard.schemas.policy import Policy
+from tests.support.cli import run_spanguard
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -24,12 +24,12 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
         "  - match: {service.name: b}\n"
         "    loop: *wide\n"
     )
-    policy = Policy.load(path)
+    policy = load_policy(path)
     assert [(r.policy.window, r.policy.threshold) for r in policy.rules] == [(20, 5), (20, 5)]
 
 
 def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_policy():
-    policy = Policy.load(EXAMPLE)
+    policy = load_policy(EXAMPLE)
     document = policy.effective()
     assert Policy.from_mapping(yaml.safe_load(yaml.safe_dump(document))) == policy
     support = document["agents"][2]
@@ -43,10 +43,7 @@ def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_pol
 
 
 def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(EXAMPLE)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_spanguard("policy", "check", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"# {EXAMPLE}: valid; the defaults and 4 agent rules")
     printed = yaml.safe_load(result.stdout)
@@ -62,16 +59,13 @@ def test_policy_check_prints_the_policy_in_force_per_agent_match(tmp_path):
     # What CI saves is a policy file: loading it gives the very policy that was checked.
     saved = tmp_path / "effective.yaml"
     saved.write_text(result.stdout)
-    assert Policy.load(saved) == Policy.load(EXAMPLE)
+    assert load_policy(saved) == load_policy(EXAMPLE)
 
 
 def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text("defaults:\n  tokenbudget: 100\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "policy", "check", str(path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_spanguard("policy", "check", str(path))
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
@@ -29,17 +26,15 @@ from spanguard.schemas.policy import Policy
 from tests.detection.test_rules import run
 from tests.support.kafka_harness import (
     BOOTSTRAP,
-    CLUSTER,
     SIGNING_KEY,
     Collector,
     Topics,
-    WorkerProcess,
     ensure_broker,
     producer,
 )
 from tests.support.spans import AgentRecorder, encode
 from tests.support.waiting import wait_until
-from tests.support.worker import running_worker, send_spans
+from tests.support.worker import operator_cli, running_worker, send_spans, worker_starter
 
 pytestmark = pytest.mark.kafka
 
@@ -110,16 +105,6 @@ def send_without_service(topic: str, agent: AgentRecorder) -> None:
     assert out.flush(10) == 0
 
 
-def spanguard(command: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
-    return subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", command, *args, "--bootstrap", CLUSTER.bootstrap,
-         "--kill-topic", topics.kills, "--detections-topic", topics.detections,
-         "--operator", "alice"],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-
-
 def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_path):
     ensure_broker()
     policy_file = tmp_path / "policy.yaml"
@@ -135,11 +120,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_pat
     topics = Topics()
     collector = Collector(topics.kills, topics.agent_usage, topics.detections)
 
-    def start(name: str) -> WorkerProcess:
-        return WorkerProcess(
-            topics, tmp_path / name, partitions=PARTITIONS, policy=policy_file
-        ).start()
-
+    start = worker_starter(topics, tmp_path, policy_file, PARTITIONS)
     first, second = start("a"), start("b")
     workers = [first, second]
     # The first agent's KillSwitch, reading from now on (the topics exist once a worker runs).
@@ -220,7 +201,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_pat
         with pytest.raises(AgentKilled) as caught:
             switch.check(uuid.uuid4().hex)
         assert caught.value.scope == "agent"
-        released = spanguard("release", topics, "--agent", f"{services[0]}/triage")
+        released = operator_cli("release", topics, "--agent", f"{services[0]}/triage")
         assert released.returncode == 0, released.stderr
         wait_until(lambda: switch.received >= AGENTS + 1, 60, "the release at the agent")
         assert switch.check(uuid.uuid4().hex) is None

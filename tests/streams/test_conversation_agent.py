@@ -25,18 +25,10 @@ from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import build_worker, conversation_states, faust_app
 from spanguard.streams.conversations import ConversationAgent, encode_packs
 from spanguard.streams.fence import Lease
+from tests.support.leases import SESSION, Clock, batch_frozen_then_revoked
 
-SESSION = 30.0
 KEY = "ab" * 32
 KILL = {"defaults": {"conversation": {"enabled": True, "action": "kill", "kill_ttl": 900}}}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def agents(data_dir: Path, clock: Clock) -> tuple[SpanAgent, ConversationAgent]:
@@ -149,20 +141,7 @@ def test_a_batch_under_a_lapsed_lease_decides_nothing(tmp_path: Path) -> None:
     clock = Clock()
     spans, agent = agents(tmp_path, clock)
     events = taken(agent, loop_across_two_traces())
-
-    async def frozen_then_revoked() -> None:
-        clock.now += SESSION  # woken from a freeze past the session timeout
-        batch = asyncio.ensure_future(agent.guard_batch(events))
-        await asyncio.sleep(0.3)
-        assert not batch.done(), "a batch under a lapsed lease went on"
-
-        async def wait_empty() -> None:
-            pass
-
-        await spans._flushing_first(agent._flushing_first(wait_empty))()
-        await asyncio.wait_for(batch, 2)
-
-    asyncio.run(frozen_then_revoked())
+    batch_frozen_then_revoked(spans, agent, events, clock, SESSION)
     assert agent.guard.calls == 0  # nothing decided
     assert agent.held == [] and agent.states.unflushed == 0
 

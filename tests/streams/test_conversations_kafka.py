@@ -36,7 +36,7 @@ from tests.support.kafka_harness import (
     ensure_broker,
 )
 from tests.support.spans import AgentRecorder
-from tests.support.worker import running_worker, send_spans
+from tests.support.worker import running_worker, send_spans, worker_starter
 
 pytestmark = pytest.mark.kafka
 
@@ -246,11 +246,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
     topics = Topics()
     collector = Collector(topics.kills, topics.conversations)
 
-    def start(name: str) -> WorkerProcess:
-        return WorkerProcess(
-            topics, tmp_path / name, partitions=PARTITIONS, policy=policy_file
-        ).start()
-
+    start = worker_starter(topics, tmp_path, policy_file, PARTITIONS)
     first, second = start("a"), start("b")
     workers = [first, second]
     try:

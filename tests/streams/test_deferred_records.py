@@ -27,18 +27,10 @@ from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import agent_window_states, build_worker, faust_app
 from spanguard.streams.delivery import Send
 from spanguard.streams.fence import Lease
+from tests.support.leases import SESSION, Clock, batch_frozen_then_revoked, wait_empty
 
-SESSION = 30.0
 KEY = "ab" * 32
 BUDGET = {"defaults": {"agent_budget": {"tokens": 100, "window": 3600}}}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def span_agent(data_dir: Path, clock: Clock, policy: dict | None = None) -> SpanAgent:
@@ -50,6 +42,16 @@ def span_agent(data_dir: Path, clock: Clock, policy: dict | None = None) -> Span
     agent.lease.rebalance_began()
     agent.lease.assigned(None)  # no coordinator: the clock alone says whether it holds
     return agent
+
+
+def one_input_message(
+    data_dir: Path, policy: dict | None = None
+) -> tuple[Clock, SpanAgent, list[Event]]:
+    """A span agent on `policy` (and its lease's clock), and one message of the input topic
+    taken from its stream."""
+    clock = Clock()
+    agent = span_agent(data_dir, clock, policy)
+    return clock, agent, taken(agent, agent.worker.settings.input_topic, [b"m0"])
 
 
 def taken(agent: SpanAgent, topic: str, values: list[bytes], key: bytes = b"k") -> list[Event]:
@@ -151,12 +153,7 @@ def test_a_background_flush_that_fails_leaves_its_messages_unacked_and_says_so(
 def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
-    agent = span_agent(tmp_path, clock)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
-
-    async def wait_empty() -> None:
-        pass
+    clock, agent, events = one_input_message(tmp_path)
 
     async def fenced_mid_flush() -> None:
         delivery = held_with_a_record_in_flight(agent, events)
@@ -175,12 +172,7 @@ def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
 
 
 def test_a_fence_drops_the_records_of_batches_not_yet_flushed(tmp_path: Path) -> None:
-    clock = Clock()
-    agent = span_agent(tmp_path, clock)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
-
-    async def wait_empty() -> None:
-        pass
+    clock, agent, events = one_input_message(tmp_path)
 
     async def fenced_between_batches() -> None:
         held_with_a_record_in_flight(agent, events)
@@ -224,12 +216,7 @@ def held_call(agent: SpanAgent, source: Message) -> None:
 
 @pytest.mark.parametrize("how", ["fenced", "cut short"])
 def test_calls_held_for_the_scopes_go_with_messages_never_acked(tmp_path: Path, how: str) -> None:
-    clock = Clock()
-    agent = span_agent(tmp_path, clock, CONVERSATIONS)
-    events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
-
-    async def wait_empty() -> None:
-        pass
+    clock, agent, events = one_input_message(tmp_path, CONVERSATIONS)
 
     async def dropped() -> None:
         agent.hold(events)
@@ -285,9 +272,6 @@ def test_agent_windows_wait_for_the_flush_and_a_fence_drops_them_unwritten(
     assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
     assert agent.held == events and not any(e.message.acked for e in events)
 
-    async def wait_empty() -> None:
-        pass
-
     # Faust's wait for every message, wrapped by each agent as attach() does.
     revocation = agent._flushing_first(spans._flushing_first(wait_empty))
     clock.now += SESSION  # the lease lapsed: another worker may own the partitions already
@@ -304,19 +288,6 @@ def test_an_agent_windows_batch_under_a_lapsed_lease_decides_nothing(tmp_path: P
     spans, agent = windows_agents(tmp_path, clock)
     ((key, value),) = usage_records([500])  # over the budget: a decision, were it decided
     events = taken(spans, agent.worker.settings.agent_usage_topic, [value], key)
-
-    async def frozen_then_revoked() -> None:
-        clock.now += SESSION  # woken from a freeze past the session timeout
-        batch = asyncio.ensure_future(agent.guard_batch(events))
-        await asyncio.sleep(0.3)
-        assert not batch.done(), "a batch under a lapsed lease went on"
-
-        async def wait_empty() -> None:
-            pass
-
-        await spans._flushing_first(agent._flushing_first(wait_empty))()
-        await asyncio.wait_for(batch, 2)
-
-    asyncio.run(frozen_then_revoked())
+    batch_frozen_then_revoked(spans, agent, events, clock, SESSION)
     assert agent.held == [] and agent.states.unflushed == 0
     assert agent.outcomes.count(AgentWindowCount.DECISIONS) == 0

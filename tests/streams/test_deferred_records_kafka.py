@@ -76,15 +76,7 @@ def span_agent(data_dir: Path, topics: Topics, **changed: Any) -> SpanAgent:
         store="memory",
         bootstrap=CLUSTER.bootstrap,
         partitions=PARTITIONS,
-        app_id=topics.app_id,
-        input_topic=topics.input,
-        kill_topic=topics.kills,
-        detections_topic=topics.detections,
-        dead_letter_topic=topics.dead_letters,
-        repartition_topic=topics.repartition,
-        goal_topic=topics.goal_checks,
-        conversation_topic=topics.conversations,
-        agent_usage_topic=topics.agent_usage,
+        **topics.settings(),
         **changed,
     )
     app = faust_app(settings)

@@ -92,15 +92,28 @@ def after_zombie(pipeline: Pipeline, ledger: KillLedger, everyone: list) -> floa
     return rejoined
 
 
+def first_two_calls(pipeline: Pipeline) -> tuple[list, list, KillLedger, list]:
+    """The loops and clean agents of a run, and their first two calls each, processed: (loops,
+    clean, the ledger of their kills, everyone)."""
+    loops, clean = loops_and_clean(LOOPS, CLEAN, calls=CALLS)
+    everyone = loops + clean
+    pipeline.spans.send(everyone, slice(0, 2))
+    pipeline.spans.flush()
+    wait_processed(pipeline.workers, 2 * len(everyone))
+    return loops, clean, KillLedger(loops, clean), everyone
+
+
+def check_after(pipeline: Pipeline, ledger: KillLedger) -> None:
+    """Every worker is still running, and every property of the ledger holds."""
+    for worker in pipeline.workers:
+        assert worker.process.poll() is None, worker.log_tail()
+    ledger.check()
+
+
 def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp_path) -> None:
     pipeline = Pipeline(kafka_cluster, tmp_path).start()
     try:
-        loops, clean = loops_and_clean(LOOPS, CLEAN, calls=CALLS)
-        ledger = KillLedger(loops, clean)
-        everyone = loops + clean
-        pipeline.spans.send(everyone, slice(0, 2))
-        pipeline.spans.flush()
-        wait_processed(pipeline.workers, 2 * len(everyone))
+        _, _, ledger, everyone = first_two_calls(pipeline)
         time.sleep(2.5)  # past the commit interval
 
         zombie = pipeline.workers[1]
@@ -126,9 +139,7 @@ def test_worker_frozen_past_its_session_timeout(kafka_cluster: KafkaCluster, tmp
             )
             + f"; {rescued(pipeline.workers)}"
         )
-        for worker in pipeline.workers:
-            assert worker.process.poll() is None, worker.log_tail()
-        ledger.check()
+        check_after(pipeline, ledger)
     finally:
         pipeline.close()
 
@@ -138,12 +149,7 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
     pipeline = Pipeline(kafka_cluster, tmp_path, worker_clusters=(None, proxied))
     try:
         pipeline.start()
-        loops, clean = loops_and_clean(LOOPS, CLEAN, calls=CALLS)
-        ledger = KillLedger(loops, clean)
-        everyone = loops + clean
-        pipeline.spans.send(everyone, slice(0, 2))
-        pipeline.spans.flush()
-        wait_processed(pipeline.workers, 2 * len(everyone))
+        loops, clean, ledger, everyone = first_two_calls(pipeline)
         time.sleep(2.5)
 
         pipeline.spans.send(everyone, slice(2, 3))
@@ -176,9 +182,7 @@ def test_worker_cut_off_from_the_brokers_then_healed(kafka_cluster: KafkaCluster
             )
             + f"; {rescued(pipeline.workers)}"
         )
-        for worker in pipeline.workers:
-            assert worker.process.poll() is None, worker.log_tail()
-        ledger.check()
+        check_after(pipeline, ledger)
     finally:
         pipeline.close()
         for proxy in proxies:

@@ -14,16 +14,7 @@ import uuid
 import pytest
 
 from spanguard.streams.fence import LEASE_SHARE, Lease
-
-SESSION = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.leases import SESSION, Clock
 
 
 def owned_lease(clock: Clock) -> Lease:
@@ -74,33 +65,25 @@ def test_a_revocation_after_the_lease_lapsed_fences_until_the_next_assignment() 
     assert lease.holds(1) and not lease.holds(0)
 
 
-def test_a_batch_waits_for_a_lapsed_lease_and_goes_on_once_renewed() -> None:
+@pytest.mark.parametrize(("then", "goes_on"), [("renewed", True), ("fenced", False)])
+def test_a_batch_waits_on_a_lapsed_lease_then_goes_on_once_renewed_or_is_dropped_when_fenced(
+    then: str, goes_on: bool
+) -> None:
     clock = Clock()
     lease = owned_lease(clock)
     clock.now += SESSION
 
-    async def renew_later() -> bool:
+    async def answer_later() -> bool:
         waiting = asyncio.ensure_future(lease.wait(0))
         await asyncio.sleep(0.2)
-        assert not waiting.done()  # no decision, no write while it is lapsed
-        lease.renewed(clock.now)
+        if then == "renewed":
+            assert not waiting.done()  # no decision, no write while it is lapsed
+            lease.renewed(clock.now)
+        else:
+            assert lease.fence_if_lapsed()
         return await asyncio.wait_for(waiting, 2)
 
-    assert asyncio.run(renew_later()) is True
-
-
-def test_a_batch_waiting_on_a_lapsed_lease_is_dropped_when_fenced() -> None:
-    clock = Clock()
-    lease = owned_lease(clock)
-    clock.now += SESSION
-
-    async def fence_later() -> bool:
-        waiting = asyncio.ensure_future(lease.wait(0))
-        await asyncio.sleep(0.2)
-        assert lease.fence_if_lapsed()
-        return await asyncio.wait_for(waiting, 2)
-
-    assert asyncio.run(fence_later()) is False
+    assert asyncio.run(answer_later()) is goes_on
 
 
 @pytest.mark.kafka

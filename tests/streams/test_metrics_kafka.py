@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spanguard import __version__
-from tests.support.helm import MONITORING_ON, render
+from tests.support.helm import ALERTS, MONITORING_ON, render
 from tests.support.kafka_harness import Collector, WorkerProcess, producer
 from tests.support.spans import AgentRecorder, encode
 from tests.support.worker import running_worker
@@ -74,13 +74,7 @@ def shipped_exprs() -> dict[str, list[str]]:
     dashboard = json.loads(dashboard_cm["data"]["spanguard.json"])
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert set(alerts) == {
-        "SpanguardWorkerDown",
-        "SpanguardConsumerLagGrowing",
-        "SpanguardDeadLettersRising",
-        "SpanguardPagesUndeliverable",
-        "SpanguardFetchStalls",
-    }
+    assert set(alerts) == ALERTS
     return {"dashboard": dashboard_exprs(dashboard), "alerts": list(alerts.values())}
 
 

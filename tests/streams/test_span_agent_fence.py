@@ -22,16 +22,7 @@ from spanguard.schemas.policy import Policy
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import build_worker, faust_app
 from spanguard.streams.fence import Lease
-
-SESSION = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.leases import SESSION, Clock
 
 
 def span_agent(data_dir: Path, clock: Clock) -> SpanAgent:

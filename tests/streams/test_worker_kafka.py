@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.schemas.decision import key_id, signature_valid, validate
 from spanguard.streams.partitioner import collector_partition
+from tests.support.cli import run_spanguard
 from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
 from tests.support.spans import AgentRecorder, encode, span_id_of
 from tests.support.worker import running_worker, send_spans
@@ -262,14 +263,8 @@ def test_crash_recovery_from_the_changelog(tmp_path):
 
 
 def test_bad_policy_stops_the_worker_before_kafka(tmp_path: Path):
-    import subprocess
-    import sys
-
     policy = tmp_path / "policy.yaml"
     policy.write_text("defaults:\n  action: explode\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "worker", "--policy", str(policy)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_spanguard("worker", "--policy", str(policy))
     assert result.returncode == 2
     assert "defaults.action" in result.stderr

@@ -28,7 +28,14 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from spanguard.streams.partitioner import collector_partition
-from tests.support.kafka_harness import ROOT, Cluster, Collector, WorkerProcess, free_port
+from tests.support.kafka_harness import (
+    ROOT,
+    Cluster,
+    Collector,
+    WorkerProcess,
+    free_port,
+    run_script,
+)
 from tests.support.spans import AgentRecorder, encode, span_id_of
 
 COLLECTOR_CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
@@ -46,13 +53,7 @@ class KafkaCluster:
         self.env: dict[str, str] = {}
 
     def _script(self, *args: str, timeout: float = 600) -> str:
-        result = subprocess.run(
-            [str(ROOT / "scripts" / "kafka-cluster.sh"), "--data-dir", str(self.data_dir), *args],
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"kafka-cluster.sh {args} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return run_script("kafka-cluster.sh", ["--data-dir", str(self.data_dir)], args, timeout)
 
     def up(self) -> KafkaCluster:
         self._script("up", "--brokers", str(self.brokers))

@@ -94,6 +94,24 @@ def scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing, reads a POST's body and answers 200."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def ok(self, content_type: str, data: bytes = b"") -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data:
+            self.wfile.write(data)
+
+
 class _Server:
     """A threaded HTTP server on 127.0.0.1 and a free port, in a daemon thread."""
 
@@ -121,21 +139,12 @@ class ScriptedModel(_Server):
         self.bodies: list[dict[str, Any]] = []  # every request the proxy sent on, in order
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(_Handler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.body() or b"{}")
                 outer.requests += 1
                 outer.bodies.append(body)
-                data = json.dumps(scripted_reply(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.ok("application/json", json.dumps(scripted_reply(body)).encode())
 
         super().__init__(Handler)
 
@@ -151,17 +160,10 @@ class OtlpReceiver(_Server):
         self.bodies: list[bytes] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(_Handler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                outer.bodies.append(self.rfile.read(length))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                outer.bodies.append(self.body())
+                self.ok("application/x-protobuf")
 
         super().__init__(Handler)
 

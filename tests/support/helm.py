@@ -21,6 +21,16 @@ MONITORING_ON = (
     "monitoring.serviceMonitor.enabled=true",
     "monitoring.prometheusRule.enabled=true",
 )
+# The alerts of the chart's PrometheusRule.
+ALERTS = frozenset(
+    {
+        "SpanguardWorkerDown",
+        "SpanguardConsumerLagGrowing",
+        "SpanguardDeadLettersRising",
+        "SpanguardPagesUndeliverable",
+        "SpanguardFetchStalls",
+    }
+)
 
 
 def helm_sh() -> Path:

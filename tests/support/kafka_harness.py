@@ -164,6 +164,20 @@ def ensure_broker() -> str:
     return BOOTSTRAP
 
 
+def _prefixed(suffix: str) -> property:
+    """A Topics name: the run's prefix, then `suffix`."""
+    return property(lambda self: f"{self.prefix}-{suffix}")
+
+
+# WorkerSettings' keyword -> the Topics attribute it is given (Topics.settings).
+WORKER_TOPIC_SETTINGS = {
+    "app_id": "app_id", "input_topic": "input", "kill_topic": "kills",
+    "detections_topic": "detections", "dead_letter_topic": "dead_letters",
+    "repartition_topic": "repartition", "goal_topic": "goal_checks",
+    "conversation_topic": "conversations", "agent_usage_topic": "agent_usage",
+}  # fmt: skip
+
+
 @dataclass
 class Topics:
     """A fresh set of topic names, so runs and tests never see each other's messages."""
@@ -171,45 +185,17 @@ class Topics:
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
     cluster: Cluster = field(default_factory=lambda: CLUSTER)
 
-    @property
-    def app_id(self) -> str:
-        return f"{self.prefix}-spanguard"
-
-    @property
-    def input(self) -> str:
-        return f"{self.prefix}-otlp_spans"
-
-    @property
-    def kills(self) -> str:
-        return f"{self.prefix}-agent-kill-signals"
-
-    @property
-    def acks(self) -> str:
-        return f"{self.prefix}-agent-kill-acks"
-
-    @property
-    def detections(self) -> str:
-        return f"{self.prefix}-detections"
-
-    @property
-    def dead_letters(self) -> str:
-        return f"{self.prefix}-dead-letters"
-
-    @property
-    def repartition(self) -> str:
-        return f"{self.prefix}-repartition"
-
-    @property
-    def goal_checks(self) -> str:
-        return f"{self.prefix}-goal-checks"
-
-    @property
-    def conversations(self) -> str:
-        return f"{self.prefix}-conversation-calls"
-
-    @property
-    def agent_usage(self) -> str:
-        return f"{self.prefix}-agent-usage"
+    # Each topic's name: the prefix, then what it holds.
+    app_id = _prefixed("spanguard")
+    input = _prefixed("otlp_spans")
+    kills = _prefixed("agent-kill-signals")
+    acks = _prefixed("agent-kill-acks")
+    detections = _prefixed("detections")
+    dead_letters = _prefixed("dead-letters")
+    repartition = _prefixed("repartition")
+    goal_checks = _prefixed("goal-checks")
+    conversations = _prefixed("conversation-calls")
+    agent_usage = _prefixed("agent-usage")
 
     def delete(self) -> None:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
@@ -222,6 +208,10 @@ class Topics:
                 # Already gone, or the broker is stopping: nothing to keep either way.
                 with contextlib.suppress(Exception):
                     future.result(timeout=30)
+
+    def settings(self) -> dict[str, str]:
+        """The worker's settings that name these topics (WorkerSettings' keywords)."""
+        return {setting: getattr(self, name) for setting, name in WORKER_TOPIC_SETTINGS.items()}
 
     def flags(self) -> list[str]:
         return [
@@ -446,6 +436,18 @@ def end_offsets(topic: str, partitions: int, cluster: Cluster | None = None) -> 
         consumer.close()
 
 
+def run_script(name: str, options: list[str], args: tuple[str, ...], timeout: float) -> str:
+    """scripts/`name` with `options` then `args`; its stdout, or a RuntimeError with all it
+    printed."""
+    result = subprocess.run(
+        [str(ROOT / "scripts" / name), *options, *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} {args} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
 class Broker:
     """A broker of the test's own (scripts/kafka.sh on free ports, its own data dir), which the
     test may SIGKILL and restart: the shared broker on 9092 is never touched."""
@@ -457,15 +459,12 @@ class Broker:
         self.cluster = Cluster(self.bootstrap, source="a broker of the test's own")
 
     def _script(self, *args: str, timeout: float = 300) -> str:
-        result = subprocess.run(
-            [str(ROOT / "scripts" / "kafka.sh"), "--port", str(self.port),
-             "--controller-port", str(self.controller_port), "--data-dir", str(self.data_dir),
-             *args],
-            capture_output=True, text=True, timeout=timeout,
+        return run_script(
+            "kafka.sh",
+            ["--port", str(self.port), "--controller-port", str(self.controller_port),
+             "--data-dir", str(self.data_dir)],
+            args, timeout,
         )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"kafka.sh {args} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
 
     def start(self) -> Broker:
         """Start (or restart, from the same data dir) and wait until it answers."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,6 +126,25 @@ def trace_id_of(span: ReadableSpan) -> str:
 
 def span_id_of(span: ReadableSpan) -> str:
     return format(span.context.span_id, "016x")
+
+
+def tool_span_ids_in(
+    request: Mapping[str, Any], tools: Container[str], name_keys: Container[str]
+) -> list[str]:
+    """Span ids of the spans of an OTLP/JSON request that name one of `tools` (under one of
+    `name_keys`), in the order they started."""
+    spans = [
+        span
+        for resource in request["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+        if any(
+            attribute["key"] in name_keys and attribute["value"].get("stringValue") in tools
+            for attribute in span.get("attributes", ())
+        )
+    ]
+    spans.sort(key=lambda span: int(span["startTimeUnixNano"]))
+    return [span["spanId"] for span in spans]
 
 
 def kill_signal(trace_id: str, kind: str = "kill", message: str | None = None) -> KillSignal:

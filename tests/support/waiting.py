@@ -26,3 +26,12 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what() if callable(what) else what} (not within {timeout} s)")
         time.sleep(interval)
+
+
+def raises(call: Callable[[], object], exception: type[BaseException]) -> bool:
+    """Whether `call()` raises `exception` (a predicate to wait on: a switch's check killed)."""
+    try:
+        call()
+    except exception:
+        return True
+    return False

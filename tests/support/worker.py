@@ -98,6 +98,29 @@ def send_spans(
     assert out.flush(10) == 0
 
 
+def worker_starter(
+    topics: Topics, data: Path, policy: Path, partitions: int
+) -> Callable[[str], WorkerProcess]:
+    """`start(name)`: a worker on the test's topics with the policy file, in `data / name`."""
+
+    def start(name: str) -> WorkerProcess:
+        return WorkerProcess(topics, data / name, partitions=partitions, policy=policy).start()
+
+    return start
+
+
+def operator_cli(command: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
+    """`spanguard kill|release` with `args` (a scope: --conversation, --agent) by operator
+    alice, on the test's kill and detections topics, with the tests' signing key."""
+    env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}
+    return subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", command, *args, "--bootstrap", CLUSTER.bootstrap,
+         "--kill-topic", topics.kills, "--detections-topic", topics.detections,
+         "--operator", "alice"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
 def run_cli(command: str, trace_id: str, topics: Topics, *args: str) -> subprocess.CompletedProcess:
     """`spanguard kill|release TRACE_ID` on the test's topics, with the tests' signing key."""
     env = {**os.environ, **CLUSTER.env(), "SPANGUARD_SIGNING_KEY": SIGNING_KEY}

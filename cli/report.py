@@ -1,10 +1,14 @@
-"""`spanguard replay --html FILE`: one self-contained page with a timeline per tripped trace.
+"""The HTML pages of `spanguard replay --html` and `spanguard backtest --html`: one
+self-contained page each, a timeline per tripped (or changed) trace.
 
 For owners who would rather look than read: each trace that tripped a rule gets its tool calls
 in order (tool name, a hash prefix, span id, time since the first call), the repeated key
 highlighted (for a cycle: every round of its repeated sequence), and a marker where the rule
-fired. The calls come from a guard observer (`Timelines`): the keys are the guard's own. The page has no script and loads nothing:
-one file to attach to a ticket. Arguments appear only as hash prefixes, as everywhere else.
+fired. The calls come from a guard observer (`spanguard.detection.timelines.Timelines`): the
+keys are the guard's own. The page has no script and loads nothing: one file to attach to a
+ticket. Arguments appear only as hash prefixes, as everywhere else.
+
+Rendering lives here, in the CLI that writes the pages, not in the detection kernel.
 """
 
 from __future__ import annotations
@@ -12,80 +16,17 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from spanguard.detection.conventions import ToolCall
+from spanguard.detection.backtest import BacktestReport, iso_time
 from spanguard.detection.explain import HASH_PREFIX, usd
 from spanguard.detection.guard import GuardStats
 from spanguard.detection.pricing import micro_usd
-from spanguard.detection.rules.base import GuardObserver
-from spanguard.detection.trace_state import CallKey, TraceState
+from spanguard.detection.timelines import Call, Timeline, Timelines
+from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import Decision
 
-__all__ = ["MAX_CALLS_PER_TRACE", "Timelines", "render_html"]
-
-# Calls kept per trace for the page; a trace that ran longer shows its first ones and a count.
-MAX_CALLS_PER_TRACE = 2000
-
-
-@dataclass(slots=True)
-class Call:
-    span_id: str
-    tool_name: str
-    args_hash: str | None
-    result_hash: str | None
-    ended_unix_nano: int
-    counted: bool  # False: no rule counted it (no arguments recorded, or an exempt tool)
-
-
-@dataclass
-class Timeline:
-    """One trace as the page shows it."""
-
-    service: str = "unknown_service"
-    agent_name: str | None = None
-    calls: list[Call] = field(default_factory=list)
-    dropped: int = 0  # calls beyond MAX_CALLS_PER_TRACE
-    # (decision, calls seen when it fired): a token budget fires on an inference span.
-    decisions: list[tuple[Decision, int]] = field(default_factory=list)
-
-
-class Timelines(GuardObserver):
-    """A guard observer that remembers every tool call per trace, as the guard keyed it, and
-    the decisions: what the page draws (`guard.add_observer(Timelines())`)."""
-
-    def __init__(self) -> None:
-        self.timelines: dict[str, Timeline] = defaultdict(Timeline)
-
-    def on_tool_call(
-        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
-    ) -> None:
-        timeline = self.timelines[trace_id]
-        timeline.service, timeline.agent_name = state.service, state.agent_name
-        if len(timeline.calls) >= MAX_CALLS_PER_TRACE:
-            timeline.dropped += 1
-            return
-        timeline.calls.append(
-            Call(
-                span_id=call.span_id.hex(),
-                tool_name=call.tool_name,
-                args_hash=key[1] if key is not None else None,
-                result_hash=key[2] if key is not None else None,
-                ended_unix_nano=call.end_time_unix_nano,
-                counted=key is not None,
-            )
-        )
-
-    def on_decision(self, decision: Decision, state: TraceState) -> None:
-        timeline = self.timelines[decision.trace_id]
-        timeline.service, timeline.agent_name = state.service, state.agent_name
-        timeline.decisions.append((decision, len(timeline.calls)))
-
-    def tripped(self) -> dict[str, Timeline]:
-        """The timelines of traces with at least one decision, in the order they tripped."""
-        found = {t: line for t, line in self.timelines.items() if line.decisions}
-        return dict(sorted(found.items(), key=lambda item: item[1].decisions[0][0].detected_at))
+__all__ = ["STYLE", "decision_box", "render_backtest_html", "render_html", "trace_section"]
 
 
 STYLE = """
@@ -153,7 +94,7 @@ def _strip(
     return "".join(parts)
 
 
-def _decision_box(decision: Decision) -> str:
+def decision_box(decision: Decision) -> str:
     e = html.escape
     details = [f"<b>{e(decision.rule)} → {e(decision.action)}</b>: {e(decision.reason)}"]
     if decision.policy_entry:
@@ -194,7 +135,7 @@ def _spend(state: TraceState | None) -> str:
     return text
 
 
-def _trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = None) -> str:
+def trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = None) -> str:
     e = html.escape
     keys = {(d.tool_name, d.args_hash) for d, _ in timeline.decisions if d.rule == "tool_loop"}
     fired = {d.span_id: d for d, _ in timeline.decisions}
@@ -221,7 +162,7 @@ def _trace_section(trace_id: str, timeline: Timeline, state: TraceState | None =
         f'<p class="meta">trace <code>{e(trace_id)}</code> · {len(calls)} tool calls'
         + (f" (and {timeline.dropped} more not shown)" if timeline.dropped else "")
         + f" · first call ended {e(_iso(start))}{e(_spend(state))}</p>",
-        *(_decision_box(d) for d, _ in timeline.decisions),
+        *(decision_box(d) for d, _ in timeline.decisions),
         _strip(calls, is_repeated, set(fired), set(markers)),
         '<p class="legend"><span><i class="dot" style="background:#cf222e"></i> the repeated'
         ' call</span><span><i class="dot" style="background:#82071e"></i> where the rule'
@@ -306,7 +247,7 @@ def render_html(
     tripped = timelines.tripped()
     states = states or {}
     sections = [
-        _trace_section(trace_id, timeline, states.get(trace_id))
+        trace_section(trace_id, timeline, states.get(trace_id))
         for trace_id, timeline in tripped.items()
     ]
     if not sections:
@@ -320,6 +261,60 @@ def render_html(
         "</h1>\n"
         f'<p class="meta">{stats.spans:,} spans, {stats.tool_calls:,} tool calls counted,'
         f" {sum(stats.decisions.values())} decisions · from {e(', '.join(sources))}</p>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
+
+
+# -- the backtest page ------------------------------------------------------------------------
+
+
+def render_backtest_html(report: BacktestReport) -> str:
+    """`--html`: the replay page's style, one section per changed trace kept: what changed,
+    the trace's tool calls with the new policy's decisions, and the current policy's."""
+    e = html.escape
+    sections = []
+    for trace in report.kept:
+        changes = [
+            f'<div class="decision {e(v.action)}"><b>{sign} {e(v.rule)} → {e(v.action)}</b>'
+            f" under the {which} policy only: {e(v.reason)} (at {e(iso_time(v.at))})</div>"
+            for sign, which, verdicts in (
+                ("added", "new", trace.added),
+                ("removed", "current", trace.removed),
+            )
+            for v in verdicts
+        ]
+        timeline = trace.timeline or Timeline(service=trace.service, agent_name=trace.agent_name)
+        current = trace.current_decisions
+        sections.append(
+            f'<div class="changed">{"".join(changes)}'
+            + trace_section(trace.trace_id, timeline)
+            + (
+                '<p class="meta">under the current policy:</p>'
+                + "".join(decision_box(d) for d in current)
+                if current
+                else '<p class="meta">under the current policy: no decision</p>'
+            )
+            + "</div>"
+        )
+    if not sections:
+        sections = ["<p>No trace is decided differently.</p>"]
+    title = (
+        f"spanguard backtest: {report.added} decisions added, {report.removed} removed"
+        f" in {report.changed_traces} traces"
+    )
+    more = (
+        f" ({report.changed_traces - len(report.kept)} more changed traces not shown)"
+        if report.changed_traces > len(report.kept)
+        else ""
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)}</title><style>{STYLE}</style></head><body>\n"
+        f"<h1>{e(title)}</h1>\n"
+        f'<p class="meta">{e(report.new_policy)} against {e(report.current_policy)} ·'
+        f" {report.records:,} records, {report.spans:,} spans, {report.traces:,} traces{e(more)}</p>\n"
         + "\n".join(sections)
         + "\n</body></html>\n"
     )
