@@ -97,9 +97,13 @@ class WriteBackAgent:
         flushed, on a failure nothing more is written."""
         crashed = False
         try:
-            # (take_events is Stream's, not on the StreamT interface Faust types it by.)
-            batches = stream.take_events(self.worker.settings.batch_size, within=within)  # type: ignore[attr-defined]
-            async for events in batches:
+            # The generator is never bound to a name: on a crash the traceback keeps this frame,
+            # and a generator held by it would never close, so the restarted agent would wait
+            # on a stream the dead one still iterates. (take_events is Stream's, not on the
+            # StreamT interface Faust types it by.)
+            async for events in stream.take_events(  # type: ignore[attr-defined]
+                self.worker.settings.batch_size, within=within
+            ):
                 self.in_batch = True
                 await guard_batch(events)
                 self.in_batch = False
