@@ -274,6 +274,11 @@ def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return steps
 
 
+def outcome_of(reward: float | None) -> str | None:
+    """A run's outcome from its reward: full reward is a success."""
+    return None if reward is None else ("success" if reward >= 0.999 else "failure")
+
+
 def reward_of(sim: dict[str, Any]) -> float | None:
     info = sim.get("reward_info")
     if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
@@ -322,7 +327,7 @@ def runs_of_file(
         if seen[run_id] > 1:
             run_id = f"{run_id}#{seen[run_id]}"
         reward = reward_of(sim)
-        outcome = None if reward is None else ("success" if reward >= 0.999 else "failure")
+        outcome = outcome_of(reward)
         tally[outcome] += 1
         steps = steps_of(sim.get("messages") or [])
         count, what = loop_signs(steps)

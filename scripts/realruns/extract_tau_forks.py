@@ -62,6 +62,7 @@ from extract_tau2 import (
     extra_scrub,
     git,
     loop_signs,
+    outcome_of,
     parse_arguments,
     read_blob,
     reward_of,
@@ -214,10 +215,6 @@ SOURCES: list[tuple[str, str, str, str, int, str | None, str, str | None, str]] 
         "advice); retail tasks 0-99; the file names the model 'none' (an unnamed endpoint)",
     ),
 ]
-
-
-def outcome_of(reward: float | None) -> str | None:
-    return None if reward is None else ("success" if reward >= 0.999 else "failure")
 
 
 def v1_steps(traj: list[dict[str, Any]]) -> list[dict[str, Any]]:
