@@ -156,14 +156,7 @@ def test_a_plain_agent_is_refused_its_twin_finishes_and_a_release_lets_it_go_on(
     assert twin.status == "finished" and twin.calls == gateway.HEALTHY_CALLS, twin
 
     # A release by the operator: the run's next call goes through.
-    released = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "release", loop.trace_id, "--bootstrap",
-         BOOTSTRAP, "--kill-topic", running.topics.kills, "--reason", "test"],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "SPANGUARD_SIGNING_KEY_FILE": running.key_file,
-             "SPANGUARD_SIGNING_KEY": ""},
-    )  # fmt: skip
-    assert released.returncode == 0, released.stderr
+    _operator(running, "release", loop.trace_id)
     messages = [{"role": "user", "content": "healthy"}]
     deadline, status = time.monotonic() + 10, 0
     while time.monotonic() < deadline and status != 200:
