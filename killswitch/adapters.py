@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -76,6 +77,12 @@ class TraceGate:
     the traces recorded per run of the framework."""
 
     framework = "this framework"
+    # Named by the unguarded warning: the instrumentation modules this framework's spans come
+    # from (those imported are "found"), or `own_telemetry` where the framework makes its own
+    # spans; and how the user gives the run a trace (`setup`, then the ways every adapter shares).
+    instrumentations: tuple[str, ...] = ()
+    own_telemetry: str | None = None
+    setup = "instrument the framework with OpenTelemetry before the agent runs"
 
     def __init__(
         self,
@@ -146,13 +153,16 @@ class TraceGate:
 
     def instrumentation(self) -> str:
         """The OpenTelemetry instrumentation found for this framework (for the warning)."""
-        return "none found"
+        if self.own_telemetry is not None:
+            return self.own_telemetry
+        if not self.instrumentations:
+            return "none found"
+        return ", ".join(name for name in self.instrumentations if name in sys.modules) or (
+            "none active"
+        )
 
     def what_to_do(self) -> str:
-        return (
-            "instrument the framework with OpenTelemetry before the agent runs, run the agent"
-            " inside a span of your own, or pass trace_id= to the adapter"
-        )
+        return f"{self.setup}, run it inside an OpenTelemetry span of your own, or pass trace_id="
 
     def check_trace(self, trace_id: str | None, wait: bool = True, span: Any = None) -> None:
         """Check `trace_id` (raises AgentKilled); None: count and report an unguarded call.
@@ -221,13 +231,16 @@ class TraceGate:
         if callable(note):  # a KillSwitch: counted there too, and warned once per adapter
             note(where, self.what_to_do())
         elif not self._warned:
-            log.warning(
-                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
-                " guarded: %s (further ones are counted in .unguarded, not logged)",
-                where,
-                self.what_to_do(),
-            )
+            log.warning(unguarded_warning(where, self.what_to_do(), ".unguarded"))
         self._warned = True
+
+
+def unguarded_warning(where: str, what_to_do: str, counter: str) -> str:
+    """The one warning about a tool call no check could guard: where, and the fix."""
+    return (
+        f"spanguard killswitch: {where} found no trace to check, so this tool call is NOT"
+        f" guarded: {what_to_do} (further ones are counted in {counter}, not logged)"
+    )
 
 
 EXPORT_ADVICE = (

@@ -33,14 +33,11 @@ class SpanguardAdkPlugin(TraceGate, BasePlugin):  # BasePlugin calls super().__i
         BasePlugin.__init__(self, name=name)
         TraceGate.__init__(self, checker, trace_id, on_downgrade)
 
-    def instrumentation(self) -> str:
-        return "ADK's own (the global tracer provider)"
-
-    def what_to_do(self) -> str:
-        return (
-            "set an SDK TracerProvider as the global one (trace.set_tracer_provider) before the"
-            " runner starts, run it inside an OpenTelemetry span of your own, or pass trace_id="
-        )
+    own_telemetry = "ADK's own (the global tracer provider)"
+    setup = (
+        "set an SDK TracerProvider as the global one (trace.set_tracer_provider) before the"
+        " runner starts"
+    )
 
     def _trace_of(self, invocation_id: str | None) -> str | None:
         current = current_trace_id()

@@ -81,12 +81,10 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
             found.remove(OPENINFERENCE)  # imported, never instrumented
         return ", ".join(found) or "none active"
 
-    def what_to_do(self) -> str:
-        return (
-            "call LangChainInstrumentor().instrument() (openinference-instrumentation-langchain"
-            " or opentelemetry-instrumentation-langchain) before the agent runs, run the agent"
-            " inside an OpenTelemetry span of your own, or pass trace_id="
-        )
+    setup = (
+        "call LangChainInstrumentor().instrument() (openinference-instrumentation-langchain"
+        " or opentelemetry-instrumentation-langchain) before the agent runs"
+    )
 
     def _start(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         # Remembered now: a tool run later in this run's tree finds the trace through it, even

@@ -10,7 +10,6 @@ tool, and what it raises fails the workflow: `await agent.run(...)` raises the `
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,15 +23,11 @@ INSTRUMENTATION = "openinference.instrumentation.llama_index"
 class SpanguardLlamaIndexGuard(TraceGate):
     framework = "llama-index"
 
-    def instrumentation(self) -> str:
-        return INSTRUMENTATION if INSTRUMENTATION in sys.modules else "none active"
-
-    def what_to_do(self) -> str:
-        return (
-            "call LlamaIndexInstrumentor().instrument() (openinference-instrumentation-"
-            "llama-index) before the agent runs, run it inside an OpenTelemetry span of your"
-            " own, or pass trace_id="
-        )
+    instrumentations = (INSTRUMENTATION,)
+    setup = (
+        "call LlamaIndexInstrumentor().instrument() (openinference-instrumentation-"
+        "llama-index) before the agent runs"
+    )
 
 
 def guard_llama_index_agent(agent: Any, checker: Checker, *, trace_id: str | None = None,

@@ -8,7 +8,6 @@ processors make theirs current); else the one current when the SDK's trace start
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -53,15 +52,11 @@ class SpanguardRunHooks(RunHooks, TraceGate):
         sdk_trace = self._sdk_trace()
         return self.recorded_trace([sdk_trace]) if sdk_trace is not None else None
 
-    def instrumentation(self) -> str:
-        return ", ".join(name for name in INSTRUMENTATIONS if name in sys.modules) or "none active"
-
-    def what_to_do(self) -> str:
-        return (
-            "call OpenAIAgentsInstrumentor().instrument() (openinference-instrumentation-openai-"
-            "agents or opentelemetry-instrumentation-openai-agents-v2) before Runner.run, run"
-            " it inside an OpenTelemetry span of your own, or pass trace_id="
-        )
+    instrumentations = INSTRUMENTATIONS
+    setup = (
+        "call OpenAIAgentsInstrumentor().instrument() (openinference-instrumentation-openai-"
+        "agents or opentelemetry-instrumentation-openai-agents-v2) before Runner.run"
+    )
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
         sdk_trace = self._sdk_trace()

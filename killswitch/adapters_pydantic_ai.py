@@ -28,15 +28,11 @@ class SpanguardCapability(AbstractCapability[Any], TraceGate):
                  on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
         TraceGate.__init__(self, checker, trace_id, on_downgrade)
 
-    def instrumentation(self) -> str:
-        return "pydantic-ai's own (Agent.instrument_all() or instrument=)"
-
-    def what_to_do(self) -> str:
-        return (
-            "instrument the agent (Agent.instrument_all(), or Agent(..., instrument=True)) so"
-            " its run has a span, run it inside an OpenTelemetry span of your own, or pass"
-            " trace_id="
-        )
+    own_telemetry = "pydantic-ai's own (Agent.instrument_all() or instrument=)"
+    setup = (
+        "instrument the agent (Agent.instrument_all(), or Agent(..., instrument=True)) so"
+        " its run has a span"
+    )
 
     async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
         await self.before_tool_async()  # a killed run does not pay for another turn

@@ -14,7 +14,6 @@ span current), else the one recorded at the first step.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,15 +32,11 @@ class SpanguardStepCallback(TraceGate):
                  on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
         TraceGate.__init__(self, checker, trace_id, on_downgrade)
 
-    def instrumentation(self) -> str:
-        return INSTRUMENTATION if INSTRUMENTATION in sys.modules else "none active"
-
-    def what_to_do(self) -> str:
-        return (
-            "call SmolagentsInstrumentor().instrument() (openinference-instrumentation-"
-            "smolagents) before the agent runs, run it inside an OpenTelemetry span of your"
-            " own, or pass trace_id="
-        )
+    instrumentations = (INSTRUMENTATION,)
+    setup = (
+        "call SmolagentsInstrumentor().instrument() (openinference-instrumentation-"
+        "smolagents) before the agent runs"
+    )
 
     def __call__(self, memory_step: Any, agent: Any = None, **kwargs: Any) -> None:
         if agent is not None:

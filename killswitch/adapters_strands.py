@@ -35,15 +35,11 @@ class SpanguardHooks(HookProvider, TraceGate):
                  on_downgrade: Callable[[str], None] | None = None) -> None:  # fmt: skip
         TraceGate.__init__(self, checker, trace_id, on_downgrade)
 
-    def instrumentation(self) -> str:
-        return "strands' own (the global tracer provider)"
-
-    def what_to_do(self) -> str:
-        return (
-            "set an SDK TracerProvider as the global one (trace.set_tracer_provider, or"
-            " StrandsTelemetry) before the agent runs, run it inside an OpenTelemetry span of"
-            " your own, or pass trace_id="
-        )
+    own_telemetry = "strands' own (the global tracer provider)"
+    setup = (
+        "set an SDK TracerProvider as the global one (trace.set_tracer_provider, or"
+        " StrandsTelemetry) before the agent runs"
+    )
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         registry.add_callback(BeforeInvocationEvent, self._on_invocation)

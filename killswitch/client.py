@@ -313,12 +313,9 @@ class KillSwitch:
             first = where not in self._unguarded_warned
             self._unguarded_warned.add(where)
         if first:
-            log.warning(
-                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
-                " guarded: %s (further ones are counted in KillSwitch.unguarded, not logged)",
-                where,
-                what_to_do,
-            )
+            from spanguard.killswitch.adapters import unguarded_warning
+
+            log.warning(unguarded_warning(where, what_to_do, "KillSwitch.unguarded"))
 
     def note_late_export(self, where: str, problem: str) -> None:
         """Count a check whose spans may reach the guard late; warn once, naming the fix.

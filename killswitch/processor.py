@@ -239,13 +239,9 @@ class GuardingSpanProcessor(SpanProcessor):
             first = where not in self._unguarded_warned
             self._unguarded_warned.add(where)
         if first:
-            log.warning(
-                "spanguard killswitch: %s found no trace to check, so this tool call is NOT"
-                " guarded: %s (further ones are counted in GuardingSpanProcessor.unguarded,"
-                " not logged)",
-                where,
-                what_to_do,
-            )
+            from spanguard.killswitch.adapters import unguarded_warning
+
+            log.warning(unguarded_warning(where, what_to_do, "GuardingSpanProcessor.unguarded"))
 
     def _agent_of(self, trace_id: str | None) -> AgentIdentity | None:
         """The agent of a trace whose spans this processor has read, else the one a resource
