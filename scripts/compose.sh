@@ -22,21 +22,14 @@ CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
 COMPOSE_DIR="$CACHE_ROOT/compose-$COMPOSE_VERSION"
 COMPOSE="$COMPOSE_DIR/docker-compose"
 
-die() { echo "compose.sh: $*" >&2; exit 1; }
-say() { echo "compose.sh: $*" >&2; }
-usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+SCRIPT=compose.sh
+# shellcheck source=scripts/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
 
 build_compose() {
-  [[ -x $COMPOSE ]] && return 0
-  command -v go >/dev/null 2>&1 ||
-    die "go not found: compose is built from the Go module proxy; install Go (https://go.dev/dl/ or your distribution's golang package) and retry"
-  mkdir -p "$CACHE_ROOT"
-  # One build at a time (parallel test runs): the others wait, then reuse it.
-  if command -v flock >/dev/null 2>&1; then
-    exec 9>"$CACHE_ROOT/compose-build.lock"
-    flock 9
-    [[ -x $COMPOSE ]] && return 0
-  fi
+  tool_ready "$COMPOSE" compose-build.lock \
+    "go not found: compose is built from the Go module proxy; install Go (https://go.dev/dl/ or your distribution's golang package) and retry" &&
+    return 0
   local started=$SECONDS work src
   say "building docker compose $COMPOSE_VERSION ($MODULE) into $COMPOSE_DIR; the first build takes a few minutes"
   work=$(mktemp -d "$CACHE_ROOT/compose-build.XXXXXX")

@@ -20,21 +20,14 @@ CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
 HELM_DIR="$CACHE_ROOT/helm-$HELM_VERSION"
 HELM="$HELM_DIR/helm"
 
-die() { echo "helm.sh: $*" >&2; exit 1; }
-say() { echo "helm.sh: $*" >&2; }
-usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+SCRIPT=helm.sh
+# shellcheck source=scripts/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
 
 install_helm() {
-  [[ -x $HELM ]] && return 0
-  command -v go >/dev/null 2>&1 ||
-    die "go not found: helm is built from the Go module proxy; install Go >= 1.26, the go directive of helm v3.22.0 (https://go.dev/dl/ or your distribution's golang package) and retry"
-  mkdir -p "$CACHE_ROOT"
-  # One install at a time (parallel test runs, make -j): the others wait, then reuse it.
-  if command -v flock >/dev/null 2>&1; then
-    exec 9>"$CACHE_ROOT/helm-install.lock"
-    flock 9
-    [[ -x $HELM ]] && return 0
-  fi
+  tool_ready "$HELM" helm-install.lock \
+    "go not found: helm is built from the Go module proxy; install Go >= 1.26, the go directive of helm v3.22.0 (https://go.dev/dl/ or your distribution's golang package) and retry" &&
+    return 0
   local started=$SECONDS work
   say "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR; the first build takes a few minutes"
   # Build into a scratch GOBIN, then move the binary in: a reader never sees a half-written one.
