@@ -199,20 +199,8 @@ def extract_coder(git: Git) -> list[dict[str, Any]]:
             outcome, reward = "failure", 0.0
         else:
             outcome, reward = None, None
-        runs.append(
-            run_record(
-                f"swe/swe-agent-{CODER['submission']}/{instance}",
-                repo=CODER["repo"],
-                commit=CODER["commit"],
-                path=path,
-                harness=CODER["harness"],
-                model=CODER["model"],
-                kind="coding",
-                outcome=outcome,
-                reward=reward,
-                steps=steps,
-            )
-        )
+        run_id = f"swe/swe-agent-{CODER['submission']}/{instance}"
+        runs.append(coding_run(run_id, CODER, path, outcome, reward, steps))
     return runs
 
 
@@ -300,21 +288,32 @@ def extract_mini(git: Git) -> list[dict[str, Any]]:
             outcome, reward = "failure", 0.0  # empty patch: unresolved by definition
         else:
             outcome, reward = None, None
-        runs.append(
-            run_record(
-                f"swe/mini-swe-agent-{MINI['short']}/{instance}",
-                repo=MINI["repo"],
-                commit=MINI["commit"],
-                path=path,
-                harness=MINI["harness"],
-                model=MINI["model"],
-                kind="coding",
-                outcome=outcome,
-                reward=reward,
-                steps=steps,
-            )
-        )
+        run_id = f"swe/mini-swe-agent-{MINI['short']}/{instance}"
+        runs.append(coding_run(run_id, MINI, path, outcome, reward, steps))
     return runs
+
+
+def coding_run(
+    run_id: str,
+    submission: Source,
+    path: str,
+    outcome: str | None,
+    reward: float | None,
+    steps: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One run of a submission's coding agent, recorded where the submission is published."""
+    return run_record(
+        run_id,
+        repo=submission["repo"],
+        commit=submission["commit"],
+        path=path,
+        harness=submission["harness"],
+        model=submission["model"],
+        kind="coding",
+        outcome=outcome,
+        reward=reward,
+        steps=steps,
+    )
 
 
 def main() -> None:
