@@ -225,6 +225,20 @@ type scopeItem struct {
 	entry *scopeSignals
 }
 
+// firstDelivery: a signal id seen before on this entry is a duplicate (counted, not applied);
+// a new one is counted and wakes the waiters. The caller holds the lock.
+func (b *SignalBook) firstDelivery(seen map[string]bool, signal *Signal) bool {
+	if seen[signal.SignalID] {
+		b.Duplicates++
+		return false
+	}
+	seen[signal.SignalID] = true
+	b.Delivered++
+	close(b.changed)
+	b.changed = make(chan struct{})
+	return true
+}
+
 func (b *SignalBook) deliverScoped(signal *Signal) bool {
 	key := scopeKeyOf(signal)
 	var entry *scopeSignals
@@ -240,14 +254,9 @@ func (b *SignalBook) deliverScoped(signal *Signal) bool {
 			delete(b.scopes, oldest.Value.(*scopeItem).key)
 		}
 	}
-	if entry.signalIDs[signal.SignalID] {
-		b.Duplicates++
+	if !b.firstDelivery(entry.signalIDs, signal) {
 		return false
 	}
-	entry.signalIDs[signal.SignalID] = true
-	b.Delivered++
-	close(b.changed)
-	b.changed = make(chan struct{})
 	switch signal.Kind {
 	case "release":
 		if entry.kill != nil && atOrAfter(signal.DetectedAt, entry.kill.DetectedAt) {
@@ -335,14 +344,9 @@ func (b *SignalBook) Deliver(signal *Signal) bool {
 			b.others.touch(traceID)
 		}
 	}
-	if entry.signalIDs[signal.SignalID] {
-		b.Duplicates++
+	if !b.firstDelivery(entry.signalIDs, signal) {
 		return false
 	}
-	entry.signalIDs[signal.SignalID] = true
-	b.Delivered++
-	close(b.changed)
-	b.changed = make(chan struct{})
 	if signal.Kind == "pause" {
 		if entry.kill == nil {
 			entry.pause = signal

@@ -140,13 +140,7 @@ export class SignalBook {
         touch(this.others, traceId, entry);
       }
     }
-    if (entry.signalIds.has(signal.signalId)) {
-      this.duplicates += 1;
-      return false;
-    }
-    entry.signalIds.add(signal.signalId);
-    this.delivered += 1;
-    this.wakeWaiters();
+    if (!this.firstDelivery(entry, signal)) return false;
     if (signal.kind === 'pause') {
       if (entry.kill === null) entry.pause = signal;
       return true;
@@ -172,11 +166,9 @@ export class SignalBook {
     return true;
   }
 
-  deliverScoped(signal) {
-    const key = signalScopeKey(signal);
-    const entry = this.scopes.get(key) ?? { signalIds: new Set(), kill: null };
-    touch(this.scopes, key, entry);
-    trim(this.scopes, this.maxTraces);
+  // A signal id seen before on this entry is a duplicate (counted, not applied); a new one
+  // is counted and wakes the waiters.
+  firstDelivery(entry, signal) {
     if (entry.signalIds.has(signal.signalId)) {
       this.duplicates += 1;
       return false;
@@ -184,6 +176,15 @@ export class SignalBook {
     entry.signalIds.add(signal.signalId);
     this.delivered += 1;
     this.wakeWaiters();
+    return true;
+  }
+
+  deliverScoped(signal) {
+    const key = signalScopeKey(signal);
+    const entry = this.scopes.get(key) ?? { signalIds: new Set(), kill: null };
+    touch(this.scopes, key, entry);
+    trim(this.scopes, this.maxTraces);
+    if (!this.firstDelivery(entry, signal)) return false;
     if (signal.kind === 'release') {
       if (entry.kill !== null && atOrAfter(signal.detectedAt, entry.kill.detectedAt)) entry.kill = null;
     } else if (signal.kind === 'kill') {
