@@ -84,6 +84,20 @@ def restart_mid_retry(
         worker.stop()
 
 
+def assert_kill_not_delayed(
+    worker: WorkerProcess, collector, send: Callable[[], AgentRecorder]
+) -> None:
+    """While a notification still waits on its slow receiver, the kill of another looping
+    agent (`send`) reaches the kill topic within 5 s: notifying never holds the kills."""
+    sent = time.monotonic()
+    other = send()
+    collector.wait(
+        lambda m: m["topic"] == worker.topics.kills and m["key"] == other.trace_id.encode(),
+        timeout=5.0,
+    )
+    assert time.monotonic() - sent < 5.0
+
+
 def send_spans(
     topic: str,
     agent: AgentRecorder,
