@@ -75,32 +75,22 @@ cluster_init() {  # cluster_init N: choose ports and a cluster id once, for good
   mv -f "$CLUSTER_ENV.$$" "$CLUSTER_ENV"
 }
 
-cluster_bootstrap() {
-  local i out=()
+# per_broker VARIABLE [voters]: 127.0.0.1:$VARIABLE_i of each broker i, comma-separated; with
+# `voters`, as i@127.0.0.1:... (KRaft's controller.quorum.voters).
+per_broker() {
+  local variable=$1 voters=${2:-} i id out=()
   for ((i = 1; i <= BROKERS; i++)); do
-    local v="PORT_$i"
-    out+=("127.0.0.1:${!v}")
+    local v="${variable}_$i"
+    id=""
+    [[ -n $voters ]] && id="$i@"
+    out+=("${id}127.0.0.1:${!v}")
   done
   (IFS=,; echo "${out[*]}")
 }
 
-cluster_proxied_bootstrap() {
-  local i out=()
-  for ((i = 1; i <= BROKERS; i++)); do
-    local v="PROXY_PORT_$i"
-    out+=("127.0.0.1:${!v}")
-  done
-  (IFS=,; echo "${out[*]}")
-}
-
-cluster_voters() {
-  local i out=()
-  for ((i = 1; i <= BROKERS; i++)); do
-    local v="CONTROLLER_PORT_$i"
-    out+=("$i@127.0.0.1:${!v}")
-  done
-  (IFS=,; echo "${out[*]}")
-}
+cluster_bootstrap() { per_broker PORT; }
+cluster_proxied_bootstrap() { per_broker PROXY_PORT; }
+cluster_voters() { per_broker CONTROLLER_PORT voters; }
 
 use_node() {  # points the single-broker globals (DATA_DIR, PROPS, PID_FILE, ports) at node $1
   local i=$1 port="PORT_$1" controller="CONTROLLER_PORT_$1"
