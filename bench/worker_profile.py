@@ -68,7 +68,7 @@ PARTS: list[tuple[str, list[Callable[[str, str], bool]]]] = [
     ("sends: producer calls, ack awaits", [_in("streams/delivery.py", "send_all")]),
     (
         "state flush: encode, table write, changelog send",
-        [_in("streams/decoded_states.py", "flush"), _in("streams/write_back.py", "flush_states")],
+        [_in("streams/decoded_states.py", "flush"), _in("streams/write_back.py", "flush")],
     ),
     ("eviction", [_in("streams/decoded_states.py", "evict_idle")]),
     (

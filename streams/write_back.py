@@ -1,6 +1,40 @@
-"""Agents whose messages are held until the states they changed are written and acked by
-the changelog (docs/design.md, "State writes once per commit"): the flush-and-ack protocol
-(`WriteBackAgent`) and the scope agents' batches over it (`ScopeAgent`)."""
+"""The flush-and-ack protocol (`WriteBack`): an agent's message is acked, so its offset
+committable, only once the states it changed are written and acked by the changelog and the
+records it sent are acked by the broker (docs/design.md, "State writes once per commit"). And
+the scope agents' batches over it (`ScopeAgent`).
+
+One message's way through it (acked: its offset can be committed)::
+
+    taken --hold--> held --flush--> written --changelog, records acked--> durable --ack--> acked
+
+    fenced (a rebalance):  held, written --drop_fenced--> dropped unwritten, released unacked
+    crash:                 held --fail--> dropped unwritten, left unacked with Faust
+    give-up:               written --acks not in time (a stop), or fenced--> left unacked
+
+- hold: a batch's messages each keep one more reference (their ack) until the flush that
+  writes their states; records the batch produced without waiting (`defer`) and the scope
+  records the agent holds back (`WriteBackHooks`) wait with them.
+- flush: once per commit interval (`flush_due`), at a batch's end or between batches on the
+  timer (`flush_when_idle`), and at once when Faust waits for every message to be acked (a
+  rebalance, a stop: `flush_before_waiting`). The states are written, the held records
+  produced, and the messages move to `written` together: no batch adds to one and not the
+  other in between.
+- durable: the changelog acked the writes and the broker the records; a record refused leaves
+  a dead letter first (`dead_letter_refused`). Then the messages are acked: no offset is
+  committed ahead of its state or of a record it sent.
+
+On a rebalance, whatever is held is flushed before Faust waits; a worker whose lease lapsed
+(streams/fence.py) writes nothing more (the partitions may be another's already): it drops
+what is unwritten and releases its messages, held or written, unacked: Faust stops waiting on
+them and the next owner decides them again from the committed offsets and the changelog.
+On a stop, a batch cut short is dropped unwritten (`drop_unwritten`), what was decided before
+it is flushed, and the acks are awaited a bounded time (`flush_on_stop`).
+On a crash (a batch that raised, a flush that failed: `fail`), what is unwritten is dropped and
+its messages stay unacked with Faust, so no offset after them is committed: every later batch
+raises until the restart decides them again (health: crashed, then /livez red).
+On give-up (the acks not in time on a stop, or fenced while awaiting them) the messages stay
+unacked, decided again after the restart.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import faust
 from faust.types import EventT
@@ -22,7 +56,14 @@ from spanguard.streams.state_table import StateTable
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
 
-__all__ = ["CHANGELOG_ACK_TIMEOUT", "FLUSH_CHECK_INTERVAL", "ScopeAgent", "WriteBackAgent"]
+__all__ = [
+    "CHANGELOG_ACK_TIMEOUT",
+    "FLUSH_CHECK_INTERVAL",
+    "NoHooks",
+    "ScopeAgent",
+    "WriteBack",
+    "WriteBackHooks",
+]
 
 log = logging.getLogger("spanguard.worker")
 
@@ -33,30 +74,66 @@ FLUSH_CHECK_INTERVAL = 0.1
 CHANGELOG_ACK_TIMEOUT = 10.0
 
 
-class WriteBackAgent:
-    """An agent over a DecodedStates table whose messages are held until the states they
-    changed are written and acked by the changelog (docs/design.md, "State writes once per
-    commit"): the span agent over the trace table, the conversation agent and the agent-windows
-    agent over theirs, each with its own held messages, flush timer and failure, under the
-    worker's one lease on its partitions (streams/fence.py). The flush also awaits the acks of
-    the records an agent deferred (`defer`): their messages are acked after them.
+class WriteBackHooks(Protocol):
+    """What an agent adds to its write-back: records it holds back to send with the next
+    flush, and the count of the dead letters a flush left."""
 
-    A subclass runs its batches through `run_batches` and, in each batch, takes its messages
+    def take_scope_records(self) -> list[Send]:
+        """The records held back (the span agent's for the conversation and agent-window
+        scopes), taken to be sent now. (Not `WriteBack.held`: those are messages.)"""
+        ...
+
+    def drop_scope_records(self) -> None:
+        """Drop the records held back, unsent: their messages will not be acked (a fence, a
+        failure), so they are decided and sent again."""
+        ...
+
+    def count_dead_letters(self, pointers: int) -> None:
+        """Told of the dead letters a flush left for records the broker refused."""
+        ...
+
+
+class NoHooks:
+    """An agent that holds back no records and counts no dead letters (the scope agents)."""
+
+    def take_scope_records(self) -> list[Send]:
+        return []
+
+    def drop_scope_records(self) -> None:
+        """Nothing held back."""
+
+    def count_dead_letters(self, pointers: int) -> None:
+        """Not counted."""
+
+
+class WriteBack:
+    """One agent's flush-and-ack protocol (the module's docstring draws it) over a
+    DecodedStates table: the span agent's over the trace table, the conversation and
+    agent-windows agents' over theirs, each with its own held messages, flush timer and
+    failure, under the worker's one lease on its partitions (streams/fence.py).
+
+    An agent runs its batches through `run_batches` and, in each batch, takes its messages
     with `hold`, opens the flush window (`states.begin_batch()`), and flushes at its end once
-    `flush_due()`; `attach_writes` registers the flush timer and the flush before Faust waits
-    for every message to be acked (a rebalance, a stop)."""
+    `flush_due()`; `attach` registers the flush timer and the flush before Faust waits for
+    every message to be acked (a rebalance, a stop)."""
 
     def __init__(
-        self, worker: Worker, states: DecodedStates, table: StateTable, lease: Lease
+        self,
+        worker: Worker,
+        states: DecodedStates,
+        table: StateTable,
+        lease: Lease,
+        hooks: WriteBackHooks | None = None,
     ) -> None:
         self.worker = worker
         self.states = states
         self.table = table
         self.lease = lease
-        # Events whose changed states are not written yet: each holds its message's ack.
+        self.hooks: WriteBackHooks = NoHooks() if hooks is None else hooks
+        # Held: messages whose changed states are not written yet, each holding its ack.
         self.held: list[EventT] = []
-        # Events whose states are written, waiting for the changelog's acks (one list per flush).
-        self.confirming: list[list[EventT]] = []
+        # Written: messages whose states are written, waiting for the acks (one list per flush).
+        self.written: list[list[EventT]] = []
         self.flushed_at = time.monotonic()
         self.in_batch = False
         self.draining = False  # Faust waits for every message to be acked: flush at once
@@ -68,22 +145,21 @@ class WriteBackAgent:
         self.dropped_epoch = lease.epoch
         # Records produced since the last flush whose acks it awaits before acking `held`.
         self.deferred: list[tuple[Send, Produced]] = []
-        # Scope records (`take_scope_records`) are produced under it, in the order they were
-        # taken: the agent-window agent drops a row older than one it already counted.
+        # Scope records are produced under it, in the order they were taken: the agent-window
+        # agent drops a row older than one it already counted.
         self.producing = asyncio.Lock()
-        # Flushes whose acks are awaited by a task of their own (`flush_states`).
+        # Flushes whose acks are awaited by a task of their own (`flush`).
         self.acking: set[asyncio.Future[None]] = set()
 
-    def attach_writes(self, app: faust.App) -> None:
+    def attach(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
         # A rebalance and a stop both wait, in App._consumer_wait_empty, until every message
         # taken is acked, with timers already stopped on a stop: the held messages are flushed
         # first (a batch still running flushes as it ends), so neither waits out the interval
-        # or forever. A worker whose lease lapsed writes nothing more: the partitions may be
-        # another's already.
-        wrap_consumer_wait_empty(app, self._flushing_first)
+        # or forever.
+        wrap_consumer_wait_empty(app, self.flush_before_waiting)
 
-    # -- batches ---------------------------------------------------------------------------
+    # -- batches: hold ---------------------------------------------------------------------
 
     async def run_batches(
         self,
@@ -95,7 +171,7 @@ class WriteBackAgent:
         """Take the stream's messages in batches of up to `batch_size` (waiting at most
         `within` seconds for one to fill) and guard each; on a stop, what was decided is
         flushed, on a failure nothing more is written."""
-        crashed = False
+        failed = False
         try:
             # The generator is never bound to a name: on a crash the traceback keeps this frame,
             # and a generator held by it would never close, so the restarted agent would wait
@@ -109,10 +185,10 @@ class WriteBackAgent:
                 self.in_batch = False
                 progressed()
         except BaseException as exc:
-            crashed = self.stopped_mid_batch(exc)
+            failed = self.interrupted(exc)
             raise
         finally:
-            if self.held and not crashed and self.lease.held():
+            if self.held and not failed and self.lease.held():
                 await self.flush_on_stop()
 
     def hold(self, events: list[EventT]) -> int:
@@ -121,25 +197,45 @@ class WriteBackAgent:
         if self.unackable is not None:
             raise RuntimeError(f"messages left unacked by an earlier failure: {self.unackable!r}")
         for event in events:
-            event.message.incref()  # acked by flush_states, once its states are written
+            event.message.incref()  # acked once durable (`flush`)
         self.held.extend(events)
         return self.lease.epoch
 
-    def stopped_mid_batch(self, exc: BaseException) -> bool:
-        """Stopped or failed, maybe mid-batch with kills not yet acked: that batch's states
-        (fired marks among them) are not written, decided again on restart. True if failed."""
+    def defer(self, sends: list[Send], produced: list[Produced]) -> None:
+        """Records produced without waiting for the broker: the next flush awaits their acks
+        before it acks the messages held with them."""
+        self.deferred.extend(zip(sends, produced, strict=True))
+
+    async def send_scope_records(self) -> None:
+        """Send the scope records held back before the flush would: produced in the order
+        taken, their acks awaited by the next flush with the messages they came from."""
+        epoch = self.lease.epoch
+        async with self.producing:
+            sends = self.hooks.take_scope_records()
+            if sends:
+                produced = await produce(sends)
+                if epoch == self.lease.epoch:  # fenced meanwhile: dropped with their messages
+                    self.defer(sends, produced)
+
+    def interrupted(self, exc: BaseException) -> bool:
+        """The batches stopped or failed, maybe mid-batch with kills not yet acked: that
+        batch's states (fired marks among them) are not written, decided again on restart.
+        True if failed."""
         cut_short, self.in_batch = self.in_batch, False
-        crashed = not isinstance(exc, asyncio.CancelledError)
-        if crashed:
-            self.unackable = self.unackable or exc
-            self.crash(exc)
+        failed = not isinstance(exc, asyncio.CancelledError)
+        if failed:
+            self.fail(exc)
         elif cut_short:
-            self.drop_unwritten_keep_unacked()
-        return crashed
+            self.drop_unwritten()
+        return failed
 
-    # -- writing states, then acking -------------------------------------------------------
+    # -- flush: write, then ack once durable -----------------------------------------------
 
-    async def flush_states(
+    def flush_due(self) -> bool:
+        due = time.monotonic() - self.flushed_at >= self.worker.settings.commit_interval
+        return bool(self.held) and (due or self.draining)
+
+    async def flush(
         self, ack_timeout: float | None = None, *, acks_in_background: bool = False
     ) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
@@ -158,26 +254,27 @@ class WriteBackAgent:
         written = self.held.copy()
         self.held.clear()
         records, self.deferred = self.deferred, []
-        held_records = self.take_scope_records()
-        self.confirming.append(written)
+        scope_records = self.hooks.take_scope_records()
+        self.written.append(written)
         try:
-            if held_records:
+            if scope_records:
                 async with self.producing:
-                    produced = await produce(held_records)
-                records.extend(zip(held_records, produced, strict=True))
+                    produced = await produce(scope_records)
+                records.extend(zip(scope_records, produced, strict=True))
             await self.table.send_pending()
             changelog = self.table.take_unconfirmed()
         except BaseException:
-            self.confirming = [batch for batch in self.confirming if batch is not written]
+            self.written = [batch for batch in self.written if batch is not written]
             raise
         if not acks_in_background:
-            await self.ack_when_written(written, changelog, records, epoch, ack_timeout)
+            await self._ack_once_durable(written, changelog, records, epoch, ack_timeout)
             return
-        task = asyncio.ensure_future(self.acking_in_background(written, changelog, records, epoch))
+        acked = self._ack_once_durable(written, changelog, records, epoch, None)
+        task = asyncio.ensure_future(self._or_fail(acked))
         self.acking.add(task)
         task.add_done_callback(self.acking.discard)
 
-    async def ack_when_written(
+    async def _ack_once_durable(
         self,
         written: list[EventT],
         changelog: list[Awaitable[Any]],
@@ -187,37 +284,24 @@ class WriteBackAgent:
     ) -> None:
         """Ack a flush's messages once its changelog writes and records are acked."""
         try:
-            unsent = await self.writes_acked(changelog, records, epoch, ack_timeout)
+            unsent = await self._durable(changelog, records, epoch, ack_timeout)
             if unsent is None:
                 return  # fenced meanwhile (the revocation released them) or stopping
             if unsent:
-                await self.dead_letter_deferred(unsent)
+                await self.dead_letter_refused(unsent)
                 if epoch != self.lease.epoch:
                     return
         finally:
-            self.confirming = [batch for batch in self.confirming if batch is not written]
+            self.written = [batch for batch in self.written if batch is not written]
         for event in written:
             event.ack()  # our reference; the take buffer acked its own after the batch
 
-    async def acking_in_background(
-        self,
-        written: list[EventT],
-        changelog: list[Awaitable[Any]],
-        records: list[tuple[Send, Produced]],
-        epoch: int,
-    ) -> None:
-        try:
-            await self.ack_when_written(written, changelog, records, epoch, None)
-        # A background task: any failure goes to flush_failed (logged with its traceback, writes stop).
-        except Exception as exc:  # noqa: BLE001
-            self.flush_failed(exc)
-
-    async def writes_acked(
+    async def _durable(
         self,
         writes: list[Awaitable[Any]],
         records: list[tuple[Send, Produced]],
         epoch: int,
-        # None or a deadline the loop checks between acks, as flush_states passes it.
+        # None or a deadline the loop checks between acks, as `flush` passes it.
         timeout: float | None,  # noqa: ASYNC109
     ) -> list[tuple[Send, BaseException]] | None:
         """Wait for the broker's acks of the changelog `writes` and the deferred `records`;
@@ -257,33 +341,7 @@ class WriteBackAgent:
             done = list(finished)
         return unsent if epoch == self.lease.epoch else None
 
-    def take_scope_records(self) -> list[Send]:
-        """Records the agent held back to send together (the span agent's records for the
-        conversation and agent-window scopes), taken to be sent now; none by default. (Not
-        `held`: those are the messages whose acks wait for the flush.)"""
-        return []
-
-    def drop_scope_records(self) -> None:
-        """Drop the scope records held back, unsent: their messages will not be acked (a fence,
-        a failure), so they are decided and sent again. None by default."""
-
-    async def send_scope_records(self) -> None:
-        """Send the scope records held back before the flush would: produced in the order
-        taken, their acks awaited by the next flush with the messages they came from."""
-        epoch = self.lease.epoch
-        async with self.producing:
-            sends = self.take_scope_records()
-            if sends:
-                produced = await produce(sends)
-                if epoch == self.lease.epoch:  # fenced meanwhile: dropped with their messages
-                    self.defer(sends, produced)
-
-    def defer(self, sends: list[Send], produced: list[Produced]) -> None:
-        """Records produced without waiting for the broker: the next flush awaits their acks
-        before it acks the messages held with them."""
-        self.deferred.extend(zip(sends, produced, strict=True))
-
-    async def dead_letter_deferred(self, unsent: list[tuple[Send, BaseException]]) -> None:
+    async def dead_letter_refused(self, unsent: list[tuple[Send, BaseException]]) -> None:
         """Deferred records the broker refused: each leaves a dead letter pointing at its
         source message, with why, before that message is acked. A dead letter that cannot be
         written either raises: its message must never be acked (decided again on restart)."""
@@ -294,84 +352,101 @@ class WriteBackAgent:
             )
         failed, errors = [send for send, _ in unsent], [error for _, error in unsent]
         pointers = self.worker.outbox.pointers_to_unsent(failed, errors)
-        self.count_dead_letters(len(pointers))
+        self.hooks.count_dead_letters(len(pointers))
         lost = await send_all(pointers)
         if lost:
             raise RuntimeError(
                 f"{len(lost)} dead letters of records not written could not be written either"
             )
 
-    def count_dead_letters(self, pointers: int) -> None:
-        """Told of the dead letters left for records not written (a subclass counts them)."""
-
-    def flush_due(self) -> bool:
-        due = time.monotonic() - self.flushed_at >= self.worker.settings.commit_interval
-        return bool(self.held) and (due or self.draining)
-
-    async def flush_between_batches(self) -> None:
-        try:
-            await self.flush_states()
-        # Any failure goes to flush_failed (logged with its traceback, writes stop until a restart).
-        except Exception as exc:  # noqa: BLE001
-            self.flush_failed(exc)
-
-    def flush_failed(self, exc: Exception) -> None:
-        """A flush outside a batch failed (between batches, or its acks in the background):
-        said with its traceback, and no message after it can be acked until a restart."""
-        log.exception("states not written; their messages stay unacked until a restart")
-        self.unackable = exc
-        self.crash(exc)
-
-    def crash(self, exc: BaseException) -> None:
-        """A failure: nothing since the last flush is written or acked (decided again on
-        restart), and health says the agent crashed (/livez turns red)."""
-        self.drop_unwritten_keep_unacked()
-        self.worker.health.crashed(exc)
-
-    def drop_unwritten_keep_unacked(self) -> None:
-        """A failure or a stop mid-batch: drop what was decided since the last flush (states,
-        deferred and scope records), its messages left unacked, still held by Faust, so their
-        offsets are never committed and the restart decides them again. Unlike
-        `drop_unwritten_when_fenced`, Faust goes on waiting for them and this worker still owns
-        its partitions, so it forgets nothing it cached of them."""
-        self.states.drop_unflushed()
-        self.held.clear()
-        self.deferred.clear()  # their messages are not acked: decided and sent again
-        self.drop_scope_records()
+    # -- when to flush ---------------------------------------------------------------------
 
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
         # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
         if not self.in_batch and self.flush_due() and self.lease.held():
-            await self.flush_between_batches()
+            await self.flush_outside_batch()
+
+    async def flush_outside_batch(self) -> None:
+        await self._or_fail(self.flush())
 
     async def flush_on_stop(self) -> None:
         """Stopping: what was decided is written, its changelog acks awaited a bounded time
         (and those of earlier flushes still awaited in the background)."""
         try:
-            await self.flush_states(ack_timeout=CHANGELOG_ACK_TIMEOUT)
+            await self.flush(ack_timeout=CHANGELOG_ACK_TIMEOUT)
         except Exception as exc:  # not committed: decided again after the restart  # noqa: BLE001
             log.warning("states not flushed on stop", extra={"error": repr(exc)})
         if self.acking:
             await asyncio.wait(set(self.acking), timeout=CHANGELOG_ACK_TIMEOUT)
 
-    # -- the lease -------------------------------------------------------------------------
+    def flush_before_waiting(
+        self, wait_empty: Callable[..., Awaitable[None]]
+    ) -> Callable[..., Awaitable[None]]:
+        """Faust's wait for every message to be acked (a rebalance, a stop), preceded by the
+        fence if the lease lapsed, else by a flush of what is held."""
 
-    def drop_unwritten_when_fenced(self) -> None:
-        """Fenced: what was decided since the last flush is not written and its messages are
-        not acked, nor left for Faust to wait on (`let_go_unacked`, with those of flushes
-        still awaiting their acks); what this worker cached of its partitions is forgotten.
-        The next owner decides them again from the committed offsets and the changelog."""
-        self.dropped_epoch = self.lease.epoch
+        async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
+            # Each agent over the one lease drops its own: the first to look may be the one
+            # that fences, or another agent's hook may have fenced before this one ran.
+            self.lease.fence_if_lapsed()
+            if self.lease.epoch != self.dropped_epoch:
+                self.drop_fenced()
+            self.draining = True
+            try:
+                if not self.in_batch and self.held and self.lease.held():
+                    await self.flush_outside_batch()
+                await wait_empty(*args, **kwargs)
+            finally:
+                self.draining = False
+
+        return flush_then_wait_empty
+
+    # -- failure and fence: what is unwritten is dropped -----------------------------------
+
+    async def _or_fail(self, flush: Awaitable[None]) -> None:
+        """A flush outside a batch (between batches, or its acks in the background): a
+        failure is said with its traceback and fails the agent."""
+        try:
+            await flush
+        # Any failure: logged with its traceback, writes stop until a restart.
+        except Exception as exc:
+            log.exception("states not written; their messages stay unacked until a restart")
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """A failure: nothing since the last flush is written or acked, no message after it
+        can be acked until a restart (which decides them again), and health says the agent
+        crashed (/livez turns red)."""
+        self.unackable = self.unackable or exc
+        self.drop_unwritten()
+        self.worker.health.crashed(exc)
+
+    def drop_unwritten(self) -> None:
+        """A failure or a stop mid-batch: drop what was decided since the last flush (states,
+        deferred and scope records), its messages left unacked, still held by Faust, so their
+        offsets are never committed and the restart decides them again. Unlike `drop_fenced`,
+        Faust goes on waiting for them and this worker still owns its partitions, so it
+        forgets nothing it cached of them."""
         self.states.drop_unflushed()
-        self.deferred.clear()  # never awaited: nothing they came from is acked
-        self.drop_scope_records()
+        self.held.clear()
+        self.deferred.clear()  # their messages are not acked: decided and sent again
+        self.hooks.drop_scope_records()
+
+    def drop_fenced(self) -> None:
+        """Fenced: what was decided since the last flush is dropped unwritten, and its
+        messages, with those of flushes still awaiting their acks, are released unacked
+        (`release`); what this worker cached of its partitions is forgotten. The next owner
+        decides them again from the committed offsets and the changelog."""
+        self.dropped_epoch = self.lease.epoch
+        unacked = self.held + [event for written in self.written for event in written]
+        self.drop_unwritten()
         # The partitions may come back in the next generation without Faust calling them
         # revoked: what this worker cached and indexed of them may be stale by then.
         self.states.revoke_all()
-        self.let_go_unacked(self.held + [event for written in self.confirming for event in written])
+        self.release(unacked)
 
-    def let_go_unacked(self, events: list[EventT]) -> None:
+    def release(self, events: list[EventT]) -> None:
         """Let go of `events` unacked: this agent holds them no longer, and Faust stops waiting
         on them (a rebalance goes on without them) and commits none of them. Never acked: the
         partitions' next owner decides them again."""
@@ -381,39 +456,41 @@ class WriteBackAgent:
         if waited_on:  # counted once: a batch dropped by the revocation is released again
             log.warning("fenced messages dropped", extra={"messages": waited_on})
 
-    def _flushing_first(
-        self, wait_empty: Callable[..., Awaitable[None]]
-    ) -> Callable[..., Awaitable[None]]:
-        async def flush_then_wait_empty(*args: Any, **kwargs: Any) -> None:
-            # Each agent over the one lease drops its own: the first to look may be the one
-            # that fences, or another agent's hook may have fenced before this one ran.
-            self.lease.fence_if_lapsed()
-            if self.lease.epoch != self.dropped_epoch:
-                self.drop_unwritten_when_fenced()
-            self.draining = True
-            try:
-                if not self.in_batch and self.held and self.lease.held():
-                    await self.flush_between_batches()
-                await wait_empty(*args, **kwargs)
-            finally:
-                self.draining = False
 
-        return flush_then_wait_empty
-
-
-class ScopeAgent(WriteBackAgent):
+class ScopeAgent:
     """An agent over the records of one scope (the conversations, the agent windows): each
     batch is decided under the lease, its decisions sent and acked by the broker within the
     batch, its states written once per commit interval (at once after a signal) and its
-    messages acked after the changelog acked them. A subclass says how a batch decides
-    (`decide`), what a signal not sent undoes (`settle`) and what idle state goes
+    messages acked after the changelog acked them (`write_back`). A subclass says how a batch
+    decides (`decide`), what a signal not sent undoes (`settle`) and what idle state goes
     (`evict_idle`)."""
 
+    def __init__(
+        self, worker: Worker, states: DecodedStates, table: StateTable, lease: Lease
+    ) -> None:
+        self.worker = worker
+        self.states = states
+        self.table = table
+        self.lease = lease
+        self.write_back = WriteBack(worker, states, table, lease)
+
+    def attach_writes(self, app: faust.App) -> None:
+        self.write_back.attach(app)
+
+    async def run_batches(
+        self,
+        stream: faust.StreamT,
+        within: float,
+        guard_batch: Callable[[list[EventT]], Awaitable[None]],
+    ) -> None:
+        await self.write_back.run_batches(stream, within, guard_batch)
+
     async def guard_batch(self, events: list[EventT]) -> None:
-        epoch = self.hold(events)
+        write_back = self.write_back
+        epoch = write_back.hold(events)
         # Decide only under a lease that holds: fenced while waiting, the batch is dropped.
         if not await self.lease.wait(epoch):
-            self.let_go_unacked(events)
+            write_back.release(events)
             return
         self.states.begin_batch()
         sends = self.decide(events)
@@ -428,10 +505,10 @@ class ScopeAgent(WriteBackAgent):
         # would decide it again and send the same signal twice (harmless, the same id, but
         # as rare as a crash between a send and its write can make it).
         signalled = any(send.decision is not None for send in sends)
-        if self.flush_due() or (signalled and self.held):
+        if write_back.flush_due() or (signalled and write_back.held):
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
-            await self.flush_states()
+            await write_back.flush()
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
             await self.table.send_pending()  # the tombstones, in order with the states

@@ -53,7 +53,7 @@ def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) 
                 # the pipeline splitting an input record
                 f"{batch};{decide};{handle};split_by_trace ({ROOT}/schemas/otlp.py:170) 3",
                 # the flush writing through Faust's table: the flush's
-                f"{batch};flush_states ({ROOT}/streams/write_back.py:160);flush ({ROOT}/streams/"
+                f"{batch};WriteBack.flush ({ROOT}/streams/write_back.py:160);flush ({ROOT}/streams/"
                 f"decoded_states.py:100);send_changelog ({SITE}/faust/tables/base.py:400) 2",
                 f"_fetch ({SITE}/aiokafka/consumer/fetcher.py:500) 4",
                 f"EpollSelector.select ({SITE}/selectors.py:468) 5",  # waiting: left out

@@ -6,7 +6,7 @@ conversation packs, agent usage) are acked too (awaited by the flush), and the s
 are written and their changelog records acked. States are written once per commit interval, not
 per batch (docs/design.md, "State writes once per commit"): each message holds one more
 reference until that flush, so Faust commits no offset past a state not yet in the changelog
-(streams/write_back.py, WriteBackAgent). A worker whose lease on its partitions lapsed
+(streams/write_back.py, WriteBack). A worker whose lease on its partitions lapsed
 (streams/fence.py) neither decides, sends, writes nor acks until a heartbeat renews it; fenced,
 it drops all of that unwritten.
 """
@@ -35,7 +35,7 @@ from spanguard.streams.conversations import (
 from spanguard.streams.delivery import Send, confirm, produce, send_all
 from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
-from spanguard.streams.write_back import WriteBackAgent
+from spanguard.streams.write_back import WriteBack
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -55,15 +55,16 @@ class SpanCount(CountedOutcome):
     DEAD_LETTERS = "dead_letters"
 
 
-class SpanAgent(WriteBackAgent):
+class SpanAgent:
     """The span agent and what it keeps between batches: the messages held until their states
-    are written (WriteBackAgent), where it got to in each partition, and the worker's lease on
-    its partitions. `attach` registers it, its timers and its hooks with the Faust app."""
+    are written (`write_back`, whose hooks it is: the scope records it holds back, its dead
+    letters), where it got to in each partition, and the worker's lease on its partitions.
+    `attach` registers it, its timers and its hooks with the Faust app."""
 
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(
-            worker, worker.states, worker.table, Lease(worker.settings.session_timeout)
-        )
+    def __init__(self, worker: Worker, lease: Lease | None = None) -> None:
+        self.worker = worker
+        self.lease = Lease(worker.settings.session_timeout) if lease is None else lease
+        self.write_back = WriteBack(worker, worker.states, worker.table, self.lease, hooks=self)
         self.outcomes = Tally()
         worker.counted[SpanCount] = self.outcomes
         self.conversation_records = conversation_tally(worker)
@@ -83,7 +84,7 @@ class SpanAgent(WriteBackAgent):
         self.holding_since: float | None = None
 
     def attach(self, app: faust.App) -> None:
-        self.attach_writes(app)
+        self.write_back.attach(app)
         app.timer(interval=1.0)(self.watch_progress)
         # (Faust types a receiver as taking any positional arguments; its signals send these.)
         app.on_partitions_revoked.connect(self.forget_positions)  # type: ignore[arg-type]
@@ -133,19 +134,22 @@ class SpanAgent(WriteBackAgent):
     async def guard_spans(self, stream: faust.StreamT) -> None:
         # Messages come in small batches: a batch's events are acknowledged (and later
         # committed) only after its signals are acked by the broker and the states it changed
-        # are written, once per commit interval (flush_states).
-        await self.run_batches(stream, 0.002, self.guard_batch, self.worker.health.progressed)
+        # are written, once per commit interval (WriteBack.flush).
+        await self.write_back.run_batches(
+            stream, 0.002, self.guard_batch, self.worker.health.progressed
+        )
 
     async def guard_batch(self, events: list[EventT]) -> None:
-        epoch = self.hold(events)
+        write_back = self.write_back
+        epoch = write_back.hold(events)
         for event in events:
             self.reached.setdefault(event.message.tp, event.message.offset)
         # Decide only what was fetched under a lease that holds (a frozen worker wakes with it
         # lapsed): fenced while waiting, the batch is dropped, released by the revocation.
         if not await self.lease.wait(epoch):
-            self.let_go_unacked(events)
+            write_back.release(events)
             return
-        self.states.begin_batch()
+        self.worker.states.begin_batch()
         sends, goal_sends = self.decide(events)
         # Kill signals (and detections, dead letters) are acked within the batch; the records
         # that carry no decision are produced now and acked by the flush, before the messages
@@ -155,21 +159,21 @@ class SpanAgent(WriteBackAgent):
         produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
         produced_deferred = await produce(deferred)
         if self.records_due():
-            await self.send_scope_records()
+            await write_back.send_scope_records()
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
-        self.defer(deferred, produced_deferred)
+        write_back.defer(deferred, produced_deferred)
         self.settle(urgent, failed)
         await self.dead_letter_unsent(failed)
-        if self.flush_due():
+        if write_back.flush_due():
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
             # The next batch (a kill in it, maybe) need not wait for the changelog's acks.
-            await self.flush_states(acks_in_background=True)
+            await write_back.flush(acks_in_background=True)
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
-            await self.table.send_pending()  # the tombstones, in order with the states
+            await self.worker.table.send_pending()  # the tombstones, in order with the states
         if goal_sends:
             await self.dead_letter_unsent(await send_all(goal_sends))
         for event in events:
@@ -199,7 +203,7 @@ class SpanAgent(WriteBackAgent):
             self.holding_since = time.monotonic()
         return sends, goal_sends
 
-    # -- the scopes' records, held ---------------------------------------------------------
+    # -- the scopes' records, held (its write-back's hooks) --------------------------------
 
     def holds_records(self) -> bool:
         worker = self.worker

@@ -36,8 +36,7 @@ def agents(data_dir: Path, clock: Clock) -> tuple[SpanAgent, ConversationAgent]:
     settings = WorkerSettings(data_dir=str(data_dir), signing_key=KEY, store="memory")
     app = faust_app(settings)
     worker = build_worker(app, settings, Policy.from_mapping(KILL), None, None, None)
-    spans = SpanAgent(worker)
-    spans.lease = Lease(SESSION, clock=clock)
+    spans = SpanAgent(worker, Lease(SESSION, clock=clock))
     spans.lease.rebalance_began()
     spans.lease.assigned(None)  # no coordinator: the clock alone says whether it holds
     assert worker.conversations_out is not None
@@ -76,7 +75,7 @@ def test_a_kill_sends_its_trace_and_conversation_signals_and_its_state_waits_for
 ) -> None:
     _, agent = agents(tmp_path, Clock())
     events = taken(agent, loop_across_two_traces())
-    agent.hold(events)
+    agent.write_back.hold(events)
     agent.states.begin_batch()
     sends = agent.decide(events)
 
@@ -91,13 +90,13 @@ def test_a_kill_sends_its_trace_and_conversation_signals_and_its_state_waits_for
     assert scoped.expires_at == decision.scope_until != traced.expires_at
     # Decided and sent per batch; written once per commit interval, its messages held till then.
     assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
-    assert agent.held == events and all(e.message.refcount == 1 for e in events)
+    assert agent.write_back.held == events and all(e.message.refcount == 1 for e in events)
 
 
 def test_a_decision_whose_scoped_signal_failed_is_retracted_once(tmp_path: Path) -> None:
     _, agent = agents(tmp_path, Clock())
     events = taken(agent, loop_across_two_traces())
-    agent.hold(events)
+    agent.write_back.hold(events)
     agent.states.begin_batch()
     sends = agent.decide(events)
     scoped = [send for send in sends if send.kwargs["key"] == b"conversation:c"]
@@ -114,11 +113,11 @@ def test_a_fence_drops_both_agents_unwritten_states_and_releases_their_messages(
     clock = Clock()
     spans, agent = agents(tmp_path, clock)
     events = taken(agent, loop_across_two_traces())
-    agent.hold(events)
+    agent.write_back.hold(events)
     agent.states.begin_batch()
     agent.decide(events)
     span_events = taken(agent, [b"x"])  # stands for a span message held by the span agent
-    spans.held.extend(span_events)
+    spans.write_back.held.extend(span_events)
     waited: list[bool] = []
 
     async def wait_empty() -> None:
@@ -126,11 +125,13 @@ def test_a_fence_drops_both_agents_unwritten_states_and_releases_their_messages(
 
     # Faust's wait for every message, wrapped by each agent as attach() does; the outer one
     # (the conversation agent's) fences, the inner one drops its own all the same.
-    revocation = agent._flushing_first(spans._flushing_first(wait_empty))
+    revocation = agent.write_back.flush_before_waiting(
+        spans.write_back.flush_before_waiting(wait_empty)
+    )
     clock.now += SESSION  # the lease lapsed: another worker may own the partitions already
     asyncio.run(revocation())
     assert waited == [True] and spans.lease.fenced == 1
-    assert agent.held == [] and spans.held == []
+    assert agent.write_back.held == [] and spans.write_back.held == []
     assert agent.states.unflushed == 0 and agent.table.unconfirmed == []
     unacked = agent.worker.app.consumer._unacked_messages
     assert not any(event.message in unacked for event in events + span_events)
@@ -143,7 +144,7 @@ def test_a_batch_under_a_lapsed_lease_decides_nothing(tmp_path: Path) -> None:
     events = taken(agent, loop_across_two_traces())
     batch_frozen_then_revoked(spans, agent, events, clock, SESSION)
     assert agent.guard.calls == 0  # nothing decided
-    assert agent.held == [] and agent.states.unflushed == 0
+    assert agent.write_back.held == [] and agent.states.unflushed == 0
 
 
 @pytest.mark.parametrize("stop", [asyncio.CancelledError(), RuntimeError("broken batch")])
@@ -152,13 +153,13 @@ def test_a_conversation_batch_cut_short_writes_nothing_of_it(
 ) -> None:
     _, agent = agents(tmp_path, Clock())
     events = taken(agent, loop_across_two_traces())
-    agent.hold(events)
+    agent.write_back.hold(events)
     agent.states.begin_batch()
     agent.decide(events)
-    agent.in_batch = True
-    crashed = agent.stopped_mid_batch(stop)
-    assert agent.held == [] and agent.states.unflushed == 0
+    agent.write_back.in_batch = True
+    crashed = agent.write_back.interrupted(stop)
+    assert agent.write_back.held == [] and agent.states.unflushed == 0
     assert crashed is isinstance(stop, RuntimeError)
     if crashed:
         with pytest.raises(RuntimeError, match="left unacked"):
-            agent.hold(taken(agent, [json.dumps({"v": 1, "r": []}).encode()]))
+            agent.write_back.hold(taken(agent, [json.dumps({"v": 1, "r": []}).encode()]))

@@ -1,4 +1,4 @@
-"""Records acked at the flush, without a broker (streams/write_back.py, WriteBackAgent): a message
+"""Records acked at the flush, without a broker (streams/write_back.py, WriteBack): a message
 held with a record still in flight is not acked until the broker acks that record; a fence or a
 stop meanwhile acks nothing and drops the records unawaited. And the agent-windows agent under
 the span agent's lease, as the conversation agent is (test_conversation_agent.py).
@@ -37,8 +37,7 @@ def span_agent(data_dir: Path, clock: Clock, policy: dict | None = None) -> Span
     settings = WorkerSettings(data_dir=str(data_dir), signing_key=KEY, store="memory")
     app = faust_app(settings)
     worker = build_worker(app, settings, Policy.from_mapping(policy or {}), None, None, None)
-    agent = SpanAgent(worker)
-    agent.lease = Lease(SESSION, clock=clock)
+    agent = SpanAgent(worker, Lease(SESSION, clock=clock))
     agent.lease.rebalance_began()
     agent.lease.assigned(None)  # no coordinator: the clock alone says whether it holds
     return agent
@@ -75,9 +74,9 @@ def in_flight(agent: SpanAgent, source: Message) -> tuple[Send, asyncio.Future]:
 def held_with_a_record_in_flight(agent: SpanAgent, events: list[Event]) -> asyncio.Future:
     """A batch's messages held, with a record of the first deferred and not yet acked: its
     delivery future, for the test to resolve."""
-    agent.hold(events)
+    agent.write_back.hold(events)
     send, delivery = in_flight(agent, events[0].message)
-    agent.defer([send], [delivery])
+    agent.write_back.defer([send], [delivery])
     return delivery
 
 
@@ -87,7 +86,7 @@ def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Pa
 
     async def batch_then_flush() -> None:
         delivery = held_with_a_record_in_flight(agent, events)
-        flush = asyncio.ensure_future(agent.flush_states())
+        flush = asyncio.ensure_future(agent.write_back.flush())
         await asyncio.sleep(0.3)
         assert not flush.done(), "the flush acked messages before their record was acked"
         assert not any(event.message.acked for event in events)
@@ -96,7 +95,7 @@ def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Pa
 
     asyncio.run(batch_then_flush())
     assert all(event.message.acked for event in events)
-    assert agent.deferred == [] and agent.held == []
+    assert agent.write_back.deferred == [] and agent.write_back.held == []
 
 
 def test_a_flush_whose_acks_wait_in_the_background_acks_its_messages_only_after_them(
@@ -108,17 +107,21 @@ def test_a_flush_whose_acks_wait_in_the_background_acks_its_messages_only_after_
     async def flush_in_background() -> None:
         delivery = held_with_a_record_in_flight(agent, events)
         # Returns without the record's ack: the span agent's next batch does not wait for it.
-        await asyncio.wait_for(agent.flush_states(acks_in_background=True), 1)
-        assert len(agent.acking) == 1 and agent.held == [] and agent.deferred == []
+        await asyncio.wait_for(agent.write_back.flush(acks_in_background=True), 1)
+        assert (
+            len(agent.write_back.acking) == 1
+            and agent.write_back.held == []
+            and agent.write_back.deferred == []
+        )
         await asyncio.sleep(0.3)
         assert not any(event.message.acked for event in events)
-        assert agent.confirming == [events]  # a fence now would release them
+        assert agent.write_back.written == [events]  # a fence now would release them
         delivery.set_result(None)  # the broker's ack
-        await asyncio.wait_for(asyncio.gather(*agent.acking), 2)
+        await asyncio.wait_for(asyncio.gather(*agent.write_back.acking), 2)
 
     asyncio.run(flush_in_background())
     assert all(event.message.acked for event in events)
-    assert agent.acking == set() and agent.confirming == []
+    assert agent.write_back.acking == set() and agent.write_back.written == []
 
 
 def test_a_background_flush_that_fails_leaves_its_messages_unacked_and_says_so(
@@ -128,26 +131,26 @@ def test_a_background_flush_that_fails_leaves_its_messages_unacked_and_says_so(
     events = taken(agent, agent.worker.settings.input_topic, [b"m0"])
 
     async def not_written_either(unsent: list) -> None:
-        # As WriteBackAgent.dead_letter_deferred raises when the broker refuses the dead
+        # As WriteBack.dead_letter_refused raises when the broker refuses the dead
         # letters too (the awaited flush's case, on the real broker: test_deferred_records_kafka.py).
         raise RuntimeError(f"{len(unsent)} dead letters could not be written either")
 
-    agent.dead_letter_deferred = not_written_either  # type: ignore[method-assign]
+    agent.write_back.dead_letter_refused = not_written_either  # type: ignore[method-assign]
 
     async def refused_in_background() -> None:
         delivery = held_with_a_record_in_flight(agent, events)
-        await agent.flush_states(acks_in_background=True)
+        await agent.write_back.flush(acks_in_background=True)
         # The broker refuses the record, and its dead letter cannot be written either: the
         # messages must never be acked.
         delivery.set_exception(RuntimeError("refused"))
-        await asyncio.wait_for(asyncio.gather(*agent.acking), 30)
+        await asyncio.wait_for(asyncio.gather(*agent.write_back.acking), 30)
 
     asyncio.run(refused_in_background())
     assert not events[0].message.acked
-    assert agent.unackable is not None
+    assert agent.write_back.unackable is not None
     assert agent.worker.health.last_error is not None  # said: /livez turns red
     with pytest.raises(RuntimeError, match="left unacked"):
-        agent.hold(taken(agent, agent.worker.settings.input_topic, [b"m1"]))
+        agent.write_back.hold(taken(agent, agent.worker.settings.input_topic, [b"m1"]))
 
 
 def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
@@ -157,10 +160,10 @@ def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
 
     async def fenced_mid_flush() -> None:
         delivery = held_with_a_record_in_flight(agent, events)
-        flush = asyncio.ensure_future(agent.flush_states())
+        flush = asyncio.ensure_future(agent.write_back.flush())
         await asyncio.sleep(0.2)
         clock.now += SESSION  # the lease lapsed: the partitions may be another's already
-        await agent._flushing_first(wait_empty)()  # the revocation fences
+        await agent.write_back.flush_before_waiting(wait_empty)()  # the revocation fences
         await asyncio.wait_for(flush, 2)
         delivery.set_result(None)  # acked too late: nothing of it may ack its message now
 
@@ -168,7 +171,7 @@ def test_a_fence_while_a_record_is_in_flight_acks_nothing_and_drops_the_record(
     assert agent.lease.fenced == 1
     assert not events[0].message.acked
     assert events[0].message not in agent.worker.app.consumer._unacked_messages  # released
-    assert agent.deferred == []
+    assert agent.write_back.deferred == []
 
 
 def test_a_fence_drops_the_records_of_batches_not_yet_flushed(tmp_path: Path) -> None:
@@ -177,10 +180,10 @@ def test_a_fence_drops_the_records_of_batches_not_yet_flushed(tmp_path: Path) ->
     async def fenced_between_batches() -> None:
         held_with_a_record_in_flight(agent, events)
         clock.now += SESSION
-        await agent._flushing_first(wait_empty)()
+        await agent.write_back.flush_before_waiting(wait_empty)()
 
     asyncio.run(fenced_between_batches())
-    assert agent.deferred == [] and agent.held == []
+    assert agent.write_back.deferred == [] and agent.write_back.held == []
     assert not events[0].message.acked
 
 
@@ -193,11 +196,11 @@ def test_a_batch_cut_short_drops_the_records_awaiting_the_flush(
 
     async def cut_short() -> None:
         held_with_a_record_in_flight(agent, events)
-        agent.in_batch = True
-        agent.stopped_mid_batch(stop)
+        agent.write_back.in_batch = True
+        agent.write_back.interrupted(stop)
 
     asyncio.run(cut_short())
-    assert agent.deferred == [] and agent.held == []
+    assert agent.write_back.deferred == [] and agent.write_back.held == []
     assert not events[0].message.acked
 
 
@@ -219,14 +222,14 @@ def test_calls_held_for_the_scopes_go_with_messages_never_acked(tmp_path: Path, 
     clock, agent, events = one_input_message(tmp_path, CONVERSATIONS)
 
     async def dropped() -> None:
-        agent.hold(events)
+        agent.write_back.hold(events)
         held_call(agent, events[0].message)
         if how == "fenced":
             clock.now += SESSION  # the lease lapsed: the next owner decides them again
-            await agent._flushing_first(wait_empty)()
+            await agent.write_back.flush_before_waiting(wait_empty)()
         else:
-            agent.in_batch = True
-            agent.stopped_mid_batch(asyncio.CancelledError())
+            agent.write_back.in_batch = True
+            agent.write_back.interrupted(asyncio.CancelledError())
 
     asyncio.run(dropped())
     assert not agent.holds_records() and agent.holding_since is None
@@ -265,19 +268,25 @@ def test_agent_windows_wait_for_the_flush_and_a_fence_drops_them_unwritten(
     key = records[0][0]
     topic = agent.worker.settings.agent_usage_topic
     events = taken(spans, topic, [value for _, value in records], key)
-    agent.hold(events)
+    agent.write_back.hold(events)
     agent.states.begin_batch()
     assert agent.decide(events) == []
     # Decided, not written: the windows wait for the flush of the commit interval.
     assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
-    assert agent.held == events and not any(e.message.acked for e in events)
+    assert agent.write_back.held == events and not any(e.message.acked for e in events)
 
     # Faust's wait for every message, wrapped by each agent as attach() does.
-    revocation = agent._flushing_first(spans._flushing_first(wait_empty))
+    revocation = agent.write_back.flush_before_waiting(
+        spans.write_back.flush_before_waiting(wait_empty)
+    )
     clock.now += SESSION  # the lease lapsed: another worker may own the partitions already
     asyncio.run(revocation())
     assert spans.lease.fenced == 1
-    assert agent.held == [] and agent.states.unflushed == 0 and agent.table.unconfirmed == []
+    assert (
+        agent.write_back.held == []
+        and agent.states.unflushed == 0
+        and agent.table.unconfirmed == []
+    )
     assert not any(event.message.acked for event in events)
     unacked = agent.worker.app.consumer._unacked_messages
     assert not any(event.message in unacked for event in events)
@@ -289,5 +298,5 @@ def test_an_agent_windows_batch_under_a_lapsed_lease_decides_nothing(tmp_path: P
     ((key, value),) = usage_records([500])  # over the budget: a decision, were it decided
     events = taken(spans, agent.worker.settings.agent_usage_topic, [value], key)
     batch_frozen_then_revoked(spans, agent, events, clock, SESSION)
-    assert agent.held == [] and agent.states.unflushed == 0
+    assert agent.write_back.held == [] and agent.states.unflushed == 0
     assert agent.outcomes.count(AgentWindowCount.DECISIONS) == 0

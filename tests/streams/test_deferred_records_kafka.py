@@ -80,9 +80,9 @@ def span_agent(data_dir: Path, topics: Topics, **changed: Any) -> SpanAgent:
         **changed,
     )
     app = faust_app(settings)
-    agent = SpanAgent(build_worker(app, settings, Policy.from_mapping(SCOPE_ON), None, None, None))
+    worker = build_worker(app, settings, Policy.from_mapping(SCOPE_ON), None, None, None)
+    agent = SpanAgent(worker, Lease(30.0))
     assert settings.changelog_topic == f"{topics.app_id}-trace-state-changelog"
-    agent.lease = Lease(30.0)
     agent.lease.rebalance_began()
     agent.lease.assigned(None)  # no group: the clock alone says whether it holds
     return agent
@@ -152,10 +152,10 @@ def test_the_packs_are_acked_by_the_flush_before_their_messages(tmp_path, topics
             # The batch is over: its repartition packs were produced, not waited for, its
             # conversation pack is held (`scope_hold`), and its messages wait for the flush,
             # which sends the held pack first.
-            deferred = [send.topic.get_topic_name() for send, _ in agent.deferred]
-            assert agent.held == events and not any(e.message.acked for e in events)
+            deferred = [send.topic.get_topic_name() for send, _ in agent.write_back.deferred]
+            assert agent.write_back.held == events and not any(e.message.acked for e in events)
             assert agent.holds_records()
-            await agent.flush_states()
+            await agent.write_back.flush()
             return deferred
         finally:
             await stop(agent)
@@ -163,7 +163,7 @@ def test_the_packs_are_acked_by_the_flush_before_their_messages(tmp_path, topics
     deferred = run(agent, batch_then_flush())
     assert sorted(set(deferred)) == [topics.repartition]
     assert not agent.holds_records()
-    assert all(event.message.acked for event in events) and agent.deferred == []
+    assert all(event.message.acked for event in events) and agent.write_back.deferred == []
     repacked = deferred.count(topics.repartition)
     # When each message was acked, every pack of the batch was in its topic already.
     assert [offset for offset, _, _ in acked_with] == [0, 1]
@@ -197,8 +197,8 @@ def test_held_calls_go_out_in_one_pack_once_their_hold_is_over_acked_before_thei
             rows_after_first = agent.conversation_records.count(ConversationCount.RECORDS_SENT)
             await asyncio.sleep(0.1)  # the hold is over: the next batch sends what is held
             await agent.guard_batch(second)
-            sent = [send.topic.get_topic_name() for send, _ in agent.deferred]
-            await agent.flush_states()
+            sent = [send.topic.get_topic_name() for send, _ in agent.write_back.deferred]
+            await agent.write_back.flush()
             return rows_after_first, sent
         finally:
             await stop(agent)
@@ -231,7 +231,7 @@ def test_a_pack_the_broker_refuses_leaves_a_dead_letter_before_its_message_is_ac
     async def batch_then_flush() -> None:
         try:
             await agent.guard_batch(events)
-            await agent.flush_states()
+            await agent.write_back.flush()
         finally:
             await stop(agent)
 
@@ -266,15 +266,15 @@ def test_a_dead_letter_refused_too_leaves_the_messages_unacked_and_says_so(tmp_p
     async def batch_then_flush() -> None:
         try:
             await agent.guard_batch(events)
-            await agent.flush_between_batches()  # as the flush timer runs it
+            await agent.write_back.flush_outside_batch()  # as the flush timer runs it
         finally:
             await stop(agent)
 
     run(agent, batch_then_flush())
     assert not any(event.message.acked for event in events)
-    assert isinstance(agent.unackable, RuntimeError)
-    assert "could not be written either" in str(agent.unackable)
+    assert isinstance(agent.write_back.unackable, RuntimeError)
+    assert "could not be written either" in str(agent.write_back.unackable)
     # Said loudly (/livez turns red): the restart decides the messages again.
     assert "could not be written either" in (agent.worker.health.last_error or "")
     with pytest.raises(RuntimeError, match="left unacked"):
-        agent.hold(taken(agent, [(None, b"")]))
+        agent.write_back.hold(taken(agent, [(None, b"")]))

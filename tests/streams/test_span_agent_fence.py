@@ -28,8 +28,8 @@ from tests.support.leases import SESSION, Clock
 def span_agent(data_dir: Path, clock: Clock) -> SpanAgent:
     settings = WorkerSettings(data_dir=str(data_dir), signing_key="ab" * 32)
     app = faust_app(settings)
-    agent = SpanAgent(build_worker(app, settings, Policy(), None, None, None))
-    agent.lease = Lease(SESSION, clock=clock)
+    worker = build_worker(app, settings, Policy(), None, None, None)
+    agent = SpanAgent(worker, Lease(SESSION, clock=clock))
     agent.lease.rebalance_began()
     agent.lease.assigned(None)  # no coordinator: the clock alone says whether it holds
     return agent
@@ -63,15 +63,17 @@ def test_a_batch_under_a_lapsed_lease_waits_then_is_dropped_undecided_when_fence
         batch = asyncio.ensure_future(agent.guard_batch(events))
         await asyncio.sleep(0.3)
         assert not batch.done(), "a batch under a lapsed lease went on"
-        assert agent.held == events
-        await agent._flushing_first(wait_empty)()  # the revocation, as Faust calls it
+        assert agent.write_back.held == events
+        await agent.write_back.flush_before_waiting(
+            wait_empty
+        )()  # the revocation, as Faust calls it
         await asyncio.wait_for(batch, 2)
 
     asyncio.run(frozen_then_revoked())
     assert waited == [True]
     assert agent.lease.fenced == 1
     assert agent.worker.pipeline.count(PipelineCount.MESSAGES) == 0  # nothing decided
-    assert agent.held == []
+    assert agent.write_back.held == []
     unacked = agent.worker.app.consumer._unacked_messages
     assert not any(event.message in unacked for event in events)  # Faust waits on none
     assert all(event.message.refcount == 1 for event in events)  # and none was acked
@@ -84,27 +86,29 @@ def test_the_fenced_messages_are_counted_once_in_the_log(
 ) -> None:
     agent = span_agent(tmp_path, Clock())
     events = taken(agent, range(4))
-    agent.held.extend(events)
-    agent.let_go_unacked(events)  # the revocation
-    agent.let_go_unacked(events[:2])  # the batch that was waiting, released again
+    agent.write_back.held.extend(events)
+    agent.write_back.release(events)  # the revocation
+    agent.write_back.release(events[:2])  # the batch that was waiting, released again
     dropped = [r for r in caplog.records if r.getMessage() == "fenced messages dropped"]
     assert [record.messages for record in dropped] == [4]
-    assert agent.held == []
+    assert agent.write_back.held == []
 
 
 def test_a_revocation_under_a_lease_that_holds_drops_nothing(tmp_path: Path) -> None:
     clock = Clock()
     agent = span_agent(tmp_path, clock)
     events = taken(agent, range(2))
-    agent.held.extend(events)
+    agent.write_back.held.extend(events)
 
     async def wait_empty() -> None:
         pass
 
-    agent.in_batch = True  # a batch still running flushes as it ends: nothing to flush here
-    asyncio.run(agent._flushing_first(wait_empty)())
+    agent.write_back.in_batch = (
+        True  # a batch still running flushes as it ends: nothing to flush here
+    )
+    asyncio.run(agent.write_back.flush_before_waiting(wait_empty)())
     assert agent.lease.fenced == 0
-    assert agent.held == events
+    assert agent.write_back.held == events
     unacked = agent.worker.app.consumer._unacked_messages
     assert all(event.message in unacked for event in events)
 
@@ -112,18 +116,18 @@ def test_a_revocation_under_a_lease_that_holds_drops_nothing(tmp_path: Path) -> 
 @pytest.mark.parametrize("stop", [asyncio.CancelledError(), RuntimeError("broken batch")])
 def test_a_batch_cut_short_writes_nothing_of_it(tmp_path: Path, stop: BaseException) -> None:
     agent = span_agent(tmp_path, Clock())
-    agent.held.extend(taken(agent, range(2)))
-    agent.in_batch = True
-    crashed = agent.stopped_mid_batch(stop)
-    assert agent.held == [] and not agent.in_batch
+    agent.write_back.held.extend(taken(agent, range(2)))
+    agent.write_back.in_batch = True
+    crashed = agent.write_back.interrupted(stop)
+    assert agent.write_back.held == [] and not agent.write_back.in_batch
     failed = isinstance(stop, RuntimeError)
     assert crashed is failed
-    assert (agent.unackable is stop) is failed  # a failure blocks every later batch
+    assert (agent.write_back.unackable is stop) is failed  # a failure blocks every later batch
 
 
 def test_a_stop_between_batches_keeps_what_is_held_for_the_last_flush(tmp_path: Path) -> None:
     agent = span_agent(tmp_path, Clock())
     events = taken(agent, range(2))
-    agent.held.extend(events)
-    assert agent.stopped_mid_batch(asyncio.CancelledError()) is False
-    assert agent.held == events  # flushed by the stop path, the lease holding
+    agent.write_back.held.extend(events)
+    assert agent.write_back.interrupted(asyncio.CancelledError()) is False
+    assert agent.write_back.held == events  # flushed by the stop path, the lease holding

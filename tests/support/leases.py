@@ -37,7 +37,9 @@ def batch_frozen_then_revoked(
         await asyncio.sleep(0.3)
         assert not batch.done(), "a batch under a lapsed lease went on"
 
-        await spans._flushing_first(agent._flushing_first(wait_empty))()
+        await spans.write_back.flush_before_waiting(
+            agent.write_back.flush_before_waiting(wait_empty)
+        )()
         await asyncio.wait_for(batch, 2)
 
     asyncio.run(frozen_then_revoked())
