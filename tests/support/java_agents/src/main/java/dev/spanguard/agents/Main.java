@@ -210,8 +210,7 @@ public final class Main {
     if (killswitch != null) {
       return LangChain4jGuard.install(builder, killswitch, tracing).build();
     }
-    return builder.beforeToolExecution(tracing::beforeToolExecution)
-        .afterToolExecution(tracing::afterToolExecution).build();
+    return tracing.installOn(builder).build();
   }
 
   /** The agent's own span around the AI service call. */
