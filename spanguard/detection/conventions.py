@@ -50,6 +50,13 @@ each convention's own source (the version read is given per convention):
   model call with its usage, one `execute_tool NAME` span per tool call with the call id, and,
   with `captureContent` on (its default), the arguments (LangChain4j's JSON text) and the
   result (the tool's return value as LangChain4j hands it to the model).
+- Spring AI 1.1 (Java): its Micrometer observations, made spans by Micrometer Tracing's OTel
+  bridge (Spring Boot's tracer, scope `org.springframework.boot`). A tool call is a
+  `tool_call NAME` span with `gen_ai.operation.name` `framework` and `spring.ai.kind`
+  `tool_call`, its name in `spring.ai.tool.definition.name`; with
+  `spring.ai.tools.observations.include-content` the arguments (JSON text) in
+  `spring.ai.tool.call.arguments` and the result in `spring.ai.tool.call.result`; no call id.
+  A model call is a `chat` span with its usage as text (`"120"`).
 - Mastra 1.71.0's observability through @mastra/otel-exporter 1.4.0: the GenAI conventions
   above; `tracingOptions: {hideInput: true}` drops the arguments.
 - OpenInference JS (@arizeai/openinference-instrumentation-langchain 4.1.1, -openai-agents
@@ -166,12 +173,17 @@ AI_SDK_INFERENCE_OPERATIONS: Final = frozenset(
 # Genkit (Go, JS): every action's span says what it is in `genkit:metadata:subtype`.
 GENKIT_SUBTYPE: Final = "genkit:metadata:subtype"
 GENKIT_TOOL_SUBTYPES: Final = frozenset({"tool", "tool.v2"})
+# Spring AI's observations: every framework span (tool call, chat client, advisor) has the
+# operation `framework`; `spring.ai.kind` tells a tool call.
+SPRING_AI_OPERATION: Final = "framework"
+SPRING_AI_KIND: Final = "spring.ai.kind"
 TOOL_NAME_KEYS: Final = (
     "gen_ai.tool.name",
     "tool.name",
     "traceloop.entity.name",
     "ai.toolCall.name",
     "genkit:name",
+    "spring.ai.tool.definition.name",
 )
 CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
@@ -184,6 +196,7 @@ ARGUMENT_KEYS: Final = (
     "tool_arguments",
     "tool.parameters",
     "genkit:input",
+    "spring.ai.tool.call.arguments",
 )
 RESULT_KEYS: Final = (
     "gen_ai.tool.call.result",
@@ -193,6 +206,7 @@ RESULT_KEYS: Final = (
     "traceloop.entity.output",
     "tool_response",
     "genkit:output",
+    "spring.ai.tool.call.result",
 )
 INPUT_TOKEN_KEYS: Final = (
     "gen_ai.usage.input_tokens",
@@ -668,7 +682,7 @@ def _adapt_one(
     if operation == HANDOFF_OPERATION:
         return _handoff(span, attributes, agent_name, match_attributes, scope)
     if (
-        operation == "execute_tool"
+        (operation == "execute_tool" or _is_spring_ai_tool(operation, attributes))
         if operation is not None
         else _is_tool_span(span.name, present, operation, oi_kind, tl_kind, ai_operation)
     ):
@@ -938,6 +952,14 @@ def _is_tool_span(
     if "gen_ai.tool.name" in present:
         return name.startswith("execute_tool ") or name == "running tool"
     return "tool.name" in present and name.startswith("Tool: ")
+
+
+def _is_spring_ai_tool(operation: str, attributes: AttributeMap) -> bool:
+    return (
+        operation == SPRING_AI_OPERATION
+        and SPRING_AI_KIND in attributes
+        and attributes[SPRING_AI_KIND].string_value == "tool_call"
+    )
 
 
 def _genkit_operation(subtype: str) -> str:
@@ -1286,6 +1308,11 @@ CAPTURE_SETTINGS_EXACT: Final = {
         "LangChain4j (through clients/java's LangChain4jTracing)",
         "LangChain4jTracing.create(openTelemetry) or create(openTelemetry, true):"
         " captureContent true, its default",
+    ),
+    "org.springframework.boot": (
+        "Spring AI (its Micrometer observations through Spring Boot's OpenTelemetry bridge)",
+        "spring.ai.tools.observations.include-content=true (it registers"
+        " ToolCallingContentObservationFilter; off by default)",
     ),
     "gen_ai": (
         "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",

@@ -76,8 +76,15 @@ LIBRARIES: dict[str, tuple[dict[str, str], tuple[str, str]]] = {
     # Java: LangChain4j makes no spans; clients/java's LangChain4jTracing makes them from its
     # listeners and tool hooks (GenAI conventions), content capture on or off.
     "langchain4j": ({"capture": "full", "off": "none"}, ("LangChain4j", "captureContent")),
+    # Java: Spring AI's own Micrometer observations through the OpenTelemetry bridge; content
+    # only with its ToolCallingContentObservationFilter.
+    "spring-ai": (
+        {"capture": "full", "off": "none"},
+        ("Spring AI", "spring.ai.tools.observations.include-content"),
+    ),
 }
-TYPESCRIPT = [name for name in LIBRARIES if name not in ("genkit", "langchain4j")]
+JAVA = ["langchain4j", "spring-ai"]
+TYPESCRIPT = [name for name in LIBRARIES if name not in ("genkit", *JAVA)]
 # Genkit keeps a model call's usage inside its genkit:output document only: no budget to check.
 WITHOUT_USAGE = frozenset({"genkit"})
 CASES = [(name, mode) for name, (modes, _) in LIBRARIES.items() for mode in modes]
@@ -121,7 +128,13 @@ EXPECTED: dict[str, dict[str, list[tuple[str, str, int]]]] = {
 }
 # The tool each scenario's loop is about, for the span id of its 3rd call.
 LOOP_TOOL = {"loop_volatile": "search_docs", "loop_identical": "search_docs"}
-TOOL_NAME_KEYS = ("gen_ai.tool.name", "tool.name", "ai.toolCall.name", "genkit:name")
+TOOL_NAME_KEYS = (
+    "gen_ai.tool.name",
+    "tool.name",
+    "ai.toolCall.name",
+    "genkit:name",
+    "spring.ai.tool.definition.name",
+)
 
 
 @cache
@@ -269,6 +282,6 @@ def test_the_go_generator_reproduces_the_fixtures(tmp_path):
 
 
 def test_the_java_generator_reproduces_the_fixtures(tmp_path):
-    """Re-run the Java agents (a JVM): the same decisions and hashes in both modes."""
+    """Re-run the Java agents (a JVM): the same decisions and hashes in every mode."""
     generate = partial(generate_java, tmp_path)
-    assert_generator_reproduces("Java", java_ready(), generate, tmp_path, ["langchain4j"])
+    assert_generator_reproduces("Java", java_ready(), generate, tmp_path, JAVA)

@@ -68,7 +68,8 @@ TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
 GO_AGENTS = ROOT / "tests" / "support" / "go_agents"
 GO_LIBRARIES = {"genkit": ("capture",)}  # Genkit has no setting that turns content off
 JAVA_AGENTS = ROOT / "tests" / "support" / "java_agents"
-JAVA_LIBRARIES = {"langchain4j": ("capture", "off")}  # off: LangChain4jTracing captureContent
+# off: LangChain4jTracing's captureContent false; Spring AI without its content filter.
+JAVA_LIBRARIES = {"langchain4j": ("capture", "off"), "spring-ai": ("capture", "off")}
 SERVICE = "scripted-agent"
 MODULE = "tests.support.instrumented_agents"
 
@@ -992,7 +993,8 @@ def generate_java(out: Path) -> None:
                 try:
                     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
                     command = java_command("fixtures", "--scenarios", str(scenario_file),
-                                           "--mode", mode, "--endpoint", endpoint)  # fmt: skip
+                                           "--mode", mode, "--endpoint", endpoint,
+                                           "--library", name)  # fmt: skip
                     done = subprocess.run(command, capture_output=True, text=True, check=True)
                 finally:
                     server.shutdown()

@@ -304,6 +304,8 @@ public final class KillSwitch implements AutoCloseable {
       consumerProperties.put("enable.auto.commit", "false"); // no group: nothing to commit
       consumerProperties.put("isolation.level", "read_committed");
       consumerProperties.put("fetch.max.wait.ms", "50");
+      // A misspelt topic would be created, read by no worker: the start fails instead.
+      consumerProperties.put("allow.auto.create.topics", "false");
       KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(consumerProperties);
       try {
         positionAtEnd(consumer, topic, startTimeout);

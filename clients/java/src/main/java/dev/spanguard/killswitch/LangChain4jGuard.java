@@ -4,6 +4,7 @@ import dev.langchain4j.service.AiServices;
 import dev.langchain4j.service.tool.BeforeToolExecution;
 import dev.langchain4j.service.tool.ToolExecution;
 import io.opentelemetry.context.Context;
+import io.opentelemetry.context.Scope;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
 
@@ -32,6 +33,7 @@ public final class LangChain4jGuard {
   private final KillSwitch killswitch;
   private final Consumer<String> onDowngrade;
   private final AtomicLong checked = new AtomicLong();
+  private final InvocationContexts invocations = new InvocationContexts();
 
   public LangChain4jGuard(KillSwitch killswitch) {
     this(killswitch, null);
@@ -52,13 +54,19 @@ public final class LangChain4jGuard {
 
   /**
    * For AiServices.beforeToolExecution: throws AgentKilled when the current span's trace (or
-   * its conversation or agent) is killed, waits through a pause.
+   * its conversation or agent) is killed, waits through a pause. Installed by {@link #install}
+   * or {@link #installOn}, it checks the context the AI service was called in even when
+   * LangChain4j runs the tools concurrently, on threads without it.
    */
   public void beforeToolExecution(BeforeToolExecution before) {
+    check(invocations.of(before.invocationContext()));
+  }
+
+  private void check(Context context) {
     checked.incrementAndGet();
     String message;
     try {
-      message = killswitch.checkContext(Context.current());
+      message = killswitch.checkContext(context);
     } catch (AgentPaused paused) {
       String traceId = paused.signal().traceId();
       try {
@@ -82,13 +90,17 @@ public final class LangChain4jGuard {
   }
 
   public <T> AiServices<T> installOn(AiServices<T> builder, LangChain4jTracing tracing) {
+    invocations.registerOn(builder);
     if (tracing == null) {
       return builder.beforeToolExecution(this::beforeToolExecution);
     }
     // The check first: a refused call starts no span.
     Consumer<BeforeToolExecution> before = call -> {
-      beforeToolExecution(call);
-      tracing.beforeToolExecution(call);
+      Context context = invocations.of(call.invocationContext());
+      check(context);
+      try (Scope scope = context.makeCurrent()) { // the tool span's parent
+        tracing.beforeToolExecution(call);
+      }
     };
     Consumer<ToolExecution> after = tracing::afterToolExecution;
     return builder.beforeToolExecution(before).afterToolExecution(after);

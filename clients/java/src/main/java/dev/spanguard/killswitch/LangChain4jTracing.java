@@ -7,6 +7,7 @@ import dev.langchain4j.model.chat.listener.ChatModelRequestContext;
 import dev.langchain4j.model.chat.listener.ChatModelResponseContext;
 import dev.langchain4j.model.chat.response.ChatResponse;
 import dev.langchain4j.model.output.TokenUsage;
+import dev.langchain4j.service.AiServices;
 import dev.langchain4j.service.tool.BeforeToolExecution;
 import dev.langchain4j.service.tool.ToolExecution;
 import io.opentelemetry.api.OpenTelemetry;
@@ -41,6 +42,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * <pre>{@code
  * LangChain4jTracing tracing = LangChain4jTracing.create(openTelemetry);
  * ChatModel model = OpenAiChatModel.builder()...listeners(List.of(tracing)).build();
+ * Assistant assistant = tracing.installOn(AiServices.builder(Assistant.class).chatModel(model)
+ *     .tools(new Tools())).build();
  * }</pre>
  */
 public final class LangChain4jTracing implements ChatModelListener {
@@ -52,6 +55,7 @@ public final class LangChain4jTracing implements ChatModelListener {
   private final boolean captureContent;
   // Tool call id (or the request itself) -> when it started and in which context.
   private final Map<Object, Started> started = new ConcurrentHashMap<>();
+  private final InvocationContexts invocations = new InvocationContexts();
 
   private record Started(Instant at, Context parent) {}
 
@@ -124,9 +128,21 @@ public final class LangChain4jTracing implements ChatModelListener {
     return request.id() != null ? request.id() : request;
   }
 
+  /**
+   * The tool hooks on builder (without a kill check: {@link LangChain4jGuard#install} installs
+   * both), and listeners that keep the tool spans in the caller's trace when LangChain4j runs
+   * the tools concurrently, on threads without the caller's context; returns builder.
+   */
+  public <T> AiServices<T> installOn(AiServices<T> builder) {
+    invocations.registerOn(builder);
+    return builder.beforeToolExecution(this::beforeToolExecution)
+        .afterToolExecution(this::afterToolExecution);
+  }
+
   /** For AiServices.beforeToolExecution: the tool call starts now. */
   public void beforeToolExecution(BeforeToolExecution before) {
-    started.put(keyOf(before.request()), new Started(Instant.now(), Context.current()));
+    started.put(keyOf(before.request()),
+        new Started(Instant.now(), invocations.of(before.invocationContext())));
   }
 
   /** For AiServices.afterToolExecution: the call's span, from its start to now. */

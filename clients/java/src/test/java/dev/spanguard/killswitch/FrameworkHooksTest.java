@@ -28,6 +28,8 @@ import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.Test;
 import org.springframework.ai.tool.ToolCallback;
@@ -70,16 +72,22 @@ class FrameworkHooksTest {
   /** The tool; at its 3rd call the worker's kill of the trace arrives (as the worker would). */
   public static final class Search {
     final AtomicInteger calls = new AtomicInteger();
-    final Runnable atThird;
+    volatile int at = 3;
+    volatile Runnable then;
 
     Search(Runnable atThird) {
-      this.atThird = atThird;
+      this.then = atThird;
+    }
+
+    void atCount(int count, Runnable action) {
+      at = count;
+      then = action;
     }
 
     @Tool(name = "search_docs", value = "Search the knowledge base.")
     public String searchDocs(String query) {
-      if (calls.incrementAndGet() == 3) {
-        atThird.run();
+      if (calls.incrementAndGet() == at) {
+        then.run();
       }
       return "no results";
     }
@@ -134,6 +142,77 @@ class FrameworkHooksTest {
     SpanData agentSpan = spans.stream().filter(s -> s.getName().equals("invoke_agent support")).findFirst().orElseThrow();
     assertEquals(List.of(Stop.STOP_EVENT), agentSpan.getEvents().stream().map(e -> e.getName()).toList());
     assertEquals("kill", agentSpan.getEvents().get(0).getAttributes().get(AttributeKey.stringKey("spanguard.action")));
+    sdk.close();
+  }
+
+  /** Asks for two searches at once every turn (parallel tool calls). */
+  static final class TwoAtOnceModel implements ChatModel {
+    final List<ChatModelListener> listeners;
+    int turn;
+
+    TwoAtOnceModel(List<ChatModelListener> listeners) {
+      this.listeners = listeners;
+    }
+
+    @Override
+    public List<ChatModelListener> listeners() {
+      return listeners;
+    }
+
+    @Override
+    public ChatResponse doChat(ChatRequest request) {
+      turn++;
+      List<ToolExecutionRequest> calls = new ArrayList<>();
+      for (String part : List.of("a", "b")) {
+        calls.add(ToolExecutionRequest.builder().id("call_" + turn + part).name("search_docs")
+            .arguments("{\"query\":\"refund policy " + part + "\"}").build());
+      }
+      return ChatResponse.builder().aiMessage(AiMessage.from(calls))
+          .tokenUsage(new TokenUsage(120, 20)).build();
+    }
+  }
+
+  /**
+   * executeToolsConcurrently: LangChain4j runs the hooks on its executor's threads, where the
+   * agent span is not current. The guard checks the context the AI service was called in, and
+   * the tool spans stay in the agent's trace.
+   */
+  @Test
+  void toolsRunConcurrentlyAreCheckedInTheCallersTrace() {
+    InMemorySpanExporter exporter = InMemorySpanExporter.create();
+    OpenTelemetrySdk sdk = OpenTelemetrySdk.builder().setTracerProvider(SdkTracerProvider.builder()
+        .addSpanProcessor(SimpleSpanProcessor.create(exporter)).build()).build();
+    SignalBook book = new SignalBook();
+    KillSwitch killswitch = new KillSwitch(book, message -> { }, KillSwitch.ScopeDefaults.of(null, null, null));
+    LangChain4jTracing tracing = LangChain4jTracing.create(sdk);
+    Span agent = sdk.getTracer("test").spanBuilder("invoke_agent support").startSpan();
+    String traceId = agent.getSpanContext().getTraceId();
+    Search search = new Search(() -> { });
+    Set<String> threads = ConcurrentHashMap.newKeySet();
+    AiServices<Assistant> builder = AiServices.builder(Assistant.class)
+        .chatModel(new TwoAtOnceModel(List.of(tracing)))
+        .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
+        .tools(search).executeToolsConcurrently()
+        .afterToolExecution(done -> threads.add(Thread.currentThread().getName()));
+    Assistant assistant = LangChain4jGuard.install(builder, killswitch, tracing).build();
+    AgentKilled killed;
+    try (Scope scope = agent.makeCurrent()) {
+      // The kill arrives once the first round of two calls has ended.
+      search.atCount(2, () -> book.deliver(kill(traceId)));
+      killed = assertThrows(AgentKilled.class, () -> assistant.chat("What is the refund policy?"));
+    } finally {
+      agent.end();
+    }
+    assertEquals("tool_loop", killed.rule());
+    assertEquals(2, search.calls.get(), "a call of the second round ran");
+    assertEquals(0, killswitch.unguarded(), "a concurrent check found no trace");
+    assertTrue(threads.stream().noneMatch(name -> name.equals(Thread.currentThread().getName())),
+        "the tools ran on the caller's thread: " + threads);
+    List<SpanData> tools = exporter.getFinishedSpanItems().stream()
+        .filter(s -> s.getName().equals("execute_tool search_docs")).toList();
+    assertEquals(2, tools.size());
+    assertTrue(tools.stream().allMatch(s -> s.getTraceId().equals(traceId)
+        && s.getParentSpanId().equals(agent.getSpanContext().getSpanId())), "tool spans outside the agent's trace");
     sdk.close();
   }
 

@@ -21,6 +21,7 @@ import java.time.Duration;
 import java.time.Instant;
 import java.time.temporal.ChronoUnit;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.HexFormat;
 import java.util.LinkedHashMap;
@@ -37,6 +38,7 @@ import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
@@ -52,6 +54,7 @@ class KafkaTest {
   static final String TEST_KEY = "java-killswitch-test-key-000001";
   private static final SecureRandom RANDOM = new SecureRandom();
   private static final DateTimeFormat TIME = new DateTimeFormat();
+  static final int MAX_RECORD_BYTES = 8 << 20;
 
   private String topic;
   private String ackTopic;
@@ -84,10 +87,14 @@ class KafkaTest {
     admin = Admin.create(properties);
     topic = "java-killswitch-" + randomHex(4);
     ackTopic = topic + "-acks";
-    admin.createTopics(List.of(new NewTopic(topic, 3, (short) 1), new NewTopic(ackTopic, 1, (short) 1)))
+    // Records of megabytes fit: whoever can write the topic can send them.
+    NewTopic signals = new NewTopic(topic, 3, (short) 1)
+        .configs(Map.of("max.message.bytes", String.valueOf(MAX_RECORD_BYTES)));
+    admin.createTopics(List.of(signals, new NewTopic(ackTopic, 1, (short) 1)))
         .all().get(20, TimeUnit.SECONDS); // fails here when the broker is down: make kafka-up
     properties.put("key.serializer", ByteArraySerializer.class.getName());
     properties.put("value.serializer", ByteArraySerializer.class.getName());
+    properties.put("max.request.size", String.valueOf(MAX_RECORD_BYTES));
     producer = new KafkaProducer<>(properties);
   }
 
@@ -115,7 +122,7 @@ class KafkaTest {
     producer.send(new ProducerRecord<>(topic, partition, null, value)).get(10, TimeUnit.SECONDS);
   }
 
-  byte[] signal(String traceId, String key, Map<String, Object> changes) {
+  static byte[] signal(String traceId, String key, Map<String, Object> changes) {
     Instant now = Instant.now();
     Map<String, Object> record = new LinkedHashMap<>();
     record.put("schema_version", 2L);
@@ -148,7 +155,11 @@ class KafkaTest {
   }
 
   static void until(BooleanSupplier condition, String what) throws InterruptedException {
-    long deadline = System.nanoTime() + Duration.ofSeconds(20).toNanos();
+    until(condition, what, Duration.ofSeconds(20));
+  }
+
+  static void until(BooleanSupplier condition, String what, Duration timeout) throws InterruptedException {
+    long deadline = System.nanoTime() + timeout.toNanos();
     while (!condition.getAsBoolean()) {
       if (System.nanoTime() > deadline) {
         fail("timed out waiting for " + what);
@@ -209,6 +220,48 @@ class KafkaTest {
     String later = randomHex(16);
     send(0, signal(later, TEST_KEY, Map.of()));
     until(() -> k.signals().isKilled(later), "a kill after the junk");
+  }
+
+  /** Records of megabytes are refused unread (too_large); the reader goes on to the next. */
+  @Test
+  void signalsOfMegabytesAreCountedAndTheNextKillStillArrives() throws Exception {
+    KillSwitch k = started(builder().signingKey(TEST_KEY));
+    String padded = randomHex(16);
+    byte[] junk = new byte[5 << 20];
+    Arrays.fill(junk, (byte) '{');
+    // A valid signature over a reason of 3 MB: too large all the same.
+    send(0, signal(padded, TEST_KEY, changes("reason", "x".repeat(3 << 20))));
+    send(1, junk);
+    send(2, "[".repeat(2 << 20).getBytes(StandardCharsets.UTF_8));
+    String later = randomHex(16);
+    send(0, signal(later, TEST_KEY, Map.of()));
+    until(() -> k.received() == 4, "the big records and the kill after them");
+    assertTrue(k.signals().isKilled(later), "the kill after the big records: ignored " + k.ignored());
+    assertNull(k.check(padded), "a signal over the size limit was obeyed");
+    Map<String, Integer> ignored = new HashMap<>(k.ignored());
+    ignored.remove("consumer_error");
+    assertEquals(Map.of("too_large", 3), ignored);
+    assertEquals(3, k.malformed());
+  }
+
+  /**
+   * A kill topic that is not there fails the start within its timeout, naming the topic, and
+   * is not created: a topic made by a typo would be read by no worker.
+   */
+  @Test
+  void aTopicThatIsNotThereFailsTheStartAndIsNotCreated() throws Exception {
+    String missing = topic + "-missing";
+    long started = System.nanoTime();
+    var error = assertThrows(KafkaException.class,
+        () -> started(builder().topic(missing).signingKey(TEST_KEY).startTimeout(Duration.ofSeconds(3))));
+    long tookMillis = (System.nanoTime() - started) / 1_000_000;
+    assertTrue(error.getMessage().contains(missing) && error.getMessage().contains("not found"),
+        error.getMessage());
+    assertTrue(tookMillis < 15_000, "the start took " + tookMillis + " ms");
+    if (admin.listTopics().names().get(10, TimeUnit.SECONDS).contains(missing)) {
+      admin.deleteTopics(List.of(missing)).all().get(10, TimeUnit.SECONDS);
+      fail("starting on a missing topic created it");
+    }
   }
 
   @Test

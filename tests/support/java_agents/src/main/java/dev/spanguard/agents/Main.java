@@ -17,6 +17,7 @@ import dev.spanguard.killswitch.Json;
 import dev.spanguard.killswitch.KillSwitch;
 import dev.spanguard.killswitch.LangChain4jGuard;
 import dev.spanguard.killswitch.LangChain4jTracing;
+import io.micrometer.observation.ObservationRegistry;
 import io.opentelemetry.api.common.AttributeKey;
 import io.opentelemetry.api.common.Attributes;
 import io.opentelemetry.api.trace.Span;
@@ -48,9 +49,10 @@ import java.util.concurrent.atomic.AtomicReference;
  * over OTLP/HTTP protobuf by the OpenTelemetry Java SDK.
  *
  * <pre>
- * fixtures --scenarios FILE --mode capture|off --endpoint URL
- *     every scenario of FILE (tests/support/instrumented_agents.py's), one trace each; prints
- *     one JSON line per scenario: {"scenario", "trace_id"}
+ * fixtures --scenarios FILE --mode capture|off --endpoint URL [--library langchain4j|spring-ai]
+ *     every scenario of FILE (tests/support/instrumented_agents.py's), one trace each, by the
+ *     library's agent (SpringAiAgent for spring-ai); prints one JSON line per scenario:
+ *     {"scenario", "trace_id"}
  * e2e --endpoint URL --bootstrap B --kill-topic T [--ack-topic A] [--step-delay S] [--max-calls N]
  *     an agent asking for the same search again and again, guarded by LangChain4jGuard with the
  *     key of SPANGUARD_SIGNING_KEY (or the file SPANGUARD_SIGNING_KEY_FILE); the last line of
@@ -210,8 +212,7 @@ public final class Main {
     if (killswitch != null) {
       return LangChain4jGuard.install(builder, killswitch, tracing).build();
     }
-    return builder.beforeToolExecution(tracing::beforeToolExecution)
-        .afterToolExecution(tracing::afterToolExecution).build();
+    return tracing.installOn(builder).build();
   }
 
   /** The agent's own span around the AI service call. */
@@ -227,14 +228,20 @@ public final class Main {
     Map<String, Object> scenarios = (Map<String, Object>) Json.parse(
         Files.readString(Path.of(flags.get("scenarios")))).value();
     boolean capture = !"off".equals(flags.get("mode"));
+    boolean springAi = "spring-ai".equals(flags.getOrDefault("library", "langchain4j"));
     OpenTelemetrySdk sdk = sdk(flags.get("endpoint"), "scripted-agent");
     LangChain4jTracing tracing = LangChain4jTracing.create(sdk, capture);
+    ObservationRegistry registry = SpringAiAgent.registry(sdk, capture);
     Tracer tracer = sdk.getTracer("scripted-agent");
     for (Map.Entry<String, Object> scenario : scenarios.entrySet()) {
       Script script = new Script((List<Map<String, Object>>) scenario.getValue(), 0);
       Span root = agentSpan(tracer, "support");
       try (Scope scope = root.makeCurrent()) {
-        assistant(script, tracing, null).chat("What is the refund policy?");
+        if (springAi) {
+          SpringAiAgent.run(script, registry);
+        } else {
+          assistant(script, tracing, null).chat("What is the refund policy?");
+        }
       } finally {
         root.end();
       }
