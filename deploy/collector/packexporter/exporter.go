@@ -44,6 +44,10 @@ func (e *packExporter) start(ctx context.Context, host component.Host) error {
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(e.config.Linger),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// franz-go compresses with snappy unless told; the worker's client (aiokafka) reads
+		// no snappy without a library it does not ship with, as the stock exporter's
+		// default (none) never asks of it.
+		kgo.ProducerBatchCompression(kgo.NoCompression()),
 	}
 	if tlsConfig := e.config.TLS.Get(); tlsConfig != nil {
 		loaded, err := tlsConfig.LoadTLSConfig(ctx)

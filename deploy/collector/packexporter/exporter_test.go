@@ -80,6 +80,9 @@ func TestOneMarkedRecordPerPartitionWithTheCountFromTheCluster(t *testing.T) {
 				t.Errorf("%d partitions: two records on partition %d", partitions, record.Partition)
 			}
 			seen[record.Partition] = true
+			if codec := record.Attrs.CompressionType(); codec != 0 {
+				t.Errorf("partition %d: compressed with codec %d; the worker reads uncompressed", record.Partition, codec)
+			}
 			want := []kgo.RecordHeader{{Key: HeaderPack, Value: []byte(
 				Records([]Pack{{Partition: record.Partition}}, partitions)[0].Headers[0].Value)}}
 			if len(record.Headers) != 1 || string(record.Headers[0].Value) != string(want[0].Value) {
