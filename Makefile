@@ -75,8 +75,11 @@ ts-agents: $(TS_AGENTS)/node_modules/.installed
 test-typescript: kafka-up $(TS_CLIENT)/node_modules/.installed
 	cd $(TS_CLIENT) && npm test
 
+# The Collector's spanguard_pack exporter (deploy/collector/packexporter) is tested there too, on
+# franz-go's in-process fake cluster.
 test-go: kafka-up
 	cd clients/go && go mod download && go vet ./... && go test -count=1 ./...
+	cd deploy/collector/packexporter && go mod download && go vet ./... && go test -count=1 ./...
 
 # The Java killswitch (JUnit, Maven Surefire) on the shared vectors and the real broker; Maven
 # Central fills ~/.m2 once (a JDK >= 17 and mvn on PATH), later runs need no network.

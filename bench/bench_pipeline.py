@@ -37,6 +37,14 @@ run, each figure next to its same-run baseline:
    LogAppendTime as well) ran while each of the slowest tenth of kills was on its way.
    `--profile DIR` samples the worker with py-spy over this drain and phase 1's
    (bench/worker_profile.py).
+2d. The packing Collector (with `collector`): the project's Collector build with
+   deploy/collector/packed.yaml (spanguard_pack: each batch as one record per input partition,
+   decided where it lands), the same drain and latency run with fresh trace ids, beside the
+   repartition path's figures of 2b from the same run; its latency stages have no hop.
+   Then, where py-spy is found (PATH or PY_SPY), a drain of half the corpus through each
+   Collector with the worker sampled: the worker's CPU per span by stage (fetch, decode,
+   rules, state, produce, other; bench/worker_profile.py's STAGES), in a table and in the
+   JSON as `stage_us_per_span`. Sampled drains are slower: their rates are not reported.
 2c. The scopes (phase `scopes`, with `collector`): a worker with the conversation and agent
    scopes on (`SCOPES_POLICY`: a conversation scope and per-agent budgets no run reaches) and
    one with the shipped defaults, each on topics and a Collector of its own, both warmed up
@@ -106,7 +114,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.bench_scopes import with_conversations
 from bench.corpus import Corpus, build_corpus
-from bench.worker_profile import Profiler
+from bench.worker_profile import STAGE_NAMES, Profiler, summarize
 from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
     BOOTSTRAP,
@@ -630,6 +638,9 @@ def faust_floor(topics: Topics, records: int, env: dict[str, str], timeout: floa
 # -- the real Collector, with the configuration the project ships ---------------------------
 
 COLLECTOR_SH = ROOT / "scripts" / "collector.sh"
+COLLECTOR_CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
+# The project's Collector build writing through spanguard_pack: a record per partition.
+PACKED = (str(ROOT / "deploy" / "collector" / "packed.yaml"),)
 # Corpus requests (1-3 spans each) per OTLP/HTTP post in a drain: about what an agent SDK's
 # BatchSpanProcessor sends per export when busy.
 POST_REQUESTS = 128
@@ -637,9 +648,11 @@ POST_REQUESTS = 128
 
 class ShippedCollector:
     """scripts/collector.sh up with deploy/collector/config.yaml (batch timeout, exporter and
-    all), writing to `topic`; spans go in over OTLP/HTTP like an agent's exporter sends them."""
+    all) and the `overlays` merged over it, writing to `topic`; spans go in over OTLP/HTTP
+    like an agent's exporter sends them."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, overlays: tuple[str, ...] = ()) -> None:
+        self.configs = [str(COLLECTOR_CONFIG), *overlays] if overlays else []
         self.state_dir = Path(tempfile.mkdtemp(prefix="spanguard-bench-collector-"))
         self.http_port = free_port()
         self.env = {
@@ -652,15 +665,19 @@ class ShippedCollector:
             "SPANGUARD_INPUT_TOPIC": topic,
             "COLLECTOR_STATE_DIR": str(self.state_dir),
         }
-        up = self._script("up")
+        up = self._script("up", *self.configs)
         if up.returncode != 0:
             raise RuntimeError(f"scripts/collector.sh up failed: {up.stderr.strip()}")
         self.pid = int((self.state_dir / "collector.pid").read_text().strip())
         self.connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
 
-    def _script(self, command: str) -> subprocess.CompletedProcess[str]:
+    def _script(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(COLLECTOR_SH), command], env=self.env, capture_output=True, text=True, timeout=300
+            [str(COLLECTOR_SH), command, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     def post(self, body: bytes) -> None:
@@ -881,18 +898,21 @@ def latency_stages(
     ended: dict[str, int],
     input_at: dict[str, int],
     hop_at: dict[str, int],
+    packed: bool = False,
 ) -> list[dict[str, int]]:
     """Per kill (span id, detected_at ms, kill append ms): the stages of STAGES, in ms; a kill
-    whose span was not found on both topics is left out."""
+    whose span was not found on both topics is left out. `packed`: the Collector packed by
+    partition, no record took the hop (its stage is 0)."""
     out = []
     for span_id, detected, killed in kills:
-        if span_id not in input_at or span_id not in hop_at:
+        if span_id not in input_at or (span_id not in hop_at and not packed):
             continue
+        hopped = hop_at.get(span_id, input_at[span_id]) if not packed else input_at[span_id]
         out.append(
             {
                 "collector": input_at[span_id] - ended[span_id],
-                "hop": hop_at[span_id] - input_at[span_id],
-                "decide": detected - hop_at[span_id],
+                "hop": hopped - input_at[span_id],
+                "decide": detected - hopped,
                 "signal": killed - detected,
                 "total": killed - ended[span_id],
                 "input": input_at[span_id],
@@ -943,6 +963,7 @@ def latency_through_collector(
     expected: dict[str, str],
     rate: float,
     seconds: float,
+    packed: bool = False,
 ) -> tuple[Latency, dict[str, dict[str, float]]]:
     """Post `requests` at `rate` spans/s, each span ending as it is posted; latency = the kill
     signal's append to the kill topic (broker clock, LogAppendTime) - the end time of the span
@@ -984,7 +1005,8 @@ def latency_through_collector(
         elapsed = time.monotonic() - started
         cores = meter.cores()
         print(
-            f"latency run through the Collector (1 worker): {sent:,} spans in {elapsed:.1f}s"
+            f"latency run through the {'packing ' if packed else ''}Collector (1 worker):"
+            f" {sent:,} spans in {elapsed:.1f}s"
             f" = {sent / elapsed:,.0f} spans/s offered; {meter.text(cores)}"
         )
         deadline = time.monotonic() + 15.0
@@ -1020,7 +1042,7 @@ def latency_through_collector(
         span_appends(topic, starts[topic], end_offsets(topic, partitions))
         for topic in (topics.input, topics.repartition)
     )
-    per_kill = latency_stages(measured, ended, input_at, hop_at)
+    per_kill = latency_stages(measured, ended, input_at, hop_at, packed)
     stages = print_stages(per_kill)
     flushes = bursts(record_times(changelog, starts[changelog], end_offsets(changelog, partitions)))
     print_flush_overlap(per_kill, flushes)
@@ -1338,6 +1360,13 @@ class Run:
     corpus_c: Corpus | None = None
     latency_c: Corpus | None = None
     expected_c: dict[str, str] | None = None
+    # The packing Collector's (phase collector): drain, latency run, and the stage profiles'
+    # drains of both Collectors (with py-spy).
+    corpus_p: Corpus | None = None
+    latency_p: Corpus | None = None
+    expected_p: dict[str, str] | None = None
+    profile_c: Corpus | None = None
+    profile_p: Corpus | None = None
     rounds_s: list[Corpus] | None = None
     latency_s: Corpus | None = None
     warmup_s: Corpus | None = None
@@ -1348,12 +1377,15 @@ class Run:
     admin: AdminClient | None = None
     workers: list[WorkerProcess] | None = None
     shipped: ShippedCollector | None = None
+    packing: ShippedCollector | None = None
     # Measured.
     core: float = 0.0
     one: Drain | None = None
     latency: Latency | None = None
     fed: Fed | None = None
     fed_latency: Latency | None = None
+    fed_packed: Fed | None = None
+    packed_latency: Latency | None = None
     two: Drain | None = None
     scope_runs: list[ScopesRun] | None = None
     floor: Floor | None = None
@@ -1394,6 +1426,15 @@ def build_corpora(run: Run) -> None:
             int(args.rate * args.seconds), args.latency_traces, seed=12, **mix, **loops
         )
         run.expected_c = expected_kills(latency_c.requests)
+        run.corpus_p = build_corpus(args.spans, args.traces, seed=16, **mix)
+        run.latency_p = build_corpus(
+            int(args.rate * args.seconds), args.latency_traces, seed=17, **mix, **loops
+        )
+        run.expected_p = expected_kills(run.latency_p.requests)
+        if stage_profiles_wanted():
+            half = (args.spans // 2, args.traces // 2)
+            run.profile_c = build_corpus(*half, seed=18, **mix)
+            run.profile_p = build_corpus(*half, seed=19, **mix)
         # The Collector's corpora carry the scope's load too; with phase `scopes`, whose run
         # they are the scope-off half of, always.
         if args.conversations or "scopes" in phases:
@@ -1567,6 +1608,120 @@ def phase_collector(run: Run) -> None:
         )
 
 
+def phase_packed(run: Run) -> None:
+    """2d. The same through the project's Collector build packing by partition (packed.yaml):
+    every input record decided where it lands, no repartition hop."""
+    corpus_p, latency_p = run.corpus_p, run.latency_p
+    if corpus_p is None or latency_p is None or run.fed is None:
+        return
+    args, topics, workers, result = run.args, run.topics, run.workers, run.result
+    assert topics is not None and workers is not None and result is not None
+    assert run.expected_p is not None
+    packing = run.packing = ShippedCollector(topics.input, PACKED)
+    print(f"packing collector: {COLLECTOR_SH.name} up with config.yaml + packed.yaml")
+    fed = run.fed_packed = drain_through_collector(
+        packing, topics, args.partitions, corpus_p.requests, corpus_p.spans, workers,
+        args.drain_timeout,
+    )  # fmt: skip
+    per_input, _ = fed.spans_per_record(corpus_p.spans)
+    rate, baseline = fed.drain.spans_per_s, run.fed.drain.spans_per_s
+    print(
+        f"pipeline through the packing Collector (1 worker): {rate:12,.0f} spans/s"
+        f" = {rate / run.core:.3f} of the core so far, {rate / baseline:.2f}x the repartition"
+        f" path's {baseline:,.0f}"
+        + ("" if fed.drain.done else "  [INCOMPLETE]")
+        + f"; {per_input:.1f} spans per input record ({fed.input_records:,} records),"
+        f" {fed.repartition_records:,} repartition records; done in {fed.drain.seconds:.1f}s"
+    )
+    print(f"  during the drain: {fed.drain.meter.text(fed.drain.cores)}")
+    # Per worker CPU second, against the core's per CPU second (phase collector's figure):
+    # what a loaded shared machine moves least.
+    per_cpu = per_worker_cpu(fed.drain)
+    core_cpu = result.get("core_spans_per_cpu_s")
+    per_cpu_to_core = per_cpu / core_cpu if isinstance(core_cpu, int) and core_cpu else 0.0
+    print(
+        f"  per worker CPU second: {per_cpu:,.0f} spans through the packing Collector"
+        f" ({per_cpu_to_core:.3f} of the core's per CPU second), against"
+        f" {per_worker_cpu(run.fed.drain):,.0f} on the repartition path"
+    )
+    result.update(
+        {
+            "packed_per_cpu_to_core": round(per_cpu_to_core, 3),
+            "packed_spans_per_s": round(rate),
+            "packed_to_repartition_path": round(rate / baseline, 2),
+            "packed_spans_per_input_record": round(per_input, 1),
+            "packed_repartition_records": fed.repartition_records,
+            "packed_drain_complete": fed.drain.done,
+            "worker_cores_packed": round(fed.drain.cores["worker 1"], 2),
+            "packed_spans_per_worker_cpu_s": round(per_cpu),
+        }
+    )
+    if "latency" in run.phases:
+        latency, stages = latency_through_collector(
+            workers[0], topics, args.partitions, packing, latency_p.requests,
+            run.expected_p, args.rate, args.seconds, packed=True,
+        )  # fmt: skip
+        run.packed_latency = latency
+        result.update(
+            {
+                "packed_latency_p50_ms": latency.p50,
+                "packed_latency_p99_ms": latency.p99,
+                "packed_kills_measured": latency.measured,
+                "packed_latency_stages_p99_ms": {
+                    name: figures["p99"] for name, figures in stages.items()
+                },
+            }
+        )
+
+
+def stage_profiles_wanted() -> bool:
+    """The stage table needs py-spy (not a dependency: on PATH, or named by PY_SPY)."""
+    return bool(os.environ.get("PY_SPY") or shutil.which("py-spy"))
+
+
+def phase_stages(run: Run) -> None:
+    """2e. Where a span's worker time goes on each Collector path, by stage: a drain of half
+    the corpus through each, the worker sampled by py-spy (so not the drains timed above)."""
+    if run.profile_c is None or run.profile_p is None or run.packing is None:
+        if "collector" in run.phases:
+            print("stages: py-spy not found (PATH or PY_SPY): no per-stage table")
+        return
+    args, topics, workers, result = run.args, run.topics, run.workers, run.result
+    assert topics is not None and workers is not None and result is not None
+    assert run.shipped is not None
+    directory = args.profile or Path(tempfile.mkdtemp(prefix="spanguard-bench-stages-"))
+    tables: dict[str, dict[str, float]] = {}
+    for path, collector, corpus in (
+        ("repartition", run.shipped, run.profile_c),
+        ("packed", run.packing, run.profile_p),
+    ):
+        profiler = Profiler(directory, f"worker-stages-{path}.txt")
+        fed = drain_through_collector(
+            collector, topics, args.partitions, corpus.requests, corpus.spans, workers,
+            args.drain_timeout, profiler,
+        )  # fmt: skip
+        summary = summarize(profiler.raw) if profiler.raw.exists() else None
+        if summary is None:
+            continue
+        # The worker's CPU per span, shared out by where its samples fell.
+        cpu_us = fed.drain.cores["worker 1"] * fed.drain.seconds / max(corpus.spans, 1) * 1e6
+        tables[path] = {stage: round(share * cpu_us, 1) for stage, share in summary.stages}
+        tables[path]["total"] = round(cpu_us, 1)
+    print_stage_table(tables)
+    result["stage_us_per_span"] = tables
+
+
+def print_stage_table(tables: dict[str, dict[str, float]]) -> None:
+    paths = list(tables)
+    if not paths:
+        print("stages: no samples")
+        return
+    print("worker CPU per span by stage, us (py-spy shares of the worker's CPU per span):")
+    print("  " + f"{'stage':10}" + "".join(f"{path:>14}" for path in paths))
+    for stage in [*STAGE_NAMES, "total"]:
+        print("  " + f"{stage:10}" + "".join(f"{tables[path][stage]:14.1f}" for path in paths))
+
+
 def phase_two(run: Run) -> None:
     """3. Two workers."""
     second = run.second
@@ -1628,6 +1783,9 @@ def stop_workers(run: Run) -> None:
     if run.shipped is not None:
         run.shipped.close()
         run.shipped = None
+    if run.packing is not None:
+        run.packing.close()
+        run.packing = None
 
 
 def phase_scopes(run: Run) -> None:
@@ -1711,6 +1869,13 @@ def print_targets(run: Run) -> None:
     line = f"targets ({via}): 1 worker >= 1/5 of core: {met(ratio >= 0.2)} ({ratio:.3f})"
     if latency is not None:
         line += f"; p99 < 100 ms at {args.rate:,.0f} spans/s: {p99_target(latency)}"
+    if run.fed_packed is not None:
+        packed = run.fed_packed.drain.spans_per_s / core
+        result["packed_to_core"] = round(packed, 3)
+        line += f"; packed >= 0.35 of core: {met(packed >= 0.35)} ({packed:.3f}"
+        line += f", repartition path {ratio:.3f})"
+        if run.packed_latency is not None:
+            line += f"; packed p99 < 100 ms: {p99_target(run.packed_latency)}"
     if two is not None:
         scale = two.spans_per_s / (fed.drain.spans_per_s if fed is not None else one.spans_per_s)
         busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
@@ -1737,8 +1902,9 @@ def clean_up(run: Run) -> None:
     """Whatever the phases left running stops, and the run's topics are deleted."""
     for worker in run.workers or []:
         stop_worker(worker)
-    if run.shipped is not None:
-        run.shipped.close()
+    for collector in (run.shipped, run.packing):
+        if collector is not None:
+            collector.close()
     assert run.admin is not None and run.topics is not None
     deleted = delete_topics(run.admin, run.topics.prefix)
     print(
@@ -1756,6 +1922,8 @@ PHASES = (
     ("one", phase_one),
     ("latency", phase_latency),
     ("collector", phase_collector),
+    ("packed", phase_packed),
+    ("stages", phase_stages),
     ("two", phase_two),
     ("stop", stop_workers),
     ("scopes", phase_scopes),

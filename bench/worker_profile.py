@@ -22,10 +22,10 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["PARTS", "Profiler", "summarize"]
+__all__ = ["PARTS", "STAGES", "Profiler", "summarize"]
 
 
 def _in(path: str, *functions: str) -> Callable[[str, str], bool]:
@@ -102,6 +102,49 @@ PARTS: list[tuple[str, list[Callable[[str, str], bool]]]] = [
 ]
 
 
+# The same samples by the stage of a span's way through the worker, each in the first stage one
+# of its frames belongs to: state (reads inside the rules too) before rules, and the split of a
+# Collector batch is its decode.
+STAGES: list[tuple[str, list[Callable[[str, str], bool]]]] = [
+    (
+        "state",
+        [
+            _under("streams/decoded_states.py"),
+            _under("streams/state_table.py"),
+            _in("streams/write_back.py", "flush_states"),
+            _under("faust/tables/"),
+            _under("faust/stores/"),
+            _under("rocksdict"),
+        ],
+    ),
+    ("rules", [_in("detection/guard.py", "process_view", "process")]),
+    ("decode", [_in("detection/pipeline.py", "handle"), _under("schemas/otlp")]),
+    (
+        "produce",
+        [
+            _under("streams/delivery.py"),
+            _under("aiokafka/producer/"),
+            _under("faust/transport/producer.py"),
+            _under("streams/conversations.py"),
+            _under("streams/agent_windows.py"),
+        ],
+    ),
+    (
+        "fetch",
+        [
+            _under("aiokafka/consumer/"),
+            _under("aiokafka/record/"),
+            _under("faust/streams.py"),
+            _under("faust/agents/"),
+            _under("faust/transport/consumer.py"),
+            _under("faust/transport/conductor.py"),
+            _under("faust/events.py"),
+        ],
+    ),
+]
+STAGE_NAMES = [name for name, _ in STAGES] + ["other"]
+
+
 # Leaf frames of a thread waiting, not working: the event loop's select, a thread's wait, the
 # release reader's poll of the kill topic (its own thread, in librdkafka).
 IDLE: list[Callable[[str, str], bool]] = [
@@ -117,6 +160,9 @@ class Summary:
     idle: int  # samples of threads waiting (IDLE), left out
     shares: list[tuple[str, float]]  # (part, share of busy samples), largest first
     top_frames: list[tuple[str, float]]  # busy leaf frames, share of busy samples
+    # (stage, share of busy samples) in STAGE_NAMES' order; other: the event loop, the Kafka
+    # client's I/O both ways, metrics scrapes, logging.
+    stages: list[tuple[str, float]] = field(default_factory=list)
 
     def text(self) -> str:
         lines = [
@@ -138,6 +184,7 @@ def _frame(text: str) -> tuple[str, str]:
 def summarize(raw: Path, top: int = 12) -> Summary:
     """py-spy's raw output (one `frame;frame;... count` line per stack) summed by part."""
     parts: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     total = idle = 0
     for line in raw.read_text().splitlines():
@@ -150,15 +197,9 @@ def summarize(raw: Path, top: int = 12) -> Summary:
             idle += count
             continue
         total += count
-        part = next(
-            (
-                name
-                for name, tests in PARTS
-                if any(test(function, filename) for function, filename in frames for test in tests)
-            ),
-            "other",
-        )
+        part = _first(PARTS, frames)
         parts[part] += count
+        stages[_first(STAGES, frames)] += count
         if frames:
             function, filename = frames[-1]
             leaves[f"{function} ({_short(filename)})"] += count
@@ -168,6 +209,21 @@ def summarize(raw: Path, top: int = 12) -> Summary:
         idle=idle,
         shares=[(part, n / total) for part, n in parts.most_common()],
         top_frames=[(frame, n / total) for frame, n in leaves.most_common(top)],
+        stages=[(name, stages[name] / total) for name in STAGE_NAMES],
+    )
+
+
+def _first(
+    kinds: list[tuple[str, list[Callable[[str, str], bool]]]], frames: list[tuple[str, str]]
+) -> str:
+    """The first kind one of whose tests a frame passes, "other" if none."""
+    return next(
+        (
+            name
+            for name, tests in kinds
+            if any(test(function, filename) for function, filename in frames for test in tests)
+        ),
+        "other",
     )
 
 

@@ -33,6 +33,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MANIFEST="$ROOT/deploy/collector/builder-config.yaml"
+# The spanguard_pack exporter's Go module, built in from this checkout (the manifest's `path`).
+PACK_MODULE="$ROOT/deploy/collector/packexporter"
 DEFAULT_CONFIG="$ROOT/deploy/collector/config.yaml"
 BINARY_NAME=otelcol-spanguard
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
@@ -53,8 +55,10 @@ CORE_VERSION=$(grep -oE 'go\.opentelemetry\.io/collector/service v[0-9]+\.[0-9]+
 [[ -n $CORE_VERSION ]] || die "cannot find the go.opentelemetry.io/collector/service pin in $MANIFEST"
 
 sha256() { if command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi | cut -c1-12; }
-# The manifest's bytes, the builder's release and the platform: any change means a new build.
-FINGERPRINT=$({ cat "$MANIFEST"; echo "builder=$CORE_VERSION $(uname -s)-$(uname -m)"; } | sha256)
+# The manifest's bytes, the exporter's sources, the builder's release and the platform: any
+# change means a new build.
+pack_sources() { (cd "$PACK_MODULE" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) | LC_ALL=C sort | xargs cat); }
+FINGERPRINT=$({ cat "$MANIFEST"; pack_sources; echo "builder=$CORE_VERSION $(uname -s)-$(uname -m)"; } | sha256)
 BUILD_DIR="$CACHE_ROOT/otelcol-${CORE_VERSION#v}-$FINGERPRINT"
 BINARY="$BUILD_DIR/$BINARY_NAME"
 BUILDER_DIR="$CACHE_ROOT/ocb-${CORE_VERSION#v}"
@@ -96,9 +100,11 @@ build_locked() {
   # shellcheck disable=SC2064
   trap "rm -rf '$work'" EXIT
   say "building $BINARY_NAME $CORE_VERSION (manifest fingerprint $FINGERPRINT); the first build takes a few minutes"
-  # ocb resolves the manifest's relative dist.output_path (./_build) against its working
-  # directory: run it in the scratch directory so nothing is written into the repo. It compiles
-  # with -trimpath and -ldflags="-s -w".
+  # ocb resolves the manifest's relative dist.output_path (./_build) and the exporter's path
+  # (./packexporter) against its working directory: run it in the scratch directory, with a
+  # copy of the module, so nothing is written into the repo. It compiles with -trimpath and
+  # -ldflags="-s -w".
+  cp -R "$PACK_MODULE" "$work/packexporter"
   (cd "$work" && "$BUILDER" --config="$MANIFEST" --ldflags="-s -w") >"$work/build.log" 2>&1 || {
     tail -n 40 "$work/build.log" >&2
     die "ocb failed (full log above, last 40 lines)"

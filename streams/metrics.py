@@ -280,6 +280,9 @@ DEAD_LETTERS = Series("dead_letters")
 COUNTER_HELP = {
     "messages": "Kafka messages consumed",
     "messages_repartitioned": "messages split and re-keyed by trace id",
+    "packed_records": "records of the Collector's spanguard_pack exporter, by what was done"
+    " (decided where read; repartitioned: not on the partition they named, or holding traces"
+    " of another, as from a Collector that saw another partition count)",
     "dead_letters": "messages sent to the dead-letter topic (bad input, undeliverable pages and"
     " webhook notifications)",
     "webhooks": "webhook notifications by outcome",
@@ -358,6 +361,8 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     PipelineCount.REPARTITIONED: (Series("messages_repartitioned"),),
     PipelineCount.DEAD_LETTERS: (DEAD_LETTERS,),
     SpanCount.DEAD_LETTERS: (DEAD_LETTERS,),
+    SpanCount.PACKS_DECIDED: (Series("packed_records", (("what", "decided"),)),),
+    SpanCount.PACKS_REPARTITIONED: (Series("packed_records", (("what", "repartitioned"),)),),
     ReleaseCount.READ: (Series("releases_read"),),
     ConversationCount.RECORDS_SENT: (Series("conversation_records", (("what", "sent"),)),),
     ConversationCount.RECORDS_READ: (Series("conversation_records", (("what", "read"),)),),

@@ -39,6 +39,15 @@ def test_a_kill_whose_span_is_missing_from_a_topic_is_left_out() -> None:
     assert [kill["total"] for kill in stages] == [318]
 
 
+def test_a_packed_records_kill_has_no_hop() -> None:
+    stages = latency_stages(
+        [("a1", 1_050, 1_055)], {"a1": 1_000}, input_at={"a1": 1_030}, hop_at={}, packed=True
+    )
+    assert [{name: kill[name] for name in NAMES} for kill in stages] == [
+        {"collector": 30, "hop": 0, "decide": 20, "signal": 5, "total": 55}
+    ]
+
+
 def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) -> None:
     batch = f"guard_batch ({ROOT}/streams/agents/guard_spans.py:140)"
     decide = f"SpanAgent.decide ({ROOT}/streams/agents/guard_spans.py:170)"
@@ -71,6 +80,15 @@ def test_the_profile_puts_each_sample_in_its_most_specific_part(tmp_path: Path) 
     assert shares["aiokafka consumer: fetch, decode"] == 4 / 20
     assert shares["other"] == 5 / 20
     assert summary.top_frames[0] == ("args_hash (detection/canonical.py)", 6 / 20)
+    # By stage: the split is the batch's decode, the flush is state.
+    assert dict(summary.stages) == {
+        "state": 2 / 20,
+        "rules": 6 / 20,
+        "decode": 3 / 20,
+        "produce": 0.0,
+        "fetch": 4 / 20,
+        "other": 5 / 20,
+    }
 
 
 def test_the_latency_corpus_can_loop_more_traces() -> None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import faust
 from faust.types import TP, EventT
 
+from spanguard.detection.pipeline import Outcome
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.streams.agent_windows import (
     AgentWindowCount,
@@ -40,9 +41,13 @@ from spanguard.streams.write_back import WriteBack
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
 
-__all__ = ["EVICT_PER_BATCH", "SpanAgent", "SpanCount"]
+__all__ = ["EVICT_PER_BATCH", "HEADER_PACK", "SpanAgent", "SpanCount", "packed_partition"]
 
 log = logging.getLogger("spanguard.worker")
+
+# The header the Collector's spanguard_pack exporter (deploy/collector/packexporter) marks its
+# records with: "PARTITION/PARTITIONS", where it wrote the record and the topic's count then.
+HEADER_PACK = "spanguard-pack"
 
 # Idle traces deleted per batch at most: eviction never stalls the event loop.
 EVICT_PER_BATCH = 256
@@ -53,6 +58,11 @@ class SpanCount(CountedOutcome):
 
     # Records whose send failed, dead-lettered as pointers to the message they came from.
     DEAD_LETTERS = "dead_letters"
+    # The Collector's packed records (its spanguard_pack exporter): decided where they were
+    # read, or split through the repartition topic because they were not where they claimed
+    # to be or held traces of other partitions (a Collector or worker with another count).
+    PACKS_DECIDED = "packs_decided"
+    PACKS_REPARTITIONED = "packs_repartitioned"
 
 
 class SpanAgent:
@@ -179,6 +189,26 @@ class SpanAgent:
         for event in events:
             self.reached[event.message.tp] = event.message.offset + 1
 
+    def home_partition(self, message: Any) -> int | None:
+        """The partition whose traces `message` claims to hold: a packed record of the
+        repartition topic or of the Collector's packer, on the partition it was read from
+        (the pipeline checks each trace); None for a message to split."""
+        if message.topic == self.repartition_topic:
+            return int(message.partition)
+        claimed = packed_partition(message.headers)
+        if claimed is None:
+            return None
+        if claimed == message.partition:
+            return claimed
+        self.outcomes.add(SpanCount.PACKS_REPARTITIONED)
+        return None
+
+    def count_pack(self, message: Any, home: int | None, outcome: Outcome) -> None:
+        if home is None or message.topic == self.repartition_topic:
+            return
+        split = bool(outcome.repartition) or outcome.dead_letter is not None
+        self.outcomes.add(SpanCount.PACKS_REPARTITIONED if split else SpanCount.PACKS_DECIDED)
+
     def decide(self, events: list[EventT]) -> tuple[list[Send], list[Send]]:
         """What the batch's messages send: signals and records, and the goal checks."""
         worker = self.worker
@@ -187,10 +217,9 @@ class SpanAgent:
         for event in events:
             message = event.message
             with event_context(event):
-                repartitioned = (
-                    message.partition if message.topic == self.repartition_topic else None
-                )
-                outcome = worker.pipeline.handle(message.key, message.value, repartitioned)
+                home = self.home_partition(message)
+                outcome = worker.pipeline.handle(message.key, message.value, home)
+            self.count_pack(message, home, outcome)
             sends.extend(worker.outbox.sends_for(outcome, message))
             if worker.recorder is not None:
                 worker.recorder.sourced(message)
@@ -271,3 +300,21 @@ class SpanAgent:
         evicted = worker.states.evict_idle(events, worker.guard.clock() - ttl, EVICT_PER_BATCH)
         if evicted:
             log.info("evicted idle traces", extra={"evicted": evicted, "ttl": ttl})
+
+
+def packed_partition(headers: Any) -> int | None:
+    """The partition a packed record's HEADER_PACK names, or None (no such header, or one
+    that does not read as PARTITION/PARTITIONS: such a record is split like any other)."""
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, value in pairs:
+        if name != HEADER_PACK:
+            continue
+        try:
+            partition, _, count = bytes(value).decode("ascii").partition("/")
+            claimed, partitions = int(partition), int(count)
+        except (TypeError, ValueError):
+            return None
+        return claimed if 0 <= claimed < partitions else None
+    return None

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "collector.sh"
 MANIFEST = ROOT / "deploy" / "collector" / "builder-config.yaml"
 CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
+PACKED = ROOT / "deploy" / "collector" / "packed.yaml"
 BUILD_TIMEOUT = 1800  # a cold first build on 2 cores: modules download + compile
 
 
@@ -70,9 +71,20 @@ def test_binary_has_the_manifests_components_at_their_pinned_versions(binary: Pa
         "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter",
     ):
         assert f"module: {module} {pins[module]}" in components, components
+    # spanguard's own exporter, built from this checkout (the manifest's `path`).
+    assert "name: spanguard_pack" in components, components
     # One release: core v0.X.0 with its stable v1 modules, contrib v0.X.y.
-    minors = {v.split(".")[1] for m, v in pins.items() if v.startswith("v0.")}
+    minors = {
+        v.split(".")[1]
+        for m, v in pins.items()
+        if v.startswith("v0.") and not m.startswith("spanguard.dev/")
+    }
     assert len(minors) == 1, pins
+    # The exporter's own module builds against the same core release.
+    gomod = (ROOT / "deploy" / "collector" / "packexporter" / "go.mod").read_text("utf-8")
+    core = pins["go.opentelemetry.io/collector/receiver/otlpreceiver"]
+    for module, version in re.findall(r"(go\.opentelemetry\.io/collector/\S+) (v\S+)", gomod):
+        assert version.startswith(("v1.", core)), (module, version, core)
 
 
 ARGS_HASH = ROOT / "deploy" / "collector" / "args-hash.yaml"
@@ -103,6 +115,16 @@ def test_the_args_hash_overlay_validates_where_the_transform_processor_is_built(
 
 def test_validate_passes_on_the_shipped_config(binary: Path):
     result = validate(binary, CONFIG)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_packed_overlay_validates_over_the_shipped_config(binary: Path):
+    result = subprocess.run(
+        [str(binary), "validate", "--config", str(CONFIG), "--config", str(PACKED)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -284,4 +306,92 @@ def test_sdk_spans_reach_kafka_as_whole_batches(binary: Path, tmp_path: Path):
     assert script("status").returncode == 1, "the Collector is still running after down"
     log = (tmp_path / "collector" / "collector.log").read_text(errors="replace")
     assert "Everything is ready" in log, log
+    assert "\terror\t" not in log, log
+
+
+@pytest.mark.kafka
+def test_the_packed_collector_writes_one_marked_record_per_partition(binary: Path, tmp_path: Path):
+    """deploy/collector/packed.yaml: a batch of many traces reaches the topic as one record per
+    partition, on the partition the worker's FNV-1a gives each of its traces, marked with it;
+    the partition count (3 here) is the topic's, which no setting names."""
+    pytest.importorskip(
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        reason="needs opentelemetry-exporter-otlp-proto-http (the project's dev extra)",
+    )
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from spanguard.streams.agents.guard_spans import HEADER_PACK
+    from spanguard.streams.partitioner import collector_partition
+    from tests.support.kafka_harness import CLUSTER, collector_env, ensure_broker
+    from tests.support.kafka_harness import Collector as TopicReader
+
+    partitions = 3
+    bootstrap = ensure_broker()
+    topic = f"t{uuid.uuid4().hex[:8]}-otlp_spans"
+    admin = AdminClient(CLUSTER.config())
+    for future in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
+        future.result(timeout=30)
+    env, http_port = collector_env(
+        bootstrap, topic, tmp_path / "collector", OTELCOL_METRICS_LEVEL="none"
+    )
+    up = subprocess.run(
+        [str(SCRIPT), "up", str(CONFIG), str(PACKED)],
+        capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT,
+    )  # fmt: skip
+    reader = provider = None
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        reader = TopicReader(topic)
+        provider = TracerProvider(resource=Resource.create({"service.name": "collector-pack"}))
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces", timeout=10)
+            )
+        )
+        tracer = provider.get_tracer("tests.test_collector")
+        expected: dict[str, int] = {}  # trace id hex -> spans
+        for agent in range(12):
+            with tracer.start_as_current_span(f"invoke_agent agent-{agent}") as root:
+                for call in range(3):
+                    with tracer.start_as_current_span(f"execute_tool search-{call}"):
+                        pass
+            expected[format(root.get_span_context().trace_id, "032x")] = 4
+        assert provider.force_flush(timeout_millis=10_000)
+
+        seen: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while seen != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen = {}
+            messages = reader.where(lambda m: True)
+            for message in messages:
+                mark = message["headers"].get(HEADER_PACK)
+                assert mark == f"{message['partition']}/{partitions}".encode(), message
+                request = ExportTraceServiceRequest.FromString(message["value"])
+                for resource_spans in request.resource_spans:
+                    for scope_spans in resource_spans.scope_spans:
+                        for span in scope_spans.spans:
+                            trace_id = span.trace_id.hex()
+                            home = collector_partition(trace_id.encode(), partitions)
+                            assert home == message["partition"], (trace_id, message["partition"])
+                            seen[trace_id] = seen.get(trace_id, 0) + 1
+        assert seen == expected
+        # One SDK flush is one batch: one record on each partition its traces live on.
+        homes = {collector_partition(t.encode(), partitions) for t in expected}
+        assert sorted(m["partition"] for m in messages) == sorted(homes)
+    finally:
+        if provider is not None:
+            provider.shutdown()
+        if reader is not None:
+            reader.close()
+        subprocess.run([str(SCRIPT), "down"], capture_output=True, env=env, timeout=60)
+        admin.delete_topics([topic])
+    log = (tmp_path / "collector" / "collector.log").read_text(errors="replace")
     assert "\terror\t" not in log, log

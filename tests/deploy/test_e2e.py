@@ -3,7 +3,9 @@
 The agents are `python -m spanguard.cli.demo agent ...` processes: OpenTelemetry SDK spans
 exported over OTLP/HTTP to a Collector built from deploy/collector (scripts/collector.sh),
 whose kafka exporter writes to the worker's input topic; each agent calls check() on a
-KillSwitch before every tool call.
+KillSwitch before every tool call. Both Collectors the docs offer: the stock kafka exporter
+(config.yaml: the worker splits each batch through its repartition topic) and spanguard_pack
+(packed.yaml over it: batches packed by partition, decided where they land, no repartition).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from tests.support.kafka_harness import (
     BOOTSTRAP,
     ROOT,
+    Collector,
     Topics,
     WorkerProcess,
     collector_env,
@@ -35,16 +38,30 @@ MAX_CALLS_BEFORE_KILL = 4
 SIGNING_KEY = "e2e-signing-key-0123456789"
 
 
-@pytest.fixture
-def stack(tmp_path: Path):
+CONFIGS = {
+    "stock": [],
+    "packed": [str(ROOT / "deploy" / "collector" / c) for c in ("config.yaml", "packed.yaml")],
+}
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def stack(tmp_path: Path, request: pytest.FixtureRequest):
     ensure_broker()
     topics = Topics()
     env, http_port = collector_env(
         BOOTSTRAP, topics.input, tmp_path / "collector", OTELCOL_METRICS_LEVEL="none"
     )
     worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
-    subprocess.run([str(ROOT / "scripts" / "collector.sh"), "up"], env=env, check=True, timeout=900)
+    subprocess.run(
+        [str(ROOT / "scripts" / "collector.sh"), "up", *CONFIGS[request.param]],
+        env=env, check=True, timeout=900,
+    )  # fmt: skip
+    repartitioned = Collector(topics.repartition)
     yield topics, http_port
+    # The stock Collector's batches take the worker's repartition hop; packed, every batch
+    # was decided where it landed.
+    assert bool(repartitioned.where(lambda m: True)) == (request.param == "stock")
+    repartitioned.close()
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "down"], env=env, timeout=60)
     assert worker.stop() == 0
     topics.delete()

@@ -8,7 +8,8 @@ answers them 200 and holds them. Then it is SIGKILLed, the network healed, the C
 restarted.
 
 - With its sending queue on disk (deploy/collector/persistent-queue.yaml, file_storage) the
-  restarted Collector sends what it held: every loop is killed at its threshold call.
+  restarted Collector sends what it held: every loop is killed at its threshold call. So
+  does the packing one (packed.yaml with packed-persistent-queue.yaml).
 - Without it (config.yaml alone: batch processor and an in-memory queue) everything it held is
   gone though the agents were told it was delivered: no looping trace whose threshold call was
   held is ever killed. The test asserts that loss too, so the docs' claim stays true.
@@ -25,6 +26,8 @@ import pytest
 
 from tests.support.faults import (
     COLLECTOR_CONFIG,
+    PACKED,
+    PACKED_QUEUE,
     PERSISTENT_QUEUE,
     KafkaCluster,
     KillLedger,
@@ -45,7 +48,7 @@ CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
 PERSISTENT = ROOT / "deploy" / "collector" / "persistent-queue.yaml"
 
 
-def run(kafka: KafkaCluster, tmp_path: Path, persistent: bool) -> None:
+def run(kafka: KafkaCluster, tmp_path: Path, persistent: bool, packed: bool = False) -> None:
     proxied, proxies = kafka.proxied()
     pipeline = Pipeline(kafka, tmp_path)
     otelcol = None
@@ -54,7 +57,11 @@ def run(kafka: KafkaCluster, tmp_path: Path, persistent: bool) -> None:
         # One bootstrap broker, reached through its proxy; the others come from its metadata,
         # advertised on the proxied listener: every connection of the Collector is proxied.
         otelcol = RealCollector(
-            tmp_path / "otelcol", proxied.bootstrap.split(",")[0], pipeline.topics.input, persistent
+            tmp_path / "otelcol",
+            proxied.bootstrap.split(",")[0],
+            pipeline.topics.input,
+            persistent,
+            packed,
         ).up()
         loops, clean = loops_and_clean(LOOPS, CLEAN)
         ledger = KillLedger(loops, clean)
@@ -109,6 +116,14 @@ def test_collector_sigkilled_with_its_queue_on_disk_loses_no_span(
     run(kafka_cluster, tmp_path, persistent=True)
 
 
+def test_the_packing_collector_sigkilled_with_its_queue_on_disk_loses_no_span(
+    kafka_cluster: KafkaCluster, tmp_path
+) -> None:
+    """The same through spanguard_pack (packed.yaml, packed-persistent-queue.yaml): what it
+    held is sent after the restart, packed by partition and decided where it lands."""
+    run(kafka_cluster, tmp_path, persistent=True, packed=True)
+
+
 @pytest.mark.faults
 def test_collector_sigkilled_with_its_queue_in_memory_loses_what_it_held(
     kafka_cluster: KafkaCluster, tmp_path
@@ -130,6 +145,30 @@ def test_the_persistent_queue_overlay_validates(tmp_path) -> None:
     ).stdout.strip()  # fmt: skip
     result = subprocess.run(
         [binary, "validate", "--config", str(COLLECTOR_CONFIG), "--config", str(PERSISTENT_QUEUE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SPANGUARD_COLLECTOR_QUEUE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_packing_queue_overlay_validates(tmp_path) -> None:
+    """packed-persistent-queue.yaml gives spanguard_pack the stock exporter's queue on disk,
+    and the four files together are a config the built Collector accepts."""
+    import yaml
+
+    stock = yaml.safe_load(PERSISTENT_QUEUE.read_text(encoding="utf-8"))
+    packed = yaml.safe_load(PACKED_QUEUE.read_text(encoding="utf-8"))
+    queue = packed["exporters"]["spanguard_pack"]["sending_queue"]
+    assert queue == stock["exporters"]["kafka"]["sending_queue"]
+    binary = subprocess.run(
+        [str(ROOT / "scripts" / "collector.sh"), "path"],
+        capture_output=True, text=True, timeout=900, check=True,
+    ).stdout.strip()  # fmt: skip
+    configs = [COLLECTOR_CONFIG, PERSISTENT_QUEUE, PACKED, PACKED_QUEUE]
+    result = subprocess.run(
+        [binary, "validate", *(arg for c in configs for arg in ("--config", str(c)))],
         capture_output=True,
         text=True,
         timeout=60,

@@ -40,6 +40,9 @@ from tests.support.spans import AgentRecorder, encode, span_id_of
 
 COLLECTOR_CONFIG = ROOT / "deploy" / "collector" / "config.yaml"
 PERSISTENT_QUEUE = ROOT / "deploy" / "collector" / "persistent-queue.yaml"
+# The project's packing exporter in place of the stock one, and its queue on disk.
+PACKED = ROOT / "deploy" / "collector" / "packed.yaml"
+PACKED_QUEUE = ROOT / "deploy" / "collector" / "packed-persistent-queue.yaml"
 THRESHOLD = 3  # the shipped loop rule: the 3rd identical call in the window trips
 SHIPPED_PARTITIONS = 8  # the shipped SPANGUARD_PARTITIONS
 
@@ -499,11 +502,16 @@ class Pipeline:
 class RealCollector:
     """scripts/collector.sh up/down on ports of its own, its state and queue under `home`."""
 
-    def __init__(self, home: Path, brokers: str, topic: str, persistent: bool) -> None:
+    def __init__(
+        self, home: Path, brokers: str, topic: str, persistent: bool, packed: bool = False
+    ) -> None:
         self.home = home
         (home / "queue").mkdir(parents=True, exist_ok=True)
         self.http_port = free_port()
-        self.configs = [str(COLLECTOR_CONFIG)] + ([str(PERSISTENT_QUEUE)] if persistent else [])
+        overlays = [PERSISTENT_QUEUE] if persistent else []
+        if packed:
+            overlays += [PACKED, PACKED_QUEUE] if persistent else [PACKED]
+        self.configs = [str(config) for config in (COLLECTOR_CONFIG, *overlays)]
         self.env = {
             **os.environ,
             "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{self.http_port}",
