@@ -41,7 +41,7 @@ run, each figure next to its same-run baseline:
    deploy/collector/packed.yaml (spanguard_pack: each batch as one record per input partition,
    decided where it lands), the same drain and latency run with fresh trace ids, beside the
    repartition path's figures of 2b from the same run; its latency stages have no hop.
-   Then, where py-spy is found (PATH or PY_SPY), a drain of half the corpus through each
+   Then, where py-spy is found (the dev extra's, or PY_SPY), a drain of half the corpus through each
    Collector with the worker sampled: the worker's CPU per span by stage (fetch, decode,
    rules, state, produce, other; bench/worker_profile.py's STAGES), in a table and in the
    JSON as `stage_us_per_span`. Sampled drains are slower: their rates are not reported.
@@ -114,7 +114,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.bench_scopes import with_conversations
 from bench.corpus import Corpus, build_corpus
-from bench.worker_profile import STAGE_NAMES, Profiler, summarize
+from bench.worker_profile import STAGE_NAMES, Profiler, find_py_spy, summarize
 from spanguard.detection.guard import Guard
 from tests.support.kafka_harness import (
     BOOTSTRAP,
@@ -1675,8 +1675,8 @@ def phase_packed(run: Run) -> None:
 
 
 def stage_profiles_wanted() -> bool:
-    """The stage table needs py-spy (not a dependency: on PATH, or named by PY_SPY)."""
-    return bool(os.environ.get("PY_SPY") or shutil.which("py-spy"))
+    """The stage table needs py-spy (the dev extra's, or named by PY_SPY)."""
+    return find_py_spy() is not None
 
 
 def phase_stages(run: Run) -> None:
@@ -1684,7 +1684,7 @@ def phase_stages(run: Run) -> None:
     the corpus through each, the worker sampled by py-spy (so not the drains timed above)."""
     if run.profile_c is None or run.profile_p is None or run.packing is None:
         if "collector" in run.phases:
-            print("stages: py-spy not found (PATH or PY_SPY): no per-stage table")
+            print("stages: py-spy not found (make install, or PY_SPY): no per-stage table")
         return
     args, topics, workers, result = run.args, run.topics, run.workers, run.result
     assert topics is not None and workers is not None and result is not None

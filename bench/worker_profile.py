@@ -4,8 +4,8 @@
 (the synthetic producer's, the Collector's) and prints this summary of each; `python -m bench.worker_profile FILE` prints it
 again from the raw samples kept in DIR. Only the thread holding the GIL is sampled, so the
 shares are of the process's Python work (C code that lets the GIL go, RocksDB's writes and
-the sockets' reads, is not counted). py-spy is not a dependency of the project: it is found
-on PATH, or named by `PY_SPY`. Sampling stops the process for each sample, so the
+the sockets' reads, is not counted). py-spy comes with the dev extra (`make install`); another
+one is named by `PY_SPY`. Sampling stops the process for each sample, so the
 profiled drain is slower than an unprofiled one; the shares are what is read from it.
 
 Each sample is put in the first part, in the order of PARTS, that one of its frames belongs to:
@@ -234,10 +234,16 @@ def _short(filename: str) -> str:
     return "/".join(Path(filename).parts[-2:])
 
 
+def find_py_spy() -> str | None:
+    """py-spy named by PY_SPY, else beside this Python (the dev extra installs it), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return os.environ.get("PY_SPY") or (str(beside) if beside.exists() else shutil.which("py-spy"))
+
+
 def py_spy() -> str:
-    found = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    found = find_py_spy()
     if not found:
-        raise RuntimeError("--profile needs py-spy: on PATH, or its path in PY_SPY")
+        raise RuntimeError("--profile needs py-spy: `make install` (the dev extra), or PY_SPY")
     return found
 
 
