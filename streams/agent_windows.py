@@ -1,23 +1,24 @@
 """The agent scope over time in the worker: a repartition of compact usage records by agent.
 
 An agent's traces land on every partition (they are keyed by trace id), so no span agent sees
-an agent's whole spend. Instead the span agent's guard records each change of a trace's usage
-(`AgentUsageRecorder`, given to the guard as its agent usage sink), and the span agent sends the
+an agent's whole spend. Instead the span agent's guard hands each change of a trace's usage to
+its recorder (`AgentUsageRecorder`, the guard's agent usage sink), and the span agent sends the
 batch's records to the agent usage topic, one Kafka record per agent, keyed by the agent's
-identity (`agent_key`, schemas/scope_records.py). The agent-windows agent
-(streams/agents/guard_agent_windows.py) reads that topic, keeps
-each agent's `AgentWindow` in a table keyed by the same identity (its changelog follows the
-partition a record arrives on, as the trace table's does), decides with the pure core's code
-(spanguard/detection/agent_budget.py) and sends its decisions down the trace decisions' path:
-detections topic, signed agent-scoped kill with its expiry, and from the detections topic
-paging and the webhook. What the scopes share in the worker is streams/scope.py's.
+identity (`agent_key`). The agent-windows agent (streams/agents/guard_agent_windows.py) reads
+that topic, keeps each agent's `AgentWindow` in a table keyed by the same identity (its
+changelog follows the partition a record arrives on, as the trace table's does), decides with
+the pure core's code (spanguard/detection/agent_budget.py) and sends its decisions down the
+trace decisions' path: detections topic, signed agent-scoped kill with its expiry, and from the
+detections topic paging and the webhook. What the scopes share in the worker is
+streams/scope.py's.
 
-What the records hold: the agent's identity (in the key), the trace and span ids, the span's
-end time, token and micro-dollar deltas (pico-dollars on the wire, as the core counts), and the
-topic partition and offset of the span message each came from; never arguments. One Kafka
-record per agent and span batch (schemas/scope_records.py), one row per agent, bucket of its window and span message: the sum of that message's usage spans in that
-bucket, named after the last of them (its trace is the one a crossing names). The window counts
-the same from it as from a row per span, and a message of 80 spans sends a few rows, not 30.
+What the records hold (schemas/scope_records.py): the agent's identity (in the key), the trace
+and span ids, the span's end time, token and micro-dollar deltas (pico-dollars on the wire, as
+the core counts), and the topic partition and offset of the span message each came from; never
+arguments. One Kafka record per agent and span batch, one row per agent, bucket of its window
+and span message: the sum of that message's usage spans in that bucket, named after the last of
+them (its trace is the one a crossing names). The window counts the same from it as from a row
+per span, and a message of 80 spans sends a few rows, not 30.
 
 Records sent twice (a span batch decided again after a crash re-sends what it had sent) are
 dropped by where they came from: the span agent reads each source partition in order and sends

@@ -5,8 +5,8 @@ A weekend of spend is made of runs that each look fine alone: a thousand short t
 every trace budget. The trace guard (guard.py) hands each change of a trace's usage to the agent
 usage sink (`AgentUsageSink`: an AgentBudgetGuard, or the worker's recorder), which an
 AgentBudgetGuard counts as a compact record (`AgentUsage`: the agent, the trace, the span's end
-time, token and cost deltas), and the policy entry matching the agent (`agent_budget: {window, tokens,
-usd, action}`) says what the agent may spend per window. Pure Python, no I/O.
+time, token and cost deltas), and the policy entry matching the agent (`agent_budget: {window,
+tokens, usd, action}`) says what the agent may spend per window. Pure Python, no I/O.
 
 Time is record time (the spans' end times), so replay decides what a live run decided. State
 is bounded: per agent at most MAX_BUCKETS buckets of counts (a minute each for a window of up
@@ -158,7 +158,8 @@ class AgentBudgetGuard(ScopeGuard):
     """Keeps each agent's rolling window and decides when one crosses its budget.
 
     An agent usage sink: `Guard(agent_budgets=AgentBudgetGuard(policy))` feeds it every change
-    of a trace's usage and returns its decisions with its own; `observe_usage` may also be fed directly.
+    of a trace's usage and returns its decisions with its own; `observe_usage` may also be fed
+    directly.
     `windows` maps (service, agent name) to AgentWindow: in memory by default (the least
     recently seen of more than `max_agents` forgotten), or the worker's table, whose idle
     windows the worker evicts. A changed window is written back to it once per record."""
