@@ -18,7 +18,6 @@ whose partition it is.
 
 from __future__ import annotations
 
-import logging
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +63,6 @@ __all__ = [
     "decode_records",
     "encode_packs",
 ]
-
-log = logging.getLogger("spanguard.worker")
 
 # Span ids a conversation remembers to drop records sent twice (a span batch decided again
 # after a crash re-sends what it had sent): a commit interval's calls of one conversation.
