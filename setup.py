@@ -34,6 +34,8 @@ COMPILED_MODULES = [
     "spanguard/detection/pricing.py",
     # The conversation scope (its state extends the trace's).
     "spanguard/detection/conversation.py",
+    # What the conversation scope shares with the agent scope (its base class).
+    "spanguard/detection/scope.py",
 ]
 # Type-checked alone: the modules' imports outside this list are read, not compiled. No config
 # file: pyproject.toml's [tool.mypy] is `make typecheck`'s (its link tree and per-module flags),

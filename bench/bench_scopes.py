@@ -80,7 +80,7 @@ def main() -> int:
         for name, values in times.items()
     }
     guard = run(scoped, True)
-    assert guard.conversations is not None
+    assert isinstance(guard.conversations, ConversationGuard)
     print(
         f"corpus: {corpus.spans:,} spans over {args.traces:,} traces,"
         f" {TRACES_PER_CONVERSATION} traces a conversation"

@@ -49,7 +49,7 @@ TRACES = 1_000_000
 PARTITIONS = 8
 BATCHES = 3000
 FRESH_PER_BATCH = 50
-EVICT_PER_BATCH = 256  # what the worker uses (streams/agents/guard_spans.py)
+EVICT_PER_BATCH = 256  # what the worker uses (streams/scope.py)
 TICK = 0.005
 TTL = 3600.0
 

@@ -32,14 +32,14 @@ from spanguard.schemas.policy import Policy
 from spanguard.streams.agent_windows import (
     AgentUsageRecorder,
     AgentWindowCount,
-    AgentWindowsAgent,
     agent_window_view,
     agent_windows_wanted,
 )
 from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
+from spanguard.streams.agents.guard_agent_windows import AgentWindowsAgent
+from spanguard.streams.agents.guard_conversations import ConversationAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.conversations import (
-    ConversationAgent,
     ConversationCount,
     ConversationRecorder,
     conversation_view,
@@ -173,23 +173,25 @@ def trace_states(app: faust.App, settings: WorkerSettings) -> tuple[StateTable, 
 
 
 def conversation_states(app: faust.App, settings: WorkerSettings) -> DecodedStates:
-    """The conversation table (conversation id -> ConversationState bytes) and its view: like
-    the trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(app, settings, settings.conversation_table_name, settings.scope_partitions)
-    states = conversation_view(
-        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
-    )
-    table.states = states
-    return states
+    """The conversation table (conversation id -> ConversationState bytes) and its view."""
+    return scope_states(app, settings, settings.conversation_table_name, conversation_view)
 
 
 def agent_window_states(app: faust.App, settings: WorkerSettings) -> DecodedStates:
-    """The agent window table (agent identity -> AgentWindow bytes) and its view: like the
-    trace table, its changelog follows the partition each record arrives on."""
-    table = state_table(app, settings, settings.agent_window_table_name, settings.scope_partitions)
-    states = agent_window_view(
-        table, bucket_seconds=settings.state_ttl / 60, cache_size=settings.state_cache
-    )
+    """The agent window table (agent identity -> AgentWindow bytes) and its view."""
+    return scope_states(app, settings, settings.agent_window_table_name, agent_window_view)
+
+
+def scope_states(
+    app: faust.App,
+    settings: WorkerSettings,
+    name: str,
+    view: Callable[[StateTable, float, int], DecodedStates],
+) -> DecodedStates:
+    """A scope's table and its view: like the trace table, its changelog follows the partition
+    each record arrives on."""
+    table = state_table(app, settings, name, settings.scope_partitions)
+    states = view(table, settings.state_ttl / 60, settings.state_cache)
     table.states = states
     return states
 

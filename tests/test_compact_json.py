@@ -1,4 +1,4 @@
-"""spanguard/compact_json.py: orjson where installed, json for what orjson refuses; what one
+"""schemas/compact_json.py: orjson where installed, json for what orjson refuses; what one
 writes the other reads alike, and what neither can read fails with json's own error."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from spanguard import compact_json
+from spanguard.schemas import compact_json
 
 
 def test_what_it_writes_is_compact_json_that_json_reads_back():

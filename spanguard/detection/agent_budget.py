@@ -2,10 +2,11 @@
 its traces.
 
 A weekend of spend is made of runs that each look fine alone: a thousand short traces under
-every trace budget. The trace guard (guard.py) hands each change of a trace's usage to an
-AgentBudgetGuard as a compact record (`AgentUsage`: the agent, the trace, the span's end time,
-token and cost deltas), and the policy entry matching the agent (`agent_budget: {window, tokens,
-usd, action}`) says what the agent may spend per window. Pure Python, no I/O.
+every trace budget. The trace guard (guard.py) hands each change of a trace's usage to the agent
+usage sink (`AgentUsageSink`: an AgentBudgetGuard, or the worker's recorder), which an
+AgentBudgetGuard counts as a compact record (`AgentUsage`: the agent, the trace, the span's end
+time, token and cost deltas), and the policy entry matching the agent (`agent_budget: {window,
+tokens, usd, action}`) says what the agent may spend per window. Pure Python, no I/O.
 
 Time is record time (the spans' end times), so replay decides what a live run decided. State
 is bounded: per agent at most MAX_BUCKETS buckets of counts (a minute each for a window of up
@@ -25,22 +26,19 @@ agent is back under budget. One decision per crossing: the next comes after that
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.pricing import micro_usd, pico_usd
-from spanguard.detection.rules.base import FLAG, GuardObserver
-from spanguard.detection.trace_state import encode_record, iso_from_micros
-from spanguard.schemas.decision import AgentIdentity, Decision, Rule
+from spanguard.detection.rules.base import FLAG
+from spanguard.detection.scope import ScopeGuard
+from spanguard.detection.trace_state import encode_record
+from spanguard.schemas.decision import Decision, Rule
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
@@ -48,12 +46,11 @@ __all__ = [
     "MAX_BUCKETS",
     "AgentBudgetGuard",
     "AgentUsage",
+    "AgentUsageSink",
     "AgentWindow",
-    "agent_key",
     "bucket_seconds",
+    "has_agent_budget",
 ]
-
-log = logging.getLogger("spanguard.core")
 
 SCOPE = "agent"
 RULE: Rule = "agent_budget"
@@ -140,33 +137,29 @@ class AgentWindow:
         return cls.from_dict(json.loads(data))
 
 
-def agent_key(service: str, agent_name: str | None) -> str:
-    """An agent's identity as one unambiguous text (a name may hold any character): the key
-    the worker keys its usage records and window table by. Cached for names of ordinary
-    length: a fleet has few agents, and each inference's usage asks for its key three times
-    (uncached, a visible share of a scope-on worker's samples: docs/performance.md, "Figures
-    behind the code")."""
-    if len(service) + len(agent_name or "") <= MAX_CACHED_KEY_CHARS:
-        return _cached_agent_key(service, agent_name)
-    return _agent_key(service, agent_name)
+class AgentUsageSink(Protocol):
+    """Where the trace guard hands each change of a trace's usage (field by field: the worker's
+    recorder sums them without a record per span): an AgentBudgetGuard decides on it, the
+    worker's recorder sends it to the agent usage topic (streams/agent_windows.py)."""
+
+    def hand_spend(
+        self,
+        service: str,
+        agent_name: str | None,
+        trace_id: str,
+        span_id: bytes,
+        ended: int,
+        tokens: int,
+        cost: int,
+    ) -> None: ...
 
 
-# Names longer than this are keyed without the cache: 4,096 keys of at most this size.
-MAX_CACHED_KEY_CHARS = 256
-
-
-def _agent_key(service: str, agent_name: str | None) -> str:
-    return json.dumps([service, agent_name], separators=(",", ":"), ensure_ascii=False)
-
-
-_cached_agent_key = functools.lru_cache(maxsize=4096)(_agent_key)
-
-
-class AgentBudgetGuard(GuardObserver):
+class AgentBudgetGuard(ScopeGuard):
     """Keeps each agent's rolling window and decides when one crosses its budget.
 
-    `Guard(agent_budgets=AgentBudgetGuard(policy))` feeds it every change of a trace's usage
-    and returns its decisions with its own; `observe_usage` may also be fed directly.
+    An agent usage sink: `Guard(agent_budgets=AgentBudgetGuard(policy))` feeds it every change
+    of a trace's usage and returns its decisions with its own; `observe_usage` may also be fed
+    directly.
     `windows` maps (service, agent name) to AgentWindow: in memory by default (the least
     recently seen of more than `max_agents` forgotten), or the worker's table, whose idle
     windows the worker evicts. A changed window is written back to it once per record."""
@@ -179,32 +172,24 @@ class AgentBudgetGuard(GuardObserver):
         max_agents: int = DEFAULT_MAX_AGENTS,
         windows: MutableMapping[tuple[str, str | None], AgentWindow] | None = None,
     ) -> None:
-        self.policy = policy
-        self.clock = clock
+        super().__init__(policy, SCOPE, clock)
         self.max_agents = max_agents
         self.windows: MutableMapping[tuple[str, str | None], AgentWindow] = (
             OrderedDict() if windows is None else windows
         )
-        self.pending: list[Decision] = []
-        self.decisions = 0
         self.forgotten = 0  # agents pushed out by `max_agents`
-        self._told: set[str] = set()  # what was logged once
 
     @property
     def enabled(self) -> bool:
         policies = self.policy.entries
-        return any(_has_budget(policy) for policy in policies)
+        return any(has_agent_budget(policy) for policy in policies)
 
     @property
     def prices_usage(self) -> bool:
         policies = self.policy.entries
         return any(policy.agent_budget_usd is not None for policy in policies)
 
-    def take(self) -> list[Decision]:
-        taken, self.pending = self.pending, []
-        return taken
-
-    def observe_spend(
+    def hand_spend(
         self,
         service: str,
         agent_name: str | None,
@@ -219,8 +204,8 @@ class AgentBudgetGuard(GuardObserver):
         self.observe_usage(AgentUsage(service, agent_name, trace_id, span_id, ended, tokens, cost))
 
     def observe_usage(self, record: AgentUsage) -> Decision | None:
-        policy = self._policy(record.service, record.agent_name)
-        if not _has_budget(policy) or (record.tokens <= 0 and record.cost <= 0):
+        policy = self.policy_of(record.service, record.agent_name)
+        if not has_agent_budget(policy) or (record.tokens <= 0 and record.cost <= 0):
             return None
         window_seconds = policy.agent_budget_window
         width = bucket_seconds(window_seconds)
@@ -308,36 +293,20 @@ class AgentBudgetGuard(GuardObserver):
             )
         action = FLAG if policy.shadow else policy.agent_budget_action
         until = datetime.fromtimestamp(frees_at, UTC).isoformat(timespec="milliseconds")
-        entry, match = self.policy.entry_of(policy)
         # Deterministic: the same crossing replayed carries the same id.
         text = f"agent:{record.service}/{record.agent_name or ''}:{RULE}:{action}:{frees_at}"
-        self.decisions += 1
-        return Decision(
-            trace_id=record.trace_id,
-            span_id=record.span_id.hex(),
-            rule=RULE,
-            action=action,
-            reason=f"{reason}; the window frees at {until}",
-            agent=AgentIdentity(record.service, record.agent_name),
-            detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
-                timespec="milliseconds"
-            ),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
-            span_ended_at=(
-                iso_from_micros(record.end_time_unix_nano // 1000)
-                if record.end_time_unix_nano > 0
-                else None
-            ),
+        return self.scope_decision(
+            record,
+            policy,
+            RULE,
+            action,
+            f"{reason}; the window frees at {until}",
+            text,
             tokens=window.tokens,
             token_budget=token_budget,
             cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
             budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
-            policy_entry=entry,
-            policy_match=match,
-            scope=SCOPE,
             scope_until=until if action == "kill" else None,
-            decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
         )
 
     def _window(self, key: tuple[str, str | None]) -> AgentWindow:
@@ -352,7 +321,7 @@ class AgentBudgetGuard(GuardObserver):
         if len(windows) > self.max_agents:
             windows.popitem(last=False)
             self.forgotten += 1
-            self._tell_once(
+            self.tell_once(
                 "forgotten",
                 "agent budgets: more than %d agents; the least recently seen is forgotten"
                 " (counted in AgentBudgetGuard.forgotten)",
@@ -367,7 +336,7 @@ class AgentBudgetGuard(GuardObserver):
         window.tokens = window.cost = 0
         window.tripped_until = 0.0
         window.resets += 1
-        self._tell_once(
+        self.tell_once(
             f"reset:{key}",
             "agent budget of %s: a span ended a whole window away from the newest one (bucket"
             " %d, newest %d): its window starts afresh (counted in AgentWindow.resets)",
@@ -376,22 +345,9 @@ class AgentBudgetGuard(GuardObserver):
             newest,
         )
 
-    def _tell_once(self, what: str, message: str, *args: object) -> None:
-        if what in self._told or len(self._told) >= 4096:
-            return
-        self._told.add(what)
-        log.warning(message, *args)
 
-    def _policy(self, service: str, agent_name: str | None) -> AgentPolicy:
-        if not self.policy.rules:
-            return self.policy.defaults
-        attributes = {SERVICE_NAME: service}
-        if agent_name is not None:
-            attributes[AGENT_NAME] = agent_name
-        return self.policy.for_attributes(attributes)
-
-
-def _has_budget(policy: AgentPolicy) -> bool:
+def has_agent_budget(policy: AgentPolicy) -> bool:
+    """Whether a policy entry sets an agent budget (tokens or dollars per window)."""
     return policy.agent_budget_tokens is not None or policy.agent_budget_usd is not None
 
 

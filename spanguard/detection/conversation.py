@@ -4,7 +4,8 @@ order the guard reads them, under the loop and cycle rules and the conversation'
 Many frameworks start a trace per turn or per run (a chat app per user message, the OpenAI
 Agents SDK's `Runner.run`, a scheduler's retries): six traces each searching "refund policy"
 twice are twelve identical calls that no trace alone counts to 4. The trace guard (guard.py)
-hands each counted call and each change of a trace's usage to a ConversationGuard as a compact
+hands each counted call and each change of a trace's usage to the conversation sink
+(`ConversationSink`: a ConversationGuard, or the worker's recorder) as a compact
 record (`ConversationCall`, `ConversationUsage`: ids, the call's key and times, token and cost
 deltas; never arguments), keyed by the conversation id the trace's spans name. Pure Python, no
 I/O: replay and tests run it beside the guard with a dict for state; the worker feeds it
@@ -25,7 +26,6 @@ stop the trace that tripped and, for that long, every later trace of the convers
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -33,30 +33,26 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME, ToolCall
+from spanguard.detection.conventions import ToolCall
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules import CYCLE, TOOL_LOOP
-from spanguard.detection.rules.base import FLAG, KILL, Fired, GuardObserver, Trip
+from spanguard.detection.rules.base import FLAG, KILL, Fired, Trip
 from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.tool_loop import ToolLoop
-from spanguard.detection.trace_state import (
-    MARK_BYTES,
-    CallKey,
-    TraceState,
-    call_mark,
-    iso_from_micros,
-)
-from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.detection.scope import ScopeGuard
+from spanguard.detection.trace_state import MARK_BYTES, CallKey, TraceState, call_mark
+from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
     "MAX_TRACES_REMEMBERED",
     "ConversationCall",
     "ConversationGuard",
+    "ConversationSink",
     "ConversationState",
     "ConversationUsage",
 ]
@@ -140,6 +136,19 @@ class ConversationUsage:
         self.agent_name = agent_name
 
 
+class ConversationSink(Protocol):
+    """Where the trace guard hands the records of the traces that name a conversation: a
+    ConversationGuard decides them, the worker's recorder sends them to the conversation topic
+    (streams/conversations.py)."""
+
+    # Whether the guard hands it usage changes at all (only where some policy entry wants them).
+    counts_usage: bool
+
+    def hand_call(self, record: ConversationCall) -> None: ...
+
+    def hand_usage(self, record: ConversationUsage) -> None: ...
+
+
 @dataclass(slots=True)
 class ConversationState(TraceState):
     """A TraceState over the conversation's calls (the rules read it as they read a trace's),
@@ -191,11 +200,11 @@ class _Plan:
     history: int  # the calls the conversation's window keeps
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # the worker's recorder extends it
-class ConversationGuard(GuardObserver):
+@mypyc_attr(allow_interpreted_subclasses=True)  # the worker's table extends it
+class ConversationGuard(ScopeGuard):
     """Runs tool_loop and cycle, and the conversation budgets, per conversation.
 
-    A guard observer: `Guard(conversations=ConversationGuard(policy))` hands it every counted
+    A conversation sink: `Guard(conversations=ConversationGuard(policy))` hands it every counted
     call and usage change of traces that name a conversation, and returns its decisions with
     its own. `states` maps conversation id to ConversationState (a dict by default).
     """
@@ -207,45 +216,28 @@ class ConversationGuard(GuardObserver):
         states: MutableMapping[str, ConversationState] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.policy = policy
+        super().__init__(policy, SCOPE, clock)
         self.states: MutableMapping[str, ConversationState] = {} if states is None else states
-        self.clock = clock
-        self.pending: list[Decision] = []  # decisions the guard has not collected yet
         # Whether the guard hands this scope the changes of its traces' usage: only where some
         # policy entry turns the scope on.
         self.counts_usage = any(entry.conversation_enabled for entry in policy.entries)
         self.calls = 0
-        self.decisions = 0
         self._plans: dict[int, _Plan] = {}
 
     # -- fed by the guard --------------------------------------------------------------------
 
-    def on_tool_call(
-        self, trace_id: str, state: TraceState, call: ToolCall, key: CallKey | None
-    ) -> None:
-        if key is None or state.conversation_id is None:
-            return
-        decision = self.observe_call(
-            ConversationCall(
-                state.conversation_id,
-                trace_id,
-                call.span_id,
-                call.end_time_unix_nano,
-                key,
-                state.service,
-                state.agent_name,
-            )
-        )
+    def hand_call(self, record: ConversationCall) -> None:
+        decision = self.observe_call(record)
         if decision is not None:
             self.pending.append(decision)
 
-    def take(self) -> list[Decision]:
-        """The decisions taken since the last call (the guard returns them with its own)."""
-        taken, self.pending = self.pending, []
-        return taken
+    def hand_usage(self, record: ConversationUsage) -> None:
+        decision = self.observe_usage(record)
+        if decision is not None:
+            self.pending.append(decision)
 
     def observe_call(self, record: ConversationCall) -> Decision | None:
-        policy = self._policy(record.service, record.agent_name)
+        policy = self.policy_of(record.service, record.agent_name)
         if not policy.conversation_enabled:
             return None
         self.calls += 1
@@ -282,7 +274,7 @@ class ConversationGuard(GuardObserver):
         return decision
 
     def observe_usage(self, record: ConversationUsage) -> Decision | None:
-        policy = self._policy(record.service, record.agent_name)
+        policy = self.policy_of(record.service, record.agent_name)
         if not policy.conversation_enabled:
             return None
         state = self._state(record.conversation_id, record.service, record.agent_name)
@@ -327,14 +319,6 @@ class ConversationGuard(GuardObserver):
         plan = _Plan(policy, rules, action, policy.cycle_enabled, policy.history)
         self._plans[id(policy)] = plan
         return plan
-
-    def _policy(self, service: str, agent_name: str | None) -> AgentPolicy:
-        if not self.policy.rules:
-            return self.policy.defaults
-        attributes = {SERVICE_NAME: service}
-        if agent_name is not None:
-            attributes[AGENT_NAME] = agent_name
-        return self.policy.for_attributes(attributes)
 
     def _state(self, conversation_id: str, service: str, agent_name: str | None) -> Any:
         state = self.states.get(conversation_id)
@@ -431,33 +415,20 @@ class ConversationGuard(GuardObserver):
         text = f"conversation:{record.conversation_id}:{rule}:{action}"
         if action == KILL:  # one per trace and rule
             text += f":{record.trace_id}"
-        entry, match = self.policy.entry_of(policy)
-        self.decisions += 1
         detected = datetime.fromtimestamp(self.clock(), UTC)
         # A kill also refuses the conversation's later traces, until `kill_ttl` after it.
         until = detected + timedelta(seconds=policy.conversation_kill_ttl)
-        return Decision(
-            trace_id=record.trace_id,
-            span_id=record.span_id.hex(),
-            rule=rule,  # type: ignore[arg-type]
-            action=action,  # type: ignore[arg-type]
-            reason=f"{trip.reason} (conversation {record.conversation_id}, {traces} traces)",
-            agent=AgentIdentity(record.service, record.agent_name),
-            detected_at=detected.isoformat(timespec="milliseconds"),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
-            span_ended_at=(
-                iso_from_micros(record.end_time_unix_nano // 1000)
-                if record.end_time_unix_nano > 0
-                else None
-            ),
-            policy_entry=entry,
-            policy_match=match,
-            scope=SCOPE,
+        return self.scope_decision(
+            record,
+            policy,
+            rule,
+            action,
+            f"{trip.reason} (conversation {record.conversation_id}, {traces} traces)",
+            text,
+            detected,
             conversation_id=record.conversation_id,
             traces=traces,
             scope_until=until.isoformat(timespec="milliseconds") if action == KILL else None,
-            decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
             **evidence,
         )
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.detection.agent_budget import AgentBudgetGuard
+from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions import (
     AGENT_NAME,
@@ -44,7 +44,12 @@ from spanguard.detection.conventions import (
     reading_of,
     resource_info,
 )
-from spanguard.detection.conversation import ConversationGuard, ConversationUsage
+from spanguard.detection.conversation import (
+    ConversationCall,
+    ConversationGuard,
+    ConversationSink,
+    ConversationUsage,
+)
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
@@ -67,6 +72,7 @@ from spanguard.detection.rules.base import (
     ToolCallRule,
     Trip,
 )
+from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import (
     CallKey,
     TraceState,
@@ -205,6 +211,19 @@ class _Plan:
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
+def _deciding_scopes(
+    conversations: ConversationSink | None, agent_budgets: AgentUsageSink | None
+) -> list[ScopeGuard]:
+    """The scopes given to the guard that decide (not a worker's recorders), conversations
+    first: their decisions are returned with the guard's own."""
+    deciding: list[ScopeGuard] = []
+    if isinstance(conversations, ConversationGuard):
+        deciding.append(conversations)
+    if isinstance(agent_budgets, AgentBudgetGuard):
+        deciding.append(agent_budgets)
+    return deciding
+
+
 class Guard:
     """Runs the rules over OTLP requests, keeping per-trace state in `states`.
 
@@ -225,16 +244,16 @@ class Guard:
         rules: Iterable[Rule] = RULES,
         observers: Iterable[GuardObserver] = (),
         price_usage: bool = False,
-        conversations: ConversationGuard | None = None,
-        agent_budgets: AgentBudgetGuard | None = None,
+        conversations: ConversationSink | None = None,
+        agent_budgets: AgentUsageSink | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
         `observers`: told of every call and decision (`add_observer` adds more);
         `price_usage`: price every trace's usage even without a usd budget (replay's page);
-        `conversations`: the conversation scope, fed every counted call and usage change of
-        traces that name a conversation (spanguard/detection/conversation.py);
-        `agent_budgets`: the agent scope over time, fed every change of a trace's usage
-        (spanguard/detection/agent_budget.py)."""
+        `conversations`: the conversation scope's sink, fed every counted call and usage
+        change of traces that name a conversation (spanguard/detection/conversation.py);
+        `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
+        (spanguard/detection/agent_budget.py); see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -261,16 +280,14 @@ class Guard:
         conversation_budgets = conversations is not None and any(
             policy.counts_conversation_usage for policy in policies
         )
-        self.agent_budgets = agent_budgets if agent_budgets and agent_budgets.enabled else None
-        agent_usd = self.agent_budgets is not None and self.agent_budgets.prices_usage
-        self.prices_usage = (
-            price_usage
-            or agent_usd
-            or any(
-                policy.usd_budget is not None
-                or (conversations is not None and policy.conversation_usd_budget is not None)
-                for policy in policies
-            )
+        wanted = agent_budgets is not None and any(has_agent_budget(p) for p in policies)
+        self.agent_budgets = agent_budgets if wanted else None
+        self._deciding = _deciding_scopes(conversations, self.agent_budgets)
+        self.prices_usage = price_usage or any(
+            policy.usd_budget is not None
+            or (conversations is not None and policy.conversation_usd_budget is not None)
+            or (self.agent_budgets is not None and policy.agent_budget_usd is not None)
+            for policy in policies
         )
         self.tracks_tokens = (
             self.prices_usage
@@ -283,7 +300,6 @@ class Guard:
             base = base | PRICE_KEYS
         if conversations is not None:
             base = base | CONVERSATION_KEY_SET
-            self.observers.append(conversations)
         self._wanted = base | self._match_keys
         self._reading = reading_of(self._wanted)
         self._warned_conversations: set[str] = set()
@@ -384,10 +400,9 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
-        if self.conversations is not None and self.conversations.pending:
-            decisions.extend(self.conversations.take())
-        if self.agent_budgets is not None and self.agent_budgets.pending:
-            decisions.extend(self.agent_budgets.take())
+        for scope in self._deciding:
+            if scope.pending:
+                decisions.extend(scope.take())
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
@@ -480,13 +495,10 @@ class Guard:
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
-        if decision.scope == "agent":  # the agent scope's: its mark is there
-            if self.agent_budgets is not None:
-                self.agent_budgets.retract(decision)
-            return
-        if decision.scope is not None:  # the conversation scope's: its mark is there
-            if self.conversations is not None:
-                self.conversations.retract(decision)
+        if decision.scope is not None:  # a scope's (the agent's, the conversation's): its mark
+            for scope in self._deciding:
+                if scope.scope == decision.scope:
+                    scope.retract(decision)
             return
         mark = Fired(decision.rule, decision.action)
         state = self.states.get(decision.trace_id)
@@ -532,8 +544,9 @@ class Guard:
         idle = [trace_id for trace_id, state in self.states.items() if state.last_seen < cutoff]
         for trace_id in idle:
             del self.states[trace_id]
-        if self.conversations is not None:  # conversations idle as long are forgotten too
-            self.conversations.evict_idle(ttl_seconds)
+        conversations = self.conversations
+        if isinstance(conversations, ConversationGuard):  # idle as long: forgotten too
+            conversations.evict_idle(ttl_seconds)
         return len(idle)
 
     # -- rules ---------------------------------------------------------------------------
@@ -575,7 +588,7 @@ class Guard:
         counts[key] = counts.get(key, 0) + 1
         if len(window) > plan.history:
             trim_window(window, counts, marks, plan.history)
-        if self.observers:
+        if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
         fired = state.fired
         for rule, wanted in plan.call_rules:
@@ -665,7 +678,7 @@ class Guard:
             and conversations.counts_usage
             and state.conversation_id is not None
         ):
-            found = conversations.observe_usage(
+            conversations.hand_usage(
                 ConversationUsage(
                     state.conversation_id,
                     trace_id,
@@ -677,10 +690,8 @@ class Guard:
                     state.agent_name,
                 )
             )
-            if found is not None:
-                conversations.pending.append(found)
         if self.agent_budgets is not None:
-            self.agent_budgets.observe_spend(
+            self.agent_budgets.hand_spend(
                 state.service,
                 state.agent_name,
                 trace_id,
@@ -779,6 +790,19 @@ class Guard:
     ) -> None:
         for observer in self.observers:
             observer.on_tool_call(trace_id, state, call, key)
+        conversations = self.conversations
+        if conversations is not None and key is not None and state.conversation_id is not None:
+            conversations.hand_call(
+                ConversationCall(
+                    state.conversation_id,
+                    trace_id,
+                    call.span_id,
+                    call.end_time_unix_nano,
+                    key,
+                    state.service,
+                    state.agent_name,
+                )
+            )
 
     # -- helpers -------------------------------------------------------------------------
 

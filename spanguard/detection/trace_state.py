@@ -19,9 +19,9 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
-from spanguard import compact_json
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
+from spanguard.schemas import compact_json
 
 __all__ = [
     "MARK_BYTES",
@@ -234,7 +234,7 @@ def trim_window(window: Any, counts: dict[Any, int], marks: bytearray, size: int
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
-    """A state's record as compact JSON (spanguard/compact_json.py: orjson's where installed,
+    """A state's record as compact JSON (schemas/compact_json.py: orjson's where installed,
     json's for what orjson refuses and without it). Both read back alike."""
     return compact_json.dumps(record)
 

@@ -23,6 +23,7 @@ from faust.types import TP, EventT
 
 from spanguard.detection.pipeline import Outcome
 from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import (
     AgentWindowCount,
     agent_usage_sends,
@@ -36,21 +37,19 @@ from spanguard.streams.conversations import (
 from spanguard.streams.delivery import Send, confirm, produce, send_all
 from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
+from spanguard.streams.scope import evict_idle_states, settle_signals
 from spanguard.streams.write_back import WriteBack
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
 
-__all__ = ["EVICT_PER_BATCH", "HEADER_PACK", "SpanAgent", "SpanCount", "packed_partition"]
+__all__ = ["HEADER_PACK", "SpanAgent", "SpanCount", "packed_partition"]
 
 log = logging.getLogger("spanguard.worker")
 
 # The header the Collector's spanguard_pack exporter (deploy/collector/packexporter) marks its
 # records with: "PARTITION/PARTITIONS", where it wrote the record and the topic's count then.
 HEADER_PACK = "spanguard-pack"
-
-# Idle traces deleted per batch at most: eviction never stalls the event loop.
-EVICT_PER_BATCH = 256
 
 
 class SpanCount(CountedOutcome):
@@ -272,19 +271,7 @@ class SpanAgent:
     def settle(self, sends: list[Send], failed: list[Send]) -> None:
         """Signals acked are sent (latency observed); a decision whose signal was not sent is
         not decided: the trace can trip again on its next call."""
-        worker = self.worker
-        lost = {id(send) for send in failed}
-        for send in sends:
-            if send.decision is not None and id(send) not in lost:
-                worker.latency.signal_sent(send.decision)  # acked by the broker: sent
-        for send in failed:
-            if send.decision is not None:
-                worker.guard.retract(send.decision)
-                worker.health.lost_signals += 1
-                log.error(
-                    "kill signal not sent; the trace can trip again",
-                    extra={"trace_id": send.decision.trace_id},
-                )
+        settle_signals(self.worker, sends, failed, self.worker.guard.retract, _lost_signal)
 
     def count_dead_letters(self, pointers: int) -> None:
         self.outcomes.add(SpanCount.DEAD_LETTERS, pointers)
@@ -297,9 +284,11 @@ class SpanAgent:
 
     def evict_idle(self, events: list[EventT]) -> None:
         worker, ttl = self.worker, self.worker.settings.state_ttl
-        evicted = worker.states.evict_idle(events, worker.guard.clock() - ttl, EVICT_PER_BATCH)
-        if evicted:
-            log.info("evicted idle traces", extra={"evicted": evicted, "ttl": ttl})
+        evict_idle_states(worker.states, events, worker.guard.clock() - ttl, "traces", ttl=ttl)
+
+
+def _lost_signal(decision: Decision) -> tuple[str, dict[str, Any]]:
+    return "kill signal not sent; the trace can trip again", {"trace_id": decision.trace_id}
 
 
 def packed_partition(headers: Any) -> int | None:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from spanguard.detection.agent_budget import AgentBudgetGuard, AgentWindow, agent_key
+from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsage, AgentWindow
 from spanguard.detection.guard import Guard
 from spanguard.schemas.policy import Policy
+from spanguard.schemas.scope_records import agent_key
 from spanguard.streams.agent_windows import (
     AgentUsageRecorder,
     AgentWindowCount,
@@ -39,6 +40,19 @@ class Message:
     topic: str
     partition: int
     offset: int
+
+
+def hand(recorder: AgentUsageRecorder, record: AgentUsage) -> None:
+    """Hand a usage record to the recorder as the guard does, field by field."""
+    recorder.hand_spend(
+        record.service,
+        record.agent_name,
+        record.trace_id,
+        record.span_id,
+        record.end_time_unix_nano,
+        record.tokens,
+        record.cost,
+    )
 
 
 def rows_of(records, messages) -> list:
@@ -216,7 +230,7 @@ def test_the_recorder_records_agents_with_a_budget_and_counts_an_empty_service(c
     recorder = AgentUsageRecorder(policy())
     with caplog.at_level(logging.WARNING, "spanguard.worker"):
         for _ in range(3):
-            recorder.observe_usage(usage(T0, 10, service=""))
+            hand(recorder, usage(T0, 10, service=""))
     assert recorder.drain() == ([], [])
     assert recorder.tally[AgentWindowCount.NO_IDENTITY] == 3
     assert len([r for r in caplog.records if "service.name is empty" in r.message]) == 1
@@ -269,7 +283,7 @@ def test_a_message_sends_one_row_per_agent_and_bucket_and_the_window_counts_the_
     ]
     recorder = AgentUsageRecorder(budget)
     for record in spans:
-        recorder.observe_usage(record)
+        hand(recorder, record)
     message = Message("spans", 2, 41)
     recorder.sourced(message)
     records, sources = recorder.drain()
@@ -297,6 +311,6 @@ def test_a_message_sends_one_row_per_agent_and_bucket_and_the_window_counts_the_
         assert got.tokens == expected.tokens and list(got.buckets) == buckets
     assert one_by_one.windows.get(TRIAGE).late == 1 and summed.windows.get(TRIAGE).late == 0
     # The next message starts new rows.
-    recorder.observe_usage(usage(T0 + 63, 10))
+    hand(recorder, usage(T0 + 63, 10))
     recorder.sourced(Message("spans", 2, 42))
     assert [r.tokens for r in recorder.drain()[0]] == [10]

@@ -21,9 +21,10 @@ from spanguard.config.settings import WorkerSettings
 from spanguard.detection.conversation import ConversationCall
 from spanguard.schemas.decision import keyring, read_signal
 from spanguard.schemas.policy import Policy
+from spanguard.streams.agents.guard_conversations import ConversationAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import build_worker, conversation_states, faust_app
-from spanguard.streams.conversations import ConversationAgent, encode_packs
+from spanguard.streams.conversations import encode_packs
 from spanguard.streams.fence import Lease
 from tests.support.leases import SESSION, Clock, batch_frozen_then_revoked
 

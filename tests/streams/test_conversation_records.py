@@ -221,8 +221,8 @@ def test_a_conversation_shared_by_thousands_of_traces_stays_bounded_in_bytes():
 def test_usage_is_recorded_only_against_a_conversation_budget(budgets, kept):
     policy = Policy.from_mapping({"defaults": {"conversation": {"enabled": True, **budgets}}})
     recorder = ConversationRecorder(policy)
-    recorder.observe_call(call("c", "t1", 1))
-    recorder.observe_usage(usage("c", "t1", 2, 300))
+    recorder.hand_call(call("c", "t1", 1))
+    recorder.hand_usage(usage("c", "t1", 2, 300))
     records, _ = recorder.drain()
     assert [type(r).__name__ for r in records] == ["ConversationCall"] + (
         ["ConversationUsage"] if kept else []

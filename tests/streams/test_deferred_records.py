@@ -22,7 +22,8 @@ from spanguard.config.settings import WorkerSettings
 from spanguard.detection.agent_budget import AgentUsage
 from spanguard.detection.conversation import ConversationCall
 from spanguard.schemas.policy import Policy
-from spanguard.streams.agent_windows import AgentWindowCount, AgentWindowsAgent, encode_usage
+from spanguard.streams.agent_windows import AgentWindowCount, encode_usage
+from spanguard.streams.agents.guard_agent_windows import AgentWindowsAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import agent_window_states, build_worker, faust_app
 from spanguard.streams.delivery import Send
@@ -211,7 +212,7 @@ def held_call(agent: SpanAgent, source: Message) -> None:
     """A call held for the conversation scope, as the span agent's batch leaves it."""
     assert agent.worker.recorder is not None
     call = ConversationCall("conv", "a" * 32, b"s" * 8, 10**18, ("search", "h", None), "svc", None)
-    agent.worker.recorder.observe_call(call)
+    agent.worker.recorder.hand_call(call)
     agent.worker.recorder.sourced(source)
     agent.holding_since = time.monotonic()
     assert agent.holds_records()
