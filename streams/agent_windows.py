@@ -92,7 +92,7 @@ Row = tuple[AgentUsage, str | None, int]  # a usage record, its source partition
 
 
 def _has_budget(policy: AgentPolicy) -> bool:
-    return policy.agent_budget_tokens is not None or policy.agent_budget_usd is not None
+    return policy.agent_budget.tokens is not None or policy.agent_budget.usd is not None
 
 
 def agent_windows_wanted(policy: Policy) -> bool:
@@ -105,7 +105,7 @@ def longest_window(policy: Policy) -> int:
     """The longest agent budget window of any policy entry (seconds): an agent idle that long
     has nothing left in its window, so its state can go."""
     entries = policy.entries
-    return max((p.agent_budget_window for p in entries if _has_budget(p)), default=0)
+    return max((p.agent_budget.window for p in entries if _has_budget(p)), default=0)
 
 
 class AgentWindowCount(CountedOutcome):
@@ -190,7 +190,7 @@ class AgentUsageRecorder(AgentBudgetGuard):
         width = self._agent_widths.get(agent)
         if width is None:
             policy = self._policy(service, agent_name)
-            width = bucket_seconds(policy.agent_budget_window) if _has_budget(policy) else 0
+            width = bucket_seconds(policy.agent_budget.window) if _has_budget(policy) else 0
             if len(self._agent_widths) >= MAX_AGENT_WIDTHS_KEPT:
                 self._agent_widths.clear()
             self._agent_widths[agent] = width

@@ -98,8 +98,8 @@ class Pack:
 def conversations_wanted(policy: Policy) -> bool:
     """Whether any policy entry turns the conversation scope on: when none does, the worker
     builds none of it (no conversation keys read, no record sent)."""
-    return policy.defaults.conversation_enabled or any(
-        rule.policy.conversation_enabled for rule in policy.rules
+    return policy.defaults.conversation.enabled or any(
+        rule.policy.conversation.enabled for rule in policy.rules
     )
 
 
@@ -138,7 +138,7 @@ class ConversationRecorder(ConversationGuard):
         self.sources: list[Any] = []  # aligned with `records`: the message each came from
 
     def observe_call(self, record: ConversationCall) -> Decision | None:
-        if self._policy(record.service, record.agent_name).conversation_enabled:
+        if self._policy(record.service, record.agent_name).conversation.enabled:
             self.records.append(record)
         return None
 

@@ -25,7 +25,7 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
         "    loop: *wide\n"
     )
     policy = load_policy(path)
-    assert [(r.policy.window, r.policy.threshold) for r in policy.rules] == [(20, 5), (20, 5)]
+    assert [(r.policy.loop.window, r.policy.loop.threshold) for r in policy.rules] == [(20, 5)] * 2
 
 
 def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_policy():
