@@ -132,11 +132,11 @@ _Settings = TypeVar("_Settings", bound="DataclassInstance")
 # ("write": the stored value -> the YAML value). `_merged` and `_document` follow the fields: a
 # field with no such metadata is stored and written as is, and a field holding a section (a
 # dataclass) is merged and written field by field.
-Read = Callable[[Any, Any], Any]
-Write = Callable[[Any], Any]
+_Read = Callable[[Any, Any], Any]
+_Write = Callable[[Any], Any]
 
 
-def _setting(default: Any, *, read: Read, write: Write) -> Any:
+def _setting(default: Any, *, read: _Read, write: _Write) -> Any:
     return field(default=default, metadata={"read": read, "write": write})
 
 
@@ -202,10 +202,10 @@ def _folds_document(folds: tuple[tuple[str, frozenset[str]], ...]) -> dict[str, 
     return {tool: sorted(how) for tool, how in folds}
 
 
-Prices = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+_Prices = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
 
 
-def _merged_prices(current: Prices, by_model: Mapping[str, Mapping[str, float]]) -> Prices:
+def _merged_prices(current: _Prices, by_model: Mapping[str, Mapping[str, float]]) -> _Prices:
     # A model's prices replace its earlier ones whole; model names compare in lower case.
     prices = dict(current)
     for model, rates in by_model.items():
@@ -213,7 +213,7 @@ def _merged_prices(current: Prices, by_model: Mapping[str, Mapping[str, float]])
     return tuple(sorted(prices.items()))
 
 
-def _prices_document(prices: Prices) -> dict[str, dict[str, float]]:
+def _prices_document(prices: _Prices) -> dict[str, dict[str, float]]:
     return {model: dict(rates) for model, rates in prices}
 
 
