@@ -244,7 +244,7 @@ def _replay_guard(policy: Policy, *, price_usage: bool) -> Guard:
     time where one gives an agent budget (record time)."""
     entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
     conversations = (
-        ConversationGuard(policy) if any(e.conversation_enabled for e in entries) else None
+        ConversationGuard(policy) if any(e.conversation.enabled for e in entries) else None
     )
     agent_budgets = AgentBudgetGuard(policy)
     return Guard(

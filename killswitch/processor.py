@@ -135,7 +135,7 @@ class GuardingSpanProcessor(SpanProcessor):
         entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
         self._conversations: _BoundedStates | None = None
         conversations = None
-        if any(entry.conversation_enabled for entry in entries):
+        if any(entry.conversation.enabled for entry in entries):
             self._conversations = _BoundedStates(max_traces)
             conversations = ConversationGuard(
                 policy,

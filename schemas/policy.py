@@ -63,10 +63,10 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from importlib import resources
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar, cast
 
 import jsonschema
 import yaml
@@ -74,13 +74,24 @@ from jsonschema.protocols import Validator
 
 from spanguard.errors import PolicyError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
     "DEFAULT_VOLATILE_KEYS",
     "MAX_POLICY_BYTES",
     "MAX_POLICY_DEPTH",
     "MAX_POLICY_NODES",
+    "AgentBudgetPolicy",
     "AgentPolicy",
+    "ConversationPolicy",
+    "CyclePolicy",
+    "GoalPolicy",
+    "LoopPolicy",
+    "NoProgressPolicy",
+    "PausePolicy",
     "Policy",
+    "PollingPolicy",
     "ToolPolicy",
 ]
 
@@ -94,41 +105,6 @@ MAX_POLICY_NODES = 100_000
 MAX_POLICY_INTEGER = 2**53
 # The agent budget's window by name, in seconds.
 WINDOW_NAMES = {"1h": 3600, "1d": 86400}
-
-# How `AgentPolicy.merged` lays a policy section over a policy: a section's key -> the field
-# it sets, as written (polling.tools, agent_budget.window and the sections that add to the
-# policy's own, such as tools, are converted there).
-_SECTION_FIELDS: dict[str, dict[str, str]] = {
-    "loop": {
-        "window": "window",
-        "threshold": "threshold",
-        "failing_threshold": "failing_threshold",
-        "enabled": "loop_enabled",
-    },
-    "polling": {"enabled": "polling_enabled", "window": "polling_window",
-                "threshold": "polling_threshold"},
-    "cycle": {"enabled": "cycle_enabled", "max_period": "cycle_max_period",
-              "repeats": "cycle_repeats", "compare_results": "cycle_compare_results"},
-    "no_progress": {"threshold": "no_progress_threshold", "action": "no_progress_action"},
-    "conversation": {
-        name: f"conversation_{name}"
-        for name in ("enabled", "action", "token_budget", "usd_budget", "kill_ttl")
-    },
-    "agent_budget": {name: f"agent_budget_{name}" for name in ("tokens", "usd", "action")},
-    "goal": {name: f"goal_{name}" for name in ("enabled", "model", "min_confidence", "sample_rate")},
-    "pause": {"timeout": "pause_timeout", "fallback": "pause_fallback"},
-}  # fmt: skip
-# Settings of a section's top level that set the field of their own name.
-_TOP_LEVEL_FIELDS = (
-    "token_budget",
-    "usd_budget",
-    "action",
-    "autonomous",
-    "missing_args",
-    "user_turns",
-    "record_arguments",
-    "severity",
-)
 
 # Keys that change on every call without changing its intent.
 DEFAULT_VOLATILE_KEYS: frozenset[str] = frozenset(
@@ -145,6 +121,103 @@ UserTurns = Literal["forget", "keep"]
 NoProgressAction = Literal["flag", "kill", "downgrade", "pause", "off"]
 PauseFallback = Literal["kill", "release"]
 Severity = Literal["critical", "error", "warning", "info"]
+# A dataclass of settings: a section, a tool's settings, or an agent's.
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
+
+
+# -- how a setting is read and written back -----------------------------------------------------
+
+# A setting stored otherwise than as written carries, in its field's metadata, how it is read
+# ("read": the value in force and the YAML value -> the value to store) and written back
+# ("write": the stored value -> the YAML value). `_merged` and `_document` follow the fields: a
+# field with no such metadata is stored and written as is, and a field holding a section (a
+# dataclass) is merged and written field by field.
+_Read = Callable[[Any, Any], Any]
+_Write = Callable[[Any], Any]
+
+
+def _setting(default: Any, *, read: _Read, write: _Write) -> Any:
+    return field(default=default, metadata={"read": read, "write": write})
+
+
+def _replaced_set(_current: frozenset[str], names: list[str]) -> frozenset[str]:
+    return frozenset(names)
+
+
+def _added_set(current: frozenset[str], names: list[str]) -> frozenset[str]:
+    return current | frozenset(names)
+
+
+def _window_seconds(_current: int, window: str | int) -> int:
+    return WINDOW_NAMES[window] if isinstance(window, str) else window
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _exempt_values(
+    _current: tuple[tuple[str, frozenset[str]], ...], by_argument: Mapping[str, list[Any]]
+) -> tuple[tuple[str, frozenset[str]], ...]:
+    # Compared with str() of the call's argument (ToolPolicy.exempts): YAML types them.
+    return tuple(
+        sorted(
+            (str(argument), frozenset(map(str, matched)))
+            for argument, matched in by_argument.items()
+        )
+    )
+
+
+def _exempt_document(by_argument: tuple[tuple[str, frozenset[str]], ...]) -> Any:
+    return {argument: sorted(values) for argument, values in by_argument} or None
+
+
+def _merged_tools(
+    current: tuple[tuple[str, ToolPolicy], ...], by_tool: Mapping[str, Mapping[str, Any]]
+) -> tuple[tuple[str, ToolPolicy], ...]:
+    """An entry's tools laid over the ones in force, each tool's settings field by field."""
+    tools = dict(current)
+    for name, settings in by_tool.items():
+        tools[name] = _merged(tools.get(name, ToolPolicy()), settings)
+    return tuple(sorted(tools.items()))
+
+
+def _tools_document(tools: tuple[tuple[str, ToolPolicy], ...]) -> dict[str, Any]:
+    # A tool's unset settings (None: the entry's loop setting) are left out.
+    return {
+        name: {key: value for key, value in _document(tool).items() if value is not None}
+        for name, tool in tools
+    }
+
+
+def _merged_folds(
+    current: tuple[tuple[str, frozenset[str]], ...], by_tool: Mapping[str, list[str]]
+) -> tuple[tuple[str, frozenset[str]], ...]:
+    folds = dict(current)
+    folds.update((tool, frozenset(how)) for tool, how in by_tool.items())
+    return tuple(sorted(folds.items()))
+
+
+def _folds_document(folds: tuple[tuple[str, frozenset[str]], ...]) -> dict[str, list[str]]:
+    return {tool: sorted(how) for tool, how in folds}
+
+
+_Prices = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+
+
+def _merged_prices(current: _Prices, by_model: Mapping[str, Mapping[str, float]]) -> _Prices:
+    # A model's prices replace its earlier ones whole; model names compare in lower case.
+    prices = dict(current)
+    for model, rates in by_model.items():
+        prices[model.lower()] = tuple(sorted(rates.items()))
+    return tuple(sorted(prices.items()))
+
+
+def _prices_document(prices: _Prices) -> dict[str, dict[str, float]]:
+    return {model: dict(rates) for model, rates in prices}
+
+
+# -- the settings, one class per section of the file --------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +230,9 @@ class ToolPolicy:
     cycle: bool = True  # False: a cycle with a call of this tool in it does not trip
     # Argument -> values: a call whose argument has one of them is exempt (a browser tool's
     # `action: scroll_down`), the tool's other calls are counted.
-    exempt_when: tuple[tuple[str, frozenset[str]], ...] = ()
+    exempt_when: tuple[tuple[str, frozenset[str]], ...] = _setting(
+        (), read=_exempt_values, write=_exempt_document
+    )
 
     def exempts(self, arguments: Any) -> bool:
         """Whether a call with these (decoded) arguments is exempt from every rule."""
@@ -173,55 +248,120 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentPolicy:
-    """The settings in force for one agent."""
+class LoopPolicy:
+    """`loop:` tool_loop, the same call `threshold` times in the last `window` calls."""
 
     window: int = 10
     threshold: int = 3
     # The same call failing again trips at this many instead (None: `threshold`).
     failing_threshold: int | None = None
-    loop_enabled: bool = True  # false: tool_loop is off for this agent
-    polling_enabled: bool = True  # false: tool_polling is off for this agent
-    # Tool name -> its own tool_loop threshold/window, or exempt from every rule.
-    tools: tuple[tuple[str, ToolPolicy], ...] = ()
-    # Polling: the same call whose recorded result changes; much more patience than a loop.
-    polling_window: int = 30
-    polling_threshold: int = 20
-    polling_tools: frozenset[str] = frozenset()  # always polling, even when the result repeats
-    # Cycle: a sequence of 2..`cycle_max_period` calls (same tools, arguments and results)
-    # repeated `cycle_repeats` times in a row.
-    cycle_enabled: bool = True
-    cycle_max_period: int = 10
-    cycle_repeats: int = 3
+    enabled: bool = True  # false: tool_loop is off for this agent
+
+
+@dataclass(frozen=True, slots=True)
+class PollingPolicy:
+    """`polling:` the same call whose recorded result changes; much more patience than a loop."""
+
+    window: int = 30
+    threshold: int = 20
+    # Always polling, even when the result repeats.
+    tools: frozenset[str] = _setting(frozenset(), read=_replaced_set, write=sorted)
+    enabled: bool = True  # false: tool_polling is off for this agent
+
+
+@dataclass(frozen=True, slots=True)
+class CyclePolicy:
+    """`cycle:` a sequence of 2..`max_period` calls (same tools, arguments and results)
+    repeated `repeats` times in a row."""
+
+    max_period: int = 10
+    repeats: int = 3
     # False: calls compared by tool and arguments alone, whatever they returned (a round
     # whose results change every time still trips).
-    cycle_compare_results: bool = True
-    # No progress: `threshold` different calls of one tool in the window, one same empty result.
-    no_progress_threshold: int = 4
-    no_progress_action: NoProgressAction = "flag"
-    volatile_keys: frozenset[str] = DEFAULT_VOLATILE_KEYS
+    compare_results: bool = True
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NoProgressPolicy:
+    """`no_progress:` `threshold` different calls of one tool in the loop window, one same
+    empty result."""
+
+    threshold: int = 4
+    action: NoProgressAction = "flag"
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPolicy:
+    """`conversation:` tool_loop and cycle over the calls of all of a conversation's traces
+    (a repeat spanning traces: `action`), and its budgets."""
+
+    enabled: bool = False
+    action: Literal["flag", "kill"] = "flag"
+    token_budget: int | None = None
+    usd_budget: float | None = None
+    # Seconds a kill of the conversation scope refuses every later trace of the conversation
+    # (its conversation-scoped signal's expiry); an operator's release lifts it sooner.
+    kill_ttl: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentBudgetPolicy:
+    """`agent_budget:` tokens and US dollars per agent over a rolling window of `window`
+    seconds, across all of its traces (spanguard/detection/agent_budget.py)."""
+
+    window: int = _setting(3600, read=_window_seconds, write=_as_is)
+    tokens: int | None = None
+    usd: float | None = None
+    action: Literal["flag", "kill"] = "flag"
+
+
+@dataclass(frozen=True, slots=True)
+class GoalPolicy:
+    """`goal:` the goal verifier; off by default (every verdict is a model call that costs)."""
+
+    enabled: bool = False
+    model: str | None = None  # None: the judge's configured default model
+    min_confidence: float = 0.7
+    sample_rate: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PausePolicy:
+    """`pause:` under action pause, how long the agent waits for an operator, and what
+    applies after that."""
+
+    timeout: float = 900.0
+    fallback: PauseFallback = "kill"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPolicy:
+    """The settings in force for one agent: one attribute per key of a policy entry, a
+    section's settings in a section class (`policy.loop.threshold`)."""
+
+    loop: LoopPolicy = LoopPolicy()
+    polling: PollingPolicy = PollingPolicy()
+    cycle: CyclePolicy = CyclePolicy()
+    no_progress: NoProgressPolicy = NoProgressPolicy()
+    # Tool name -> its own tool_loop threshold/window, or exempt from every rule; an entry's
+    # tools are laid over the defaults', tool by tool.
+    tools: tuple[tuple[str, ToolPolicy], ...] = _setting(
+        (), read=_merged_tools, write=_tools_document
+    )
+    # An entry's volatile keys are added to the ones in force.
+    volatile_keys: frozenset[str] = _setting(DEFAULT_VOLATILE_KEYS, read=_added_set, write=sorted)
     # Tool name -> foldings ("case", "whitespace") applied to its string arguments.
-    fold: tuple[tuple[str, frozenset[str]], ...] = ()
+    fold: tuple[tuple[str, frozenset[str]], ...] = _setting(
+        (), read=_merged_folds, write=_folds_document
+    )
     token_budget: int | None = None
     # US dollars per trace; the spans' usage priced by model (spanguard/detection/pricing.py).
     usd_budget: float | None = None
     # Model name (lower case) -> its prices, USD per million tokens: ((key, value), ...).
-    prices: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
-    # The conversation scope: tool_loop and cycle over the calls of all of a conversation's
-    # traces (a repeat spanning traces: `conversation_action`), and its budgets.
-    conversation_enabled: bool = False
-    conversation_action: Literal["flag", "kill"] = "flag"
-    conversation_token_budget: int | None = None
-    conversation_usd_budget: float | None = None
-    # Seconds a kill of the conversation scope refuses every later trace of the conversation
-    # (its conversation-scoped signal's expiry); an operator's release lifts it sooner.
-    conversation_kill_ttl: float = 3600.0
-    # The agent scope over time: tokens and US dollars per agent over a rolling window of
-    # `agent_budget_window` seconds, across all of its traces (spanguard/detection/agent_budget.py).
-    agent_budget_window: int = 3600
-    agent_budget_tokens: int | None = None
-    agent_budget_usd: float | None = None
-    agent_budget_action: Literal["flag", "kill"] = "flag"
+    prices: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = _setting(
+        (), read=_merged_prices, write=_prices_document
+    )
     action: LoopAction = "kill"
     autonomous: bool = False
     missing_args: MissingArgs = "skip"
@@ -231,73 +371,23 @@ class AgentPolicy:
     user_turns: UserTurns = "forget"
     record_arguments: bool = False
     severity: Severity = "error"
-    # The goal verifier: off by default (every verdict is a model call that costs money).
-    goal_enabled: bool = False
-    goal_model: str | None = None  # None: the judge's configured default model
-    goal_min_confidence: float = 0.7
-    goal_sample_rate: float = 1.0
-    # action pause: how long the agent waits for an operator, and what applies after that.
-    pause_timeout: float = 900.0
-    pause_fallback: PauseFallback = "kill"
+    conversation: ConversationPolicy = ConversationPolicy()
+    agent_budget: AgentBudgetPolicy = AgentBudgetPolicy()
+    goal: GoalPolicy = GoalPolicy()
+    pause: PausePolicy = PausePolicy()
 
     @property
     def counts_conversation_usage(self) -> bool:
         """The conversation scope is on with a budget (tokens or dollars) that usage counts
         against: without one, no usage is handed to the conversation at all."""
-        return self.conversation_enabled and (
-            self.conversation_token_budget is not None or self.conversation_usd_budget is not None
+        conversation = self.conversation
+        return conversation.enabled and (
+            conversation.token_budget is not None or conversation.usd_budget is not None
         )
 
     def merged(self, settings: Mapping[str, Any]) -> AgentPolicy:
         """These settings with `settings` (one validated policy section) laid over them."""
-        changes: dict[str, Any] = {}
-        for section, fields in _SECTION_FIELDS.items():
-            values = settings.get(section) or {}
-            for key, field_name in fields.items():
-                if key in values:
-                    changes[field_name] = values[key]
-        for name in _TOP_LEVEL_FIELDS:
-            if name in settings:
-                changes[name] = settings[name]
-        polling = settings.get("polling") or {}
-        if "tools" in polling:
-            changes["polling_tools"] = frozenset(polling["tools"])
-        agent_budget = settings.get("agent_budget") or {}
-        if "window" in agent_budget:
-            window = agent_budget["window"]
-            changes["agent_budget_window"] = WINDOW_NAMES.get(window, window)
-        changes.update(self._merged_collections(settings))
-        return replace(self, **changes)
-
-    def _merged_collections(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """The settings that add to this policy's own (tools, volatile keys, folds, prices)
-        rather than replace them."""
-        changes: dict[str, Any] = {}
-        if "tools" in settings:
-            tools = dict(self.tools)
-            for name, values in settings["tools"].items():
-                values = dict(values)
-                if "exempt_when" in values:
-                    values["exempt_when"] = tuple(
-                        sorted(
-                            (str(argument), frozenset(map(str, matched)))
-                            for argument, matched in values["exempt_when"].items()
-                        )
-                    )
-                tools[name] = replace(tools.get(name, ToolPolicy()), **values)
-            changes["tools"] = tuple(sorted(tools.items()))
-        if "volatile_keys" in settings:
-            changes["volatile_keys"] = self.volatile_keys | frozenset(settings["volatile_keys"])
-        if "fold" in settings:
-            folds = dict(self.fold)
-            folds.update((tool, frozenset(how)) for tool, how in settings["fold"].items())
-            changes["fold"] = tuple(sorted(folds.items()))
-        if "prices" in settings:
-            prices = dict(self.prices)
-            for model, rates in settings["prices"].items():
-                prices[model.lower()] = tuple(sorted(rates.items()))
-            changes["prices"] = tuple(sorted(prices.items()))
-        return changes
+        return _merged(self, settings)
 
     @property
     def shadow(self) -> bool:
@@ -314,14 +404,14 @@ class AgentPolicy:
     @property
     def loop_span(self) -> int:
         """How many calls the trace's window keeps: the widest tool_loop window in force."""
-        return max([self.window, *(t.window for _, t in self.tools if t.window is not None)])
+        return max([self.loop.window, *(t.window for _, t in self.tools if t.window is not None)])
 
     @property
     def history(self) -> int:
         """How many calls the trace's window keeps: the widest tool_loop window in force, or
         the longest cycle period (the cycle rule compares a call with the one a period ago)."""
-        span = self.loop_span if self.tools else self.window
-        return max(span, self.cycle_max_period) if self.cycle_enabled else span
+        span = self.loop_span if self.tools else self.loop.window
+        return max(span, self.cycle.max_period) if self.cycle.enabled else span
 
     def folding(self, tool_name: str) -> frozenset[str]:
         """The foldings the policy asks for on `tool_name`'s string arguments."""
@@ -329,6 +419,44 @@ class AgentPolicy:
             if tool == tool_name:
                 return how
         return frozenset()
+
+
+def _merged(settings: _Settings, document: Mapping[str, Any]) -> _Settings:
+    """`settings` with `document` (their part of a validated policy file) laid over them,
+    field by field: a key the document leaves out keeps the setting in force."""
+    changes: dict[str, Any] = {}
+    for setting in fields(settings):
+        if setting.name not in document:
+            continue
+        value = document[setting.name]
+        current = getattr(settings, setting.name)
+        read = setting.metadata.get("read")
+        if read is not None:
+            changes[setting.name] = read(current, value)
+        elif _is_section(current):
+            changes[setting.name] = _merged(current, value)
+        else:
+            changes[setting.name] = value
+    return replace(settings, **changes)
+
+
+def _document(settings: DataclassInstance) -> dict[str, Any]:
+    """`settings` as their part of a policy file, every setting written out."""
+    document: dict[str, Any] = {}
+    for setting in fields(settings):
+        value = getattr(settings, setting.name)
+        write = setting.metadata.get("write")
+        if write is not None:
+            document[setting.name] = write(value)
+        elif _is_section(value):
+            document[setting.name] = _document(value)
+        else:
+            document[setting.name] = value
+    return document
+
+
+def _is_section(value: Any) -> TypeGuard[DataclassInstance]:
+    return is_dataclass(value) and not isinstance(value, type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,10 +508,9 @@ class Policy:
         """The policy in force, every setting written out, in the file's own shape: loading
         this document gives back an equal Policy (what `spanguard policy check` prints)."""
         return {
-            "defaults": _settings_document(self.defaults),
+            "defaults": _document(self.defaults),
             "agents": [
-                {"match": dict(rule.match), **_settings_document(rule.policy)}
-                for rule in self.rules
+                {"match": dict(rule.match), **_document(rule.policy)} for rule in self.rules
             ],
         }
 
@@ -417,80 +544,6 @@ class Policy:
                     f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
                 ) from None
         return cls.from_mapping(_load_yaml(data, source), source=source)
-
-
-def _settings_document(policy: AgentPolicy) -> dict[str, Any]:
-    return {
-        "loop": {
-            "window": policy.window,
-            "threshold": policy.threshold,
-            "failing_threshold": policy.failing_threshold,
-            "enabled": policy.loop_enabled,
-        },
-        "polling": {
-            "window": policy.polling_window,
-            "threshold": policy.polling_threshold,
-            "tools": sorted(policy.polling_tools),
-            "enabled": policy.polling_enabled,
-        },
-        "cycle": {
-            "max_period": policy.cycle_max_period,
-            "repeats": policy.cycle_repeats,
-            "compare_results": policy.cycle_compare_results,
-            "enabled": policy.cycle_enabled,
-        },
-        "no_progress": {
-            "threshold": policy.no_progress_threshold,
-            "action": policy.no_progress_action,
-        },
-        "tools": {
-            name: {
-                key: value
-                for key, value in (
-                    ("threshold", tool.threshold),
-                    ("window", tool.window),
-                    ("exempt", tool.exempt),
-                    ("cycle", tool.cycle),
-                    (
-                        "exempt_when",
-                        {argument: sorted(values) for argument, values in tool.exempt_when} or None,
-                    ),
-                )
-                if value is not None
-            }
-            for name, tool in policy.tools
-        },
-        "volatile_keys": sorted(policy.volatile_keys),
-        "token_budget": policy.token_budget,
-        "usd_budget": policy.usd_budget,
-        "prices": {model: dict(rates) for model, rates in policy.prices},
-        "action": policy.action,
-        "autonomous": policy.autonomous,
-        "missing_args": policy.missing_args,
-        "user_turns": policy.user_turns,
-        "record_arguments": policy.record_arguments,
-        "severity": policy.severity,
-        "conversation": {
-            "enabled": policy.conversation_enabled,
-            "action": policy.conversation_action,
-            "token_budget": policy.conversation_token_budget,
-            "usd_budget": policy.conversation_usd_budget,
-            "kill_ttl": policy.conversation_kill_ttl,
-        },
-        "agent_budget": {
-            "window": policy.agent_budget_window,
-            "tokens": policy.agent_budget_tokens,
-            "usd": policy.agent_budget_usd,
-            "action": policy.agent_budget_action,
-        },
-        "goal": {
-            "enabled": policy.goal_enabled,
-            "model": policy.goal_model,
-            "min_confidence": policy.goal_min_confidence,
-            "sample_rate": policy.goal_sample_rate,
-        },
-        "pause": {"timeout": policy.pause_timeout, "fallback": policy.pause_fallback},
-    }
 
 
 # -- reading YAML within bounds -----------------------------------------------------------------
@@ -642,34 +695,35 @@ def _check_tree(document: Any, source: str) -> None:
 
 
 def _check_loop(policy: AgentPolicy, where: str) -> None:
-    if policy.threshold > policy.window:
+    loop, polling, no_progress = policy.loop, policy.polling, policy.no_progress
+    if loop.threshold > loop.window:
         raise PolicyError(
-            f"{where}: threshold {policy.threshold} can never be reached"
-            f" in a window of {policy.window} calls"
+            f"{where}: threshold {loop.threshold} can never be reached"
+            f" in a window of {loop.window} calls"
         )
-    if policy.failing_threshold is not None and policy.failing_threshold > policy.window:
+    if loop.failing_threshold is not None and loop.failing_threshold > loop.window:
         raise PolicyError(
-            f"{where}: failing_threshold {policy.failing_threshold} can never be reached"
-            f" in a window of {policy.window} calls"
+            f"{where}: failing_threshold {loop.failing_threshold} can never be reached"
+            f" in a window of {loop.window} calls"
         )
     for name, tool in policy.tools:
-        threshold = policy.threshold if tool.threshold is None else tool.threshold
-        window = policy.window if tool.window is None else tool.window
+        threshold = loop.threshold if tool.threshold is None else tool.threshold
+        window = loop.window if tool.window is None else tool.window
         if threshold > window:
             raise PolicyError(
                 f"{where.replace('.loop', '.tools.' + name)}: threshold {threshold} can never"
                 f" be reached in a window of {window} calls"
             )
-    if policy.polling_threshold > policy.polling_window:
+    if polling.threshold > polling.window:
         raise PolicyError(
-            f"{where.replace('.loop', '.polling')}: threshold {policy.polling_threshold} can"
-            f" never be reached in a window of {policy.polling_window} calls"
+            f"{where.replace('.loop', '.polling')}: threshold {polling.threshold} can"
+            f" never be reached in a window of {polling.window} calls"
         )
-    if policy.no_progress_action != "off" and policy.no_progress_threshold > policy.window:
+    if no_progress.action != "off" and no_progress.threshold > loop.window:
         raise PolicyError(
             f"{where.replace('.loop', '.no_progress')}: threshold"
-            f" {policy.no_progress_threshold} can never be reached in a loop window of"
-            f" {policy.window} calls"
+            f" {no_progress.threshold} can never be reached in a loop window of"
+            f" {loop.window} calls"
         )
 
 

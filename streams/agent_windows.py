@@ -90,7 +90,7 @@ def longest_window(policy: Policy) -> int:
     """The longest agent budget window of any policy entry (seconds): an agent idle that long
     has nothing left in its window, so its state can go."""
     entries = policy.entries
-    return max((p.agent_budget_window for p in entries if has_agent_budget(p)), default=0)
+    return max((p.agent_budget.window for p in entries if has_agent_budget(p)), default=0)
 
 
 class AgentWindowCount(CountedOutcome):
@@ -162,7 +162,7 @@ class AgentUsageRecorder(ScopeRecorder[AgentUsage]):
         width = self._agent_widths.get(agent)
         if width is None:
             policy = policy_for(self.policy, service, agent_name)
-            width = bucket_seconds(policy.agent_budget_window) if has_agent_budget(policy) else 0
+            width = bucket_seconds(policy.agent_budget.window) if has_agent_budget(policy) else 0
             if len(self._agent_widths) >= MAX_AGENT_WIDTHS_KEPT:
                 self._agent_widths.clear()
             self._agent_widths[agent] = width

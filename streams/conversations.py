@@ -74,8 +74,8 @@ Record = ConversationCall | ConversationUsage
 def conversations_wanted(policy: Policy) -> bool:
     """Whether any policy entry turns the conversation scope on: when none does, the worker
     builds none of it (no conversation keys read, no record sent)."""
-    return policy.defaults.conversation_enabled or any(
-        rule.policy.conversation_enabled for rule in policy.rules
+    return policy.defaults.conversation.enabled or any(
+        rule.policy.conversation.enabled for rule in policy.rules
     )
 
 
@@ -112,7 +112,7 @@ class ConversationRecorder(ScopeRecorder[Record]):
         self.counts_usage = any(entry.counts_conversation_usage for entry in policy.entries)
 
     def hand_call(self, record: ConversationCall) -> None:
-        if policy_for(self.policy, record.service, record.agent_name).conversation_enabled:
+        if policy_for(self.policy, record.service, record.agent_name).conversation.enabled:
             self.records.append(record)
 
     def hand_usage(self, record: ConversationUsage) -> None:

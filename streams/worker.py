@@ -46,7 +46,7 @@ def warn_unconfigured(
 ) -> None:
     """What the policy asks for and the settings cannot do: said once, at start."""
     if not goal.enabled and (
-        policy.defaults.goal_enabled or any(rule.policy.goal_enabled for rule in policy.rules)
+        policy.defaults.goal.enabled or any(rule.policy.goal.enabled for rule in policy.rules)
     ):
         log.warning(
             "the policy turns the goal verifier on but no judge is configured"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import os
 import re
 import unicodedata
@@ -544,6 +545,32 @@ def test_the_python_rule_names_are_the_schemas():
     assert list(typing.get_args(Rule)) == detection
     assert set(schema_rules("kill-signal")) <= set(detection)
     assert {rule.name for rule in RULES} <= set(detection)
+
+
+def rule_lists_script():
+    """scripts/rule_lists.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("rule_lists", ROOT / "scripts" / "rule_lists.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_list_of_rules_is_written_from_the_registry():
+    """The lists checked above, the README's rule table among them, are what
+    scripts/rule_lists.py writes from the rule registry: adding a rule edits none by hand."""
+    stale = rule_lists_script().stale()
+    assert not stale, f"run scripts/rule_lists.py: {stale}"
+
+
+def test_a_rule_added_to_the_registry_is_written_into_every_list(monkeypatch):
+    script = rule_lists_script()
+    names = script.rule_names
+    monkeypatch.setattr(script, "rule_names", lambda *, signals: [*names(signals=signals), "new"])
+    assert set(script.stale()) == set(script.LISTS) - {"README.md"}
+    for path in CLIENT_RULE_LISTS:
+        text = script.rewritten(path, (ROOT / path).read_text())
+        assert client_rules(path, text) == [*schema_rules("kill-signal"), "new"]
 
 
 def test_the_client_rule_check_catches_a_drift():

@@ -172,12 +172,12 @@ def test_fuzz_policies():
             assert "\n" not in " ".join(str(exc).split("\n")[:1])
             return
         for settings in (policy.defaults, *(rule.policy for rule in policy.rules)):
-            for count in (settings.window, settings.threshold, settings.polling_window,
-                          settings.no_progress_threshold):  # fmt: skip
+            for count in (settings.loop.window, settings.loop.threshold, settings.polling.window,
+                          settings.no_progress.threshold):  # fmt: skip
                 assert type(count) is int and 1 <= count <= 1000
             budget = settings.token_budget
             assert budget is None or (type(budget) is int and budget >= 1)
-            assert math.isfinite(settings.goal_sample_rate)
+            assert math.isfinite(settings.goal.sample_rate)
 
     run_cases(SEED + 1, 600, make, check)
 

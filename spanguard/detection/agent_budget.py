@@ -187,7 +187,7 @@ class AgentBudgetGuard(ScopeGuard):
     @property
     def prices_usage(self) -> bool:
         policies = self.policy.entries
-        return any(policy.agent_budget_usd is not None for policy in policies)
+        return any(policy.agent_budget.usd is not None for policy in policies)
 
     def hand_spend(
         self,
@@ -207,7 +207,7 @@ class AgentBudgetGuard(ScopeGuard):
         policy = self.policy_of(record.service, record.agent_name)
         if not has_agent_budget(policy) or (record.tokens <= 0 and record.cost <= 0):
             return None
-        window_seconds = policy.agent_budget_window
+        window_seconds = policy.agent_budget.window
         width = bucket_seconds(window_seconds)
         span = -(-window_seconds // width)  # buckets in the window
         ended = record.end_time_unix_nano / 1e9 if record.end_time_unix_nano > 0 else self.clock()
@@ -260,8 +260,8 @@ class AgentBudgetGuard(ScopeGuard):
         width: int,
         span: int,
     ) -> Decision | None:
-        token_budget = policy.agent_budget_tokens
-        cost_budget = pico_usd(policy.agent_budget_usd) if policy.agent_budget_usd else None
+        token_budget = policy.agent_budget.tokens
+        cost_budget = pico_usd(policy.agent_budget.usd) if policy.agent_budget.usd else None
         over_tokens = token_budget is not None and window.tokens > token_budget
         over_cost = cost_budget is not None and window.cost > cost_budget
         if not (over_tokens or over_cost):
@@ -280,7 +280,7 @@ class AgentBudgetGuard(ScopeGuard):
                 break
         window.tripped_until = float(frees_at)
         agent = _agent_text(record.service, record.agent_name)
-        period = _period(policy.agent_budget_window)
+        period = _period(policy.agent_budget.window)
         if over_tokens:
             reason = (
                 f"agent {agent} used {window.tokens} tokens in the last {period}, over its"
@@ -289,9 +289,9 @@ class AgentBudgetGuard(ScopeGuard):
         else:
             reason = (
                 f"agent {agent} spent ${window.cost / 1e12:.4f} in the last {period}, over its"
-                f" budget of ${policy.agent_budget_usd:g}"
+                f" budget of ${policy.agent_budget.usd:g}"
             )
-        action = FLAG if policy.shadow else policy.agent_budget_action
+        action = FLAG if policy.shadow else policy.agent_budget.action
         until = datetime.fromtimestamp(frees_at, UTC).isoformat(timespec="milliseconds")
         # Deterministic: the same crossing replayed carries the same id.
         text = f"agent:{record.service}/{record.agent_name or ''}:{RULE}:{action}:{frees_at}"
@@ -348,7 +348,7 @@ class AgentBudgetGuard(ScopeGuard):
 
 def has_agent_budget(policy: AgentPolicy) -> bool:
     """Whether a policy entry sets an agent budget (tokens or dollars per window)."""
-    return policy.agent_budget_tokens is not None or policy.agent_budget_usd is not None
+    return policy.agent_budget.tokens is not None or policy.agent_budget.usd is not None
 
 
 def _agent_text(service: str, agent_name: str | None) -> str:

@@ -220,7 +220,7 @@ class ConversationGuard(ScopeGuard):
         self.states: MutableMapping[str, ConversationState] = {} if states is None else states
         # Whether the guard hands this scope the changes of its traces' usage: only where some
         # policy entry turns the scope on.
-        self.counts_usage = any(entry.conversation_enabled for entry in policy.entries)
+        self.counts_usage = any(entry.conversation.enabled for entry in policy.entries)
         self.calls = 0
         self._plans: dict[int, _Plan] = {}
 
@@ -238,7 +238,7 @@ class ConversationGuard(ScopeGuard):
 
     def observe_call(self, record: ConversationCall) -> Decision | None:
         policy = self.policy_of(record.service, record.agent_name)
-        if not policy.conversation_enabled:
+        if not policy.conversation.enabled:
             return None
         self.calls += 1
         plan = self._plans.get(id(policy))
@@ -275,7 +275,7 @@ class ConversationGuard(ScopeGuard):
 
     def observe_usage(self, record: ConversationUsage) -> Decision | None:
         policy = self.policy_of(record.service, record.agent_name)
-        if not policy.conversation_enabled:
+        if not policy.conversation.enabled:
             return None
         state = self._state(record.conversation_id, record.service, record.agent_name)
         self._seen_trace(state, record.trace_id)
@@ -315,8 +315,8 @@ class ConversationGuard(ScopeGuard):
         """What `policy` asks of the scope's call rules, worked out once per policy entry (not
         per call); keyed by id (a policy hashes slowly), with the policy kept to check it."""
         rules = tuple(rule for rule in (TOOL_LOOP, CYCLE) if rule.wanted(policy) != "off")
-        action = FLAG if policy.shadow else policy.conversation_action
-        plan = _Plan(policy, rules, action, policy.cycle_enabled, policy.history)
+        action = FLAG if policy.shadow else policy.conversation.action
+        plan = _Plan(policy, rules, action, policy.cycle.enabled, policy.history)
         self._plans[id(policy)] = plan
         return plan
 
@@ -374,14 +374,14 @@ class ConversationGuard(ScopeGuard):
         self, state: ConversationState, policy: AgentPolicy
     ) -> tuple[Trip | None, str]:
         tokens = state.inference_tokens or 0
-        budget = policy.conversation_token_budget
+        budget = policy.conversation.token_budget
         if budget is not None and tokens > budget:
             return Trip(
                 f"the conversation's {state.trace_count} traces used {tokens} tokens, over its"
                 f" budget of {budget}",
                 {"tokens": tokens, "token_budget": budget},
             ), "token_budget"
-        usd = policy.conversation_usd_budget
+        usd = policy.conversation.usd_budget
         cost = state.inference_cost or 0
         if usd is not None and cost > pico_usd(usd):
             return Trip(
@@ -417,7 +417,7 @@ class ConversationGuard(ScopeGuard):
             text += f":{record.trace_id}"
         detected = datetime.fromtimestamp(self.clock(), UTC)
         # A kill also refuses the conversation's later traces, until `kill_ttl` after it.
-        until = detected + timedelta(seconds=policy.conversation_kill_ttl)
+        until = detected + timedelta(seconds=policy.conversation.kill_ttl)
         return self.scope_decision(
             record,
             policy,

@@ -285,8 +285,8 @@ class Guard:
         self._deciding = _deciding_scopes(conversations, self.agent_budgets)
         self.prices_usage = price_usage or any(
             policy.usd_budget is not None
-            or (conversations is not None and policy.conversation_usd_budget is not None)
-            or (self.agent_budgets is not None and policy.agent_budget_usd is not None)
+            or (conversations is not None and policy.conversation.usd_budget is not None)
+            or (self.agent_budgets is not None and policy.agent_budget.usd is not None)
             for policy in policies
         )
         self.tracks_tokens = (
@@ -723,7 +723,7 @@ class Guard:
 
     def _plan(self, policy: AgentPolicy) -> _Plan:
         """What `policy` switches on, worked out once per policy entry (not per call)."""
-        plan = _Plan(policy.history, max(MIN_RECENT_IDS, 4 * policy.window))
+        plan = _Plan(policy.history, max(MIN_RECENT_IDS, 4 * policy.loop.window))
         plan.prices = {model: ModelRates.per_million(dict(rates)) for model, rates in policy.prices}
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
@@ -811,11 +811,11 @@ class Guard:
     ) -> Decision:
         entry, match = self.policy.entry_of(policy)
         if fields["action"] == "pause":
-            until = self.clock() + policy.pause_timeout
+            until = self.clock() + policy.pause.timeout
             fields["pause_until"] = datetime.fromtimestamp(until, UTC).isoformat(
                 timespec="milliseconds"
             )
-            fields["pause_fallback"] = policy.pause_fallback
+            fields["pause_fallback"] = policy.pause.fallback
         if state.released_at:
             fields["decision_id"] = decision_id(
                 trace_id, fields["rule"], fields["action"], state.released_at

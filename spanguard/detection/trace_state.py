@@ -75,7 +75,7 @@ class TraceState:
     # was when it tripped (span ids and times; the keys are in `window`).
     window_marks: bytearray = field(default_factory=bytearray)
     counts: dict[CallKey, int] = field(default_factory=dict)
-    # (tool name, args hash) of the last `polling_window` calls whose result was recorded.
+    # (tool name, args hash) of the last `polling.window` calls whose result was recorded.
     polls: deque[tuple[str, str]] = field(default_factory=deque)
     poll_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by

@@ -46,7 +46,7 @@ class GoalOutcome(CountedOutcome):
 
     MET = "met"
     UNMET = "unmet"  # a goal_unmet decision
-    LOW_CONFIDENCE = "low_confidence"  # unmet, below the policy's goal_min_confidence
+    LOW_CONFIDENCE = "low_confidence"  # unmet, below the policy's goal.min_confidence
     NO_CONTENT = "no_content"  # no request/answer recorded: nothing to judge
     NOT_SAMPLED = "not_sampled"
     DISABLED = "disabled"  # the agent's policy has the verifier off
@@ -73,8 +73,8 @@ class GoalVerifier:
     @property
     def wanted(self) -> bool:
         """Whether any agent has the verifier on and a judge is configured."""
-        enabled = self.policy.defaults.goal_enabled or any(
-            rule.policy.goal_enabled for rule in self.policy.rules
+        enabled = self.policy.defaults.goal.enabled or any(
+            rule.policy.goal.enabled for rule in self.policy.rules
         )
         return enabled and self.settings.enabled
 
@@ -105,7 +105,7 @@ class GoalVerifier:
         if end.agent_name:
             attributes[AGENT_NAME] = end.agent_name
         policy = self.policy.for_attributes(attributes)
-        if not policy.goal_enabled:
+        if not policy.goal.enabled:
             self.outcomes.add(GoalOutcome.DISABLED)
             return None
         if not end.has_content:
@@ -121,10 +121,10 @@ class GoalVerifier:
                     end.service,
                 )
             return None
-        if not should_sample(end.trace_id, policy.goal_sample_rate):
+        if not should_sample(end.trace_id, policy.goal.sample_rate):
             self.outcomes.add(GoalOutcome.NOT_SAMPLED)
             return None
-        model = policy.goal_model or self.settings.model or ""
+        model = policy.goal.model or self.settings.model or ""
         judge = self._judges.get(model)
         if judge is None:
             judge = self._judges[model] = self._judge_factory(model)
@@ -132,7 +132,7 @@ class GoalVerifier:
         if verdict.satisfied:
             self.outcomes.add(GoalOutcome.MET)
             return None
-        if verdict.confidence < policy.goal_min_confidence:
+        if verdict.confidence < policy.goal.min_confidence:
             self.outcomes.add(GoalOutcome.LOW_CONFIDENCE)
             return None
         self.outcomes.add(GoalOutcome.UNMET)

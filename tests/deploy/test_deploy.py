@@ -214,7 +214,7 @@ def test_template_defaults(helm: Path, tmp_path: Path) -> None:
     assert policy_volume["configMap"]["name"] == cm["metadata"]["name"]
     local = tmp_path / policy_file.name
     local.write_text(cm["data"][policy_file.name])
-    assert load_policy(str(local)).defaults.threshold == 3
+    assert load_policy(str(local)).defaults.loop.threshold == 3
 
     # Metrics Service with scrape annotations; PDB.
     svc = only(docs, "Service", f"{FULLNAME}-metrics")

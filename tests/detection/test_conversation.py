@@ -308,8 +308,8 @@ def test_policy_shape_round_trips_and_refuses_bad_values():
         Policy.from_mapping({"defaults": {"conversation": {"action": "downgrade"}}})
     timed = Policy.from_mapping({"defaults": {"conversation": {"kill_ttl": 600}}})
     assert (
-        timed.defaults.conversation_kill_ttl == 600
-        and Policy().defaults.conversation_kill_ttl == 3600
+        timed.defaults.conversation.kill_ttl == 600
+        and Policy().defaults.conversation.kill_ttl == 3600
     )
     assert Policy.from_mapping(timed.effective()) == timed
     for bad in (0, 5, 10**9):

@@ -252,4 +252,4 @@ def test_the_rule_costs_max_period_per_call_at_most():
     state.counts = {key: 500}
     call = ToolCall(b"\0" * 8, "grep", {}, None, None, None)
     CYCLE.count(state, call, key, Policy().defaults)
-    assert CountingWindow.reads <= Policy().defaults.cycle_max_period + 1
+    assert CountingWindow.reads <= Policy().defaults.cycle.max_period + 1

@@ -29,7 +29,7 @@ def test_the_readme_rule_table_is_the_registrys():
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"<!-- rules table[^>]*-->\n(.*?)<!-- end of rules table -->", readme, re.S)
     assert found, "README.md lost its rules table markers"
-    assert found.group(1) == markdown_table(), "run `python -m spanguard.detection.rules`"
+    assert found.group(1) == markdown_table(), "run `python scripts/rule_lists.py`"
 
 
 def test_every_rule_is_in_the_wire_contracts_and_the_policy():

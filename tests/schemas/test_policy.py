@@ -3,12 +3,14 @@ are the policy table of tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import yaml
 
 from spanguard.config.policy_file import load_policy
-from spanguard.schemas.policy import Policy
+from spanguard.schemas.policy import AgentPolicy, Policy, ToolPolicy
 from tests.support.cli import run_spanguard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +27,7 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
         "    loop: *wide\n"
     )
     policy = load_policy(path)
-    assert [(r.policy.window, r.policy.threshold) for r in policy.rules] == [(20, 5), (20, 5)]
+    assert [(r.policy.loop.window, r.policy.loop.threshold) for r in policy.rules] == [(20, 5)] * 2
 
 
 def test_the_effective_policy_is_itself_a_policy_file_that_loads_to_the_same_policy():
@@ -74,3 +76,18 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
         " conversation, cycle, fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
         " severity, token_budget, tools, usd_budget, user_turns, volatile_keys"
     ]
+
+
+def test_the_policy_classes_mirror_the_schema_key_for_key():
+    """Merging and `policy check` follow the dataclasses' fields: a key of the schema without
+    its field would be accepted and then ignored."""
+    schema = json.loads((ROOT / "schemas" / "policy.schema.json").read_text())
+    settings = schema["$defs"]["settings"]["properties"]
+    assert {f.name for f in fields(AgentPolicy)} == set(settings)
+    for setting in fields(AgentPolicy):
+        section = getattr(AgentPolicy(), setting.name)
+        if is_dataclass(section):
+            names = {f.name for f in fields(section)}
+            assert names == set(settings[setting.name]["properties"]), setting.name
+    tool = settings["tools"]["additionalProperties"]["properties"]
+    assert {f.name for f in fields(ToolPolicy)} == set(tool)

@@ -1,10 +1,10 @@
 """The guard's rules, one module each, named for what it catches; `RULES` is the registry.
 
-Adding a rule: a module here with a `Rule` subclass (base.py), its policy section in
-schemas/policy.py and policy.schema.json, its entry in `RULES` and its tests. The guard runs
-the tool-call rules in the registry's order (the first decision on a call wins), and the
-README's rule table is this registry's (`python -m spanguard.detection.rules` prints it; a
-test fails when the two differ).
+Adding a rule: docs/rules.md, "Adding a rule". The guard runs the tool-call rules in the
+registry's order (the first decision on a call wins). Every list of rule names outside Python
+(the README's rule table, the schemas' `rule` enums, `Rule` in schemas/decision.py, the
+killswitch clients' lists) is this registry's, written by scripts/rule_lists.py (a test fails
+when one differs).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "TOOL_POLLING",
     "markdown_table",
     "rule_named",
+    "rule_names",
 ]
 
 TOOL_LOOP = ToolLoop()
@@ -38,6 +39,14 @@ COST_BUDGET = CostBudget()
 
 # In the order the guard runs them on a call.
 RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
+# The names a decision may carry besides the registry's rules, and whether it may stop the
+# agent: the agent scope's budget (spanguard/detection/agent_budget.py), the goal verifier's
+# verdict (it only flags) and an operator's `spanguard kill` or `release`.
+OTHER_RULES: tuple[tuple[str, bool], ...] = (
+    ("agent_budget", True),
+    ("goal_unmet", False),
+    ("manual", True),
+)
 
 
 def rule_named(name: str) -> Rule:
@@ -45,6 +54,13 @@ def rule_named(name: str) -> Rule:
         if rule.name == name:
             return rule
     raise KeyError(f"no rule named {name!r} (rules: {', '.join(r.name for r in RULES)})")
+
+
+def rule_names(*, signals: bool = False) -> list[str]:
+    """Every rule name a detection may carry, in the wire schemas' order: the registry's, then
+    the others; `signals`: only those a kill signal may carry (they may stop the agent)."""
+    named = [(rule.name, rule.stops_agent) for rule in RULES] + list(OTHER_RULES)
+    return [name for name, stops_agent in named if stops_agent or not signals]
 
 
 def markdown_table() -> str:

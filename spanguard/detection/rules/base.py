@@ -82,6 +82,9 @@ class Rule:
     rearm_on_release: ClassVar[bool] = True
     # After a kill or downgrade the rules count from a fresh window (the agent got a message).
     restarts_window: ClassVar[bool] = True
+    # Its decisions may stop the agent (kill, downgrade, pause: a kill signal, so its name is
+    # in the kill signal's rule enum and every client's list); False: it only ever flags.
+    stops_agent: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.killed = Fired(self.name, KILL)

@@ -39,19 +39,20 @@ class Cycle(ToolCallRule):
     counts = True
 
     def wanted(self, policy: AgentPolicy) -> str:
-        return policy.action if policy.cycle_enabled else OFF
+        return policy.action if policy.cycle.enabled else OFF
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Called before the call joins the window, which holds the last max_period calls."""
-        if not policy.cycle_enabled:
+        cycle = policy.cycle
+        if not cycle.enabled:
             return
-        compare_results = policy.cycle_compare_results
+        compare_results = cycle.compare_results
         if key[1] is None or (compare_results and key not in state.counts):
             # Not recorded (a tool name alone cannot tell a cycle from fresh arguments), or
             # not among the last max_period calls: every run breaks.
             state.cycle_runs = None
             return
-        periods = policy.cycle_max_period
+        periods = cycle.max_period
         runs = state.cycle_runs or [0] * periods
         if len(runs) != periods:  # another policy entry's max_period: keep what fits
             runs = (runs + [0] * periods)[:periods]
@@ -76,7 +77,8 @@ class Cycle(ToolCallRule):
         runs = state.cycle_runs
         if runs is None:
             return None
-        needed = policy.cycle_repeats - 1
+        cycle = policy.cycle
+        needed = cycle.repeats - 1
         if max(runs) < 2 * needed:
             return None
         same_as_last = runs[0]  # calls in a row equal to the one before: tool_loop's business
@@ -89,7 +91,7 @@ class Cycle(ToolCallRule):
             repeats = runs[period - 1] // period + 1
             steps = repeats * period
             tools = " -> ".join(tool for tool, _, _ in sequence)
-            same_results = " and results" if policy.cycle_compare_results else ""
+            same_results = " and results" if cycle.compare_results else ""
             return Trip(
                 f"a sequence of {period} calls ({tools}) repeated {repeats}x with the same"
                 f" arguments{same_results}",
@@ -98,9 +100,9 @@ class Cycle(ToolCallRule):
                     "args_hash": key[1],
                     "result_hash": key[2],
                     "hits": repeats,
-                    "window": policy.cycle_max_period,
+                    "window": cycle.max_period,
                     "steps": steps,
-                    "threshold": policy.cycle_repeats,
+                    "threshold": cycle.repeats,
                     "period": period,
                     "calls": state.window_calls(min(steps, len(state.window))),
                 },
@@ -117,7 +119,7 @@ class Cycle(ToolCallRule):
         """A sequence with a polling tool in it (waiting on a job: sleep, check, sleep, check)
         or a tool the policy leaves out of cycles does not trip."""
         for tool, _, _ in sequence:
-            if tool in policy.polling_tools:
+            if tool in policy.polling.tools:
                 return False
             tool_policy = policy.tool(tool) if policy.tools else None
             if tool_policy is not None and not tool_policy.cycle:

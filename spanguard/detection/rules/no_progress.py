@@ -40,7 +40,7 @@ class NoProgress(ToolCallRule):
     default_action = "flag"
 
     def wanted(self, policy: AgentPolicy) -> str:
-        return policy.no_progress_action
+        return policy.no_progress.action
 
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
@@ -48,8 +48,9 @@ class NoProgress(ToolCallRule):
         tool, digest, result = key
         if result != EMPTY or digest is None:
             return None
+        window = policy.loop.window
         distinct: set[str] = set()
-        for name, seen_digest, seen_result in islice(reversed(state.window), policy.window):
+        for name, seen_digest, seen_result in islice(reversed(state.window), window):
             if name != tool:
                 continue
             if seen_result == EMPTY:
@@ -57,16 +58,16 @@ class NoProgress(ToolCallRule):
                     distinct.add(seen_digest)
             elif seen_result is not None and is_content(seen_result):
                 break  # a hit: the tool is finding things
-        if len(distinct) < policy.no_progress_threshold:
+        if len(distinct) < policy.no_progress.threshold:
             return None
-        steps = min(len(state.window), policy.window)
+        steps = min(len(state.window), window)
         return Trip(
             f"{len(distinct)} different {tool} calls in last {steps} steps all found nothing",
             {
                 "tool_name": tool,
                 "result_hash": result,
                 "hits": len(distinct),
-                "window": policy.window,
+                "window": window,
                 "steps": steps,
             },
             message=(

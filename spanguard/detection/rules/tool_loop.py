@@ -70,21 +70,22 @@ class ToolLoop(ToolCallRule):
     default_action = "kill"
 
     def wanted(self, policy: AgentPolicy) -> str:
-        return policy.action if policy.loop_enabled else OFF
+        return policy.action if policy.loop.enabled else OFF
 
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
         tool, digest, result = key
-        if digest is not None and tool in policy.polling_tools:
+        if digest is not None and tool in policy.polling.tools:
             return None  # the policy says this tool polls: tool_polling governs it
-        window, threshold = policy.window, policy.threshold
+        loop = policy.loop
+        window, threshold = loop.window, loop.threshold
         tool_policy = policy.tool(tool) if policy.tools else None
         if tool_policy is not None:
             window = tool_policy.window or window
             threshold = tool_policy.threshold or threshold
-        if result == ERROR and policy.failing_threshold is not None:
-            threshold = policy.failing_threshold
+        if result == ERROR and loop.failing_threshold is not None:
+            threshold = loop.failing_threshold
         if len(state.window) > window:
             # The trace keeps a wider window (another tool's, or the cycle rule's): count this
             # tool's own window.

@@ -27,23 +27,25 @@ class ToolPolling(ToolCallRule):
     counts = True
 
     def wanted(self, policy: AgentPolicy) -> str:
-        return policy.action if policy.polling_enabled else OFF
+        return policy.action if policy.polling.enabled else OFF
 
     @staticmethod
     def polled(key: CallKey, policy: AgentPolicy) -> bool:
         """A call this rule counts: arguments recorded, and a result (or a polling tool)."""
         tool, digest, result = key
-        return digest is not None and (result is not None or tool in policy.polling_tools)
+        return digest is not None and (result is not None or tool in policy.polling.tools)
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         tool, digest, result = key
-        if digest is None or (result is None and tool not in policy.polling_tools):
+        polling = policy.polling
+        if digest is None or (result is None and tool not in polling.tools):
             return  # not polled (self.polled, inlined: this runs on every call)
         poll_key = (tool, digest)
         polls, counts = state.polls, state.poll_counts
         polls.append(poll_key)
         counts[poll_key] = counts.get(poll_key, 0) + 1
-        while len(polls) > policy.polling_window:
+        window = polling.window
+        while len(polls) > window:
             oldest = polls.popleft()
             remaining = counts[oldest] - 1
             if remaining:
@@ -55,10 +57,11 @@ class ToolPolling(ToolCallRule):
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
         tool, digest, result = key
-        if digest is None or (result is None and tool not in policy.polling_tools):
+        polling = policy.polling
+        if digest is None or (result is None and tool not in polling.tools):
             return None  # not polled
         hits = state.poll_counts[(tool, digest)]
-        if hits < policy.polling_threshold:
+        if hits < polling.threshold:
             return None
         if result is not None and state.counts.get(key, 0) < 2:
             # An answer the recent calls have not seen: the job is moving (output growing, a
@@ -71,7 +74,7 @@ class ToolPolling(ToolCallRule):
                 "tool_name": tool,
                 "args_hash": digest,
                 "hits": hits,
-                "window": policy.polling_window,
+                "window": polling.window,
                 "steps": steps,
                 "tool_arguments": recorded_arguments(call, policy),
             },
