@@ -20,10 +20,8 @@ the spans' end times, so a replay decides what a live run decided):
 - A model is a key too (`model:` provider/model, `model_call`): its calls and failures.
 
 The rules (each at most one open incident per key, the first to cross wins):
-- `tool_failing`: the traces the key did not answer in the window (they called it, and every
-  call failed or found nothing) number at least `min_traces` and at least `min_fraction` of the
-  traces that called it. An agent whose own input fails now and then (a script it runs raising)
-  was answered in between: a broken tool answers nobody.
+- `tool_failing`: the traces whose last call of the key in the window failed or found nothing
+  number at least `min_traces` and at least `min_fraction` of the traces that called it.
 - `loop_signature`: one (tool, args hash) decided on (killed, or flagged in shadow mode) in at
   least `loop_traces` distinct traces of the window.
 The threshold is checked on every observation (and on `tick`, as traces leave the window), so
@@ -289,8 +287,8 @@ class _Key:
         self.server = server
         # Per step, BUCKET ints: [step, calls, failures, empties, decisions, traces, agents].
         self.buckets: list[int] = [-1, 0, 0, 0, 0, 0, 0] * steps
-        # trace -> (the step it last called << _STEP_SHIFT) | (the step the key last answered
-        # it + 1; 0: never); least recently seen first.
+        # trace -> last step * 2 + 1 when its last call failed or found nothing; least
+        # recently seen first.
         self.traces: OrderedDict[str, int] = OrderedDict()
         self.bad = 0  # traces whose last call failed or found nothing
         self.agents: OrderedDict[str, int] = OrderedDict()  # agent -> last step
@@ -300,8 +298,6 @@ class _Key:
         self.forgotten = 0
 
 
-_STEP_SHIFT: Final = 32  # steps since the epoch fit: 2**32 steps of a second is 136 years
-_GOOD_MASK: Final = (1 << _STEP_SHIFT) - 1
 BUCKET: Final = 7
 _CALLS, _FAILURES, _EMPTIES, _DECISIONS, _TRACES, _AGENTS = 1, 2, 3, 4, 5, 6
 FIGURES: Final = ("calls", "failures", "empties", "decisions", "trace_steps", "agent_steps")
@@ -395,7 +391,18 @@ class FleetWindow:
             return None
         bad = call.failed or call.empty
         _count(key, step, call.failed, call.empty, call.trace_id, call.agent)
-        self._trace_called(key, call.trace_id, step, bad)
+        previous = key.traces.get(call.trace_id)
+        if previous is None:
+            if len(key.traces) >= MAX_TRACES:
+                _forget_oldest(key)
+            key.traces[call.trace_id] = step * 2 + bad
+            key.bad += bad
+        else:
+            key.bad += bad - (previous & 1)
+            last = max(previous >> 1, step)
+            key.traces[call.trace_id] = last * 2 + bad
+            if last != previous >> 1:
+                key.traces.move_to_end(call.trace_id)
         incident = key.incident
         if incident is not None:
             if not bad:
@@ -404,29 +411,6 @@ class FleetWindow:
         if bad:
             return self._check_failing(key, call.end_time_unix_nano)
         return None
-
-    def _trace_called(self, key: _Key, trace_id: str, step: int, bad: bool) -> None:
-        """The trace's entry: when it last called, and whether the key answered it (a call
-        neither failed nor empty) in the window; `key.bad` counts the traces it did not."""
-        unanswered = self.now - self.steps + 1  # a `good` at or below this: none in the window
-        previous = key.traces.get(trace_id)
-        if previous is None:
-            if len(key.traces) >= MAX_TRACES:
-                _forget_oldest(key, unanswered)
-            good = 0 if bad else step + 1
-            key.traces[trace_id] = (step << _STEP_SHIFT) | good
-            key.bad += bad
-            return
-        last, good = previous >> _STEP_SHIFT, previous & _GOOD_MASK
-        was_hit = good <= unanswered
-        if not bad and step + 1 > good:
-            good = step + 1
-        key.bad += (good <= unanswered) - was_hit
-        if step > last:
-            key.traces[trace_id] = (step << _STEP_SHIFT) | good
-            key.traces.move_to_end(trace_id)
-        else:
-            key.traces[trace_id] = (last << _STEP_SHIFT) | good
 
     def _recovering(
         self, key: _Key, incident: FleetIncident, call: FleetCall
@@ -455,8 +439,7 @@ class FleetWindow:
         policy = self.policy
         if key.bad < policy.min_traces or key.bad < policy.min_fraction * len(key.traces):
             return None
-        unanswered = self.now - self.steps + 1
-        hit = [t for t, entry in reversed(key.traces.items()) if entry & _GOOD_MASK <= unanswered]
+        hit = [trace for trace, last in reversed(key.traces.items()) if last & 1]
         return self._open(key, TOOL_FAILING, time_ns, hit[:MAX_LISTED], None)
 
     def _open(
@@ -534,16 +517,11 @@ class FleetWindow:
         oldest = self.now - self.steps
         traces = key.traces
         while traces:
-            trace, entry = next(iter(traces.items()))
-            if entry >> _STEP_SHIFT > oldest:
+            trace, last = next(iter(traces.items()))
+            if last >> 1 > oldest:
                 break
             del traces[trace]
-        # Answers older than the window no longer count: recounted once per step.
-        unanswered = oldest + 1
-        bad = 0
-        for entry in traces.values():
-            bad += entry & _GOOD_MASK <= unanswered
-        key.bad = bad
+            key.bad -= last & 1
         agents = key.agents
         while agents and next(iter(agents.values())) <= oldest:
             agents.popitem(last=False)
@@ -592,7 +570,7 @@ def _count(key: _Key, step: int, failed: bool, empty: bool, trace_id: str, agent
         buckets[at + _FAILURES] += failed
         buckets[at + _EMPTIES] += empty and not failed
         previous = key.traces.get(trace_id)
-        if previous is None or previous >> _STEP_SHIFT < step:
+        if previous is None or previous >> 1 < step:
             buckets[at + _TRACES] += 1
     if agent:
         seen = key.agents.get(agent)
@@ -605,7 +583,7 @@ def _count(key: _Key, step: int, failed: bool, empty: bool, trace_id: str, agent
             key.agents.move_to_end(agent)
 
 
-def _forget_oldest(key: _Key, unanswered: int) -> None:
-    _trace, entry = key.traces.popitem(last=False)
-    key.bad -= entry & _GOOD_MASK <= unanswered
+def _forget_oldest(key: _Key) -> None:
+    _trace, last = key.traces.popitem(last=False)
+    key.bad -= last & 1
     key.forgotten += 1
