@@ -34,7 +34,8 @@ folded into one overflow key that never decides (`overflow_calls` counts them); 
 tool name are not counted (`unnamed`); an event more than a window ahead of the fleet's clock or
 behind it is counted (`clock_jumps`) and ignored, and RESYNC_EVENTS such events in a row restart
 the window at the new time (`clock_resets`): one bad clock cannot pin the window, and a fleet
-whose clock really moved is followed.
+whose clock really moved is followed. The scope ticks the clock with its stream time
+(`tick`), so a fleet quiet for longer than a window resumes without a jump.
 """
 
 from __future__ import annotations
@@ -415,11 +416,10 @@ class FleetWindow:
     def _recovering(
         self, key: _Key, incident: FleetIncident, call: FleetCall
     ) -> FleetIncident | None:
-        if call.trace_id in incident.recovering:
-            return None
-        if len(incident.recovering) < self.policy.recover_after:
-            incident.recovering.append(call.trace_id)
-        if len(incident.recovering) < self.policy.recover_after:
+        recovering = incident.recovering
+        if len(recovering) < self.policy.recover_after and call.trace_id not in recovering:
+            recovering.append(call.trace_id)
+        if len(recovering) < self.policy.recover_after:
             return None
         # A loop is over once no trace was decided on for it for a whole window: the tool
         # itself answers all along.

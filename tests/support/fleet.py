@@ -188,15 +188,57 @@ def instrumentation_events(seed: int = 44, spread: int = 300) -> Iterator[Event]
         yield from events_of(request.SerializeToString(), Guard(), shift)
 
 
-def bench_events(minutes: int = 10, **corpus_args) -> Iterator[Event]:
+def bench_events(minutes: int = 10, guard: bool = True, **corpus_args) -> Iterator[Event]:
     """bench/corpus.py's fleet, its requests spread evenly over `minutes` (the corpus's own
     times put every trace in one second): request i at i/len of the way."""
     corpus = build_corpus(**corpus_args)
-    guard = Guard()
+    trace_guard = Guard() if guard else None
     count = len(corpus.requests)
     for index, request in enumerate(corpus.requests):
         at = BASE_NS + index * minutes * 60 * SECOND // count
-        yield from events_of(request, guard, lambda time_ns, at=at: at)
+        yield from events_of(request, trace_guard, lambda time_ns, at=at: at)
+
+
+def synthetic_fleet(
+    agents: int = 200,
+    minutes: int = 10,
+    failing: str = "search_docs",
+    fails: tuple[int, int] = (120, 360),
+    spans: int = 40_000,
+) -> list[FleetCall]:
+    """The bench corpus as `agents` agents (a trace each, no loops) whose `failing` tool fails
+    for everyone from `fails[0]` to `fails[1]` seconds in: the issue's fleet of 200 agents."""
+    calls = []
+    start, end = BASE_NS + fails[0] * SECOND, BASE_NS + fails[1] * SECOND
+    for event in bench_events(
+        minutes, guard=False, total_spans=spans, traces=agents, loop_every=10**9
+    ):
+        if not isinstance(event, FleetCall) or event.tool.startswith("model:"):
+            continue
+        event.agent = f"agent-{event.trace_id[:8]}"
+        if event.tool == failing and start <= event.end_time_unix_nano < end:
+            event.failed = True
+        calls.append(event)
+    return calls
+
+
+def first_crossing(calls: list[FleetCall], tool: str, policy: FleetPolicy) -> FleetCall | None:
+    """The call on which `tool_failing` crosses, recounted from scratch on every call (the
+    oracle the window's incremental counts are checked against)."""
+    last: dict[str, tuple[int, bool]] = {}  # trace -> (step of its last call, it was bad)
+    now = -1
+    step_ns = policy.step * SECOND
+    for call in sorted(calls, key=lambda call: call.end_time_unix_nano):
+        step = call.end_time_unix_nano // step_ns
+        now = max(now, step)
+        if call.tool != tool:
+            continue
+        last[call.trace_id] = (step, call.failed or call.empty)
+        live = [bad for at, bad in last.values() if at > now - policy.steps]
+        bad = sum(live)
+        if bad >= policy.min_traces and bad >= policy.min_fraction * len(live):
+            return call
+    return None
 
 
 CORPORA: dict[str, Callable[[], Iterator[Event]]] = {
@@ -235,7 +277,10 @@ def table(policy: FleetPolicy, corpora: dict[str, list[Event]]) -> str:
 
 def sweep(corpora: dict[str, list[Event]]) -> str:
     """Incidents on every corpus per setting near the defaults: how much room they leave."""
-    lines = ["| min_traces | min_fraction | loop_traces | incidents (per corpus) |", "|---|---|---|---|"]
+    lines = [
+        "| min_traces | min_fraction | loop_traces | incidents (per corpus) |",
+        "|---|---|---|---|",
+    ]
     base = FleetPolicy(enabled=True)
     for min_traces in (2, 3, 5, 8):
         for fraction in (0.2, 0.35, 0.5):
