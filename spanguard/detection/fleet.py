@@ -272,15 +272,15 @@ class _Key:
     decided on, and its open incident."""
 
     __slots__ = (
-        "tool",
-        "server",
-        "buckets",
-        "traces",
-        "bad",
         "agents",
-        "signatures",
-        "incident",
+        "bad",
+        "buckets",
         "forgotten",
+        "incident",
+        "server",
+        "signatures",
+        "tool",
+        "traces",
     )
 
     def __init__(self, tool: str, server: str, steps: int) -> None:

@@ -25,8 +25,8 @@ from spanguard.detection.fleet import (
 from spanguard.detection.results import EMPTY, ERROR
 from tests.support.fleet import (
     BASE_NS,
-    SECOND,
     CORPORA,
+    SECOND,
     first_crossing,
     replay,
     synthetic_fleet,
