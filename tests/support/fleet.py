@@ -8,6 +8,7 @@ its spans shifted to start at an offset drawn (seeded) within `spread` seconds.
 
     python -m tests.support.fleet             # the precision table at the default FleetPolicy
     python -m tests.support.fleet --sweep     # incidents per setting, around the defaults
+    python -m tests.support.fleet --stress    # the real runs on other seeds, and in one minute
 """
 
 from __future__ import annotations
@@ -293,10 +294,23 @@ def sweep(corpora: dict[str, list[Event]]) -> str:
     return "\n".join(lines)
 
 
+def stress(policy: FleetPolicy) -> str:
+    """The real runs laid out on other seeds, and packed into one minute instead of five."""
+    lines = ["| spread (s) | seed | incidents |", "|---|---|---|"]
+    for spread in (300, 60):
+        for seed in range(1, 6):
+            run = replay("real runs", realrun_events(seed, spread), policy)
+            lines.append(
+                f"| {spread} | {seed} | {len(run.incidents)} {_names([i.tool for i in run.incidents])} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="incidents per setting")
     parser.add_argument("--show", action="store_true", help="print every incident")
+    parser.add_argument("--stress", action="store_true", help="the real runs on other layouts")
     args = parser.parse_args(argv)
     corpora = {name: list(make()) for name, make in CORPORA.items()}
     policy = FleetPolicy(enabled=True)
@@ -307,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(name, json.dumps(incident.__repr__()))
     if args.sweep:
         print(sweep(corpora))
+    if args.stress:
+        print(stress(policy))
     return 0
 
 
