@@ -57,6 +57,7 @@ from spanguard.detection.conventions import (
     bounded_text,
 )
 from spanguard.detection.results import EMPTY, ERROR
+from spanguard.detection.rules.base import FLAG
 
 __all__ = [
     "FLEET_RULES",
@@ -75,8 +76,7 @@ __all__ = [
 TOOL_FAILING: Final = "tool_failing"
 LOOP_SIGNATURE: Final = "loop_signature"
 FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
-FLAG: Final = "flag"
-CONTAIN: Final = "contain"
+CONTAIN: Final = "contain"  # the tool refused to every client while the incident is open
 
 # The MCP conventions' server of a client span (semantic-conventions-genai, docs/gen-ai/mcp.md).
 SERVER_ADDRESS: Final = "server.address"
