@@ -1,0 +1,589 @@
+"""The fleet view: one broken tool (or model) across many agents is one incident.
+
+The trace guard decides per trace; a shared tool that breaks (an index gone stale, an MCP
+server answering 401) makes every agent that uses it fail at once, and a hundred traces killed
+one by one are one cause. This module is the pure kernel of the tool scope (issue 44): a sliding
+time window per tool, the fleet rules over it, and their settings. No I/O: the streaming scope
+feeds it (`FleetWindow.observe`, `observe_decision`, `tick`) and keeps or rebuilds its state.
+
+What is counted, per tool key, in steps of `step` seconds over `window` seconds (record time,
+the spans' end times, so a replay decides what a live run decided):
+- calls, failures (the span says so: status ERROR or `error.type`, or the result is
+  error-shaped: results.py's ERROR marker), empty results (results.py's EMPTY: "No results",
+  `[]`; a result of nothing at all, `""` or null, is what a `think` tool answers: not counted),
+  trace-level decisions that named the tool, and the distinct traces and agents that called it
+  (exact, in capped maps: see MAX_TRACES and MAX_AGENTS).
+- The key is the tool's name and, where the span names one, its server: the OpenTelemetry MCP
+  conventions put a tool call's server in `server.address` and `server.port` (there is no
+  `mcp.server.*` attribute; a stdio server has no address). `gen_ai.tool.type` is the tool's
+  kind (`function`, `extension`, `datastore`), not where it runs: it is not part of the key.
+- A model is a key too (`model:` provider/model, `model_call`): its calls and failures.
+
+The rules (each at most one open incident per key, the first to cross wins):
+- `tool_failing`: the traces whose last call of the key in the window failed or found nothing
+  number at least `min_traces` and at least `min_fraction` of the traces that called it.
+- `loop_signature`: one (tool, args hash) decided on (killed, or flagged in shadow mode) in at
+  least `loop_traces` distinct traces of the window.
+The threshold is checked on every observation (and on `tick`, as traces leave the window), so
+an incident is decided on the span that crosses it. It recovers when `recover_after` distinct
+traces got an answer (not a failure, not empty) since it opened (for a loop signature, since
+its last decision, and none for a whole window); the key then counts afresh.
+
+Bad input: names are bounded (MAX_NAME_CHARS); at most `max_tools` keys are tracked, the rest
+folded into one overflow key that never decides (`overflow_calls` counts them); spans without a
+tool name are not counted (`unnamed`); an event more than a window ahead of the fleet's clock or
+behind it is counted (`clock_jumps`) and ignored, and RESYNC_EVENTS such events in a row restart
+the window at the new time (`clock_resets`): one bad clock cannot pin the window, and a fleet
+whose clock really moved is followed. The scope ticks the clock with its stream time
+(`tick`), so a fleet quiet for longer than a window resumes without a jump.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
+
+from spanguard.detection.conventions import (
+    ERROR_TYPE,
+    INFERENCE_OPERATIONS,
+    OPERATION,
+    PROVIDER_KEYS,
+    REQUEST_MODEL_KEYS,
+    STATUS_ERROR,
+    ToolCall,
+    bounded_text,
+)
+from spanguard.detection.results import EMPTY, ERROR
+from spanguard.detection.rules.base import FLAG
+
+__all__ = [
+    "FLEET_RULES",
+    "LOOP_SIGNATURE",
+    "TOOL_FAILING",
+    "FleetCall",
+    "FleetIncident",
+    "FleetPolicy",
+    "FleetPolicyError",
+    "FleetWindow",
+    "model_call",
+    "server_of",
+    "tool_call",
+]
+
+TOOL_FAILING: Final = "tool_failing"
+LOOP_SIGNATURE: Final = "loop_signature"
+FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
+CONTAIN: Final = "contain"  # the tool refused to every client while the incident is open
+
+# The MCP conventions' server of a client span (semantic-conventions-genai, docs/gen-ai/mcp.md).
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+OVERFLOW_TOOL: Final = "(other tools)"
+MODEL_PREFIX: Final = "model:"
+# A name a key is made of: a megabyte-long tool name costs this much, still one key per name.
+MAX_NAME_CHARS: Final = 120
+# Per key: traces and agents remembered with when they last called (exact distinct counts up
+# to the cap; past it the least recently seen is forgotten, counted in `forgotten`).
+MAX_TRACES: Final = 4096
+MAX_AGENTS: Final = 512
+MAX_SIGNATURES: Final = 64  # args hashes decided on, per key
+MAX_LISTED: Final = 20  # traces and agents an incident names
+RESYNC_EVENTS: Final = 64
+
+
+class FleetPolicyError(ValueError):
+    """A fleet setting that cannot be used; `field` names it."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"fleet.{name}: {message}")
+        self.field = name
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPolicy:
+    """The fleet rules' settings (the policy's `fleet` section). Defaults: see
+    tests/support/fleet.py's precision table, which they are chosen on."""
+
+    enabled: bool = False
+    action: str = FLAG  # flag: an incident is recorded and notified; contain: tools refused
+    min_traces: int = 8
+    min_fraction: float = 0.5
+    window: int = 300  # seconds
+    step: int = 30  # seconds; the window is a whole number of steps
+    max_tools: int = 1000
+    recover_after: int = 3
+    loop_traces: int = 3
+
+    def __post_init__(self) -> None:
+        _check_bool(self, "enabled")
+        if self.action not in (FLAG, CONTAIN):
+            raise FleetPolicyError("action", f"must be flag or contain, not {self.action!r}")
+        for name, low in (("min_traces", 1), ("recover_after", 1), ("loop_traces", 2)):
+            _check_int(self, name, low, 1_000_000)
+        _check_int(self, "step", 1, 3600)
+        _check_int(self, "window", self.step, 86_400)
+        _check_int(self, "max_tools", 1, 1_000_000)
+        if self.window % self.step:
+            raise FleetPolicyError("window", f"must be a whole number of steps ({self.step} s)")
+        fraction = self.min_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise FleetPolicyError("min_fraction", f"must be a number, not {fraction!r}")
+        if not (math.isfinite(fraction) and 0 < fraction <= 1):
+            raise FleetPolicyError("min_fraction", f"must be in (0, 1], not {fraction!r}")
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> FleetPolicy:
+        """The settings of a policy's `fleet` mapping; an unknown key is an error."""
+        known = {item.name for item in fields(cls)}
+        for key in section:
+            if key not in known:
+                raise FleetPolicyError(str(key), f"unknown setting (known: {', '.join(known)})")
+        return cls(**dict(section))
+
+    @property
+    def steps(self) -> int:
+        return self.window // self.step
+
+
+def _check_bool(policy: FleetPolicy, name: str) -> None:
+    if not isinstance(getattr(policy, name), bool):
+        raise FleetPolicyError(name, f"must be true or false, not {getattr(policy, name)!r}")
+
+
+def _check_int(policy: FleetPolicy, name: str, low: int, high: int) -> None:
+    value = getattr(policy, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FleetPolicyError(name, f"must be a whole number, not {value!r}")
+    if not low <= value <= high:
+        raise FleetPolicyError(name, f"must be between {low} and {high}, not {value}")
+
+
+@dataclass(slots=True)
+class FleetCall:
+    """One tool (or model) call as the fleet counts it: cheap to make on every tool span."""
+
+    tool: str
+    server: str  # "" when the span names none
+    trace_id: str
+    agent: str
+    end_time_unix_nano: int
+    failed: bool
+    empty: bool
+
+
+def _name(text: str) -> str:
+    return text if len(text) <= MAX_NAME_CHARS else bounded_text(text, MAX_NAME_CHARS)
+
+
+def server_of(attributes: Any) -> str:
+    """The server a tool span names (`server.address`, with `server.port`), or "".
+
+    `attributes` is a span's attribute map (schemas/otlp_view.py) or a plain dict of values."""
+    if SERVER_ADDRESS not in attributes:
+        return ""
+    address = _plain(attributes[SERVER_ADDRESS])
+    if not address:
+        return ""
+    port = _plain(attributes[SERVER_PORT]) if SERVER_PORT in attributes else ""
+    return _name(f"{address}:{port}" if port else address)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, str | int):
+        return str(value)
+    text = value.string_value  # an AnyValue
+    if text:
+        return str(text)
+    return str(value.int_value) if value.int_value else ""
+
+
+def tool_call(
+    call: ToolCall, result: str | None, trace_id: str, agent: str, server: str = ""
+) -> FleetCall:
+    """The fleet's view of a guard ToolCall; `result` is the result part of the guard's key of
+    the call (results.result_key: ERROR, EMPTY, a hash, or None when not recorded)."""
+    return FleetCall(
+        _name(call.tool_name),
+        server,
+        trace_id,
+        agent,
+        call.end_time_unix_nano,
+        call.failed or result == ERROR,
+        result == EMPTY,
+    )
+
+
+def model_call(span: Any, trace_id: str, agent: str) -> FleetCall | None:
+    """An inference span (GenAI `chat` and its kin) as a call of its model: `model:` provider
+    and model as the key, failed when the span says so. None for any other span."""
+    attributes = span.attributes
+    if OPERATION not in attributes:
+        return None
+    if attributes[OPERATION].string_value not in INFERENCE_OPERATIONS:
+        return None
+    provider = model = ""
+    for key in PROVIDER_KEYS:
+        if key in attributes:
+            provider = _plain(attributes[key])
+            break
+    for key in REQUEST_MODEL_KEYS:
+        if key in attributes:
+            model = _plain(attributes[key])
+            break
+    failed = span.status.code == STATUS_ERROR or ERROR_TYPE in attributes
+    name = _name(f"{MODEL_PREFIX}{provider or 'unknown'}/{model or 'unknown'}")
+    return FleetCall(name, "", trace_id, agent, span.end_time_unix_nano, failed, False)
+
+
+@dataclass(slots=True)
+class FleetIncident:
+    """One incident: one cause (a key and a rule), with the window's figures when it opened
+    and the traces and agents it hit (at most MAX_LISTED each)."""
+
+    rule: str
+    tool: str
+    server: str
+    opened_at_ns: int
+    opened_step: int
+    figures: dict[str, int]
+    traces: list[str]
+    agents: list[str]
+    signature: str | None = None  # loop_signature: the args hash
+    recovered_at_ns: int = 0  # 0 while open
+    recovering: list[str] = field(default_factory=list)  # traces answered since
+    last_hit_step: int = 0  # loop_signature: the step of the last decision on the signature
+
+    @property
+    def open(self) -> bool:
+        return self.recovered_at_ns == 0
+
+    @property
+    def dedup_key(self) -> str:
+        """One page per cause and window: the key and the step it opened at."""
+        at = f"@{self.server}" if self.server else ""
+        return f"fleet:{self.rule}:{self.tool}{at}:{self.opened_step}"
+
+
+class _Key:
+    """One key's window: step buckets, the traces and agents that called, the signatures
+    decided on, and its open incident."""
+
+    __slots__ = (
+        "agents",
+        "bad",
+        "buckets",
+        "forgotten",
+        "incident",
+        "server",
+        "signatures",
+        "tool",
+        "traces",
+    )
+
+    def __init__(self, tool: str, server: str, steps: int) -> None:
+        self.tool = tool
+        self.server = server
+        # Per step, BUCKET ints: [step, calls, failures, empties, decisions, traces, agents].
+        self.buckets: list[int] = [-1, 0, 0, 0, 0, 0, 0] * steps
+        # trace -> last step * 2 + 1 when its last call failed or found nothing; least
+        # recently seen first.
+        self.traces: OrderedDict[str, int] = OrderedDict()
+        self.bad = 0  # traces whose last call failed or found nothing
+        self.agents: OrderedDict[str, int] = OrderedDict()  # agent -> last step
+        # args hash -> {trace: step decided}
+        self.signatures: dict[str, dict[str, int]] = {}
+        self.incident: FleetIncident | None = None
+        self.forgotten = 0
+
+
+BUCKET: Final = 7
+_CALLS, _FAILURES, _EMPTIES, _DECISIONS, _TRACES, _AGENTS = 1, 2, 3, 4, 5, 6
+FIGURES: Final = ("calls", "failures", "empties", "decisions", "trace_steps", "agent_steps")
+
+
+class FleetWindow:
+    """The fleet's sliding window over every key, and its rules. Pure: feed it calls
+    (`observe`), trace-level decisions (`observe_decision`) and the clock (`tick`); each
+    returns the incidents it opened or recovered."""
+
+    def __init__(self, policy: FleetPolicy | None = None) -> None:
+        self.policy = policy or FleetPolicy()
+        self.step_ns = self.policy.step * 1_000_000_000
+        self.steps = self.policy.steps
+        self.keys: dict[tuple[str, str], _Key] = {}
+        self.overflow = _Key(OVERFLOW_TOOL, "", self.steps)
+        self.now = -1  # the fleet's clock: the newest step seen
+        self.incidents: list[FleetIncident] = []  # every incident, in order (bounded below)
+        self.unnamed = 0
+        self.overflow_calls = 0
+        self.clock_jumps = 0
+        self.clock_resets = 0
+        self._jump_run = 0
+
+    # The clock ---------------------------------------------------------------------------
+
+    def _step_of(self, time_ns: int) -> int:
+        """The step of an event, or -1 when its clock is off (counted, ignored)."""
+        step = time_ns // self.step_ns
+        if self.now < 0:
+            self.now = step
+            return step
+        if self.now - self.steps < step <= self.now + self.steps:
+            self._jump_run = 0
+            return step
+        self.clock_jumps += 1
+        self._jump_run += 1
+        if self._jump_run < RESYNC_EVENTS:
+            return -1
+        self.clock_resets += 1
+        self._jump_run = 0
+        self.keys.clear()  # a window of another time: counted afresh from the new one
+        self.overflow = _Key(OVERFLOW_TOOL, "", self.steps)
+        self.now = step
+        return step
+
+    def tick(self, time_ns: int) -> list[FleetIncident]:
+        """Move the clock to `time_ns` if later (the scope's stream time, trusted where a span's
+        clock is not): traces older than the window leave it, which may cross a threshold.
+        Returns the incidents opened."""
+        step = time_ns // self.step_ns
+        if self.now < 0 or step <= self.now:
+            return []
+        self.now = step
+        opened: list[FleetIncident] = []
+        for key in list(self.keys.values()):
+            self._expire(key)
+            incident = self._check_failing(key, time_ns)
+            if incident is not None:
+                opened.append(incident)
+            elif not key.traces and key.incident is None and not key.signatures:
+                del self.keys[(key.tool, key.server)]  # idle: its slot is free again
+        return opened
+
+    # Calls ---------------------------------------------------------------------------------
+
+    def _key(self, tool: str, server: str) -> _Key | None:
+        key = self.keys.get((tool, server))
+        if key is None:
+            if len(self.keys) >= self.policy.max_tools:
+                self.overflow_calls += 1
+                return None
+            key = self.keys[(tool, server)] = _Key(tool, server, self.steps)
+        return key
+
+    def observe(self, call: FleetCall) -> FleetIncident | None:
+        """Count one call; the incident it opened or recovered, if any."""
+        if not call.tool:
+            self.unnamed += 1
+            return None
+        step = self._step_of(call.end_time_unix_nano)
+        if step < 0:
+            return None
+        if step > self.now:
+            self.now = step
+            for each in self.keys.values():
+                self._expire(each)
+        key = self._key(call.tool, call.server)
+        if key is None:
+            _count(self.overflow, step, call.failed, call.empty, call.trace_id, call.agent)
+            return None
+        bad = call.failed or call.empty
+        _count(key, step, call.failed, call.empty, call.trace_id, call.agent)
+        previous = key.traces.get(call.trace_id)
+        if previous is None:
+            if len(key.traces) >= MAX_TRACES:
+                _forget_oldest(key)
+            key.traces[call.trace_id] = step * 2 + bad
+            key.bad += bad
+        else:
+            key.bad += bad - (previous & 1)
+            last = max(previous >> 1, step)
+            key.traces[call.trace_id] = last * 2 + bad
+            if last != previous >> 1:
+                key.traces.move_to_end(call.trace_id)
+        incident = key.incident
+        if incident is not None:
+            if not bad:
+                return self._recovering(key, incident, call)
+            return None
+        if bad:
+            return self._check_failing(key, call.end_time_unix_nano)
+        return None
+
+    def _recovering(
+        self, key: _Key, incident: FleetIncident, call: FleetCall
+    ) -> FleetIncident | None:
+        recovering = incident.recovering
+        if len(recovering) < self.policy.recover_after and call.trace_id not in recovering:
+            recovering.append(call.trace_id)
+        if len(recovering) < self.policy.recover_after:
+            return None
+        # A loop is over once no trace was decided on for it for a whole window: the tool
+        # itself answers all along.
+        if incident.signature is not None and self.now - incident.last_hit_step < self.steps:
+            return None
+        incident.recovered_at_ns = call.end_time_unix_nano or 1
+        key.incident = None
+        # The key counts afresh: traces that failed before the recovery are no new failure.
+        key.traces.clear()
+        key.bad = 0
+        key.signatures.clear()
+        return incident
+
+    def _check_failing(self, key: _Key, time_ns: int) -> FleetIncident | None:
+        if key.incident is not None:
+            return None
+        policy = self.policy
+        if key.bad < policy.min_traces or key.bad < policy.min_fraction * len(key.traces):
+            return None
+        hit = [trace for trace, last in reversed(key.traces.items()) if last & 1]
+        return self._open(key, TOOL_FAILING, time_ns, hit[:MAX_LISTED], None)
+
+    def _open(
+        self, key: _Key, rule: str, time_ns: int, traces: list[str], signature: str | None
+    ) -> FleetIncident:
+        figures = self.figures(key)
+        figures["failing_traces"] = key.bad
+        incident = FleetIncident(
+            rule,
+            key.tool,
+            key.server,
+            time_ns,
+            self.now,
+            figures,
+            traces,
+            list(reversed(key.agents))[:MAX_LISTED],
+            signature,
+        )
+        key.incident = incident
+        if len(self.incidents) >= 1024:  # a record for tests and replay, bounded
+            del self.incidents[:512]
+        self.incidents.append(incident)
+        return incident
+
+    # Decisions -----------------------------------------------------------------------------
+
+    def observe_decision(
+        self,
+        tool: str | None,
+        server: str,
+        args_hash: str | None,
+        trace_id: str,
+        time_ns: int,
+    ) -> FleetIncident | None:
+        """A trace-level decision that named a tool (Decision.tool_name, .args_hash): counted in
+        its step, and towards `loop_signature` when it names the arguments."""
+        if not tool:
+            return None
+        step = self._step_of(time_ns)
+        if step < 0:
+            return None
+        key = self._key(_name(tool), server)
+        if key is None:
+            return None
+        at = _bucket_at(key, step)
+        if at >= 0:
+            key.buckets[at + _DECISIONS] += 1
+        if args_hash is None:
+            return None
+        traces = key.signatures.get(args_hash)
+        if traces is None:
+            if len(key.signatures) >= MAX_SIGNATURES:
+                return None
+            traces = key.signatures[args_hash] = {}
+        if len(traces) < MAX_TRACES:
+            traces[trace_id] = step
+        for trace in [trace for trace, at in traces.items() if at <= self.now - self.steps]:
+            del traces[trace]
+        incident = key.incident
+        if incident is not None:
+            if incident.signature == args_hash:
+                incident.recovering.clear()  # still looping: recovery counts from here
+                incident.last_hit_step = step
+            return None
+        if len(traces) < self.policy.loop_traces:
+            return None
+        hit = list(reversed(traces))[:MAX_LISTED]
+        incident = self._open(key, LOOP_SIGNATURE, time_ns, hit, args_hash)
+        incident.last_hit_step = step
+        return incident
+
+    # The window ---------------------------------------------------------------------------
+
+    def _expire(self, key: _Key) -> None:
+        oldest = self.now - self.steps
+        traces = key.traces
+        while traces:
+            trace, last = next(iter(traces.items()))
+            if last >> 1 > oldest:
+                break
+            del traces[trace]
+            key.bad -= last & 1
+        agents = key.agents
+        while agents and next(iter(agents.values())) <= oldest:
+            agents.popitem(last=False)
+
+    def figures(self, key: _Key) -> dict[str, int]:
+        """The key's window: sums of its step buckets, and the distinct traces and agents."""
+        sums = [0] * BUCKET
+        oldest = self.now - self.steps
+        buckets = key.buckets
+        for at in range(0, len(buckets), BUCKET):
+            if buckets[at] > oldest:
+                for index in range(1, BUCKET):
+                    sums[index] += buckets[at + index]
+        figures = {name: sums[index + 1] for index, name in enumerate(FIGURES)}
+        figures["traces"] = len(key.traces)
+        figures["agents"] = len(key.agents)
+        figures["forgotten_traces"] = key.forgotten
+        return figures
+
+    def key_figures(self, tool: str, server: str = "") -> dict[str, int] | None:
+        key = self.overflow if tool == OVERFLOW_TOOL else self.keys.get((tool, server))
+        return None if key is None else self.figures(key)
+
+    def open_incidents(self) -> list[FleetIncident]:
+        return [key.incident for key in self.keys.values() if key.incident is not None]
+
+
+def _bucket_at(key: _Key, step: int) -> int:
+    """Where the key's bucket for `step` starts in its flat list (emptied if it held an older
+    step), or -1 for a late event whose bucket was reused already (too late for the figures)."""
+    buckets = key.buckets
+    at = (step % (len(buckets) // BUCKET)) * BUCKET
+    held = buckets[at]
+    if held != step:
+        if held > step:
+            return -1
+        buckets[at : at + BUCKET] = [step, 0, 0, 0, 0, 0, 0]
+    return at
+
+
+def _count(key: _Key, step: int, failed: bool, empty: bool, trace_id: str, agent: str) -> None:
+    buckets = key.buckets
+    at = _bucket_at(key, step)
+    if at >= 0:
+        buckets[at + _CALLS] += 1
+        buckets[at + _FAILURES] += failed
+        buckets[at + _EMPTIES] += empty and not failed
+        previous = key.traces.get(trace_id)
+        if previous is None or previous >> 1 < step:
+            buckets[at + _TRACES] += 1
+    if agent:
+        seen = key.agents.get(agent)
+        if seen is None or seen < step:
+            if at >= 0:
+                buckets[at + _AGENTS] += 1
+            if seen is None and len(key.agents) >= MAX_AGENTS:
+                key.agents.popitem(last=False)
+            key.agents[agent] = step
+            key.agents.move_to_end(agent)
+
+
+def _forget_oldest(key: _Key) -> None:
+    _trace, last = key.traces.popitem(last=False)
+    key.bad -= last & 1
+    key.forgotten += 1
