@@ -510,7 +510,9 @@ class ConversationAgent(ScopeAgent):
             self.worker.health.lost_signals += 1
             log.error(
                 "conversation kill signal not sent; it can trip again",
-                extra={"conversation_id": decision.conversation_id},
+                extra={
+                    "conversation_id": decision.scope.conversation_id if decision.scope else None
+                },
             )
 
     def evict_idle(self, events: list[EventT]) -> None:

@@ -40,7 +40,15 @@ from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules.base import FLAG, GuardObserver
 from spanguard.detection.trace_state import encode_record, iso_from_micros
-from spanguard.schemas.decision import AgentIdentity, Decision, Rule
+from spanguard.schemas.decision import (
+    AgentIdentity,
+    Decision,
+    DecisionScope,
+    PolicyInForce,
+    Rule,
+    ScopeKind,
+    Spend,
+)
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
@@ -55,7 +63,7 @@ __all__ = [
 
 log = logging.getLogger("spanguard.core")
 
-SCOPE = "agent"
+SCOPE: ScopeKind = "agent"
 RULE: Rule = "agent_budget"
 WINDOW_VERSION = 1
 # Sources (Kafka topic partitions) a window remembers the last record of, at most.
@@ -322,21 +330,19 @@ class AgentBudgetGuard(GuardObserver):
             detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
                 timespec="milliseconds"
             ),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
+            spend=Spend(
+                tokens=window.tokens,
+                token_budget=token_budget,
+                cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
+                budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
+            ),
+            policy=PolicyInForce(entry, match, policy.severity, policy.autonomous),
             span_ended_at=(
                 iso_from_micros(record.end_time_unix_nano // 1000)
                 if record.end_time_unix_nano > 0
                 else None
             ),
-            tokens=window.tokens,
-            token_budget=token_budget,
-            cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
-            budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
-            policy_entry=entry,
-            policy_match=match,
-            scope=SCOPE,
-            scope_until=until if action == "kill" else None,
+            scope=DecisionScope(SCOPE, until=until if action == "kill" else None),
             decision_id=hashlib.sha256(text.encode()).hexdigest()[:32],
         )
 
