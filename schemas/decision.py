@@ -67,8 +67,9 @@ KILL_SIGNAL_SCHEMA_VERSION = 2
 # How long after its detection a signal is obeyed (the worker's SPANGUARD_SIGNAL_TTL).
 DEFAULT_SIGNAL_TTL_SECONDS = 3600.0
 
-# What a decision carries as evidence, when present: a kill signal's `evidence`, a page's
-# custom details and the in-process decision span's attributes all take these.
+# The record keys of what a decision carries as evidence (of its Evidence and its Spend), when
+# present: a kill signal's `evidence`, a page's custom details and the in-process decision
+# span's attributes all take these.
 EVIDENCE_FIELDS = (
     "tool_name",
     "args_hash",
@@ -295,6 +296,8 @@ class Decision:
         for key, part, name, _ in _WIRE:
             if part and key in values:
                 parts[part][name] = values.pop(key)
+        if not values.keys().isdisjoint(_PARTS):  # a part's name is no key of a record
+            raise TypeError(f"not keys of a record: {sorted(values.keys() & _PARTS.keys())}")
         for part, part_type in _PARTS.items():
             given = parts[part]
             if part in _PRESENT_WHEN_SET and all(value is None for value in given.values()):
