@@ -93,7 +93,7 @@ def record_of(detection: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
 def should_page(detection: Decision | Mapping[str, Any]) -> bool:
     """Only detections on autonomous agents (policy `autonomous: true`) page the on-call."""
     if isinstance(detection, Decision):
-        return detection.autonomous is True
+        return detection.policy.autonomous is True
     return detection.get("autonomous") is True
 
 

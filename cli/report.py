@@ -97,24 +97,23 @@ def _strip(
 def decision_box(decision: Decision) -> str:
     e = html.escape
     details = [f"<b>{e(decision.rule)} → {e(decision.action)}</b>: {e(decision.reason)}"]
-    if decision.policy_entry:
-        where = decision.policy_entry
-        if decision.policy_match:
-            where += " (" + ", ".join(f"{k}={v}" for k, v in decision.policy_match.items()) + ")"
+    policy, evidence, spend = decision.policy, decision.evidence, decision.spend
+    if policy.entry:
+        where = policy.entry
+        if policy.match:
+            where += " (" + ", ".join(f"{k}={v}" for k, v in policy.match.items()) + ")"
         details.append(f"policy {e(where)}")
     if decision.rule == "tool_loop":
-        details.append(f"window {decision.window}, threshold {decision.threshold}")
-    if decision.rule == "cycle" and decision.calls and decision.period:
-        sequence = " → ".join(call["tool_name"] for call in decision.calls[-decision.period :])
+        details.append(f"window {evidence.window}, threshold {evidence.threshold}")
+    if decision.rule == "cycle" and evidence.calls and evidence.period:
+        sequence = " → ".join(call["tool_name"] for call in evidence.calls[-evidence.period :])
         details.append(
-            f"repeated sequence ({decision.period} calls, {decision.hits}x): {e(sequence)}"
+            f"repeated sequence ({evidence.period} calls, {evidence.hits}x): {e(sequence)}"
         )
-    if decision.token_budget is not None:
-        details.append(f"budget {decision.token_budget}, used {decision.tokens}")
-    if decision.budget_micro_usd is not None:
-        details.append(
-            f"budget {usd(decision.budget_micro_usd)}, spent {usd(decision.cost_micro_usd)}"
-        )
+    if spend.token_budget is not None:
+        details.append(f"budget {spend.token_budget}, used {spend.tokens}")
+    if spend.budget_micro_usd is not None:
+        details.append(f"budget {usd(spend.budget_micro_usd)}, spent {usd(spend.cost_micro_usd)}")
     details.append(f"span <code>{e(decision.span_id)}</code> at {e(decision.detected_at)}")
     return f'<div class="decision {e(decision.action)}">{" · ".join(details)}</div>'
 
@@ -137,7 +136,11 @@ def _spend(state: TraceState | None) -> str:
 
 def trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = None) -> str:
     e = html.escape
-    keys = {(d.tool_name, d.args_hash) for d, _ in timeline.decisions if d.rule == "tool_loop"}
+    keys = {
+        (d.evidence.tool_name, d.evidence.args_hash)
+        for d, _ in timeline.decisions
+        if d.rule == "tool_loop"
+    }
     fired = {d.span_id: d for d, _ in timeline.decisions}
     markers: dict[int, list[Decision]] = defaultdict(list)
     call_spans = {c.span_id for c in timeline.calls}
@@ -214,9 +217,10 @@ def _cycle_notes(timeline: Timeline) -> dict[int, str]:
     notes: dict[int, str] = {}
     positions = {call.span_id: index for index, call in enumerate(timeline.calls, start=1)}
     for decision, _ in timeline.decisions:
-        if decision.rule != "cycle" or not decision.period or decision.span_id not in positions:
+        period = decision.evidence.period
+        if decision.rule != "cycle" or not period or decision.span_id not in positions:
             continue
-        period, rounds = decision.period, decision.hits or 1
+        rounds = decision.evidence.hits or 1
         last = positions[decision.span_id]
         first = max(last - period * rounds + 1, 1)
         for index in range(first, last + 1):

@@ -18,6 +18,7 @@ from spanguard.schemas.decision import (
     NO_TRACE_ID,
     AgentIdentity,
     Decision,
+    DecisionScope,
     KillSignal,
     sign,
 )
@@ -42,7 +43,11 @@ def manual_decision(
     second kill after a release is a new signal, not a duplicate of the first."""
     if sum(target is not None for target in (trace_id, conversation_id, agent)) != 1:
         raise ValueError("name one of a trace, a conversation or an agent")
-    scope = "conversation" if conversation_id is not None else "agent" if agent else None
+    scope: DecisionScope | None = None
+    if conversation_id is not None:
+        scope = DecisionScope("conversation", conversation_id)
+    elif agent is not None:
+        scope = DecisionScope("agent")
     return Decision(
         trace_id=trace_id or NO_TRACE_ID,
         span_id=NO_SPAN_ID,
@@ -53,7 +58,6 @@ def manual_decision(
         detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         operator=operator,
         scope=scope,
-        conversation_id=conversation_id,
         decision_id=uuid.uuid4().hex,
     )
 

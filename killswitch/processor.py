@@ -49,7 +49,7 @@ from spanguard.killswitch.signals import (
     current_agent,
     current_trace_id,
 )
-from spanguard.schemas.decision import EVIDENCE_FIELDS, AgentIdentity, Decision, kill_signals
+from spanguard.schemas.decision import AgentIdentity, Decision, kill_signals
 from spanguard.schemas.policy import Policy
 
 __all__ = ["DECISION_SPAN_NAME", "INSTRUMENTATION_SCOPE", "GuardingSpanProcessor"]
@@ -62,8 +62,6 @@ INSTRUMENTATION_SCOPE = "spanguard.killswitch"
 # another name is no guard event. Testing it before encoding keeps HTTP/DB spans nearly free.
 BARE_TOOL_SPAN_NAME = "execute_tool"
 MAX_CACHED_RESOURCES = 64
-# Decision fields that become `spanguard.<name>` attributes; raw tool arguments never do.
-DECISION_ATTRIBUTES = ("rule", "action", "reason", *EVIDENCE_FIELDS, "decision_id")
 MAX_LOGGED_ERRORS = 10
 
 
@@ -363,11 +361,16 @@ class GuardingSpanProcessor(SpanProcessor):
         if tracer is None:
             return
         parent = trace.set_span_in_context(NonRecordingSpan(span.context))
-        attributes = {
-            f"spanguard.{name}": value
-            for name in DECISION_ATTRIBUTES
-            if (value := getattr(decision, name)) is not None
+        # The decision's record keys that become `spanguard.<key>` attributes: its evidence as
+        # a kill signal carries it (EVIDENCE_FIELDS); raw tool arguments never do.
+        values = {
+            "rule": decision.rule,
+            "action": decision.action,
+            "reason": decision.reason,
+            **decision.signal_evidence(),
+            "decision_id": decision.decision_id,
         }
+        attributes = {f"spanguard.{key}": value for key, value in values.items()}
         attributes["spanguard.agent.service"] = decision.agent.service
         if decision.agent.name is not None:
             attributes["spanguard.agent.name"] = decision.agent.name

@@ -12,6 +12,7 @@ import hmac
 import json
 import re
 from collections.abc import Iterable, Mapping
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -27,14 +28,25 @@ __all__ = [
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
     "MAX_SIGNAL_BYTES",
+    "NO_EVIDENCE",
+    "NO_POLICY",
     "NO_SPAN_ID",
+    "NO_SPEND",
     "NO_TRACE_ID",
+    "PAUSE_FIELDS",
+    "SCOPE_FIELDS",
     "AgentIdentity",
     "BadSignal",
     "Decision",
+    "DecisionScope",
+    "Evidence",
     "KillSignal",
+    "Pause",
+    "PolicyInForce",
+    "ScopeKind",
     "SignalScope",
     "SignatureCheck",
+    "Spend",
     "canonical_json",
     "decision_id",
     "key_id",
@@ -55,8 +67,9 @@ KILL_SIGNAL_SCHEMA_VERSION = 2
 # How long after its detection a signal is obeyed (the worker's SPANGUARD_SIGNAL_TTL).
 DEFAULT_SIGNAL_TTL_SECONDS = 3600.0
 
-# What a decision carries as evidence, when present: a kill signal's `evidence`, a page's
-# custom details and the in-process decision span's attributes all take these.
+# The record keys of what a decision carries as evidence (of its Evidence and its Spend), when
+# present: a kill signal's `evidence`, a page's custom details and the in-process decision
+# span's attributes all take these.
 EVIDENCE_FIELDS = (
     "tool_name",
     "args_hash",
@@ -89,18 +102,12 @@ Rule = Literal[
 Action = Literal["kill", "downgrade", "flag", "release", "pause"]
 # A manual signal trips on no span: its span_id is this.
 NO_SPAN_ID = "0" * 16
-# Set on a pause only (left out of other records, which stay as they were).
-PAUSE_FIELDS = ("pause_until", "pause_fallback")
-# Set once usage is priced (left out of other records, which stay as they were). Money is in
-# whole micro-dollars: every killswitch reads integers exactly, not decimal fractions.
-COST_FIELDS = ("cost_micro_usd", "budget_micro_usd", "unpriced_tokens")
-# Set on a decision of the conversation scope (spanguard/detection/conversation.py) or the
-# agent scope (spanguard/detection/agent_budget.py) only; `scope_until`: when an agent kill lifts.
-SCOPE_FIELDS = ("scope", "conversation_id", "traces", "scope_until")
 # What a kill signal may stop: one trace (the default, and every signal before scopes), every
 # trace of one conversation, or every trace of one agent (service.name + gen_ai.agent.name; a
 # null name: every agent of the service). Scoped signals are kills and releases only.
 SignalScope = Literal["trace", "conversation", "agent"]
+# What a decision over more than its trace spans (DecisionScope).
+ScopeKind = Literal["conversation", "agent"]
 # The trace id a scoped manual signal names: it stops no trace by its id.
 NO_TRACE_ID = "0" * 32
 # A conversation id a signal may carry (as a detection's).
@@ -140,8 +147,88 @@ def decision_id(trace_id: str, rule: str, action: str, released_at: float = 0.0)
 
 
 @dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a rule saw when it tripped: the repeated call and the window it counted it in
+    (tool_loop, cycle, tool_polling, no_progress), or the judge's confidence (goal_unmet).
+    Hashes, never arguments, but for `tool_arguments`."""
+
+    tool_name: str | None = None
+    args_hash: str | None = None
+    result_hash: str | None = None  # the repeated result (tool_loop, no_progress), when recorded
+    hits: int | None = None
+    window: int | None = None  # the configured window size
+    steps: int | None = None  # calls in the window when it tripped
+    threshold: int | None = None  # tool_loop, cycle: the configured threshold
+    # cycle: how many calls the repeated sequence has (the last `period` of `calls`)
+    period: int | None = None
+    # tool_loop, cycle: the window when it tripped, oldest first: {tool_name, args_hash,
+    # span_id, ended_at} per call (hashes, never arguments)
+    calls: list[dict[str, Any]] | None = None
+    tool_arguments: Any = None  # only with policy record_arguments: true
+    confidence: float | None = None  # goal_unmet: the judge's confidence
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What the trace (conversation, agent window) spent when a budget tripped, and its budgets.
+
+    Money is in whole micro-dollars: every killswitch reads integers exactly, not decimal
+    fractions. The cost is set once usage is priced (cost_budget, and token_budget then); the
+    unpriced tokens (cost_budget): those no price was found for."""
+
+    tokens: int | None = None
+    token_budget: int | None = None
+    cost_micro_usd: int | None = None
+    budget_micro_usd: int | None = None
+    unpriced_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInForce:
+    """The policy entry a decision was taken under ("defaults" or "agents.N"), that entry's
+    match, and what it says of the agent (for paging). A manual decision has none."""
+
+    entry: str | None = None
+    match: dict[str, str] | None = None
+    severity: str | None = None
+    autonomous: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Action pause: until when the agent waits for an operator (ISO 8601, UTC), and then
+    "kill" or "release" (it goes on)."""
+
+    until: str | None = None
+    fallback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionScope:
+    """A decision over more than its trace: "conversation" (the guard's conversation rules,
+    spanguard/detection/conversation.py, or an operator's conversation kill) with its id and how
+    many of its traces the evidence spans, or "agent" (the agent budget,
+    spanguard/detection/agent_budget.py, or an operator's agent kill). `until`: when a kill of
+    the scope lifts: the agent's budget window frees, or the conversation's kill expires (the
+    policy's `conversation.kill_ttl` after the detection)."""
+
+    kind: ScopeKind | None = None
+    conversation_id: str | None = None
+    traces: int | None = None
+    until: str | None = None
+
+
+NO_EVIDENCE = Evidence()
+NO_SPEND = Spend()
+NO_POLICY = PolicyInForce()
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
-    """One guard decision on one trace."""
+    """One guard decision on one trace.
+
+    Its parts are typed; its record (`to_dict`, `to_json`) is flat, as it always was: the
+    parts' fields are keys of the record itself (`_WIRE` maps them)."""
 
     trace_id: str  # 32 lowercase hex
     span_id: str  # 16 lowercase hex: the span whose observation tripped the rule
@@ -150,49 +237,16 @@ class Decision:
     reason: str
     agent: AgentIdentity
     detected_at: str  # ISO 8601, UTC
-    tool_name: str | None = None
-    args_hash: str | None = None
-    result_hash: str | None = None  # the repeated result (tool_loop, no_progress), when recorded
-    hits: int | None = None
-    window: int | None = None  # the configured window size
-    steps: int | None = None  # calls in the window when it tripped
-    tokens: int | None = None
-    token_budget: int | None = None
-    autonomous: bool = False
-    severity: str | None = None  # for paging: the agent's policy severity
-    confidence: float | None = None  # goal_unmet: the judge's confidence
+    evidence: Evidence = NO_EVIDENCE
+    spend: Spend = NO_SPEND
+    policy: PolicyInForce = NO_POLICY
     system_message: str | None = None
-    tool_arguments: Any = None  # only with policy record_arguments: true
     # When the tripping span ended (ISO 8601, UTC; None if it carried no end time): the start
     # of the detection latency, span end to signal sent.
     span_ended_at: str | None = None
-    threshold: int | None = None  # tool_loop: the configured threshold
-    # tool_loop: the window when it tripped, oldest first: {tool_name, args_hash, span_id,
-    # ended_at} per call (hashes, never arguments)
-    calls: list[dict[str, Any]] | None = None
-    # cycle: how many calls the repeated sequence has (the last `period` of `calls`)
-    period: int | None = None
-    policy_entry: str | None = None  # the policy entry in force: "defaults" or "agents.N"
-    policy_match: dict[str, str] | None = None  # that entry's match
     operator: str | None = None  # manual: who issued it (`--operator`)
-    # action pause: until when the agent waits for an operator (ISO 8601, UTC), and then
-    # "kill" or "release" (it goes on).
-    pause_until: str | None = None
-    pause_fallback: str | None = None
-    # The trace's cost when it tripped, in micro-dollars (cost_budget, and token_budget once
-    # usage is priced); cost_budget: its budget, and the tokens no price was found for.
-    cost_micro_usd: int | None = None
-    budget_micro_usd: int | None = None
-    unpriced_tokens: int | None = None
-    # A decision of the conversation scope: "conversation", its id, and how many of its traces
-    # the evidence spans (None: a decision of the trace alone).
-    scope: str | None = None
-    conversation_id: str | None = None
-    traces: int | None = None
-    # A kill of a scope (ISO 8601, UTC): "agent" (the agent budget), when its window frees and
-    # the agent kill lifts; "conversation" (the guard's conversation rules), when the
-    # conversation's kill expires (the policy's `conversation.kill_ttl` after the detection).
-    scope_until: str | None = None
+    pause: Pause | None = None  # action pause only
+    scope: DecisionScope | None = None  # None: a decision of the trace alone
     schema_version: int = DECISION_SCHEMA_VERSION
     decision_id: str = field(default="")
 
@@ -202,11 +256,33 @@ class Decision:
                 self, "decision_id", decision_id(self.trace_id, self.rule, self.action)
             )
 
+    @property
+    def scope_kind(self) -> ScopeKind | None:
+        """ "conversation", "agent", or None (the trace's own)."""
+        return self.scope.kind if self.scope is not None else None
+
+    def signal_evidence(self) -> dict[str, Any]:
+        """The EVIDENCE_FIELDS it has (not None), by their record keys."""
+        evidence: dict[str, Any] = {}
+        for key in EVIDENCE_FIELDS:
+            value = self._wire_value(key)
+            if value is not None:
+                evidence[key] = value
+        return evidence
+
+    def _wire_value(self, key: str) -> Any:
+        part, name = _WIRE_PLACES[key]
+        holder = getattr(self, part) if part else self
+        return None if holder is None else getattr(holder, name)
+
     def to_dict(self) -> dict[str, Any]:
-        record = asdict(self)
-        for name in ("tool_arguments", "operator", *PAUSE_FIELDS, *COST_FIELDS, *SCOPE_FIELDS):
-            if record[name] is None:
-                del record[name]
+        record: dict[str, Any] = {}
+        for key, _, _, left_out_when_none in _WIRE:
+            value = self._wire_value(key)
+            if value is None and left_out_when_none:
+                continue
+            # Copies, as dataclasses.asdict made: a caller may change the record it gets.
+            record[key] = asdict(value) if isinstance(value, AgentIdentity) else deepcopy(value)
         return record
 
     def to_json(self) -> str:
@@ -214,7 +290,19 @@ class Decision:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Decision:
+        """The decision of a record; TypeError for a key no decision has or a missing one."""
         values = dict(record)
+        parts: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+        for key, part, name, _ in _WIRE:
+            if part and key in values:
+                parts[part][name] = values.pop(key)
+        if not values.keys().isdisjoint(_PARTS):  # a part's name is no key of a record
+            raise TypeError(f"not keys of a record: {sorted(values.keys() & _PARTS.keys())}")
+        for part, part_type in _PARTS.items():
+            given = parts[part]
+            if part in _PRESENT_WHEN_SET and all(value is None for value in given.values()):
+                continue  # not a pause, or a decision of the trace alone
+            values[part] = part_type(**given)
         values["agent"] = AgentIdentity(**values["agent"])
         return cls(**values)
 
@@ -225,6 +313,65 @@ class Decision:
             return cls.from_dict(json.loads(data))
         except (TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not a detection record: {exc!r}") from None
+
+
+# The wire order of a detection record's keys (every record so far has them in this order):
+# (key, the part of Decision that holds it ("": Decision itself), its name there, whether the
+# key is left out when None). Records before a part existed stay as they were: a key left out
+# when None is one that came later.
+_WIRE: tuple[tuple[str, str, str, bool], ...] = (
+    ("trace_id", "", "trace_id", False),
+    ("span_id", "", "span_id", False),
+    ("rule", "", "rule", False),
+    ("action", "", "action", False),
+    ("reason", "", "reason", False),
+    ("agent", "", "agent", False),
+    ("detected_at", "", "detected_at", False),
+    ("tool_name", "evidence", "tool_name", False),
+    ("args_hash", "evidence", "args_hash", False),
+    ("result_hash", "evidence", "result_hash", False),
+    ("hits", "evidence", "hits", False),
+    ("window", "evidence", "window", False),
+    ("steps", "evidence", "steps", False),
+    ("tokens", "spend", "tokens", False),
+    ("token_budget", "spend", "token_budget", False),
+    ("autonomous", "policy", "autonomous", False),
+    ("severity", "policy", "severity", False),
+    ("confidence", "evidence", "confidence", False),
+    ("system_message", "", "system_message", False),
+    ("tool_arguments", "evidence", "tool_arguments", True),
+    ("span_ended_at", "", "span_ended_at", False),
+    ("threshold", "evidence", "threshold", False),
+    ("calls", "evidence", "calls", False),
+    ("period", "evidence", "period", False),
+    ("policy_entry", "policy", "entry", False),
+    ("policy_match", "policy", "match", False),
+    ("operator", "", "operator", True),
+    ("pause_until", "pause", "until", True),
+    ("pause_fallback", "pause", "fallback", True),
+    ("cost_micro_usd", "spend", "cost_micro_usd", True),
+    ("budget_micro_usd", "spend", "budget_micro_usd", True),
+    ("unpriced_tokens", "spend", "unpriced_tokens", True),
+    ("scope", "scope", "kind", True),
+    ("conversation_id", "scope", "conversation_id", True),
+    ("traces", "scope", "traces", True),
+    ("scope_until", "scope", "until", True),
+    ("schema_version", "", "schema_version", False),
+    ("decision_id", "", "decision_id", False),
+)
+_WIRE_PLACES = {key: (part, name) for key, part, name, _ in _WIRE}
+_PARTS: dict[str, type] = {
+    "evidence": Evidence,
+    "spend": Spend,
+    "policy": PolicyInForce,
+    "pause": Pause,
+    "scope": DecisionScope,
+}
+# The parts a decision has only when one of their fields is set (None otherwise).
+_PRESENT_WHEN_SET = frozenset({"pause", "scope"})
+# The record keys of a pause, and of a scope (a page's custom details take them).
+PAUSE_FIELDS = tuple(key for key, part, _, _ in _WIRE if part == "pause")
+SCOPE_FIELDS = tuple(key for key, part, _, _ in _WIRE if part == "scope")
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,21 +441,18 @@ class KillSignal:
     def from_decision(
         cls, decision: Decision, ttl_seconds: float = DEFAULT_SIGNAL_TTL_SECONDS
     ) -> KillSignal:
-        evidence: dict[str, Any] = {"span_id": decision.span_id}
-        for name in EVIDENCE_FIELDS:
-            value = getattr(decision, name)
-            if value is not None:
-                evidence[name] = value
+        evidence: dict[str, Any] = {"span_id": decision.span_id, **decision.signal_evidence()}
         expires_at = (
             datetime.fromisoformat(decision.detected_at) + timedelta(seconds=ttl_seconds)
         ).isoformat(timespec="milliseconds")
         scope: SignalScope | None = None
-        if decision.scope == "agent":
+        decided = decision.scope
+        if decided is not None and decided.kind == "agent":
             # An agent kill lasts until its budget window frees, not the usual TTL.
             scope = "agent"
-            if decision.scope_until is not None:
-                expires_at = decision.scope_until
-        elif decision.scope == "conversation" and decision.rule == "manual":
+            if decided.until is not None:
+                expires_at = decided.until
+        elif decision.scope_kind == "conversation" and decision.rule == "manual":
             # An operator's conversation kill or release; the guard's conversation rules still
             # stop the trace that tripped them (the next turn trips them again).
             scope = "conversation"
@@ -325,10 +469,12 @@ class KillSignal:
             expires_at=expires_at,
             system_message=decision.system_message,
             operator=decision.operator,
-            pause_until=decision.pause_until,
-            pause_fallback=decision.pause_fallback,
+            pause_until=decision.pause.until if decision.pause is not None else None,
+            pause_fallback=decision.pause.fallback if decision.pause is not None else None,
             scope=scope,
-            conversation_id=decision.conversation_id if scope == "conversation" else None,
+            conversation_id=(
+                decided.conversation_id if decided is not None and scope == "conversation" else None
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -361,13 +507,19 @@ def kill_signals(
     if decision.action not in ("kill", "downgrade", "pause"):
         return []
     signal = KillSignal.from_decision(decision, ttl_seconds)
-    if signal.scope is not None or decision.scope != "conversation" or decision.action != "kill":
+    decided = decision.scope
+    if (
+        signal.scope is not None
+        or decided is None
+        or decided.kind != "conversation"
+        or decision.action != "kill"
+    ):
         return [signal]
     scoped = replace(
         signal,
         scope="conversation",
-        conversation_id=decision.conversation_id,
-        expires_at=decision.scope_until or signal.expires_at,
+        conversation_id=decided.conversation_id,
+        expires_at=decided.until or signal.expires_at,
     )
     return [signal, scoped]
 

@@ -121,10 +121,11 @@ class DecisionsSent(Collector):
         self.micro_usd: dict[tuple[str, str, str], int] = {}
 
     def on_decision(self, decision: Decision) -> None:
-        key = (decision.rule, decision.action, decision.scope or "trace")
+        key = (decision.rule, decision.action, decision.scope_kind or "trace")
         self.sent[key] = self.sent.get(key, 0) + 1
-        if decision.cost_micro_usd is not None:  # None: usage not priced, or not a budget's
-            self.micro_usd[key] = self.micro_usd.get(key, 0) + decision.cost_micro_usd
+        cost = decision.spend.cost_micro_usd
+        if cost is not None:  # None: usage not priced, or not a budget's
+            self.micro_usd[key] = self.micro_usd.get(key, 0) + cost
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         labels = ["rule", "action", "scope"]

@@ -837,7 +837,7 @@ def test_a_usage_that_is_no_finite_number_costs_only_that_attribute(bad):
     guard = Guard(Policy.from_mapping({"defaults": {"token_budget": 1000}}))
     decisions = guard.process(encode(agent.finished()).SerializeToString())
     assert guard.stats.malformed_spans == 0
-    assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1300)]
+    assert [(d.rule, d.spend.tokens) for d in decisions] == [("token_budget", 1300)]
 
 
 BAD_PRICED_SPANS = [

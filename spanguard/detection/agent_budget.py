@@ -38,7 +38,7 @@ from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules.base import FLAG
 from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import encode_record
-from spanguard.schemas.decision import Decision, Rule
+from spanguard.schemas.decision import Decision, Rule, ScopeKind, Spend
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
     "has_agent_budget",
 ]
 
-SCOPE = "agent"
+SCOPE: ScopeKind = "agent"
 RULE: Rule = "agent_budget"
 WINDOW_VERSION = 1
 # Sources (Kafka topic partitions) a window remembers the last record of, at most.
@@ -302,11 +302,13 @@ class AgentBudgetGuard(ScopeGuard):
             action,
             f"{reason}; the window frees at {until}",
             text,
-            tokens=window.tokens,
-            token_budget=token_budget,
-            cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
-            budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
-            scope_until=until if action == "kill" else None,
+            spend=Spend(
+                tokens=window.tokens,
+                token_budget=token_budget,
+                cost_micro_usd=micro_usd(window.cost) if cost_budget is not None else None,
+                budget_micro_usd=micro_usd(cost_budget) if cost_budget is not None else None,
+            ),
+            until=until if action == "kill" else None,
         )
 
     def _window(self, key: tuple[str, str | None]) -> AgentWindow:

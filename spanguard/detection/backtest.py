@@ -426,7 +426,7 @@ class Backtest:
         for index, decisions in ((NEW, new), (CURRENT, current)):
             for decision in decisions:
                 trace = self.store.entry(decision.trace_id)
-                tokens_at = decision.tokens
+                tokens_at = decision.spend.tokens
                 if tokens_at is None and self._token_guards:
                     tokens_at = _tokens(self._token_guards[0].states.get(decision.trace_id))
                 trace.verdicts[index].append(

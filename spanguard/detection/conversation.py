@@ -30,7 +30,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any, Protocol
@@ -45,7 +45,7 @@ from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import MARK_BYTES, CallKey, TraceState, call_mark
-from spanguard.schemas.decision import Decision
+from spanguard.schemas.decision import Decision, ScopeKind, Spend
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = [
@@ -62,7 +62,7 @@ log = logging.getLogger("spanguard.core")
 # Trace ids a conversation remembers (to count its traces, and which were killed for its
 # budget): bounded, so a conversation shared by thousands of traces costs the same memory.
 MAX_TRACES_REMEMBERED = 256
-SCOPE = "conversation"
+SCOPE: ScopeKind = "conversation"
 
 
 # Made per call and per usage change, on both sides of the conversation topic: their
@@ -294,12 +294,14 @@ class ConversationGuard(ScopeGuard):
 
     def retract(self, decision: Decision) -> None:
         """Undo the mark of a decision of this scope whose signal could not be sent."""
-        state = self.states.get(decision.conversation_id or "")
+        scope = decision.scope
+        conversation_id = (scope.conversation_id if scope is not None else None) or ""
+        state = self.states.get(conversation_id)
         if state is None:
             return
         state.fired.discard(Fired(decision.rule, decision.action))
         state.killed.pop(f"{decision.rule}:{decision.trace_id}", None)
-        self.states[decision.conversation_id or ""] = state
+        self.states[conversation_id] = state
 
     def evict_idle(self, ttl_seconds: float) -> int:
         """Forget conversations not seen for `ttl_seconds`; return how many."""
@@ -362,10 +364,10 @@ class ConversationGuard(ScopeGuard):
     def _traces_in(state: ConversationState, trip: Trip) -> int:
         """How many traces the trip's evidence spans: the repeated call's (tool_loop), or the
         calls of the repeated rounds (cycle)."""
-        steps = min(trip.evidence.get("steps") or len(state.window), len(state.window))
+        steps = min(trip.evidence.steps or len(state.window), len(state.window))
         keys = list(islice(reversed(state.window), steps))
         traces = list(islice(reversed(state.window_traces), steps))
-        if trip.evidence.get("period") is None:  # tool_loop: the traces of the repeated key
+        if trip.evidence.period is None:  # tool_loop: the traces of the repeated key
             repeated = state.window[-1]
             return len({trace for key, trace in zip(keys, traces, strict=True) if key == repeated})
         return len(set(traces))
@@ -379,7 +381,7 @@ class ConversationGuard(ScopeGuard):
             return Trip(
                 f"the conversation's {state.trace_count} traces used {tokens} tokens, over its"
                 f" budget of {budget}",
-                {"tokens": tokens, "token_budget": budget},
+                spend=Spend(tokens=tokens, token_budget=budget),
             ), "token_budget"
         usd = policy.conversation.usd_budget
         cost = state.inference_cost or 0
@@ -387,11 +389,11 @@ class ConversationGuard(ScopeGuard):
             return Trip(
                 f"the conversation's {state.trace_count} traces spent ${cost / 1e12:.4f}, over"
                 f" its budget of ${usd:g}",
-                {
-                    "tokens": tokens,
-                    "cost_micro_usd": micro_usd(cost),
-                    "budget_micro_usd": micro_usd(pico_usd(usd)),
-                },
+                spend=Spend(
+                    tokens=tokens,
+                    cost_micro_usd=micro_usd(cost),
+                    budget_micro_usd=micro_usd(pico_usd(usd)),
+                ),
             ), "cost_budget"
         return None, ""
 
@@ -406,10 +408,12 @@ class ConversationGuard(ScopeGuard):
         policy: AgentPolicy,
     ) -> Decision:
         state.fired.add(Fired(rule, action))
-        evidence = {k: v for k, v in trip.evidence.items() if v is not None}
-        if "calls" in evidence:
-            evidence["calls"] = self._window_calls(state, len(evidence["calls"]))
-        evidence.pop("tool_arguments", None)  # raw arguments never leave the trace scope
+        calls = trip.evidence.calls
+        evidence = replace(
+            trip.evidence,
+            calls=None if calls is None else self._window_calls(state, len(calls)),
+            tool_arguments=None,  # raw arguments never leave the trace scope
+        )
         # Deterministic, and apart from the trace scope's ids: the same conversation decision
         # replayed after a crash carries the same id. A budget kill is one per trace.
         text = f"conversation:{record.conversation_id}:{rule}:{action}"
@@ -426,10 +430,11 @@ class ConversationGuard(ScopeGuard):
             f"{trip.reason} (conversation {record.conversation_id}, {traces} traces)",
             text,
             detected,
+            evidence=evidence,
+            spend=trip.spend,
             conversation_id=record.conversation_id,
             traces=traces,
-            scope_until=until.isoformat(timespec="milliseconds") if action == KILL else None,
-            **evidence,
+            until=until.isoformat(timespec="milliseconds") if action == KILL else None,
         )
 
     @staticmethod

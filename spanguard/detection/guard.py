@@ -81,7 +81,13 @@ from spanguard.detection.trace_state import (
     trim_window,
 )
 from spanguard.outcomes import CountedOutcome
-from spanguard.schemas.decision import AgentIdentity, Decision, decision_id
+from spanguard.schemas.decision import (
+    AgentIdentity,
+    Decision,
+    Pause,
+    PolicyInForce,
+    decision_id,
+)
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
 
@@ -497,7 +503,7 @@ class Guard:
         """Undo the mark of a decision whose signal could not be sent, so it can trip again."""
         if decision.scope is not None:  # a scope's (the agent's, the conversation's): its mark
             for scope in self._deciding:
-                if scope.scope == decision.scope:
+                if scope.scope == decision.scope.kind:
                     scope.retract(decision)
             return
         mark = Fired(decision.rule, decision.action)
@@ -768,18 +774,15 @@ class Guard:
         state.fired.add(Fired(rule.name, action))
         if action != FLAG and rule.restarts_window:
             state.restart_window()  # after a downgrade the agent gets a fresh window
-        fields = {key: value for key, value in trip.evidence.items() if value is not None}
         decision = self._decide(
             trace_id,
             state,
             policy,
-            span_id=span_id.hex(),
-            span_ended_at=_iso_from_ns(end_unix_nano),
-            rule=rule.name,
-            action=action,
-            reason=trip.reason,
-            system_message=trip.message if action == DOWNGRADE else None,
-            **fields,
+            rule.name,
+            action,
+            trip,
+            span_id.hex(),
+            _iso_from_ns(end_unix_nano),
         )
         for observer in self.observers:
             observer.on_decision(decision, state)
@@ -807,28 +810,41 @@ class Guard:
     # -- helpers -------------------------------------------------------------------------
 
     def _decide(
-        self, trace_id: str, state: TraceState, policy: AgentPolicy, **fields: Any
+        self,
+        trace_id: str,
+        state: TraceState,
+        policy: AgentPolicy,
+        rule: str,
+        action: str,
+        trip: Trip,
+        span_id: str,
+        span_ended_at: str | None,
     ) -> Decision:
         entry, match = self.policy.entry_of(policy)
-        if fields["action"] == "pause":
+        pause: Pause | None = None
+        if action == "pause":
             until = self.clock() + policy.pause.timeout
-            fields["pause_until"] = datetime.fromtimestamp(until, UTC).isoformat(
-                timespec="milliseconds"
-            )
-            fields["pause_fallback"] = policy.pause.fallback
-        if state.released_at:
-            fields["decision_id"] = decision_id(
-                trace_id, fields["rule"], fields["action"], state.released_at
+            pause = Pause(
+                datetime.fromtimestamp(until, UTC).isoformat(timespec="milliseconds"),
+                policy.pause.fallback,
             )
         decision = Decision(
             trace_id=trace_id,
+            span_id=span_id,
+            rule=rule,  # type: ignore[arg-type]
+            action=action,  # type: ignore[arg-type]
+            reason=trip.reason,
             agent=AgentIdentity(state.service, state.agent_name),
             detected_at=_now_iso(self.clock),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
-            policy_entry=entry,
-            policy_match=match,
-            **fields,
+            evidence=trip.evidence,
+            spend=trip.spend,
+            policy=PolicyInForce(entry, match, policy.severity, policy.autonomous),
+            system_message=trip.message if action == DOWNGRADE else None,
+            span_ended_at=span_ended_at,
+            pause=pause,
+            decision_id=(
+                decision_id(trace_id, rule, action, state.released_at) if state.released_at else ""
+            ),
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
         return decision

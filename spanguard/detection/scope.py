@@ -24,13 +24,23 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
 from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.trace_state import iso_from_micros
-from spanguard.schemas.decision import AgentIdentity, Decision
+from spanguard.schemas.decision import (
+    NO_EVIDENCE,
+    NO_SPEND,
+    AgentIdentity,
+    Decision,
+    DecisionScope,
+    Evidence,
+    PolicyInForce,
+    ScopeKind,
+    Spend,
+)
 from spanguard.schemas.policy import AgentPolicy, Policy
 
 __all__ = ["MAX_TOLD", "ScopeGuard", "ScopeRecord", "policy_for"]
@@ -66,9 +76,11 @@ def policy_for(policy: Policy, service: str, agent_name: str | None) -> AgentPol
 class ScopeGuard:
     """The part every deciding scope shares (see the module's notes)."""
 
-    def __init__(self, policy: Policy, scope: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, policy: Policy, scope: ScopeKind, clock: Callable[[], float] = time.time
+    ) -> None:
         self.policy = policy
-        self.scope = scope  # a decision's `scope`
+        self.scope = scope  # its decisions' scope kind
         self.clock = clock
         self.pending: list[Decision] = []  # decisions the trace guard has not collected yet
         self.decisions = 0
@@ -101,11 +113,16 @@ class ScopeGuard:
         reason: str,
         decision_text: str,
         detected: datetime | None = None,
-        **fields: Any,
+        *,
+        evidence: Evidence = NO_EVIDENCE,
+        spend: Spend = NO_SPEND,
+        conversation_id: str | None = None,
+        traces: int | None = None,
+        until: str | None = None,
     ) -> Decision:
         """A decision of this scope at `record` (detected now unless `detected` says when);
         its id is a hash of `decision_text`, deterministic: the same decision taken again after
-        a crash carries the same id."""
+        a crash carries the same id. `until`: when a kill of the scope lifts."""
         entry, match = self.policy.entry_of(policy)
         self.decisions += 1
         if detected is None:
@@ -119,12 +136,10 @@ class ScopeGuard:
             reason=reason,
             agent=AgentIdentity(record.service, record.agent_name),
             detected_at=detected.isoformat(timespec="milliseconds"),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
+            evidence=evidence,
+            spend=spend,
+            policy=PolicyInForce(entry, match, policy.severity, policy.autonomous),
             span_ended_at=iso_from_micros(ended // 1000) if ended > 0 else None,
-            policy_entry=entry,
-            policy_match=match,
-            scope=self.scope,
+            scope=DecisionScope(self.scope, conversation_id, traces, until),
             decision_id=hashlib.sha256(decision_text.encode()).hexdigest()[:32],
-            **fields,
         )

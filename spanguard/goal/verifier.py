@@ -19,7 +19,7 @@ from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample
 from spanguard.goal.verdicts import Judge
 from spanguard.outcomes import CountedOutcome, Tally
-from spanguard.schemas.decision import AgentIdentity, Decision, Rule
+from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, PolicyInForce, Rule
 from spanguard.schemas.otlp import decode_protobuf
 from spanguard.schemas.policy import Policy
 
@@ -146,9 +146,8 @@ class GoalVerifier:
             detected_at=datetime.fromtimestamp(self.clock(), UTC).isoformat(
                 timespec="milliseconds"
             ),
-            autonomous=policy.autonomous,
-            severity=policy.severity,
-            confidence=verdict.confidence,
+            evidence=Evidence(confidence=verdict.confidence),
+            policy=PolicyInForce(severity=policy.severity, autonomous=policy.autonomous),
         )
 
     async def aclose(self) -> None:

@@ -62,4 +62,6 @@ class ConversationAgent(ScopeRecordsAgent[list[Record]]):
 
     def lost_signal(self, decision: Decision) -> tuple[str, dict[str, Any]]:
         message = "conversation kill signal not sent; it can trip again"
-        return message, {"conversation_id": decision.conversation_id}
+        return message, {
+            "conversation_id": decision.scope.conversation_id if decision.scope else None
+        }

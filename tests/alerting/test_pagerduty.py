@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import asdict
 
 import certifi
 import pagerduty
@@ -53,7 +54,8 @@ def detection(autonomous: bool = True, **changes) -> dict:
         "autonomous": autonomous,
     }
     values.update(changes)
-    record = Decision(**values).to_dict()
+    values["agent"] = asdict(values["agent"])  # as the record has it
+    record = Decision.from_dict(values).to_dict()
     validate(record, "detection")
     return record
 

@@ -127,7 +127,7 @@ AGENT = textwrap.dedent(
     from opentelemetry.sdk.trace import TracerProvider
     from spanguard.killswitch import AgentKilled
     from spanguard.killswitch.client import KillSwitch
-    from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, sign
+    from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, KillSignal, sign
 
     bootstrap, topic, key = sys.argv[1:4]
     tracer = TracerProvider().get_tracer("lean-agent")
@@ -139,8 +139,9 @@ AGENT = textwrap.dedent(
             trace_id=trace_id, span_id="00f067aa0ba902b7", rule="tool_loop", action="kill",
             reason="search_docs called 4x in last 4 steps", agent=AgentIdentity("lean"),
             detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),  # not expired
-            tool_name="search_docs",
-            args_hash="1d79773f7dd21571", hits=4, window=10, steps=4,
+            evidence=Evidence(
+                tool_name="search_docs", args_hash="1d79773f7dd21571", hits=4, window=10, steps=4
+            ),
         ))
         record = sign(signal.to_dict(), key.encode())
         out = Producer({"bootstrap.servers": bootstrap})

@@ -52,16 +52,22 @@ def test_many_small_traces_cross_the_agents_hourly_budget_once():
     decisions = feed(guard, [usage(T0 + 60 * i, 400) for i in range(30)])
     assert len(decisions) == 1
     [decision] = decisions
-    assert (decision.rule, decision.action, decision.scope) == ("agent_budget", "kill", "agent")
+    assert (decision.rule, decision.action, decision.scope_kind) == (
+        "agent_budget",
+        "kill",
+        "agent",
+    )
     assert decision.agent == AgentIdentity("support", "triage")
-    assert decision.tokens == 10_400 and decision.token_budget == 10_000  # the 26th trace
+    assert (
+        decision.spend.tokens == 10_400 and decision.spend.token_budget == 10_000
+    )  # the 26th trace
     # The window frees when the first bucket leaves it: T0's minute, an hour later.
-    assert decision.scope_until == datetime.fromtimestamp(T0 + HOUR, UTC).isoformat(
+    assert decision.scope.until == datetime.fromtimestamp(T0 + HOUR, UTC).isoformat(
         timespec="milliseconds"
     )
     validate(decision.to_dict(), "detection")
     signal = KillSignal.from_decision(decision)
-    assert (signal.scope, signal.expires_at) == ("agent", decision.scope_until)
+    assert (signal.scope, signal.expires_at) == ("agent", decision.scope.until)
     validate(signal.to_dict(), "kill-signal")
     # Another agent of the same service has a window of its own.
     assert feed(guard, [usage(T0 + 1800, 9000, agent="billing")]) == []
@@ -87,8 +93,11 @@ def test_usd_budget_and_flag_and_shadow():
     for record in records:
         record.cost = 1_000_000_000_000  # $1 in pico-dollars
     [decision] = feed(guard, records)
-    assert decision.action == "flag" and decision.scope_until is None  # the default action
-    assert (decision.cost_micro_usd, decision.budget_micro_usd) == (6_000_000, 5_000_000)
+    assert decision.action == "flag" and decision.scope.until is None  # the default action
+    assert (decision.spend.cost_micro_usd, decision.spend.budget_micro_usd) == (
+        6_000_000,
+        5_000_000,
+    )
     assert "spent $6.0000 in the last day" in decision.reason
     shadow = AgentBudgetGuard(
         Policy.from_yaml("defaults:\n  action: flag\n  agent_budget: {tokens: 10, action: kill}\n")
@@ -106,8 +115,8 @@ def test_per_agent_policy_matches_service_and_agent_name():
     assert guard.enabled
     assert feed(guard, [usage(T0, 101, agent="billing")]) == []
     [decision] = feed(guard, [usage(T0, 101)])
-    assert decision.policy_entry == "agents.0"
-    assert decision.scope_until == datetime.fromtimestamp(T0 + 600, UTC).isoformat(
+    assert decision.policy.entry == "agents.0"
+    assert decision.scope.until == datetime.fromtimestamp(T0 + 600, UTC).isoformat(
         timespec="milliseconds"
     )
 
@@ -160,7 +169,7 @@ def test_through_the_guard_many_traces_of_one_agent_cross_its_budget():
         decisions += guard.process(request)
     _, other = chat_request("support", "billing", 1000)
     decisions += guard.process(other)
-    assert [(d.rule, d.scope, d.agent.name, d.tokens) for d in decisions] == [
+    assert [(d.rule, d.scope_kind, d.agent.name, d.spend.tokens) for d in decisions] == [
         ("agent_budget", "agent", "triage", 6000)
     ]
     validate(decisions[0].to_dict(), "detection")

@@ -43,7 +43,7 @@ def test_otel_genai_json_string_arguments_and_client_kind():
     for _ in range(4):
         agent.tool("search_docs", REFUND, kind=SpanKind.CLIENT)
     result = decisions(agent.finished())
-    assert [(d.tool_name, d.hits) for d in result] == [("search_docs", 3)]
+    assert [(d.evidence.tool_name, d.evidence.hits) for d in result] == [("search_docs", 3)]
 
 
 def test_otel_genai_structured_arguments_kvlist():
@@ -154,7 +154,10 @@ def test_openinference_tool_id_and_llm_tokens():
     result = [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)]
     # `tool.id` read: the one id on three calls one after the other is the call made again,
     # three executions: the third is the default threshold's loop.
-    assert [(d.rule, d.tokens) for d in result] == [("tool_loop", None), ("token_budget", 100)]
+    assert [(d.rule, d.spend.tokens) for d in result] == [
+        ("tool_loop", None),
+        ("token_budget", 100),
+    ]
     assert (guard.stats.reissued_call_ids, guard.stats.repeated_call_ids) == (2, 0)
 
 
@@ -182,7 +185,7 @@ def test_traceloop_langchain_uses_inputs_not_the_wrapper():
             },
         )
     (decision,) = decisions(agent.finished())
-    assert decision.tool_name == "search_docs"
+    assert decision.evidence.tool_name == "search_docs"
 
 
 def test_traceloop_langchain_input_str_is_a_python_repr():
@@ -275,7 +278,7 @@ def test_pydantic_ai_tool_spans_without_operation_name():
             {"gen_ai.tool.name": "search_docs", "tool_arguments": json.dumps(REFUND)},
         )
     result = decisions(agent.finished())
-    assert [(d.tool_name, d.hits) for d in result] == [("search_docs", 3)]
+    assert [(d.evidence.tool_name, d.evidence.hits) for d in result] == [("search_docs", 3)]
 
 
 def test_strands_arguments_in_span_events_and_old_tool_parameters():
@@ -399,7 +402,7 @@ def test_the_args_hash_attribute_is_preferred_to_raw_arguments():
             "gen_ai.tool.call.arguments": json.dumps({"differs": step}),
         })  # fmt: skip
     (decision,) = decisions(agent.finished())
-    assert decision.args_hash == "1d79773f7dd21571"
+    assert decision.evidence.args_hash == "1d79773f7dd21571"
     agent = AgentRecorder()
     agent.tool("search_docs", REFUND, attributes={
         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
@@ -445,7 +448,7 @@ def test_embeddings_count_towards_the_token_budget(attributes):
     assert isinstance(usage, TokenUsage) and not usage.aggregate and usage.tokens == 600
     policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
     (decision,) = decisions(agent.finished(), policy)
-    assert decision.rule == "token_budget" and decision.tokens == 1200
+    assert decision.rule == "token_budget" and decision.spend.tokens == 1200
 
 
 def test_results_are_unwrapped_from_their_framework_envelopes():
@@ -497,7 +500,7 @@ def test_ai_sdk_tool_call_spans_are_tool_calls():
         "no results",
         "call_0",
     )
-    assert [(d.rule, d.hits) for d in decisions(agent.finished())] == [("tool_loop", 3)]
+    assert [(d.rule, d.evidence.hits) for d in decisions(agent.finished())] == [("tool_loop", 3)]
 
 
 @pytest.mark.parametrize(
@@ -516,7 +519,7 @@ def test_malformed_ai_sdk_arguments_are_hashed_as_text_never_dropped(args):
     call = adapted(agent.finished()[0])
     assert isinstance(call, ToolCall) and call.arguments is not MISSING
     [decision] = decisions(agent.finished())
-    assert decision.rule == "tool_loop" and decision.hits == 3
+    assert decision.rule == "tool_loop" and decision.evidence.hits == 3
 
 
 def test_ai_sdk_without_recorded_arguments_is_skipped_and_names_its_setting(caplog):
@@ -560,7 +563,7 @@ def test_ai_sdk_per_call_usage_counts_once_per_inference_call():
     assert isinstance(outer, TokenUsage) and outer.aggregate and outer.tokens == 1200
     policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
     [decision] = decisions(agent.finished(), policy)
-    assert decision.rule == "token_budget" and decision.tokens == 1200  # not 1200 + 1200
+    assert decision.rule == "token_budget" and decision.spend.tokens == 1200  # not 1200 + 1200
     assert decision.span_id == span_id_of(agent.finished()[2])
 
 
@@ -591,7 +594,7 @@ def test_a_langchain_js_tool_message_counts_by_its_content(lc):
     call = adapted(agent.finished()[0])
     assert call.arguments == "refund policy" and call.result == "no results"
     [decision] = decisions(agent.finished())
-    assert (decision.rule, decision.hits) == ("tool_loop", 3)
+    assert (decision.rule, decision.evidence.hits) == ("tool_loop", 3)
 
 
 @pytest.mark.parametrize(
@@ -648,5 +651,5 @@ def test_genkit_tool_actions_are_tool_calls_and_other_actions_are_not():
     assert isinstance(first, ToolCall)
     assert (first.tool_name, first.arguments, first.result) == ("search_docs", REFUND, "no results")
     assert adapted(agent.finished()[-1]) is None
-    assert [(d.rule, d.hits) for d in decisions(agent.finished())] == [("tool_loop", 3)]
+    assert [(d.rule, d.evidence.hits) for d in decisions(agent.finished())] == [("tool_loop", 3)]
     assert capture_setting("genkit-tracer")[0] == "Genkit"

@@ -67,14 +67,14 @@ def test_six_turns_of_two_identical_calls_are_flagged_once_across_traces():
     for agent in turns:
         decisions += run(guard, agent.finished())
     # No trace alone reaches 3; the conversation does at its 3rd call (the 2nd turn's 1st).
-    assert [(d.rule, d.action, d.scope) for d in decisions] == [
+    assert [(d.rule, d.action, d.scope_kind) for d in decisions] == [
         ("tool_loop", "flag", "conversation")
     ]
     decision = decisions[0]
-    assert decision.trace_id == turns[1].trace_id and decision.traces == 2
-    assert decision.conversation_id == "conv-1" and decision.hits == 3
+    assert decision.trace_id == turns[1].trace_id and decision.scope.traces == 2
+    assert decision.scope.conversation_id == "conv-1" and decision.evidence.hits == 3
     assert "conversation conv-1, 2 traces" in decision.reason
-    assert len({call["span_id"] for call in decision.calls}) == 3
+    assert len({call["span_id"] for call in decision.evidence.calls}) == 3
     validate(decision.to_dict(), "detection")
     assert len(decision.decision_id) == 32
     explained = explain_records(decision.trace_id, [decision.to_dict()])
@@ -90,7 +90,7 @@ def test_the_trace_scope_alone_catches_nothing_there():
 def test_a_loop_within_one_trace_is_left_to_the_trace_rules():
     guard = guard_for(ON)
     decisions = run(guard, turn("conv-1", calls=5).finished())
-    assert [(d.rule, d.action, d.scope) for d in decisions] == [("tool_loop", "kill", None)]
+    assert [(d.rule, d.action, d.scope_kind) for d in decisions] == [("tool_loop", "kill", None)]
 
 
 def test_a_kill_action_kills_the_trace_that_completed_the_repeat():
@@ -114,7 +114,7 @@ def test_a_kill_also_stops_the_conversations_later_traces_until_its_ttl(kill_ttl
     run(guard, first.finished())
     (decision,) = run(guard, second.finished())
     detected = datetime.fromisoformat(decision.detected_at)
-    assert datetime.fromisoformat(decision.scope_until) == detected + timedelta(seconds=seconds)
+    assert datetime.fromisoformat(decision.scope.until) == detected + timedelta(seconds=seconds)
     validate(decision.to_dict(), "detection")
 
     key = b"k" * 32
@@ -123,7 +123,7 @@ def test_a_kill_also_stops_the_conversations_later_traces_until_its_ttl(kill_ttl
     assert traced.signal_id == scoped.signal_id == decision.decision_id
     assert (traced.scope, traced.trace_id) == (None, second.trace_id)
     assert (scoped.scope, scoped.conversation_id) == ("conversation", "c")
-    assert scoped.expires_at == decision.scope_until and scoped.topic_key() == b"conversation:c"
+    assert scoped.expires_at == decision.scope.until and scoped.topic_key() == b"conversation:c"
     for sent in (traced, scoped):
         record = sign(sent.to_dict(), key)
         validate(record, "kill-signal")
@@ -145,7 +145,7 @@ def test_a_kill_also_stops_the_conversations_later_traces_until_its_ttl(kill_ttl
 def test_a_flag_sends_no_signal_and_names_no_expiry():
     guard = guard_for(ON)
     decisions = [d for _ in range(2) for d in run(guard, turn("c").finished())]
-    assert [(d.action, d.scope_until) for d in decisions] == [("flag", None)]
+    assert [(d.action, d.scope.until) for d in decisions] == [("flag", None)]
     assert kill_signals(decisions[0]) == []
 
 
@@ -175,7 +175,7 @@ def test_a_cycle_spanning_traces():
     # tool_loop's flag comes first, at the first call of the third round (the 3rd trace's
     # first: list_dir's 3rd with the same calls between); a flag leaves the window as it is,
     # and the cycle rule's comes at the call ending the third round.
-    assert [(d.rule, d.period, d.traces) for d in decisions] == [
+    assert [(d.rule, d.evidence.period, d.scope.traces) for d in decisions] == [
         ("tool_loop", None, 3),
         ("cycle", 3, 3),
     ]
@@ -199,7 +199,7 @@ def test_different_conversations_do_not_add_up():
 def test_each_convention_names_the_conversation(key):
     guard = guard_for(ON)
     decisions = [d for _ in range(2) for d in run(guard, turn("thread-7", key=key).finished())]
-    assert [d.conversation_id for d in decisions] == ["thread-7"]
+    assert [d.scope.conversation_id for d in decisions] == ["thread-7"]
 
 
 def test_an_id_only_on_the_agent_span_still_joins_the_trace():
@@ -263,11 +263,11 @@ def test_the_conversation_token_budget_kills_each_trace_that_spends_past_it():
         agents.append(agent)
         decisions += run(guard, agent.finished())
     # 400, 800, 1200 (over: the 3rd turn is killed), 1600 (the 4th is killed too).
-    assert [(d.rule, d.action, d.tokens, d.trace_id) for d in decisions] == [
+    assert [(d.rule, d.action, d.spend.tokens, d.trace_id) for d in decisions] == [
         ("token_budget", "kill", 1200, agents[2].trace_id),
         ("token_budget", "kill", 1600, agents[3].trace_id),
     ]
-    assert all(d.scope == "conversation" and d.token_budget == 1000 for d in decisions)
+    assert all(d.scope_kind == "conversation" and d.spend.token_budget == 1000 for d in decisions)
     assert decisions[0].decision_id != decisions[1].decision_id
 
 
@@ -290,7 +290,7 @@ def priced_turns(usd_budget: float, turns: int, conversation_id: str) -> list:
 
 def test_the_conversation_usd_budget():
     decisions = priced_turns(0.01, 3, "c")
-    assert [(d.rule, d.cost_micro_usd, d.budget_micro_usd) for d in decisions] == [
+    assert [(d.rule, d.spend.cost_micro_usd, d.spend.budget_micro_usd) for d in decisions] == [
         ("cost_budget", 15_000, 10_000)
     ]
 
@@ -370,7 +370,7 @@ def test_a_conversation_decision_not_sent_is_retracted_in_the_conversation_only(
     run(guard, first.finished())
     trace_decisions = run(guard, second.finished())
     # The second turn: the conversation's kill at its 1st call, then its own at its 3rd.
-    assert [(d.rule, d.scope) for d in trace_decisions] == [
+    assert [(d.rule, d.scope_kind) for d in trace_decisions] == [
         ("tool_loop", "conversation"),
         ("tool_loop", None),
     ]

@@ -62,11 +62,15 @@ def test_the_default_policy_catches_periods_2_to_10_by_the_call_ending_the_third
     assert [(d.rule, d.action) for d in decisions] == [("cycle", "kill")]
     [decision] = decisions
     assert decision.span_id == span_id_of(spans[3 * period - 1])  # the call ending round 3
-    assert (decision.period, decision.hits, decision.steps) == (period, 3, 3 * period)
-    assert (decision.threshold, decision.window) == (3, 10)
-    sequence = [call["tool_name"] for call in decision.calls[-period:]]
+    assert (decision.evidence.period, decision.evidence.hits, decision.evidence.steps) == (
+        period,
+        3,
+        3 * period,
+    )
+    assert (decision.evidence.threshold, decision.evidence.window) == (3, 10)
+    sequence = [call["tool_name"] for call in decision.evidence.calls[-period:]]
     assert sequence == [tool for tool, _, _ in round_of(period)]
-    assert decision.calls[-1]["span_id"] == decision.span_id
+    assert decision.evidence.calls[-1]["span_id"] == decision.span_id
     validate(decision.to_dict(), "detection")
     validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
 
@@ -76,7 +80,7 @@ def test_a_period_longer_than_max_period_is_not_a_cycle_until_the_policy_says_so
     assert run(Guard(), agent.finished()) == []
     policy = Policy.from_yaml("defaults: {cycle: {max_period: 12}}")
     [decision] = run(Guard(policy), agent.finished())
-    assert (decision.rule, decision.period, decision.span_id) == (
+    assert (decision.rule, decision.evidence.period, decision.span_id) == (
         "cycle",
         11,
         span_id_of(spans[32]),
@@ -88,7 +92,7 @@ def test_repeats_come_from_the_policy():
     # tool_loop off: it would catch the round at its 9th call (see NO_LOOP).
     policy = Policy.from_yaml("defaults: {cycle: {repeats: 5}, loop: {enabled: false}}")
     [decision] = run(Guard(policy), agent.finished())
-    assert (decision.hits, decision.span_id) == (5, span_id_of(spans[19]))
+    assert (decision.evidence.hits, decision.span_id) == (5, span_id_of(spans[19]))
 
 
 def test_two_rounds_are_not_a_cycle():
@@ -121,7 +125,7 @@ def test_a_result_that_changes_breaks_the_cycle():
         call(agent, "read_file", {"path": "src/app.py"}, "def app(): ...")
         call(agent, "run_tests", {"suite": "unit"}, "0 failed")
     [decision] = run(Guard(policy), agent.finished())
-    assert (decision.rule, decision.period) == ("cycle", 2)
+    assert (decision.rule, decision.evidence.period) == ("cycle", 2)
     # The last round of the first part and the first two added ones: three alike.
     assert decision.span_id == span_id_of(agent.finished()[-3])
 
@@ -175,7 +179,7 @@ def test_per_agent_settings():
     assert [d.rule for d in run(Guard(policy), relaxed.finished())] == ["tool_loop"]
     [decision] = run(Guard(policy), strict.finished())
     assert decision.span_id == span_id_of(strict_spans[7])
-    assert (decision.policy_entry, decision.threshold) == ("agents.1", 2)
+    assert (decision.policy.entry, decision.evidence.threshold) == ("agents.1", 2)
 
 
 def test_shadow_mode_flags_once_and_downgrade_comes_before_the_kill():

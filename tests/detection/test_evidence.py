@@ -40,24 +40,28 @@ def test_a_loop_decision_carries_its_window_policy_entry_and_threshold() -> None
             tools.append(agent.tool("read_page", {"url": f"kb/{step}"}, result=""))
     (decision,) = run(Guard(Policy.from_mapping(POLICY)), agent)
     validate(decision.to_dict(), "detection")
-    assert (decision.policy_entry, decision.policy_match) == (
+    assert (decision.policy.entry, decision.policy.match) == (
         "agents.1",
         {"service.name": "support-bot"},
     )
-    assert (decision.window, decision.threshold, decision.hits) == (6, 3, 3)
+    assert (decision.evidence.window, decision.evidence.threshold, decision.evidence.hits) == (
+        6,
+        3,
+        3,
+    )
     tripping = tools[4]
     assert decision.span_id == span_id_of(tripping)
     assert decision.span_ended_at == iso(tripping.end_time)
     # The window as it was: the 5 calls up to and including the tripping one, oldest first.
-    assert [c["span_id"] for c in decision.calls] == [span_id_of(s) for s in tools[:5]]
-    assert [c["tool_name"] for c in decision.calls] == ["search_docs", "read_page"] * 2 + [
+    assert [c["span_id"] for c in decision.evidence.calls] == [span_id_of(s) for s in tools[:5]]
+    assert [c["tool_name"] for c in decision.evidence.calls] == ["search_docs", "read_page"] * 2 + [
         "search_docs"
     ]
-    assert [c["ended_at"] for c in decision.calls] == [iso(s.end_time) for s in tools[:5]]
-    searches = {c["args_hash"] for c in decision.calls if c["tool_name"] == "search_docs"}
-    assert searches == {decision.args_hash}
-    reads = [c["args_hash"] for c in decision.calls if c["tool_name"] == "read_page"]
-    assert len(set(reads)) == 2 and decision.args_hash not in reads
+    assert [c["ended_at"] for c in decision.evidence.calls] == [iso(s.end_time) for s in tools[:5]]
+    searches = {c["args_hash"] for c in decision.evidence.calls if c["tool_name"] == "search_docs"}
+    assert searches == {decision.evidence.args_hash}
+    reads = [c["args_hash"] for c in decision.evidence.calls if c["tool_name"] == "read_page"]
+    assert len(set(reads)) == 2 and decision.evidence.args_hash not in reads
     assert "refund policy" not in decision.to_json()  # hashes, never arguments
 
 
@@ -66,13 +70,13 @@ def test_the_window_slides_and_the_defaults_are_named() -> None:
     spans = [agent.tool("step", {"n": n}) for n in range(12)]
     spans += [agent.tool("search_docs", REFUND) for _ in range(3)]
     (decision,) = run(Guard(), agent)
-    assert (decision.policy_entry, decision.policy_match, decision.threshold) == (
+    assert (decision.policy.entry, decision.policy.match, decision.evidence.threshold) == (
         "defaults",
         None,
         3,
     )
     # Window 10: the 3 searches and the 7 distinct steps before them, the older ones slid out.
-    assert [c["span_id"] for c in decision.calls] == [span_id_of(s) for s in spans[-10:]]
+    assert [c["span_id"] for c in decision.evidence.calls] == [span_id_of(s) for s in spans[-10:]]
 
 
 def test_a_budget_decision_names_its_entry_and_has_no_window() -> None:
@@ -80,8 +84,8 @@ def test_a_budget_decision_names_its_entry_and_has_no_window() -> None:
     agent.chat(900, 200)
     policy = Policy.from_mapping({"defaults": {"token_budget": 1000}})
     (decision,) = run(Guard(policy), agent)
-    assert decision.rule == "token_budget" and decision.calls is None
-    assert decision.policy_entry == "defaults" and decision.token_budget == 1000
+    assert decision.rule == "token_budget" and decision.evidence.calls is None
+    assert decision.policy.entry == "defaults" and decision.spend.token_budget == 1000
     assert decision.span_ended_at == iso(agent.finished()[-1].end_time)
     validate(decision.to_dict(), "detection")
 
@@ -107,5 +111,5 @@ def test_window_marks_survive_the_changelog_and_older_states_still_load() -> Non
     guard.states[next(iter(guard.states))] = TraceState.from_dict(old)
     third = agent.tool("search_docs", REFUND)
     (decision,) = [d for r in one_request_per_span([third]) for d in guard.process(r)]
-    assert [c["span_id"] for c in decision.calls] == [None, None, span_id_of(third)]
+    assert [c["span_id"] for c in decision.evidence.calls] == [None, None, span_id_of(third)]
     validate(decision.to_dict(), "detection")

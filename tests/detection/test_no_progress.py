@@ -86,7 +86,7 @@ def test_what_is_content(value):
 
 def test_the_empty_index_agent_is_flagged_at_its_fourth_rephrasing():
     [decision] = decisions(searches(["[]"] * 6))
-    assert (decision.rule, decision.action, decision.hits) == ("no_progress", "flag", 4)
+    assert (decision.rule, decision.action, decision.evidence.hits) == ("no_progress", "flag", 4)
     assert "all found nothing" in decision.reason
 
 

@@ -61,7 +61,7 @@ def test_observed_forces_flag_for_every_entry():
     assert [rule.policy.action for rule in policy.rules] == ["flag"]
     decisions = run(Guard(policy), looping("a").finished())
     assert {d.action for d in decisions} == {"flag"}
-    assert {d.policy_entry for d in decisions} == {"agents.0"}
+    assert {d.policy.entry for d in decisions} == {"agents.0"}
 
 
 def test_flag_is_a_valid_action_and_other_words_are_not():
@@ -99,15 +99,24 @@ def test_a_tool_with_its_own_threshold_and_window():
     policy = Policy.from_yaml(CONTROLS)
     assert run(Guard(policy), poller("job-runner", 7).finished()) == []
     (decision,) = run(Guard(policy), poller("job-runner", 10).finished())
-    assert (decision.rule, decision.tool_name, decision.hits) == ("tool_loop", "wait_for_job", 8)
-    assert (decision.threshold, decision.window) == (8, 12)
+    assert (decision.rule, decision.evidence.tool_name, decision.evidence.hits) == (
+        "tool_loop",
+        "wait_for_job",
+        8,
+    )
+    assert (decision.evidence.threshold, decision.evidence.window) == (8, 12)
     assert decision.reason == "wait_for_job called 8x in last 8 steps"  # sleeps are not counted
     # Another tool of the same agent keeps the entry's own loop settings.
     other = AgentRecorder("job-runner")
     for _ in range(3):
         other.tool("search_docs", REFUND)
     (loop,) = run(Guard(policy), other.finished())
-    assert (loop.tool_name, loop.hits, loop.threshold, loop.window) == ("search_docs", 3, 3, 10)
+    assert (
+        loop.evidence.tool_name,
+        loop.evidence.hits,
+        loop.evidence.threshold,
+        loop.evidence.window,
+    ) == ("search_docs", 3, 3, 10)
 
 
 def test_each_tool_counts_in_its_own_window():
@@ -125,7 +134,11 @@ def test_each_tool_counts_in_its_own_window():
     assert run(Guard(policy), agent.finished()) == []
     agent.tool("search_docs", REFUND)
     (decision,) = run(Guard(policy), agent.finished())
-    assert (decision.tool_name, decision.hits, decision.steps) == ("search_docs", 3, 10)
+    assert (decision.evidence.tool_name, decision.evidence.hits, decision.evidence.steps) == (
+        "search_docs",
+        3,
+        10,
+    )
 
 
 def test_an_exempt_tool_is_never_counted():
@@ -137,7 +150,7 @@ def test_an_exempt_tool_is_never_counted():
     assert run(guard, agent.finished()) == []
     assert guard.stats.tool_calls == 20
     # Without the exemption the same agent is a loop.
-    assert [d.tool_name for d in run(Guard(), agent.finished())] == ["sleep"]
+    assert [d.evidence.tool_name for d in run(Guard(), agent.finished())] == ["sleep"]
 
 
 def test_a_rule_switched_off_for_one_agent():

@@ -124,8 +124,11 @@ def test_usd_budget_kills_on_the_span_that_crossed_it_with_money_in_micro_dollar
     chats = [s for s in agent.finished() if s.name.startswith("chat")]
     assert decision.span_id == span_id_of(chats[2])
     assert (decision.rule, decision.action) == ("cost_budget", "kill")
-    assert (decision.cost_micro_usd, decision.budget_micro_usd) == (1_200_000, 1_000_000)
-    assert decision.tokens == 360_000
+    assert (decision.spend.cost_micro_usd, decision.spend.budget_micro_usd) == (
+        1_200_000,
+        1_000_000,
+    )
+    assert decision.spend.tokens == 360_000
     assert "$1.2000 spent, over the budget of $1" in decision.reason
     validate(decision.to_dict(), "detection")
     signal = KillSignal.from_decision(decision)
@@ -213,7 +216,7 @@ def test_a_cost_with_unpriced_tokens_says_it_is_a_lower_bound():
     agent.chat(50_000, 0, **{"gen_ai.request.model": "mystery-model"})
     agent.chat(200_000, 0)  # $1.00
     (decision,) = run(Guard(policy), agent.finished())
-    assert decision.unpriced_tokens == 50_000
+    assert decision.spend.unpriced_tokens == 50_000
     assert "at least" in decision.reason
     assert "50000 tokens of models without a price" in explain_records(
         decision.trace_id, [decision.to_dict()]

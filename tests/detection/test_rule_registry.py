@@ -144,7 +144,7 @@ def test_observers_hear_every_call_and_decision():
     guard = Guard(observers=[observer])
     [decision] = decide(guard, agent.finished())
     assert [tool for tool, _ in observer.calls] == ["search_docs"] * 4 + ["lookup"]
-    assert observer.calls[0][1] == ("search_docs", decision.args_hash, None)
+    assert observer.calls[0][1] == ("search_docs", decision.evidence.args_hash, None)
     assert observer.calls[-1][1] is None
     assert observer.decisions == ["tool_loop:kill:support-bot"]
 

@@ -51,7 +51,7 @@ def test_flaky_index_agent_trips_on_its_third_identical_call():
     third = tool_spans(agent)[2]
     assert decision.span_id == span_id_of(third)
     assert decision.trace_id == trace_id_of(third)
-    assert (decision.rule, decision.action, decision.hits, decision.window) == (
+    assert (decision.rule, decision.action, decision.evidence.hits, decision.evidence.window) == (
         "tool_loop",
         "kill",
         3,
@@ -79,7 +79,7 @@ def test_oscillation_is_a_loop_at_its_fifth_call_and_a_cycle_at_its_sixth():
     # With tool_loop off, the cycle rule catches it at the call ending the third round.
     no_loop = Policy.from_yaml("defaults: {loop: {enabled: false}}")
     [decision] = run(Guard(no_loop), agent.finished())  # the cycle's kill restarts the window
-    assert (decision.rule, decision.action, decision.period, decision.hits) == (
+    assert (decision.rule, decision.action, decision.evidence.period, decision.evidence.hits) == (
         "cycle",
         "kill",
         2,
@@ -142,7 +142,7 @@ def test_a_call_id_made_again_after_its_call_ended_is_a_new_execution():
         )
     guard = Guard()
     [decision] = run(guard, agent.finished())
-    assert (decision.rule, decision.hits) == ("tool_loop", 3)
+    assert (decision.rule, decision.evidence.hits) == ("tool_loop", 3)
     assert decision.span_id == span_id_of(agent.finished()[2])
     assert (guard.stats.reissued_call_ids, guard.stats.repeated_call_ids) == (2, 0)
 
@@ -187,7 +187,9 @@ def backoff_agent(service: str) -> AgentRecorder:
 def test_backoff_loop_escapes_window_10_and_is_caught_by_the_window_20_override():
     assert run(Guard(BACKOFF_POLICY), backoff_agent("other").finished()) == []
     decisions = run(Guard(BACKOFF_POLICY), backoff_agent("poller").finished())
-    assert [(d.tool_name, d.hits, d.window) for d in decisions] == [("get_job_status", 4, 20)]
+    assert [(d.evidence.tool_name, d.evidence.hits, d.evidence.window) for d in decisions] == [
+        ("get_job_status", 4, 20)
+    ]
 
 
 def test_per_agent_volatile_keys_are_added_to_the_defaults():
@@ -220,7 +222,9 @@ def test_agent_name_learned_from_an_earlier_span_of_the_trace():
     for step in range(4):
         agent.tool("create_ticket", {"title": "refund", "created_at": step})
     decisions = run(Guard(policy), agent.finished())
-    assert [(d.tool_name, d.agent.name) for d in decisions] == [("create_ticket", "ticket-bot")]
+    assert [(d.evidence.tool_name, d.agent.name) for d in decisions] == [
+        ("create_ticket", "ticket-bot")
+    ]
 
 
 def test_token_budget_trips_on_the_span_that_crossed_it():
@@ -233,7 +237,7 @@ def test_token_budget_trips_on_the_span_that_crossed_it():
     assert len(decisions) == 1
     chats = [s for s in agent.finished() if s.name.startswith("chat")]
     assert decisions[0].span_id == span_id_of(chats[2])
-    assert (decisions[0].rule, decisions[0].action, decisions[0].tokens) == (
+    assert (decisions[0].rule, decisions[0].action, decisions[0].spend.tokens) == (
         "token_budget",
         "kill",
         1200,
@@ -262,7 +266,7 @@ def test_agent_usage_is_the_fallback_when_no_inference_span_has_usage():
         }
     )
     decisions = run(Guard(policy), agent.finished())
-    assert [(d.rule, d.tokens) for d in decisions] == [("token_budget", 1100)]
+    assert [(d.rule, d.spend.tokens) for d in decisions] == [("token_budget", 1100)]
 
 
 def test_downgrade_then_kill():
@@ -301,7 +305,7 @@ def test_tool_spans_without_arguments(missing_args, caplog):
     else:
         # A tool name alone cannot tell 80 different searches from a loop: flagged, not killed.
         assert len(decisions) == 1
-        assert decisions[0].args_hash is None and decisions[0].action == "flag"
+        assert decisions[0].evidence.args_hash is None and decisions[0].action == "flag"
         assert "keyed on the tool name alone" in decisions[0].reason
 
 
@@ -384,7 +388,7 @@ def test_same_call_same_result_is_a_loop_changing_result_is_polling():
     (decision,) = run(
         Guard(Policy.from_yaml("defaults: {cycle: {enabled: false}}")), flipping.finished()
     )
-    assert (decision.rule, decision.action, decision.hits) == ("tool_polling", "kill", 20)
+    assert (decision.rule, decision.action, decision.evidence.hits) == ("tool_polling", "kill", 20)
     assert decision.span_id == span_id_of(flipping.finished()[19])
     validate(KillSignal.from_decision(decision).to_dict(), "kill-signal")
 
@@ -397,7 +401,10 @@ def test_same_call_same_result_is_a_loop_changing_result_is_polling():
             "gen_ai.tool.call.result": "running",
         })  # fmt: skip
     (loop,) = run(Guard(), stuck.finished())
-    assert (loop.rule, loop.hits) == ("tool_loop", 3) and loop.result_hash is not None
+    assert (loop.rule, loop.evidence.hits) == (
+        "tool_loop",
+        3,
+    ) and loop.evidence.result_hash is not None
 
 
 def test_polling_tools_are_patient_even_when_the_status_repeats():
@@ -413,7 +420,7 @@ def test_polling_tools_are_patient_even_when_the_status_repeats():
             "gen_ai.tool.call.result": "running",
         })  # fmt: skip
     (decision,) = run(Guard(policy), agent.finished())
-    assert (decision.rule, decision.hits) == ("tool_polling", 10)
+    assert (decision.rule, decision.evidence.hits) == ("tool_polling", 10)
 
 
 def searches_that_find_nothing() -> AgentRecorder:
@@ -432,10 +439,10 @@ def searches_that_find_nothing() -> AgentRecorder:
 def test_no_progress_is_a_flag_by_default_and_can_kill():
     agent = searches_that_find_nothing()
     (flag,) = run(Guard(), agent.finished())
-    assert (flag.rule, flag.action, flag.hits) == ("no_progress", "flag", 4)
+    assert (flag.rule, flag.action, flag.evidence.hits) == ("no_progress", "flag", 4)
     policy = Policy.from_mapping({"defaults": {"no_progress": {"threshold": 5, "action": "kill"}}})
     (kill,) = run(Guard(policy), agent.finished())
-    assert (kill.rule, kill.action, kill.hits) == ("no_progress", "kill", 5)
+    assert (kill.rule, kill.action, kill.evidence.hits) == ("no_progress", "kill", 5)
     off = Policy.from_mapping({"defaults": {"no_progress": {"action": "off"}}})
     assert run(Guard(off), agent.finished()) == []
 
@@ -446,7 +453,7 @@ def test_folding_is_opt_in_per_tool():
     for query in ("Refund policy", "refund  policy", "REFUND POLICY ", "refund policy"):
         agent.tool("search_docs", {"query": query})
     (decision,) = run(Guard(policy), agent.finished())
-    assert decision.tool_name == "search_docs" and decision.hits == 3
+    assert decision.evidence.tool_name == "search_docs" and decision.evidence.hits == 3
     assert run(Guard(), agent.finished()) == []
 
 

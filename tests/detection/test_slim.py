@@ -26,7 +26,7 @@ def decisions(request: ExportTraceServiceRequest) -> list[tuple[str, str, str | 
     found = [d for span in request.resource_spans[0].scope_spans[0].spans
              for d in guard.process(_one(request, span))]  # fmt: skip
     assert all(len(s.to_bytes()) < 10_000 for s in guard.states.values())
-    return [(d.rule, d.span_id, d.tool_name) for d in found]
+    return [(d.rule, d.span_id, d.evidence.tool_name) for d in found]
 
 
 def _one(request: ExportTraceServiceRequest, span) -> ExportTraceServiceRequest:

@@ -155,7 +155,7 @@ def test_the_guard_kills_the_loop_litellm_spans_show():
     request, _ = _fixture_spans()
     decisions = Guard().process(request)
     assert [(d.rule, d.action, d.trace_id) for d in decisions] == [("tool_loop", "kill", TRACE)]
-    assert decisions[0].tool_name == "search_docs"
+    assert decisions[0].evidence.tool_name == "search_docs"
     # Delivered again (an exporter retry): nothing new.
     guard = Guard()
     guard.process(request)

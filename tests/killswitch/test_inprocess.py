@@ -181,10 +181,10 @@ def test_decision_span_reaches_the_exporter_under_the_span_that_tripped_it():
         "spanguard.action": "kill",
         "spanguard.reason": "search_docs called 3x in last 3 steps",
         "spanguard.tool_name": "search_docs",
-        "spanguard.args_hash": decision.args_hash,
+        "spanguard.args_hash": decision.evidence.args_hash,
         "spanguard.hits": 3,
     }
-    assert len(decision.args_hash) == 16
+    assert len(decision.evidence.args_hash) == 16
     assert attributes["spanguard.decision_id"] == decision.decision_id
     assert decision.span_id == format(third.context.span_id, "016x")
     # Every span of the agent was exported as well: 3 chat, 3 tool, the root.
@@ -576,7 +576,7 @@ def test_a_repeat_across_turns_of_one_chat_is_stopped_in_process():
     assert second.calls == 1 and second.killed is not None
     assert second.killed.trace_id == second.trace_id
     (decision,) = fleet.decisions
-    assert (decision.scope, decision.conversation_id, decision.traces) == (
+    assert (decision.scope_kind, decision.scope.conversation_id, decision.scope.traces) == (
         "conversation",
         "chat-1",
         2,

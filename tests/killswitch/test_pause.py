@@ -17,7 +17,7 @@ from spanguard.config.settings import PagerSettings
 from spanguard.detection.guard import Guard
 from spanguard.killswitch.adapters import TraceGate
 from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
-from spanguard.schemas.decision import KillSignal, read_signal, sign, validate
+from spanguard.schemas.decision import KillSignal, Pause, read_signal, sign, validate
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, encode
 
@@ -38,11 +38,7 @@ def loop_decisions(policy: Policy, calls: int):
 def pause_signal(seconds: float = 30.0, fallback: str = "kill") -> KillSignal:
     [decision] = loop_decisions(PAUSE, 4)
     until = datetime.now(UTC) + timedelta(seconds=seconds)
-    decision = replace(
-        decision,
-        pause_until=until.isoformat(timespec="milliseconds"),
-        pause_fallback=fallback,
-    )
+    decision = replace(decision, pause=Pause(until.isoformat(timespec="milliseconds"), fallback))
     return KillSignal.from_decision(decision)
 
 
@@ -50,8 +46,8 @@ def test_the_guard_pauses_once_then_the_same_rule_kills() -> None:
     decisions = loop_decisions(PAUSE, 8)
     assert [d.action for d in decisions] == ["pause", "kill"]
     pause = decisions[0]
-    assert pause.pause_fallback == "kill"
-    waited = datetime.fromisoformat(pause.pause_until) - datetime.fromisoformat(pause.detected_at)
+    assert pause.pause.fallback == "kill"
+    waited = datetime.fromisoformat(pause.pause.until) - datetime.fromisoformat(pause.detected_at)
     assert abs(waited.total_seconds() - 2.0) < 0.01
     validate(pause.to_dict(), "detection")
     signal = KillSignal.from_decision(pause).to_dict()
@@ -153,7 +149,7 @@ def test_the_page_and_the_webhook_say_the_agent_waits_and_how_to_answer() -> Non
     assert "waiting for an answer" in summary
     assert f"spanguard release {decision.trace_id}" in summary
     assert f"spanguard kill {decision.trace_id}" in summary
-    assert f"unanswered by {decision.pause_until}, it is killed" in summary
+    assert f"unanswered by {decision.pause.until}, it is killed" in summary
     event = build_event(record, PagerSettings.from_sources({"routing_key": "r" * 32}))
     assert f"spanguard release {decision.trace_id}" in event["payload"]["summary"]
     assert event["payload"]["custom_details"]["pause_fallback"] == "kill"

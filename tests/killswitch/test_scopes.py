@@ -13,7 +13,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from spanguard.killswitch.adapters import TraceGate
 from spanguard.killswitch.client import KillSwitch, parse_agent
 from spanguard.killswitch.signals import AgentKilled, SignalBook, current_agent
-from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal, validate
+from spanguard.schemas.decision import (
+    AgentIdentity,
+    Decision,
+    DecisionScope,
+    KillSignal,
+    validate,
+)
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -27,8 +33,9 @@ def agent_kill(service: str = "support", name: str | None = "triage", minutes: i
         reason="over budget",
         agent=AgentIdentity(service, name),
         detected_at=NOW.isoformat(timespec="milliseconds"),
-        scope="agent",
-        scope_until=(NOW + timedelta(minutes=minutes)).isoformat(timespec="milliseconds"),
+        scope=DecisionScope(
+            "agent", until=(NOW + timedelta(minutes=minutes)).isoformat(timespec="milliseconds")
+        ),
     )
     return KillSignal.from_decision(decision, ttl_seconds=3600)
 
@@ -138,6 +145,6 @@ def test_an_operators_scoped_kill_and_its_audit_record_keep_their_contracts():
         validate(decision.to_dict(), "detection")
         signal = KillSignal.from_decision(decision)
         validate(signal.to_dict(), "kill-signal")
-        assert signal.stops == decision.scope
+        assert signal.stops == decision.scope_kind
     with pytest.raises(ValueError, match="name one of"):
         manual_decision("a" * 32, "kill", "stop", "alice", conversation_id="conv-1")

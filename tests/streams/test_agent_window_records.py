@@ -128,7 +128,7 @@ def test_the_worker_decides_what_the_core_decides_and_a_record_sent_twice_counts
     messages = [Message("spans", n % 3, n) for n in range(12)]
     core = AgentBudgetGuard(budget, clock=lambda: T0 + 10)
     expected = [d for d in map(core.observe_usage, records) if d is not None]
-    assert [d.tokens for d in expected] == [11000]
+    assert [d.spend.tokens for d in expected] == [11000]
 
     guard = worker_guard(budget)
     decided = []
@@ -138,7 +138,7 @@ def test_the_worker_decides_what_the_core_decides_and_a_record_sent_twice_counts
         for agent, rows in rows_of(records[batch], messages[batch]):
             decided += guard.observe_rows(agent, rows)
     assert [d.decision_id for d in decided] == [d.decision_id for d in expected]
-    assert decided[0].scope == "agent" and decided[0].scope_until is not None
+    assert decided[0].scope_kind == "agent" and decided[0].scope.until is not None
     assert guard.tally[AgentWindowCount.DUPLICATES] == 12
     window = guard.windows.get(TRIAGE)
     assert window.tokens == 12_000 and window.sources == {

@@ -115,7 +115,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_pat
     expected = core_decisions([agent for traces in runs.values() for agent in traces])
     expected_ids = {d.decision_id for d in expected}
     assert len(expected_ids) == len(expected) == AGENTS  # one crossed window per agent
-    assert all(d.scope == "agent" and d.action == "kill" for d in expected)
+    assert all(d.scope_kind == "agent" and d.action == "kill" for d in expected)
 
     topics = Topics()
     collector = Collector(topics.kills, topics.agent_usage, topics.detections)

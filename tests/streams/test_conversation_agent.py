@@ -88,7 +88,7 @@ def test_a_kill_sends_its_trace_and_conversation_signals_and_its_state_waits_for
     assert decision is not None and kills[1].decision is decision
     assert traced.signal_id == scoped.signal_id == decision.decision_id
     assert (traced.scope, scoped.scope, scoped.conversation_id) == (None, "conversation", "c")
-    assert scoped.expires_at == decision.scope_until != traced.expires_at
+    assert scoped.expires_at == decision.scope.until != traced.expires_at
     # Decided and sent per batch; written once per commit interval, its messages held till then.
     assert agent.states.unflushed == 1 and agent.table.unconfirmed == []
     assert agent.write_back.held == events and all(e.message.refcount == 1 for e in events)

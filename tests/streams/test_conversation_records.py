@@ -193,7 +193,7 @@ def test_a_record_sent_twice_is_counted_once():
     assert guard.duplicates == 2
     # The 3rd distinct call trips: the two re-sent ones did not count.
     decision = guard.observe(call("c", "t2", 3))
-    assert decision is not None and decision.hits == 3 and decision.traces == 2
+    assert decision is not None and decision.evidence.hits == 3 and decision.scope.traces == 2
 
 
 def test_a_conversation_shared_by_thousands_of_traces_stays_bounded_in_bytes():

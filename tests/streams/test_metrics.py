@@ -197,9 +197,9 @@ def test_every_decision_sent_is_counted_with_its_spend_by_rule_action_and_scope(
     """The outbox tells the metrics of each decision it sends, whatever its scope: it is
     counted, and what a priced budget's decision carries is summed (none: nothing added)."""
     from spanguard.detection.pipeline import Outcome
-    from spanguard.schemas.decision import AgentIdentity, Decision
+    from spanguard.schemas.decision import AgentIdentity, Decision, DecisionScope, ScopeKind, Spend
 
-    def decision(rule: str, cost: int | None, scope: str | None = None) -> Decision:
+    def decision(rule: str, cost: int | None, scope: ScopeKind | None = None) -> Decision:
         return Decision(
             trace_id="a" * 32,
             span_id="b" * 16,
@@ -208,8 +208,8 @@ def test_every_decision_sent_is_counted_with_its_spend_by_rule_action_and_scope(
             reason="over budget",
             agent=AgentIdentity("support", None),
             detected_at="2026-06-01T12:00:00.000+00:00",
-            cost_micro_usd=cost,
-            scope=scope,
+            spend=Spend(cost_micro_usd=cost),
+            scope=DecisionScope(scope) if scope is not None else None,
         )
 
     app = worker_app()

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
-from spanguard.schemas.decision import AgentIdentity, Decision, KillSignal
+from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, KillSignal
 
 Attributes = Mapping[str, Any]
 
@@ -159,11 +159,9 @@ def kill_signal(trace_id: str, kind: str = "kill", message: str | None = None) -
             agent=AgentIdentity("support-bot"),
             # Now: a signal expires an hour after its detection.
             detected_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            tool_name="search_docs",
-            args_hash="1d79773f7dd21571",
-            hits=4,
-            window=10,
-            steps=4,
+            evidence=Evidence(
+                tool_name="search_docs", args_hash="1d79773f7dd21571", hits=4, window=10, steps=4
+            ),
             system_message=message,
         )
     )

@@ -10,10 +10,12 @@ re-armed by an operator's release); a rule never builds a Decision itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
+
+from spanguard.schemas.decision import NO_EVIDENCE, NO_SPEND, Evidence, Spend
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import TokenUsage, ToolCall
@@ -59,10 +61,11 @@ class Fired(NamedTuple):
 
 @dataclass(slots=True)
 class Trip:
-    """What a rule found: the reason and the evidence (Decision fields) for the decision."""
+    """What a rule found: the reason, and the evidence or the spend the decision carries."""
 
     reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = NO_EVIDENCE
+    spend: Spend = NO_SPEND
     # The system message the agent gets if this trip is a downgrade.
     message: str | None = None
     # The evidence cannot tell a loop from healthy work (arguments not recorded): only a flag.

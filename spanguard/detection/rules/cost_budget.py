@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
+from spanguard.schemas.decision import Spend
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import TokenUsage
@@ -55,10 +56,10 @@ class CostBudget(TokenRule):
             reason += f" (at least: {state.unpriced_tokens} tokens of models without a price)"
         return Trip(
             reason,
-            {
-                "tokens": tokens,
-                "cost_micro_usd": micro_usd(spent),
-                "budget_micro_usd": micro_usd(budget),
-                "unpriced_tokens": state.unpriced_tokens or None,
-            },
+            spend=Spend(
+                tokens=tokens,
+                cost_micro_usd=micro_usd(spent),
+                budget_micro_usd=micro_usd(budget),
+                unpriced_tokens=state.unpriced_tokens or None,
+            ),
         )

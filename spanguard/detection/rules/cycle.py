@@ -19,6 +19,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
+from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import ToolCall
@@ -95,17 +96,17 @@ class Cycle(ToolCallRule):
             return Trip(
                 f"a sequence of {period} calls ({tools}) repeated {repeats}x with the same"
                 f" arguments{same_results}",
-                {
-                    "tool_name": key[0],
-                    "args_hash": key[1],
-                    "result_hash": key[2],
-                    "hits": repeats,
-                    "window": cycle.max_period,
-                    "steps": steps,
-                    "threshold": cycle.repeats,
-                    "period": period,
-                    "calls": state.window_calls(min(steps, len(state.window))),
-                },
+                Evidence(
+                    tool_name=key[0],
+                    args_hash=key[1],
+                    result_hash=key[2],
+                    hits=repeats,
+                    window=cycle.max_period,
+                    steps=steps,
+                    threshold=cycle.repeats,
+                    period=period,
+                    calls=state.window_calls(min(steps, len(state.window))),
+                ),
                 message=(
                     f"You have repeated the same {period} tool calls {repeats} times with the"
                     f" same arguments{same_results}. Try a different approach or stop and"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from spanguard.detection.results import EMPTY, is_content
 from spanguard.detection.rules.base import ToolCallRule, Trip
+from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import ToolCall
@@ -63,13 +64,13 @@ class NoProgress(ToolCallRule):
         steps = min(len(state.window), window)
         return Trip(
             f"{len(distinct)} different {tool} calls in last {steps} steps all found nothing",
-            {
-                "tool_name": tool,
-                "result_hash": result,
-                "hits": len(distinct),
-                "window": window,
-                "steps": steps,
-            },
+            Evidence(
+                tool_name=tool,
+                result_hash=result,
+                hits=len(distinct),
+                window=window,
+                steps=steps,
+            ),
             message=(
                 f"Your last {len(distinct)} different {tool} calls all came back empty."
                 " Rephrasing will not help: report what you have or try another tool."

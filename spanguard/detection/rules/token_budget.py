@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from spanguard.detection.pricing import micro_usd
 from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
 from spanguard.detection.rules.cost_budget import trace_cost
+from spanguard.schemas.decision import Spend
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import TokenUsage
@@ -41,7 +42,12 @@ class TokenBudget(TokenRule):
         )
         if used <= budget:
             return None
-        evidence: dict[str, int | None] = {"tokens": used, "token_budget": budget}
-        if state.inference_cost is not None or state.aggregate_cost:  # usage is priced
-            evidence["cost_micro_usd"] = micro_usd(trace_cost(state))
-        return Trip(f"{used} tokens used, over the budget of {budget}", evidence)
+        priced = state.inference_cost is not None or state.aggregate_cost
+        return Trip(
+            f"{used} tokens used, over the budget of {budget}",
+            spend=Spend(
+                tokens=used,
+                token_budget=budget,
+                cost_micro_usd=micro_usd(trace_cost(state)) if priced else None,
+            ),
+        )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from spanguard.detection.conventions import MISSING
 from spanguard.detection.results import ERROR, NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
+from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import ToolCall
@@ -101,31 +102,28 @@ class ToolLoop(ToolCallRule):
             if hits < threshold:
                 return None
         reason = f"{tool} called {hits}x in last {steps} steps"
-        evidence: dict[str, Any] = {
-            "tool_name": tool,
-            "result_hash": result,
-            "hits": hits,
-            "window": window,
-            "steps": steps,
-        }
         if digest is None:
             # A name alone cannot tell a loop from twelve different searches: flag, once.
             return Trip(
                 reason + " (arguments not recorded: keyed on the tool name alone, flagged only)",
-                evidence,
+                Evidence(tool_name=tool, result_hash=result, hits=hits, window=window, steps=steps),
                 flag_only=True,
             )
         if result is not None:
             reason += " with the same result"
-        evidence.update(
-            args_hash=digest,
-            threshold=threshold,
-            calls=state.window_calls(window),  # the evidence: the window as it tripped
-            tool_arguments=recorded_arguments(call, policy),
-        )
         return Trip(
             reason,
-            evidence,
+            Evidence(
+                tool_name=tool,
+                args_hash=digest,
+                result_hash=result,
+                hits=hits,
+                window=window,
+                steps=steps,
+                threshold=threshold,
+                calls=state.window_calls(window),  # the evidence: the window as it tripped
+                tool_arguments=recorded_arguments(call, policy),
+            ),
             message=(
                 f"You called {tool} {hits} times with the same arguments; the tool returns the"
                 " same result. Try a different approach or stop and report what you found."

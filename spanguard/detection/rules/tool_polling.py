@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 from spanguard.detection.rules.tool_loop import recorded_arguments
+from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
     from spanguard.detection.conventions import ToolCall
@@ -70,14 +71,14 @@ class ToolPolling(ToolCallRule):
         steps = len(state.polls)
         return Trip(
             f"{tool} polled {hits}x in last {steps} calls with the same arguments",
-            {
-                "tool_name": tool,
-                "args_hash": digest,
-                "hits": hits,
-                "window": polling.window,
-                "steps": steps,
-                "tool_arguments": recorded_arguments(call, policy),
-            },
+            Evidence(
+                tool_name=tool,
+                args_hash=digest,
+                hits=hits,
+                window=polling.window,
+                steps=steps,
+                tool_arguments=recorded_arguments(call, policy),
+            ),
             message=(
                 f"You polled {tool} {hits} times with the same arguments. Stop waiting: report"
                 " the last status you got, or try something else."
