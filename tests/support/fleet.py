@@ -101,7 +101,8 @@ def events_of(request: bytes, guard: Guard | None, shift: Callable[[int], int]) 
     if guard is not None:
         for decision in guard.process(request):
             at = ends.get(decision.span_id or "", max(ends.values(), default=0))
-            events.append(Decided(decision.tool_name, decision.args_hash, decision.trace_id, at))
+            evidence = decision.evidence
+            events.append(Decided(evidence.tool_name, evidence.args_hash, decision.trace_id, at))
     return events
 
 
