@@ -17,6 +17,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from hashlib import blake2b
 from itertools import islice
 from typing import Any, Final
 
@@ -32,6 +33,7 @@ __all__ = [
     "CallKey",
     "StateDecodeError",
     "TraceState",
+    "call_id_key",
     "call_mark",
     "encode_record",
     "iso_from_micros",
@@ -43,7 +45,7 @@ __all__ = [
 # (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
 # `conversation_id` of a trace in the conversation scope; 4: `recent_call_ends`, when each
 # remembered call id's span ended; 5: binary (`encode_state`), the JSON record kept for the
-# conversation's state and what the binary form cannot hold.
+# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`.
 STATE_VERSION = 5
 
 CallKey = tuple[str, str | None, str | None]
@@ -87,9 +89,9 @@ class TraceState:
     # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
     # the guard: a dict drops its oldest entries cheaply only many at a time.
     recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
-    # Call id -> when its counted span ended (microseconds; 0: unknown, as in states written
-    # before version 4).
-    recent_call_ids: dict[str, int] = field(default_factory=dict)
+    # Call id (its call_id_key) -> when its counted span ended (microseconds; 0: unknown, as in
+    # states written before version 4).
+    recent_call_ids: dict[bytes, int] = field(default_factory=dict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
@@ -121,7 +123,8 @@ class TraceState:
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
-            "recent_call_ids": list(self.recent_call_ids),
+            # Hex keys from version 5: an earlier version reads them as ids no call has.
+            "recent_call_ids": [key.hex() for key in self.recent_call_ids],
             "recent_call_ends": list(self.recent_call_ids.values()),  # version 4
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
@@ -145,10 +148,7 @@ class TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
         window = deque(_call_key(key) for key in record["window"])
         polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
-        marks = bytearray(base64.b64decode(record.get("window_marks", "")))
-        # A state written before marks existed: unknown span ids and times for its calls.
-        wanted = len(window) * MARK_BYTES
-        marks = bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+        marks = _aligned(bytearray(base64.b64decode(record.get("window_marks", ""))), len(window))
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
@@ -183,6 +183,8 @@ class TraceState:
     @classmethod
     def from_bytes(cls, data: bytes) -> TraceState:
         """The state `data` holds, binary or JSON; StateDecodeError when it holds none."""
+        if not data:
+            raise StateDecodeError("empty")
         try:
             if data[:1] == _BINARY_MARK:
                 return _decode_state(cls, data)
@@ -262,6 +264,15 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return compact_json.dumps(record)
 
 
+def _aligned(marks: bytearray, calls: int) -> bytearray:
+    """`marks` for a window of `calls` calls: a state written before marks existed (or one
+    built without them) has unknown span ids and times for its calls."""
+    wanted = calls * MARK_BYTES
+    if len(marks) == wanted:
+        return marks
+    return bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+
+
 def _call_key(key: Sequence[Any]) -> CallKey:
     """A window entry as read back: a list from JSON, a tuple from `to_dict` itself. An empty
     result a version before 4 hashed is read as the marker version 4 keys it by."""
@@ -272,9 +283,20 @@ def _call_key(key: Sequence[Any]) -> CallKey:
     return (tool, digest, result)
 
 
-def _call_ends(record: dict[str, Any]) -> dict[str, int]:
-    """Call ids and their spans' end times; 0 for states written before version 4."""
-    ids = record["recent_call_ids"]
+def call_id_key(call_id: str) -> bytes:
+    """A call id as a state remembers it: 8 bytes of its BLAKE2b digest, whatever its length
+    (providers' ids run to 30 characters). Two of a trace's last few dozen ids sharing a key is
+    a chance of about one in 10^16."""
+    return blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
+    """Call ids' keys and their spans' end times; 0 for states written before version 4. Until
+    version 5 the record held the ids themselves."""
+    if record.get("v", 1) >= 5:
+        ids = [bytes.fromhex(key) for key in record["recent_call_ids"]]
+    else:
+        ids = [call_id_key(call_id) for call_id in record["recent_call_ids"]]
     ends = record.get("recent_call_ends")
     if not isinstance(ends, list) or len(ends) != len(ids):
         return dict.fromkeys(ids, 0)
@@ -328,6 +350,9 @@ def stored_state_last_seen(data: bytes) -> float | None:
 
 
 def _put_uint(out: bytearray, value: int) -> None:
+    if 0 <= value < 0x80:  # most: one byte
+        out.append(value)
+        return
     if value < 0:
         raise _NotBinary("a negative count")
     while value > 0x7F:
@@ -376,16 +401,7 @@ def _put_time(out: bytearray, micros: int, previous: int) -> int:
     return micros
 
 
-def _common_prefix(texts: dict[str, int]) -> str:
-    """The longest prefix of every text: the lowest and the highest share it."""
-    low, high = min(texts), max(texts)
-    for at in range(min(len(low), len(high))):
-        if low[at] != high[at]:
-            return low[:at]
-    return low
-
-
-def _time_base(marks: bytearray, ends: dict[str, int]) -> int:
+def _time_base(marks: bytearray, ends: dict[bytes, int]) -> int:
     for start in range(len(marks) - MARK_BYTES, -1, -MARK_BYTES):
         micros = int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big")
         if micros:
@@ -464,8 +480,8 @@ def _put_scalars(out: bytearray, state: TraceState) -> None:
 
 def _put_calls(out: bytearray, state: TraceState) -> None:
     """The recent span ids (raw), the window's marks (a span id as its place among those, times
-    as offsets from the time before) and the recent call ids (their common prefix once) with
-    when their calls ended."""
+    as offsets from the time before) and the recent call ids' keys (raw) with when their calls
+    ended."""
     marks = state.window_marks
     ends = state.recent_call_ids
     if len(marks) % MARK_BYTES:
@@ -490,17 +506,16 @@ def _put_calls(out: bytearray, state: TraceState) -> None:
         previous = _put_time(
             out, int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big"), previous
         )
-    prefix = _common_prefix(ends) if len(ends) > 1 else ""
-    _put_text(out, prefix)
+    keys = b"".join(ends)
+    if len(keys) != 8 * len(ends):
+        raise _NotBinary("a call id key not of 8 bytes")
     _put_uint(out, len(ends))
-    cut = len(prefix)
+    out += keys
     previous = base
-    for call_id, micros in ends.items():
-        _put_text(out, call_id[cut:])
+    for micros in ends.values():
         previous = _put_time(out, micros, previous)
 
 
-@mypyc_attr(native_class=True)
 class _Reader:
     """Reads a binary state front to back; StateDecodeError past its end."""
 
@@ -526,16 +541,22 @@ class _Reader:
         return value
 
     def uint(self) -> int:
+        data, at = self.data, self.at
+        end = min(len(data), at + _MAX_VARINT_BYTES)
         value = shift = 0
-        for _ in range(_MAX_VARINT_BYTES):
-            part = self.byte()
-            value |= (part & 0x7F) << shift
+        while at < end:
+            part = data[at]
+            at += 1
             if part < 0x80:
-                return value
+                self.at = at
+                return value | part << shift
+            value |= (part & 0x7F) << shift
             shift += 7
+        if at >= len(data):
+            raise StateDecodeError(f"truncated in a number at {self.at}")
         raise StateDecodeError(f"a number longer than {_MAX_VARINT_BYTES} bytes at {self.at}")
 
-    def int(self) -> int:
+    def signed(self) -> int:
         value = self.uint()
         return -((value + 1) >> 1) if value & 1 else value >> 1
 
@@ -599,8 +620,7 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
             raise StateDecodeError(f"a poll without arguments at {reader.at}")
         polls.append((tool, args))
     _read_calls(reader, state)
-    if len(state.window_marks) != MARK_BYTES * len(window):
-        raise StateDecodeError("window marks not aligned with the window")
+    state.window_marks = _aligned(state.window_marks, len(window))
     # A later version appends sections after these; trailing bytes of this one are garbage.
     if version == STATE_VERSION and reader.at != len(data):
         raise StateDecodeError(f"{len(data) - reader.at} bytes after the state")
@@ -618,15 +638,15 @@ def _read_scalars(reader: _Reader, state: TraceState) -> None:
         state.agent_name = reader.text()
     if flags & _RELEASED:
         state.released_at = _FLOAT.unpack(reader.raw(_FLOAT.size))[0]
-    state.aggregate_tokens = reader.int()
+    state.aggregate_tokens = reader.signed()
     if flags & _INFERENCE_TOKENS:
-        state.inference_tokens = reader.int()
+        state.inference_tokens = reader.signed()
     if flags & _PRICED:
         has_inference_cost = reader.byte()
-        inference_cost = reader.int()
+        inference_cost = reader.signed()
         state.inference_cost = inference_cost if has_inference_cost else None
-        state.aggregate_cost = reader.int()
-        state.unpriced_tokens = reader.int()
+        state.aggregate_cost = reader.signed()
+        state.unpriced_tokens = reader.signed()
     if flags & _CONVERSATION:
         state.conversation_id = reader.text()
     state.fired = {Fired.parse(reader.text()) for _ in range(reader.count())}
@@ -649,12 +669,11 @@ def _read_calls(reader: _Reader, state: TraceState) -> None:
         marks += micros.to_bytes(8, "big")
         previous = micros or previous
     state.window_marks = marks
-    prefix = reader.text()
-    ends: dict[str, int] = {}
+    raw = reader.raw(8 * reader.count())
+    ends: dict[bytes, int] = {}
     previous = base
-    for _ in range(reader.count()):
-        call_id = prefix + reader.text()
+    for at in range(0, len(raw), 8):
         micros = reader.time(previous)
-        ends[call_id] = micros
+        ends[raw[at : at + 8]] = micros
         previous = micros or previous
     state.recent_call_ids = ends
