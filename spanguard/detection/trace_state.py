@@ -176,7 +176,9 @@ class TraceState:
         if type(self) is TraceState:
             try:
                 return encode_state(self)
-            except _NotBinary:
+            # Also a field of another type than declared (a service None, read from a JSON
+            # record): JSON holds any, and reads back as it was.
+            except (_NotBinary, AttributeError, TypeError):
                 pass
         return encode_record(self.to_dict())
 

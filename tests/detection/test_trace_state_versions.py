@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from spanguard.detection import core_build
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
@@ -215,6 +216,14 @@ def test_a_state_the_binary_form_cannot_hold_is_written_as_json():
     state.recent_span_ids = {b"short": None}  # span ids are 8 bytes: not this one
     data = state.to_bytes()
     assert data.startswith(b"{") and TraceState.from_bytes(data).recent_span_ids == {b"short": None}
+
+
+def test_a_field_of_another_type_than_declared_is_written_as_json():
+    """Pure Python lets a JSON record set a field to another type (compiled, it is refused)."""
+    if core_build() == "compiled":
+        pytest.skip("compiled classes refuse the field's value when it is read")
+    odd = TraceState.from_dict({**TraceState().to_dict(), "service": None, "fired": []})
+    assert odd.to_bytes().startswith(b"{") and TraceState.from_bytes(odd.to_bytes()).service is None
 
 
 def test_truncated_or_garbage_bytes_are_refused_with_a_reason_never_a_crash():
