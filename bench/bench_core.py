@@ -5,7 +5,8 @@ rules, (b) the full core (decode + adapt + every rule of the registry on, the cy
 token budget included: the very Guard the worker runs) and its ratio to (a') measured pair by
 pair in the same run, (c) a naive detector (recount the whole window on every call) on the same
 tool calls, each rule's own cost per tool call (the core with that rule alone, less the core
-with no rule), and the state bytes per active trace. Best of N runs each; the last line is one
+with no rule), the state bytes per active trace (decoded, in memory), and the changelog bytes
+written per span and stored per trace (encoded). Best of N runs each; the last line is one
 JSON object.
 """
 
@@ -207,6 +208,32 @@ def inprocess_us_per_span(spans: int = 20_000, runs: int = 5) -> float:
     return (guard_s - base_s) / ended * 1e6
 
 
+class _Flushed(dict):
+    """A guard's states that remember which were written since the last flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: set[str] = set()
+
+    def __setitem__(self, trace_id, state) -> None:
+        super().__setitem__(trace_id, state)
+        self.written.add(trace_id)
+
+
+def changelog_bytes(requests: list[bytes]) -> tuple[int, int]:
+    """Bytes of the changelog records the worker writes for these requests, each request a
+    flush (a trace it touched written once, encoded as the state table stores it), and the
+    encoded states' bytes at the end, summed over the traces."""
+    states = _Flushed()
+    guard = Guard(states=states)
+    written = 0
+    for data in requests:
+        guard.process(data)
+        written += sum(len(states[trace_id].to_bytes()) for trace_id in states.written)
+        states.written.clear()
+    return written, sum(len(state.to_bytes()) for state in states.values())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spans", type=int, default=100_000)
@@ -310,6 +337,10 @@ def main() -> int:
         else None
     )
 
+    changelog_written, stored = changelog_bytes(requests)
+    changelog_per_span = changelog_written / corpus.spans
+    stored_per_trace = stored / max(len(guard.states), 1)
+
     parse_rate = corpus.spans / parse_s
     core_rate = corpus.spans / core_s
     naive_rate = len(corpus.tool_calls) / naive_s
@@ -343,6 +374,10 @@ def main() -> int:
         f" loops caught {len(caught & corpus.looping_traces)}/{len(corpus.looping_traces)},"
         f" false alarms {len(caught - corpus.looping_traces)}"
     )
+    print(
+        f"changelog: {changelog_per_span:,.1f} bytes written per span (a flush per request),"
+        f" {stored_per_trace:,.0f} bytes stored per trace (TraceState.to_bytes)"
+    )
     inprocess_us = inprocess_us_per_span(runs=args.runs)
     print(f"(d) in-process guard    : {inprocess_us:12.1f} µs added per ended span (SDK)")
     print(
@@ -353,6 +388,8 @@ def main() -> int:
                 "naive_calls_per_s": round(naive_rate),
                 "core_build": build,
                 "bytes_per_trace": None if bytes_per_trace is None else round(bytes_per_trace),
+                "changelog_bytes_per_span": round(changelog_per_span, 1),
+                "stored_bytes_per_trace": round(stored_per_trace),
                 "core_to_parse": round(ratio, 3),
                 "core_budget_spans_per_s": round(corpus.spans / budget_s),
                 "core_budget_to_parse": round(budget_ratio, 3),

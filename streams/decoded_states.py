@@ -11,6 +11,7 @@ the trace's partition; a write outside one crashes the RocksDB store.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
@@ -18,12 +19,14 @@ from typing import Any
 
 from faust.streams import current_event
 
-from spanguard.detection.trace_state import TraceState
+from spanguard.detection.trace_state import StateDecodeError, TraceState
 from spanguard.streams.expiry import ExpiryIndex, stored_last_seen
 from spanguard.streams.faust_internals import event_context
 from spanguard.streams.state_table import StateTable, StateWrite
 
 __all__ = ["EVICT_BUDGET", "DecodedStates"]
+
+log = logging.getLogger(__name__)
 
 # Seconds of a batch eviction may take at most, whatever the store's speed.
 EVICT_BUDGET = 0.005
@@ -78,6 +81,8 @@ class DecodedStates(MutableMapping[str, TraceState]):
         self._expiry: dict[int, ExpiryIndex] = {}
         self._scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         self._owned: set[int] = set()
+        # Stored states that were no state (truncated, garbage): each started afresh.
+        self.unreadable = 0
 
     # -- partitions coming and going (StateTable calls these) ---------------------------
 
@@ -259,7 +264,18 @@ class DecodedStates(MutableMapping[str, TraceState]):
             if state is not None:
                 return state
         data = self.table.get(trace_id.encode())
-        return default if data is None else self.decode(data)
+        if data is None:
+            return default
+        try:
+            return self.decode(data)
+        except StateDecodeError as exc:
+            # One bad record costs its trace's memory, never the batch: the trace counts afresh.
+            self.unreadable += 1
+            log.warning(
+                "stored state unreadable, started afresh",
+                extra={"trace_id": trace_id, "reason": str(exc), "state_bytes": len(data)},
+            )
+            return default
 
     def __setitem__(self, trace_id: str, state: TraceState) -> None:
         event = current_event()

@@ -7,16 +7,22 @@ import contextlib
 import heapq
 import json
 
+from spanguard.detection.trace_state import stored_state_last_seen
+
 __all__ = ["ExpiryIndex", "stored_last_seen"]
 
 
-# TraceState.to_bytes writes last_seen as its last key; inside a string the quotes would be
-# escaped, so the last match is the key. Eviction reads it without decoding the whole state.
+# A JSON state (the conversation's, a trace's before version 5) has last_seen as its last key;
+# inside a string the quotes would be escaped, so the last match is the key. A binary one has it
+# in its header. Eviction reads it without decoding the whole state.
 _LAST_SEEN = b'"last_seen":'
 
 
 def stored_last_seen(data: bytes) -> float:
     """The last_seen of a stored state; one that cannot be read counts as long idle."""
+    binary = stored_state_last_seen(data)
+    if binary is not None:
+        return binary
     at = data.rfind(_LAST_SEEN)
     if at >= 0:
         with contextlib.suppress(ValueError):

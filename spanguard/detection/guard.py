@@ -76,6 +76,7 @@ from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import (
     CallKey,
     TraceState,
+    call_id_key,
     call_mark,
     iso_from_micros,
     trim_window,
@@ -459,10 +460,10 @@ class Guard:
         if len(recent) > limit + (limit >> 2):  # the newest `limit` kept, trimmed in bulk
             state.recent_span_ids = dict.fromkeys(islice(recent, len(recent) - limit, None))
         if isinstance(event, ToolCall):
-            call_id = event.call_id
-            if call_id is not None:
+            if event.call_id is not None:
+                call_key = call_id_key(event.call_id)
                 recent_calls = state.recent_call_ids
-                ended = recent_calls.get(call_id)
+                ended = recent_calls.get(call_key)
                 start_micros = event.start_time_unix_nano // 1000
                 if ended is not None and (not ended or not start_micros or start_micros < ended):
                     # The same call id on a span that overlaps the counted one (or times
@@ -472,8 +473,8 @@ class Guard:
                     return None
                 if ended is not None:
                     self.stats.reissued_call_ids += 1
-                    del recent_calls[call_id]  # kept newest last, for the trim below
-                recent_calls[call_id] = event.end_time_unix_nano // 1000
+                    del recent_calls[call_key]  # kept newest last, for the trim below
+                recent_calls[call_key] = event.end_time_unix_nano // 1000
                 if len(recent_calls) > limit + (limit >> 2):
                     state.recent_call_ids = dict(
                         islice(recent_calls.items(), len(recent_calls) - limit, None)

@@ -1,8 +1,11 @@
 """What the guard remembers of one trace, and its compact serialised form (the changelog's).
 
-The serialised form is versioned (`v`, STATE_VERSION): a state written by an earlier version
-loads (tests/fixtures/state holds one as version 1 wrote it), and keys a version does not know
-are ignored, so a worker rolled back still reads what a newer one wrote.
+The serialised form is versioned (STATE_VERSION): from version 5 a binary record
+(`encode_state`: hashes as raw bytes, times as offsets from a base, tool names written once),
+before it compact JSON with a `v` key. A state written by an earlier version loads
+(tests/fixtures/state holds one of version 1 and one of version 4). What a later version adds
+is ignored: JSON keys it does not know, binary sections after the ones it reads. Bytes that are
+no state raise StateDecodeError, with the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from hashlib import blake2b
 from itertools import islice
 from typing import Any, Final
 
@@ -27,18 +31,22 @@ __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
+    "StateDecodeError",
     "TraceState",
+    "call_id_key",
     "call_mark",
     "encode_record",
     "iso_from_micros",
+    "stored_state_last_seen",
     "trim_window",
 ]
 
 # 1: no `v` key; 2: `v`, and `cycle_runs` when a cycle is building; 3: the costs
 # (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
 # `conversation_id` of a trace in the conversation scope; 4: `recent_call_ends`, when each
-# remembered call id's span ended.
-STATE_VERSION = 4
+# remembered call id's span ended; 5: binary (`encode_state`), the JSON record kept for the
+# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`.
+STATE_VERSION = 5
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
@@ -81,9 +89,9 @@ class TraceState:
     # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
     # the guard: a dict drops its oldest entries cheaply only many at a time.
     recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
-    # Call id -> when its counted span ended (microseconds; 0: unknown, as in states written
-    # before version 4).
-    recent_call_ids: dict[str, int] = field(default_factory=dict)
+    # Call id (its call_id_key) -> when its counted span ended (microseconds; 0: unknown, as in
+    # states written before version 4).
+    recent_call_ids: dict[bytes, int] = field(default_factory=dict)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
@@ -115,7 +123,8 @@ class TraceState:
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
             "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
-            "recent_call_ids": list(self.recent_call_ids),
+            # Hex keys from version 5: an earlier version reads them as ids no call has.
+            "recent_call_ids": [key.hex() for key in self.recent_call_ids],
             "recent_call_ends": list(self.recent_call_ids.values()),  # version 4
             "inference_tokens": self.inference_tokens,
             "aggregate_tokens": self.aggregate_tokens,
@@ -139,10 +148,7 @@ class TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
         window = deque(_call_key(key) for key in record["window"])
         polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
-        marks = bytearray(base64.b64decode(record.get("window_marks", "")))
-        # A state written before marks existed: unknown span ids and times for its calls.
-        wanted = len(window) * MARK_BYTES
-        marks = bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+        marks = _aligned(bytearray(base64.b64decode(record.get("window_marks", ""))), len(window))
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
@@ -166,11 +172,32 @@ class TraceState:
         )
 
     def to_bytes(self) -> bytes:
+        # A subclass (the conversation's state) has fields of its own: its JSON record has them.
+        if type(self) is TraceState:
+            try:
+                return encode_state(self)
+            # Also a field of another type than declared (a service None, read from a JSON
+            # record): JSON holds any, and reads back as it was.
+            except (_NotBinary, AttributeError, TypeError):
+                pass
         return encode_record(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TraceState:
-        return cls.from_dict(json.loads(data))
+        """The state `data` holds, binary or JSON; StateDecodeError when it holds none."""
+        if not data:
+            raise StateDecodeError("empty")
+        try:
+            if data[:1] == _BINARY_MARK:
+                return _decode_state(cls, data)
+            record = json.loads(data)
+            if not isinstance(record, dict):
+                raise StateDecodeError(f"JSON {type(record).__name__}, not a state record")
+            return cls.from_dict(record)
+        except StateDecodeError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
+            raise StateDecodeError(f"{type(exc).__name__}: {exc}") from exc
 
     def restart_window(self) -> None:
         self.window.clear()
@@ -239,6 +266,15 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return compact_json.dumps(record)
 
 
+def _aligned(marks: bytearray, calls: int) -> bytearray:
+    """`marks` for a window of `calls` calls: a state written before marks existed (or one
+    built without them) has unknown span ids and times for its calls."""
+    wanted = calls * MARK_BYTES
+    if len(marks) == wanted:
+        return marks
+    return bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+
+
 def _call_key(key: Sequence[Any]) -> CallKey:
     """A window entry as read back: a list from JSON, a tuple from `to_dict` itself. An empty
     result a version before 4 hashed is read as the marker version 4 keys it by."""
@@ -249,9 +285,20 @@ def _call_key(key: Sequence[Any]) -> CallKey:
     return (tool, digest, result)
 
 
-def _call_ends(record: dict[str, Any]) -> dict[str, int]:
-    """Call ids and their spans' end times; 0 for states written before version 4."""
-    ids = record["recent_call_ids"]
+def call_id_key(call_id: str) -> bytes:
+    """A call id as a state remembers it: 8 bytes of its BLAKE2b digest, whatever its length
+    (providers' ids run to 30 characters). Two of a trace's last few dozen ids sharing a key is
+    a chance of about one in 10^16."""
+    return blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
+    """Call ids' keys and their spans' end times; 0 for states written before version 4. Until
+    version 5 the record held the ids themselves."""
+    if record.get("v", 1) >= 5:
+        ids = [bytes.fromhex(key) for key in record["recent_call_ids"]]
+    else:
+        ids = [call_id_key(call_id) for call_id in record["recent_call_ids"]]
     ends = record.get("recent_call_ends")
     if not isinstance(ends, list) or len(ends) != len(ids):
         return dict.fromkeys(ids, 0)
@@ -261,3 +308,374 @@ def _call_ends(record: dict[str, Any]) -> dict[str, int]:
 def _split_ids(encoded: str) -> list[bytes]:
     raw = base64.b64decode(encoded)
     return [raw[i : i + 8] for i in range(0, len(raw), 8)]
+
+
+# -- the binary form (version 5) --------------------------------------------------------------
+#
+# A marker byte (JSON's first is "{"), the version, last_seen (fixed offset: eviction reads it
+# without decoding), then the fields in order. Counts and lengths are LEB128 varints, other
+# ints zigzag varints (any size: a cost may pass 64 bits), times offsets from one base.
+
+
+class StateDecodeError(ValueError):
+    """Stored bytes that are no state (truncated, garbage): the message says why."""
+
+
+class _NotBinary(Exception):
+    """A state the binary form cannot hold (its JSON record is written instead)."""
+
+
+_BINARY_MARK: Final = b"\x00"
+_HEADER: Final = struct.Struct("<cBd")  # marker, version, last_seen
+_FLOAT: Final = struct.Struct("<d")
+_HEADER_BYTES: Final = _HEADER.size
+_MAX_VARINT_BYTES: Final = 20
+# Flags: which optional fields follow.
+_AGENT_NAME: Final = 1
+_RELEASED: Final = 2
+_INFERENCE_TOKENS: Final = 4
+_PRICED: Final = 8
+_CONVERSATION: Final = 16
+_CYCLE_RUNS: Final = 32
+# A digest's form: absent, 16 lowercase hex digits (8 bytes), other text.
+_NO_DIGEST: Final = 0
+_HEX_DIGEST: Final = 1
+_TEXT_DIGEST: Final = 2
+
+
+def stored_state_last_seen(data: bytes) -> float | None:
+    """last_seen of a binary state, read off its header (None: not a binary state)."""
+    if len(data) < _HEADER_BYTES or data[:1] != _BINARY_MARK:
+        return None
+    last_seen: float = _HEADER.unpack_from(data)[2]
+    return last_seen
+
+
+def _put_uint(out: bytearray, value: int) -> None:
+    if 0 <= value < 0x80:  # most: one byte
+        out.append(value)
+        return
+    if value < 0:
+        raise _NotBinary("a negative count")
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _put_int(out: bytearray, value: int) -> None:
+    _put_uint(out, value << 1 if value >= 0 else ((-value) << 1) - 1)
+
+
+def _put_text(out: bytearray, text: str) -> None:
+    raw = text.encode("utf-8", "surrogatepass")
+    _put_uint(out, len(raw))
+    out += raw
+
+
+def _digest_form(digest: str | None) -> tuple[int, bytes]:
+    if digest is None:
+        return _NO_DIGEST, b""
+    if len(digest) == 16:
+        try:
+            raw = bytes.fromhex(digest)
+        except ValueError:
+            raw = b""
+        if len(raw) == 8 and raw.hex() == digest:
+            return _HEX_DIGEST, raw
+    return _TEXT_DIGEST, digest.encode("utf-8", "surrogatepass")
+
+
+def _put_digest_payload(out: bytearray, form: int, raw: bytes) -> None:
+    if form == _TEXT_DIGEST:
+        _put_uint(out, len(raw))
+    out += raw
+
+
+def _put_time(out: bytearray, micros: int, previous: int) -> int:
+    """0 (unknown) as 0, any other time as 1 + its zigzag offset from the `previous` known one
+    (calls end close to the call before): the time to count the next one from."""
+    if not micros:
+        out.append(0)
+        return previous
+    offset = micros - previous
+    _put_uint(out, (offset << 1 if offset >= 0 else ((-offset) << 1) - 1) + 1)
+    return micros
+
+
+def _time_base(marks: bytearray, ends: dict[bytes, int]) -> int:
+    for start in range(len(marks) - MARK_BYTES, -1, -MARK_BYTES):
+        micros = int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big")
+        if micros:
+            return micros
+    for micros in ends.values():
+        if micros:
+            return micros
+    return 0
+
+
+def encode_state(state: TraceState) -> bytes:
+    """The binary record of a TraceState (version 5); _NotBinary when it cannot hold it."""
+    out = bytearray(_HEADER.pack(_BINARY_MARK, STATE_VERSION, state.last_seen))
+    _put_scalars(out, state)
+    tools: dict[str, int] = {}
+    for key in state.window:
+        tools.setdefault(key[0], len(tools))
+    for poll in state.polls:
+        tools.setdefault(poll[0], len(tools))
+    _put_uint(out, len(tools))
+    for tool in tools:
+        _put_text(out, tool)
+    _put_uint(out, len(state.window))
+    for tool, args, result in state.window:
+        _put_uint(out, tools[tool])
+        args_form, args_raw = _digest_form(args)
+        result_form, result_raw = _digest_form(result)
+        out.append(args_form | result_form << 2)
+        _put_digest_payload(out, args_form, args_raw)
+        _put_digest_payload(out, result_form, result_raw)
+    _put_uint(out, len(state.polls))
+    for tool, args in state.polls:
+        _put_uint(out, tools[tool])
+        args_form, args_raw = _digest_form(args)
+        out.append(args_form)
+        _put_digest_payload(out, args_form, args_raw)
+    _put_calls(out, state)
+    return bytes(out)
+
+
+def _put_scalars(out: bytearray, state: TraceState) -> None:
+    priced = bool(state.inference_cost is not None or state.aggregate_cost or state.unpriced_tokens)
+    flags = (
+        (_AGENT_NAME if state.agent_name is not None else 0)
+        | (_RELEASED if state.released_at else 0)
+        | (_INFERENCE_TOKENS if state.inference_tokens is not None else 0)
+        | (_PRICED if priced else 0)
+        | (_CONVERSATION if state.conversation_id is not None else 0)
+        | (_CYCLE_RUNS if state.cycle_runs is not None else 0)
+    )
+    out.append(flags)
+    _put_text(out, state.service)
+    if state.agent_name is not None:
+        _put_text(out, state.agent_name)
+    if state.released_at:
+        out += _FLOAT.pack(state.released_at)
+    _put_int(out, state.aggregate_tokens)
+    if state.inference_tokens is not None:
+        _put_int(out, state.inference_tokens)
+    if priced:
+        out.append(0 if state.inference_cost is None else 1)
+        _put_int(out, state.inference_cost or 0)
+        _put_int(out, state.aggregate_cost)
+        _put_int(out, state.unpriced_tokens)
+    if state.conversation_id is not None:
+        _put_text(out, state.conversation_id)
+    fired = sorted(map(str, state.fired))
+    _put_uint(out, len(fired))
+    for text in fired:
+        _put_text(out, text)
+    if state.cycle_runs is not None:
+        _put_uint(out, len(state.cycle_runs))
+        for run in state.cycle_runs:
+            _put_uint(out, run)
+
+
+def _put_calls(out: bytearray, state: TraceState) -> None:
+    """The recent span ids (raw), the window's marks (a span id as its place among those, times
+    as offsets from the time before) and the recent call ids' keys (raw) with when their calls
+    ended."""
+    marks = state.window_marks
+    ends = state.recent_call_ids
+    if len(marks) % MARK_BYTES:
+        raise _NotBinary("window marks not whole")
+    span_ids = state.recent_span_ids
+    joined = b"".join(span_ids)
+    if len(joined) != 8 * len(span_ids):
+        raise _NotBinary("a span id not of 8 bytes")
+    _put_uint(out, len(span_ids))
+    out += joined
+    place = {span_id: at for at, span_id in enumerate(span_ids, 1)}
+    base = _time_base(marks, ends)
+    _put_uint(out, base)
+    _put_uint(out, len(marks) // MARK_BYTES)
+    previous = base
+    for start in range(0, len(marks), MARK_BYTES):
+        span_id = bytes(marks[start : start + 8])
+        at = place.get(span_id, 0)  # 0: not among them, its 8 bytes follow
+        _put_uint(out, at)
+        if not at:
+            out += span_id
+        previous = _put_time(
+            out, int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big"), previous
+        )
+    keys = b"".join(ends)
+    if len(keys) != 8 * len(ends):
+        raise _NotBinary("a call id key not of 8 bytes")
+    _put_uint(out, len(ends))
+    out += keys
+    previous = base
+    for micros in ends.values():
+        previous = _put_time(out, micros, previous)
+
+
+class _Reader:
+    """Reads a binary state front to back; StateDecodeError past its end."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = _HEADER_BYTES
+
+    def raw(self, size: int) -> bytes:
+        end = self.at + size
+        if end > len(self.data):
+            raise StateDecodeError(
+                f"truncated: {size} bytes wanted at {self.at} of {len(self.data)}"
+            )
+        chunk = self.data[self.at : end]
+        self.at = end
+        return chunk
+
+    def byte(self) -> int:
+        if self.at >= len(self.data):
+            raise StateDecodeError(f"truncated at byte {self.at}")
+        value = self.data[self.at]
+        self.at += 1
+        return value
+
+    def uint(self) -> int:
+        data, at = self.data, self.at
+        end = min(len(data), at + _MAX_VARINT_BYTES)
+        value = shift = 0
+        while at < end:
+            part = data[at]
+            at += 1
+            if part < 0x80:
+                self.at = at
+                return value | part << shift
+            value |= (part & 0x7F) << shift
+            shift += 7
+        if at >= len(data):
+            raise StateDecodeError(f"truncated in a number at {self.at}")
+        raise StateDecodeError(f"a number longer than {_MAX_VARINT_BYTES} bytes at {self.at}")
+
+    def signed(self) -> int:
+        value = self.uint()
+        return -((value + 1) >> 1) if value & 1 else value >> 1
+
+    def count(self) -> int:
+        """A number of items that follow, each at least a byte: no more than the bytes left."""
+        value = self.uint()
+        if value > len(self.data) - self.at:
+            raise StateDecodeError(
+                f"{value} items announced with {len(self.data) - self.at} bytes left"
+            )
+        return value
+
+    def text(self) -> str:
+        return self.raw(self.count()).decode("utf-8", "surrogatepass")
+
+    def digest(self, form: int) -> str | None:
+        if form == _NO_DIGEST:
+            return None
+        if form == _HEX_DIGEST:
+            return self.raw(8).hex()
+        if form == _TEXT_DIGEST:
+            return self.text()
+        raise StateDecodeError(f"unknown digest form {form} at {self.at}")
+
+    def time(self, previous: int) -> int:
+        """A time written by _put_time after `previous` (0: unknown)."""
+        value = self.uint()
+        if not value:
+            return 0
+        value -= 1
+        return previous + (-((value + 1) >> 1) if value & 1 else value >> 1)
+
+    def tool(self, tools: list[str]) -> str:
+        index = self.uint()
+        if index >= len(tools):
+            raise StateDecodeError(f"tool {index} of {len(tools)} at {self.at}")
+        return tools[index]
+
+
+def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
+    if len(data) < _HEADER_BYTES:
+        raise StateDecodeError(f"truncated: {len(data)} bytes, shorter than the header")
+    _mark, version, last_seen = _HEADER.unpack_from(data)
+    if version < 5:
+        raise StateDecodeError(f"binary state of version {version}: binary began with 5")
+    reader = _Reader(data)
+    state = cls(last_seen=last_seen)
+    _read_scalars(reader, state)
+    tools = [reader.text() for _ in range(reader.count())]
+    window: deque[CallKey] = deque()
+    for _ in range(reader.count()):
+        tool = reader.tool(tools)
+        forms = reader.byte()
+        args = reader.digest(forms & 3)
+        window.append((tool, args, reader.digest(forms >> 2)))
+    polls: deque[tuple[str, str]] = deque()
+    for _ in range(reader.count()):
+        tool = reader.tool(tools)
+        args = reader.digest(reader.byte())
+        if args is None:
+            raise StateDecodeError(f"a poll without arguments at {reader.at}")
+        polls.append((tool, args))
+    _read_calls(reader, state)
+    state.window_marks = _aligned(state.window_marks, len(window))
+    # A later version appends sections after these; trailing bytes of this one are garbage.
+    if version == STATE_VERSION and reader.at != len(data):
+        raise StateDecodeError(f"{len(data) - reader.at} bytes after the state")
+    state.window = window
+    state.counts = dict(Counter(window))
+    state.polls = polls
+    state.poll_counts = dict(Counter(polls))
+    return state
+
+
+def _read_scalars(reader: _Reader, state: TraceState) -> None:
+    flags = reader.byte()
+    state.service = reader.text()
+    if flags & _AGENT_NAME:
+        state.agent_name = reader.text()
+    if flags & _RELEASED:
+        state.released_at = _FLOAT.unpack(reader.raw(_FLOAT.size))[0]
+    state.aggregate_tokens = reader.signed()
+    if flags & _INFERENCE_TOKENS:
+        state.inference_tokens = reader.signed()
+    if flags & _PRICED:
+        has_inference_cost = reader.byte()
+        inference_cost = reader.signed()
+        state.inference_cost = inference_cost if has_inference_cost else None
+        state.aggregate_cost = reader.signed()
+        state.unpriced_tokens = reader.signed()
+    if flags & _CONVERSATION:
+        state.conversation_id = reader.text()
+    state.fired = {Fired.parse(reader.text()) for _ in range(reader.count())}
+    if flags & _CYCLE_RUNS:
+        state.cycle_runs = [reader.uint() for _ in range(reader.count())]
+
+
+def _read_calls(reader: _Reader, state: TraceState) -> None:
+    raw = reader.raw(8 * reader.count())
+    span_ids = [raw[i : i + 8] for i in range(0, len(raw), 8)]
+    state.recent_span_ids = dict.fromkeys(span_ids)
+    previous = base = reader.uint()
+    marks = bytearray()
+    for _ in range(reader.count()):
+        at = reader.uint()
+        if at > len(span_ids):
+            raise StateDecodeError(f"span id {at} of {len(span_ids)} at {reader.at}")
+        marks += span_ids[at - 1] if at else reader.raw(8)
+        micros = reader.time(previous)
+        marks += micros.to_bytes(8, "big")
+        previous = micros or previous
+    state.window_marks = marks
+    raw = reader.raw(8 * reader.count())
+    ends: dict[bytes, int] = {}
+    previous = base
+    for at in range(0, len(raw), 8):
+        micros = reader.time(previous)
+        ends[raw[at : at + 8]] = micros
+        previous = micros or previous
+    state.recent_call_ids = ends

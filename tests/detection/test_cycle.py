@@ -236,7 +236,7 @@ def test_runs_are_kept_only_while_a_call_repeats():
     guard = Guard()
     run(guard, agent.finished())
     [state] = guard.states.values()
-    assert state.cycle_runs is None and b"cycle_runs" not in state.to_bytes()
+    assert state.cycle_runs is None and "cycle_runs" not in state.to_dict()
 
 
 def test_the_rule_costs_max_period_per_call_at_most():

@@ -284,12 +284,14 @@ def test_a_release_leaves_the_token_budget_spent():
 
 
 def test_a_release_survives_the_changelog_form():
-    from spanguard.detection.trace_state import TraceState
+    from spanguard.detection.trace_state import TraceState, encode_record, stored_state_last_seen
 
     state = TraceState("svc", released_at=1234.5, last_seen=99.5)
     assert TraceState.from_bytes(state.to_bytes()).released_at == 1234.5
-    # Eviction reads last_seen off the end of the bytes without decoding them.
-    assert state.to_bytes().endswith(b',"last_seen":99.5}')
+    # Eviction reads last_seen without decoding the state: off the binary header, or off the
+    # end of a JSON record (the conversation's).
+    assert stored_state_last_seen(state.to_bytes()) == 99.5
+    assert encode_record(state.to_dict()).endswith(b',"last_seen":99.5}')
     old = state.to_dict()
     del old["released_at"]  # a state written before releases re-armed anything
     assert TraceState.from_dict(old).released_at == 0.0

@@ -244,7 +244,7 @@ def test_the_cost_survives_the_changelog():
     assert back.inference_cost == state.inference_cost > 0
     assert back.unpriced_tokens == 11_000
     # A trace never priced writes none of the cost keys.
-    assert b"inference_cost" not in TraceState().to_bytes()
+    assert "inference_cost" not in TraceState().to_dict()
 
 
 @pytest.mark.parametrize(

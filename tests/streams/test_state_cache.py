@@ -220,3 +220,17 @@ def test_a_revoked_partitions_unflushed_states_are_not_written() -> None:
     states.revoke({1})  # its next owner decides those messages again
     states.flush()
     assert list(table) == [b"b" * 32]
+
+
+def test_a_stored_state_that_is_no_state_starts_its_trace_afresh(caplog) -> None:
+    """Truncated or garbage bytes in the table cost that trace's memory, never the batch."""
+    good = TraceState(service="svc", last_seen=5.0).to_bytes()
+    for stored in (good[: len(good) // 2], b"\x00\x05garbage", b'{"v": 4'):
+        table = {TRACE.encode(): stored}
+        states = DecodedStates(table, cache_size=10)
+        with caplog.at_level("WARNING"):
+            assert read(states, TRACE, 0) is None
+        assert states.unreadable == 1
+        assert "started afresh" in caplog.records[-1].getMessage()
+        assert touch(states, TRACE, 0, last_seen=6.0).service == "unknown_service"
+        assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 6.0
