@@ -474,8 +474,8 @@ class FleetWindow:
         trace_id: str,
         time_ns: int,
     ) -> FleetIncident | None:
-        """A trace-level decision that named a tool (Decision.evidence.tool_name, .args_hash): counted in
-        its step, and towards `loop_signature` when it names the arguments."""
+        """A trace-level decision that named a tool (its evidence's tool_name, args_hash):
+        counted in its step, and towards `loop_signature` when it names the arguments."""
         if not tool:
             return None
         step = self._step_of(time_ns)
