@@ -2,7 +2,7 @@
 
 The trace guard decides per trace; a shared tool that breaks (an index gone stale, an MCP
 server answering 401) makes every agent that uses it fail at once, and a hundred traces killed
-one by one are one cause. This module is the pure kernel of the tool scope (issue 44): a sliding
+one by one are one cause. This module is the pure kernel of the tool scope: a sliding
 time window per tool, the fleet rules over it, and their settings. No I/O: the streaming scope
 feeds it (`FleetWindow.observe`, `observe_decision`, `tick`) and keeps or rebuilds its state.
 
