@@ -307,7 +307,9 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
         assert {k["trace_id"] for k in kills} == by_trace
         for kill in kills:
             if kill.get("scope") == "conversation":
-                assert kill["conversation_id"] == expected_ids[kill["signal_id"]].conversation_id
+                assert (
+                    kill["conversation_id"] == expected_ids[kill["signal_id"]].scope.conversation_id
+                )
     finally:
         collector.close()
         for worker in workers:
