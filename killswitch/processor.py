@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 )
 
 from spanguard.detection.agent_budget import AgentBudgetGuard
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState

@@ -442,7 +442,7 @@ def current_trace_id() -> str | None:
 
 
 # Where a process's conversation is named in OpenTelemetry baggage, first present wins (the
-# detection side reads the same names off spans: spanguard/detection/conventions.py).
+# detection side reads the same names off spans: spanguard/detection/conventions/keys.py).
 CONVERSATION_BAGGAGE_KEYS = ("gen_ai.conversation.id", "session.id")
 
 

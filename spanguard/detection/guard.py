@@ -27,22 +27,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
 from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import (
-    AGENT_NAME,
-    CONVERSATION_KEY_SET,
+from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
+from spanguard.detection.conventions.capture import capture_setting
+from spanguard.detection.conventions.events import (
     MISSING,
-    PRICE_KEYS,
-    SERVICE_NAME,
-    USAGE_KEYS,
-    WANTED_KEYS,
     AgentSeen,
     ResourceInfo,
     TokenUsage,
     ToolCall,
-    adapt_read,
-    capture_setting,
-    reading_of,
-    resource_info,
+)
+from spanguard.detection.conventions.keys import (
+    AGENT_NAME,
+    CONVERSATION_KEY_SET,
+    PRICE_KEYS,
+    SERVICE_NAME,
+    USAGE_KEYS,
+    WANTED_KEYS,
 )
 from spanguard.detection.conversation import (
     ConversationCall,
@@ -388,7 +388,7 @@ class Guard:
                         touched[trace_id] = state
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
-                        # its own usage (conventions.gateway_calls).
+                        # its own usage (conventions/gateway.py, gateway_calls).
                         for one in event:
                             try:
                                 decision = self.observe(trace_id, state, one, resource)

@@ -8,16 +8,14 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
 
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.capture import capture_setting
+from spanguard.detection.conventions.events import MISSING, TokenUsage, ToolCall
+from spanguard.detection.conventions.keys import (
     AGENT_OPERATIONS,
     ARGS_HASH_KEY,
     INFERENCE_OPERATIONS,
-    MISSING,
     OTHER_OPERATIONS,
-    TokenUsage,
-    ToolCall,
-    adapt_span,
-    capture_setting,
 )
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp_view import view_of

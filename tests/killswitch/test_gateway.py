@@ -13,7 +13,9 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.detection.conventions import ToolCall, adapt_span, gateway_calls
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.guard import Guard
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.gateway import (

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 from spanguard.schemas.decision import NO_EVIDENCE, NO_SPEND, Evidence, Spend
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import TokenUsage, ToolCall
+    from spanguard.detection.conventions.events import TokenUsage, ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.decision import Decision
     from spanguard.schemas.policy import AgentPolicy

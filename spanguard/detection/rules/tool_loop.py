@@ -14,13 +14,13 @@ from __future__ import annotations
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from spanguard.detection.conventions import MISSING
+from spanguard.detection.conventions.events import MISSING
 from spanguard.detection.results import ERROR, NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.conventions.events import ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 
