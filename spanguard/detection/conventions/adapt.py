@@ -205,8 +205,7 @@ def _adapt_one(
     span: Any, reading: SpanReading, match: bool, scope: str
 ) -> ToolCall | TokenUsage | AgentSeen | None:
     attributes: AttributeMap = span.attributes
-    # Whether the span names its operation, asked once (a wanted key, so `OPERATION in present`
-    # below would say the same).
+    # Whether the span names its operation, asked once (`OPERATION in present` would say the same).
     has_operation = reading.operation_wanted and OPERATION in attributes
     if not has_operation:
         gate = reading.gate_with_agent if match else reading.gate
