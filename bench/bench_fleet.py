@@ -19,7 +19,9 @@ from typing import Any
 from bench.bench_core import _best
 from bench.corpus import build_corpus
 from spanguard.detection import core_build
-from spanguard.detection.conventions import MISSING, WANTED_KEYS, ToolCall, adapt_span
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import MISSING, ToolCall
+from spanguard.detection.conventions.keys import WANTED_KEYS
 from spanguard.detection.fleet import FleetPolicy, FleetWindow, server_of, tool_call
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key

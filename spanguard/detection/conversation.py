@@ -37,12 +37,7 @@ from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
-<<<<<<< HEAD
-from spanguard.detection.conventions import ToolCall
-=======
 from spanguard.detection.conventions.events import ToolCall
-from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
->>>>>>> cc87921 (Issue 43: spanguard.detection.conventions becomes a package by concept, no behaviour change)
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules import CYCLE, TOOL_LOOP
 from spanguard.detection.rules.base import FLAG, KILL, Fired, Trip

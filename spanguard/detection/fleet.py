@@ -46,16 +46,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.keys import (
     ERROR_TYPE,
     INFERENCE_OPERATIONS,
     OPERATION,
     PROVIDER_KEYS,
     REQUEST_MODEL_KEYS,
     STATUS_ERROR,
-    ToolCall,
-    bounded_text,
 )
+from spanguard.detection.conventions.values import bounded_text
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.detection.rules.base import FLAG
 

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.trace_state import iso_from_micros
 from spanguard.schemas.decision import (
     NO_EVIDENCE,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from spanguard.detection.conventions import MAX_TEXT_CHARS, ToolCall
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.fleet import (
     LOOP_SIGNATURE,
     MAX_NAME_CHARS,

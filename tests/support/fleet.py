@@ -23,14 +23,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 
 from bench.corpus import build_corpus
-from spanguard.detection.conventions import (
-    AGENT_NAME,
-    MISSING,
-    SERVICE_NAME,
-    WANTED_KEYS,
-    ToolCall,
-    adapt_span,
-)
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import MISSING, ToolCall
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME, WANTED_KEYS
 from spanguard.detection.fleet import (
     FleetCall,
     FleetIncident,
