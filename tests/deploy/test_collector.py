@@ -45,9 +45,14 @@ def binary() -> Path:
     return path
 
 
-def validate(binary: Path, config: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def validate(binary: Path, *configs: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`otelcol validate` of `configs`, each laid over the ones before it."""
     return subprocess.run(
-        [str(binary), "validate", "--config", str(config)],
+        [
+            str(binary),
+            "validate",
+            *(arg for config in configs for arg in ("--config", str(config))),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -104,12 +109,7 @@ def test_the_args_hash_overlay_validates_where_the_transform_processor_is_built(
     ).stdout
     if "name: transform" not in components:
         pytest.skip("this Collector build has no transform processor (see args-hash.yaml)")
-    result = subprocess.run(
-        [str(binary), "validate", "--config", str(CONFIG), "--config", str(ARGS_HASH)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = validate(binary, CONFIG, ARGS_HASH)
     assert result.returncode == 0, result.stderr
 
 
@@ -119,12 +119,7 @@ def test_validate_passes_on_the_shipped_config(binary: Path):
 
 
 def test_the_packed_overlay_validates_over_the_shipped_config(binary: Path):
-    result = subprocess.run(
-        [str(binary), "validate", "--config", str(CONFIG), "--config", str(PACKED)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = validate(binary, CONFIG, PACKED)
     assert result.returncode == 0, result.stderr
 
 
