@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.support.https_receiver import Fault
-from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.pagerduty_server import EventsApiServer
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
@@ -19,6 +17,7 @@ from tests.support.worker import (
     restart_mid_retry,
     running_worker,
     send_spans,
+    start_worker,
 )
 
 pytestmark = pytest.mark.kafka
@@ -39,12 +38,6 @@ def worker_env(server: EventsApiServer) -> dict[str, str]:
         "SSL_CERT_FILE": server.ca_bundle,
         "SPANGUARD_TRACE_URL_TEMPLATE": "https://tempo.example/trace/{trace_id}",
     }
-
-
-def start_worker(topics: Topics, data: Path, server: EventsApiServer) -> WorkerProcess:
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    return WorkerProcess(topics, data, policy=policy, env=worker_env(server)).start()
 
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
@@ -135,21 +128,16 @@ def test_a_slow_pagerduty_never_delays_kill_signals(paging_stack):
 
 
 def test_a_restart_mid_retry_does_not_page_twice(tmp_path):
-    ensure_broker()
     with EventsApiServer() as server:
-        topics = Topics()
-        try:
-            server.script(503, 503, 503)
-            agent = restart_mid_retry(
-                lambda: start_worker(topics, tmp_path, server),
-                lambda: loop(topics.input, "autopilot"),
-                failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
-                delivered=lambda agent: any(
-                    r.status == 202 for r in requests_for(server, agent.trace_id)
-                ),
-            )
-            accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
-            assert len(accepted) == 1
-            assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1
-        finally:
-            topics.delete()
+        server.script(503, 503, 503)
+        agent = restart_mid_retry(
+            lambda topics: start_worker(topics, tmp_path, POLICY, env=worker_env(server)),
+            lambda topics: loop(topics.input, "autopilot"),
+            failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
+            delivered=lambda agent: any(
+                r.status == 202 for r in requests_for(server, agent.trace_id)
+            ),
+        )
+        accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
+        assert len(accepted) == 1
+        assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1

@@ -8,13 +8,11 @@ import hashlib
 import hmac
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from spanguard.schemas.decision import validate
 from tests.support.https_receiver import Fault
-from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
 from tests.support.webhook_server import WebhookServer, slack_errors
@@ -23,6 +21,7 @@ from tests.support.worker import (
     restart_mid_retry,
     running_worker,
     send_spans,
+    start_worker,
 )
 
 pytestmark = pytest.mark.kafka
@@ -43,14 +42,6 @@ def worker_env(server: WebhookServer, path: str = HOOK_PATH, **env: str) -> dict
         "SPANGUARD_WEBHOOK_SIGNING_KEY": SIGNING_KEY,
         **env,
     }
-
-
-def start_worker(
-    topics: Topics, data: Path, server: WebhookServer, path: str = HOOK_PATH, **env: str
-) -> WorkerProcess:
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    return WorkerProcess(topics, data, policy=policy, env=worker_env(server, path, **env)).start()
 
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
@@ -144,28 +135,22 @@ def test_a_slow_receiver_never_delays_kill_signals(stack):
 
 
 def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
-    ensure_broker()
     slack_path = "/services/T000/B000/XXXXXXXX"
     with WebhookServer() as server:
-        topics = Topics()
-        try:
-            server.script(503, 503, 503)
-            agent = restart_mid_retry(
-                lambda: start_worker(
-                    topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-                ),
-                lambda: loop(topics.input, "support-bot"),
-                failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
-                delivered=lambda agent: any(
-                    r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
-                ),
-            )
-            posts = posts_for(server, agent.trace_id, slack_path)
-            delivered = [r for r in posts if r.status == 200]
-            assert len(delivered) == 1
-            assert slack_errors(delivered[0].raw) is None  # what Slack's webhooks accept
-            body = delivered[0].body
-            assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
-            assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
-        finally:
-            topics.delete()
+        server.script(503, 503, 503)
+        env = worker_env(server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack")
+        agent = restart_mid_retry(
+            lambda topics: start_worker(topics, tmp_path, POLICY, env=env),
+            lambda topics: loop(topics.input, "support-bot"),
+            failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
+            delivered=lambda agent: any(
+                r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
+            ),
+        )
+        posts = posts_for(server, agent.trace_id, slack_path)
+        delivered = [r for r in posts if r.status == 200]
+        assert len(delivered) == 1
+        assert slack_errors(delivered[0].raw) is None  # what Slack's webhooks accept
+        body = delivered[0].body
+        assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
+        assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
