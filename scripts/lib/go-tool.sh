@@ -20,3 +20,29 @@ tool_ready() {
   fi
   return 1
 }
+
+# build_tool BINARY LOCK GO_MISSING STARTING BUILD: BINARY, built once. Unless it is built
+# already (see tool_ready), says STARTING and runs `BUILD SCRATCH`, which leaves the binary, named
+# as BINARY is, in the scratch directory SCRATCH; the binary is then moved in whole, so a reader
+# never sees a half-written one, and the scratch directory is removed.
+build_tool() {
+  local binary=$1 lock=$2 go_missing=$3 starting=$4 build=$5
+  tool_ready "$binary" "$lock" "$go_missing" && return 0
+  local started=$SECONDS work name dir
+  name=$(basename "$binary")
+  dir=$(dirname "$binary")
+  say "$starting"
+  work=$(mktemp -d "$CACHE_ROOT/${lock%.lock}.XXXXXX")
+  # chmod first: copies out of the module cache are read-only.
+  # shellcheck disable=SC2064
+  trap "chmod -R u+w '$work' 2>/dev/null; rm -rf '$work'" EXIT
+  "$build" "$work"
+  [[ -x $work/$name ]] || die "the build finished but $work/$name is missing"
+  mkdir -p "$dir"
+  mv "$work/$name" "$dir/.$name.tmp"
+  mv "$dir/.$name.tmp" "$binary"
+  chmod -R u+w "$work" 2>/dev/null
+  rm -rf "$work"
+  trap - EXIT
+  say "built $binary in $((SECONDS - started))s"
+}
