@@ -18,13 +18,10 @@ set -euo pipefail
 
 COMPOSE_VERSION=v2.40.3
 MODULE=github.com/docker/compose/v2
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
-COMPOSE_DIR="$CACHE_ROOT/compose-$COMPOSE_VERSION"
-COMPOSE="$COMPOSE_DIR/docker-compose"
-
-SCRIPT=compose.sh
 # shellcheck source=scripts/lib/go-tool.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
+COMPOSE_DIR="$CACHE_ROOT/compose-$COMPOSE_VERSION"
+COMPOSE="$COMPOSE_DIR/docker-compose"
 
 # The module's source, fetched with `go mod download`, copied into the scratch directory $1 and
 # built there as the main module.
@@ -43,10 +40,8 @@ build_compose() {
 }
 
 ensure_compose() {
-  build_tool "$COMPOSE" compose-build.lock \
-    "go not found: compose is built from the Go module proxy; install Go (https://go.dev/dl/ or your distribution's golang package) and retry" \
-    "building docker compose $COMPOSE_VERSION ($MODULE) into $COMPOSE_DIR; the first build takes a few minutes" \
-    build_compose
+  build_tool "$COMPOSE" compose Go \
+    "building docker compose $COMPOSE_VERSION ($MODULE) into $COMPOSE_DIR" build_compose
 }
 
 case ${1:-} in

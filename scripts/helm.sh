@@ -16,13 +16,10 @@
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
-HELM_DIR="$CACHE_ROOT/helm-$HELM_VERSION"
-HELM="$HELM_DIR/helm"
-
-SCRIPT=helm.sh
 # shellcheck source=scripts/lib/go-tool.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
+HELM_DIR="$CACHE_ROOT/helm-$HELM_VERSION"
+HELM="$HELM_DIR/helm"
 
 # helm, installed by `go install` into the scratch directory $1.
 install_helm_into() {
@@ -33,10 +30,8 @@ install_helm_into() {
 }
 
 install_helm() {
-  build_tool "$HELM" helm-install.lock \
-    "go not found: helm is built from the Go module proxy; install Go >= 1.26, the go directive of helm v3.22.0 (https://go.dev/dl/ or your distribution's golang package) and retry" \
-    "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR; the first build takes a few minutes" \
-    install_helm_into
+  build_tool "$HELM" helm "Go >= 1.26, the go directive of helm $HELM_VERSION" \
+    "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR" install_helm_into
 }
 
 case ${1:-} in
