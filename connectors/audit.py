@@ -10,17 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
-    LibrdkafkaLog,
-    client_config,
+    reading,
+    throwaway_reader,
     wait_for_metadata,
 )
 from spanguard.errors import AuditReadError
@@ -49,27 +48,9 @@ def read_decisions(
     """Every record of `topic` keyed by `trace_id`; AuditReadError if the topic is not there,
     KafkaConnectError if the cluster refuses the connection or does not answer."""
     errors = ClientErrors(bootstrap, security)
-    consumer = Consumer(
-        client_config(
-            bootstrap,
-            security,
-            {
-                # A throwaway group that commits nothing: reading the audit never moves anyone's
-                # offsets.
-                "group.id": f"spanguard-explain-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "error_cb": errors,
-                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
-            },
-        )
-    )
-    try:
+    consumer = throwaway_reader(bootstrap, security, errors, "explain", log)
+    with reading(consumer, topic, bootstrap, AuditReadError):
         return _scan(consumer, errors, topic, trace_id.lower().encode(), timeout)
-    except KafkaException as exc:
-        raise AuditReadError(f"cannot read {topic} from {bootstrap}: {exc}") from None
-    finally:
-        consumer.close()
 
 
 def _scan(

@@ -74,16 +74,12 @@ def test_a_loaded_version_1_state_goes_on_counting():
     agent = AgentRecorder("support-bot", "support")
     guard.states[agent.trace_id] = state
     for _ in range(2):  # with the window's one search_docs: 3 (the default threshold)
+        # The result written as the version-1 worker read a plain-text result ({"_raw": text}):
+        # a bare string hashes as itself since, so "no results" keys a new call.
         agent.tool(
             "search_docs",
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "search_docs",
-                "gen_ai.tool.call.arguments": json.dumps({"query": "refund policy"}),
-                # Written as the version-1 worker read a plain-text result ({"_raw": text}):
-                # a bare string hashes as itself since, so "no results" keys a new call.
-                "gen_ai.tool.call.result": json.dumps({"_raw": "no results"}),
-            },
+            {"query": "refund policy"},
+            result=json.dumps({"_raw": "no results"}),
         )
     assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
     # The loaded search and the two new ones are one call: counted 3 times in the window
