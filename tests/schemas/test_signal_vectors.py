@@ -189,11 +189,15 @@ def test_each_tool_sequence_through_the_signal_book(sequence, monkeypatch):
         if "clock" in step:
             _Clock.current = _at(step["clock"])
         elif "deliver" in step:
-            signal = read_signal(sequence["signals"][step["deliver"]].encode(), keys, _Clock.current)
+            signal = read_signal(
+                sequence["signals"][step["deliver"]].encode(), keys, _Clock.current
+            )
             assert book.deliver(signal) is step["new"], step
         else:
             outcome = _outcome(
-                lambda: book.check(step["check"], tool=step.get("tool"), server=step.get("server"))
+                functools.partial(
+                    book.check, step["check"], tool=step.get("tool"), server=step.get("server")
+                )
             )
             _assert_outcome(outcome, step)
             refused += outcome[0] == "contained"

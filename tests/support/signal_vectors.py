@@ -288,8 +288,13 @@ def _tool_sequences() -> list[dict[str, Any]]:
     signals = {
         "contain": signed(CONTAIN),
         "release": signed(TOOL_RELEASE),
-        "old_release": signed({**TOOL_RELEASE, "signal_id": "5" * 31 + "d",
-                               "detected_at": "2026-06-01T11:00:00.000+00:00"}),  # fmt: skip
+        "old_release": signed(
+            {
+                **TOOL_RELEASE,
+                "signal_id": "5" * 31 + "d",
+                "detected_at": "2026-06-01T11:00:00.000+00:00",
+            }
+        ),
         "web_contain": signed(web),
         "kill": signed({k: v for k, v in BASE.items() if k not in unsigned}),
     }
