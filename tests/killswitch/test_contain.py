@@ -285,3 +285,52 @@ def test_an_openai_agents_run_whose_tool_is_contained_takes_its_other_tool_and_f
     assert result.final_output == "Answer: refunds within 30 days"
     assert calls == ["web_search"]  # the contained tool never ran
     assert book.tool_calls_refused == 1
+
+
+def test_a_pydantic_ai_agent_whose_tool_is_contained_takes_its_other_tool_and_finishes():
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from spanguard.killswitch.adapters_pydantic_ai import SpanguardCapability
+
+    calls: list[str] = []
+
+    def scripted(messages: list, info: AgentInfo) -> ModelResponse:
+        """The knowledge base first; on its failure, the web; then the answer."""
+        answers = [
+            str(getattr(part, "content", ""))
+            for message in messages
+            for part in message.parts
+            if part.part_kind in ("tool-return", "retry-prompt")
+        ]
+        if not answers:
+            return ModelResponse(parts=[ToolCallPart("search_docs", {"query": "refunds"})])
+        if len(answers) == 1:
+            assert REFUSAL in answers[0], answers
+            return ModelResponse(parts=[ToolCallPart("web_search", {"query": "refunds"})])
+        return ModelResponse(parts=[TextPart(f"Answer: {answers[-1]}")])
+
+    book, trace_id = SignalBook(), uuid.uuid4().hex
+    book.deliver(contain())
+    agent = Agent(
+        FunctionModel(scripted), capabilities=[SpanguardCapability(book, trace_id=trace_id)]
+    )
+
+    @agent.tool_plain
+    def search_docs(query: str) -> str:
+        """Search the knowledge base."""
+        calls.append("search_docs")
+        return "no results"
+
+    @agent.tool_plain
+    def web_search(query: str) -> str:
+        """Search the web."""
+        calls.append("web_search")
+        return "refunds within 30 days"
+
+    result = agent.run_sync("What is the refund policy?")
+    assert result.output == "Answer: refunds within 30 days"
+    assert calls == ["web_search"]
+    assert book.tool_calls_refused == 1
