@@ -12,41 +12,16 @@ import json
 import logging
 import pickle
 import uuid
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from spanguard.killswitch import AgentKilled, SignalBook, ToolContained
 from spanguard.killswitch.client import KillSwitch
-from spanguard.schemas.decision import KillSignal, keyring, read_signal, sign, tool_signal
+from spanguard.schemas.decision import keyring, read_signal, sign
 from tests.support.spans import kill_signal
+from tests.support.spans import tool_contain as contain
 
 REFUSAL = "tool search_docs is contained by spanguard"
-
-
-def _at(minutes: float = 0.0) -> str:
-    return (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat(timespec="milliseconds")
-
-
-def contain(
-    tool: str = "search_docs",
-    server: str = "",
-    *,
-    kind: str = "kill",
-    minutes: float = 60,
-    detected: float = 0.0,
-) -> KillSignal:
-    return tool_signal(
-        tool,
-        server,
-        "manual" if kind == "release" else "tool_failing",
-        "the index answers 503 for every trace",
-        uuid.uuid4().hex,
-        _at(minutes),
-        kind=kind,  # type: ignore[arg-type]
-        detected_at=_at(detected),
-        operator="oncall@example.com" if kind == "release" else None,
-    )
 
 
 def test_the_signal_is_valid_signed_and_reads_back():
