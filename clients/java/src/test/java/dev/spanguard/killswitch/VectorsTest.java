@@ -99,7 +99,7 @@ class VectorsTest {
           if (signal == null || vector.get("signal") == null) {
             return;
           }
-          Map<String, String> got = new TreeMap<>();
+          Map<String, Object> got = new TreeMap<>();
           got.put("kind", signal.kind());
           got.put("trace_id", signal.traceId());
           got.put("signal_id", signal.signalId());
