@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from spanguard import __version__
 from spanguard.config.policy_file import load_policy
@@ -450,7 +450,7 @@ def _cmd_tool(args: argparse.Namespace) -> int:
     from spanguard.connectors.manual import publish_signal
     from spanguard.schemas.decision import DEFAULT_CONTAIN_SECONDS, tool_signal
 
-    kind = "kill" if args.command == "contain" else "release"
+    kind: Literal["kill", "release"] = "kill" if args.command == "contain" else "release"
     try:
         seconds = _parse_duration(args.duration) if kind == "kill" else DEFAULT_CONTAIN_SECONDS
     except ValueError as exc:
