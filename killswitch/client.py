@@ -61,6 +61,7 @@ from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
 from spanguard.killswitch.signals import (
     AgentKilled,
     SignalBook,
+    ToolContained,
     current_agent,
     current_conversation_id,
     current_trace_id,
@@ -260,6 +261,8 @@ class KillSwitch:
             return None
         try:
             message = self.signals.check(trace_id, tool=tool, server=server)
+        except ToolContained:
+            raise  # a refused call: the agent goes on, nothing to acknowledge
         except AgentKilled as killed:
             self._acknowledge(killed.signal)
             raise
@@ -272,12 +275,9 @@ class KillSwitch:
         return message
 
     def check_tool(self, tool: str | None, server: str | None = None) -> None:
-        """Raise ToolContained if `tool` (on `server`; None: whichever) is contained."""
-        try:
-            self.signals.check_tool(tool, server)
-        except AgentKilled as contained:
-            self._acknowledge(contained.signal)
-            raise
+        """Raise ToolContained if `tool` (on `server`; None: whichever) is contained (not
+        acknowledged: an ack says an agent stopped or was steered)."""
+        self.signals.check_tool(tool, server)
 
     def check_scopes(
         self, conversation_id: str | None = None, agent: AgentIdentity | str | None = None
