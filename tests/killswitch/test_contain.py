@@ -309,3 +309,58 @@ def test_a_pydantic_ai_agent_whose_tool_is_contained_takes_its_other_tool_and_fi
     assert result.output == "Answer: refunds within 30 days"
     assert calls == ["web_search"]
     assert book.tool_calls_refused == 1
+
+
+def test_a_llama_index_agent_whose_tool_is_contained_takes_its_other_tool_and_finishes():
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+    from llama_index.core.tools import FunctionTool
+
+    from spanguard.killswitch.adapters_llama_index import guard_llama_index_agent
+
+    calls: list[str] = []
+    seen: list[str] = []
+
+    def respond(messages, **kwargs) -> ChatMessage:
+        """The knowledge base first; on its error, the web; then the answer."""
+        tool_results = [str(m.content) for m in messages if m.role == MessageRole.TOOL]
+        seen[:] = tool_results
+        if not tool_results:
+            name = "search_docs"
+        elif len(tool_results) == 1:
+            assert tool_results[0].startswith(REFUSAL), tool_results
+            name = "web_search"
+        else:
+            return ChatMessage(role=MessageRole.ASSISTANT, content=f"Answer: {tool_results[-1]}")
+        block = ToolCallBlock(
+            tool_call_id=f"call_{len(tool_results)}", tool_name=name, tool_kwargs={"query": "q"}
+        )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=[block])
+
+    def search_docs(query: str) -> str:
+        """Search the knowledge base."""
+        calls.append("search_docs")
+        return "no results"
+
+    def web_search(query: str) -> str:
+        """Search the web."""
+        calls.append("web_search")
+        return "refunds within 30 days"
+
+    tools = [FunctionTool.from_defaults(fn=fn) for fn in (search_docs, web_search)]
+    agent = FunctionAgent(
+        tools=tools, llm=MockFunctionCallingLLM(response_generator=respond), name="support"
+    )
+    book, trace_id = SignalBook(), uuid.uuid4().hex
+    book.deliver(contain())
+    guard_llama_index_agent(agent, book, trace_id=trace_id)
+
+    async def run() -> object:
+        return await agent.run("What is the refund policy?", max_iterations=10)
+
+    result = asyncio.run(run())
+    assert "refunds within 30 days" in str(result)
+    assert calls == ["web_search"]
+    assert book.tool_calls_refused == 1
