@@ -32,7 +32,10 @@ A kill, pause or downgrade obeyed is recorded on the run's span (`spanguard.stop
 LangChain spans).
 
 `AgentKilled` propagates out of the hook; what the agent's code then sees is documented per
-framework in docs/agents.md. A downgrade's system message goes to `on_downgrade` (or waits in
+framework in docs/agents.md. A call to a tool spanguard contained (a signal of scope tool) is
+checked by name (`check_tool`, where the checker has it) after the trace, and its
+`ToolContained` is not a stop: each adapter hands the model its message as the tool's error
+(docs/killswitch-clients.md, "A contained tool"), and the agent can take another tool. A downgrade's system message goes to `on_downgrade` (or waits in
 `pending_messages` for the agent to inject it). A paused trace waits in the checker's `wait()`
 (in a thread, for the async hooks) until an operator's release or kill, or the pause's deadline.
 """
