@@ -35,7 +35,8 @@ LangChain spans).
 framework in docs/agents.md. A call to a tool spanguard contained (a signal of scope tool) is
 checked by name (`check_tool`, where the checker has it) after the trace, and its
 `ToolContained` is not a stop: each adapter hands the model its message as the tool's error
-(docs/killswitch-clients.md, "A contained tool"), and the agent can take another tool. A downgrade's system message goes to `on_downgrade` (or waits in
+(docs/killswitch-clients.md, "A contained tool: refused, the agent goes on"), and the agent can
+take another tool. A downgrade's system message goes to `on_downgrade` (or waits in
 `pending_messages` for the agent to inject it). A paused trace waits in the checker's `wait()`
 (in a thread, for the async hooks) until an operator's release or kill, or the pause's deadline.
 """
