@@ -18,9 +18,11 @@ from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.rules.tool_polling import ToolPolling
 
 __all__ = [
+    "CONTAINING_RULES",
     "COST_BUDGET",
     "CYCLE",
     "NO_PROGRESS",
+    "OTHER_RULES",
     "RULES",
     "TOKEN_BUDGET",
     "TOOL_LOOP",
@@ -46,7 +48,12 @@ OTHER_RULES: tuple[tuple[str, bool], ...] = (
     ("agent_budget", True),
     ("goal_unmet", False),
     ("manual", True),
+    ("tool_failing", False),
+    ("loop_signature", False),
 )
+# The fleet rules: they stop no agent, but their signals contain a tool (scope tool), so a kill
+# signal may carry them.
+CONTAINING_RULES = frozenset({"tool_failing", "loop_signature"})
 
 
 def rule_named(name: str) -> Rule:
@@ -58,9 +65,14 @@ def rule_named(name: str) -> Rule:
 
 def rule_names(*, signals: bool = False) -> list[str]:
     """Every rule name a detection may carry, in the wire schemas' order: the registry's, then
-    the others; `signals`: only those a kill signal may carry (they may stop the agent)."""
+    the others; `signals`: only those a kill signal may carry (they may stop the agent, or
+    contain a tool)."""
     named = [(rule.name, rule.stops_agent) for rule in RULES] + list(OTHER_RULES)
-    return [name for name, stops_agent in named if stops_agent or not signals]
+    return [
+        name
+        for name, stops_agent in named
+        if stops_agent or not signals or name in CONTAINING_RULES
+    ]
 
 
 def markdown_table() -> str:
