@@ -40,10 +40,12 @@ whose clock really moved is followed. The scope ticks the clock with its stream 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from spanguard.detection.conventions import (
@@ -58,6 +60,13 @@ from spanguard.detection.conventions import (
 )
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.detection.rules.base import FLAG
+from spanguard.schemas.decision import (
+    NO_SPAN_ID,
+    AgentIdentity,
+    Decision,
+    DecisionScope,
+    Evidence,
+)
 
 __all__ = [
     "FLEET_RULES",
@@ -68,6 +77,8 @@ __all__ = [
     "FleetPolicy",
     "FleetPolicyError",
     "FleetWindow",
+    "incident_decision",
+    "incident_trace_id",
     "model_call",
     "server_of",
     "tool_call",
@@ -77,6 +88,9 @@ TOOL_FAILING: Final = "tool_failing"
 LOOP_SIGNATURE: Final = "loop_signature"
 FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
 CONTAIN: Final = "contain"  # the tool refused to every client while the incident is open
+RECOVERED: Final = "recovered"  # an incident's second and last record: the tool answers again
+# Who an incident's record names as its agent: it is no one agent's (scope.agents lists them).
+FLEET_AGENT: Final = AgentIdentity("(fleet)")
 
 # The MCP conventions' server of a client span (semantic-conventions-genai, docs/gen-ai/mcp.md).
 SERVER_ADDRESS: Final = "server.address"
@@ -508,6 +522,7 @@ class FleetWindow:
             return None
         hit = list(reversed(traces))[:MAX_LISTED]
         incident = self._open(key, LOOP_SIGNATURE, time_ns, hit, args_hash)
+        incident.figures["signature_traces"] = len(traces)
         incident.last_hit_step = step
         return incident
 
@@ -587,3 +602,89 @@ def _forget_oldest(key: _Key) -> None:
     _trace, last = key.traces.popitem(last=False)
     key.bad -= last & 1
     key.forgotten += 1
+
+
+# The incident as a decision record -------------------------------------------------------
+
+
+def incident_trace_id(incident: FleetIncident) -> str:
+    """The 32-hex trace id an incident's records carry: a hash of its dedup key, so the records
+    of one incident taken again after a crash (or in a replay) carry the same ids."""
+    return hashlib.sha256(incident.dedup_key.encode()).hexdigest()[:32]
+
+
+def _iso(time_ns: int) -> str:
+    return datetime.fromtimestamp(time_ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def _reason(incident: FleetIncident, policy: FleetPolicy) -> str:
+    at = f" at {incident.server}" if incident.server else ""
+    figures = incident.figures
+    if incident.recovered_at_ns:
+        return (
+            f"{incident.rule}: {incident.tool}{at} answered again for"
+            f" {len(incident.recovering)} traces; the incident is closed"
+        )
+    if incident.rule == LOOP_SIGNATURE:
+        return (
+            f"the same call of {incident.tool}{at} (args {incident.signature}) was decided on in"
+            f" {figures.get('signature_traces', len(incident.traces))} traces within"
+            f" {policy.window} s"
+        )
+    return (
+        f"{figures['failing_traces']} of {figures['traces']} traces calling {incident.tool}{at}"
+        f" failed or found nothing within {policy.window} s (at least {policy.min_traces} and"
+        f" {policy.min_fraction:.0%} trip)"
+    )
+
+
+def incident_decision(
+    incident: FleetIncident,
+    policy: FleetPolicy,
+    *,
+    shadow: bool = False,
+    detected: datetime | None = None,
+) -> Decision:
+    """An incident's record on the detections topic: scope "tool", action the policy's (`flag`
+    in shadow mode), or `recovered` once it has recovered (its second and last record).
+
+    Its trace id and decision id derive from the incident's dedup key: taken again after a crash
+    it is the same record. `detected` (default: the incident's own time, the span time that
+    crossed the threshold or recovered) is when the worker decided; `span_ended_at` is always
+    the incident's time."""
+    recovered = not incident.open
+    action = RECOVERED if recovered else (FLAG if shadow else policy.action)
+    time_ns = incident.recovered_at_ns if recovered else incident.opened_at_ns
+    figures = incident.figures
+    if recovered:
+        hits = len(incident.recovering)
+    elif incident.rule == LOOP_SIGNATURE:
+        hits = figures.get("signature_traces", len(incident.traces))
+    else:
+        hits = figures["failing_traces"]
+    ended = _iso(time_ns)
+    return Decision(
+        trace_id=incident_trace_id(incident),
+        span_id=NO_SPAN_ID,
+        rule=incident.rule,  # type: ignore[arg-type]
+        action=action,  # type: ignore[arg-type]
+        reason=_reason(incident, policy),
+        agent=FLEET_AGENT,
+        detected_at=ended if detected is None else detected.isoformat(timespec="milliseconds"),
+        evidence=Evidence(
+            tool_name=incident.tool,
+            args_hash=incident.signature,
+            hits=max(hits, 1),
+            window=policy.window,
+            steps=figures["calls"] or None,
+        ),
+        span_ended_at=ended,
+        scope=DecisionScope(
+            "tool",
+            traces=figures["traces"] or None,
+            tool=incident.tool,
+            server=incident.server or None,
+            trace_ids=list(incident.traces),
+            agents=list(incident.agents),
+        ),
+    )

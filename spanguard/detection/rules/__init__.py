@@ -40,10 +40,14 @@ COST_BUDGET = CostBudget()
 # In the order the guard runs them on a call.
 RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
 # The names a decision may carry besides the registry's rules, and whether it may stop the
-# agent: the agent scope's budget (spanguard/detection/agent_budget.py), the goal verifier's
-# verdict (it only flags) and an operator's `spanguard kill` or `release`.
+# agent: the agent scope's budget (spanguard/detection/agent_budget.py), the fleet rules over
+# one tool across every agent (spanguard/detection/fleet.py: their action `contain` refuses the
+# tool to every client), the goal verifier's verdict (it only flags) and an operator's
+# `spanguard kill` or `release`.
 OTHER_RULES: tuple[tuple[str, bool], ...] = (
     ("agent_budget", True),
+    ("tool_failing", True),
+    ("loop_signature", True),
     ("goal_unmet", False),
     ("manual", True),
 )
