@@ -20,10 +20,11 @@ from bench.bench_core import _best
 from bench.corpus import build_corpus
 from spanguard.detection import core_build
 from spanguard.detection.conventions import MISSING, WANTED_KEYS, ToolCall, adapt_span
-from spanguard.detection.fleet import FleetPolicy, FleetWindow, server_of, tool_call
+from spanguard.detection.fleet import FleetWindow, server_of, tool_call
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key
 from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.policy import FleetPolicy
 
 BASE_NS = 1_800_000_000_000_000_000
 MINUTES_NS = 10 * 60 * 1_000_000_000

@@ -41,10 +41,8 @@ whose clock really moved is followed. The scope ticks the clock with its stream 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -67,6 +65,7 @@ from spanguard.schemas.decision import (
     DecisionScope,
     Evidence,
 )
+from spanguard.schemas.policy import FleetPolicy
 
 __all__ = [
     "FLEET_RULES",
@@ -74,8 +73,6 @@ __all__ = [
     "TOOL_FAILING",
     "FleetCall",
     "FleetIncident",
-    "FleetPolicy",
-    "FleetPolicyError",
     "FleetWindow",
     "incident_decision",
     "incident_trace_id",
@@ -87,7 +84,6 @@ __all__ = [
 TOOL_FAILING: Final = "tool_failing"
 LOOP_SIGNATURE: Final = "loop_signature"
 FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
-CONTAIN: Final = "contain"  # the tool refused to every client while the incident is open
 RECOVERED: Final = "recovered"  # an incident's second and last record: the tool answers again
 # Who an incident's record names as its agent: it is no one agent's (scope.agents lists them).
 FLEET_AGENT: Final = AgentIdentity("(fleet)")
@@ -106,73 +102,6 @@ MAX_AGENTS: Final = 512
 MAX_SIGNATURES: Final = 64  # args hashes decided on, per key
 MAX_LISTED: Final = 20  # traces and agents an incident names
 RESYNC_EVENTS: Final = 64
-
-
-class FleetPolicyError(ValueError):
-    """A fleet setting that cannot be used; `field` names it."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"fleet.{name}: {message}")
-        self.field = name
-
-
-@dataclass(frozen=True, slots=True)
-class FleetPolicy:
-    """The fleet rules' settings (the policy's `fleet` section). Defaults: see
-    tests/support/fleet.py's precision table, which they are chosen on."""
-
-    enabled: bool = False
-    action: str = FLAG  # flag: an incident is recorded and notified; contain: tools refused
-    min_traces: int = 8
-    min_fraction: float = 0.5
-    window: int = 300  # seconds
-    step: int = 30  # seconds; the window is a whole number of steps
-    max_tools: int = 1000
-    recover_after: int = 3
-    loop_traces: int = 3
-
-    def __post_init__(self) -> None:
-        _check_bool(self, "enabled")
-        if self.action not in (FLAG, CONTAIN):
-            raise FleetPolicyError("action", f"must be flag or contain, not {self.action!r}")
-        for name, low in (("min_traces", 1), ("recover_after", 1), ("loop_traces", 2)):
-            _check_int(self, name, low, 1_000_000)
-        _check_int(self, "step", 1, 3600)
-        _check_int(self, "window", self.step, 86_400)
-        _check_int(self, "max_tools", 1, 1_000_000)
-        if self.window % self.step:
-            raise FleetPolicyError("window", f"must be a whole number of steps ({self.step} s)")
-        fraction = self.min_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise FleetPolicyError("min_fraction", f"must be a number, not {fraction!r}")
-        if not (math.isfinite(fraction) and 0 < fraction <= 1):
-            raise FleetPolicyError("min_fraction", f"must be in (0, 1], not {fraction!r}")
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> FleetPolicy:
-        """The settings of a policy's `fleet` mapping; an unknown key is an error."""
-        known = {item.name for item in fields(cls)}
-        for key in section:
-            if key not in known:
-                raise FleetPolicyError(str(key), f"unknown setting (known: {', '.join(known)})")
-        return cls(**dict(section))
-
-    @property
-    def steps(self) -> int:
-        return self.window // self.step
-
-
-def _check_bool(policy: FleetPolicy, name: str) -> None:
-    if not isinstance(getattr(policy, name), bool):
-        raise FleetPolicyError(name, f"must be true or false, not {getattr(policy, name)!r}")
-
-
-def _check_int(policy: FleetPolicy, name: str, low: int, high: int) -> None:
-    value = getattr(policy, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FleetPolicyError(name, f"must be a whole number, not {value!r}")
-    if not low <= value <= high:
-        raise FleetPolicyError(name, f"must be between {low} and {high}, not {value}")
 
 
 @dataclass(slots=True)
@@ -667,7 +596,7 @@ def incident_decision(
         trace_id=incident_trace_id(incident),
         span_id=NO_SPAN_ID,
         rule=incident.rule,  # type: ignore[arg-type]
-        action=action,  # type: ignore[arg-type]
+        action=action,
         reason=_reason(incident, policy),
         agent=FLEET_AGENT,
         detected_at=ended if detected is None else detected.isoformat(timespec="milliseconds"),

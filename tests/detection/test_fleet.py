@@ -16,8 +16,6 @@ from spanguard.detection.fleet import (
     RESYNC_EVENTS,
     TOOL_FAILING,
     FleetCall,
-    FleetPolicy,
-    FleetPolicyError,
     FleetWindow,
     incident_decision,
     incident_trace_id,
@@ -26,6 +24,7 @@ from spanguard.detection.fleet import (
 )
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.schemas.decision import Decision, kill_signals, validate
+from spanguard.schemas.policy import FleetPolicy, FleetPolicyError
 from tests.support.fleet import (
     BASE_NS,
     CORPORA,
