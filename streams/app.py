@@ -16,6 +16,7 @@ import faust
 from faust.types import TableT
 from prometheus_client import CollectorRegistry
 
+from spanguard.alerting.incidents import OpenIncidents
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
@@ -55,6 +56,7 @@ from spanguard.streams.metrics import (
     ConsumerLag,
     DecisionsSent,
     DetectionLatency,
+    FailingTools,
     LastBatch,
     TableMemory,
     WorkerMetrics,
@@ -210,6 +212,21 @@ def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> Tabl
     )
 
 
+def open_incidents_table(app: faust.App, settings: WorkerSettings) -> TableT:
+    """The open fleet incidents by tool name (alerting/incidents.py): a global table, so every
+    worker folds the pages of every incident whichever partition its record came on, and a
+    restarted worker reads them back from the changelog."""
+    return app.GlobalTable(
+        "open-incidents",
+        default=None,
+        partitions=settings.partitions,
+        use_partitioner=True,
+        key_type=bytes,
+        value_type=bytes,
+        options=settings.store_options,
+    )
+
+
 def build_worker(
     app: faust.App,
     settings: WorkerSettings,
@@ -244,12 +261,14 @@ def build_worker(
         guard,
         home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
     )
-    paging, notifying = PagingService(pager), WebhookService(webhook)
+    incidents = OpenIncidents(open_incidents_table(app, settings))
+    paging, notifying = PagingService(pager, incidents), WebhookService(webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
     registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
+    registry.register(FailingTools(incidents.failing_traces))
     return Worker(
         app=app,
         settings=settings,

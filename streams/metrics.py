@@ -59,6 +59,7 @@ __all__ = [
     "DecisionCounts",
     "DecisionsSent",
     "DetectionLatency",
+    "FailingTools",
     "LastBatch",
     "Series",
     "TableMemory",
@@ -225,6 +226,26 @@ class TableMemory(Collector):
                     except Exception:  # closed by a rebalance since the listing  # noqa: BLE001
                         continue
                 family.add_metric([table.name, kind], total)
+        yield family
+
+
+class FailingTools(Collector):
+    """spanguard_fleet_failing_traces{tool}: for each tool with an open fleet incident, the
+    failing traces its incident counted, read at scrape time from the open incidents the
+    paging agent keeps (alerting/incidents.py). Only open incidents, at most
+    MAX_GAUGED_TOOLS tools: a bounded series count whatever the fleet calls."""
+
+    def __init__(self, failing: Callable[[], Mapping[str, int]]) -> None:
+        self.failing = failing
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "spanguard_fleet_failing_traces",
+            "Failing traces of each tool with an open fleet incident (at most 20 tools)",
+            labels=["tool"],
+        )
+        for tool, traces in self.failing().items():
+            family.add_metric([tool], traces)
         yield family
 
 

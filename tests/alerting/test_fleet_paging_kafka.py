@@ -1,0 +1,204 @@
+"""One page per cause, through the real worker, the real broker, the real `pagerduty` client
+against the local Events API v2 server, and the local webhook receiver: a fleet incident pages
+once and posts once, its recovery resolves the page and posts once more, and the per-trace pages
+of traces decided on its tool are folded into it while it is open (and not after), across a
+SIGKILL of the worker too.
+
+The incident's records go to the detections topic as the tool scope writes them
+(spanguard.detection.fleet.incident_decision, keyed by the incident's trace id); the per-trace
+decisions are the worker's own, from looping agents' spans."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from spanguard.detection.fleet import TOOL_FAILING, FleetIncident, incident_decision
+from spanguard.schemas.decision import Decision
+from spanguard.schemas.policy import FleetPolicy
+from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.pagerduty_server import EventsApiServer
+from tests.support.spans import AgentRecorder
+from tests.support.waiting import wait_until
+from tests.support.webhook_server import WebhookServer
+from tests.support.worker import send_spans
+
+pytestmark = pytest.mark.kafka
+
+ROUTING_KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
+HOOK_PATH = "/hooks/fleet"
+TOOL = "search_docs"
+POLICY = """
+agents:
+  - match: {service.name: autopilot}
+    autonomous: true
+"""
+OPENED_NS = 1_780_000_000 * 10**9
+
+
+def incident(traces: int = 30, step: int = 1) -> FleetIncident:
+    return FleetIncident(
+        rule=TOOL_FAILING,
+        tool=TOOL,
+        server="docs.internal:443",
+        opened_at_ns=OPENED_NS + step * 30 * 10**9,
+        opened_step=step,
+        figures={"calls": traces * 2, "traces": traces, "failing_traces": traces, "agents": 7},
+        traces=[f"{n:032x}" for n in range(1, min(traces, 20) + 1)],
+        agents=[f"autopilot/agent-{n}" for n in range(7)],
+    )
+
+
+def send_record(topic: str, decision: Decision) -> None:
+    out = producer()
+    out.produce(topic, key=decision.trace_id.encode(), value=decision.to_json().encode())
+    assert out.flush(10) == 0
+
+
+def open_and_recovered(found: FleetIncident) -> tuple[Decision, Decision]:
+    opened = incident_decision(found, FleetPolicy(enabled=True))
+    found.recovered_at_ns = found.opened_at_ns + 120 * 10**9
+    found.recovering = ["a" * 32, "b" * 32, "c" * 32]
+    return opened, incident_decision(found, FleetPolicy(enabled=True))
+
+
+def loops(topic: str, count: int) -> list[AgentRecorder]:
+    """`count` autonomous agents each looping on the tool: a tool_loop decision apiece."""
+    agents = []
+    for _ in range(count):
+        agent = AgentRecorder("autopilot", "autopilot-agent")
+        for step in range(4):
+            agent.tool(TOOL, {"query": "refund policy", "nonce": step})
+        send_spans(topic, agent)
+        agents.append(agent)
+    return agents
+
+
+def triggers(server: EventsApiServer, trace_id: str, action: str = "trigger") -> list:
+    return [
+        r
+        for r in server.enqueue_requests
+        if trace_id in str(r.body.get("dedup_key")) and r.body.get("event_action") == action
+    ]
+
+
+def hook_posts(hooks: WebhookServer, trace_id: str) -> list[dict]:
+    bodies = []
+    for request in hooks.received(HOOK_PATH):
+        try:
+            body = request.body
+        except ValueError:
+            continue
+        if body.get("detection", {}).get("trace_id") == trace_id:
+            bodies.append(body)
+    return bodies
+
+
+def start_worker(
+    topics: Topics, data: Path, pager: EventsApiServer, hooks: WebhookServer
+) -> WorkerProcess:
+    data.mkdir(parents=True, exist_ok=True)
+    policy = data / "policy.yaml"
+    policy.write_text(POLICY)
+    env = {
+        "SPANGUARD_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+        "SPANGUARD_PAGERDUTY_URL": pager.url,
+        "SSL_CERT_FILE": pager.ca_bundle,
+        "SPANGUARD_WEBHOOK_URL": hooks.url + HOOK_PATH,
+        "SPANGUARD_WEBHOOK_CA_FILE": hooks.ca_bundle,
+    }
+    return WorkerProcess(topics, data, policy=policy, env=env).start()
+
+
+@contextmanager
+def fleet_stack(data: Path) -> Iterator[tuple[EventsApiServer, WebhookServer, Topics, Collector]]:
+    ensure_broker()
+    with EventsApiServer() as pager, WebhookServer() as hooks:
+        topics = Topics()
+        collector = Collector(topics.detections)
+        try:
+            yield pager, hooks, topics, collector
+        finally:
+            collector.close()
+            topics.delete()
+
+
+def decided(collector: Collector, topics: Topics, agents: list[AgentRecorder]) -> bool:
+    return all(collector.json_from(topics.detections, a.trace_id) for a in agents)
+
+
+def test_thirty_traces_failing_on_one_tool_page_once_and_the_recovery_resolves_it(tmp_path):
+    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
+        worker = start_worker(topics, tmp_path / "worker", pager, hooks)
+        try:
+            opened, recovered = open_and_recovered(incident())
+            send_record(topics.detections, opened)
+            wait_until(lambda: triggers(pager, opened.trace_id), what="the incident's page")
+            agents = loops(topics.input, 30)
+            wait_until(lambda: decided(collector, topics, agents), what="30 decisions", timeout=60)
+            wait_until(
+                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 30,
+                what="30 folded pages",
+            )
+            time.sleep(1.5)  # room for a stray page, were there one
+            assert [triggers(pager, a.trace_id) for a in agents] == [[]] * 30
+            (page,) = triggers(pager, opened.trace_id)
+            payload = page.body["payload"]
+            assert payload["source"] == "tool search_docs at docs.internal:443"
+            assert "30 of 30 traces calling search_docs" in payload["summary"]
+            details = payload["custom_details"]
+            assert (details["tool"], details["traces"], details["hits"]) == (TOOL, 30, 30)
+            assert len(details["trace_ids"]) == 20 and len(details["agents"]) == 7
+            (post,) = hook_posts(hooks, opened.trace_id)
+            assert post["detection"]["tool"] == TOOL and post["detection"]["action"] == "flag"
+
+            send_record(topics.detections, recovered)
+            wait_until(lambda: triggers(pager, opened.trace_id, "resolve"), what="the resolve")
+            key = page.body["dedup_key"]
+            assert key not in pager.incidents
+            assert [i.status for i in pager.all_incidents if i.dedup_key == key] == ["resolved"]
+            wait_until(lambda: len(hook_posts(hooks, opened.trace_id)) == 2, what="recovery post")
+            assert hook_posts(hooks, opened.trace_id)[1]["detection"]["action"] == "recovered"
+            assert "30 per-trace page(s) were folded" in worker.log_text()
+
+            # Closed: a trace decided on the tool pages as it always did.
+            (after,) = loops(topics.input, 1)
+            wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
+            time.sleep(1.0)
+            assert len(triggers(pager, opened.trace_id)) == 1  # the incident paged once
+        finally:
+            assert worker.stop() == 0, worker.log_tail()
+
+
+def test_a_worker_killed_mid_incident_keeps_folding_after_its_restart(tmp_path):
+    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
+        worker = start_worker(topics, tmp_path / "worker", pager, hooks)
+        try:
+            opened, recovered = open_and_recovered(incident(traces=12, step=2))
+            send_record(topics.detections, opened)
+            wait_until(lambda: triggers(pager, opened.trace_id), what="the incident's page")
+            worker.stop(signal.SIGKILL)
+            worker = start_worker(topics, tmp_path / "worker", pager, hooks)
+            agents = loops(topics.input, 5)
+            wait_until(lambda: decided(collector, topics, agents), what="5 decisions", timeout=60)
+            wait_until(
+                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 5,
+                what="5 folded pages after the restart",
+            )
+            time.sleep(1.5)
+            assert [triggers(pager, a.trace_id) for a in agents] == [[]] * 5
+            assert len(triggers(pager, opened.trace_id)) == 1  # not paged again on restart
+            send_record(topics.detections, recovered)
+            wait_until(lambda: triggers(pager, opened.trace_id, "resolve"), what="the resolve")
+            (after,) = loops(topics.input, 1)
+            wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
+        finally:
+            worker.stop()
+        records = [json.loads(m["value"]) for m in collector.where(lambda m: True)]
+        assert sum(r.get("rule") == "tool_loop" for r in records) == 6  # folded, still recorded
