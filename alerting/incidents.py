@@ -21,7 +21,7 @@ from typing import Any
 
 from spanguard.schemas.decision import Decision
 
-__all__ = ["MAX_GAUGED_TOOLS", "FoldedInto", "OpenIncidents", "delivery_mark", "is_incident"]
+__all__ = ["MAX_GAUGED_TOOLS", "OTHER_TOOLS", "FoldedInto", "OpenIncidents", "delivery_mark", "is_incident"]
 
 log = logging.getLogger("spanguard.alerting")
 
@@ -29,6 +29,7 @@ RECOVERED = "recovered"  # an incident's closing record (spanguard.detection.fle
 # The failing-traces gauge names at most this many tools (those with the most), so its series
 # stay few whatever the fleet does.
 MAX_GAUGED_TOOLS = 20
+OTHER_TOOLS = "(other)"  # the gauge's series of the tools past MAX_GAUGED_TOOLS
 
 
 def is_incident(decision: Decision) -> bool:
@@ -128,12 +129,16 @@ class OpenIncidents:
 
     def failing_traces(self, limit: int = MAX_GAUGED_TOOLS) -> dict[str, int]:
         """The tools with an open incident and the failing traces their incidents counted
-        (the most of each tool's), the `limit` tools with the most."""
+        (the most of each tool's), the `limit` tools with the most, and OTHER_TOOLS: the sum
+        of the rest."""
         failing: dict[str, int] = {}
         for key in list(self.table.keys()):
             tool = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
             incidents = self._read(tool)
             if incidents:
                 failing[tool] = max(int(i.get("failing", 0)) for i in incidents.values())
-        top = sorted(failing.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        return dict(top)
+        ranked = sorted(failing.items(), key=lambda item: (-item[1], item[0]))
+        top = dict(ranked[:limit])
+        # The rest, summed: always there (0 with none), so the series exists before any incident.
+        top[OTHER_TOOLS] = sum(traces for _tool, traces in ranked[limit:])
+        return top

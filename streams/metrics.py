@@ -233,7 +233,8 @@ class FailingTools(Collector):
     """spanguard_fleet_failing_traces{tool}: for each tool with an open fleet incident, the
     failing traces its incident counted, read at scrape time from the open incidents the
     paging agent keeps (alerting/incidents.py). Only open incidents, at most
-    MAX_GAUGED_TOOLS tools: a bounded series count whatever the fleet calls."""
+    MAX_GAUGED_TOOLS tools and `(other)`, the sum of the rest (0 with none): a bounded series
+    count whatever the fleet calls."""
 
     def __init__(self, failing: Callable[[], Mapping[str, int]]) -> None:
         self.failing = failing
@@ -241,7 +242,8 @@ class FailingTools(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "spanguard_fleet_failing_traces",
-            "Failing traces of each tool with an open fleet incident (at most 20 tools)",
+            "Failing traces of each tool with an open fleet incident (at most 20 tools, the rest"
+            " summed as (other))",
             labels=["tool"],
         )
         for tool, traces in self.failing().items():

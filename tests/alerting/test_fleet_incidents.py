@@ -102,7 +102,7 @@ def test_pages_of_traces_on_the_tool_fold_while_the_incident_is_open_and_not_aft
     service = PagingService(None, OpenIncidents(table))
     opened, recovered = records(incident())
     service.detection_to_page(opened.to_json().encode(), set())
-    assert service.incidents.failing_traces() == {TOOL: 30}
+    assert service.incidents.failing_traces() == {TOOL: 30, "(other)": 0}
     for trace in range(1, 31):
         assert service.detection_to_page(per_trace(trace).to_json().encode(), set()) is None
     assert service.outcomes.count(PageOutcome.FOLDED) == 30
@@ -114,7 +114,7 @@ def test_pages_of_traces_on_the_tool_fold_while_the_incident_is_open_and_not_aft
 
     # The recovery is delivered (it resolves), apart from the opening record already paged.
     assert service.detection_to_page(recovered.to_json().encode(), {TOOL_FAILING}) is None
-    assert table == {} and service.incidents.failing_traces() == {}
+    assert table == {} and service.incidents.failing_traces() == {"(other)": 0}
     service.detection_to_page(per_trace(31).to_json().encode(), set())
     assert service.outcomes.count(PageOutcome.FOLDED) == 30  # closed: paged as before
 
@@ -137,8 +137,9 @@ def test_the_gauge_names_at_most_twenty_tools_the_worst_first():
         found.figures = {**found.figures, "failing_traces": 10 + n}
         incidents.record(incident_decision(found, POLICY))
     failing = incidents.failing_traces()
-    assert len(failing) == 20
-    assert list(failing)[:2] == ["tool-29", "tool-28"] and min(failing.values()) == 20
+    assert len(failing) == 21
+    assert list(failing)[:2] == ["tool-29", "tool-28"] and failing["tool-10"] == 20
+    assert failing["(other)"] == sum(range(10, 20))  # the ten tools past the twenty
 
 
 def test_the_webhook_body_names_the_tool_and_carries_the_whole_record():
