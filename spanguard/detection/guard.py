@@ -423,14 +423,22 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
-        for scope in self._deciding:
-            if scope.pending:
-                decisions.extend(scope.take())
+        self._take_scopes(decisions)
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
+
+    def _take_scopes(self, decisions: list[Decision]) -> None:
+        """The deciding scopes' decisions, after the request's own: a deciding tool scope
+        first hears of the trace-level decisions that named a tool (`loop_signature`)."""
+        tools = self.tools
+        if decisions and isinstance(tools, FleetGuard):
+            tools.observe_decisions(decisions)
+        for scope in self._deciding:
+            if scope.pending:
+                decisions.extend(scope.take())
 
     def observe(
         self,
