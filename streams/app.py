@@ -40,6 +40,7 @@ from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_agent_windows import AgentWindowsAgent
 from spanguard.streams.agents.guard_conversations import ConversationAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
+from spanguard.streams.agents.guard_tools import ToolScopeAgent
 from spanguard.streams.conversations import (
     ConversationCount,
     ConversationRecorder,
@@ -65,6 +66,12 @@ from spanguard.streams.metrics import (
 from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state_table import StateTable
+from spanguard.streams.tool_scope import (
+    ToolCallRecorder,
+    ToolScopeCount,
+    tool_scope_wanted,
+    tool_window_view,
+)
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
@@ -100,6 +107,11 @@ def create_app(
     if worker.agent_usage_out is not None:
         windows = agent_window_states(app, settings)
         AgentWindowsAgent(worker, worker.agent_usage_out, windows, spans.lease).attach(app)
+    if worker.tool_calls_out is not None:
+        tools = scope_states(
+            app, settings, settings.tool_window_table_name, tool_window_view(policy.fleet)
+        )
+        ToolScopeAgent(worker, worker.tool_calls_out, tools, spans.lease).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)
@@ -249,12 +261,15 @@ def build_worker(
     usage_recorder = (
         AgentUsageRecorder(policy, agent_tally) if agent_windows_wanted(policy) else None
     )
+    # The fleet rules likewise: the span agent records tool calls, the tool scope agent decides.
+    tool_recorder = ToolCallRecorder() if tool_scope_wanted(policy) else None
     guard = Guard(
         policy,
         states=states,
         released=releases.released,
         conversations=recorder,
         agent_budgets=usage_recorder,
+        tools=tool_recorder,
     )
     pipeline = SpanPipeline(
         # A packed record of the repartition topic holds traces of the partition it is on.
@@ -266,6 +281,7 @@ def build_worker(
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
+    counted[ToolScopeCount] = Tally()  # zeros while the fleet rules are off
     registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
     registry.register(FailingTools(incidents.failing_traces))
@@ -293,19 +309,33 @@ def build_worker(
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
-        recorder=recorder,
-        conversations_out=(
-            app.topic(settings.conversation_topic, partitions=settings.scope_partitions, **RAW)
-            if recorder is not None
-            else None
-        ),
-        usage_recorder=usage_recorder,
-        agent_usage_out=(
-            app.topic(settings.agent_usage_topic, partitions=settings.scope_partitions, **RAW)
-            if usage_recorder is not None
-            else None
-        ),
+        **scope_parts(app, settings, recorder, usage_recorder, tool_recorder),
     )
+
+
+def scope_parts(
+    app: faust.App,
+    settings: WorkerSettings,
+    recorder: ConversationRecorder | None,
+    usage_recorder: AgentUsageRecorder | None,
+    tool_recorder: ToolCallRecorder | None,
+) -> dict[str, Any]:
+    """The Worker's fields of the scopes beyond the trace: each recorder the span agent's guard
+    hands records to, and the topic it sends them to (none where its scope is off)."""
+
+    def topic(name: str, wanted: object) -> faust.TopicT | None:
+        if wanted is None:
+            return None
+        return app.topic(name, partitions=settings.scope_partitions, **RAW)
+
+    return {
+        "recorder": recorder,
+        "conversations_out": topic(settings.conversation_topic, recorder),
+        "usage_recorder": usage_recorder,
+        "agent_usage_out": topic(settings.agent_usage_topic, usage_recorder),
+        "tool_recorder": tool_recorder,
+        "tool_calls_out": topic(settings.tool_calls_topic, tool_recorder),
+    }
 
 
 def metrics_registry(

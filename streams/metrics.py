@@ -51,6 +51,7 @@ from spanguard.streams.faust_internals import store_databases
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import Health, HealthCount
+from spanguard.streams.tool_scope import ToolScopeCount
 
 __all__ = [
     "EXPORTED",
@@ -343,6 +344,13 @@ COUNTER_HELP = {
     "agent_window_clock_skews": "usage spans whose end time did not fit the agent's window, by"
     " what was done (late: counted into the newest bucket; reset: the window started afresh)",
     "agent_windows_evicted": "idle agent windows whose state was deleted",
+    "tool_call_records": "the tool scope's rows (a trace's calls of a tool in one span message,"
+    " or a trace-level decision naming a tool), by what became of them (sent by the span"
+    " agent, read by the tool scope agent, dropped as seen before; not counted: a new tool"
+    " past the policy's fleet.max_tools on the worker)",
+    "tool_scope_decisions": "fleet incidents' records the tool scope agent took (opened and"
+    " recovered)",
+    "tool_windows_evicted": "idle tool windows whose state was deleted",
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
@@ -404,6 +412,12 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     AgentWindowCount.LATE: (Series("agent_window_clock_skews", (("what", "late"),)),),
     AgentWindowCount.RESETS: (Series("agent_window_clock_skews", (("what", "reset"),)),),
     AgentWindowCount.EVICTED: (Series("agent_windows_evicted"),),
+    ToolScopeCount.RECORDS_SENT: (Series("tool_call_records", (("what", "sent"),)),),
+    ToolScopeCount.RECORDS_READ: (Series("tool_call_records", (("what", "read"),)),),
+    ToolScopeCount.DUPLICATES: (Series("tool_call_records", (("what", "duplicate"),)),),
+    ToolScopeCount.OVER_TOOL_CAP: (Series("tool_call_records", (("what", "over_tool_cap"),)),),
+    ToolScopeCount.DECISIONS: (Series("tool_scope_decisions"),),
+    ToolScopeCount.EVICTED: (Series("tool_windows_evicted"),),
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),

@@ -41,10 +41,13 @@ whose clock really moved is followed. The scope ticks the clock with its stream 
 from __future__ import annotations
 
 import hashlib
+import json
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from spanguard.detection.conventions import (
     ERROR_TYPE,
@@ -58,6 +61,8 @@ from spanguard.detection.conventions import (
 )
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.detection.rules.base import FLAG
+from spanguard.detection.scope import ScopeGuard
+from spanguard.detection.trace_state import encode_record
 from spanguard.schemas.decision import (
     NO_SPAN_ID,
     AgentIdentity,
@@ -65,20 +70,26 @@ from spanguard.schemas.decision import (
     DecisionScope,
     Evidence,
 )
-from spanguard.schemas.policy import FleetPolicy
+from spanguard.schemas.policy import FleetPolicy, Policy
 
 __all__ = [
     "FLEET_RULES",
     "LOOP_SIGNATURE",
     "TOOL_FAILING",
     "FleetCall",
+    "FleetGuard",
     "FleetIncident",
     "FleetWindow",
+    "ToolCallSink",
+    "agent_label",
+    "decided_tools",
     "incident_decision",
     "incident_trace_id",
     "model_call",
     "server_of",
     "tool_call",
+    "window_from_bytes",
+    "window_to_bytes",
 ]
 
 TOOL_FAILING: Final = "tool_failing"
@@ -265,6 +276,10 @@ class FleetWindow:
         self.clock_jumps = 0
         self.clock_resets = 0
         self._jump_run = 0
+        # The worker's: the last offset counted of each source partition (its records sent
+        # again after a crash are dropped by it); unused in process.
+        self.sources: dict[str, int] = {}
+        self.last_seen = 0.0  # the worker's: wall clock of the last change (its eviction's)
 
     # The clock ---------------------------------------------------------------------------
 
@@ -489,6 +504,10 @@ class FleetWindow:
         key = self.overflow if tool == OVERFLOW_TOOL else self.keys.get((tool, server))
         return None if key is None else self.figures(key)
 
+    def to_bytes(self) -> bytes:
+        """As the worker's table keeps it (`window_to_bytes`)."""
+        return window_to_bytes(self)
+
     def open_incidents(self) -> list[FleetIncident]:
         return [key.incident for key in self.keys.values() if key.incident is not None]
 
@@ -617,3 +636,169 @@ def incident_decision(
             agents=list(incident.agents),
         ),
     )
+
+
+# The window as bytes (the worker's table keeps one window per tool key) ----------------------
+
+
+def _incident_row(incident: FleetIncident | None) -> list[Any] | None:
+    if incident is None:
+        return None
+    return [
+        incident.rule,
+        incident.tool,
+        incident.server,
+        incident.opened_at_ns,
+        incident.opened_step,
+        incident.figures,
+        incident.traces,
+        incident.agents,
+        incident.signature,
+        incident.recovered_at_ns,
+        incident.recovering,
+        incident.last_hit_step,
+    ]
+
+
+def _incident_of(row: list[Any] | None) -> FleetIncident | None:
+    if row is None:
+        return None
+    rule, tool, server, opened_at, opened_step, figures, traces, agents, signature = row[:9]
+    incident = FleetIncident(
+        rule, tool, server, opened_at, opened_step, figures, traces, agents, signature
+    )
+    incident.recovered_at_ns, incident.recovering, incident.last_hit_step = row[9:12]
+    return incident
+
+
+def window_to_bytes(window: FleetWindow) -> bytes:
+    """A window of the worker's table (one key, the overflow bucket unused) as compact JSON:
+    traces and agents as [name, last step] pairs, oldest first, so the order they leave the
+    window in survives."""
+    keys = [
+        [
+            key.tool,
+            key.server,
+            key.buckets,
+            list(key.traces.items()),
+            key.bad,
+            list(key.agents.items()),
+            key.signatures,
+            _incident_row(key.incident),
+            key.forgotten,
+        ]
+        for key in window.keys.values()
+    ]
+    counters = [window.unnamed, window.overflow_calls, window.clock_jumps, window.clock_resets]
+    # `last_seen` last: the worker's eviction reads it without decoding the rest.
+    return encode_record(
+        {
+            "n": window.now,
+            "k": keys,
+            "c": counters,
+            "s": window.sources,
+            "last_seen": window.last_seen,
+        }
+    )
+
+
+def window_from_bytes(data: bytes, policy: FleetPolicy) -> FleetWindow:
+    """The window `window_to_bytes` wrote, under `policy` (a window of other steps starts
+    afresh: its buckets would not line up)."""
+    record = json.loads(data)
+    window = FleetWindow(policy)
+    window.sources = dict(record["s"])
+    window.last_seen = float(record["last_seen"])
+    window.unnamed, window.overflow_calls, window.clock_jumps, window.clock_resets = record["c"]
+    for row in record["k"]:
+        tool, server, buckets, traces, bad, agents, signatures, incident, forgotten = row
+        key = _Key(tool, server, window.steps)
+        if len(buckets) != len(key.buckets):
+            continue
+        key.buckets = buckets
+        key.traces = OrderedDict((trace, last) for trace, last in traces)
+        key.bad = bad
+        key.agents = OrderedDict((agent, last) for agent, last in agents)
+        key.signatures = signatures
+        key.incident = _incident_of(incident)
+        key.forgotten = forgotten
+        window.keys[(tool, server)] = key
+    window.now = record["n"]
+    return window
+
+
+# The scope in process: the trace guard's tool call sink, deciding -------------------------
+
+
+def agent_label(service: str, agent_name: str | None) -> str:
+    """How an incident names an agent: its service, and its name when it has one."""
+    return f"{service}/{agent_name}" if agent_name else service
+
+
+class ToolCallSink(Protocol):
+    """Where the trace guard hands each tool call it counts, as the fleet counts it (with the
+    server its span names): a FleetGuard decides on it, the worker's recorder sends it to the
+    tool call topic (streams/tool_scope.py)."""
+
+    def hand_tool_call(self, call: FleetCall) -> None: ...
+
+
+def decided_tools(
+    decisions: Iterable[Decision],
+) -> list[tuple[str, str | None, str, int]]:
+    """The trace-level decisions that name a tool, as the fleet counts them: (tool, args
+    hash, trace id, when the tripping span ended, ns; 0 when unknown)."""
+    named: list[tuple[str, str | None, str, int]] = []
+    for decision in decisions:
+        tool = decision.evidence.tool_name
+        if decision.scope is not None or not tool:
+            continue
+        ended = decision.span_ended_at
+        time_ns = int(datetime.fromisoformat(ended).timestamp() * 1e9) if ended else 0
+        named.append((tool, decision.evidence.args_hash, decision.trace_id, time_ns))
+    return named
+
+
+class FleetGuard(ScopeGuard):
+    """The tool scope in one process (replay, backtest): the guard's tool call sink over one
+    FleetWindow, its incidents as decisions (`take`, with the guard's own); the trace-level
+    decisions are fed back by the caller (`observe_decisions`), after the guard took them."""
+
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(policy, "tool", clock)
+        self.fleet = policy.fleet
+        self.window = FleetWindow(self.fleet)
+        self._servers: dict[tuple[str, str], str] = {}  # (trace, tool) -> server of its calls
+
+    @property
+    def enabled(self) -> bool:
+        return self.fleet.enabled
+
+    def hand_tool_call(self, call: FleetCall) -> None:
+        if call.server:
+            if len(self._servers) >= MAX_TRACES:
+                self._servers.clear()
+            self._servers[(call.trace_id, call.tool)] = call.server
+        self._decided(self.window.observe(call))
+
+    def observe_decisions(self, decisions: Iterable[Decision]) -> None:
+        for tool, args_hash, trace_id, time_ns in decided_tools(decisions):
+            server = self._servers.get((trace_id, _name(tool)), "")
+            found = self.window.observe_decision(tool, server, args_hash, trace_id, time_ns)
+            self._decided(found)
+
+    def _decided(self, incident: FleetIncident | None) -> None:
+        if incident is None:
+            return
+        self.decisions += 1
+        self.pending.append(incident_decision(incident, self.fleet))
+
+    def retract(self, decision: Decision) -> None:
+        """An incident's record not written: the incident is not open, it can open again."""
+        scope = decision.scope
+        if scope is None or scope.tool is None or decision.action == RECOVERED:
+            return
+        key = self.window.keys.get((scope.tool, scope.server or ""))
+        incident = key.incident if key is not None else None
+        if key is not None and incident is not None and incident.rule == decision.rule:
+            key.incident = None
