@@ -21,7 +21,14 @@ from typing import Any
 
 from spanguard.schemas.decision import Decision
 
-__all__ = ["MAX_GAUGED_TOOLS", "OTHER_TOOLS", "FoldedInto", "OpenIncidents", "delivery_mark", "is_incident"]
+__all__ = [
+    "MAX_GAUGED_TOOLS",
+    "OTHER_TOOLS",
+    "FoldedInto",
+    "OpenIncidents",
+    "delivery_mark",
+    "is_incident",
+]
 
 log = logging.getLogger("spanguard.alerting")
 
