@@ -4,9 +4,12 @@ once and posts once, its recovery resolves the page and posts once more, and the
 of traces decided on its tool are folded into it while it is open (and not after), across a
 SIGKILL of the worker too.
 
-The incident's records go to the detections topic as the tool scope writes them
-(spanguard.detection.fleet.incident_decision, keyed by the incident's trace id); the per-trace
-decisions are the worker's own, from looping agents' spans."""
+The first test runs the whole way: the worker's tool scope sees 30 traces fail on one tool and
+decides the incident, and 3 traces answered again recover it. The others put the incident's
+records on the detections topic as the tool scope writes them
+(spanguard.detection.fleet.incident_decision, keyed by the incident's trace id), for exact
+figures and a kill at a chosen moment. The per-trace decisions are the worker's own, from
+looping agents' spans."""
 
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ agents:
   - match: {service.name: autopilot}
     autonomous: true
 """
+FLEET_POLICY = POLICY + "fleet: {enabled: true}\n"
 OPENED_NS = 1_780_000_000 * 10**9
 
 
@@ -68,16 +72,53 @@ def open_and_recovered(found: FleetIncident) -> tuple[Decision, Decision]:
     return opened, incident_decision(found, FleetPolicy(enabled=True))
 
 
-def loops(topic: str, count: int) -> list[AgentRecorder]:
-    """`count` autonomous agents each looping on the tool: a tool_loop decision apiece."""
+def loops(topic: str, count: int, failing: bool = False) -> list[AgentRecorder]:
+    """`count` autonomous agents each looping on the tool: a tool_loop decision apiece. Not
+    `failing`, their calls are answers to the tool scope (enough of them recover its incident)."""
     agents = []
     for _ in range(count):
         agent = AgentRecorder("autopilot", "autopilot-agent")
         for step in range(4):
-            agent.tool(TOOL, {"query": "refund policy", "nonce": step})
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": TOOL,
+                "gen_ai.tool.call.arguments": json.dumps({"query": "refund", "nonce": step}),
+            }
+            if failing:
+                attributes["error.type"] = "401"
+            agent.tool(TOOL, attributes=attributes)
         send_spans(topic, agent)
         agents.append(agent)
     return agents
+
+
+def calls(topic: str, count: int, failing: bool) -> list[AgentRecorder]:
+    """`count` traces of six agents, each calling the tool once: failing (`error.type`, as a
+    401 from its server would be recorded) or answered. One call: no trace-level rule trips."""
+    agents = []
+    for n in range(count):
+        agent = AgentRecorder("autopilot", f"autopilot-agent-{n % 6}")
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": TOOL,
+            "gen_ai.tool.call.arguments": json.dumps({"query": f"question {n}"}),
+        }
+        if failing:
+            attributes["error.type"] = "401"
+        else:
+            attributes["gen_ai.tool.call.result"] = "3 documents found"
+        agent.tool(TOOL, attributes=attributes)
+        send_spans(topic, agent)
+        agents.append(agent)
+    return agents
+
+
+def fleet_pages(server: EventsApiServer, action: str = "trigger") -> list:
+    return [
+        r
+        for r in server.enqueue_requests
+        if ":tool_failing" in str(r.body.get("dedup_key")) and r.body.get("event_action") == action
+    ]
 
 
 def triggers(server: EventsApiServer, trace_id: str, action: str = "trigger") -> list:
@@ -101,11 +142,15 @@ def hook_posts(hooks: WebhookServer, trace_id: str) -> list[dict]:
 
 
 def start_worker(
-    topics: Topics, data: Path, pager: EventsApiServer, hooks: WebhookServer
+    topics: Topics,
+    data: Path,
+    pager: EventsApiServer,
+    hooks: WebhookServer,
+    policy_text: str = POLICY,
 ) -> WorkerProcess:
     data.mkdir(parents=True, exist_ok=True)
     policy = data / "policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(policy_text)
     env = {
         "SPANGUARD_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
         "SPANGUARD_PAGERDUTY_URL": pager.url,
@@ -131,6 +176,40 @@ def fleet_stack(data: Path) -> Iterator[tuple[EventsApiServer, WebhookServer, To
 
 def decided(collector: Collector, topics: Topics, agents: list[AgentRecorder]) -> bool:
     return all(collector.json_from(topics.detections, a.trace_id) for a in agents)
+
+
+def test_the_tool_scope_pages_thirty_failing_traces_once_folds_and_resolves(tmp_path):
+    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
+        worker = start_worker(topics, tmp_path / "worker", pager, hooks, FLEET_POLICY)
+        try:
+            calls(topics.input, 30, failing=True)
+            wait_until(lambda: fleet_pages(pager), what="the incident's page", timeout=60)
+            # Decided on the tool while its incident is open (and failing too): folded.
+            looping = loops(topics.input, 5, failing=True)
+            wait_until(lambda: decided(collector, topics, looping), what="5 decisions", timeout=60)
+            wait_until(
+                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 5,
+                what="5 folded pages",
+            )
+            time.sleep(1.5)  # room for a second page, were there one
+            (page,) = fleet_pages(pager)
+            assert [triggers(pager, a.trace_id) for a in looping] == [[]] * 5
+            incident_id = page.body["dedup_key"].split(":")[1]
+            details = page.body["payload"]["custom_details"]
+            assert details["tool"] == TOOL and details["hits"] >= 8  # the policy's min_traces
+            assert details["agents"] == ["autopilot"]  # the tool spans name the service only
+            (post,) = hook_posts(hooks, incident_id)
+            assert post["detection"]["scope"] == "tool"
+
+            calls(topics.input, 3, failing=False)  # recover_after: 3 traces answered again
+            wait_until(lambda: fleet_pages(pager, "resolve"), what="the resolve", timeout=60)
+            assert page.body["dedup_key"] not in pager.incidents
+            wait_until(lambda: len(hook_posts(hooks, incident_id)) == 2, what="recovery post")
+            (after,) = loops(topics.input, 1)
+            wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
+            assert len(fleet_pages(pager)) == 1
+        finally:
+            assert worker.stop() == 0, worker.log_tail()
 
 
 def test_thirty_traces_failing_on_one_tool_page_once_and_the_recovery_resolves_it(tmp_path):
