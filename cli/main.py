@@ -148,6 +148,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.tool is not None:
         return _explain_tool(settings, args)
+    if args.server is not None:
+        print("spanguard explain: --server goes with --tool NAME", file=sys.stderr)
+        return 2
     if args.trace_id is None:
         print("spanguard explain: give a TRACE_ID, or --tool NAME", file=sys.stderr)
         return 2

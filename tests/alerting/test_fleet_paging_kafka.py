@@ -14,7 +14,10 @@ looping agents' spans."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +28,14 @@ import pytest
 from spanguard.detection.fleet import TOOL_FAILING, FleetIncident, incident_decision
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import FleetPolicy
-from tests.support.kafka_harness import Collector, Topics, WorkerProcess, ensure_broker, producer
+from tests.support.kafka_harness import (
+    CLUSTER,
+    Collector,
+    Topics,
+    WorkerProcess,
+    ensure_broker,
+    producer,
+)
 from tests.support.pagerduty_server import EventsApiServer
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
@@ -141,6 +151,15 @@ def hook_posts(hooks: WebhookServer, trace_id: str) -> list[dict]:
     return bodies
 
 
+def explain_tool(topics: Topics, *args: str) -> subprocess.CompletedProcess:
+    """`spanguard explain --tool ...` on the test's detections topic."""
+    return subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "explain", *args, "--bootstrap",
+         CLUSTER.bootstrap, "--detections-topic", topics.detections, "--timeout", "30"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **CLUSTER.env()},
+    )  # fmt: skip
+
+
 def start_worker(
     topics: Topics,
     data: Path,
@@ -245,6 +264,13 @@ def test_thirty_traces_failing_on_one_tool_page_once_and_the_recovery_resolves_i
             wait_until(lambda: len(hook_posts(hooks, opened.trace_id)) == 2, what="recovery post")
             assert hook_posts(hooks, opened.trace_id)[1]["detection"]["action"] == "recovered"
             assert "30 per-trace page(s) were folded" in worker.log_text()
+            shown = explain_tool(topics, "--tool", TOOL, "--server", "docs.internal:443")
+            assert shown.returncode == 0, shown.stderr
+            assert shown.stdout.startswith(f"{TOOL}: 1 fleet incident(s), 0 open")
+            assert "30 traces hit of 30 that called it, 60 calls, window 300 s" in shown.stdout
+            assert "(7 listed) autopilot/agent-0" in shown.stdout
+            none = explain_tool(topics, "--tool", "send_email")
+            assert none.returncode == 0 and "no fleet incident on send_email" in none.stdout
 
             # Closed: a trace decided on the tool pages as it always did.
             (after,) = loops(topics.input, 1)
