@@ -238,7 +238,9 @@ class WorkerFleet:
             return []
         counted_before = dict(window.sources)
         reached: dict[str, int] = {}
-        incidents: list[FleetIncident] = []
+        window.last_seen = self.clock() if self.clock is not None else 0.0
+        now = datetime.fromtimestamp(window.last_seen, UTC) if self.clock is not None else None
+        decisions: list[Decision] = []
         for row in rows:
             source, offset = row[1], row[2]
             if source is not None:
@@ -246,17 +248,19 @@ class WorkerFleet:
                     self.tally.add(ToolScopeCount.DUPLICATES)
                     continue
                 reached[source] = max(reached.get(source, -1), offset)
-            incidents.extend(_observe_row(window, key, row))
+            # Each record as the incident stood then: one record may open and close it.
+            decisions.extend(
+                incident_decision(incident, self.fleet, detected=now)
+                for incident in _observe_row(window, key, row)
+            )
         for source, offset in reached.items():
             window.sources.pop(source, None)  # most recently counted last
             window.sources[source] = offset
         while len(window.sources) > MAX_SOURCES:
             del window.sources[next(iter(window.sources))]
         window.incidents.clear()  # the table keeps the open incident in its key
-        window.last_seen = self.clock() if self.clock is not None else 0.0
         self.states[text] = window  # type: ignore[assignment]
-        now = datetime.fromtimestamp(window.last_seen, UTC) if self.clock is not None else None
-        return [incident_decision(incident, self.fleet, detected=now) for incident in incidents]
+        return decisions
 
     def retract(self, decision: Decision) -> None:
         """An incident's record not written: the incident is not open, it can open again."""

@@ -62,7 +62,7 @@ from spanguard.detection.conventions import (
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.detection.rules.base import FLAG
 from spanguard.detection.scope import ScopeGuard
-from spanguard.detection.trace_state import encode_record
+from spanguard.detection.trace_state import StateDecodeError, encode_record
 from spanguard.schemas.decision import (
     NO_SPAN_ID,
     AgentIdentity,
@@ -230,6 +230,7 @@ class _Key:
         "bad",
         "buckets",
         "forgotten",
+        "fresh_after",
         "incident",
         "server",
         "signatures",
@@ -251,6 +252,9 @@ class _Key:
         self.signatures: dict[str, dict[str, int]] = {}
         self.incident: FleetIncident | None = None
         self.forgotten = 0
+        # When its last incident recovered (ns): a call that ended before it and arrives late
+        # (another partition's, a slower worker's) failed in that incident, not in a new one.
+        self.fresh_after = 0
 
 
 BUCKET: Final = 7
@@ -348,7 +352,7 @@ class FleetWindow:
         if key is None:
             _count(self.overflow, step, call.failed, call.empty, call.trace_id, call.agent)
             return None
-        bad = call.failed or call.empty
+        bad = (call.failed or call.empty) and call.end_time_unix_nano >= key.fresh_after
         _count(key, step, call.failed, call.empty, call.trace_id, call.agent)
         previous = key.traces.get(call.trace_id)
         if previous is None:
@@ -384,6 +388,7 @@ class FleetWindow:
         if incident.signature is not None and self.now - incident.last_hit_step < self.steps:
             return None
         incident.recovered_at_ns = call.end_time_unix_nano or 1
+        key.fresh_after = incident.recovered_at_ns
         key.incident = None
         # The key counts afresh: traces that failed before the recovery are no new failure.
         key.traces.clear()
@@ -686,6 +691,7 @@ def window_to_bytes(window: FleetWindow) -> bytes:
             key.signatures,
             _incident_row(key.incident),
             key.forgotten,
+            key.fresh_after,
         ]
         for key in window.keys.values()
     ]
@@ -704,14 +710,20 @@ def window_to_bytes(window: FleetWindow) -> bytes:
 
 def window_from_bytes(data: bytes, policy: FleetPolicy) -> FleetWindow:
     """The window `window_to_bytes` wrote, under `policy` (a window of other steps starts
-    afresh: its buckets would not line up)."""
-    record = json.loads(data)
+    afresh: its buckets would not line up); StateDecodeError for bytes that hold none."""
+    try:
+        return _window_of(json.loads(data), policy)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StateDecodeError(f"not a tool window: {exc!r}") from None
+
+
+def _window_of(record: Any, policy: FleetPolicy) -> FleetWindow:
     window = FleetWindow(policy)
     window.sources = dict(record["s"])
     window.last_seen = float(record["last_seen"])
     window.unnamed, window.overflow_calls, window.clock_jumps, window.clock_resets = record["c"]
     for row in record["k"]:
-        tool, server, buckets, traces, bad, agents, signatures, incident, forgotten = row
+        tool, server, buckets, traces, bad, agents, signatures, incident, forgotten = row[:9]
         key = _Key(tool, server, window.steps)
         if len(buckets) != len(key.buckets):
             continue
@@ -722,6 +734,7 @@ def window_from_bytes(data: bytes, policy: FleetPolicy) -> FleetWindow:
         key.signatures = signatures
         key.incident = _incident_of(incident)
         key.forgotten = forgotten
+        key.fresh_after = row[9]
         window.keys[(tool, server)] = key
     window.now = record["n"]
     return window

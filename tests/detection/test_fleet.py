@@ -360,3 +360,16 @@ def test_a_trace_decision_has_none_of_the_tool_scope_keys():
         '"decision_id":"' + "3" * 32 + '"}'
     ).to_dict()
     assert not {"tool", "server", "trace_ids", "agents", "scope"} & record.keys()
+
+
+def test_failures_that_arrive_after_the_recovery_but_ended_before_it_open_no_second_incident():
+    window = FleetWindow(POLICY)
+    feed(window, [call(trace, 1 + trace / 10, failed=True) for trace in range(10)])
+    recovered = feed(window, [call(100 + n, 20 + n) for n in range(POLICY.recover_after)])
+    assert [i.recovered_at_ns > 0 for i in recovered] == [True]
+    # Another partition's rows, minutes behind: failed calls of the incident, not a new one.
+    assert feed(window, [call(200 + t, 10 + t / 10, failed=True) for t in range(20)]) == []
+    assert len(window.incidents) == 1
+    assert [i.rule for i in feed(window, [call(300 + t, 30, failed=True) for t in range(20)])] == [
+        TOOL_FAILING
+    ]
