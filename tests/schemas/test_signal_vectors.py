@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from spanguard.killswitch import signals as signals_module
 from spanguard.killswitch.client import KillSwitch
-from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
+from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook, ToolContained
 from spanguard.schemas.decision import AgentIdentity, BadSignal, keyring, read_signal
 from tests.support.signal_vectors import VECTORS, build
 
@@ -116,6 +116,8 @@ def _outcome(call):
     """How a check or wait ends: ("pass" | "message" | "killed" | "paused", detail)."""
     try:
         message = call()
+    except ToolContained as contained:
+        return "contained", contained
     except AgentKilled as killed:
         return "killed", killed
     except AgentPaused as paused:
@@ -126,7 +128,7 @@ def _outcome(call):
 def _assert_outcome(outcome, step):
     kind, detail = outcome
     expect = step["expect"]
-    if expect in ("killed", "paused", "pass"):
+    if expect in ("killed", "paused", "pass", "contained"):
         assert kind == expect, (step, outcome)
     else:
         assert (kind, detail) == ("message", expect), step
@@ -174,6 +176,35 @@ def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
 
     for step in sequence["steps"]:
         run(step)
+
+
+@pytest.mark.parametrize("sequence", DOCUMENT["tool_sequences"], ids=lambda s: s["name"])
+def test_each_tool_sequence_through_the_signal_book(sequence, monkeypatch):
+    keys = keyring(DOCUMENT["keys"]["current"])
+    monkeypatch.setattr(signals_module, "datetime", _Clock)
+    monkeypatch.setattr(_Clock, "current", NOW)
+    book = SignalBook()
+    refused = 0
+    for step in sequence["steps"]:
+        if "clock" in step:
+            _Clock.current = _at(step["clock"])
+        elif "deliver" in step:
+            signal = read_signal(
+                sequence["signals"][step["deliver"]].encode(), keys, _Clock.current
+            )
+            assert book.deliver(signal) is step["new"], step
+        else:
+            outcome = _outcome(
+                functools.partial(
+                    book.check, step["check"], tool=step.get("tool"), server=step.get("server")
+                )
+            )
+            _assert_outcome(outcome, step)
+            refused += outcome[0] == "contained"
+            if outcome[0] == "contained":
+                assert outcome[1].tool == step["tool"], step
+                assert str(outcome[1]).startswith(f"tool {step['tool']} is contained by spanguard")
+    assert book.tool_calls_refused == refused
 
 
 def _agent(entry: dict | None) -> AgentIdentity | None:

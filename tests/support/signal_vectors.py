@@ -139,6 +139,7 @@ def seen(record: dict[str, Any]) -> dict[str, Any]:
         "conversation_id": record.get("conversation_id"),
         "agent_service": record["agent"]["service"],
         "agent_name": record["agent"]["name"],
+        **({"tool": record["tool"]} if "tool" in record else {}),
     }
 
 
@@ -165,6 +166,186 @@ AGENT_KILL: dict[str, Any] = {
     "scope": "agent",
     "expires_at": "2026-06-01T12:30:00.000+00:00",
 }
+
+
+# A tool contained by a fleet rule: every agent's calls to it are refused until a release
+# issued after it, or its expiry.
+TOOL = {"name": "search_docs", "server": "docs-mcp"}
+CONTAIN: dict[str, Any] = {
+    **BASE,
+    "signal_id": "d" * 32,
+    "trace_id": "0" * 32,
+    "rule": "tool_failing",
+    "reason": "search_docs on docs-mcp failed for 41 of 50 traces in the last 5m",
+    "evidence": {"span_id": "0" * 16, "tool_name": "search_docs"},
+    "agent": {"service": "(fleet)", "name": None},
+    "expires_at": "2026-06-01T12:30:00.000+00:00",
+    "scope": "tool",
+    "tool": TOOL,
+}
+TOOL_RELEASE: dict[str, Any] = {
+    **CONTAIN,
+    "kind": "release",
+    "signal_id": "1" * 31 + "d",
+    "rule": "manual",
+    "operator": "oncall@example.com",
+    "reason": "docs-mcp answers again",
+    "detected_at": "2026-06-01T11:59:30.000+00:00",
+}
+
+
+def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
+    """Tool signals: a contain is signed, expires and names its tool as every signal does."""
+    contain = signed(CONTAIN)
+    other_tool = signed(
+        {
+            **CONTAIN,
+            "signal_id": "2" * 31 + "d",
+            "rule": "manual",
+            "operator": "oncall@example.com",
+            "reason": "web_search returns spam",
+            "tool": {"name": "web_search", "server": ""},
+        }
+    )
+    recovery = signed(
+        {**CONTAIN, "kind": "release", "signal_id": "3" * 31 + "d", "reason": "it answers again"}
+    )
+    release = signed(TOOL_RELEASE)
+
+    def invalid(name: str, record: dict[str, Any], note: str = "") -> dict[str, Any]:
+        return vector(name, text(signed(record)), "invalid", keys=ring, note=note)
+
+    without_tool = {k: v for k, v in CONTAIN.items() if k != "tool"}
+    return [
+        vector("a tool contain", text(contain), "obey", keys=ring, signal=seen(contain)),
+        vector(
+            "a contain of another tool, no server, by an operator",
+            text(other_tool),
+            "obey",
+            keys=ring,
+            signal=seen(other_tool),
+        ),
+        vector("a tool release", text(release), "obey", keys=ring, signal=seen(release)),
+        vector(
+            "a tool release by its fleet rule (the tool recovered)",
+            text(recovery),
+            "obey",
+            keys=ring,
+            signal=seen(recovery),
+        ),
+        vector(
+            "an expired contain",
+            text(signed({**CONTAIN, "expires_at": "2026-06-01T11:59:59.999Z"})),
+            "expired",
+            keys=ring,
+        ),
+        vector(
+            "forged: the contained tool changed after signing",
+            text({**contain, "tool": {"name": "delete_records", "server": "docs-mcp"}}),
+            "forged",
+            keys=ring,
+            note="an attacker must not turn a contain onto another tool: the tool is signed",
+        ),
+        invalid("a tool scope without its tool", without_tool),
+        invalid("a tool without the tool scope", {**BASE, "tool": TOOL}),
+        invalid("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
+        invalid("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
+        invalid(
+            "a tool name over 200 characters",
+            {**CONTAIN, "tool": {"name": "t" * 201, "server": ""}},
+        ),
+        invalid(
+            "a tool server over 200 characters",
+            {**CONTAIN, "tool": {"name": "search_docs", "server": "s" * 201}},
+        ),
+        invalid("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
+        invalid("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
+        invalid(
+            "a tool downgrade",
+            {**CONTAIN, "kind": "downgrade", "system_message": "slow down"},
+            note="a scoped signal is a kill or a release",
+        ),
+    ]
+
+
+def _tool_sequences() -> list[dict[str, Any]]:
+    """Tool signals through the book. Steps: deliver, clock (as in `sequences`) and
+    {"check": TRACE, "tool": NAME, "server": S, "expect": "pass" | "contained" | "killed",
+    "reason": TEXT}: a check of the trace naming the tool about to be called (`server`
+    absent: the caller does not know it, and a contain of the name on any server holds; no
+    `tool`: no tool is named and no contain applies). A kill of the trace comes before a
+    contain; the newest signal of a tool (by detected_at) holds; a contain without a server
+    holds on every server; a contain lapses at its expires_at."""
+    unsigned = ("key_id", "signature")
+    web = {
+        **CONTAIN,
+        "signal_id": "4" * 31 + "d",
+        "rule": "manual",
+        "operator": "oncall@example.com",
+        "reason": "web_search returns spam",
+        "tool": {"name": "web_search", "server": ""},
+    }
+    signals = {
+        "contain": signed(CONTAIN),
+        "release": signed(TOOL_RELEASE),
+        "old_release": signed(
+            {
+                **TOOL_RELEASE,
+                "signal_id": "5" * 31 + "d",
+                "detected_at": "2026-06-01T11:00:00.000+00:00",
+            }
+        ),
+        "web_contain": signed(web),
+        "kill": signed({k: v for k, v in BASE.items() if k not in unsigned}),
+    }
+    texts = {name: text(record) for name, record in signals.items()}
+    other = "f" * 32
+
+    def check(tool: str | None, expect: str, trace: str = TRACE, **more: Any) -> dict[str, Any]:
+        return {"check": trace, **({"tool": tool} if tool else {}), **more, "expect": expect}
+
+    return [
+        {
+            "name": "a contain refuses calls to its tool, and only those, until a release"
+            " issued after it",
+            "signals": texts,
+            "steps": [
+                check("search_docs", "pass"),
+                {"deliver": "contain", "new": True},
+                {"deliver": "contain", "new": False},
+                check("search_docs", "contained", server="docs-mcp", reason=CONTAIN["reason"]),
+                check("search_docs", "contained", trace=other),
+                check("search_docs", "pass", server="another-mcp"),
+                check("fetch_page", "pass"),
+                check(None, "pass"),
+                {"deliver": "old_release", "new": True},
+                check("search_docs", "contained", server="docs-mcp"),
+                {"deliver": "release", "new": True},
+                check("search_docs", "pass", server="docs-mcp"),
+                check("search_docs", "pass"),
+                {"deliver": "contain", "new": False},
+                check("search_docs", "pass"),
+            ],
+        },
+        {
+            "name": "a contain without a server holds on every server until it expires; a kill"
+            " of the trace comes first",
+            "signals": texts,
+            "steps": [
+                {"deliver": "web_contain", "new": True},
+                check("web_search", "contained", server="any-mcp", reason=web["reason"]),
+                check("web_search", "contained", server=""),
+                check("web_search", "contained"),
+                {"deliver": "kill", "new": True},
+                check("web_search", "killed", reason=BASE["reason"]),
+                check("web_search", "contained", trace=other),
+                {"clock": "2026-06-01T12:29:59.999Z"},
+                check("web_search", "contained", trace=other),
+                {"clock": "2026-06-01T12:30:00Z"},
+                check("web_search", "pass", trace=other),
+            ],
+        },
+    ]
 
 
 def build() -> dict[str, Any]:
@@ -285,6 +466,7 @@ def build() -> dict[str, Any]:
             "invalid",
             keys=ring,
         ),
+        *_tool_vectors(ring),
         vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
         vector("release", text(release), "obey", keys=ring, signal=seen(release)),
         vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
@@ -560,6 +742,7 @@ def build() -> dict[str, Any]:
             " (null: unsigned signals obeyed); value is the record's UTF-8 text, value_base64"
             " its bytes when they are not text; python_lax: the Python reader of this checkout"
             " does not decide it strictly yet. sequences: a book's answers, step by step;"
+            " tool_sequences: checks naming the tool called, against tool signals;"
             " scope_resolution: what a check stands for; unguarded_checks: checks with no"
             " trace, counted and warned about once; stop_events: the span event a check that"
             " stops or steers the agent adds to the active span."
@@ -573,6 +756,7 @@ def build() -> dict[str, Any]:
             *_scope_sequences(),
             *_pause_sequences(kill, downgrade, release),
         ],
+        "tool_sequences": _tool_sequences(),
         "scope_resolution": _scope_resolution(),
         "unguarded_checks": _unguarded_checks(),
         "stop_events": _stop_events(kill, downgrade),

@@ -12,7 +12,7 @@ import { generateText, stepCountIs, tool } from 'ai';
 import { MockLanguageModelV3 } from 'ai/test';
 import { z } from 'zod';
 
-import { AgentKilled, SignalBook, guardTools, spanguardCallbackHandler } from '../src/index.js';
+import { AgentKilled, SignalBook, ToolContained, guardTools, spanguardCallbackHandler } from '../src/index.js';
 
 const TRACE = 'ab'.repeat(16);
 const USAGE = {
@@ -338,4 +338,117 @@ test('AI SDK: a streaming tool (async generator) waits through a pause too, then
   assert.equal(runs, 2);
   const outputs = result.steps.flatMap((step) => step.toolResults.map((r) => r.output));
   assert.deepEqual(outputs, ['no results', 'no results']);
+});
+
+// A contained tool: the refusal reaches the model as the tool's error, the run goes on.
+function contain(book, tool = 'search_docs') {
+  book.deliver({
+    signalId: `contain-${book.delivered}`,
+    traceId: '0'.repeat(32),
+    kind: 'kill',
+    rule: 'tool_failing',
+    reason: 'the index answers 503 for every trace',
+    detectedAt: new Date().toISOString(),
+    expiresAt: new Date(Date.now() + 600_000).toISOString(),
+    scope: 'tool',
+    tool: { name: tool, server: '' },
+  });
+}
+
+const REFUSAL = 'tool search_docs is contained by spanguard';
+
+test('AI SDK: a contained tool is refused to the model, which takes its other tool and finishes', async () => {
+  const book = new SignalBook();
+  contain(book);
+  const runs = [];
+  const searchTool = (name, answer) =>
+    tool({
+      description: name,
+      inputSchema: z.object({ query: z.string() }),
+      execute: async () => {
+        runs.push(name);
+        return answer;
+      },
+    });
+  let turn = 0;
+  const model = new MockLanguageModelV3({
+    doGenerate: async ({ prompt }) => {
+      turn += 1;
+      const seen = JSON.stringify(prompt);
+      let content;
+      if (turn === 1) content = [{ type: 'tool-call', toolCallId: 'c1', toolName: 'search_docs', input: '{"query":"refunds"}' }];
+      else if (turn === 2) {
+        assert.ok(seen.includes(REFUSAL), seen);
+        content = [{ type: 'tool-call', toolCallId: 'c2', toolName: 'web_search', input: '{"query":"refunds"}' }];
+      } else content = [{ type: 'text', text: 'refunds within 30 days' }];
+      const finish = turn < 3 ? { unified: 'tool-calls', raw: 'tool_calls' } : { unified: 'stop', raw: 'stop' };
+      return { content, finishReason: finish, usage: USAGE, warnings: [] };
+    },
+  });
+  const controller = new AbortController();
+  const result = await generateText({
+    model,
+    tools: guardTools(
+      { search_docs: searchTool('search_docs', 'no results'), web_search: searchTool('web_search', 'refunds within 30 days') },
+      book,
+      { traceId: TRACE, abortController: controller },
+    ),
+    stopWhen: stepCountIs(5),
+    abortSignal: controller.signal,
+    prompt: 'What is the refund policy?',
+  });
+  assert.equal(result.text, 'refunds within 30 days');
+  assert.deepEqual(runs, ['web_search']);
+  assert.equal(controller.signal.aborted, false);
+  assert.equal(book.toolCallsRefused, 1);
+});
+
+test('LangGraph.js: a contained tool becomes a tool error; the agent takes its other tool and finishes', async () => {
+  const book = new SignalBook();
+  contain(book);
+  const runs = [];
+  const named = (name, answer) =>
+    langchainTool(
+      async () => {
+        runs.push(name);
+        return answer;
+      },
+      { name, description: name, schema: z.object({ query: z.string() }) },
+    );
+  let turn = 0;
+  class Scripted extends BaseChatModel {
+    _llmType() {
+      return 'scripted';
+    }
+
+    bindTools() {
+      return this;
+    }
+
+    async _generate(messages) {
+      turn += 1;
+      const call = (name) => new AIMessage({ content: '', tool_calls: [{ name, args: { query: 'refunds' }, id: `call_${turn}`, type: 'tool_call' }] });
+      let message;
+      if (turn === 1) message = call('search_docs');
+      else if (turn === 2) {
+        assert.ok(String(messages.at(-1).content).includes(REFUSAL), String(messages.at(-1).content));
+        message = call('web_search');
+      } else message = new AIMessage({ content: `Answer: ${messages.at(-1).content}` });
+      return { generations: [{ text: '', message }] };
+    }
+  }
+  const agent = createReactAgent({ llm: new Scripted({}), tools: [named('search_docs', 'no results'), named('web_search', 'refunds within 30 days')] });
+  const handler = await spanguardCallbackHandler(book, { traceId: TRACE });
+  const result = await quietly(agent.invoke({ messages: [{ role: 'user', content: 'q' }] }, { recursionLimit: 20, callbacks: [handler] }));
+  assert.equal(result.messages.at(-1).content, 'Answer: refunds within 30 days');
+  assert.deepEqual(runs, ['web_search']);
+  assert.equal(book.toolCallsRefused, 1);
+});
+
+test('a ToolContained is an AgentKilled', () => {
+  const book = new SignalBook();
+  contain(book);
+  assert.throws(() => book.check(TRACE, { tool: 'search_docs' }), (error) => error instanceof ToolContained && error instanceof AgentKilled);
+  assert.equal(book.check(TRACE, { tool: 'web_search' }), null);
+  assert.equal(book.check(TRACE), null);
 });
