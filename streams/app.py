@@ -24,12 +24,13 @@ from spanguard.config.policy_file import load_policy
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
+from spanguard.detection.fleet_signals import containment_signals
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
-from spanguard.schemas.policy import Policy
+from spanguard.schemas.policy import FleetPolicy, Policy
 from spanguard.streams.agent_windows import (
     AgentUsageRecorder,
     AgentWindowCount,
@@ -299,7 +300,15 @@ def build_worker(
         states=states,
         guard=guard,
         pipeline=pipeline,
-        outbox=outbox(app, settings, signing_key, on_decision=sent.on_decision),
+        outbox=outbox(
+            app,
+            settings,
+            signing_key,
+            on_decision=sent.on_decision,
+            fleet=policy.fleet
+            if policy.fleet.enabled and policy.fleet.action == "contain"
+            else None,
+        ),
         health=health,
         paging=paging,
         webhook=notifying,
@@ -379,9 +388,14 @@ def outbox(
     settings: WorkerSettings,
     signing_key: bytes | None,
     on_decision: Callable[[Decision], None] | None = None,
+    fleet: FleetPolicy | None = None,
 ) -> Outbox:
+    """`fleet`: the policy's fleet section, when its incidents contain their tool."""
     return Outbox(
         on_decision=on_decision,
+        tool_signals=(
+            None if fleet is None else lambda decision: containment_signals(decision, fleet)
+        ),
         repartition=app.topic(settings.repartition_topic, **RAW),
         detections=app.topic(settings.detections_topic, **RAW),
         kill_signals=app.topic(settings.kill_topic, **RAW),

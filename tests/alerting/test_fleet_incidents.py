@@ -5,6 +5,7 @@ per-trace pages of its tool while it is open, the webhook's body, and `explain -
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -172,3 +173,31 @@ def test_explain_tool_prints_each_incident_with_its_figures_traces_and_agents(wi
     assert explain_tool_incidents("nothing", []) == (
         "no fleet incident on nothing in the detections topic\n"
     )
+
+
+# Containment: the signals of an incident of action contain -----------------------------------
+
+
+def test_a_containing_incident_sends_a_tool_signal_and_its_recovery_the_release():
+    from spanguard.detection.fleet_signals import containment_signals
+    from spanguard.schemas.decision import validate
+
+    containing = FleetPolicy(enabled=True, action="contain")
+    found = incident()
+    opened = incident_decision(found, containing)
+    assert opened.action == "contain"
+    (contain,) = containment_signals(opened, containing)
+    assert (contain.kind, contain.scope, contain.rule) == ("kill", "tool", TOOL_FAILING)
+    assert (contain.tool.name, contain.tool.server) == (TOOL, "docs.internal:443")  # type: ignore[union-attr]
+    assert contain.signal_id == opened.decision_id
+    expires = datetime.fromisoformat(contain.expires_at)
+    assert expires == datetime.fromisoformat(opened.detected_at) + timedelta(seconds=300)
+    validate(contain.to_dict(), "kill-signal")
+    _, recovered = records(found)
+    (release,) = containment_signals(recovered, containing)
+    assert release.kind == "release" and release.signal_id == recovered.decision_id
+    validate(release.to_dict(), "kill-signal")
+    # A flagging policy (or --mode observe, which makes contain a flag) sends nothing.
+    assert containment_signals(incident_decision(incident(), POLICY), POLICY) == []
+    assert containment_signals(recovered, POLICY) == []
+    assert containment_signals(per_trace(1), containing) == []

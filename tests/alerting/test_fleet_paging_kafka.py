@@ -309,3 +309,37 @@ def test_a_worker_killed_mid_incident_keeps_folding_after_its_restart(tmp_path):
             worker.stop()
         records = [json.loads(m["value"]) for m in collector.where(lambda m: True)]
         assert sum(r.get("rule") == "tool_loop" for r in records) == 6  # folded, still recorded
+
+
+def test_a_containing_incident_sends_the_signed_tool_signal_and_its_recovery_the_release(
+    tmp_path,
+):
+    from spanguard.schemas.decision import signature_valid
+    from tests.support.kafka_harness import SIGNING_KEY
+
+    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
+        kills = Collector(topics.kills)
+        policy = POLICY + "fleet: {enabled: true, action: contain}\n"
+        worker = start_worker(topics, tmp_path / "worker", pager, hooks, policy)
+        try:
+            calls(topics.input, 30, failing=True)
+            (contain,) = kills.wait(lambda m: json.loads(m["value"]).get("scope") == "tool", 1, 60)
+            signal = json.loads(contain["value"])
+            assert (signal["kind"], signal["rule"]) == ("kill", TOOL_FAILING)
+            assert signal["tool"] == {"name": TOOL, "server": ""}
+            assert signature_valid(signal, SIGNING_KEY)
+            wait_until(lambda: fleet_pages(pager), what="the incident's page")
+            (record,) = [
+                r for r in collector.json_from(topics.detections) if r.get("scope") == "tool"
+            ]
+            assert record["action"] == "contain" and record["decision_id"] == signal["signal_id"]
+
+            calls(topics.input, 3, failing=False)  # clients that did not honour it: answered
+            released = kills.wait(lambda m: json.loads(m["value"])["kind"] == "release", 1, 60)
+            release = json.loads(released[0]["value"])
+            assert (release["scope"], release["tool"]["name"]) == ("tool", TOOL)
+            assert signature_valid(release, SIGNING_KEY)
+            wait_until(lambda: fleet_pages(pager, "resolve"), what="the resolve")
+        finally:
+            kills.close()
+            assert worker.stop() == 0, worker.log_tail()
