@@ -70,10 +70,9 @@ def read_tool_incidents(
 ) -> AuditScan:
     """Every fleet incident record (scope "tool") of `topic` on `tool` (and `server`, if
     given), in topic order per partition; the errors of `read_decisions`."""
-    name = json.dumps(tool).encode()
 
     def wanted(_key: bytes | None, value: bytes | None) -> bool:
-        return value is not None and name in value
+        return value is not None and b'"tool"' in value  # only a tool-scoped record has it
 
     def kept(record: dict[str, Any]) -> bool:
         if record.get("scope") != "tool" or record.get("tool") != tool:
