@@ -437,8 +437,18 @@ CALL_LAST = (0, 1, 2)  # answered, failed, empty
 
 def tool_key(tool: str, server: str) -> str:
     """A tool key as one unambiguous text (names may hold any character): the tool call
-    topic's key and the tool window table's."""
+    topic's key and the tool window table's. Cached for names of ordinary length: every
+    counted tool call asks for it, and a fleet has few tools."""
+    if len(tool) + len(server) <= MAX_CACHED_KEY_CHARS:
+        return _cached_tool_key(tool, server)
+    return _tool_key(tool, server)
+
+
+def _tool_key(tool: str, server: str) -> str:
     return json.dumps([tool, server], separators=(",", ":"), ensure_ascii=False)
+
+
+_cached_tool_key = functools.lru_cache(maxsize=4096)(_tool_key)
 
 
 def encode_tool_calls(
