@@ -4,8 +4,9 @@ A fleet incident (a decision of scope "tool", spanguard/detection/fleet.py) is p
 `recovered` record resolves the page. While it is open, the per-trace pages of traces decided
 on its tool (their evidence names the tool) are folded into it: not paged, counted, and their
 decisions still on the detections topic. The open incidents live in a mapping the worker backs
-with a global changelog-backed table keyed by tool name (streams/app.py), so every worker sees
-every incident whichever partition its record came on, and a restarted worker still folds.
+with a changelog-backed table keyed by tool name (streams/app.py), so a restarted worker still
+folds. With two workers or more, a worker does not yet see the incidents the other one noted
+(docs/fleet.md, "What it cannot do").
 
 A value is the JSON of {incident trace id: {"rule", "server", "opened_at", "failing",
 "folded"}}: a tool may have a `tool_failing` and a `loop_signature` incident open at once.

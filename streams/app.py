@@ -226,9 +226,9 @@ def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> Tabl
 
 
 def open_incidents_table(app: faust.App, settings: WorkerSettings) -> TableT:
-    """The open fleet incidents by tool name (alerting/incidents.py): a global table, so every
-    worker folds the pages of every incident whichever partition its record came on, and a
-    restarted worker reads them back from the changelog."""
+    """The open fleet incidents by tool name (alerting/incidents.py), read back from its
+    changelog by a restarted worker. Global, so that every worker would see every incident;
+    but a second worker does not see the first one's writes yet (docs/fleet.md)."""
     return app.GlobalTable(
         "open-incidents",
         default=None,
