@@ -21,10 +21,11 @@ from spanguard.detection import core_build
 from spanguard.detection.conventions.adapt import adapt_span
 from spanguard.detection.conventions.events import MISSING, ToolCall
 from spanguard.detection.conventions.keys import WANTED_KEYS
-from spanguard.detection.fleet import FleetPolicy, FleetWindow, server_of, tool_call
+from spanguard.detection.fleet import FleetWindow, server_of, tool_call
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key
 from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.policy import FleetPolicy
 
 BASE_NS = 1_800_000_000_000_000_000
 MINUTES_NS = 10 * 60 * 1_000_000_000

@@ -146,6 +146,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from spanguard.detection.explain import explain_records
 
     settings = _settings(args)
+    if args.tool is not None:
+        return _explain_tool(settings, args)
+    if args.server is not None:
+        print("spanguard explain: --server goes with --tool NAME", file=sys.stderr)
+        return 2
+    if args.trace_id is None:
+        print("spanguard explain: give a TRACE_ID, or --tool NAME", file=sys.stderr)
+        return 2
     trace_id = args.trace_id.lower()
     scan = read_decisions(
         settings.bootstrap, settings.kafka, settings.detections_topic, trace_id, args.timeout
@@ -164,6 +172,40 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         text = explain_records(trace_id, scan.records, acks, ack_within=args.ack_within)
         sys.stdout.write(text)
+    return 0
+
+
+def _explain_tool(settings: Any, args: argparse.Namespace) -> int:
+    """`explain --tool NAME [--server S]`: the tool's fleet incidents, open and recovered.
+    No incident is an answer, not an error: exit 0 and say so."""
+    import json
+
+    from spanguard.connectors.audit import read_tool_incidents
+    from spanguard.detection.explain import explain_tool_incidents
+
+    if args.trace_id is not None:
+        print("spanguard explain: a TRACE_ID or --tool, not both", file=sys.stderr)
+        return 2
+    scan = read_tool_incidents(
+        settings.bootstrap,
+        settings.kafka,
+        settings.detections_topic,
+        args.tool,
+        args.server,
+        args.timeout,
+    )
+    if args.json:
+        for record in scan.records:
+            print(json.dumps(record, sort_keys=True))
+        return 0
+    text = explain_tool_incidents(args.tool, scan.records)
+    if not scan.records:
+        at = f" at {args.server}" if args.server else ""
+        text = (
+            f"spanguard explain: no fleet incident on {args.tool}{at} in"
+            f" {settings.detections_topic} ({scan.scanned} records read)\n"
+        )
+    sys.stdout.write(text)
     return 0
 
 
@@ -205,9 +247,19 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
             " the window when the rule tripped (tool names, hash prefixes, span ids, times),"
             " the policy entry in force and its threshold, and whether an agent acknowledged"
             " obeying each kill or downgrade (the ack topic). Exit 1 if there is none."
+            " With --tool NAME: the tool's fleet incidents instead."
         ),
     )
-    explain.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
+    explain.add_argument("trace_id", metavar="TRACE_ID", nargs="?", help="32 hex digits")
+    explain.add_argument(
+        "--tool",
+        metavar="NAME",
+        help="instead of a trace: the tool's fleet incidents (open and recovered), with their"
+        " figures, traces and agents",
+    )
+    explain.add_argument(
+        "--server", metavar="S", help="with --tool: only the incidents of this server"
+    )
     for entry in REGISTRY:  # only the two worker settings explain needs, env vars honoured
         if entry.owner == "WorkerSettings" and entry.name in (
             "bootstrap",

@@ -105,7 +105,10 @@ Rule = Literal[
 # "release" (manual only): the trace's agent may call tools again, until a later kill.
 # "pause": the agent waits for an operator's release or kill, or until `pause_until`, when
 # `pause_fallback` applies.
-Action = Literal["kill", "downgrade", "flag", "release", "pause"]
+# The fleet rules' (scope "tool"): "contain" (the tool refused to every client while the
+# incident is open; "flag" records and notifies only) and "recovered" (the incident's second
+# and last record: the tool answers again).
+Action = Literal["kill", "downgrade", "flag", "release", "pause", "contain", "recovered"]
 # A manual signal trips on no span: its span_id is this.
 NO_SPAN_ID = "0" * 16
 # What a kill signal may stop: one trace (the default, and every signal before scopes), every
@@ -114,8 +117,9 @@ NO_SPAN_ID = "0" * 16
 # A tool (its name, and its server: "" when none) is contained rather than stopped: the agents'
 # calls to it are refused, the agents go on (see tool_signal).
 SignalScope = Literal["trace", "conversation", "agent", "tool"]
-# What a decision over more than its trace spans (DecisionScope).
-ScopeKind = Literal["conversation", "agent"]
+# What a decision over more than its trace spans (DecisionScope): "tool" is the fleet's, one
+# tool (or model) across every agent (spanguard/detection/fleet.py).
+ScopeKind = Literal["conversation", "agent", "tool"]
 # The trace id a scoped manual signal names: it stops no trace by its id.
 NO_TRACE_ID = "0" * 32
 # The agent a tool-scoped signal names: it is about every agent that calls the tool.
@@ -234,12 +238,20 @@ class DecisionScope:
     many of its traces the evidence spans, or "agent" (the agent budget,
     spanguard/detection/agent_budget.py, or an operator's agent kill). `until`: when a kill of
     the scope lifts: the agent's budget window frees, or the conversation's kill expires (the
-    policy's `conversation.kill_ttl` after the detection)."""
+    policy's `conversation.kill_ttl` after the detection).
+
+    "tool": a fleet incident (spanguard/detection/fleet.py): the `tool` (or `model:` key) and
+    the `server` it names, if any; `traces`, the distinct traces that called it in the window;
+    `trace_ids` and `agents`, those it hit, newest first (at most fleet.MAX_LISTED each)."""
 
     kind: ScopeKind | None = None
     conversation_id: str | None = None
     traces: int | None = None
     until: str | None = None
+    tool: str | None = None
+    server: str | None = None
+    trace_ids: list[str] | None = None
+    agents: list[str] | None = None
 
 
 NO_EVIDENCE = Evidence()
@@ -282,7 +294,7 @@ class Decision:
 
     @property
     def scope_kind(self) -> ScopeKind | None:
-        """ "conversation", "agent", or None (the trace's own)."""
+        """ "conversation", "agent", "tool", or None (the trace's own)."""
         return self.scope.kind if self.scope is not None else None
 
     def signal_evidence(self) -> dict[str, Any]:
@@ -380,6 +392,10 @@ _WIRE: tuple[tuple[str, str, str, bool], ...] = (
     ("conversation_id", "scope", "conversation_id", True),
     ("traces", "scope", "traces", True),
     ("scope_until", "scope", "until", True),
+    ("tool", "scope", "tool", True),
+    ("server", "scope", "server", True),
+    ("trace_ids", "scope", "trace_ids", True),
+    ("agents", "scope", "agents", True),
     ("schema_version", "", "schema_version", False),
     ("decision_id", "", "decision_id", False),
 )

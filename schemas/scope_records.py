@@ -15,6 +15,12 @@ times, token and cost deltas (pico-dollars); never arguments. Versioned:
   (`agent_key`), `{"v": 1, "s": [source, ...], "r": [[source index, offset, trace, span hex,
   end, tokens, cost], ...]}`; a source is the "topic:partition" of the span messages the rows
   came from (index -1: none).
+- tool call topic, version 1: one record per tool key and span batch, the key in the Kafka key
+  (`tool_key`: [tool, server]), `{"v": 1, "s": [source, ...], "r": [row, ...]}`; a row is one
+  trace's calls of the tool in one span message, summed, `["c", source index, offset, trace,
+  agent, end, calls, failures, empties, last]` (last: how its last call ended, 0 answered, 1
+  failed, 2 empty), or a trace-level decision that named the tool, `["d", source index, offset,
+  trace, end, args hash or null]`.
 
 The records are the kernel's (spanguard/detection/conversation.py, agent_budget.py), compiled
 with the core; a decoder is handed their constructors, an encoder reads the fields the protocols
@@ -37,21 +43,27 @@ __all__ = [
     "CONVERSATION_PACKED_VERSION",
     "CONVERSATION_VERSION",
     "MAX_FIELD_CHARS",
+    "TOOL_CALLS_VERSION",
     "CallFields",
     "Pack",
+    "ToolRow",
     "UsageFields",
     "agent_key",
     "call_row",
     "decode_agent_usage",
     "decode_conversation_records",
+    "decode_tool_calls",
     "encode_agent_usage",
+    "encode_tool_calls",
     "pack_rows",
+    "tool_key",
     "usage_row",
 ]
 
 CONVERSATION_VERSION = 1
 CONVERSATION_PACKED_VERSION = 2
 AGENT_USAGE_VERSION = 1
+TOOL_CALLS_VERSION = 1
 _PACK_HEAD = b'{"v":2,"c":{'
 # Longest text field a record may carry (trace ids are 32 hex, names are bounded upstream).
 MAX_FIELD_CHARS = 512
@@ -413,3 +425,98 @@ def decode_agent_usage(
         usage = make_usage(service, agent_name, trace_id, span_id, end, tokens, cost)
         records.append((usage, names[where] if where >= 0 else None, offset))
     return (service, agent_name), records
+
+
+# -- the tool call topic ------------------------------------------------------------------------
+
+# A row of the tool call topic as read: ("c", source, offset, trace, agent, end, calls,
+# failures, empties, last) or ("d", source, offset, trace, end, args hash); source None: none.
+ToolRow = tuple[Any, ...]
+CALL_LAST = (0, 1, 2)  # answered, failed, empty
+
+
+def tool_key(tool: str, server: str) -> str:
+    """A tool key as one unambiguous text (names may hold any character): the tool call
+    topic's key and the tool window table's. Cached for names of ordinary length: every
+    counted tool call asks for it, and a fleet has few tools."""
+    if len(tool) + len(server) <= MAX_CACHED_KEY_CHARS:
+        return _cached_tool_key(tool, server)
+    return _tool_key(tool, server)
+
+
+def _tool_key(tool: str, server: str) -> str:
+    return json.dumps([tool, server], separators=(",", ":"), ensure_ascii=False)
+
+
+_cached_tool_key = functools.lru_cache(maxsize=4096)(_tool_key)
+
+
+def encode_tool_calls(
+    rows: Iterable[tuple[str, list[Any]]], sources: Iterable[tuple[str, int] | None]
+) -> dict[str, bytes]:
+    """{tool key: one record value holding the key's rows, in order}. `rows` are (tool key,
+    row without its source: ["c", trace, agent, end, calls, failures, empties, last] or ["d",
+    trace, end, args hash]); `sources`, aligned with them, are where each came from
+    ("topic:partition", offset; None: no source)."""
+    grouped: dict[str, tuple[list[str], list[list[Any]]]] = {}
+    for (key, row), source in zip(rows, sources, strict=True):
+        names, held = grouped.setdefault(key, ([], []))
+        if source is None:
+            where, offset = -1, -1
+        else:
+            if source[0] not in names:
+                names.append(source[0])
+            where, offset = names.index(source[0]), source[1]
+        held.append([row[0], where, offset, *row[1:]])
+    return {
+        key: compact_json.dumps({"v": TOOL_CALLS_VERSION, "s": names, "r": held})
+        for key, (names, held) in grouped.items()
+    }
+
+
+def decode_tool_calls(
+    key: bytes | None, value: bytes | None
+) -> tuple[tuple[str, str], list[ToolRow]]:
+    """The tool key and the rows of one message of the tool call topic; ValueError says what
+    is wrong."""
+    if not key:
+        raise ValueError("no tool key")
+    try:
+        identity = json.loads(key)
+        body = compact_json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not a tool call record: {exc}") from None
+    if not isinstance(identity, list) or len(identity) != 2:
+        raise ValueError("the key is not [tool, server]")
+    tool = text(identity[0], "tool name")
+    server = text(identity[1], "server", empty=True)
+    if not isinstance(body, dict) or body.get("v") != TOOL_CALLS_VERSION:
+        raise ValueError(f"not a version {TOOL_CALLS_VERSION} tool call record")
+    names, rows = body.get("s"), body.get("r")
+    if not isinstance(names, list) or not isinstance(rows, list):
+        raise ValueError("no source or row list")
+    names = [text(name, "source") for name in names]
+    return (tool, server), [_tool_row(row, names) for row in rows]
+
+
+def _tool_row(row: Any, names: list[str]) -> ToolRow:
+    if not isinstance(row, list) or len(row) not in (6, 10) or row[0] not in ("c", "d"):
+        raise ValueError("a row is not a call or decision row")
+    where = count(row[1], "source index", least=-1)
+    if where >= len(names):
+        raise ValueError(f"source index {where} of {len(names)} sources")
+    source = names[where] if where >= 0 else None
+    offset = count(row[2], "offset", least=-1)
+    trace_id = text(row[3], "trace id")
+    if row[0] == "d" and len(row) == 6:
+        end = count(row[4], "end time")
+        return ("d", source, offset, trace_id, end, text(row[5], "arguments hash", optional=True))
+    if row[0] != "c" or len(row) != 10:
+        raise ValueError(f"a {row[0]!r} row of {len(row)} fields")
+    agent = text(row[4], "agent", empty=True)
+    end = count(row[5], "end time")
+    calls = count(row[6], "calls", least=1)
+    failures, empties = count(row[7], "failures"), count(row[8], "empties")
+    if failures + empties > calls or row[9] not in CALL_LAST or isinstance(row[9], bool):
+        raise ValueError("failures and empties past the calls, or no last call's end")
+    return ("c", source, offset, trace_id, agent, end, calls, failures, empties, row[9])

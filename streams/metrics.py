@@ -51,6 +51,7 @@ from spanguard.streams.faust_internals import store_databases
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import Health, HealthCount
+from spanguard.streams.tool_scope import ToolScopeCount
 
 __all__ = [
     "EXPORTED",
@@ -59,6 +60,7 @@ __all__ = [
     "DecisionCounts",
     "DecisionsSent",
     "DetectionLatency",
+    "FailingTools",
     "LastBatch",
     "Series",
     "TableMemory",
@@ -228,6 +230,28 @@ class TableMemory(Collector):
         yield family
 
 
+class FailingTools(Collector):
+    """spanguard_fleet_failing_traces{tool}: for each tool with an open fleet incident, the
+    failing traces its incident counted, read at scrape time from the open incidents the
+    paging agent keeps (alerting/incidents.py). Only open incidents, at most
+    MAX_GAUGED_TOOLS tools and `(other)`, the sum of the rest (0 with none): a bounded series
+    count whatever the fleet calls."""
+
+    def __init__(self, failing: Callable[[], Mapping[str, int]]) -> None:
+        self.failing = failing
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "spanguard_fleet_failing_traces",
+            "Failing traces of each tool with an open fleet incident (at most 20 tools, the rest"
+            " summed as (other))",
+            labels=["tool"],
+        )
+        for tool, traces in self.failing().items():
+            family.add_metric([tool], traces)
+        yield family
+
+
 class LastBatch(Collector):
     """spanguard_last_span_batch_timestamp_seconds: when the span agent last completed a batch
     (Unix time), absent until its first. With records waiting, a stale one is a stuck agent; a
@@ -320,6 +344,13 @@ COUNTER_HELP = {
     "agent_window_clock_skews": "usage spans whose end time did not fit the agent's window, by"
     " what was done (late: counted into the newest bucket; reset: the window started afresh)",
     "agent_windows_evicted": "idle agent windows whose state was deleted",
+    "tool_call_records": "the tool scope's rows (a trace's calls of a tool in one span message,"
+    " or a trace-level decision naming a tool), by what became of them (sent by the span"
+    " agent, read by the tool scope agent, dropped as seen before; not counted: a new tool"
+    " past the policy's fleet.max_tools on the worker)",
+    "tool_scope_decisions": "fleet incidents' records the tool scope agent took (opened and"
+    " recovered)",
+    "tool_windows_evicted": "idle tool windows whose state was deleted",
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
@@ -381,6 +412,12 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     AgentWindowCount.LATE: (Series("agent_window_clock_skews", (("what", "late"),)),),
     AgentWindowCount.RESETS: (Series("agent_window_clock_skews", (("what", "reset"),)),),
     AgentWindowCount.EVICTED: (Series("agent_windows_evicted"),),
+    ToolScopeCount.RECORDS_SENT: (Series("tool_call_records", (("what", "sent"),)),),
+    ToolScopeCount.RECORDS_READ: (Series("tool_call_records", (("what", "read"),)),),
+    ToolScopeCount.DUPLICATES: (Series("tool_call_records", (("what", "duplicate"),)),),
+    ToolScopeCount.OVER_TOOL_CAP: (Series("tool_call_records", (("what", "over_tool_cap"),)),),
+    ToolScopeCount.DECISIONS: (Series("tool_scope_decisions"),),
+    ToolScopeCount.EVICTED: (Series("tool_windows_evicted"),),
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),

@@ -44,6 +44,8 @@ class LagMeter:
             self.consumed.add(settings.conversation_topic)
         if worker.agent_usage_out is not None:
             self.consumed.add(settings.agent_usage_topic)
+        if worker.tool_calls_out is not None:
+            self.consumed.add(settings.tool_calls_topic)
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=LAG_INTERVAL)(self.measure_lag)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from spanguard.streams.health import Health
     from spanguard.streams.metrics import ConsumerLag, DetectionLatency
     from spanguard.streams.state_table import StateTable
+    from spanguard.streams.tool_scope import ToolCallRecorder
 
 __all__ = ["Worker"]
 
@@ -62,3 +63,7 @@ class Worker:
     # records, and the topic it sends the records to (streams/agent_windows.py).
     usage_recorder: AgentUsageRecorder | None = None
     agent_usage_out: faust.TopicT | None = None
+    # The tool scope, when the policy's fleet rules are on: what the span agent's guard
+    # records, and the topic it sends the records to (streams/tool_scope.py).
+    tool_recorder: ToolCallRecorder | None = None
+    tool_calls_out: faust.TopicT | None = None

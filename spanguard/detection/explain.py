@@ -9,7 +9,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms", "usd"]
+__all__ = [
+    "DEFAULT_ACK_WITHIN",
+    "HASH_PREFIX",
+    "explain_records",
+    "explain_tool_incidents",
+    "latency_ms",
+    "usd",
+]
 
 # Hash prefixes shown: enough to tell the calls of one window apart at a glance.
 HASH_PREFIX = 8
@@ -236,3 +243,49 @@ def explain_records(
         if acks is not None and record.get("action") in ("kill", "downgrade"):
             lines.extend(_acknowledged(record, acks, now, ack_within))
     return "\n".join(lines) + "\n"
+
+
+# `spanguard explain --tool`: a tool's fleet incidents -----------------------------------------
+
+
+def _incident_lines(opened: dict[str, Any], closed: dict[str, Any] | None) -> list[str]:
+    at = f" at {opened['server']}" if opened.get("server") else ""
+    state = f"recovered {closed.get('detected_at')}" if closed else "OPEN"
+    lines = [
+        f"incident {opened.get('trace_id')}: {opened.get('rule')} on {opened.get('tool')}{at}"
+        f" -> {opened.get('action')}, {state}",
+        f"  opened   {opened.get('detected_at')}: {opened.get('reason')}",
+        f"  figures  {opened.get('hits')} traces hit of {opened.get('traces')} that called it,"
+        f" {opened.get('steps')} calls, window {opened.get('window')} s",
+    ]
+    if opened.get("args_hash"):
+        lines.append(f"  args     {str(opened['args_hash'])[:HASH_PREFIX]}")
+    traces = opened.get("trace_ids") or []
+    agents = opened.get("agents") or []
+    lines.append(f"  traces   ({len(traces)} listed) {' '.join(traces) or '-'}")
+    lines.append(f"  agents   ({len(agents)} listed) {', '.join(agents) or '-'}")
+    if closed:
+        lines.append(f"  closed   {closed.get('reason')}")
+    return lines
+
+
+def explain_tool_incidents(tool: str, records: list[dict[str, Any]]) -> str:
+    """A tool's fleet incidents (scope "tool" records, in topic order): each with its figures,
+    the traces and agents it hit, and whether it is open or recovered; open ones first."""
+    opened: dict[str, dict[str, Any]] = {}
+    closed: dict[str, dict[str, Any]] = {}
+    for record in records:
+        incident = str(record.get("trace_id"))
+        if record.get("action") == "recovered":
+            closed[incident] = record
+        else:
+            opened.setdefault(incident, record)
+    if not opened:
+        return f"no fleet incident on {tool} in the detections topic\n"
+    ordered = sorted(opened, key=lambda i: (i in closed, str(opened[i].get("detected_at"))))
+    still = sum(1 for i in opened if i not in closed)
+    lines = [f"{tool}: {len(opened)} fleet incident(s), {still} open", ""]
+    for incident in ordered:
+        lines += _incident_lines(opened[incident], closed.get(incident))
+        lines.append("")
+    return "\n".join(lines)

@@ -50,6 +50,7 @@ from spanguard.detection.conversation import (
     ConversationSink,
     ConversationUsage,
 )
+from spanguard.detection.fleet import FleetGuard, ToolCallSink, agent_label, server_of, tool_call
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
@@ -218,8 +219,15 @@ class _Plan:
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
+def _tool_server(span: Any, event: Any) -> str:
+    """The server a tool call's span names (the tool scope keys calls by it), else ""."""
+    return server_of(span.attributes) if isinstance(event, ToolCall) else ""
+
+
 def _deciding_scopes(
-    conversations: ConversationSink | None, agent_budgets: AgentUsageSink | None
+    conversations: ConversationSink | None,
+    agent_budgets: AgentUsageSink | None,
+    tools: ToolCallSink | None,
 ) -> list[ScopeGuard]:
     """The scopes given to the guard that decide (not a worker's recorders), conversations
     first: their decisions are returned with the guard's own."""
@@ -228,6 +236,8 @@ def _deciding_scopes(
         deciding.append(conversations)
     if isinstance(agent_budgets, AgentBudgetGuard):
         deciding.append(agent_budgets)
+    if isinstance(tools, FleetGuard):
+        deciding.append(tools)
     return deciding
 
 
@@ -253,6 +263,7 @@ class Guard:
         price_usage: bool = False,
         conversations: ConversationSink | None = None,
         agent_budgets: AgentUsageSink | None = None,
+        tools: ToolCallSink | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
         `observers`: told of every call and decision (`add_observer` adds more);
@@ -260,7 +271,8 @@ class Guard:
         `conversations`: the conversation scope's sink, fed every counted call and usage
         change of traces that name a conversation (spanguard/detection/conversation.py);
         `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
-        (spanguard/detection/agent_budget.py); see `_deciding_scopes`."""
+        (spanguard/detection/agent_budget.py); `tools`: the tool scope's sink (fleet.py), fed
+        every counted tool call while the policy's `fleet` is on; see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -289,7 +301,9 @@ class Guard:
         )
         wanted = agent_budgets is not None and any(has_agent_budget(p) for p in policies)
         self.agent_budgets = agent_budgets if wanted else None
-        self._deciding = _deciding_scopes(conversations, self.agent_budgets)
+        self.tools = tools if tools is not None and self.policy.fleet.enabled else None
+        self._server = ""  # the server the span being observed names (the tool scope's)
+        self._deciding = _deciding_scopes(conversations, self.agent_budgets, self.tools)
         self.prices_usage = price_usage or any(
             policy.usd_budget is not None
             or (conversations is not None and policy.conversation.usd_budget is not None)
@@ -386,6 +400,8 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
+                    if self.tools is not None:
+                        self._server = _tool_server(span, event)
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
                         # its own usage (conventions/gateway.py, gateway_calls).
@@ -407,14 +423,22 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
-        for scope in self._deciding:
-            if scope.pending:
-                decisions.extend(scope.take())
+        self._take_scopes(decisions)
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
+
+    def _take_scopes(self, decisions: list[Decision]) -> None:
+        """The deciding scopes' decisions, after the request's own: a deciding tool scope
+        first hears of the trace-level decisions that named a tool (`loop_signature`)."""
+        tools = self.tools
+        if decisions and isinstance(tools, FleetGuard):
+            tools.observe_decisions(decisions)
+        for scope in self._deciding:
+            if scope.pending:
+                decisions.extend(scope.take())
 
     def observe(
         self,
@@ -597,6 +621,9 @@ class Guard:
             trim_window(window, counts, marks, plan.history)
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
+        if self.tools is not None:
+            agent = agent_label(state.service, state.agent_name)
+            self.tools.hand_tool_call(tool_call(call, result, trace_id, agent, self._server))
         fired = state.fired
         for rule, wanted in plan.call_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):

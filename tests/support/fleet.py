@@ -29,7 +29,6 @@ from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME, WANTE
 from spanguard.detection.fleet import (
     FleetCall,
     FleetIncident,
-    FleetPolicy,
     FleetWindow,
     model_call,
     server_of,
@@ -39,6 +38,7 @@ from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key
 from spanguard.schemas.otlp import decode_json_line
 from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.policy import FleetPolicy
 from tests.support.instrumented_agents import FIXTURES
 from tests.support.realruns import load_runs, to_request
 

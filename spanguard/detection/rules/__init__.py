@@ -43,7 +43,9 @@ COST_BUDGET = CostBudget()
 RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
 # The names a decision may carry besides the registry's rules, and whether it may stop the
 # agent: the agent scope's budget (spanguard/detection/agent_budget.py), the goal verifier's
-# verdict (it only flags) and an operator's `spanguard kill` or `release`.
+# verdict (it only flags), an operator's `spanguard kill` or `release`, and the fleet rules over
+# one tool across every agent (spanguard/detection/fleet.py: their action `contain` refuses the
+# tool to every client, it stops no agent).
 OTHER_RULES: tuple[tuple[str, bool], ...] = (
     ("agent_budget", True),
     ("goal_unmet", False),
