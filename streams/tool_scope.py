@@ -52,7 +52,6 @@ __all__ = [
     "ToolCallRecorder",
     "ToolScopeCount",
     "WorkerFleet",
-    "send_contain_signal",
     "tool_call_sends",
     "tool_scope_tally",
     "tool_scope_wanted",
@@ -187,13 +186,6 @@ def tool_window_view(
         )
 
     return view
-
-
-def send_contain_signal(worker: Worker, decision: Decision) -> list[Send]:
-    """The hook where an incident of action `contain` (or its recovery) would send the signal
-    scoped to its tool that every client honours. It sends nothing yet: the record on the
-    detections topic is all an incident makes."""
-    return []
 
 
 class WorkerFleet:

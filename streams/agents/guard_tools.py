@@ -26,8 +26,9 @@ ToolRows = tuple[tuple[str, str], list[ToolRow]]
 class ToolScopeAgent(ScopeRecordsAgent[ToolRows]):
     """Counts each message's rows into its tool key's window; a row counted before (the same
     source partition at or below the offset last counted) is dropped. An incident's records go
-    to the detections topic; none sends a kill signal (`contain`: streams/tool_scope.py,
-    `send_contain_signal`)."""
+    to the detections topic; an incident of action `contain` (and its recovery) also sends
+    the signed signal scoped to its tool, through the outbox's `tool_signals` hook
+    (streams/delivery.py, spanguard/detection/fleet_signals.py)."""
 
     agent_name = "guard-tools"
     record_name = "tool call record"
