@@ -8,10 +8,12 @@ from datetime import UTC, datetime
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from spanguard.cli.report import render_html
 from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
 from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard, GuardCount
+from spanguard.detection.timelines import Timelines
 from spanguard.detection.trace_state import TraceState
 from spanguard.schemas.decision import validate
 from spanguard.schemas.policy import Policy
@@ -243,3 +245,14 @@ def test_agent_tree_alone():
     tree = AgentTree()
     assert tree.repeated_handoffs(2) == 0
     assert tree.deepest_chain() == [] and tree.levels() == []
+
+
+def test_the_replay_page_draws_the_agent_tree():
+    timelines = Timelines()
+    checked = guard()
+    checked.add_observer(timelines)
+    checked.process(chain(6).request)
+    page = render_html(timelines, checked.stats, ["chain"], checked.states)
+    assert "agent tree: 6 runs, 6 deep" in page
+    assert "level_1\n   └─ level_2\n      └─ level_3" in page
+    assert "agents: level_1 → level_2" in page
