@@ -4,7 +4,8 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget, and over the trace's agent tree
+handoff_cycle, delegation_depth, agent_fan_out; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -26,7 +27,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
-from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
 from spanguard.detection.conventions.capture import capture_setting
@@ -628,11 +629,11 @@ class Guard:
         tree = state.agent_tree
         if tree is None:
             tree = state.agent_tree = AgentTree()
+        started = tree.started
         if not tree.add_run(run):
-            if len(tree.runs) >= MAX_RUNS:
-                self.stats.agent_runs_unplaced += 1
-            else:
+            if tree.started == started:
                 return None  # placed already: a redelivery
+            self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
         if self._per_agent:
             policy = self._policy_for(state, run, resource)
             entry = self._plans.get(id(policy))
