@@ -14,7 +14,7 @@ from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.timelines import Timelines
-from spanguard.detection.trace_state import TraceState
+from spanguard.detection.trace_state import STATE_VERSION, TraceState
 from spanguard.schemas.decision import validate
 from spanguard.schemas.policy import Policy
 
@@ -229,9 +229,14 @@ def test_the_tree_is_kept_in_the_state_record_and_read_back():
         assert [(depth, name) for depth, name in tree.levels()] == [
             (0, "level_1"), (1, "level_2"), (2, "level_3"),
         ]  # fmt: skip
-    # A state without agents has no section, as before.
+    # A state without agents has no section, as before; a record of version 5 (no agent tree
+    # section) reads as a trace without agents, and a worker of version 5 reads version 6.
     assert TraceState().agent_tree is None
     assert b"agent_tree" not in TraceState().to_bytes()
+    without = bytearray(TraceState("svc", last_seen=1.0).to_bytes())
+    without[1] = 5
+    assert TraceState.from_bytes(bytes(without)).agent_tree is None
+    assert state.to_bytes()[1] == STATE_VERSION == 6
 
 
 def test_explain_draws_the_agent_tree():
