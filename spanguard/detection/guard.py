@@ -222,6 +222,8 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
     token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
+    # The tool-call rules that read only traces with agents (`agents_only`), after the others.
+    handoff_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     agent_rules: list[tuple[AgentRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
@@ -608,8 +610,11 @@ class Guard:
             trim_window(window, counts, marks, plan.history)
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
+        rules = plan.call_rules
+        if plan.handoff_rules and (call.handoff or state.agent_tree is not None):
+            rules = rules + plan.handoff_rules  # a trace with agents: rare, and short lists
         fired = state.fired
-        for rule, wanted in plan.call_rules:
+        for rule, wanted in rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
             trip = rule.check(state, call, key, policy)
@@ -779,7 +784,8 @@ class Guard:
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
-                plan.call_rules.append((rule, FLAG if policy.shadow else wanted))
+                rules = plan.handoff_rules if rule.agents_only else plan.call_rules
+                rules.append((rule, FLAG if policy.shadow else wanted))
                 if rule.counts:
                     plan.counting.append(rule)
         for token_rule in self._token_rules:

@@ -42,6 +42,7 @@ class HandoffCycle(ToolCallRule):
     )
     settings = "multi_agent: {cycles: 2}"
     default_action = "kill"
+    agents_only = True
 
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.multi_agent.cycles is not None else OFF
@@ -49,9 +50,9 @@ class HandoffCycle(ToolCallRule):
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
-        """Called on every counted call, in the window already: a handoff is remembered and
-        checked; new work (a call once in the window that brought content back) forgets the
-        handoffs before it."""
+        """Called on the counted calls of traces with agents, in the window already: a handoff
+        is remembered and checked; new work (a call once in the window that brought content
+        back) forgets the handoffs before it."""
         tree = state.agent_tree
         if not call.handoff:
             if tree is not None and tree.handoffs and state.counts.get(key) == 1:
