@@ -96,6 +96,9 @@ Rule = Literal[
     "no_progress",
     "token_budget",
     "cost_budget",
+    "handoff_cycle",
+    "delegation_depth",
+    "agent_fan_out",
     "agent_budget",
     "goal_unmet",
     "manual",
@@ -194,6 +197,12 @@ class Evidence:
     calls: list[dict[str, Any]] | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
     confidence: float | None = None  # goal_unmet: the judge's confidence
+    # handoff_cycle: the agents of the repeated handoffs, in order; delegation_depth: the chain
+    # of agents from the outermost known down to the deepest; agent_fan_out: the agents started;
+    # a fleet incident (scope tool): the agents that called the tool, newest first
+    agents: list[str] | None = None
+    depth: int | None = None  # delegation_depth: agents nested in one another
+    sub_agents: int | None = None  # agent_fan_out: agent runs the trace started
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +251,8 @@ class DecisionScope:
 
     "tool": a fleet incident (spanguard/detection/fleet.py): the `tool` (or `model:` key) and
     the `server` it names, if any; `traces`, the distinct traces that called it in the window;
-    `trace_ids` and `agents`, those it hit, newest first (at most fleet.MAX_LISTED each)."""
+    `trace_ids`, the traces it hit, newest first (at most fleet.MAX_LISTED; the agents hit are
+    the evidence's `agents`)."""
 
     kind: ScopeKind | None = None
     conversation_id: str | None = None
@@ -251,7 +261,6 @@ class DecisionScope:
     tool: str | None = None
     server: str | None = None
     trace_ids: list[str] | None = None
-    agents: list[str] | None = None
 
 
 NO_EVIDENCE = Evidence()
@@ -395,7 +404,9 @@ _WIRE: tuple[tuple[str, str, str, bool], ...] = (
     ("tool", "scope", "tool", True),
     ("server", "scope", "server", True),
     ("trace_ids", "scope", "trace_ids", True),
-    ("agents", "scope", "agents", True),
+    ("agents", "evidence", "agents", True),
+    ("depth", "evidence", "depth", True),
+    ("sub_agents", "evidence", "sub_agents", True),
     ("schema_version", "", "schema_version", False),
     ("decision_id", "", "decision_id", False),
 )

@@ -96,7 +96,7 @@ TOOL_FAILING: Final = "tool_failing"
 LOOP_SIGNATURE: Final = "loop_signature"
 FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
 RECOVERED: Final = "recovered"  # an incident's second and last record: the tool answers again
-# Who an incident's record names as its agent: it is no one agent's (scope.agents lists them).
+# Who an incident's record names as its agent: it is no one agent's (evidence.agents lists them).
 FLEET_AGENT: Final = AgentIdentity("(fleet)")
 
 # The MCP conventions' server of a client span (semantic-conventions-genai, docs/gen-ai/mcp.md).
@@ -630,6 +630,7 @@ def incident_decision(
             hits=max(hits, 1),
             window=policy.window,
             steps=figures["calls"] or None,
+            agents=list(incident.agents),
         ),
         span_ended_at=ended,
         scope=DecisionScope(
@@ -638,7 +639,6 @@ def incident_decision(
             tool=incident.tool,
             server=incident.server or None,
             trace_ids=list(incident.traces),
-            agents=list(incident.agents),
         ),
     )
 

@@ -4,7 +4,8 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget, and over the trace's agent tree
+handoff_cycle, delegation_depth, agent_fan_out; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -26,11 +27,13 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
 from spanguard.detection.conventions.capture import capture_setting
 from spanguard.detection.conventions.events import (
     MISSING,
+    AgentRun,
     AgentSeen,
     ResourceInfo,
     TokenUsage,
@@ -66,6 +69,7 @@ from spanguard.detection.rules.base import (
     KILL,
     OFF,
     PAUSE,
+    AgentRule,
     Fired,
     GuardObserver,
     Rule,
@@ -149,6 +153,8 @@ class GuardCount(CountedOutcome):
     TOKENS_UNPRICED = "tokens_unpriced"
     TOKENS_NOT_PRICED = "tokens_not_priced"
     COST_PICO_USD = "cost_pico_usd"
+    # Agent runs of traces whose agent tree was full (MAX_RUNS): counted, not placed.
+    AGENT_RUNS_UNPLACED = "agent_runs_unplaced"
 
 
 @dataclass
@@ -180,6 +186,7 @@ class GuardStats:
     tokens_unpriced: int = 0
     tokens_not_priced: int = 0
     cost_pico_usd: int = 0
+    agent_runs_unplaced: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -216,6 +223,9 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
     token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
+    # The tool-call rules that read only traces with agents (`agents_only`), after the others.
+    handoff_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
+    agent_rules: list[tuple[AgentRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
@@ -277,6 +287,7 @@ class Guard:
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
         self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
+        self._agent_rules = [rule for rule in self.rules if isinstance(rule, AgentRule)]
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
@@ -444,12 +455,14 @@ class Guard:
         self,
         trace_id: str,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None = None,
     ) -> Decision | None:
         """Apply one event to one trace's state (mutated in place).
 
         `resource` is needed only by a policy with per-agent rules."""
+        if isinstance(event, AgentRun):
+            return self._on_agent_run(trace_id, state, event, resource)
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
@@ -624,8 +637,11 @@ class Guard:
         if self.tools is not None:
             agent = agent_label(state.service, state.agent_name)
             self.tools.hand_tool_call(tool_call(call, result, trace_id, agent, self._server))
+        rules = plan.call_rules
+        if plan.handoff_rules and (call.handoff or state.agent_tree is not None):
+            rules = rules + plan.handoff_rules  # a trace with agents: rare, and short lists
         fired = state.fired
-        for rule, wanted in plan.call_rules:
+        for rule, wanted in rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
             trip = rule.check(state, call, key, policy)
@@ -633,6 +649,39 @@ class Guard:
                 continue
             decision = self._fire(
                 rule, trip, wanted, trace_id, state, policy, call.span_id, call.end_time_unix_nano
+            )
+            if decision is not None:
+                return decision
+        return None
+
+    def _on_agent_run(
+        self, trace_id: str, state: TraceState, run: AgentRun, resource: ResourceInfo | None
+    ) -> Decision | None:
+        """Place an agent's run in the trace's agent tree, then let the agent rules decide."""
+        tree = state.agent_tree
+        if tree is None:
+            tree = state.agent_tree = AgentTree()
+        started = tree.started
+        if not tree.add_run(run):
+            if tree.started == started:
+                return None  # placed already: a redelivery
+            self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
+        if self._per_agent:
+            policy = self._policy_for(state, run, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        else:
+            policy = self._defaults
+            plan = self._defaults_plan or self._plan(policy)
+        fired = state.fired
+        for rule, wanted in plan.agent_rules:
+            if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
+                continue
+            trip = rule.check_run(state, run, policy)
+            if trip is None:
+                continue
+            decision = self._fire(
+                rule, trip, wanted, trace_id, state, policy, run.span_id, run.end_time_unix_nano
             )
             if decision is not None:
                 return decision
@@ -762,13 +811,18 @@ class Guard:
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
-                plan.call_rules.append((rule, FLAG if policy.shadow else wanted))
+                rules = plan.handoff_rules if rule.agents_only else plan.call_rules
+                rules.append((rule, FLAG if policy.shadow else wanted))
                 if rule.counts:
                     plan.counting.append(rule)
         for token_rule in self._token_rules:
             wanted = token_rule.wanted(policy)
             if wanted != OFF:
                 plan.token_rules.append((token_rule, FLAG if policy.shadow else wanted))
+        for agent_rule in self._agent_rules:
+            wanted = agent_rule.wanted(policy)
+            if wanted != OFF:
+                plan.agent_rules.append((agent_rule, FLAG if policy.shadow else wanted))
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
         if policy is self._defaults:
@@ -880,7 +934,7 @@ class Guard:
     def _policy_for(
         self,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None,
     ) -> AgentPolicy:
         if not self.policy.rules:

@@ -162,6 +162,12 @@ GATEWAY_SCOPE: Final = "litellm"
 HANDOFF_OPERATION: Final = "agent_handoff"
 HANDOFF_FROM: Final = "gen_ai.handoff.from_agent"
 HANDOFF_TO: Final = "gen_ai.handoff.to_agent"
+# OpenInference's handoff tool spans are named so ("handoff to billing").
+HANDOFF_TOOL_PREFIX: Final = "handoff to "
+# An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.
+INVOKE_AGENT_OPERATION: Final = "invoke_agent"
+OI_AGENT_KIND: Final = "AGENT"
+OI_AGENT_NAME: Final = "agent.name"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 

@@ -52,7 +52,8 @@ public final class Signals {
   static final Set<String> KINDS = Set.of("kill", "downgrade", "release", "pause");
   static final Set<String> RULES =
       Set.of("tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "cost_budget",
-          "agent_budget", "manual", "tool_failing", "loop_signature");
+          "handoff_cycle", "delegation_depth", "agent_fan_out", "agent_budget", "manual",
+          "tool_failing", "loop_signature");
   static final Set<String> SCOPES = Set.of("trace", "conversation", "agent", "tool");
   // The fleet rules: their signals contain a tool, and their release is the tool's recovery.
   static final Set<String> FLEET_RULES = Set.of("tool_failing", "loop_signature");
