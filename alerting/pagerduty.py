@@ -77,6 +77,11 @@ DETAIL_FIELDS = (
     "detected_at",
     *PAUSE_FIELDS,
     *SCOPE_FIELDS,  # a conversation's decision: which conversation, over how many traces
+    # The agents a decision names (a fleet incident's callers, a handoff cycle's agents), and
+    # the multi-agent rules' figures: in the record's evidence, not in a kill signal's.
+    "agents",
+    "depth",
+    "sub_agents",
 )
 
 Status = Literal["accepted", "rejected", "failed"]

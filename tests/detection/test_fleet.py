@@ -309,7 +309,7 @@ def test_an_incident_is_a_tool_scoped_decision_that_round_trips_and_the_schema_a
     opened = incident_decision(incident, POLICY)
     assert (opened.rule, opened.action, opened.scope_kind) == (TOOL_FAILING, "flag", "tool")
     assert opened.scope is not None and opened.scope.tool == "search_docs"
-    assert len(opened.scope.trace_ids or []) == 20 and len(opened.scope.agents or []) == 20
+    assert len(opened.scope.trace_ids or []) == 20 and len(opened.evidence.agents or []) == 20
     assert opened.evidence.hits == incident.figures["failing_traces"]
     assert (opened.evidence.tool_name, opened.evidence.window) == ("search_docs", 300)
     for decision in (opened, recovered):
