@@ -118,6 +118,28 @@ ADK_SCENARIOS: dict[str, list[Step]] = {
 }
 
 
+# What the guard's default policy decides on each fixture, by (framework, instrumentation,
+# scenario): (rule, action, the handoff or call it names, 1-based among the run's handoffs),
+# or nothing. Google ADK without content capture records no arguments: its transfers are not
+# counted (`missing_args: name_only` would flag them).
+Expected = tuple[str, str, str, int] | None
+EXPECTED: dict[tuple[str, str, str], Expected] = {
+    ("langgraph", "openinference", "handoff_pingpong"): (
+        "tool_loop",
+        "kill",
+        "handoff to worker_a",
+        3,
+    ),
+    ("langgraph", "openllmetry", "handoff_pingpong"): (
+        "tool_loop",
+        "kill",
+        "handoff to worker_a",
+        3,
+    ),
+    ("google_adk", "capture", "transfer_pingpong"): ("tool_loop", "kill", "handoff to billing", 5),
+}
+
+
 class Script:
     """The scenario's steps in order, then the final answer forever."""
 
@@ -341,6 +363,158 @@ def instrument_global(instrumentation: str, provider: Any) -> None:
     trace.set_tracer_provider(provider)
 
 
+# -- A2A -------------------------------------------------------------------------------------
+
+A2A_HOPS = 8  # A2A calls between the two services before one of them answers
+A2A_MESSAGE = "I was charged twice."
+A2A_SERVICES = ("triage", "billing")
+
+
+def serve_a2a(name: str, port: int, peer_port: int, out: Path, propagate: bool) -> None:
+    """One agent service speaking A2A (a2a-sdk, JSON-RPC over HTTP on localhost) in this
+    process, traced by a2a-sdk's own spans (and, with `propagate`, OpenTelemetry's ASGI and
+    httpx instrumentations, which carry the trace context between services). On each of its
+    first A2A_HOPS / 2 requests it asks its peer the same question, then it answers; its spans
+    are written to `out` when it stops (SIGINT)."""
+    import uvicorn
+    from a2a.helpers.proto_helpers import new_text_message
+    from a2a.server.agent_execution import AgentExecutor
+    from a2a.server.request_handlers import DefaultRequestHandler
+    from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+    from a2a.server.tasks import InMemoryTaskStore
+    from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.applications import Starlette
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": f"{name}-service"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)  # a2a-sdk traces through the global provider
+    if propagate:
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+        HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    asked = 0
+
+    class Agent(AgentExecutor):
+        async def execute(self, context: Any, event_queue: Any) -> None:
+            nonlocal asked
+            asked += 1
+            text = "Nothing to add."
+            if asked <= A2A_HOPS // 2:
+                text = await ask_a2a(f"http://127.0.0.1:{peer_port}", A2A_MESSAGE)
+            await event_queue.enqueue_event(new_text_message(text))
+
+        async def cancel(self, context: Any, event_queue: Any) -> None:
+            pass
+
+    url = f"http://127.0.0.1:{port}"
+    card = AgentCard(
+        name=name, description=f"The {name} agent.", version="1.0",
+        supported_interfaces=[
+            AgentInterface(protocol_binding="JSONRPC", url=url + "/", protocol_version="1.0")
+        ],
+        capabilities=AgentCapabilities(), default_input_modes=["text"],
+        default_output_modes=["text"],
+        skills=[AgentSkill(id=name, name=name, description=f"{name} questions", tags=[name])],
+    )  # fmt: skip
+    handler = DefaultRequestHandler(
+        agent_executor=Agent(), task_store=InMemoryTaskStore(), agent_card=card
+    )
+    app: Any = Starlette(
+        routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]
+    )
+    if propagate:
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        app = OpenTelemetryMiddleware(app, tracer_provider=provider)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn raises the SIGINT it stopped on again once it has stopped
+    finally:
+        provider.force_flush()
+        write_request(exporter.get_finished_spans(), out)
+
+
+async def ask_a2a(url: str, text: str) -> str:
+    """Send `text` to the A2A agent at `url`; its answer's text."""
+    from a2a.client import create_client
+    from a2a.helpers.proto_helpers import get_message_text, new_text_message
+    from a2a.types import SendMessageRequest
+
+    client = await create_client(url)
+    answer = ""
+    async for event in client.send_message(SendMessageRequest(message=new_text_message(text))):
+        if event.HasField("message"):
+            answer = get_message_text(event.message)
+    return answer
+
+
+def run_a2a(variant: str, out: Path) -> Path:
+    """The two services in processes of their own on localhost; triage's agent asks billing,
+    which asks triage back, and so on A2A_HOPS times. Both services' spans, one request."""
+    import signal
+    import socket
+    import tempfile
+    import time
+
+    import httpx
+
+    ports = []
+    for _ in A2A_SERVICES:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(free.getsockname()[1])
+    with tempfile.TemporaryDirectory() as scratch:
+        servers = []
+        for index, name in enumerate(A2A_SERVICES):
+            command = [sys.executable, "-m", MODULE, "--a2a-serve", name, str(ports[index]),
+                       str(ports[1 - index]), f"{scratch}/{name}.json.gz", variant]  # fmt: skip
+            servers.append(subprocess.Popen(command, cwd=ROOT))
+        try:
+            for port in ports:
+                for _ in range(200):
+                    try:
+                        httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json")
+                        break
+                    except httpx.TransportError:
+                        time.sleep(0.05)
+            asyncio.run(ask_a2a(f"http://127.0.0.1:{ports[1]}", A2A_MESSAGE))
+        finally:
+            for server in servers:
+                server.send_signal(signal.SIGINT)
+            for server in servers:
+                server.wait(timeout=30)
+        return merge_requests([Path(scratch) / f"{name}.json.gz" for name in A2A_SERVICES], out)
+
+
+def merge_requests(paths: list[Path], out: Path) -> Path:
+    """One OTLP/JSON request holding every resource of the requests at `paths`."""
+    resources = []
+    for path in paths:
+        resources.extend(json.loads(gzip.decompress(path.read_bytes()))["resourceSpans"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps({"resourceSpans": resources}, separators=(",", ":")) + "\n").encode()
+    with out.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
+        file.write(line)
+    return out
+
+
+A2A_VARIANTS = {
+    # a2a-sdk's own spans only: each service's spans are traces of their own
+    "sdk": False,
+    # and OpenTelemetry's httpx (client) and ASGI (server) instrumentations, which carry the
+    # W3C trace context from one service to the other
+    "propagated": True,
+}
+
+
 # -- the frameworks --------------------------------------------------------------------------
 
 
@@ -433,9 +607,17 @@ def python_for(framework: Framework) -> str:
     return library.python
 
 
+A2A = "a2a"
+A2A_SCENARIO = "pingpong"
+
+
 def generate(names: list[str], out: Path) -> None:
     """Each (framework, instrumentation) in a fresh interpreter."""
     for name in names:
+        if name == A2A:
+            for variant in A2A_VARIANTS:
+                run_a2a(variant, out / A2A / variant / f"{A2A_SCENARIO}.json.gz")
+            continue
         framework = FRAMEWORKS[name]
         python = python_for(framework)
         for instrumentation, environment in framework.instrumentations.items():
@@ -446,20 +628,27 @@ def generate(names: list[str], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("frameworks", nargs="*", help=f"default: all ({', '.join(FRAMEWORKS)})")
+    parser.add_argument(
+        "frameworks", nargs="*", help=f"default: all ({', '.join(FRAMEWORKS)}, a2a)"
+    )
     parser.add_argument("--out", type=Path, default=FIXTURES)
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "INSTRUMENTATION"),
                         help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument("--a2a-serve", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.a2a_serve:
+        name, port, peer_port, path, variant = args.a2a_serve
+        serve_a2a(name, int(port), int(peer_port), Path(path), A2A_VARIANTS[variant])
+        return 0
     if args.one:
         name, instrumentation = args.one
         for path in generate_one(FRAMEWORKS[name], instrumentation, args.out):
             print(path.relative_to(args.out))
         return 0
-    unknown = set(args.frameworks) - set(FRAMEWORKS)
+    unknown = set(args.frameworks) - {*FRAMEWORKS, A2A}
     if unknown:
         parser.error(f"unknown frameworks: {', '.join(sorted(unknown))}")
-    generate(args.frameworks or list(FRAMEWORKS), args.out)
+    generate(args.frameworks or [*FRAMEWORKS, A2A], args.out)
     return 0
 
 
