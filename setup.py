@@ -39,6 +39,10 @@ COMPILED_MODULES = [
     "spanguard/detection/rules/no_progress.py",
     "spanguard/detection/rules/token_budget.py",
     "spanguard/detection/rules/cost_budget.py",
+    "spanguard/detection/rules/handoff_cycle.py",
+    "spanguard/detection/rules/delegation_depth.py",
+    "spanguard/detection/rules/agent_fan_out.py",
+    "spanguard/detection/agent_tree.py",
     # Every inference span is priced.
     "spanguard/detection/pricing.py",
     # The conversation scope (its state extends the trace's).

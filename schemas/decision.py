@@ -92,6 +92,9 @@ Rule = Literal[
     "no_progress",
     "token_budget",
     "cost_budget",
+    "handoff_cycle",
+    "delegation_depth",
+    "agent_fan_out",
     "agent_budget",
     "goal_unmet",
     "manual",
@@ -166,6 +169,11 @@ class Evidence:
     calls: list[dict[str, Any]] | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
     confidence: float | None = None  # goal_unmet: the judge's confidence
+    # handoff_cycle: the agents of the repeated handoffs, in order; delegation_depth: the chain
+    # of agents from the outermost known down to the deepest; agent_fan_out: the agents started
+    agents: list[str] | None = None
+    depth: int | None = None  # delegation_depth: agents nested in one another
+    sub_agents: int | None = None  # agent_fan_out: agent runs the trace started
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +364,9 @@ _WIRE: tuple[tuple[str, str, str, bool], ...] = (
     ("conversation_id", "scope", "conversation_id", True),
     ("traces", "scope", "traces", True),
     ("scope_until", "scope", "until", True),
+    ("agents", "evidence", "agents", True),
+    ("depth", "evidence", "depth", True),
+    ("sub_agents", "evidence", "sub_agents", True),
     ("schema_version", "", "schema_version", False),
     ("decision_id", "", "decision_id", False),
 )

@@ -15,6 +15,10 @@ Shape (every field optional):
                                  # a sequence of calls repeated; compare_results false:
                                  #   by tool and arguments alone
       no_progress: {threshold: 4, action: flag}  # different calls, one same empty result
+      multi_agent: {cycles: 2, max_depth: 5, max_sub_agents: 20}
+                                 # agents of one trace: the same handoffs repeated `cycles`
+                                 #   times, agents nested deeper than max_depth, more agent
+                                 #   runs than max_sub_agents; null: that rule off
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
@@ -88,6 +92,7 @@ __all__ = [
     "CyclePolicy",
     "GoalPolicy",
     "LoopPolicy",
+    "MultiAgentPolicy",
     "NoProgressPolicy",
     "PausePolicy",
     "Policy",
@@ -292,6 +297,18 @@ class NoProgressPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class MultiAgentPolicy:
+    """`multi_agent:` the agents of one trace. `cycles`: handoff_cycle, the same sequence of
+    handoffs (agents and inputs) repeated so many times with nothing new between; `max_depth`:
+    delegation_depth, agents nested in one another beyond it; `max_sub_agents`: agent_fan_out,
+    agent runs a trace starts beyond its first. None: that rule is off."""
+
+    cycles: int | None = 2
+    max_depth: int | None = 5
+    max_sub_agents: int | None = 20
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationPolicy:
     """`conversation:` tool_loop and cycle over the calls of all of a conversation's traces
     (a repeat spanning traces: `action`), and its budgets."""
@@ -344,6 +361,7 @@ class AgentPolicy:
     polling: PollingPolicy = PollingPolicy()
     cycle: CyclePolicy = CyclePolicy()
     no_progress: NoProgressPolicy = NoProgressPolicy()
+    multi_agent: MultiAgentPolicy = MultiAgentPolicy()
     # Tool name -> its own tool_loop threshold/window, or exempt from every rule; an entry's
     # tools are laid over the defaults', tool by tool.
     tools: tuple[tuple[str, ToolPolicy], ...] = _setting(

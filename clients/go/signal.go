@@ -39,7 +39,7 @@ var (
 	hex16    = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	dateTime = regexp.MustCompile(`^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|([+-])([0-9]{2}):([0-9]{2}))$`)
 	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true, "pause": true}
-	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "agent_budget": true, "manual": true}
+	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "handoff_cycle": true, "delegation_depth": true, "agent_fan_out": true, "agent_budget": true, "manual": true}
 	scopes   = map[string]bool{"trace": true, "conversation": true, "agent": true}
 	fields   = map[string]bool{
 		"schema_version": true, "signal_id": true, "trace_id": true, "kind": true, "rule": true,

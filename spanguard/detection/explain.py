@@ -9,7 +9,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms", "usd"]
+__all__ = [
+    "DEFAULT_ACK_WITHIN",
+    "HASH_PREFIX",
+    "agent_tree_lines",
+    "explain_records",
+    "latency_ms",
+    "usd",
+]
 
 # Hash prefixes shown: enough to tell the calls of one window apart at a glance.
 HASH_PREFIX = 8
@@ -55,6 +62,12 @@ def _policy(record: dict[str, Any]) -> str:
             f"{where}: window {record.get('window')}, threshold {record.get('threshold')},"
             f" action {record.get('action')}"
         )
+    if rule == "handoff_cycle":
+        return f"{where}: cycles {record.get('threshold')}, action {record.get('action')}"
+    if rule == "delegation_depth":
+        return f"{where}: max_depth {record.get('threshold')}, action {record.get('action')}"
+    if rule == "agent_fan_out":
+        return f"{where}: max_sub_agents {record.get('threshold')}, action {record.get('action')}"
     if rule == "token_budget":
         return f"{where}: token budget {record.get('token_budget')}"
     if rule == "cost_budget":
@@ -117,6 +130,36 @@ def _window(record: dict[str, Any]) -> list[str]:
             + suffix
         )
     return lines
+
+
+def agent_tree_lines(record: dict[str, Any]) -> list[str]:
+    """The agents a multi-agent decision names, drawn: the chain nested one in another
+    (delegation_depth), the handoffs in order (handoff_cycle), the agents started
+    (agent_fan_out)."""
+    agents = record.get("agents")
+    if not agents:
+        return []
+    rule = record.get("rule")
+    if rule == "delegation_depth":
+        lines = [
+            f"  agent tree (the deepest chain, {record.get('depth')} agents, outermost first):"
+        ]
+        lines.append(f"    {agents[0]}")
+        lines.extend(
+            f"    {'   ' * (depth - 1)}└─ {name}" for depth, name in enumerate(agents[1:], 1)
+        )
+        return lines
+    if rule == "handoff_cycle":
+        return [
+            f"  handoffs (oldest first, {record.get('hits')}x the same round):",
+            "    " + " -> ".join(f"handoff to {name}" for name in agents),
+        ]
+    if rule == "agent_fan_out":
+        lines = [f"  agent tree ({record.get('sub_agents')} agent runs beyond the first):"]
+        lines.extend(f"    ├─ {name}" for name in agents[:-1])
+        lines.append(f"    └─ {agents[-1]}")
+        return lines
+    return [f"  agents: {', '.join(agents)}"]
 
 
 def _acknowledged(
@@ -199,6 +242,7 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
             tripped += f" ({delay:.0f} ms before the decision)"
     lines.append(tripped)
     lines.extend(_window(record))
+    lines.extend(agent_tree_lines(record))
     if action in ("kill", "downgrade"):
         lines.append(
             f"  signal: {action} sent to the agent (signal_id {record.get('decision_id')})"

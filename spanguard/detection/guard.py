@@ -26,11 +26,13 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
+from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
 from spanguard.detection.conventions.capture import capture_setting
 from spanguard.detection.conventions.events import (
     MISSING,
+    AgentRun,
     AgentSeen,
     ResourceInfo,
     TokenUsage,
@@ -65,6 +67,7 @@ from spanguard.detection.rules.base import (
     KILL,
     OFF,
     PAUSE,
+    AgentRule,
     Fired,
     GuardObserver,
     Rule,
@@ -148,6 +151,8 @@ class GuardCount(CountedOutcome):
     TOKENS_UNPRICED = "tokens_unpriced"
     TOKENS_NOT_PRICED = "tokens_not_priced"
     COST_PICO_USD = "cost_pico_usd"
+    # Agent runs of traces whose agent tree was full (MAX_RUNS): counted, not placed.
+    AGENT_RUNS_UNPLACED = "agent_runs_unplaced"
 
 
 @dataclass
@@ -179,6 +184,7 @@ class GuardStats:
     tokens_unpriced: int = 0
     tokens_not_priced: int = 0
     cost_pico_usd: int = 0
+    agent_runs_unplaced: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -215,6 +221,7 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
     token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
+    agent_rules: list[tuple[AgentRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
@@ -265,6 +272,7 @@ class Guard:
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
         self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
+        self._agent_rules = [rule for rule in self.rules if isinstance(rule, AgentRule)]
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
@@ -420,12 +428,14 @@ class Guard:
         self,
         trace_id: str,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None = None,
     ) -> Decision | None:
         """Apply one event to one trace's state (mutated in place).
 
         `resource` is needed only by a policy with per-agent rules."""
+        if isinstance(event, AgentRun):
+            return self._on_agent_run(trace_id, state, event, resource)
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
@@ -611,6 +621,39 @@ class Guard:
                 return decision
         return None
 
+    def _on_agent_run(
+        self, trace_id: str, state: TraceState, run: AgentRun, resource: ResourceInfo | None
+    ) -> Decision | None:
+        """Place an agent's run in the trace's agent tree, then let the agent rules decide."""
+        tree = state.agent_tree
+        if tree is None:
+            tree = state.agent_tree = AgentTree()
+        if not tree.add_run(run):
+            if len(tree.runs) >= MAX_RUNS:
+                self.stats.agent_runs_unplaced += 1
+            else:
+                return None  # placed already: a redelivery
+        if self._per_agent:
+            policy = self._policy_for(state, run, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+        else:
+            policy = self._defaults
+            plan = self._defaults_plan or self._plan(policy)
+        fired = state.fired
+        for rule, wanted in plan.agent_rules:
+            if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
+                continue
+            trip = rule.check_run(state, run, policy)
+            if trip is None:
+                continue
+            decision = self._fire(
+                rule, trip, wanted, trace_id, state, policy, run.span_id, run.end_time_unix_nano
+            )
+            if decision is not None:
+                return decision
+        return None
+
     def _on_tokens(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
     ) -> Decision | None:
@@ -742,6 +785,10 @@ class Guard:
             wanted = token_rule.wanted(policy)
             if wanted != OFF:
                 plan.token_rules.append((token_rule, FLAG if policy.shadow else wanted))
+        for agent_rule in self._agent_rules:
+            wanted = agent_rule.wanted(policy)
+            if wanted != OFF:
+                plan.agent_rules.append((agent_rule, FLAG if policy.shadow else wanted))
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
         if policy is self._defaults:
@@ -853,7 +900,7 @@ class Guard:
     def _policy_for(
         self,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None,
     ) -> AgentPolicy:
         if not self.policy.rules:

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.schemas import compact_json
@@ -61,6 +62,8 @@ def iso_from_micros(micros: int) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
+# The tag of the binary state's trailing agent-tree section (its JSON record follows).
+_AGENT_TREE_SECTION: Final = 0x41
 _MARK: Final = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
 
 
@@ -111,6 +114,9 @@ class TraceState:
     # The conversation the trace belongs to (the first id its spans named), when the
     # conversation scope is on.
     conversation_id: str | None = None
+    # The trace's agents (spanguard/detection/agent_tree.py): None until its first agent span
+    # or handoff, so a single-agent trace costs nothing more.
+    agent_tree: AgentTree | None = None
 
     def to_dict(self) -> dict[str, Any]:
         record = {
@@ -139,6 +145,8 @@ class TraceState:
             record["unpriced_tokens"] = self.unpriced_tokens
         if self.conversation_id is not None:
             record["conversation_id"] = self.conversation_id  # version 3
+        if self.agent_tree is not None:
+            record["agent_tree"] = self.agent_tree.to_record()
         # Last, so eviction can read it without decoding (streams/expiry.py).
         record["last_seen"] = self.last_seen
         return record
@@ -169,6 +177,9 @@ class TraceState:
             aggregate_cost=record.get("aggregate_cost", 0),
             unpriced_tokens=record.get("unpriced_tokens", 0),
             conversation_id=record.get("conversation_id"),
+            agent_tree=(
+                AgentTree.from_record(record["agent_tree"]) if "agent_tree" in record else None
+            ),
         )
 
     def to_bytes(self) -> bytes:
@@ -206,6 +217,8 @@ class TraceState:
         self.polls.clear()
         self.poll_counts.clear()
         self.cycle_runs = None
+        if self.agent_tree is not None:
+            self.agent_tree.handoffs.clear()
 
     def forget_calls_before(self, micros: int) -> None:
         """Drop the window's oldest calls that ended before `micros` (all of them when none
@@ -441,6 +454,10 @@ def encode_state(state: TraceState) -> bytes:
         out.append(args_form)
         _put_digest_payload(out, args_form, args_raw)
     _put_calls(out, state)
+    if state.agent_tree is not None:
+        # An optional trailing section: a state without it ends here.
+        out.append(_AGENT_TREE_SECTION)
+        _put_text(out, json.dumps(state.agent_tree.to_record(), separators=(",", ":")))
     return bytes(out)
 
 
@@ -622,6 +639,12 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
             raise StateDecodeError(f"a poll without arguments at {reader.at}")
         polls.append((tool, args))
     _read_calls(reader, state)
+    if reader.at < len(data) and data[reader.at] == _AGENT_TREE_SECTION:
+        reader.byte()
+        try:
+            state.agent_tree = AgentTree.from_record(json.loads(reader.text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateDecodeError(f"agent tree: {type(exc).__name__}: {exc}") from exc
     state.window_marks = _aligned(state.window_marks, len(window))
     # A later version appends sections after these; trailing bytes of this one are garbage.
     if version == STATE_VERSION and reader.at != len(data):

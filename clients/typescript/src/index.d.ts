@@ -4,7 +4,7 @@ export interface KillSignal {
   readonly signalId: string;
   readonly traceId: string;
   readonly kind: 'kill' | 'downgrade' | 'release' | 'pause';
-  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'agent_budget' | 'manual';
+  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'handoff_cycle' | 'delegation_depth' | 'agent_fan_out' | 'agent_budget' | 'manual';
   readonly reason: string;
   readonly evidence: Record<string, string | number>;
   readonly agent: { service: string; name: string | null };

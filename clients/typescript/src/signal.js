@@ -30,7 +30,7 @@ const HEX16 = /^[0-9a-f]{16}$/;
 const DATE_TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
 const KINDS = new Set(['kill', 'downgrade', 'release', 'pause']);
 const PAUSE_FALLBACKS = new Set(['kill', 'release']);
-const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'agent_budget', 'manual']);
+const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'handoff_cycle', 'delegation_depth', 'agent_fan_out', 'agent_budget', 'manual']);
 // What a signal stops: its trace (also when absent), every trace of a conversation, or of an agent.
 const SCOPES = new Set(['trace', 'conversation', 'agent']);
 const MAX_CONVERSATION_ID_CHARS = 200;

@@ -15,6 +15,7 @@ from typing import Any, Final, NamedTuple
 from spanguard.detection.conventions.decoding import _arguments, _digest, _result
 from spanguard.detection.conventions.events import (
     MISSING,
+    AgentRun,
     AgentSeen,
     Event,
     ResourceInfo,
@@ -44,10 +45,14 @@ from spanguard.detection.conventions.keys import (
     HANDOFF_FROM,
     HANDOFF_OPERATION,
     HANDOFF_TO,
+    HANDOFF_TOOL_PREFIX,
     INFERENCE_OPERATIONS,
     INPUT_MESSAGES,
     INPUT_TOKEN_KEYS,
+    INVOKE_AGENT_OPERATION,
     LANGGRAPH_PARENT_GRAPH,
+    OI_AGENT_KIND,
+    OI_AGENT_NAME,
     OPENINFERENCE_INFERENCE_KINDS,
     OPENINFERENCE_KIND,
     OPERATION,
@@ -177,7 +182,7 @@ def reading_of(wanted: frozenset[str]) -> SpanReading:
 
 def adapt_span(
     span: Any, wanted: frozenset[str] = WANTED_KEYS, *, match: bool = False, scope: str = ""
-) -> ToolCall | TokenUsage | AgentSeen | tuple[ToolCall | TokenUsage | AgentSeen, ...] | None:
+) -> Event | tuple[Event, ...] | None:
     """Map one span of a request view to a ToolCall, a TokenUsage, or None.
 
     `wanted` is WANTED_KEYS (less the usage keys when no budget is set anywhere: then chat
@@ -202,12 +207,14 @@ def adapt_read(
     calls = gateway_calls(span, scope)
     if not calls:
         return event
-    return (*calls, event) if event is not None else tuple(calls)
+    if event is None:
+        return tuple(calls)
+    return (*calls, *event) if isinstance(event, tuple) else (*calls, event)
 
 
 def _adapt_one(
     span: Any, reading: SpanReading, match: bool, scope: str
-) -> ToolCall | TokenUsage | AgentSeen | None:
+) -> Event | tuple[Event, ...] | None:
     attributes: AttributeMap = span.attributes
     # Whether the span names its operation, asked once (`OPERATION in present` would say the same).
     has_operation = reading.operation_wanted and OPERATION in attributes
@@ -271,7 +278,7 @@ def _adapt_one(
             named,
             scope,
         )
-    return _usage_or_agent(
+    return _other_span(
         span,
         attributes,
         present,
@@ -285,6 +292,42 @@ def _adapt_one(
         match_attributes,
         named,
     )
+
+
+def _other_span(
+    span: Any,
+    attributes: AttributeMap,
+    present: Container[str],
+    reading: SpanReading,
+    match: bool,
+    operation: str | None,
+    oi_kind: str | None,
+    tl_kind: str | None,
+    ai_operation: str | None,
+    agent_name: str | None,
+    match_attributes: dict[str, str] | None,
+    named: bool,
+) -> Event | tuple[Event, ...] | None:
+    """_adapt_one's spans that are no call: their usage or who the agent is, and an agent's
+    own span also as one run of the agent (the agent run first)."""
+    other = _usage_or_agent(
+        span,
+        attributes,
+        present,
+        reading,
+        match,
+        operation,
+        oi_kind,
+        tl_kind,
+        ai_operation,
+        agent_name,
+        match_attributes,
+        named,
+    )
+    if operation != INVOKE_AGENT_OPERATION and (operation is not None or oi_kind != OI_AGENT_KIND):
+        return other
+    run = _agent_run(span, attributes, agent_name, match_attributes)
+    return other if run is None else run if other is None else (run, other)
 
 
 def _tool_call(
@@ -337,6 +380,8 @@ def _tool_call(
         conversation_id=conversation_of(attributes, present) if named else None,
         start_time_unix_nano=span.start_time_unix_nano,
         failed=span.status.code == STATUS_ERROR or ERROR_TYPE in present,
+        # OpenInference's OpenAI Agents handoff: a tool span "handoff to <agent>".
+        handoff=tool_name.startswith(HANDOFF_TOOL_PREFIX),
     )
 
 
@@ -459,6 +504,30 @@ def _model_text(
     return None
 
 
+def _agent_run(
+    span: Any,
+    attributes: AttributeMap,
+    agent_name: str | None,
+    match_attributes: dict[str, str] | None,
+) -> AgentRun | None:
+    """An agent's own span: one run of the agent, for the trace's agent tree (OpenInference
+    names the agent `agent.name`, the GenAI conventions `gen_ai.agent.name`). None for one
+    that names no agent: the OpenAI Agents SDK's "Agent workflow" span around a whole run."""
+    name = agent_name
+    if name is None and OI_AGENT_NAME in attributes:
+        name = bounded_text(_text(attributes[OI_AGENT_NAME]))
+    if not name:
+        return None
+    return AgentRun(
+        span.span_id,
+        span.parent_span_id,
+        name,
+        match_attributes,
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+    )
+
+
 def _handoff(
     span: Any,
     attributes: AttributeMap,
@@ -484,6 +553,7 @@ def _handoff(
         scope=scope,
         end_time_unix_nano=span.end_time_unix_nano,
         start_time_unix_nano=span.start_time_unix_nano,
+        handoff=True,
     )
 
 

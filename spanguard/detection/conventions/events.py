@@ -1,4 +1,5 @@
-"""What a span becomes: a ToolCall, a TokenUsage, an AgentSeen (adapt.py makes them)."""
+"""What a span becomes: a ToolCall, a TokenUsage, an AgentSeen, an AgentRun (adapt.py makes
+them)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class ToolCall:
     conversation_id: str | None  # read only when the conversation scope is on
     start_time_unix_nano: int  # 0: the span carries no start time
     failed: bool  # the span says the call failed (status ERROR, error.type)
+    handoff: bool  # an agent handing the run to another ("handoff to <agent>")
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class ToolCall:
         conversation_id: str | None = None,
         start_time_unix_nano: int = 0,
         failed: bool = False,
+        handoff: bool = False,
     ) -> None:
         self.span_id = span_id
         self.tool_name = tool_name
@@ -83,6 +86,7 @@ class ToolCall:
         self.conversation_id = conversation_id
         self.start_time_unix_nano = start_time_unix_nano
         self.failed = failed
+        self.handoff = handoff
 
 
 @mypyc_attr(acyclic=True, free_list_len=1)
@@ -171,6 +175,38 @@ class AgentSeen:
         self.user_turn = user_turn
 
 
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
+class AgentRun:
+    """An agent's own span (an `invoke_agent`, OpenInference's AGENT kind): one run of an agent,
+    where it sits in the trace (its parent span) and when it ran, for the trace's agent tree."""
+
+    span_id: bytes
+    parent_span_id: bytes  # b"": none (the trace's root)
+    agent_name: str | None
+    match_attributes: dict[str, str] | None
+    start_time_unix_nano: int
+    end_time_unix_nano: int
+    conversation_id: str | None
+
+    def __init__(
+        self,
+        span_id: bytes,
+        parent_span_id: bytes,
+        agent_name: str | None,
+        match_attributes: dict[str, str] | None,
+        start_time_unix_nano: int = 0,
+        end_time_unix_nano: int = 0,
+    ) -> None:
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.agent_name = agent_name
+        self.match_attributes = match_attributes
+        self.start_time_unix_nano = start_time_unix_nano
+        self.end_time_unix_nano = end_time_unix_nano
+        self.conversation_id = None
+
+
 # What a span may be: one event, or (a LiteLLM proxy span) the tool calls its request answered
 # followed by its own event, if any.
-Event = ToolCall | TokenUsage | AgentSeen
+Event = ToolCall | TokenUsage | AgentSeen | AgentRun

@@ -169,6 +169,12 @@ LANGGRAPH_PARENT_GRAPH: Final = "__parent__"
 ADK_SCOPE: Final = "gcp.vertex.agent"
 ADK_TRANSFER_TOOL: Final = "transfer_to_agent"
 ADK_TRANSFER_ARGUMENT: Final = "agent_name"
+# OpenInference's handoff tool spans are named so ("handoff to billing").
+HANDOFF_TOOL_PREFIX: Final = "handoff to "
+# An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.
+INVOKE_AGENT_OPERATION: Final = "invoke_agent"
+OI_AGENT_KIND: Final = "AGENT"
+OI_AGENT_NAME: Final = "agent.name"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 

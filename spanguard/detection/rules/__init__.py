@@ -9,17 +9,23 @@ when one differs).
 
 from __future__ import annotations
 
+from spanguard.detection.rules.agent_fan_out import AgentFanOut
 from spanguard.detection.rules.base import Rule
 from spanguard.detection.rules.cost_budget import CostBudget
 from spanguard.detection.rules.cycle import Cycle
+from spanguard.detection.rules.delegation_depth import DelegationDepth
+from spanguard.detection.rules.handoff_cycle import HandoffCycle
 from spanguard.detection.rules.no_progress import NoProgress
 from spanguard.detection.rules.token_budget import TokenBudget
 from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.rules.tool_polling import ToolPolling
 
 __all__ = [
+    "AGENT_FAN_OUT",
     "COST_BUDGET",
     "CYCLE",
+    "DELEGATION_DEPTH",
+    "HANDOFF_CYCLE",
     "NO_PROGRESS",
     "RULES",
     "TOKEN_BUDGET",
@@ -36,9 +42,22 @@ TOOL_POLLING = ToolPolling()
 NO_PROGRESS = NoProgress()
 TOKEN_BUDGET = TokenBudget()
 COST_BUDGET = CostBudget()
+HANDOFF_CYCLE = HandoffCycle()
+DELEGATION_DEPTH = DelegationDepth()
+AGENT_FAN_OUT = AgentFanOut()
 
-# In the order the guard runs them on a call.
-RULES: tuple[Rule, ...] = (TOOL_LOOP, CYCLE, TOOL_POLLING, NO_PROGRESS, TOKEN_BUDGET, COST_BUDGET)
+# In the order the guard runs them on a call (handoffs are handoff_cycle's alone: see its module).
+RULES: tuple[Rule, ...] = (
+    TOOL_LOOP,
+    CYCLE,
+    TOOL_POLLING,
+    NO_PROGRESS,
+    TOKEN_BUDGET,
+    COST_BUDGET,
+    HANDOFF_CYCLE,
+    DELEGATION_DEPTH,
+    AGENT_FAN_OUT,
+)
 # The names a decision may carry besides the registry's rules, and whether it may stop the
 # agent: the agent scope's budget (spanguard/detection/agent_budget.py), the goal verifier's
 # verdict (it only flags) and an operator's `spanguard kill` or `release`.

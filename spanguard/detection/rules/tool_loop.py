@@ -101,6 +101,8 @@ class ToolLoop(ToolCallRule):
             hits = repeats_without_new_work(state.window, state.counts, key, window)
             if hits < threshold:
                 return None
+        if call.handoff and policy.multi_agent.cycles is not None:
+            return None  # handoffs are handoff_cycle's while it is on
         reason = f"{tool} called {hits}x in last {steps} steps"
         if digest is None:
             # A name alone cannot tell a loop from twelve different searches: flag, once.

@@ -52,7 +52,7 @@ public final class Signals {
   static final Set<String> KINDS = Set.of("kill", "downgrade", "release", "pause");
   static final Set<String> RULES =
       Set.of("tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "cost_budget",
-          "agent_budget", "manual");
+          "handoff_cycle", "delegation_depth", "agent_fan_out", "agent_budget", "manual");
   static final Set<String> SCOPES = Set.of("trace", "conversation", "agent");
   static final Set<String> FIELDS =
       Set.of("schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence",
