@@ -93,6 +93,13 @@ def handoffs(path: Path) -> list[dict]:
     return sorted(found, key=lambda span: int(span["endTimeUnixNano"]))
 
 
+# LangGraph runs a fan-out's workers in threads: a worker run that starts after another and
+# ends before it is taken as nested in it (the agent tree places runs by time as well as by
+# span parent), so 50 sibling workers can read as a chain deeper than `max_depth`. How deep
+# depends on the threads' timing: sometimes no decision.
+AFTER_THE_KILL = {("langgraph", "fan_out_50"): ["delegation_depth"]}
+
+
 @pytest.mark.parametrize(("framework", "instrumentation", "scenario"), RUNS)
 def test_each_scenario_is_decided_as_expected(framework, instrumentation, scenario):
     decisions = replayed(FIXTURES, framework, instrumentation)[scenario]
@@ -100,17 +107,19 @@ def test_each_scenario_is_decided_as_expected(framework, instrumentation, scenar
     if expected is None:
         assert decisions == []
         return
-    [decision] = decisions
-    rule, action, tool_name, at = expected
-    assert (decision["rule"], decision["action"], decision["tool_name"]) == (
-        rule,
-        action,
-        tool_name,
-    )
-    assert decision["hits"] == 3
-    # The handoff it trips at: the `at`-th of the run, in the order they ended.
-    path = path_of(FIXTURES, framework, instrumentation, scenario)
-    assert decision["span_id"] == handoffs(path)[at - 1]["spanId"]
+    decision, *after = decisions
+    # Decided after the kill (the trace is stopped already), where the rules read more into
+    # the spans than is there: see AFTER_THE_KILL.
+    assert [d["rule"] for d in after] in ([], AFTER_THE_KILL.get((framework, scenario)))
+    assert (decision["rule"], decision["action"]) == (expected.rule, expected.action)
+    assert tuple(decision["agents"]) == expected.agents
+    assert decision.get("depth") == expected.depth
+    assert decision.get("sub_agents") == expected.sub_agents
+    assert decision["tool_name"] == expected.handoff
+    if expected.at is not None:
+        # The handoff it trips at: the `at`-th of the run, in the order they ended.
+        path = path_of(FIXTURES, framework, instrumentation, scenario)
+        assert decision["span_id"] == handoffs(path)[expected.at - 1]["spanId"]
 
 
 def agent_tree(path: Path) -> tuple[Counter[str | None], int, int]:
@@ -146,6 +155,7 @@ def agent_tree(path: Path) -> tuple[Counter[str | None], int, int]:
 TREES = {
     ("langgraph", "openinference", "handoff_pingpong"): ({None: 25}, 2, 8),
     ("langgraph", "openinference", "handoff_chain"): ({None: 9}, 2, 4),
+    ("langgraph", "openinference", "handoff_with_work"): ({None: 17}, 2, 8),
     ("langgraph", "openinference", "fan_out_50"): ({None: 101}, 1, 0),
     ("langgraph", "openinference", "fan_out_5"): ({None: 11}, 1, 0),
     ("langgraph", "openllmetry", "handoff_pingpong"): (
@@ -153,6 +163,9 @@ TREES = {
     ),
     ("langgraph", "openllmetry", "handoff_chain"): (
         {"LangGraph": 2, "supervisor": 3, "worker_a": 1, "worker_b": 1}, 3, 6,
+    ),
+    ("langgraph", "openllmetry", "handoff_with_work"): (
+        {"LangGraph": 2, "supervisor": 5, "worker_a": 4}, 3, 10,
     ),
     ("langgraph", "openllmetry", "fan_out_50"): (
         {"LangGraph": 2, "supervisor": 1, "worker_a": 25, "worker_b": 25}, 3, 52,
@@ -166,6 +179,7 @@ TREES = {
         for scenario, tree in {
             "transfer_pingpong": ({"triage": 5, "billing": 4}, 1, 0),
             "transfer_chain": ({"triage": 1, "billing": 1, "refunds": 1}, 1, 0),
+            "transfer_with_work": ({"triage": 5, "billing": 4}, 1, 0),
             "delegation_depth_6": ({f"a{level}": 1 for level in range(7)}, 7, 6),
             "delegation_depth_2": ({"a0": 1, "a1": 1, "a2": 1}, 3, 2),
         }.items()
@@ -211,6 +225,13 @@ def test_a2a_carries_the_trace_only_through_http_instrumentation():
     assert len({span["traceId"] for span in answered}) == 1
 
 
+def summary(decision: dict) -> tuple:
+    return tuple(
+        decision.get(key)
+        for key in ("rule", "action", "tool_name", "hits", "agents", "depth", "sub_agents")
+    )
+
+
 @pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A])
 def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
     """Made again from the installed libraries: the same decisions, the same agent trees."""
@@ -230,8 +251,7 @@ def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
             continue
         fresh = replayed(tmp_path, name, instrumentation)[scenario]
         kept = replayed(FIXTURES, name, instrumentation)[scenario]
-        assert [(d["rule"], d["action"], d["tool_name"], d["hits"]) for d in fresh] == [
-            (d["rule"], d["action"], d["tool_name"], d["hits"]) for d in kept
-        ]
+        # The decision that stops the trace (what follows may vary: AFTER_THE_KILL).
+        assert [summary(d) for d in fresh[:1]] == [summary(d) for d in kept[:1]]
         tree = agent_tree(path_of(tmp_path, name, instrumentation, scenario))
         assert tree == agent_tree(path_of(FIXTURES, name, instrumentation, scenario))

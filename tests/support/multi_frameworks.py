@@ -84,6 +84,12 @@ LANGGRAPH_SCENARIOS: dict[str, list[Step]] = {
         Step(tool="issue_refund", arguments={"invoice": "inv-1"}, result="refund r-1 issued"),
         answer("refund r-1 issued"),
     ],
+    # Back and forth, but each visit to worker_a looks up another invoice: work, not a loop.
+    "handoff_with_work": [
+        step
+        for invoice in ("inv-1", "inv-2", "inv-3", "inv-4")
+        for step in (Step(handoff="worker_a"), lookup(invoice), answer(f"{invoice}: 40 USD"))
+    ],
     # The supervisor fanning out 50 worker runs at once, each on a new item.
     "fan_out_50": _supervisor_fan_out(50),
     "fan_out_5": _supervisor_fan_out(5),
@@ -100,6 +106,12 @@ ADK_SCENARIOS: dict[str, list[Step]] = {
         lookup("inv-1"),
         Step(handoff="refunds"),
         Step(tool="issue_refund", arguments={"invoice": "inv-1"}, result="refund r-1 issued"),
+    ],
+    # Back and forth, but each visit to billing looks up another invoice: work, not a loop.
+    "transfer_with_work": [
+        step
+        for invoice in ("inv-1", "inv-2", "inv-3", "inv-4")
+        for step in (Step(handoff="billing"), lookup(invoice), Step(handoff="triage"))
     ],
     # Each agent calls the next as a tool, six deep; the deepest looks the item up.
     "delegation_depth_6": [
@@ -118,25 +130,39 @@ ADK_SCENARIOS: dict[str, list[Step]] = {
 }
 
 
+@dataclass(frozen=True)
+class Expect:
+    """A decision the guard's default policy makes on a fixture: its rule and action, the
+    handoff it names (and which, 1-based among the run's handoffs in the order they ended), or
+    the agents it names with the depth or the count of sub-agents."""
+
+    rule: str
+    action: str = "kill"
+    handoff: str | None = None
+    at: int | None = None
+    agents: tuple[str, ...] = ()
+    depth: int | None = None
+    sub_agents: int | None = None
+
+
+PINGPONG = Expect("handoff_cycle", handoff="handoff to worker_a", at=2, agents=("worker_a",) * 2)
+ADK_PINGPONG = Expect(
+    "handoff_cycle", handoff="handoff to triage", at=4, agents=("billing", "triage") * 2
+)
+DEPTH_6 = Expect("delegation_depth", agents=tuple(f"a{level}" for level in range(1, 7)), depth=6)
 # What the guard's default policy decides on each fixture, by (framework, instrumentation,
-# scenario): (rule, action, the handoff or call it names, 1-based among the run's handoffs),
-# or nothing. Google ADK without content capture records no arguments: its transfers are not
-# counted (`missing_args: name_only` would flag them).
-Expected = tuple[str, str, str, int] | None
-EXPECTED: dict[tuple[str, str, str], Expected] = {
-    ("langgraph", "openinference", "handoff_pingpong"): (
-        "tool_loop",
-        "kill",
-        "handoff to worker_a",
-        3,
+# scenario); nothing where a fixture is not named. Google ADK without content capture records
+# no arguments: its transfers name no agent, so they are no handoffs. OpenInference's LangGraph
+# agent spans name no agent (one per model turn): its fan-out is not seen.
+EXPECTED: dict[tuple[str, str, str], Expect] = {
+    ("langgraph", "openinference", "handoff_pingpong"): PINGPONG,
+    ("langgraph", "openllmetry", "handoff_pingpong"): PINGPONG,
+    ("langgraph", "openllmetry", "fan_out_50"): Expect(
+        "agent_fan_out", agents=("supervisor", "worker_a", "worker_b"), sub_agents=21
     ),
-    ("langgraph", "openllmetry", "handoff_pingpong"): (
-        "tool_loop",
-        "kill",
-        "handoff to worker_a",
-        3,
-    ),
-    ("google_adk", "capture", "transfer_pingpong"): ("tool_loop", "kill", "handoff to billing", 5),
+    ("google_adk", "capture", "transfer_pingpong"): ADK_PINGPONG,
+    ("google_adk", "capture", "delegation_depth_6"): DEPTH_6,
+    ("google_adk", "off", "delegation_depth_6"): DEPTH_6,
 }
 
 
