@@ -197,6 +197,7 @@ fixtures: install ts-agents java-agents
 	$(BIN)/python -m tests.support.instrumented_agents --typescript
 	$(BIN)/python -m tests.support.instrumented_agents --go
 	$(BIN)/python -m tests.support.instrumented_agents --java
+	$(BIN)/python -m tests.support.multi_frameworks
 
 # Both builds of the detection core: pure Python (a plain install) and compiled by mypyc (setup.py;
 # the worker image), each against the same process's protobuf parse and attribute scan.
