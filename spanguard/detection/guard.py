@@ -4,7 +4,8 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget, and over the trace's agent tree
+handoff_cycle, delegation_depth, agent_fan_out; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -26,7 +27,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
-from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.canonical import args_hash
 from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
 from spanguard.detection.conventions.capture import capture_setting
@@ -221,6 +222,8 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
     token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
+    # The tool-call rules that read only traces with agents (`agents_only`), after the others.
+    handoff_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     agent_rules: list[tuple[AgentRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
@@ -607,8 +610,11 @@ class Guard:
             trim_window(window, counts, marks, plan.history)
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
+        rules = plan.call_rules
+        if plan.handoff_rules and (call.handoff or state.agent_tree is not None):
+            rules = rules + plan.handoff_rules  # a trace with agents: rare, and short lists
         fired = state.fired
-        for rule, wanted in plan.call_rules:
+        for rule, wanted in rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
             trip = rule.check(state, call, key, policy)
@@ -628,11 +634,11 @@ class Guard:
         tree = state.agent_tree
         if tree is None:
             tree = state.agent_tree = AgentTree()
+        started = tree.started
         if not tree.add_run(run):
-            if len(tree.runs) >= MAX_RUNS:
-                self.stats.agent_runs_unplaced += 1
-            else:
+            if tree.started == started:
                 return None  # placed already: a redelivery
+            self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
         if self._per_agent:
             policy = self._policy_for(state, run, resource)
             entry = self._plans.get(id(policy))
@@ -778,7 +784,8 @@ class Guard:
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
-                plan.call_rules.append((rule, FLAG if policy.shadow else wanted))
+                rules = plan.handoff_rules if rule.agents_only else plan.call_rules
+                rules.append((rule, FLAG if policy.shadow else wanted))
                 if rule.counts:
                     plan.counting.append(rule)
         for token_rule in self._token_rules:

@@ -46,8 +46,10 @@ __all__ = [
 # (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
 # `conversation_id` of a trace in the conversation scope; 4: `recent_call_ends`, when each
 # remembered call id's span ended; 5: binary (`encode_state`), the JSON record kept for the
-# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`.
-STATE_VERSION = 5
+# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`;
+# 6: the trace's agent tree (`agent_tree`), when it has one: a trailing binary section (its tag,
+# then its JSON record), a JSON key.
+STATE_VERSION = 6
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).

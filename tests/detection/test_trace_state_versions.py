@@ -52,7 +52,7 @@ def test_version_1_written_again_is_the_current_version_with_the_same_content():
     old = json.loads(V1.read_bytes())
     written = TraceState.from_bytes(V1.read_bytes()).to_bytes()
     new = json.loads(encode_record(TraceState.from_bytes(written).to_dict()))
-    assert new.pop("v") == STATE_VERSION == 5
+    assert new.pop("v") == STATE_VERSION == 6
     # Version 4 keys an empty result by its marker: the empty result version 1 hashed is read
     # as that marker, so a loop goes on counting across the upgrade.
     assert old["window"][0][2] in EMPTY_RESULT_DIGESTS and new["window"][0][2] == EMPTY
@@ -170,7 +170,7 @@ def test_a_state_written_by_version_4_loads_with_every_field():
 def test_version_4_written_again_is_binary_with_the_same_content():
     old = TraceState.from_bytes(V4.read_bytes())
     data = old.to_bytes()
-    assert data[:2] == b"\x00\x05" and len(data) * 2 < len(V4.read_bytes())
+    assert data[:2] == b"\x00\x06" and len(data) * 2 < len(V4.read_bytes())
     new = TraceState.from_bytes(data)
     assert new.to_dict() == old.to_dict()
     assert new.counts == old.counts and new.poll_counts == old.poll_counts

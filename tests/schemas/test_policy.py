@@ -73,7 +73,7 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     assert result.stderr.splitlines() == [
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
         " (did you mean 'token_budget'?); valid keys: action, agent_budget, autonomous,"
-        " conversation, cycle, fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
+        " conversation, cycle, fold, goal, loop, missing_args, multi_agent, no_progress, pause, polling, prices, record_arguments,"
         " severity, token_budget, tools, usd_budget, user_turns, volatile_keys"
     ]
 

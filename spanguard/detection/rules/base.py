@@ -112,6 +112,9 @@ class ToolCallRule(Rule):
 
     # True when `count` keeps state of its own: the guard calls it on every counted call.
     counts: ClassVar[bool] = False
+    # True when it reads only the calls of traces with agents (a handoff, or a trace with an
+    # agent tree): the guard asks it about no other call, at no cost to single-agent traces.
+    agents_only: ClassVar[bool] = False
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Bring the rule's own counts up to date with this call, before the call joins the

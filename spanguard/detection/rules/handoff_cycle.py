@@ -42,30 +42,29 @@ class HandoffCycle(ToolCallRule):
     )
     settings = "multi_agent: {cycles: 2}"
     default_action = "kill"
-    counts = True
+    agents_only = True
 
     def wanted(self, policy: AgentPolicy) -> str:
         return policy.action if policy.multi_agent.cycles is not None else OFF
 
-    def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
-        """Called before the call joins the window: a handoff is remembered, new work (a call
-        new to the window that brought content back) forgets the handoffs before it."""
-        tree = state.agent_tree
-        if call.handoff:
-            if tree is None:
-                tree = state.agent_tree = AgentTree()
-            tree.add_handoff(key, handing_to(call))
-        elif tree is not None and tree.handoffs and key not in state.counts:
-            result = key[2]
-            if result is not None and is_content(result):
-                tree.handoffs.clear()
-
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
     ) -> Trip | None:
+        """Called on the counted calls of traces with agents, in the window already: a handoff
+        is remembered and checked; new work (a call once in the window that brought content
+        back) forgets the handoffs before it."""
         tree = state.agent_tree
+        if not call.handoff:
+            if tree is not None and tree.handoffs and state.counts.get(key) == 1:
+                result = key[2]
+                if result is not None and is_content(result):
+                    tree.handoffs.clear()
+            return None
+        if tree is None:
+            tree = state.agent_tree = AgentTree()
+        tree.add_handoff(key, handing_to(call))
         cycles = policy.multi_agent.cycles
-        if not call.handoff or tree is None or cycles is None:
+        if cycles is None:
             return None
         period = tree.repeated_handoffs(cycles)
         if not period:
