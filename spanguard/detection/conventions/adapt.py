@@ -25,6 +25,9 @@ from spanguard.detection.conventions.events import (
 from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.conventions.keys import (
     ADK_MERGED_TOOLS,
+    ADK_SCOPE,
+    ADK_TRANSFER_ARGUMENT,
+    ADK_TRANSFER_TOOL,
     AGENT_NAME,
     AGGREGATE_INPUT_KEY,
     AGGREGATE_OUTPUT_KEY,
@@ -47,6 +50,7 @@ from spanguard.detection.conventions.keys import (
     INPUT_MESSAGES,
     INPUT_TOKEN_KEYS,
     INVOKE_AGENT_OPERATION,
+    LANGGRAPH_PARENT_GRAPH,
     OI_AGENT_KIND,
     OI_AGENT_NAME,
     OPENINFERENCE_INFERENCE_KINDS,
@@ -349,6 +353,15 @@ def _tool_call(
     call_id = _call_id(attributes, present)
     if call_id is None and envelope_call_id:
         call_id = bounded_text(envelope_call_id)
+    result = _result(span, attributes, present, scope)
+    to_agent = _handed_to(tool_name, arguments, result, scope)
+    if to_agent is not None:
+        # A handoff: the handing agent's call "handoff to <agent>", as for the OpenAI Agents
+        # SDK's (`_handoff`); what the handoff tool returns (the graph's whole state, or
+        # nothing) is no work done.
+        tool_name = f"handoff to {to_agent}"
+        arguments = _handoff_arguments(arguments, agent_name, to_agent)
+        result = MISSING
     return ToolCall(
         span_id=span.span_id,
         tool_name=tool_name,
@@ -356,7 +369,7 @@ def _tool_call(
         call_id=call_id,
         agent_name=agent_name,
         match_attributes=match_attributes,
-        result=_result(span, attributes, present, scope),
+        result=result,
         # Hashes made before the span left (rare: most spans carry the values).
         args_digest=_digest(attributes, ARGS_HASH_KEY) if ARGS_HASH_KEY in present else None,
         result_digest=(
@@ -542,6 +555,30 @@ def _handoff(
         start_time_unix_nano=span.start_time_unix_nano,
         handoff=True,
     )
+
+
+def _handed_to(tool_name: str, arguments: Any, result: Any, scope: str) -> str | None:
+    """The agent a tool call hands the run to, or None for a call like any other: a LangGraph
+    Command to the parent graph going to one node (langgraph-supervisor's `transfer_to_<agent>`
+    tools), or Google ADK's `transfer_to_agent` (the agent only where arguments are recorded)."""
+    if type(result) is dict and result.get("graph") == LANGGRAPH_PARENT_GRAPH:
+        goto = result.get("goto")
+        return bounded_text(goto) if type(goto) is str and goto else None
+    if tool_name == ADK_TRANSFER_TOOL and scope == ADK_SCOPE and type(arguments) is dict:
+        to_agent = arguments.get(ADK_TRANSFER_ARGUMENT)
+        return bounded_text(to_agent) if type(to_agent) is str and to_agent else None
+    return None
+
+
+def _handoff_arguments(arguments: Any, from_agent: str | None, to_agent: str) -> dict[str, Any]:
+    """A handoff's arguments: both agents, as `_handoff` keeps them, and what else the handoff
+    tool was given (a task description: the same handoff with another task is new work)."""
+    kept = {
+        key: value
+        for key, value in (arguments.items() if type(arguments) is dict else ())
+        if key != ADK_TRANSFER_ARGUMENT
+    }
+    return {**kept, "from_agent": from_agent or "", "to_agent": to_agent}
 
 
 def _call_id(attributes: AttributeMap, present: Container[str]) -> str | None:

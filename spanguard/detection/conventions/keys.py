@@ -155,13 +155,20 @@ PLACEHOLDERS: Final = frozenset(
     {"__REDACTED__", "[REDACTED]", "<elided>", "<not specified>", "readacted"}
 )
 # Instrumentations known to write an empty object when content capture is off (by scope name).
-EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})
+EMPTY_WHEN_OFF_SCOPES: Final = frozenset({"gcp.vertex.agent"})  # ADK_SCOPE
 # LiteLLM's proxy spans (gateway.py): the tool calls its requests answer.
 GATEWAY_SCOPE: Final = "litellm"
 # A handoff between agents (opentelemetry-instrumentation-openai-agents): read as a call.
 HANDOFF_OPERATION: Final = "agent_handoff"
 HANDOFF_FROM: Final = "gen_ai.handoff.from_agent"
 HANDOFF_TO: Final = "gen_ai.handoff.to_agent"
+# Handoffs that are tool calls: a LangGraph tool returning a Command to its parent graph that
+# goes to another node (langgraph-supervisor's and langgraph-swarm's `transfer_to_<agent>`),
+# and Google ADK's `transfer_to_agent` (its argument `agent_name`, on spans of ADK_SCOPE).
+LANGGRAPH_PARENT_GRAPH: Final = "__parent__"
+ADK_SCOPE: Final = "gcp.vertex.agent"
+ADK_TRANSFER_TOOL: Final = "transfer_to_agent"
+ADK_TRANSFER_ARGUMENT: Final = "agent_name"
 # OpenInference's handoff tool spans are named so ("handoff to billing").
 HANDOFF_TOOL_PREFIX: Final = "handoff to "
 # An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.

@@ -17,13 +17,20 @@ from spanguard.detection.conventions.values import (
 )
 
 _LAST_ROLE: Final = re.compile(r'"role"\s*:\s*"([A-Za-z_]+)"')
+# Google ADK passes what other agents of the run did to the next agent as a user message: a
+# "For context:" part, then each event as "[agent] said: ...", "[agent] called tool ..." or
+# "[agent] `tool` tool returned result: ...". No word from the user: a transfer is no new turn.
+_ADK_OTHER_AGENTS: Final = re.compile(
+    r'"For context:.{0,1000}?"\[[^"\]]{1,512}\] (?:said|called tool|`)'
+)
 
 
 def ends_with_user_message(value: AnyValue) -> bool:
     """Whether input messages (GenAI conventions' JSON) end with the user's: the user spoke
     since the agent's previous turn. The last `"role"` key outside a string is the last
     message's; one found inside a string is escaped (`\\"role\\"`), and skipped. A user
-    message of tool results (`tool_call_response` parts) is no new word from the user."""
+    message of tool results (`tool_call_response` parts), or Google ADK's account of what the
+    run's other agents did (`_ADK_OTHER_AGENTS`), is no new word from the user."""
     text = value.string_value
     end = len(text)
     while True:
@@ -37,6 +44,7 @@ def ends_with_user_message(value: AnyValue) -> bool:
                 found is not None
                 and found.group(1) == "user"
                 and "tool_call_response" not in text[at:]
+                and _ADK_OTHER_AGENTS.search(text, at) is None
             )
         end = at
 
