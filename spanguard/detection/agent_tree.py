@@ -53,9 +53,12 @@ class PlacedRun:
 
     def contains(self, inner: PlacedRun) -> bool:
         """Whether `inner` ran inside this run: this run's span is its parent, or its time is
-        within this run's."""
+        within this run's and the two are not siblings (children of one span: parallel workers
+        run in threads, one inside another's time)."""
         if inner.parent == self.span:
             return self.parent != inner.span  # two spans each other's parent: neither
+        if inner.parent and inner.parent == self.parent:
+            return False  # siblings (parallel workers): overlapping in time is not nesting
         start, end = self.start, self.end
         if not start or not end or not inner.start or not inner.end:
             return False
