@@ -16,7 +16,7 @@ import faust
 from faust.types import TableT
 from prometheus_client import CollectorRegistry
 
-from spanguard.alerting.incident_reader import IncidentReader
+from spanguard.alerting.incident_reader import IncidentReader, IncidentSkip
 from spanguard.alerting.incidents import OpenIncidents
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
@@ -246,7 +246,6 @@ def build_worker(
     webhook: Webhook | None,
 ) -> Worker:
     table, states = trace_states(app, settings)
-    paged = delivered_table(app, settings, "paged")
     # Only with a webhook: a table's changelog topic is created on start.
     notified = delivered_table(app, settings, "notified") if webhook is not None else None
     signing_key = kill_signing_key(settings)
@@ -279,6 +278,7 @@ def build_worker(
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
     counted[ToolScopeCount] = Tally()  # zeros while the fleet rules are off
+    counted[IncidentSkip] = incident_reader.skipped
     registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
     registry.register(FailingTools(paging.incidents.failing_traces))
@@ -291,7 +291,7 @@ def build_worker(
         goal_checks=app.topic(settings.goal_topic, **RAW),
         detections_in=app.topic(settings.detections_topic, **RAW),
         table=table,
-        paged=paged,
+        paged=delivered_table(app, settings, "paged"),
         notified=notified,
         states=states,
         guard=guard,
