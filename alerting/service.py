@@ -36,7 +36,7 @@ class PageOutcome(CountedOutcome):
 class PagingService:
     def __init__(self, pager: Pager | None, incidents: OpenIncidents | None = None) -> None:
         self.pager = pager
-        # The worker gives it its global table of open incidents (streams/app.py).
+        # The worker's, which its incident reader fills from every partition (streams/app.py).
         self.incidents = OpenIncidents() if incidents is None else incidents
         self.outcomes = Tally()
         self._warned_unconfigured = False
@@ -54,7 +54,8 @@ class PagingService:
             self.outcomes.add(PageOutcome.ALREADY_PAGED)
             return None
         # One page per cause: an incident is noted open (or closed) before it pages, and a
-        # trace decided on its tool meanwhile is folded into it.
+        # trace decided on its tool meanwhile is folded into it. The incident reader notes the
+        # incidents on the other partitions (alerting/incident_reader.py).
         if is_incident(decision):
             self.incidents.record(decision)
         elif self.incidents.fold(decision) is not None:

@@ -16,6 +16,7 @@ import faust
 from faust.types import TableT
 from prometheus_client import CollectorRegistry
 
+from spanguard.alerting.incident_reader import IncidentReader, IncidentSkip
 from spanguard.alerting.incidents import OpenIncidents
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
@@ -225,19 +226,15 @@ def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> Tabl
     )
 
 
-def open_incidents_table(app: faust.App, settings: WorkerSettings) -> TableT:
-    """The open fleet incidents by tool name (alerting/incidents.py), read back from its
-    changelog by a restarted worker. Global, so that every worker would see every incident;
-    but a second worker does not see the first one's writes yet (docs/fleet.md)."""
-    return app.GlobalTable(
-        "open-incidents",
-        default=None,
-        partitions=settings.partitions,
-        use_partitioner=True,
-        key_type=bytes,
-        value_type=bytes,
-        options=settings.store_options,
-    )
+def paging_parts(
+    settings: WorkerSettings, pager: Pager | None, webhook: Webhook | None
+) -> tuple[PagingService, WebhookService, IncidentReader]:
+    """The paging and webhook services, and the reader that tells the paging service of the
+    open fleet incidents on every partition of the detections topic: whichever worker holds a
+    trace decided on an incident's tool folds its page."""
+    incidents = OpenIncidents()
+    reader = IncidentReader(settings, incidents)
+    return PagingService(pager, incidents), WebhookService(webhook), reader
 
 
 def build_worker(
@@ -249,7 +246,6 @@ def build_worker(
     webhook: Webhook | None,
 ) -> Worker:
     table, states = trace_states(app, settings)
-    paged = delivered_table(app, settings, "paged")
     # Only with a webhook: a table's changelog topic is created on start.
     notified = delivered_table(app, settings, "notified") if webhook is not None else None
     signing_key = kill_signing_key(settings)
@@ -277,15 +273,15 @@ def build_worker(
         guard,
         home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
     )
-    incidents = OpenIncidents(open_incidents_table(app, settings))
-    paging, notifying = PagingService(pager, incidents), WebhookService(webhook)
+    paging, notifying, incident_reader = paging_parts(settings, pager, webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
     counted[ToolScopeCount] = Tally()  # zeros while the fleet rules are off
+    counted[IncidentSkip] = incident_reader.skipped
     registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
-    registry.register(FailingTools(incidents.failing_traces))
+    registry.register(FailingTools(paging.incidents.failing_traces))
     return Worker(
         app=app,
         settings=settings,
@@ -295,7 +291,7 @@ def build_worker(
         goal_checks=app.topic(settings.goal_topic, **RAW),
         detections_in=app.topic(settings.detections_topic, **RAW),
         table=table,
-        paged=paged,
+        paged=delivered_table(app, settings, "paged"),
         notified=notified,
         states=states,
         guard=guard,
@@ -314,6 +310,7 @@ def build_worker(
         webhook=notifying,
         verifier=verifier,
         releases=releases,
+        incident_reader=incident_reader,
         counted=counted,
         registry=registry,
         latency=DetectionLatency(registry),

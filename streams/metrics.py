@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from spanguard import __version__
+from spanguard.alerting.incident_reader import IncidentSkip
 from spanguard.alerting.service import PageOutcome
 from spanguard.alerting.webhook import WebhookOutcome
 from spanguard.connectors.releases import ReleaseCount, ReleaseSkip
@@ -366,6 +367,8 @@ COUNTER_HELP = {
     " them standing still",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
+    "fleet_incident_records_skipped": "records of the detections topic that looked like a fleet"
+    " incident's and that the incident reader skipped, by why (not a decision)",
 }
 
 # Where each counted outcome is exported: every member of every CountedOutcome enum has an
@@ -433,6 +436,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
     **by_outcome(ReleaseSkip, "kill_topic_records_skipped", label="why"),
+    **by_outcome(IncidentSkip, "fleet_incident_records_skipped", label="why"),
 }
 for _undeliverable in (
     PageOutcome.REJECTED,

@@ -80,7 +80,8 @@ class MetricsServer:
 
 
 class StartupTasks:
-    """What runs once the app is up: the release reader starts, start-up objects are frozen."""
+    """What runs once the app is up: the release and incident readers start, start-up objects
+    are frozen."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -88,6 +89,7 @@ class StartupTasks:
     def attach(self, app: faust.App) -> None:
         app.task(self.freeze_startup_objects)
         app.task(self.read_releases)
+        app.task(self.read_incidents)
 
     async def freeze_startup_objects(self) -> None:
         # Tasks start once the first table recovery is done: what the process holds now
@@ -100,3 +102,6 @@ class StartupTasks:
 
     async def read_releases(self) -> None:
         self.worker.releases.start()  # a daemon thread: it ends with the process
+
+    async def read_incidents(self) -> None:
+        self.worker.incident_reader.start()  # a daemon thread, likewise

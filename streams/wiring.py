@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from faust.types import TableT
     from prometheus_client import CollectorRegistry
 
+    from spanguard.alerting.incident_reader import IncidentReader
     from spanguard.alerting.service import PagingService
     from spanguard.alerting.webhook import WebhookService
     from spanguard.config.settings import WorkerSettings
@@ -50,6 +51,7 @@ class Worker:
     webhook: WebhookService
     verifier: GoalVerifier | None
     releases: ReleaseReader
+    incident_reader: IncidentReader
     # Which part counts each outcome enum: what /metrics reads (the agents add their own).
     counted: dict[type[CountedOutcome], Counted[Any]]
     registry: CollectorRegistry  # what /metrics serves

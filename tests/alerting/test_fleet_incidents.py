@@ -9,10 +9,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from spanguard.alerting.incident_reader import IncidentReader, IncidentSkip
 from spanguard.alerting.incidents import OpenIncidents, delivery_mark
 from spanguard.alerting.pagerduty import build_event, should_page
 from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import json_body, slack_body
+from spanguard.config.settings import WorkerSettings
 from spanguard.detection.explain import explain_tool_incidents
 from spanguard.detection.fleet import TOOL_FAILING, FleetIncident, incident_decision
 from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, PolicyInForce
@@ -128,6 +130,49 @@ def test_a_service_over_the_same_table_still_folds():
     restarted = PagingService(None, OpenIncidents(table))
     restarted.detection_to_page(per_trace(7).to_json().encode(), set())
     assert restarted.outcomes.count(PageOutcome.FOLDED) == 1
+
+
+def test_the_reader_notes_incidents_from_any_partition_and_skips_the_rest():
+    """The incident reader takes every record of the detections topic: an incident's opens or
+    closes it, a per-trace decision is passed over unparsed, a broken one is counted."""
+    incidents = OpenIncidents()
+    reader = IncidentReader(WorkerSettings(), incidents)
+    opened, recovered = records(incident())
+    assert reader.accept(opened.to_json().encode(), 1000.0)
+    assert reader.accept(per_trace(3).to_json().encode(), 1000.0) is False
+    assert reader.accept(b'{"scope": "tool", "trace_id": 7', 1000.0) is False
+    assert reader.accept(None, 1000.0) is False
+    assert reader.skipped.count(IncidentSkip.UNREADABLE) == 1
+    service = PagingService(None, incidents)
+    service.detection_to_page(per_trace(3).to_json().encode(), set())
+    assert service.outcomes.count(PageOutcome.FOLDED) == 1
+    assert reader.accept(recovered.to_json().encode(), 1001.0) and reader.read == 2
+    assert incidents.table == {}
+
+
+def test_an_incident_noted_twice_is_one_and_a_late_opening_record_does_not_reopen_it(caplog):
+    """The paging agent and the reader both note the records of the paging agent's partition;
+    a partition read late may bring the opening record after the recovery."""
+    incidents = OpenIncidents()
+    opened, recovered = records(incident())
+    incidents.record(opened)
+    incidents.record(opened)
+    assert len(json.loads(incidents.table[TOOL.encode()])) == 1
+    incidents.fold(per_trace(5))
+    with caplog.at_level("INFO", logger="spanguard.alerting"):
+        assert incidents.record(recovered) == 1
+        assert incidents.record(recovered) == 0
+    assert sum("fleet incident closed" in r.getMessage() for r in caplog.records) == 1
+    incidents.record(opened)
+    assert incidents.table == {} and incidents.fold(per_trace(6)) is None
+
+
+def test_incidents_older_than_the_horizon_are_forgotten():
+    incidents = OpenIncidents()
+    opened, _ = records(incident())
+    incidents.record(opened, noted_at=1000.0)
+    assert incidents.prune(cutoff=1000.0) == 0
+    assert incidents.prune(cutoff=1000.5) == 1 and incidents.table == {}
 
 
 def test_the_gauge_names_at_most_twenty_tools_the_worst_first():

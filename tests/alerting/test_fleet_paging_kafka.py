@@ -349,14 +349,9 @@ def folded(worker: WorkerProcess) -> float:
     return (worker.metrics() or {}).get('spanguard_pages_total{outcome="folded"}', 0.0)
 
 
-@pytest.mark.xfail(
-    reason="a worker does not see the incidents another worker noted (docs/fleet.md, What it"
-    " cannot do): the one that did not read the record pages its traces",
-    strict=False,
-)
 def test_two_workers_both_fold_into_an_incident_whichever_partition_its_record_came_on(tmp_path):
-    """What folding should do with two workers: the worker that did not read the incident's
-    record folds the pages of the traces on its own partitions too."""
+    """With two workers, the worker whose paging agent did not read the incident's record folds
+    the pages of the traces on its own partitions too: its incident reader read it."""
     with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
         first = start_worker(topics, tmp_path / "a", pager, hooks)
         second = start_worker(topics, tmp_path / "b", pager, hooks)
@@ -364,7 +359,7 @@ def test_two_workers_both_fold_into_an_incident_whichever_partition_its_record_c
             opened, _ = open_and_recovered(incident(traces=20, step=3))
             send_record(topics.detections, opened)
             wait_until(lambda: triggers(pager, opened.trace_id), what="the incident's page")
-            time.sleep(2.0)  # the global table's changelog read by both workers
+            time.sleep(2.0)  # the record read by both workers' incident readers
             agents = loops(topics.input, 12)
             wait_until(lambda: decided(collector, topics, agents), what="12 decisions", timeout=60)
             wait_until(
