@@ -138,6 +138,14 @@ def _assert_outcome(outcome, step):
         assert (detail.until, detail.fallback) == (step["until"], step["fallback"]), step
 
 
+@pytest.fixture
+def book(monkeypatch) -> SignalBook:
+    """A SignalBook on the vectors' clock: _Clock, at the vectors' now until a step moves it."""
+    monkeypatch.setattr(signals_module, "datetime", _Clock)
+    monkeypatch.setattr(_Clock, "current", NOW)
+    return SignalBook()
+
+
 def _clock_or_delivery(
     step: dict, signals: dict[str, str], keys: dict[str, bytes], book: SignalBook
 ) -> bool:
@@ -154,11 +162,8 @@ def _clock_or_delivery(
 
 
 @pytest.mark.parametrize("sequence", DOCUMENT["sequences"], ids=lambda s: s["name"])
-def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
+def test_each_sequence_through_the_signal_book(sequence, book):
     keys = keyring(DOCUMENT["keys"]["current"])
-    monkeypatch.setattr(signals_module, "datetime", _Clock)
-    monkeypatch.setattr(_Clock, "current", NOW)
-    book = SignalBook()
 
     def run(step):
         if _clock_or_delivery(step, sequence["signals"], keys, book):
@@ -190,11 +195,8 @@ def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
 
 
 @pytest.mark.parametrize("sequence", DOCUMENT["tool_sequences"], ids=lambda s: s["name"])
-def test_each_tool_sequence_through_the_signal_book(sequence, monkeypatch):
+def test_each_tool_sequence_through_the_signal_book(sequence, book):
     keys = keyring(DOCUMENT["keys"]["current"])
-    monkeypatch.setattr(signals_module, "datetime", _Clock)
-    monkeypatch.setattr(_Clock, "current", NOW)
-    book = SignalBook()
     refused = 0
     for step in sequence["steps"]:
         if _clock_or_delivery(step, sequence["signals"], keys, book):
