@@ -211,13 +211,10 @@ def scope_states(
     return states
 
 
-def delivered_table(
-    app: faust.App, settings: WorkerSettings, name: str, make: Callable[..., TableT] | None = None
-) -> TableT:
+def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> TableT:
     """What was delivered (paged, sent to the webhook), per trace: keyed by trace id like the
-    detections topic it follows. Its changelog topic is created on start. `make`: app.Table
-    unless given (a byte table of another kind)."""
-    return (make or app.Table)(
+    detections topic it follows. Its changelog topic is created on start."""
+    return app.Table(
         name,
         default=None,
         partitions=settings.partitions,
@@ -232,7 +229,15 @@ def open_incidents_table(app: faust.App, settings: WorkerSettings) -> TableT:
     """The open fleet incidents by tool name (alerting/incidents.py), read back from its
     changelog by a restarted worker. Global, so that every worker would see every incident;
     but a second worker does not see the first one's writes yet (docs/fleet.md)."""
-    return delivered_table(app, settings, "open-incidents", make=app.GlobalTable)
+    return app.GlobalTable(
+        "open-incidents",
+        default=None,
+        partitions=settings.partitions,
+        use_partitioner=True,
+        key_type=bytes,
+        value_type=bytes,
+        options=settings.store_options,
+    )
 
 
 def build_worker(
