@@ -235,9 +235,26 @@ def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, A
     return acks
 
 
+def _add_worker_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The few worker settings a reading command needs, as the worker's flags (env vars
+    honoured; metavar: HOST:PORT or the name's last word, TOPIC or TTL)."""
+    from spanguard.config.settings import REGISTRY
+
+    for entry in REGISTRY:
+        if entry.owner == "WorkerSettings" and entry.name in names and entry.flag is not None:
+            parser.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                metavar="HOST:PORT"
+                if entry.name == "bootstrap"
+                else entry.name.split("_")[-1].upper(),
+                help=f"{entry.help} (${entry.env}; default {entry.default})",
+            )
+
+
 def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
     from spanguard.config.kafka_security import add_flags
-    from spanguard.config.settings import REGISTRY
 
     explain = commands.add_parser(
         "explain",
@@ -260,19 +277,7 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument(
         "--server", metavar="S", help="with --tool: only the incidents of this server"
     )
-    for entry in REGISTRY:  # only the two worker settings explain needs, env vars honoured
-        if entry.owner == "WorkerSettings" and entry.name in (
-            "bootstrap",
-            "detections_topic",
-            "ack_topic",
-        ):
-            explain.add_argument(
-                entry.flag,
-                dest=f"{entry.owner}.{entry.name}",
-                default=None,
-                metavar="HOST:PORT" if entry.name == "bootstrap" else "TOPIC",
-                help=f"{entry.help} (${entry.env}; default {entry.default})",
-            )
+    _add_worker_flags(explain, ("bootstrap", "detections_topic", "ack_topic"))
     explain.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to read the topic (default 30)"
     )
@@ -381,7 +386,6 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
 
 def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
     from spanguard.config.kafka_security import add_flags
-    from spanguard.config.settings import REGISTRY
     from spanguard.detection.backtest import DEFAULT_MAX_TRACES
 
     backtest = commands.add_parser(
@@ -418,21 +422,7 @@ def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
     backtest.add_argument(
         "--html", metavar="FILE", help="also write a page with a timeline per changed trace"
     )
-    for entry in REGISTRY:  # the worker settings a backtest reads, env vars honoured
-        if entry.owner == "WorkerSettings" and entry.name in (
-            "bootstrap",
-            "input_topic",
-            "state_ttl",
-        ):
-            backtest.add_argument(
-                entry.flag,
-                dest=f"{entry.owner}.{entry.name}",
-                default=None,
-                metavar="HOST:PORT"
-                if entry.name == "bootstrap"
-                else entry.name.split("_")[-1].upper(),
-                help=f"{entry.help} (${entry.env}; default {entry.default})",
-            )
+    _add_worker_flags(backtest, ("bootstrap", "input_topic", "state_ttl"))
     add_flags(backtest)
     backtest.set_defaults(handler=_cmd_backtest)
 

@@ -395,21 +395,10 @@ def decode_agent_usage(
     `make_usage`, its source partition and its offset."""
     if not key:
         raise ValueError("no agent identity in the key")
-    try:
-        identity = json.loads(key)
-        body = compact_json.loads(value or b"")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"not an agent usage record: {exc}") from None
-    if not isinstance(identity, list) or len(identity) != 2:
-        raise ValueError("the key is not [service, agent name]")
+    identity, body = _pair_and_body(key, value, "an agent usage", "service, agent name")
     service = text(identity[0], "service")
     agent_name = text(identity[1], "agent name", optional=True, empty=True)
-    if not isinstance(body, dict) or body.get("v") != AGENT_USAGE_VERSION:
-        raise ValueError(f"not a version {AGENT_USAGE_VERSION} agent usage record")
-    names, rows = body.get("s"), body.get("r")
-    if not isinstance(names, list) or not isinstance(rows, list):
-        raise ValueError("no source or row list")
-    names = [text(name, "source") for name in names]
+    names, rows = _sources_and_rows(body, AGENT_USAGE_VERSION, "agent usage")
     records: list[tuple[Record, str | None, int]] = []
     for row in rows:
         if not isinstance(row, list) or len(row) != 7:
@@ -425,6 +414,31 @@ def decode_agent_usage(
         usage = make_usage(service, agent_name, trace_id, span_id, end, tokens, cost)
         records.append((usage, names[where] if where >= 0 else None, offset))
     return (service, agent_name), records
+
+
+def _pair_and_body(key: bytes, value: bytes | None, what: str, pair: str) -> tuple[list[Any], Any]:
+    """The key (a JSON pair, `pair` naming its parts) and the body of one message of a topic
+    keyed by a pair (agent usage, tool calls); the parts and the body are the caller's to
+    check."""
+    try:
+        identity = json.loads(key)
+        body = compact_json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not {what} record: {exc}") from None
+    if not isinstance(identity, list) or len(identity) != 2:
+        raise ValueError(f"the key is not [{pair}]")
+    return identity, body
+
+
+def _sources_and_rows(body: Any, version: int, what: str) -> tuple[list[str], list[Any]]:
+    """The source names and the rows of a message body written with sources ("s": names,
+    "r": rows naming a source by its index)."""
+    if not isinstance(body, dict) or body.get("v") != version:
+        raise ValueError(f"not a version {version} {what} record")
+    names, rows = body.get("s"), body.get("r")
+    if not isinstance(names, list) or not isinstance(rows, list):
+        raise ValueError("no source or row list")
+    return [text(name, "source") for name in names], rows
 
 
 # -- the tool call topic ------------------------------------------------------------------------
@@ -481,21 +495,10 @@ def decode_tool_calls(
     is wrong."""
     if not key:
         raise ValueError("no tool key")
-    try:
-        identity = json.loads(key)
-        body = compact_json.loads(value or b"")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"not a tool call record: {exc}") from None
-    if not isinstance(identity, list) or len(identity) != 2:
-        raise ValueError("the key is not [tool, server]")
+    identity, body = _pair_and_body(key, value, "a tool call", "tool, server")
     tool = text(identity[0], "tool name")
     server = text(identity[1], "server", empty=True)
-    if not isinstance(body, dict) or body.get("v") != TOOL_CALLS_VERSION:
-        raise ValueError(f"not a version {TOOL_CALLS_VERSION} tool call record")
-    names, rows = body.get("s"), body.get("r")
-    if not isinstance(names, list) or not isinstance(rows, list):
-        raise ValueError("no source or row list")
-    names = [text(name, "source") for name in names]
+    names, rows = _sources_and_rows(body, TOOL_CALLS_VERSION, "tool call")
     return (tool, server), [_tool_row(row, names) for row in rows]
 
 

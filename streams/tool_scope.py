@@ -53,7 +53,6 @@ __all__ = [
     "ToolScopeCount",
     "WorkerFleet",
     "tool_call_sends",
-    "tool_scope_tally",
     "tool_scope_wanted",
     "tool_window_view",
 ]
@@ -80,13 +79,6 @@ class ToolScopeCount(CountedOutcome):
     OVER_TOOL_CAP = "tool_call_over_tool_cap"
     DECISIONS = "tool_scope_decisions"
     EVICTED = "tool_windows_evicted"
-
-
-def tool_scope_tally(worker: Worker) -> Tally:
-    """Where the span agent and the tool scope agent count (streams/app.py makes it)."""
-    tally = worker.counted[ToolScopeCount]
-    assert isinstance(tally, Tally)
-    return tally
 
 
 # -- the trace side: record, do not decide ----------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanguard.outcomes import Tally
+
 # Types only: streams/app.py builds these, and the modules that define them import the agents.
 if TYPE_CHECKING:
     import faust
@@ -69,3 +71,9 @@ class Worker:
     # records, and the topic it sends the records to (streams/tool_scope.py).
     tool_recorder: ToolCallRecorder | None = None
     tool_calls_out: faust.TopicT | None = None
+
+    def tally(self, outcome: type[CountedOutcome]) -> Tally:
+        """The Tally streams/app.py made for `outcome`: where the agents that count it count."""
+        tally = self.counted[outcome]
+        assert isinstance(tally, Tally)
+        return tally

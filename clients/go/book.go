@@ -183,49 +183,55 @@ type traceSignals struct {
 	pause     *Signal // waiting for an operator (see AgentPaused)
 }
 
-// lru is a map that remembers the order entries were last touched.
-type lru struct {
-	items map[string]*list.Element
-	order *list.List // front: least recently touched
+// lru is a map that remembers the order entries were last touched: the book's traces, scopes
+// and tools, each bounded by MaxTraces.
+type lru[E any] struct {
+	items map[string]*list.Element // of *lruItem[E]
+	order *list.List               // front: least recently touched
 }
 
-type lruItem struct {
-	traceID string
-	entry   *traceSignals
+type lruItem[E any] struct {
+	key   string
+	entry E
 }
 
-func newLRU() *lru { return &lru{items: map[string]*list.Element{}, order: list.New()} }
+func newLRU[E any]() *lru[E] { return &lru[E]{items: map[string]*list.Element{}, order: list.New()} }
 
-func (l *lru) get(traceID string) *traceSignals {
-	if element, ok := l.items[traceID]; ok {
-		return element.Value.(*lruItem).entry
+func (l *lru[E]) len() int { return len(l.items) }
+
+// get returns the key's entry, or the zero E (nil) when there is none.
+func (l *lru[E]) get(key string) E {
+	if element, ok := l.items[key]; ok {
+		return element.Value.(*lruItem[E]).entry
 	}
-	return nil
+	var none E
+	return none
 }
 
-func (l *lru) touch(traceID string) {
-	if element, ok := l.items[traceID]; ok {
+func (l *lru[E]) touch(key string) {
+	if element, ok := l.items[key]; ok {
 		l.order.MoveToBack(element)
 	}
 }
 
-func (l *lru) put(traceID string, entry *traceSignals, limit int) {
-	l.items[traceID] = l.order.PushBack(&lruItem{traceID, entry})
+func (l *lru[E]) put(key string, entry E, limit int) {
+	l.items[key] = l.order.PushBack(&lruItem[E]{key, entry})
 	for l.order.Len() > limit {
 		oldest := l.order.Front()
 		l.order.Remove(oldest)
-		delete(l.items, oldest.Value.(*lruItem).traceID)
+		delete(l.items, oldest.Value.(*lruItem[E]).key)
 	}
 }
 
-func (l *lru) remove(traceID string) *traceSignals {
-	element, ok := l.items[traceID]
+func (l *lru[E]) remove(key string) E {
+	element, ok := l.items[key]
 	if !ok {
-		return nil
+		var none E
+		return none
 	}
 	l.order.Remove(element)
-	delete(l.items, traceID)
-	return element.Value.(*lruItem).entry
+	delete(l.items, key)
+	return element.Value.(*lruItem[E]).entry
 }
 
 // SignalBook holds what each trace was told: the agent's Check reads it, the Kafka reader writes
@@ -246,22 +252,15 @@ type SignalBook struct {
 	Clock      func() time.Time
 	mu         sync.Mutex
 	changed    chan struct{} // closed (and replaced) on every delivery: wakes Wait
-	others     *lru
-	watched    *lru
+	others     *lru[*traceSignals]
+	watched    *lru[*traceSignals]
 	killed     map[string]*traceSignals
-	scopes     map[string]*list.Element // of *scopeItem, in scopeOrder
-	scopeOrder *list.List               // front: least recently touched
-	tools      map[string]*list.Element // of *toolItem, in toolOrder
-	toolOrder  *list.List
+	scopes     *lru[*scopeSignals]
+	tools      *lru[*toolSignals]
 	Delivered  int
 	Duplicates int
 	// ToolCallsRefused counts the calls refused because their tool was contained.
 	ToolCallsRefused int
-}
-
-type toolItem struct {
-	name  string
-	entry *toolSignals
 }
 
 // NewSignalBook makes an empty book; maxTraces <= 0 means DefaultMaxTraces.
@@ -270,15 +269,10 @@ func NewSignalBook(maxTraces int) *SignalBook {
 		maxTraces = DefaultMaxTraces
 	}
 	return &SignalBook{
-		MaxTraces: maxTraces, others: newLRU(), watched: newLRU(), killed: map[string]*traceSignals{},
-		changed: make(chan struct{}), scopes: map[string]*list.Element{}, scopeOrder: list.New(),
-		tools: map[string]*list.Element{}, toolOrder: list.New(),
+		MaxTraces: maxTraces, others: newLRU[*traceSignals](), watched: newLRU[*traceSignals](),
+		killed: map[string]*traceSignals{}, changed: make(chan struct{}),
+		scopes: newLRU[*scopeSignals](), tools: newLRU[*toolSignals](),
 	}
-}
-
-type scopeItem struct {
-	key   string
-	entry *scopeSignals
 }
 
 // firstDelivery: a signal id seen before on this entry is a duplicate (counted, not applied);
@@ -297,18 +291,12 @@ func (b *SignalBook) firstDelivery(seen map[string]bool, signal *Signal) bool {
 
 func (b *SignalBook) deliverScoped(signal *Signal) bool {
 	key := scopeKeyOf(signal)
-	var entry *scopeSignals
-	if element, ok := b.scopes[key]; ok {
-		b.scopeOrder.MoveToBack(element)
-		entry = element.Value.(*scopeItem).entry
+	entry := b.scopes.get(key)
+	if entry != nil {
+		b.scopes.touch(key)
 	} else {
 		entry = &scopeSignals{signalIDs: map[string]bool{}}
-		b.scopes[key] = b.scopeOrder.PushBack(&scopeItem{key, entry})
-		for b.scopeOrder.Len() > b.MaxTraces {
-			oldest := b.scopeOrder.Front()
-			b.scopeOrder.Remove(oldest)
-			delete(b.scopes, oldest.Value.(*scopeItem).key)
-		}
+		b.scopes.put(key, entry, b.MaxTraces)
 	}
 	if !b.firstDelivery(entry.signalIDs, signal) {
 		return false
@@ -331,18 +319,12 @@ func (b *SignalBook) deliverScoped(signal *Signal) bool {
 // holds, a contain or a release. The caller holds the lock.
 func (b *SignalBook) deliverTool(signal *Signal) bool {
 	name, server := signal.Tool.Name, signal.Tool.Server
-	var entry *toolSignals
-	if element, ok := b.tools[name]; ok {
-		b.toolOrder.MoveToBack(element)
-		entry = element.Value.(*toolItem).entry
+	entry := b.tools.get(name)
+	if entry != nil {
+		b.tools.touch(name)
 	} else {
 		entry = &toolSignals{signalIDs: map[string]bool{}, byServer: map[string]*Signal{}, order: list.New(), elements: map[string]*list.Element{}}
-		b.tools[name] = b.toolOrder.PushBack(&toolItem{name, entry})
-		for b.toolOrder.Len() > b.MaxTraces {
-			oldest := b.toolOrder.Front()
-			b.toolOrder.Remove(oldest)
-			delete(b.tools, oldest.Value.(*toolItem).name)
-		}
+		b.tools.put(name, entry, b.MaxTraces)
 	}
 	if !b.firstDelivery(entry.signalIDs, signal) {
 		return false
@@ -374,11 +356,10 @@ func (b *SignalBook) Contained(tool string, server *string) *Signal {
 }
 
 func (b *SignalBook) contained(tool string, server *string) *Signal {
-	element, ok := b.tools[tool]
-	if !ok {
+	entry := b.tools.get(tool)
+	if entry == nil {
 		return nil
 	}
-	entry := element.Value.(*toolItem).entry
 	var candidates []*Signal
 	if server == nil {
 		for _, signal := range entry.byServer {
@@ -409,7 +390,7 @@ func (b *SignalBook) CheckTool(tool string, server *string) error {
 }
 
 func (b *SignalBook) checkTool(tool string, server *string) error {
-	if tool == "" || len(b.tools) == 0 {
+	if tool == "" || b.tools.len() == 0 {
 		return nil
 	}
 	signal := b.contained(tool, server)
@@ -429,7 +410,7 @@ func (b *SignalBook) CheckScopes(scope CheckScope) error {
 }
 
 func (b *SignalBook) checkScopes(scope CheckScope) error {
-	if len(b.scopes) == 0 {
+	if b.scopes.len() == 0 {
 		return nil
 	}
 	var keys []string
@@ -444,11 +425,10 @@ func (b *SignalBook) checkScopes(scope CheckScope) error {
 	}
 	now := b.now()
 	for _, key := range keys {
-		element, ok := b.scopes[key]
-		if !ok {
+		entry := b.scopes.get(key)
+		if entry == nil {
 			continue
 		}
-		entry := element.Value.(*scopeItem).entry
 		if entry.kill == nil {
 			continue
 		}
@@ -456,7 +436,7 @@ func (b *SignalBook) checkScopes(scope CheckScope) error {
 			entry.kill = nil // its window freed: the scope goes on
 			continue
 		}
-		b.scopeOrder.MoveToBack(element)
+		b.scopes.touch(key)
 		return &AgentKilled{Signal: entry.kill}
 	}
 	return nil

@@ -239,6 +239,30 @@ func checkOutcome(t *testing.T, where string, step sequenceStep, message string,
 	}
 }
 
+// clockOrDelivery plays a sequence step that sets the clock or delivers a signal to the book;
+// false: the step is neither, and is the caller's to play.
+func clockOrDelivery(t *testing.T, where string, step sequenceStep, signals map[string]string, keys map[string][]byte, clock *testClock, book *SignalBook) bool {
+	switch {
+	case step.Clock != "":
+		at, ok := ParseDateTime(step.Clock)
+		if !ok {
+			t.Fatalf("%s: bad clock %q", where, step.Clock)
+		}
+		clock.set(at)
+	case step.Deliver != "":
+		signal, err := ReadSignal([]byte(signals[step.Deliver]), keys, clock.get())
+		if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		if got := book.Deliver(signal); got != step.New {
+			t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
 func TestSequences(t *testing.T) {
 	file := loadVectors(t)
 	now, _ := ParseDateTime(file.Now)
@@ -250,21 +274,10 @@ func TestSequences(t *testing.T) {
 			book.Clock = clock.get
 			var run func(where string, step sequenceStep)
 			run = func(where string, step sequenceStep) {
+				if clockOrDelivery(t, where, step, sequence.Signals, keys, clock, book) {
+					return
+				}
 				switch {
-				case step.Clock != "":
-					at, ok := ParseDateTime(step.Clock)
-					if !ok {
-						t.Fatalf("%s: bad clock %q", where, step.Clock)
-					}
-					clock.set(at)
-				case step.Deliver != "":
-					signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, clock.get())
-					if err != nil {
-						t.Fatalf("%s: %v", where, err)
-					}
-					if got := book.Deliver(signal); got != step.New {
-						t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
-					}
 				case step.Check != "":
 					scope := CheckScope{ConversationID: step.Conversation}
 					if step.Agent != nil {
@@ -605,30 +618,16 @@ func TestToolSequences(t *testing.T) {
 			refused := 0
 			for i, step := range sequence.Steps {
 				where := fmt.Sprintf("step %d %+v", i, step)
-				switch {
-				case step.Clock != "":
-					at, ok := ParseDateTime(step.Clock)
-					if !ok {
-						t.Fatalf("%s: bad clock", where)
-					}
-					clock.set(at)
-				case step.Deliver != "":
-					signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, clock.get())
-					if err != nil {
+				if clockOrDelivery(t, where, step, sequence.Signals, keys, clock, book) {
+					continue
+				}
+				message, err := book.CheckIn(step.Check, CheckScope{Tool: step.Tool, Server: step.Server})
+				checkOutcome(t, where, step, message, err)
+				var contained *ToolContained
+				if errors.As(err, &contained) {
+					refused++
+					if contained.Tool != step.Tool || !strings.HasPrefix(err.Error(), "tool "+step.Tool+" is contained by spanguard") {
 						t.Fatalf("%s: %v", where, err)
-					}
-					if got := book.Deliver(signal); got != step.New {
-						t.Fatalf("%s: delivered %v", where, got)
-					}
-				default:
-					message, err := book.CheckIn(step.Check, CheckScope{Tool: step.Tool, Server: step.Server})
-					checkOutcome(t, where, step, message, err)
-					var contained *ToolContained
-					if errors.As(err, &contained) {
-						refused++
-						if contained.Tool != step.Tool || !strings.HasPrefix(err.Error(), "tool "+step.Tool+" is contained by spanguard") {
-							t.Fatalf("%s: %v", where, err)
-						}
 					}
 				}
 			}

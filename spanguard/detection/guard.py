@@ -470,13 +470,7 @@ class Guard:
         user_turn = 0 if isinstance(event, ToolCall) else event.user_turn
         if isinstance(event, AgentSeen) and not user_turn:
             return None
-        if self._per_agent:
-            policy = self._policy_for(state, event, resource)
-            entry = self._plans.get(id(policy))
-            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
-        else:  # one policy for every agent: its plan is made once
-            policy = self._defaults
-            plan = self._defaults_plan or self._plan(policy)
+        policy, plan = self._policy_and_plan(state, event, resource)
         if user_turn:
             # The user spoke: what the agent repeats next answers them, not its own loop. The
             # calls made before the model heard it are forgotten (spans come in the order
@@ -666,13 +660,7 @@ class Guard:
             if tree.started == started:
                 return None  # placed already: a redelivery
             self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
-        if self._per_agent:
-            policy = self._policy_for(state, run, resource)
-            entry = self._plans.get(id(policy))
-            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
-        else:
-            policy = self._defaults
-            plan = self._defaults_plan or self._plan(policy)
+        policy, plan = self._policy_and_plan(state, run, resource)
         fired = state.fired
         for rule, wanted in plan.agent_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
@@ -930,6 +918,22 @@ class Guard:
         )
         self.stats.decisions[(decision.rule, decision.action)] += 1
         return decision
+
+    def _policy_and_plan(
+        self,
+        state: TraceState,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
+        resource: ResourceInfo | None,
+    ) -> tuple[AgentPolicy, _Plan]:
+        """The policy entry for the event's agent and its plan (made once per entry)."""
+        if self._per_agent:
+            policy = self._policy_for(state, event, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+            return policy, plan
+        # One policy for every agent: its plan is made once.
+        policy = self._defaults
+        return policy, self._defaults_plan or self._plan(policy)
 
     def _policy_for(
         self,

@@ -27,18 +27,16 @@ from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import (
     AgentWindowCount,
     agent_usage_sends,
-    agent_window_tally,
 )
 from spanguard.streams.conversations import (
     ConversationCount,
     conversation_sends,
-    conversation_tally,
 )
 from spanguard.streams.delivery import Send, confirm, produce, send_all
 from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
 from spanguard.streams.scope import evict_idle_states, settle_signals
-from spanguard.streams.tool_scope import ToolScopeCount, tool_call_sends, tool_scope_tally
+from spanguard.streams.tool_scope import ToolScopeCount, tool_call_sends
 from spanguard.streams.write_back import WriteBack
 
 if TYPE_CHECKING:
@@ -77,9 +75,9 @@ class SpanAgent:
         self.write_back = WriteBack(worker, worker.states, worker.table, self.lease, hooks=self)
         self.outcomes = Tally()
         worker.counted[SpanCount] = self.outcomes
-        self.conversation_records = conversation_tally(worker)
-        self.agent_usage_records = agent_window_tally(worker)
-        self.tool_call_records = tool_scope_tally(worker)
+        self.conversation_records = worker.tally(ConversationCount)
+        self.agent_usage_records = worker.tally(AgentWindowCount)
+        self.tool_call_records = worker.tally(ToolScopeCount)
         # Where the agent got to in each source partition: the offset after the last message
         # of a completed batch, or the first one of a batch still running. Records between it
         # and the partition's highwater are waiting on the agent (health: stuck while lag grows).

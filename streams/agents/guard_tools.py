@@ -13,7 +13,7 @@ from spanguard.schemas.scope_records import ToolRow, decode_tool_calls
 from spanguard.streams.decoded_states import DecodedStates
 from spanguard.streams.fence import Lease
 from spanguard.streams.scope import ScopeRecordsAgent
-from spanguard.streams.tool_scope import ToolScopeCount, WorkerFleet, tool_scope_tally
+from spanguard.streams.tool_scope import ToolScopeCount, WorkerFleet
 
 if TYPE_CHECKING:
     from spanguard.streams.wiring import Worker
@@ -39,7 +39,7 @@ class ToolScopeAgent(ScopeRecordsAgent[ToolRows]):
         self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
     ) -> None:
         super().__init__(worker, topic, states, lease)
-        self.outcomes = tool_scope_tally(worker)
+        self.outcomes = worker.tally(ToolScopeCount)
         policy = worker.guard.policy
         self.guard = WorkerFleet(policy, states, self.outcomes, clock=worker.guard.clock)
         # A tool idle a whole window (or the state TTL, if longer) has an empty window.

@@ -10,8 +10,6 @@ agent tree: agents called as tools nested too deep, or a supervisor starting too
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
 from functools import cache
@@ -19,21 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from spanguard.schemas.decision import validate
 from tests.support.multi_agents import EXPECTED, FIXTURES, INSTRUMENTATIONS, SCENARIOS
-
-
-def read_request(path: Path) -> dict:
-    return json.loads(gzip.decompress(path.read_bytes()))
-
-
-def spans(path: Path) -> list[dict]:
-    return [
-        span
-        for resource in read_request(path)["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-    ]
+from tests.support.recorded_runs import replay_decisions, spans
 
 
 def agent_of(span: dict) -> str | None:
@@ -58,18 +43,9 @@ def handoff_to(span: dict) -> str | None:
 
 @cache
 def replayed(root: Path, instrumentation: str) -> dict[str, list[dict]]:
-    files = {name: root / instrumentation / f"{name}.json.gz" for name in SCENARIOS}
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "replay", *map(str, files.values())],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    owner = {span["traceId"]: name for name, path in files.items() for span in spans(path)}
-    decisions: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    for line in result.stdout.splitlines():
-        record = json.loads(line)
-        validate(record, "detection")
-        decisions[owner[record["trace_id"]]].append(record)
-    return decisions
+    return replay_decisions(
+        {name: root / instrumentation / f"{name}.json.gz" for name in SCENARIOS}
+    )
 
 
 @pytest.mark.parametrize("instrumentation", INSTRUMENTATIONS)

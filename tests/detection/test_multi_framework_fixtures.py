@@ -9,8 +9,6 @@ its agents is on record: names, nesting, how many."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
 from collections import Counter
@@ -20,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from spanguard.detection.conventions.keys import AGENT_NAME, OPENINFERENCE_KIND, OPERATION
-from spanguard.schemas.decision import validate
 from tests.support.multi_frameworks import (
     A2A,
     A2A_HOPS,
@@ -31,6 +28,7 @@ from tests.support.multi_frameworks import (
     FIXTURES,
     FRAMEWORKS,
 )
+from tests.support.recorded_runs import replay_decisions, resources, spans
 
 RUNS = [
     (framework.name, instrumentation, scenario)
@@ -44,19 +42,6 @@ def path_of(root: Path, framework: str, instrumentation: str, scenario: str) -> 
     return root / framework / instrumentation / f"{scenario}.json.gz"
 
 
-def resources(path: Path) -> list[dict]:
-    return json.loads(gzip.decompress(path.read_bytes()))["resourceSpans"]
-
-
-def spans(path: Path) -> list[dict]:
-    return [
-        span
-        for resource in resources(path)
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-    ]
-
-
 def attributes(span: dict) -> dict[str, dict]:
     return {attribute["key"]: attribute["value"] for attribute in span.get("attributes", ())}
 
@@ -64,22 +49,13 @@ def attributes(span: dict) -> dict[str, dict]:
 @cache
 def replayed(root: Path, framework: str, instrumentation: str) -> dict[str, list[dict]]:
     """Every scenario of one (framework, instrumentation) in one `spanguard replay`."""
-    files = {
-        scenario: path_of(root, framework, instrumentation, scenario)
-        for name, inst, scenario in RUNS
-        if (name, inst) == (framework, instrumentation)
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "replay", *map(str, files.values())],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    owner = {span["traceId"]: name for name, path in files.items() for span in spans(path)}
-    decisions: dict[str, list[dict]] = {name: [] for name in files}
-    for line in result.stdout.splitlines():
-        record = json.loads(line)
-        validate(record, "detection")
-        decisions[owner[record["trace_id"]]].append(record)
-    return decisions
+    return replay_decisions(
+        {
+            scenario: path_of(root, framework, instrumentation, scenario)
+            for name, inst, scenario in RUNS
+            if (name, inst) == (framework, instrumentation)
+        }
+    )
 
 
 def handoffs(path: Path) -> list[dict]:

@@ -564,10 +564,16 @@ def run_google_adk(script: Script, guard: Any = None) -> None:
     )
     plugins = [guard] if guard is not None else None
     runner = InMemoryRunner(agent=agent, app_name="support", plugins=plugins)
+    run_adk_turn(runner, "What is the refund policy?")
+
+
+def run_adk_turn(runner: Any, question: str) -> None:
+    """One user question through an ADK runner (app "support"), in a new session, to its end."""
+    from google.genai import types
 
     async def run() -> None:
         session = await runner.session_service.create_session(app_name="support", user_id="u")
-        message = types.Content(role="user", parts=[types.Part(text="What is the refund policy?")])
+        message = types.Content(role="user", parts=[types.Part(text=question)])
         async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
             pass
 

@@ -326,6 +326,8 @@ def run_google_adk(steps: list[Step]) -> Script:
     from google.adk.tools.agent_tool import AgentTool
     from google.genai import types
 
+    from tests.support.instrumented_agents import run_adk_turn
+
     script = Script(steps)
     usage = types.GenerateContentResponseUsageMetadata(
         prompt_token_count=120, candidates_token_count=20, total_token_count=140
@@ -370,15 +372,7 @@ def run_google_adk(steps: list[Step]) -> Script:
         root = agent(f"a{depth}", [lookup])
         for level in range(depth - 1, -1, -1):
             root = agent(f"a{level}", [AgentTool(root)])
-    runner = InMemoryRunner(agent=root, app_name="support")
-
-    async def run() -> None:
-        session = await runner.session_service.create_session(app_name="support", user_id="u")
-        message = types.Content(role="user", parts=[types.Part(text="I was charged twice.")])
-        async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
-            pass
-
-    asyncio.run(run())
+    run_adk_turn(InMemoryRunner(agent=root, app_name="support"), "I was charged twice.")
     return script
 
 

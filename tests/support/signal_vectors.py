@@ -123,6 +123,13 @@ def vector(
     return entry
 
 
+def obeyed(
+    name: str, record: dict[str, Any], keys: list[str] | None, note: str = ""
+) -> dict[str, Any]:
+    """The vector of a signal the agent obeys: it reads `record` as `seen` says."""
+    return vector(name, text(record), "obey", keys=keys, signal=seen(record), note=note)
+
+
 def seen(record: dict[str, Any]) -> dict[str, Any]:
     """What an obeyed signal must read as."""
     return {
@@ -217,22 +224,10 @@ def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
 
     without_tool = {k: v for k, v in CONTAIN.items() if k != "tool"}
     return [
-        vector("a tool contain", text(contain), "obey", keys=ring, signal=seen(contain)),
-        vector(
-            "a contain of another tool, no server, by an operator",
-            text(other_tool),
-            "obey",
-            keys=ring,
-            signal=seen(other_tool),
-        ),
-        vector("a tool release", text(release), "obey", keys=ring, signal=seen(release)),
-        vector(
-            "a tool release by its fleet rule (the tool recovered)",
-            text(recovery),
-            "obey",
-            keys=ring,
-            signal=seen(recovery),
-        ),
+        obeyed("a tool contain", contain, ring),
+        obeyed("a contain of another tool, no server, by an operator", other_tool, ring),
+        obeyed("a tool release", release, ring),
+        obeyed("a tool release by its fleet rule (the tool recovered)", recovery, ring),
         vector(
             "an expired contain",
             text(signed({**CONTAIN, "expires_at": "2026-06-01T11:59:59.999Z"})),
@@ -398,29 +393,11 @@ def build() -> dict[str, Any]:
         {**CONVERSATION_KILL, "kind": "release", "signal_id": "c" * 32, "reason": "released"}
     )
     vectors = [
-        vector("kill", text(kill), "obey", keys=ring, signal=seen(kill)),
-        vector(
-            "a conversation kill",
-            text(conversation_kill),
-            "obey",
-            keys=ring,
-            signal=seen(conversation_kill),
-        ),
-        vector("an agent kill", text(agent_kill), "obey", keys=ring, signal=seen(agent_kill)),
-        vector(
-            "a conversation release",
-            text(conversation_release),
-            "obey",
-            keys=ring,
-            signal=seen(conversation_release),
-        ),
-        vector(
-            "a trace scope named outright",
-            text(signed(with_(scope="trace"))),
-            "obey",
-            keys=ring,
-            signal=seen(with_(scope="trace")),
-        ),
+        obeyed("kill", kill, ring),
+        obeyed("a conversation kill", conversation_kill, ring),
+        obeyed("an agent kill", agent_kill, ring),
+        obeyed("a conversation release", conversation_release, ring),
+        obeyed("a trace scope named outright", signed(with_(scope="trace")), ring),
         vector(
             "a conversation scope without its id",
             text(signed({k: v for k, v in CONVERSATION_KILL.items() if k != "conversation_id"})),
@@ -467,31 +444,17 @@ def build() -> dict[str, Any]:
             keys=ring,
         ),
         *_tool_vectors(ring),
-        vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
-        vector("release", text(release), "obey", keys=ring, signal=seen(release)),
-        vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
-        vector("a cycle kill", text(cycle_kill), "obey", keys=ring, signal=seen(cycle_kill)),
-        vector(
-            "a cost budget kill, money in micro-dollars",
-            text(cost_kill),
-            "obey",
-            keys=ring,
-            signal=seen(cost_kill),
-        ),
-        vector(
-            "pause whose fallback is release",
-            text(pause_releasing),
-            "obey",
-            keys=ring,
-            signal=seen(pause_releasing),
-        ),
+        obeyed("downgrade", downgrade, ring),
+        obeyed("release", release, ring),
+        obeyed("pause", pause, ring),
+        obeyed("a cycle kill", cycle_kill, ring),
+        obeyed("a cost budget kill, money in micro-dollars", cost_kill, ring),
+        obeyed("pause whose fallback is release", pause_releasing, ring),
         *_pause_vectors(pause, ring, rotating),
-        vector(
+        obeyed(
             "non-ASCII, escapes and U+2028 in a signed string",
-            text(unicode_reason),
-            "obey",
-            keys=ring,
-            signal=seen(unicode_reason),
+            unicode_reason,
+            ring,
             note="the canonical JSON escapes only quote, backslash and control characters",
         ),
         vector(
@@ -516,7 +479,7 @@ def build() -> dict[str, Any]:
         ),
         vector("unknown key id", text(signed(BASE, "other")), "unknown_key", keys=ring),
         vector("unsigned, keys held", text(BASE), "unsigned", keys=ring),
-        vector("unsigned, unsigned obeyed", text(BASE), "obey", keys=None, signal=seen(BASE)),
+        obeyed("unsigned, unsigned obeyed", BASE, None),
         vector(
             "forged: a field changed after signing",
             text({**kill, "reason": "something else"}),
@@ -548,12 +511,10 @@ def build() -> dict[str, Any]:
             keys=ring,
             note="now == expires_at is expired",
         ),
-        vector(
+        obeyed(
             "not yet expired, offset zone",
-            text(signed(with_(expires_at="2026-06-01T14:00:01+02:00"))),
-            "obey",
-            keys=ring,
-            signal=seen(with_(expires_at="2026-06-01T14:00:01+02:00")),
+            signed(with_(expires_at="2026-06-01T14:00:01+02:00")),
+            ring,
         ),
         vector(
             "expired, offset zone",
