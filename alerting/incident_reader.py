@@ -19,22 +19,12 @@ every worker alike (`OpenIncidents.prune`), and its traces page one by one again
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable
-from typing import Any
-
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from spanguard.alerting.incidents import OpenIncidents, is_incident
 from spanguard.config.settings import WorkerSettings
-from spanguard.connectors.kafka_clients import (
-    ClientErrors,
-    LibrdkafkaLog,
-    client_config,
-    wait_for_metadata,
-)
+from spanguard.connectors.every_partition import EveryPartitionReader
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 
@@ -43,7 +33,6 @@ __all__ = ["INCIDENT_HORIZON", "IncidentReader", "IncidentSkip"]
 log = logging.getLogger("spanguard.alerting")
 
 INCIDENT_HORIZON = 86_400.0  # seconds read back on start: the longest fleet window allowed
-PRUNE_INTERVAL = 60.0  # seconds between two prunings of incidents older than the horizon
 # Only a tool-scoped record has this (`"scope": "tool"`); a per-trace one names `tool_name`.
 TOOL_SCOPED = b'"tool"'
 
@@ -54,7 +43,7 @@ class IncidentSkip(CountedOutcome):
     UNREADABLE = "unreadable"  # not JSON, or not a decision
 
 
-class IncidentReader:
+class IncidentReader(EveryPartitionReader):
     """A daemon thread that notes every fleet incident's records in `incidents`."""
 
     def __init__(
@@ -65,35 +54,15 @@ class IncidentReader:
         horizon: float = INCIDENT_HORIZON,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.topic = settings.detections_topic
-        self.incidents = incidents
-        self.horizon = horizon
-        self.clock = clock
-        self._errors = ClientErrors(settings.bootstrap)
-        self._config = client_config(
-            settings.bootstrap,
-            settings.kafka,
-            {
-                "error_cb": self._errors,
-                "logger": LibrdkafkaLog(log),
-                "group.id": f"spanguard-incidents-{uuid.uuid4().hex}",  # never joins: assign()
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,
-            },
+        super().__init__(
+            settings, settings.detections_topic, "incidents", log, horizon=horizon, clock=clock
         )
+        self.incidents = incidents
         self.read = 0  # incident records read
         self.skipped = Tally()  # by IncidentSkip
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spanguard-incidents", daemon=True)
 
-    def start(self) -> IncidentReader:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+    def prune(self) -> int:
+        return self.incidents.prune(self.clock() - self.horizon)
 
     def accept(self, value: bytes | None, appended_at: float) -> bool:
         """Take one record of the detections topic; True when it was an incident's record."""
@@ -111,52 +80,3 @@ class IncidentReader:
         self.incidents.record(decision, noted_at=appended_at)
         self.read += 1
         return True
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            consumer = Consumer(self._config)
-            try:
-                consumer.assign(self._start_positions(consumer))
-                self._consume(consumer)
-            # Never dies: an error costs a pause, then a new start.
-            except Exception as exc:  # noqa: BLE001
-                log.error("incident reader: %s; restarting in 5 s", exc)
-                self._stop.wait(5.0)
-            finally:
-                consumer.close()
-
-    def _start_positions(self, consumer: Consumer) -> list[TopicPartition]:
-        """Every partition of the detections topic at its first record of the last `horizon`
-        seconds (or its end, if it has none that recent)."""
-        while True:
-            try:
-                metadata = wait_for_metadata(consumer, self._errors, self.topic, 15.0)
-                topic = metadata.topics.get(self.topic)
-                if topic is not None and topic.error is None and topic.partitions:
-                    break
-            except KafkaException as exc:
-                log.debug("incident reader: topic not ready", extra={"error": repr(exc)})
-            if self._stop.wait(2.0):
-                return []
-        since_ms = int((self.clock() - self.horizon) * 1000)
-        wanted = [TopicPartition(self.topic, partition, since_ms) for partition in topic.partitions]
-        return consumer.offsets_for_times(wanted, timeout=15.0)
-
-    def _consume(self, consumer: Consumer) -> None:
-        pruned_at = self.clock()
-        while not self._stop.is_set():
-            message: Any = consumer.poll(0.2)
-            if self.clock() - pruned_at > PRUNE_INTERVAL:
-                self.incidents.prune(self.clock() - self.horizon)
-                pruned_at = self.clock()
-            if message is None:
-                continue
-            if message.error():
-                log.warning("incident reader: %s", message.error())
-                continue
-            _kind, timestamp_ms = message.timestamp()
-            appended_at = timestamp_ms / 1000 if timestamp_ms > 0 else self.clock()
-            try:
-                self.accept(message.value(), appended_at)
-            except Exception as exc:  # a bug costs one record, never the thread  # noqa: BLE001
-                log.error("incident reader skipped a record: %r", exc)
