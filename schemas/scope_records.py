@@ -364,6 +364,16 @@ def _agent_key(service: str, agent_name: str | None) -> str:
 _cached_agent_key = functools.lru_cache(maxsize=4096)(_agent_key)
 
 
+def _source_ref(names: list[str], source: tuple[str, int] | None) -> tuple[int, int]:
+    """Where a row came from, as a record holds it: the index of its "topic:partition" in
+    `names` (added when new) and its offset; (-1, -1) for no source."""
+    if source is None:
+        return -1, -1
+    if source[0] not in names:
+        names.append(source[0])
+    return names.index(source[0]), source[1]
+
+
 def encode_agent_usage(
     records: Iterable[UsageFields], sources: Iterable[tuple[str, int] | None]
 ) -> dict[str, bytes]:
@@ -374,12 +384,7 @@ def encode_agent_usage(
     for record, source in zip(records, sources, strict=True):
         key = agent_key(record.service, record.agent_name)
         names, rows = grouped.setdefault(key, ([], []))
-        if source is None:
-            where, offset = -1, -1
-        else:
-            if source[0] not in names:
-                names.append(source[0])
-            where, offset = names.index(source[0]), source[1]
+        where, offset = _source_ref(names, source)
         span_id, end = record.span_id.hex(), record.end_time_unix_nano
         rows.append([where, offset, record.trace_id, span_id, end, record.tokens, record.cost])
     return {
@@ -475,12 +480,7 @@ def encode_tool_calls(
     grouped: dict[str, tuple[list[str], list[list[Any]]]] = {}
     for (key, row), source in zip(rows, sources, strict=True):
         names, held = grouped.setdefault(key, ([], []))
-        if source is None:
-            where, offset = -1, -1
-        else:
-            if source[0] not in names:
-                names.append(source[0])
-            where, offset = names.index(source[0]), source[1]
+        where, offset = _source_ref(names, source)
         held.append([row[0], where, offset, *row[1:]])
     return {
         key: compact_json.dumps({"v": TOOL_CALLS_VERSION, "s": names, "r": held})
