@@ -416,9 +416,35 @@ public final class KillSwitch implements AutoCloseable {
    * the call is counted in {@link #unguarded()}.
    */
   public String checkContext(Context context) {
+    return checkContextTool(context, null, null);
+  }
+
+  /**
+   * checkContext for a call to tool (on server; null: unknown), as {@link #checkTool} for the
+   * trace of the span in context: a framework hook that knows the tool's name.
+   */
+  public String checkContextTool(Context context, String tool, String server) {
     SpanContext span = Span.fromContext(context).getSpanContext();
     String traceId = span.isValid() ? span.getTraceId() : "";
-    return checkIn(context, traceId, CheckScope.NONE, UNGUARDED_CONTEXT);
+    try {
+      return checkIn(context, traceId, CheckScope.NONE, UNGUARDED_CONTEXT, tool, server);
+    } catch (ToolContained contained) {
+      noteContained(contained);
+      throw contained;
+    }
+  }
+
+  /**
+   * Throws {@link ToolContained} if tool (on server; null: unknown) is contained, counted and
+   * logged as checkTool's; checks no trace: for a hook whose trace was checked just before.
+   */
+  public void checkContained(String tool, String server) {
+    try {
+      signals.checkTool(tool, server);
+    } catch (ToolContained contained) {
+      noteContained(contained);
+      throw contained;
+    }
   }
 
   /** checkContext of {@link Context#current()}: the agent's current span. */

@@ -4,14 +4,18 @@ import io.opentelemetry.context.Context;
 import org.springframework.ai.chat.model.ToolContext;
 import org.springframework.ai.tool.ToolCallback;
 import org.springframework.ai.tool.definition.ToolDefinition;
+import org.springframework.ai.tool.execution.ToolExecutionException;
 import org.springframework.ai.tool.metadata.ToolMetadata;
 
 /**
  * The kill switch in front of a Spring AI tool: a ToolCallback that checks the current span's
- * trace (and its conversation and agent) before it calls the tool it wraps. Spring AI's
- * DefaultToolCallingManager hands only a ToolExecutionException to its exception processor (which
- * would tell the model); {@link AgentKilled} is not one, so it leaves the ChatClient call and the
- * agent's loop ends there. A pause waits for the operator's answer.
+ * trace (and its conversation and agent), then whether its tool is contained, before it calls
+ * the tool it wraps. Spring AI's DefaultToolCallingManager hands only a ToolExecutionException
+ * to its exception processor (which tells the model); {@link AgentKilled} is not one, so it
+ * leaves the ChatClient call and the agent's loop ends there. A {@link ToolContained} is thrown
+ * as the cause of a ToolExecutionException instead: the default processor answers the model
+ * with its message as the tool's result, so the agent can take another path (a processor built
+ * with alwaysThrow ends the loop). A pause waits for the operator's answer.
  *
  * <pre>{@code
  * ToolCallback[] tools = SpringAiGuard.guard(killswitch, ToolCallbacks.from(new MyTools()));
@@ -59,15 +63,25 @@ public final class SpringAiGuard implements ToolCallback {
   }
 
   private void check() {
+    String name = tool.getToolDefinition().name();
     try {
-      killswitch.checkContext(Context.current());
-    } catch (AgentPaused paused) {
       try {
-        killswitch.await(paused.signal().traceId(), null);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        throw paused;
+        killswitch.checkContextTool(Context.current(), name, null);
+      } catch (AgentPaused paused) {
+        awaitAnswer(paused);
+        killswitch.checkContained(name, null); // contained while the trace was paused
       }
+    } catch (ToolContained contained) {
+      throw new ToolExecutionException(tool.getToolDefinition(), contained);
+    }
+  }
+
+  private void awaitAnswer(AgentPaused paused) {
+    try {
+      killswitch.await(paused.signal().traceId(), null);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw paused;
     }
   }
 }
