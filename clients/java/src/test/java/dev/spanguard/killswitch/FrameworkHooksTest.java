@@ -1,6 +1,7 @@
 package dev.spanguard.killswitch;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -8,6 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.langchain4j.agent.tool.Tool;
 import dev.langchain4j.agent.tool.ToolExecutionRequest;
 import dev.langchain4j.data.message.AiMessage;
+import dev.langchain4j.data.message.ChatMessage;
+import dev.langchain4j.data.message.ToolExecutionResultMessage;
 import dev.langchain4j.memory.chat.MessageWindowChatMemory;
 import dev.langchain4j.model.chat.ChatModel;
 import dev.langchain4j.model.chat.listener.ChatModelListener;
@@ -15,8 +18,12 @@ import dev.langchain4j.model.chat.request.ChatRequest;
 import dev.langchain4j.model.chat.response.ChatResponse;
 import dev.langchain4j.model.output.TokenUsage;
 import dev.langchain4j.service.AiServices;
+import dev.langchain4j.service.tool.ToolProvider;
+import dev.langchain4j.service.tool.ToolProviderResult;
+import dev.langchain4j.service.tool.ToolService;
 import io.opentelemetry.api.common.AttributeKey;
 import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.StatusCode;
 import io.opentelemetry.context.Context;
 import io.opentelemetry.context.Scope;
 import io.opentelemetry.sdk.OpenTelemetrySdk;
@@ -33,7 +40,17 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.IntFunction;
 import org.junit.jupiter.api.Test;
+import org.springframework.ai.chat.messages.AssistantMessage;
+import org.springframework.ai.chat.messages.Message;
+import org.springframework.ai.chat.messages.ToolResponseMessage;
+import org.springframework.ai.chat.messages.UserMessage;
+import org.springframework.ai.chat.model.Generation;
+import org.springframework.ai.chat.prompt.Prompt;
+import org.springframework.ai.model.tool.DefaultToolCallingManager;
+import org.springframework.ai.model.tool.ToolCallingChatOptions;
+import org.springframework.ai.model.tool.ToolCallingManager;
 import org.springframework.ai.tool.ToolCallback;
+import org.springframework.ai.tool.execution.ToolExecutionException;
 import org.springframework.ai.tool.function.FunctionToolCallback;
 
 /**
@@ -46,10 +63,14 @@ class FrameworkHooksTest {
     String chat(String question);
   }
 
-  /** Asks for {@code calls.apply(turn)} on every turn (1, 2, ...); 120 + 20 tokens a call. */
+  /**
+   * Asks for {@code calls.apply(turn)} on every turn (1, 2, ...), the final answer when that is
+   * empty; 120 + 20 tokens a call.
+   */
   static final class ScriptedModel implements ChatModel {
     final List<ChatModelListener> listeners;
     final IntFunction<List<ToolExecutionRequest>> calls;
+    final List<ChatRequest> requests = new ArrayList<>();
     int turn;
 
     ScriptedModel(List<ChatModelListener> listeners, IntFunction<List<ToolExecutionRequest>> calls) {
@@ -65,10 +86,14 @@ class FrameworkHooksTest {
     @Override
     public ChatResponse doChat(ChatRequest request) {
       turn++;
-      return ChatResponse.builder().aiMessage(AiMessage.from(calls.apply(turn)))
-          .tokenUsage(new TokenUsage(120, 20)).build();
+      requests.add(request);
+      List<ToolExecutionRequest> asked = calls.apply(turn);
+      AiMessage message = asked.isEmpty() ? AiMessage.from(FINAL_ANSWER) : AiMessage.from(asked);
+      return ChatResponse.builder().aiMessage(message).tokenUsage(new TokenUsage(120, 20)).build();
     }
   }
+
+  static final String FINAL_ANSWER = "Refunds within 30 days.";
 
   static ToolExecutionRequest search(String id, String query) {
     return ToolExecutionRequest.builder().id(id).name("search_docs")
@@ -262,5 +287,223 @@ class FrameworkHooksTest {
     assertSame(guarded[0], SpringAiGuard.guard(killswitch, guarded)[0], "not wrapped twice");
     provider.close();
     assertTrue(Context.current() == Context.root());
+  }
+
+  static final String CONTAIN_REASON = "search_docs failed for 40 traces in the last 5 minutes";
+
+  /** The fleet rule's contain of tool (on every server). */
+  static Signal contain(String tool) {
+    Instant now = Instant.now().truncatedTo(java.time.temporal.ChronoUnit.SECONDS);
+    return new Signal("5c2d6e7f8a9b4c0d9e1f2a3b4c5d6e7f", null, "kill", "tool_failing",
+        CONTAIN_REASON, Map.of(), null, null, now.toString(), now.plusSeconds(3600).toString(),
+        null, null, null, null, "tool", null, new Signal.Tool(tool, ""));
+  }
+
+  static final String REFUSAL = "tool search_docs is contained by spanguard: " + CONTAIN_REASON
+      + "; use another tool";
+
+  /** The other path: a web search. */
+  public static final class WebSearch {
+    final AtomicInteger calls = new AtomicInteger();
+    volatile Runnable onCall = () -> { };
+
+    @Tool(name = "search_web", value = "Search the web.")
+    public String searchWeb(String query) {
+      calls.incrementAndGet();
+      onCall.run();
+      return "refunds within 30 days";
+    }
+  }
+
+  static ToolExecutionRequest webSearch(String id) {
+    return ToolExecutionRequest.builder().id(id).name("search_web")
+        .arguments("{\"query\":\"refund policy\"}").build();
+  }
+
+  /** search_docs, then search_web {@code webSearches} times, then the answer. */
+  static ScriptedModel fallbackModel(List<ChatModelListener> listeners, int webSearches) {
+    return new ScriptedModel(listeners, turn -> turn == 1 ? List.of(search("call_1", "refund policy"))
+        : turn <= 1 + webSearches ? List.of(webSearch("call_" + turn)) : List.of());
+  }
+
+  record Guarded(Traced traced, SignalBook book, List<String> logged, KillSwitch killswitch,
+      LangChain4jGuard guard, Span agent) {
+    static Guarded create() {
+      Traced traced = Traced.create(true);
+      SignalBook book = new SignalBook();
+      List<String> logged = new ArrayList<>();
+      KillSwitch killswitch = new KillSwitch(book, logged::add, KillSwitch.ScopeDefaults.of(null, null, null));
+      Span agent = traced.sdk().getTracer("test").spanBuilder("invoke_agent support").startSpan();
+      return new Guarded(traced, book, logged, killswitch, new LangChain4jGuard(killswitch), agent);
+    }
+
+    String traceId() {
+      return agent.getSpanContext().getTraceId();
+    }
+
+    List<String> agentEvents() {
+      return traced.exporter().getFinishedSpanItems().stream()
+          .filter(s -> s.getName().equals("invoke_agent support")).findFirst().orElseThrow()
+          .getEvents().stream().map(e -> e.getName()).toList();
+    }
+  }
+
+  @Test
+  void aContainedLangChain4jToolIsRefusedToTheModelWhichTakesAnotherTool() {
+    Guarded run = Guarded.create();
+    run.book().deliver(contain("search_docs"));
+    Search search = new Search(() -> { });
+    WebSearch web = new WebSearch();
+    ScriptedModel model = fallbackModel(List.of(run.traced().tracing()), 1);
+    Assistant assistant = run.guard().installOn(AiServices.builder(Assistant.class).chatModel(model)
+            .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
+            .tools(run.guard().tools(search, web)), run.traced().tracing())
+        .build();
+    String answer;
+    try (Scope scope = run.agent().makeCurrent()) {
+      answer = assistant.chat("What is the refund policy?");
+    } finally {
+      run.agent().end();
+    }
+    assertEquals(FINAL_ANSWER, answer, "the run went on to its answer");
+    assertEquals(0, search.calls.get(), "the contained tool never ran");
+    assertEquals(1, web.calls.get());
+    List<ChatMessage> read = model.requests.get(1).messages();
+    ToolExecutionResultMessage refusal = (ToolExecutionResultMessage) read.get(read.size() - 1);
+    assertEquals("search_docs", refusal.toolName());
+    assertEquals(REFUSAL, refusal.text());
+    assertTrue(refusal.isError(), "the model reads it as the tool's error");
+    assertEquals(1, run.book().toolCallsRefused());
+    assertEquals(1, run.logged().size(), "the first refusal is logged: " + run.logged());
+    assertTrue(run.logged().get(0).contains(REFUSAL));
+    assertEquals(List.of(), run.agentEvents(), "nothing stopped the agent");
+    List<SpanData> tools = run.traced().exporter().getFinishedSpanItems().stream()
+        .filter(s -> s.getName().startsWith("execute_tool")).toList();
+    assertEquals(List.of("execute_tool search_docs", "execute_tool search_web"),
+        tools.stream().map(SpanData::getName).toList());
+    assertEquals(StatusCode.ERROR, tools.get(0).getStatus().getStatusCode(), "the refused call failed");
+    assertEquals(StatusCode.UNSET, tools.get(1).getStatus().getStatusCode());
+    run.traced().sdk().close();
+  }
+
+  /** The tools of a ToolProvider (MCP's, say) this time: the contained one refused alike. */
+  @Test
+  void aKillOfTheTraceStillEndsALangChain4jRunOfGuardedTools() {
+    Guarded run = Guarded.create();
+    run.book().deliver(contain("search_docs"));
+    Search search = new Search(() -> { });
+    WebSearch web = new WebSearch();
+    web.onCall = () -> run.book().deliver(kill(run.traceId()));
+    ToolProvider provider = request -> new ToolProviderResult(
+        java.util.stream.Stream.of(search, web).flatMap(tools -> ToolService.findTools(tools).stream()).toList());
+    ScriptedModel model = fallbackModel(List.of(), 2);
+    Assistant assistant = run.guard().installOn(AiServices.builder(Assistant.class).chatModel(model)
+            .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
+            .toolProvider(run.guard().toolProvider(provider)), null)
+        .build();
+    AgentKilled killed;
+    try (Scope scope = run.agent().makeCurrent()) {
+      killed = assertThrows(AgentKilled.class, () -> assistant.chat("What is the refund policy?"));
+    } finally {
+      run.agent().end();
+    }
+    assertFalse(killed instanceof ToolContained, "the trace's kill, not the contain");
+    assertEquals("tool_loop", killed.rule());
+    assertEquals(0, search.calls.get());
+    List<ChatMessage> read = model.requests.get(1).messages();
+    assertEquals(REFUSAL, ((ToolExecutionResultMessage) read.get(read.size() - 1)).text());
+    assertEquals(1, web.calls.get(), "the second web search never ran");
+    assertEquals(List.of(Stop.STOP_EVENT), run.agentEvents());
+    run.traced().sdk().close();
+  }
+
+  /** The hook cannot answer the model: a contained tool not given through guard.tools ends the run. */
+  @Test
+  void aContainedLangChain4jToolGivenToTheBuilderDirectlyEndsTheRunUnrun() {
+    Guarded run = Guarded.create();
+    run.book().deliver(contain("search_docs"));
+    Search search = new Search(() -> { });
+    Assistant assistant = run.guard().installOn(AiServices.builder(Assistant.class)
+            .chatModel(loopingModel(List.of()))
+            .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
+            .tools(search), null)
+        .build();
+    ToolContained refused;
+    try (Scope scope = run.agent().makeCurrent()) {
+      refused = assertThrows(ToolContained.class, () -> assistant.chat("What is the refund policy?"));
+    } finally {
+      run.agent().end();
+    }
+    assertEquals(REFUSAL, refused.getMessage());
+    assertEquals(0, search.calls.get());
+    assertEquals(1, run.book().toolCallsRefused());
+    run.traced().sdk().close();
+  }
+
+  /**
+   * Spring AI's DefaultToolCallingManager runs the tool the script names on each turn, as a
+   * provider's ChatModel does; returns the tool responses the model read, in order.
+   */
+  static List<ToolResponseMessage.ToolResponse> springAiRun(ToolCallback[] tools, List<String> script) {
+    ToolCallingManager manager = DefaultToolCallingManager.builder().build();
+    ToolCallingChatOptions options = ToolCallingChatOptions.builder().toolCallbacks(tools)
+        .internalToolExecutionEnabled(true).build();
+    List<Message> history = new ArrayList<>(List.of(new UserMessage("What is the refund policy?")));
+    List<ToolResponseMessage.ToolResponse> read = new ArrayList<>();
+    for (int turn = 0; turn < script.size(); turn++) {
+      AssistantMessage asked = AssistantMessage.builder().content("").toolCalls(List.of(
+          new AssistantMessage.ToolCall("call_" + turn, "function", script.get(turn),
+              "{\"query\":\"refund policy\"}"))).build();
+      var response = new org.springframework.ai.chat.model.ChatResponse(List.of(new Generation(asked)));
+      history = manager.executeToolCalls(new Prompt(history, options), response).conversationHistory();
+      read.addAll(((ToolResponseMessage) history.get(history.size() - 1)).getResponses());
+    }
+    return read;
+  }
+
+  static ToolCallback springAiTool(String name, AtomicInteger ran, String answer) {
+    return FunctionToolCallback.builder(name, (Query q) -> {
+          ran.incrementAndGet();
+          return answer;
+        })
+        .description("Search.").inputType(Query.class).build();
+  }
+
+  @Test
+  void aContainedSpringAiToolIsRefusedToTheModelAndAKillStillEndsTheLoop() {
+    SdkTracerProvider provider = SdkTracerProvider.builder()
+        .addSpanProcessor(SimpleSpanProcessor.create(InMemorySpanExporter.create())).build();
+    SignalBook book = new SignalBook();
+    List<String> logged = new ArrayList<>();
+    KillSwitch killswitch = new KillSwitch(book, logged::add, KillSwitch.ScopeDefaults.of(null, null, null));
+    AtomicInteger searched = new AtomicInteger();
+    AtomicInteger searchedWeb = new AtomicInteger();
+    ToolCallback[] guarded = SpringAiGuard.guard(killswitch,
+        springAiTool("search_docs", searched, "no results"),
+        springAiTool("search_web", searchedWeb, "refunds within 30 days"));
+    book.deliver(contain("search_docs"));
+    Span agent = provider.get("test").spanBuilder("invoke_agent support").startSpan();
+    try (Scope scope = agent.makeCurrent()) {
+      List<ToolResponseMessage.ToolResponse> read = springAiRun(guarded, List.of("search_docs", "search_web"));
+      assertEquals(List.of("search_docs", "search_web"), read.stream().map(r -> r.name()).toList());
+      assertEquals(REFUSAL, read.get(0).responseData(), "the model reads the refusal as the tool's answer");
+      assertEquals("\"refunds within 30 days\"", read.get(1).responseData());
+      book.deliver(kill(agent.getSpanContext().getTraceId()));
+      AgentKilled killed = assertThrows(AgentKilled.class, () -> springAiRun(guarded, List.of("search_web")));
+      assertFalse(killed instanceof ToolContained, "the trace's kill, not the contain");
+      assertEquals("tool_loop", killed.rule());
+    } finally {
+      agent.end();
+    }
+    assertEquals(0, searched.get(), "the contained tool never ran");
+    assertEquals(1, searchedWeb.get(), "the killed call never ran");
+    assertEquals(1, book.toolCallsRefused());
+    assertEquals(0, killswitch.unguarded());
+    assertEquals(1, logged.size(), "the first refusal is logged: " + logged);
+    ToolExecutionException direct = assertThrows(ToolExecutionException.class,
+        () -> guarded[0].call("{\"query\":\"refund policy\"}"));
+    assertTrue(direct.getCause() instanceof ToolContained);
+    assertSame(guarded[0].getToolDefinition(), direct.getToolDefinition());
+    provider.close();
   }
 }
