@@ -115,11 +115,13 @@ public final class LangChain4jGuard {
    * The @Tool methods of objectsWithTools (as AiServices.tools(Object...) finds them), for
    * AiServices.tools(List): a call to a contained one is answered with the refusal as the tool's
    * error result, so the model can call another tool. Install this guard on the same builder:
-   * its hook checks the trace first.
+   * its hook checks the trace first. Their @CompensateFor actions are not registered
+   * (AiServices finds those only in tools(Object...)).
    */
   public List<AiServiceTool> tools(Object... objectsWithTools) {
     List<AiServiceTool> tools = new ArrayList<>();
     for (Object objectWithTools : objectsWithTools) {
+      // LangChain4j's own scan (marked internal): the same tools AiServices.tools(Object...) adds.
       for (AiServiceTool tool : ToolService.findTools(objectWithTools)) {
         tools.add(guarded(tool));
       }
@@ -147,10 +149,10 @@ public final class LangChain4jGuard {
   }
 
   private AiServiceTool guarded(AiServiceTool tool) {
+    guardedTools.add(tool.name());
     if (tool.toolExecutor() instanceof Refusing) {
       return tool;
     }
-    guardedTools.add(tool.name());
     return tool.toBuilder().toolExecutor(new Refusing(tool.toolExecutor())).build();
   }
 
@@ -165,6 +167,7 @@ public final class LangChain4jGuard {
       this.tool = tool;
     }
 
+    // For a caller without an invocation context: the refusal as the result's text.
     @Override
     public String execute(ToolExecutionRequest request, Object memoryId) {
       try {
@@ -199,7 +202,7 @@ public final class LangChain4jGuard {
     if (tracing == null) {
       return builder.beforeToolExecution(this::beforeToolExecution);
     }
-    // The check first: a refused call starts no span.
+    // The check first: a call it stops starts no span (a contained tool's refusal has one).
     Consumer<BeforeToolExecution> before = call -> {
       Context context = invocations.of(call.invocationContext());
       check(context, call.request().name());
