@@ -238,9 +238,6 @@ def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
     )
     release = signed(TOOL_RELEASE)
 
-    def invalid(name: str, record: dict[str, Any], note: str = "") -> dict[str, Any]:
-        return vector(name, text(signed(record)), "invalid", keys=ring, note=note)
-
     without_tool = {k: v for k, v in CONTAIN.items() if k != "tool"}
     return [
         obeyed("a tool contain", contain, ring),
@@ -256,21 +253,21 @@ def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
             "forged",
             "an attacker must not turn a contain onto another tool: the tool is signed",
         ),
-        invalid("a tool scope without its tool", without_tool),
-        invalid("a tool without the tool scope", {**BASE, "tool": TOOL}),
-        invalid("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
-        invalid("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
-        invalid(
+        refused("a tool scope without its tool", without_tool),
+        refused("a tool without the tool scope", {**BASE, "tool": TOOL}),
+        refused("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
+        refused("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
+        refused(
             "a tool name over 200 characters",
             {**CONTAIN, "tool": {"name": "t" * 201, "server": ""}},
         ),
-        invalid(
+        refused(
             "a tool server over 200 characters",
             {**CONTAIN, "tool": {"name": "search_docs", "server": "s" * 201}},
         ),
-        invalid("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
-        invalid("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
-        invalid(
+        refused("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
+        refused("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
+        refused(
             "a tool downgrade",
             {**CONTAIN, "kind": "downgrade", "system_message": "slow down"},
             note="a scoped signal is a kill or a release",
@@ -429,13 +426,9 @@ def build() -> dict[str, Any]:
             "a conversation id over 200 characters",
             {**CONVERSATION_KILL, "conversation_id": "c" * 201},
         ),
-        vector(
+        refused(
             "a scoped downgrade",
-            text(
-                signed({**AGENT_KILL, "kind": "downgrade", "system_message": "slow down, please"})
-            ),
-            "invalid",
-            keys=ring,
+            {**AGENT_KILL, "kind": "downgrade", "system_message": "slow down, please"},
             note="a scoped signal is a kill or a release",
         ),
         refused("an unknown scope", with_(scope="fleet")),
@@ -572,19 +565,9 @@ def build() -> dict[str, Any]:
         vector("a JSON string", '"kill"', "not_object", keys=ring),
         vector("nested too deep", '{"a":' * 9 + "1" + "}" * 9, "too_deep", keys=ring),
         vector("too large", '{"pad":"' + "x" * 70_000 + '"}', "too_large", keys=ring),
-        vector(
+        refused(
             "release without an operator",
-            text(
-                signed(
-                    {
-                        k: v
-                        for k, v in release.items()
-                        if k not in ("operator", "key_id", "signature")
-                    }
-                )
-            ),
-            "invalid",
-            keys=ring,
+            {k: v for k, v in release.items() if k not in ("operator", "key_id", "signature")},
         ),
         refused(
             "release by a rule of the guard",
@@ -722,8 +705,7 @@ def _pause_vectors(
         refused(
             "pause_until on a day that does not exist",
             {**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"},
-            "invalid",
-            "the schema's pattern lets it through; no clock can tell when it comes",
+            note="the schema's pattern lets it through; no clock can tell when it comes",
         ),
         refused(
             "pause_until not a date-time", {**unsigned_pause, "pause_until": "in five minutes"}
@@ -1169,6 +1151,10 @@ def _pause_sequences(
         f"{PAUSE['reason']}; paused with no answer by {PAUSE_UNTIL}: the policy's fallback kills"
     )
     message = downgrade["system_message"]
+
+    def wait_while(meanwhile: dict[str, Any], expect: str, **more: Any) -> dict[str, Any]:
+        return {"wait": TRACE, "meanwhile": [meanwhile], "expect": expect, **more}
+
     return [
         {
             "name": "pause then release: checks raise paused, the wait returns on the release",
@@ -1181,11 +1167,7 @@ def _pause_sequences(
                 {"deliver": "downgrade", "new": True},
                 {"check": TRACE, **paused},
                 {"wait": TRACE, "timeout": 0, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"deliver": "release", "new": True}],
-                    "expect": message,
-                },
+                wait_while({"deliver": "release", "new": True}, message),
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "pause", "new": False},
                 {"check": TRACE, "expect": "pass"},
@@ -1197,12 +1179,7 @@ def _pause_sequences(
             "steps": [
                 {"deliver": "pause", "new": True},
                 {"check": TRACE, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"deliver": "kill", "new": True}],
-                    "expect": "killed",
-                    "reason": kill["reason"],
-                },
+                wait_while({"deliver": "kill", "new": True}, "killed", reason=kill["reason"]),
                 {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
                 {"deliver": "second_pause", "new": True},
                 {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
@@ -1217,12 +1194,7 @@ def _pause_sequences(
                 {"deliver": "pause", "new": True},
                 {"clock": "2026-06-01T12:04:59.999Z"},
                 {"check": TRACE, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
-                    "expect": "killed",
-                    "reason": fallback_kill,
-                },
+                wait_while({"clock": "2026-06-01T12:05:00Z"}, "killed", reason=fallback_kill),
                 {"check": TRACE, "expect": "killed", "reason": fallback_kill},
                 {"deliver": "pause", "new": False},
                 {"check": TRACE, "expect": "killed", "reason": fallback_kill},
@@ -1236,11 +1208,7 @@ def _pause_sequences(
             "steps": [
                 {"deliver": "pause_releasing", "new": True},
                 {"check": TRACE, "expect": "paused", "until": PAUSE_UNTIL, "fallback": "release"},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
-                    "expect": "pass",
-                },
+                wait_while({"clock": "2026-06-01T12:05:00Z"}, "pass"),
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "pause_releasing", "new": False},
                 {"check": TRACE, "expect": "pass"},
