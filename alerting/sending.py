@@ -8,11 +8,15 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from spanguard.connectors.outbound import Delivery, Final, deliver
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.retry import Backoff
+
+if TYPE_CHECKING:
+    from spanguard.alerting.pagerduty import PageResult
+    from spanguard.alerting.webhook import NotifyResult
 
 __all__ = ["Sender", "count_result"]
 
@@ -91,16 +95,7 @@ class Sender(Generic[SettingsT]):
         return status
 
 
-class _Result(Protocol):
-    @property
-    def status(self) -> str: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def dedup_key(self) -> str: ...
-
-
-ResultT = TypeVar("ResultT", bound=_Result)
+ResultT = TypeVar("ResultT", "PageResult", "NotifyResult")
 
 
 def count_result(
