@@ -22,29 +22,26 @@ The routing key is a credential: it is kept out of `repr`, logs and `PageResult.
 from __future__ import annotations
 
 import logging
-import random
 import ssl
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import httpx2
 import pagerduty
 
+from spanguard.alerting.sending import Sender
 from spanguard.config.settings import SEVERITIES, PagerSettings
 from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
-    deliver,
     limit_responses,
     retry_or_final,
     scrub,
     tls_reason,
     tls_verify_failure,
 )
-from spanguard.retry import Backoff
 from spanguard.schemas.decision import (
     EVIDENCE_FIELDS,
     PAUSE_FIELDS,
@@ -244,24 +241,14 @@ _client_log = logging.getLogger(f"{__name__}.client")
 _client_log.addFilter(_DropRetryExhausted())
 
 
-class Pager:
-    """Sends triggers for detections to PagerDuty; safe to share between threads.
+class Pager(Sender[PagerSettings]):
+    """Sends triggers for detections to PagerDuty (retries: alerting/sending.py)."""
 
-    `sleep` (default time.sleep) and `jitter` (default random.random, in [0, 1)) are injectable
-    so tests need not wait.
-    """
+    what = "page"
+    log = log
 
-    def __init__(
-        self,
-        settings: PagerSettings,
-        *,
-        sleep: Callable[[float], None] = time.sleep,
-        jitter: Callable[[], float] = random.random,
-    ) -> None:
-        self.settings = settings
-        self._sleep = sleep
-        self._backoff = Backoff(settings.backoff_base, settings.backoff_cap, jitter)
-        self._client = self._make_client(settings)
+    def _open(self) -> None:
+        self._client = self._make_client(self.settings)
 
     def __repr__(self) -> str:
         return (
@@ -316,11 +303,6 @@ class Pager:
     def should_page(self, detection: Decision | Mapping[str, Any]) -> bool:
         return should_page(detection)
 
-    def backoff(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based): `Backoff.delay`
-        from `backoff_base` up to `backoff_cap`."""
-        return self._backoff.delay(attempt, retry_after)
-
     def page(self, detection: Decision | Mapping[str, Any]) -> PageResult:
         """Trigger an incident for `detection` (does not check `should_page`); never raises for
         delivery problems, which come back as a "rejected" or "failed" PageResult."""
@@ -328,16 +310,7 @@ class Pager:
         event = build_event(detection, self.settings)
         key = event["dedup_key"]
         context = {"dedup_key": key, "decision_id": detection.get("decision_id")}
-        outcome = deliver(
-            lambda: self._send(event),
-            max_attempts=self.settings.max_attempts,
-            backoff=self._backoff,
-            timeout=self.settings.timeout,
-            what="page",
-            sleep=self._sleep,
-            log=log,
-            context=context,
-        )
+        outcome = self._attempts(lambda: self._send(event), context)
         failure = outcome.failure
         if failure is None:
             log.info(
@@ -350,15 +323,8 @@ class Pager:
                 },
             )
             return PageResult("accepted", outcome.attempts, key, http_status=outcome.value)
-        status: Status = failure.status if isinstance(failure, Final) else "failed"
+        status = self._failed(outcome, context, http_status=failure.http_status)
         errors = failure.errors if isinstance(failure, Final) else ()
-        log.error(
-            "page %s after %d attempt(s): %s",
-            status,
-            outcome.attempts,
-            failure.error,
-            extra={**context, "attempts": outcome.attempts, "http_status": failure.http_status},
-        )
         return PageResult(status, outcome.attempts, key, failure.error, errors, failure.http_status)
 
     def _send(self, event: dict[str, Any]) -> int:

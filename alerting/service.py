@@ -13,6 +13,7 @@ import logging
 
 from spanguard.alerting.incidents import OpenIncidents, delivery_mark, is_incident
 from spanguard.alerting.pagerduty import Pager, PageResult, should_page
+from spanguard.alerting.sending import count_result
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
 
@@ -75,17 +76,7 @@ class PagingService:
     def page(self, decision: Decision) -> PageResult:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.pager is not None
-        result = self.pager.page(decision)
-        self.outcomes.add(PageOutcome(result.status))
-        log.info(
-            "page",
-            extra={
-                "dedup_key": result.dedup_key,
-                "status": result.status,
-                "attempts": result.attempts,
-            },
-        )
-        return result
+        return count_result(self.pager.page(decision), self.outcomes, PageOutcome, log, "page")
 
 
 def paged_rules(stored: bytes | None) -> set[str]:

@@ -27,9 +27,7 @@ import hashlib
 import hmac
 import json
 import logging
-import random
 import ssl
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,18 +38,17 @@ import httpx2
 from spanguard import __version__
 from spanguard.alerting.incidents import delivery_mark
 from spanguard.alerting.pagerduty import dedup_key, fleet_label, record_of
+from spanguard.alerting.sending import Sender, count_result
 from spanguard.config.settings import WebhookSettings
 from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
     Final,
     Retry,
-    deliver,
     limit_responses,
     retry_or_final,
     tls_verify_failure,
 )
 from spanguard.outcomes import CountedOutcome, Tally
-from spanguard.retry import Backoff
 from spanguard.schemas.decision import Decision, pause_instructions
 
 __all__ = [
@@ -197,20 +194,14 @@ class _HideUrl(logging.Filter):
 _HTTPX_LOG = logging.getLogger("httpx2")
 
 
-class Webhook:
-    """Posts detections to one URL; safe to share between threads. `sleep` and `jitter` are
-    injectable so tests need not wait."""
+class Webhook(Sender[WebhookSettings]):
+    """Posts detections to one URL (retries: alerting/sending.py)."""
 
-    def __init__(
-        self,
-        settings: WebhookSettings,
-        *,
-        sleep: Callable[[float], None] = time.sleep,
-        jitter: Callable[[], float] = random.random,
-    ) -> None:
-        self.settings = settings
-        self._sleep = sleep
-        self._backoff = Backoff(settings.backoff_base, settings.backoff_cap, jitter)
+    what = "webhook"
+    log = log
+
+    def _open(self) -> None:
+        settings = self.settings
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
         )
@@ -233,10 +224,6 @@ class Webhook:
         self._client.close()
         _HTTPX_LOG.removeFilter(self._hide_url)
 
-    def backoff(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait after failed attempt number `attempt` (spanguard.retry.Backoff)."""
-        return self._backoff.delay(attempt, retry_after)
-
     def notify(self, detection: Decision | Mapping[str, Any]) -> NotifyResult:
         """Post `detection`; never raises for delivery problems (they come back as a result)."""
         detection = record_of(detection)
@@ -247,27 +234,11 @@ class Webhook:
             headers[SIGNATURE_HEADER] = f"sha256={digest.hexdigest()}"
         key = dedup_key(detection)
         context = {"dedup_key": key, "host": self.settings.host}
-        outcome = deliver(
-            lambda: self._post(body, headers),
-            max_attempts=self.settings.max_attempts,
-            backoff=self._backoff,
-            timeout=self.settings.timeout,
-            what="webhook",
-            sleep=self._sleep,
-            log=log,
-            context=context,
-        )
+        outcome = self._attempts(lambda: self._post(body, headers), context)
         failure = outcome.failure
         if failure is None:
             return NotifyResult("delivered", outcome.attempts, key, http_status=outcome.value)
-        status: Status = failure.status if isinstance(failure, Final) else "failed"
-        log.error(
-            "webhook %s after %d attempt(s): %s",
-            status,
-            outcome.attempts,
-            failure.error,
-            extra={**context, "attempts": outcome.attempts},
-        )
+        status = self._failed(outcome, context)
         return NotifyResult(status, outcome.attempts, key, failure.error, failure.http_status)
 
     def _post(self, body: bytes, headers: dict[str, str]) -> int:
@@ -330,13 +301,4 @@ class WebhookService:
         """Blocking (retries with backoff): call it from an executor thread."""
         assert self.webhook is not None
         result = self.webhook.notify(decision)
-        self.outcomes.add(WebhookOutcome(result.status))
-        log.info(
-            "webhook",
-            extra={
-                "dedup_key": result.dedup_key,
-                "status": result.status,
-                "attempts": result.attempts,
-            },
-        )
-        return result
+        return count_result(result, self.outcomes, WebhookOutcome, log, "webhook")

@@ -252,6 +252,28 @@ class TraceGate:
         self._warned = True
 
 
+class CountsUnguarded:
+    """Counts the tool calls that could not be checked (no trace found) in `unguarded` and
+    warns once per place: never silent, a trace nobody checks is not guarded. The KillSwitch
+    and the GuardingSpanProcessor; the adapters call their `note_unguarded`."""
+
+    unguarded_counter = ".unguarded"  # how the warning names the count
+
+    def __init__(self) -> None:
+        self.unguarded = 0
+        self._unguarded_warned: set[str] = set()
+        self._unguarded_lock = threading.Lock()  # its own: never waits on a span's end
+
+    def note_unguarded(self, where: str, what_to_do: str) -> None:
+        """Count a tool call that could not be checked; warn once per `where`."""
+        with self._unguarded_lock:
+            self.unguarded += 1
+            first = where not in self._unguarded_warned
+            self._unguarded_warned.add(where)
+        if first:
+            log.warning(unguarded_warning(where, what_to_do, self.unguarded_counter))
+
+
 def unguarded_warning(where: str, what_to_do: str, counter: str) -> str:
     """The one warning about a tool call no check could guard: where, and the fix."""
     return (

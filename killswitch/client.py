@@ -58,6 +58,7 @@ from spanguard.config.secrets import normalize_secret, signing_keys_from_env
 from spanguard.connectors.kafka_clients import ClientErrors, LibrdkafkaLog, wait_for_metadata
 from spanguard.errors import SettingsError
 from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
+from spanguard.killswitch.adapters import CountsUnguarded
 from spanguard.killswitch.signals import (
     AgentKilled,
     SignalBook,
@@ -138,7 +139,9 @@ def _signing_keyring(
     return keys
 
 
-class KillSwitch:
+class KillSwitch(CountsUnguarded):
+    unguarded_counter = "KillSwitch.unguarded"
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -188,9 +191,7 @@ class KillSwitch:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: Exception | None = None
-        # Checks that found no trace to check: each one is a tool call nothing guarded.
-        self.unguarded = 0
-        self._unguarded_warned: set[str] = set()
+        CountsUnguarded.__init__(self)
         # Adapters' checks whose spans may reach the guard late (an export the adapter could
         # not make prompt: spanguard.killswitch.export.ensure_prompt_export); warned once.
         self.late_export = 0
@@ -316,19 +317,6 @@ class KillSwitch:
             while len(self._acked) > MAX_ACKED:
                 self._acked.popitem(last=False)
         self.acks.send(ack_record(signal, obeyed_at=self._clock(), key=self._ack_key))
-
-    def note_unguarded(self, where: str, what_to_do: str) -> None:
-        """Count a tool call that could not be checked (no trace found); warn once per `where`.
-
-        Never silent: an agent that cannot be told its trace was killed is not guarded."""
-        with self._ack_lock:
-            self.unguarded += 1
-            first = where not in self._unguarded_warned
-            self._unguarded_warned.add(where)
-        if first:
-            from spanguard.killswitch.adapters import unguarded_warning
-
-            log.warning(unguarded_warning(where, what_to_do, "KillSwitch.unguarded"))
 
     def note_late_export(self, where: str, problem: str) -> None:
         """Count a check whose spans may reach the guard late; warn once, naming the fix.

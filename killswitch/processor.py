@@ -43,6 +43,7 @@ from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
+from spanguard.killswitch.adapters import CountsUnguarded
 from spanguard.killswitch.signals import (
     DEFAULT_MAX_TRACES,
     SignalBook,
@@ -94,7 +95,7 @@ class _BoundedStates(OrderedDict[str, TraceState]):
         return expired
 
 
-class GuardingSpanProcessor(SpanProcessor):
+class GuardingSpanProcessor(SpanProcessor, CountsUnguarded):
     """Forwards every call to `inner` and runs each ended span through the detection core.
 
     - `policy`: the guard policy (defaults when None).
@@ -107,6 +108,8 @@ class GuardingSpanProcessor(SpanProcessor):
       `ttl_seconds` without spans (a root that never ends here, e.g. under a remote parent),
       or when `max_traces` traces are open, the idlest first.
     """
+
+    unguarded_counter = "GuardingSpanProcessor.unguarded"
 
     def __init__(
         self,
@@ -165,10 +168,7 @@ class GuardingSpanProcessor(SpanProcessor):
         self._tracer: Tracer | None = None
         self._warned_no_provider = False
         self.errors = 0
-        # Checks that found no trace to check: each one a tool call nothing guarded.
-        self.unguarded = 0
-        self._unguarded_warned: set[str] = set()
-        self._unguarded_lock = threading.Lock()  # not the guard's: never waits on a span's end
+        CountsUnguarded.__init__(self)
 
     # -- SpanProcessor -------------------------------------------------------------------
 
@@ -236,18 +236,6 @@ class GuardingSpanProcessor(SpanProcessor):
     def check_tool(self, tool: str | None, server: str | None = None) -> None:
         """Raise ToolContained if `tool` is contained (SignalBook.check_tool)."""
         self.signals.check_tool(tool, server)
-
-    def note_unguarded(self, where: str, what_to_do: str) -> None:
-        """Count a tool call that could not be checked (no trace found); warn once per `where`
-        (the adapters call it too). Never silent: a trace nobody checks is not guarded."""
-        with self._unguarded_lock:
-            self.unguarded += 1
-            first = where not in self._unguarded_warned
-            self._unguarded_warned.add(where)
-        if first:
-            from spanguard.killswitch.adapters import unguarded_warning
-
-            log.warning(unguarded_warning(where, what_to_do, "GuardingSpanProcessor.unguarded"))
 
     def _agent_of(self, trace_id: str | None) -> AgentIdentity | None:
         """The agent of a trace whose spans this processor has read, else the one a resource

@@ -19,7 +19,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from spanguard.killswitch.stop import record_on_current_span
 from spanguard.schemas.decision import AgentIdentity, KillSignal, ToolIdentity
@@ -39,6 +39,8 @@ __all__ = [
 DEFAULT_MAX_TRACES = 10_000
 
 log = logging.getLogger("spanguard.killswitch")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class AgentKilled(Exception):
@@ -213,12 +215,7 @@ class SignalBook:
         with self._lock:
             entry = self._killed.get(trace_id) or self._watched.get(trace_id)
             if entry is None:
-                entry = self._others.get(trace_id)
-                if entry is None:
-                    entry = self._others[trace_id] = _TraceSignals()
-                    _trim(self._others, self.max_traces)
-                else:
-                    self._others.move_to_end(trace_id)
+                entry = _entry(self._others, trace_id, _TraceSignals, self.max_traces)
             if not self._first_sight(entry, signal):
                 return False
             if signal.kind == "pause":
@@ -262,12 +259,7 @@ class SignalBook:
     def _deliver_scoped(self, signal: KillSignal) -> bool:
         key = signal.scope_key()
         with self._lock:
-            entry = self._scopes.get(key)
-            if entry is None:
-                entry = self._scopes[key] = _ScopeSignals()
-                _trim(self._scopes, self.max_traces)
-            else:
-                self._scopes.move_to_end(key)
+            entry = _entry(self._scopes, key, _ScopeSignals, self.max_traces)
             if not self._first_sight(entry, signal):
                 return False
             if signal.kind == "release":
@@ -284,12 +276,7 @@ class SignalBook:
         if tool is None:
             return False
         with self._lock:
-            entry = self._tools.get(tool.name)
-            if entry is None:
-                entry = self._tools[tool.name] = _ToolSignals()
-                _trim(self._tools, self.max_traces)
-            else:
-                self._tools.move_to_end(tool.name)
+            entry = _entry(self._tools, tool.name, _ToolSignals, self.max_traces)
             if not self._first_sight(entry, signal):
                 return False
             newest = entry.by_server.get(tool.server)
@@ -532,6 +519,18 @@ def _expires_later(signal: KillSignal, than: KillSignal) -> bool:
         return datetime.fromisoformat(signal.expires_at) > datetime.fromisoformat(than.expires_at)
     except (TypeError, ValueError):
         return False
+
+
+def _entry(entries: OrderedDict[K, V], key: K, new: Callable[[], V], limit: int) -> V:
+    """`key`'s entry, marked the most recently used; made by `new` when missing, the least
+    recently used dropped past `limit`."""
+    entry = entries.get(key)
+    if entry is None:
+        entry = entries[key] = new()
+        _trim(entries, limit)
+    else:
+        entries.move_to_end(key)
+    return entry
 
 
 def _trim(entries: OrderedDict[Any, Any], limit: int) -> None:

@@ -195,8 +195,7 @@ func (p *parser) object(depth int) map[string]any {
 	p.at++
 	out := map[string]any{}
 	p.space()
-	if p.at < len(p.text) && p.text[p.at] == '}' {
-		p.at++
+	if p.eat('}') {
 		return out
 	}
 	for {
@@ -209,21 +208,13 @@ func (p *parser) object(depth int) map[string]any {
 			p.fail(fmt.Sprintf("duplicate key %q", key))
 		}
 		p.space()
-		if p.at >= len(p.text) || p.text[p.at] != ':' {
+		if !p.eat(':') {
 			p.fail("expected ':'")
 		}
-		p.at++
 		out[key] = p.value(depth)
-		p.space()
-		if p.at < len(p.text) && p.text[p.at] == ',' {
-			p.at++
-			continue
-		}
-		if p.at < len(p.text) && p.text[p.at] == '}' {
-			p.at++
+		if !p.more('}') {
 			return out
 		}
-		p.fail("expected ',' or '}'")
 	}
 }
 
@@ -231,23 +222,37 @@ func (p *parser) array(depth int) []any {
 	p.at++
 	out := []any{}
 	p.space()
-	if p.at < len(p.text) && p.text[p.at] == ']' {
-		p.at++
+	if p.eat(']') {
 		return out
 	}
 	for {
 		out = append(out, p.value(depth))
-		p.space()
-		if p.at < len(p.text) && p.text[p.at] == ',' {
-			p.at++
-			continue
-		}
-		if p.at < len(p.text) && p.text[p.at] == ']' {
-			p.at++
+		if !p.more(']') {
 			return out
 		}
-		p.fail("expected ',' or ']'")
 	}
+}
+
+// eat consumes c when it comes next.
+func (p *parser) eat(c byte) bool {
+	if p.at < len(p.text) && p.text[p.at] == c {
+		p.at++
+		return true
+	}
+	return false
+}
+
+// more reads what follows a container's member: true after a comma, false after the
+// container's close; anything else fails.
+func (p *parser) more(end byte) bool {
+	p.space()
+	if p.eat(',') {
+		return true
+	}
+	if !p.eat(end) {
+		p.fail(fmt.Sprintf("expected ',' or '%c'", end))
+	}
+	return false
 }
 
 // depthOf is how deeply containers nest in value (1 for a flat object).

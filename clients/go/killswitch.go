@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -445,16 +446,7 @@ func (k *KillSwitch) noteContained(err error) error {
 		return err
 	}
 	key := contained.Tool + "\x00" + contained.Server
-	k.mu.Lock()
-	first := !k.warnedContained[key] && len(k.warnedContained) < k.Signals.MaxTraces
-	if first {
-		if k.warnedContained == nil {
-			k.warnedContained = map[string]bool{}
-		}
-		k.warnedContained[key] = true
-	}
-	k.mu.Unlock()
-	if first {
+	if k.firstWarning(&k.warnedContained, key, k.Signals.MaxTraces) {
 		k.logger.Printf("spanguard killswitch: %s (rule %s, signal %s); further calls to it are counted in Signals.ToolCallsRefused, not logged", contained, contained.Killed.Signal.Rule, contained.Killed.Signal.SignalID)
 	}
 	return err
@@ -471,18 +463,24 @@ var unguardedAdvice = map[string]string{
 // place (unguardedAdvice): an agent that cannot be told its trace was killed is not guarded.
 func (k *KillSwitch) noteUnguarded(where string) {
 	k.unguarded.Add(1)
-	k.mu.Lock()
-	first := !k.warnedUnguarded[where]
-	if first {
-		if k.warnedUnguarded == nil {
-			k.warnedUnguarded = map[string]bool{}
-		}
-		k.warnedUnguarded[where] = true
-	}
-	k.mu.Unlock()
-	if first {
+	if k.firstWarning(&k.warnedUnguarded, where, math.MaxInt) {
 		k.logger.Printf("spanguard killswitch: %s found no trace to check, so this tool call is NOT guarded against a kill of its trace: %s (further ones are counted in Unguarded(), not logged)", where, unguardedAdvice[where])
 	}
+}
+
+// firstWarning notes key in *warned (guarded by mu) and says whether it is new there; a set
+// already holding limit keys takes no more.
+func (k *KillSwitch) firstWarning(warned *map[string]bool, key string, limit int) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if (*warned)[key] || len(*warned) >= limit {
+		return false
+	}
+	if *warned == nil {
+		*warned = map[string]bool{}
+	}
+	(*warned)[key] = true
+	return true
 }
 
 // Unguarded counts checks that found no trace to check (Check or CheckIn given no trace id,

@@ -118,36 +118,39 @@ fetch_jars() {
   )
 }
 
+# console_log4j NAME STREAM LEVEL: a log4j2 config logging LEVEL and up, through one console
+# appender NAME, to STREAM (STDOUT or STDERR).
+console_log4j() {
+  local name=$1 stream=$2 level=$3
+  cat <<EOF
+status = warn
+appender.$name.type = Console
+appender.$name.name = $stream
+appender.$name.target = SYSTEM_${stream#STD}
+appender.$name.layout.type = PatternLayout
+appender.$name.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = $level
+rootLogger.appenderRef.$name.ref = $stream
+EOF
+}
+
 # Written on every run (cheap) so edits to this script take effect without a refetch.
 write_log4j_configs() {
   mkdir -p "$KAFKA_HOME"
   # Broker: INFO to stdout (nohup sends it to $DATA_DIR/kafka.log); the multi-hundred-line
   # config dumps of every client/server config object are demoted to WARN.
-  cat >"$BROKER_LOG4J.$$" <<'EOF'
-status = warn
-appender.out.type = Console
-appender.out.name = STDOUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = STDOUT
+  {
+    console_log4j out STDOUT info
+    cat <<'EOF'
 logger.configdump.name = org.apache.kafka.common.config.AbstractConfig
 logger.configdump.level = warn
 logger.request.name = kafka.request.logger
 logger.request.level = warn
 EOF
+  } >"$BROKER_LOG4J.$$"
   mv -f "$BROKER_LOG4J.$$" "$BROKER_LOG4J"
   # Tools: warnings only, on stderr, so their stdout stays parseable.
-  cat >"$TOOLS_LOG4J.$$" <<'EOF'
-status = warn
-appender.err.type = Console
-appender.err.name = STDERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = STDERR
-EOF
+  console_log4j err STDERR warn >"$TOOLS_LOG4J.$$"
   mv -f "$TOOLS_LOG4J.$$" "$TOOLS_LOG4J"
 }
 

@@ -140,15 +140,8 @@ def triggers(server: EventsApiServer, trace_id: str, action: str = "trigger") ->
 
 
 def hook_posts(hooks: WebhookServer, trace_id: str) -> list[dict]:
-    bodies = []
-    for request in hooks.received(HOOK_PATH):
-        try:
-            body = request.body
-        except ValueError:
-            continue
-        if body.get("detection", {}).get("trace_id") == trace_id:
-            bodies.append(body)
-    return bodies
+    posted = hooks.posted(HOOK_PATH)
+    return [body for _, body in posted if body.get("detection", {}).get("trace_id") == trace_id]
 
 
 def explain_tool(topics: Topics, *args: str) -> subprocess.CompletedProcess:

@@ -53,15 +53,7 @@ def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
 
 
 def posts_for(server: WebhookServer, trace_id: str, path: str = HOOK_PATH) -> list:
-    found = []
-    for request in server.received(path):
-        try:
-            body = request.body
-        except ValueError:
-            continue
-        if trace_id in json.dumps(body):
-            found.append(request)
-    return found
+    return [request for request, body in server.posted(path) if trace_id in json.dumps(body)]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ import pytest
 from spanguard.killswitch import AgentKilled, SignalBook, ToolContained
 from spanguard.killswitch.client import KillSwitch
 from spanguard.schemas.decision import keyring, read_signal, sign
+from tests.killswitch.test_framework_adapters import query_tool
+from tests.support.instrumented_agents import openai_tool_call
 from tests.support.spans import kill_signal
 from tests.support.spans import tool_contain as contain
 
@@ -181,27 +183,10 @@ def test_an_openai_agents_run_whose_tool_is_contained_takes_its_other_tool_and_f
             calls.append(name)
             return answer
 
-        return FunctionTool(
-            name=name,
-            description=f"{name} for the query.",
-            params_json_schema={
-                "type": "object",
-                "properties": {"query": {"type": "string"}},
-                "required": ["query"],
-                "additionalProperties": False,
-            },
-            on_invoke_tool=run,
-        )
+        return query_tool(name, f"{name} for the query.", run)
 
     def call(name: str, turn: int) -> ResponseFunctionToolCall:
-        return ResponseFunctionToolCall(
-            arguments=json.dumps({"query": "refunds"}),
-            call_id=f"call_{turn}",
-            name=name,
-            type="function_call",
-            id=f"fc_{turn}",
-            status="completed",
-        )
+        return openai_tool_call(turn, name, {"query": "refunds"})
 
     class ScriptedModel(Model):
         """The knowledge base first; on its refusal, the web; then the answer."""

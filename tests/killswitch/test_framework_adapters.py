@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -14,25 +16,31 @@ from tests.support.spans import kill_signal
 signal = kill_signal
 
 
-def search_tool(calls: list[str]):
-    """The OpenAI Agents SDK FunctionTool the demo's support agent keeps calling."""
+def query_tool(name: str, description: str, run: Callable[[Any, str], Awaitable[str]]):
+    """An OpenAI Agents SDK FunctionTool of one string argument, `query`, run by `run`."""
     from agents import FunctionTool
 
-    async def run_search(context, arguments: str) -> str:
-        calls.append(arguments)
-        return "no results"
-
     return FunctionTool(
-        name="search_docs",
-        description="Search the knowledge base.",
+        name=name,
+        description=description,
         params_json_schema={
             "type": "object",
             "properties": {"query": {"type": "string"}},
             "required": ["query"],
             "additionalProperties": False,
         },
-        on_invoke_tool=run_search,
+        on_invoke_tool=run,
     )
+
+
+def search_tool(calls: list[str]):
+    """The OpenAI Agents SDK FunctionTool the demo's support agent keeps calling."""
+
+    async def run_search(context, arguments: str) -> str:
+        calls.append(arguments)
+        return "no results"
+
+    return query_tool("search_docs", "Search the knowledge base.", run_search)
 
 
 def test_langchain_tool_call_is_stopped_once_the_trace_is_killed():

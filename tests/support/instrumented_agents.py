@@ -313,35 +313,42 @@ def _openai_agents_tools(script: Script) -> list[Any]:
 def run_openai_agents(script: Script, guard: Any = None) -> None:
     """The OpenAI Agents SDK's Runner over a scripted Model (the SDK's pluggable interface)."""
     from agents import Agent, RunConfig, Runner
+
+    def next_output() -> Any:
+        call = script.next_call()
+        if call is None:
+            return openai_answer(FINAL_ANSWER)
+        return openai_tool_call(script.turn, call.tool, call.arguments)
+
+    provider = scripted_openai_provider(next_output, tokens=(120, 20))
+    agent = Agent(name="support", tools=_openai_agents_tools(script))
+    asyncio.run(
+        Runner.run(
+            agent,
+            "What is the refund policy?",
+            max_turns=100,
+            hooks=guard,
+            run_config=RunConfig(model_provider=provider),
+        )
+    )
+
+
+def scripted_openai_provider(next_output: Callable[[], Any], tokens: tuple[int, int]) -> Any:
+    """An OpenAI Agents SDK ModelProvider whose model answers each request with `next_output()`
+    (openai_answer or openai_tool_call), at `tokens` (input, output) a request."""
     from agents.items import ModelResponse
     from agents.models.interface import Model, ModelProvider
     from agents.usage import Usage
-    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
-    from openai.types.responses.response_output_text import ResponseOutputText
 
     class ScriptedModel(Model):
         async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-            usage = Usage(requests=1, input_tokens=120, output_tokens=20, total_tokens=140)
-            call = script.next_call()
-            if call is None:
-                text = ResponseOutputText(annotations=[], text=FINAL_ANSWER, type="output_text")
-                message = ResponseOutputMessage(
-                    id="msg_final",
-                    content=[text],
-                    role="assistant",
-                    status="completed",
-                    type="message",
-                )
-                return ModelResponse(output=[message], usage=usage, response_id=None)
-            tool_call = ResponseFunctionToolCall(
-                arguments=json.dumps(call.arguments),
-                call_id=f"call_{script.turn}",
-                name=call.tool,
-                type="function_call",
-                id=f"fc_{script.turn}",
-                status="completed",
+            usage = Usage(
+                requests=1,
+                input_tokens=tokens[0],
+                output_tokens=tokens[1],
+                total_tokens=sum(tokens),
             )
-            return ModelResponse(output=[tool_call], usage=usage, response_id=None)
+            return ModelResponse(output=[next_output()], usage=usage, response_id=None)
 
         def stream_response(self, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError
@@ -350,15 +357,31 @@ def run_openai_agents(script: Script, guard: Any = None) -> None:
         def get_model(self, model_name: str | None) -> Model:
             return ScriptedModel()
 
-    agent = Agent(name="support", tools=_openai_agents_tools(script))
-    asyncio.run(
-        Runner.run(
-            agent,
-            "What is the refund policy?",
-            max_turns=100,
-            hooks=guard,
-            run_config=RunConfig(model_provider=Provider()),
-        )
+    return Provider()
+
+
+def openai_answer(text: str) -> Any:
+    """The scripted model's final message."""
+    from openai.types.responses import ResponseOutputMessage
+    from openai.types.responses.response_output_text import ResponseOutputText
+
+    content = [ResponseOutputText(annotations=[], text=text, type="output_text")]
+    return ResponseOutputMessage(
+        id="msg_final", content=content, role="assistant", status="completed", type="message"
+    )
+
+
+def openai_tool_call(turn: int, name: str, arguments: dict[str, Any]) -> Any:
+    """The scripted model's call of tool `name` on `turn`."""
+    from openai.types.responses import ResponseFunctionToolCall
+
+    return ResponseFunctionToolCall(
+        arguments=json.dumps(arguments),
+        call_id=f"call_{turn}",
+        name=name,
+        type="function_call",
+        id=f"fc_{turn}",
+        status="completed",
     )
 
 

@@ -125,39 +125,21 @@ def run(steps: list[Step], delegates: dict[str, str] | None = None) -> None:
     """The OpenAI Agents SDK's Runner over four agents that may hand off to each other, or
     over agents calling agents as tools (`delegates`: {caller: callee})."""
     from agents import Agent, FunctionTool, RunConfig, Runner
-    from agents.items import ModelResponse
-    from agents.models.interface import Model, ModelProvider
-    from agents.usage import Usage
-    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
-    from openai.types.responses.response_output_text import ResponseOutputText
+
+    from tests.support.instrumented_agents import (
+        openai_answer,
+        openai_tool_call,
+        scripted_openai_provider,
+    )
 
     script = iter(enumerate(steps, start=1))
 
-    class ScriptedModel(Model):
-        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-            usage = Usage(requests=1, input_tokens=100, output_tokens=10, total_tokens=110)
-            turn, step = next(script, (0, None))
-            if step is None or not (step.handoff or step.tool):
-                answer = step.result if step is not None else "Done."
-                text = ResponseOutputText(annotations=[], text=answer, type="output_text")
-                message = ResponseOutputMessage(
-                    id="msg_final", content=[text], role="assistant", status="completed",
-                    type="message",
-                )  # fmt: skip
-                return ModelResponse(output=[message], usage=usage, response_id=None)
-            name = f"transfer_to_{step.handoff}" if step.handoff else str(step.tool)
-            call = ResponseFunctionToolCall(
-                arguments=json.dumps(step.arguments or {}), call_id=f"call_{turn}", name=name,
-                type="function_call", id=f"fc_{turn}", status="completed",
-            )  # fmt: skip
-            return ModelResponse(output=[call], usage=usage, response_id=None)
-
-        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError
-
-    class Provider(ModelProvider):
-        def get_model(self, model_name: str | None) -> Model:
-            return ScriptedModel()
+    def next_output() -> Any:
+        turn, step = next(script, (0, None))
+        if step is None or not (step.handoff or step.tool):
+            return openai_answer(step.result if step is not None else "Done.")
+        name = f"transfer_to_{step.handoff}" if step.handoff else str(step.tool)
+        return openai_tool_call(turn, name, step.arguments or {})
 
     results = {
         (step.tool, json.dumps(step.arguments, sort_keys=True)): step.result
@@ -177,7 +159,7 @@ def run(steps: list[Step], delegates: dict[str, str] | None = None) -> None:
         )  # fmt: skip
 
     tools = [tool(name) for name in ("lookup_invoice", "issue_refund", "create_label")]
-    config = RunConfig(model_provider=Provider())
+    config = RunConfig(model_provider=scripted_openai_provider(next_output, tokens=(100, 10)))
     if delegates:
         names = dict.fromkeys([*delegates, *delegates.values()])
         agents = {name: Agent(name=name, tools=list(tools)) for name in names}

@@ -130,6 +130,25 @@ def obeyed(
     return vector(name, text(record), "obey", keys=keys, signal=seen(record), note=note)
 
 
+def refused(
+    name: str,
+    record: dict[str, Any],
+    verdict: str = "invalid",
+    note: str = "",
+    *,
+    key: str = "current",
+) -> dict[str, Any]:
+    """The vector of `record`, signed with `key`, that an agent holding the current key
+    refuses as `verdict`."""
+    return vector(name, text(signed(record, key)), verdict, keys=["current"], note=note)
+
+
+def tampered(name: str, record: dict[str, Any], verdict: str, note: str = "") -> dict[str, Any]:
+    """The vector of `record` as it stands (signed, then changed) for an agent holding the
+    current key."""
+    return vector(name, text(record), verdict, keys=["current"], note=note)
+
+
 def seen(record: dict[str, Any]) -> dict[str, Any]:
     """What an obeyed signal must read as."""
     return {
@@ -219,43 +238,36 @@ def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
     )
     release = signed(TOOL_RELEASE)
 
-    def invalid(name: str, record: dict[str, Any], note: str = "") -> dict[str, Any]:
-        return vector(name, text(signed(record)), "invalid", keys=ring, note=note)
-
     without_tool = {k: v for k, v in CONTAIN.items() if k != "tool"}
     return [
         obeyed("a tool contain", contain, ring),
         obeyed("a contain of another tool, no server, by an operator", other_tool, ring),
         obeyed("a tool release", release, ring),
         obeyed("a tool release by its fleet rule (the tool recovered)", recovery, ring),
-        vector(
-            "an expired contain",
-            text(signed({**CONTAIN, "expires_at": "2026-06-01T11:59:59.999Z"})),
-            "expired",
-            keys=ring,
+        refused(
+            "an expired contain", {**CONTAIN, "expires_at": "2026-06-01T11:59:59.999Z"}, "expired"
         ),
-        vector(
+        tampered(
             "forged: the contained tool changed after signing",
-            text({**contain, "tool": {"name": "delete_records", "server": "docs-mcp"}}),
+            {**contain, "tool": {"name": "delete_records", "server": "docs-mcp"}},
             "forged",
-            keys=ring,
-            note="an attacker must not turn a contain onto another tool: the tool is signed",
+            "an attacker must not turn a contain onto another tool: the tool is signed",
         ),
-        invalid("a tool scope without its tool", without_tool),
-        invalid("a tool without the tool scope", {**BASE, "tool": TOOL}),
-        invalid("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
-        invalid("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
-        invalid(
+        refused("a tool scope without its tool", without_tool),
+        refused("a tool without the tool scope", {**BASE, "tool": TOOL}),
+        refused("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
+        refused("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
+        refused(
             "a tool name over 200 characters",
             {**CONTAIN, "tool": {"name": "t" * 201, "server": ""}},
         ),
-        invalid(
+        refused(
             "a tool server over 200 characters",
             {**CONTAIN, "tool": {"name": "search_docs", "server": "s" * 201}},
         ),
-        invalid("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
-        invalid("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
-        invalid(
+        refused("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
+        refused("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
+        refused(
             "a tool downgrade",
             {**CONTAIN, "kind": "downgrade", "system_message": "slow down"},
             note="a scoped signal is a kill or a release",
@@ -398,51 +410,28 @@ def build() -> dict[str, Any]:
         obeyed("an agent kill", agent_kill, ring),
         obeyed("a conversation release", conversation_release, ring),
         obeyed("a trace scope named outright", signed(with_(scope="trace")), ring),
-        vector(
+        refused(
             "a conversation scope without its id",
-            text(signed({k: v for k, v in CONVERSATION_KILL.items() if k != "conversation_id"})),
-            "invalid",
-            keys=ring,
+            {k: v for k, v in CONVERSATION_KILL.items() if k != "conversation_id"},
         ),
-        vector(
-            "a conversation id without the conversation scope",
-            text(signed(with_(conversation_id=CONVERSATION))),
-            "invalid",
-            keys=ring,
+        refused(
+            "a conversation id without the conversation scope", with_(conversation_id=CONVERSATION)
         ),
-        vector(
+        refused(
             "an agent scope without its service",
-            text(signed({**AGENT_KILL, "agent": {"service": "", "name": "triage"}})),
-            "invalid",
-            keys=ring,
+            {**AGENT_KILL, "agent": {"service": "", "name": "triage"}},
         ),
-        vector(
-            "an empty conversation id",
-            text(signed({**CONVERSATION_KILL, "conversation_id": ""})),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
+        refused("an empty conversation id", {**CONVERSATION_KILL, "conversation_id": ""}),
+        refused(
             "a conversation id over 200 characters",
-            text(signed({**CONVERSATION_KILL, "conversation_id": "c" * 201})),
-            "invalid",
-            keys=ring,
+            {**CONVERSATION_KILL, "conversation_id": "c" * 201},
         ),
-        vector(
+        refused(
             "a scoped downgrade",
-            text(
-                signed({**AGENT_KILL, "kind": "downgrade", "system_message": "slow down, please"})
-            ),
-            "invalid",
-            keys=ring,
+            {**AGENT_KILL, "kind": "downgrade", "system_message": "slow down, please"},
             note="a scoped signal is a kill or a release",
         ),
-        vector(
-            "an unknown scope",
-            text(signed(with_(scope="fleet"))),
-            "invalid",
-            keys=ring,
-        ),
+        refused("an unknown scope", with_(scope="fleet")),
         *_tool_vectors(ring),
         obeyed("downgrade", downgrade, ring),
         obeyed("release", release, ring),
@@ -471,109 +460,50 @@ def build() -> dict[str, Any]:
             keys=rotating,
             signal=seen(BASE),
         ),
-        vector(
-            "signed with the previous key after rotation",
-            text(signed(BASE, "previous")),
-            "unknown_key",
-            keys=ring,
-        ),
+        refused("signed with the previous key after rotation", BASE, "unknown_key", key="previous"),
         vector("unknown key id", text(signed(BASE, "other")), "unknown_key", keys=ring),
         vector("unsigned, keys held", text(BASE), "unsigned", keys=ring),
         obeyed("unsigned, unsigned obeyed", BASE, None),
-        vector(
-            "forged: a field changed after signing",
-            text({**kill, "reason": "something else"}),
-            "forged",
-            keys=ring,
+        tampered(
+            "forged: a field changed after signing", {**kill, "reason": "something else"}, "forged"
         ),
-        vector(
-            "forged: signature not a string",
-            text({**kill, "signature": 12345}),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
+        tampered("forged: signature not a string", {**kill, "signature": 12345}, "invalid"),
+        tampered(
             "forged: signature in upper case",
-            text({**kill, "signature": kill["signature"].upper()}),
+            {**kill, "signature": kill["signature"].upper()},
             "forged",
-            keys=ring,
         ),
-        vector(
+        tampered(
             "key_id without signature",
-            text({**BASE, "key_id": key_id(KEYS["current"].encode())}),
+            {**BASE, "key_id": key_id(KEYS["current"].encode())},
             "invalid",
-            keys=ring,
         ),
-        vector(
+        refused(
             "expired",
-            text(signed(with_(expires_at="2026-06-01T12:00:00Z"))),
+            with_(expires_at="2026-06-01T12:00:00Z"),
             "expired",
-            keys=ring,
-            note="now == expires_at is expired",
+            "now == expires_at is expired",
         ),
         obeyed(
             "not yet expired, offset zone",
             signed(with_(expires_at="2026-06-01T14:00:01+02:00")),
             ring,
         ),
-        vector(
-            "expired, offset zone",
-            text(signed(with_(expires_at="2026-06-01T13:59:59+02:00"))),
-            "expired",
-            keys=ring,
+        refused("expired, offset zone", with_(expires_at="2026-06-01T13:59:59+02:00"), "expired"),
+        refused("naive expires_at", with_(expires_at="2026-06-01T12:59:00")),
+        refused("naive detected_at", with_(detected_at="2026-06-01T11:59:00")),
+        refused("unparseable detected_at", with_(detected_at="yesterday")),
+        refused(
+            "expires_at on a day that does not exist", with_(expires_at="2026-02-30T12:00:00Z")
         ),
-        vector(
-            "naive expires_at",
-            text(signed(with_(expires_at="2026-06-01T12:59:00"))),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "naive detected_at",
-            text(signed(with_(detected_at="2026-06-01T11:59:00"))),
-            "invalid",
-            keys=ring,
-            python_lax=False,
-        ),
-        vector(
-            "unparseable detected_at",
-            text(signed(with_(detected_at="yesterday"))),
-            "invalid",
-            keys=ring,
-            python_lax=False,
-        ),
-        vector(
-            "expires_at on a day that does not exist",
-            text(signed(with_(expires_at="2026-02-30T12:00:00Z"))),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "trailing newline in trace_id",
-            text(signed(with_(trace_id=TRACE + "\n"))),
-            "invalid",
-            keys=ring,
-            python_lax=False,
-        ),
-        vector(
-            "trailing newline in signal_id",
-            text(signed(with_(signal_id=SIGNAL + "\n"))),
-            "invalid",
-            keys=ring,
-            python_lax=False,
-        ),
-        vector(
-            "upper-case trace_id",
-            text(signed(with_(trace_id=TRACE.upper()))),
-            "invalid",
-            keys=ring,
-        ),
+        refused("trailing newline in trace_id", with_(trace_id=TRACE + "\n")),
+        refused("trailing newline in signal_id", with_(signal_id=SIGNAL + "\n")),
+        refused("upper-case trace_id", with_(trace_id=TRACE.upper())),
         vector(
             "duplicate key: the last would be a kill",
             _duplicate_kind(),
             "not_json",
             keys=ring,
-            python_lax=False,
             note="a first-wins parser reads a downgrade, a last-wins one a kill: refused",
         ),
         vector(
@@ -581,28 +511,24 @@ def build() -> dict[str, Any]:
             _with_raw_evidence('"hits":9007199254740993'),
             "invalid",
             keys=ring,
-            python_lax=False,
         ),
         vector(
             "huge integer",
             _with_raw_evidence('"tokens":' + "9" * 400),
             "invalid",
             keys=ring,
-            python_lax=False,
         ),
         vector(
             "integer written as a float",
             _with_raw_evidence('"hits":4.0'),
             "invalid",
             keys=ring,
-            python_lax=False,
         ),
         vector(
             "money written as a decimal fraction",
             _with_raw_evidence('"cost_micro_usd":2.6'),
             "invalid",
             keys=ring,
-            python_lax=False,
             note="dollars are whole micro-dollars: a fraction would read differently per language",
         ),
         vector(
@@ -610,7 +536,6 @@ def build() -> dict[str, Any]:
             _raw_document(text(signed(BASE)).replace('"schema_version":2', '"schema_version":2.0')),
             "invalid",
             keys=ring,
-            python_lax=False,
         ),
         vector(
             "lone surrogate in a string",
@@ -640,58 +565,19 @@ def build() -> dict[str, Any]:
         vector("a JSON string", '"kill"', "not_object", keys=ring),
         vector("nested too deep", '{"a":' * 9 + "1" + "}" * 9, "too_deep", keys=ring),
         vector("too large", '{"pad":"' + "x" * 70_000 + '"}', "too_large", keys=ring),
-        vector(
+        refused(
             "release without an operator",
-            text(
-                signed(
-                    {
-                        k: v
-                        for k, v in release.items()
-                        if k not in ("operator", "key_id", "signature")
-                    }
-                )
-            ),
-            "invalid",
-            keys=ring,
-            python_lax=False,
+            {k: v for k, v in release.items() if k not in ("operator", "key_id", "signature")},
         ),
-        vector(
+        refused(
             "release by a rule of the guard",
-            text(signed(with_(kind="release", signal_id="3" * 32, operator="oncall@example.com"))),
-            "invalid",
-            keys=ring,
-            python_lax=False,
+            with_(kind="release", signal_id="3" * 32, operator="oncall@example.com"),
         ),
-        vector(
-            "downgrade without a system message",
-            text(signed(with_(kind="downgrade"))),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "unknown field",
-            text(signed({**BASE, "priority": "high"})),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "missing field",
-            text(signed({k: v for k, v in BASE.items() if k != "reason"})),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "wrong schema version",
-            text(signed(with_(schema_version=1))),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
-            "evidence hits below 1",
-            text(signed(with_(evidence={**BASE["evidence"], "hits": 0}))),
-            "invalid",
-            keys=ring,
-        ),
+        refused("downgrade without a system message", with_(kind="downgrade")),
+        refused("unknown field", {**BASE, "priority": "high"}),
+        refused("missing field", {k: v for k, v in BASE.items() if k != "reason"}),
+        refused("wrong schema version", with_(schema_version=1)),
+        refused("evidence hits below 1", with_(evidence={**BASE["evidence"], "hits": 0})),
     ]
     names = [entry["name"] for entry in vectors]
     assert len(names) == len(set(names)), "vector names must be unique"
@@ -785,69 +671,44 @@ def _pause_vectors(
             keys=rotating,
             signal=seen(pause),
         ),
-        vector(
-            "pause signed with an unknown key",
-            text(signed(unsigned_pause, "other")),
-            "unknown_key",
-            keys=ring,
-        ),
+        refused("pause signed with an unknown key", unsigned_pause, "unknown_key", key="other"),
         vector("pause unsigned, keys held", text(unsigned_pause), "unsigned", keys=ring),
-        vector(
+        refused(
             "pause expired",
-            text(signed({**unsigned_pause, "expires_at": "2026-06-01T11:59:59.999999Z"})),
+            {**unsigned_pause, "expires_at": "2026-06-01T11:59:59.999999Z"},
             "expired",
-            keys=ring,
         ),
-        vector(
+        tampered(
             "forged: pause_until moved after signing",
-            text({**pause, "pause_until": "2026-06-01T23:59:00.000+00:00"}),
+            {**pause, "pause_until": "2026-06-01T23:59:00.000+00:00"},
             "forged",
-            keys=ring,
-            note="an attacker must not stretch a pause: pause_until is signed",
+            "an attacker must not stretch a pause: pause_until is signed",
         ),
-        vector(
+        tampered(
             "forged: pause_fallback changed after signing",
-            text({**pause, "pause_fallback": "release"}),
+            {**pause, "pause_fallback": "release"},
             "forged",
-            keys=ring,
         ),
-        vector(
+        refused(
             "pause without pause_until",
-            text(signed({k: v for k, v in unsigned_pause.items() if k != "pause_until"})),
-            "invalid",
-            keys=ring,
+            {k: v for k, v in unsigned_pause.items() if k != "pause_until"},
         ),
-        vector(
+        refused(
             "pause without pause_fallback",
-            text(signed({k: v for k, v in unsigned_pause.items() if k != "pause_fallback"})),
-            "invalid",
-            keys=ring,
+            {k: v for k, v in unsigned_pause.items() if k != "pause_fallback"},
         ),
-        vector(
+        refused(
             "pause_fallback neither kill nor release",
-            text(signed({**unsigned_pause, "pause_fallback": "downgrade"})),
-            "invalid",
-            keys=ring,
+            {**unsigned_pause, "pause_fallback": "downgrade"},
         ),
-        vector(
-            "naive pause_until",
-            text(signed({**unsigned_pause, "pause_until": "2026-06-01T12:05:00"})),
-            "invalid",
-            keys=ring,
-        ),
-        vector(
+        refused("naive pause_until", {**unsigned_pause, "pause_until": "2026-06-01T12:05:00"}),
+        refused(
             "pause_until on a day that does not exist",
-            text(signed({**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"})),
-            "invalid",
-            keys=ring,
-            python_lax=False,
+            {**unsigned_pause, "pause_until": "2026-02-30T12:05:00Z"},
             note="the schema's pattern lets it through; no clock can tell when it comes",
         ),
-        vector(
-            "pause_until not a date-time",
-            text(signed({**unsigned_pause, "pause_until": "in five minutes"})),
-            "invalid",
-            keys=ring,
+        refused(
+            "pause_until not a date-time", {**unsigned_pause, "pause_until": "in five minutes"}
         ),
     ]
 
@@ -1290,6 +1151,10 @@ def _pause_sequences(
         f"{PAUSE['reason']}; paused with no answer by {PAUSE_UNTIL}: the policy's fallback kills"
     )
     message = downgrade["system_message"]
+
+    def wait_while(meanwhile: dict[str, Any], expect: str, **more: Any) -> dict[str, Any]:
+        return {"wait": TRACE, "meanwhile": [meanwhile], "expect": expect, **more}
+
     return [
         {
             "name": "pause then release: checks raise paused, the wait returns on the release",
@@ -1302,11 +1167,7 @@ def _pause_sequences(
                 {"deliver": "downgrade", "new": True},
                 {"check": TRACE, **paused},
                 {"wait": TRACE, "timeout": 0, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"deliver": "release", "new": True}],
-                    "expect": message,
-                },
+                wait_while({"deliver": "release", "new": True}, message),
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "pause", "new": False},
                 {"check": TRACE, "expect": "pass"},
@@ -1318,12 +1179,7 @@ def _pause_sequences(
             "steps": [
                 {"deliver": "pause", "new": True},
                 {"check": TRACE, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"deliver": "kill", "new": True}],
-                    "expect": "killed",
-                    "reason": kill["reason"],
-                },
+                wait_while({"deliver": "kill", "new": True}, "killed", reason=kill["reason"]),
                 {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
                 {"deliver": "second_pause", "new": True},
                 {"check": TRACE, "expect": "killed", "reason": kill["reason"]},
@@ -1338,12 +1194,7 @@ def _pause_sequences(
                 {"deliver": "pause", "new": True},
                 {"clock": "2026-06-01T12:04:59.999Z"},
                 {"check": TRACE, **paused},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
-                    "expect": "killed",
-                    "reason": fallback_kill,
-                },
+                wait_while({"clock": "2026-06-01T12:05:00Z"}, "killed", reason=fallback_kill),
                 {"check": TRACE, "expect": "killed", "reason": fallback_kill},
                 {"deliver": "pause", "new": False},
                 {"check": TRACE, "expect": "killed", "reason": fallback_kill},
@@ -1357,11 +1208,7 @@ def _pause_sequences(
             "steps": [
                 {"deliver": "pause_releasing", "new": True},
                 {"check": TRACE, "expect": "paused", "until": PAUSE_UNTIL, "fallback": "release"},
-                {
-                    "wait": TRACE,
-                    "meanwhile": [{"clock": "2026-06-01T12:05:00Z"}],
-                    "expect": "pass",
-                },
+                wait_while({"clock": "2026-06-01T12:05:00Z"}, "pass"),
                 {"check": TRACE, "expect": "pass"},
                 {"deliver": "pause_releasing", "new": False},
                 {"check": TRACE, "expect": "pass"},

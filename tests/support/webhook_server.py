@@ -28,6 +28,16 @@ class WebhookServer(HttpsReceiver):
         with self._lock:
             return [r for r in self.requests if r.path == path]
 
+    def posted(self, path: str) -> list[tuple[Received, Any]]:
+        """The requests to `path` whose body is JSON, each with its body."""
+        found = []
+        for request in self.received(path):
+            try:
+                found.append((request, request.body))
+            except ValueError:
+                continue
+        return found
+
 
 def slack_errors(raw: bytes) -> str | None:
     """What Slack's incoming webhooks answer to a body they refuse, else None."""

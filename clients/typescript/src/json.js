@@ -133,33 +133,35 @@ export function parseStrict(text) {
     return new RawNumber(literal);
   };
 
+  // Consumes c when it comes next.
+  const eat = (c) => {
+    if (text[at] !== c) return false;
+    at++;
+    return true;
+  };
+
+  // What follows a container's member: true after a comma, false after the container's close.
+  const more = (close) => {
+    skipSpace();
+    if (eat(',')) return true;
+    if (!eat(close)) fail(`expected ',' or '${close}'`);
+    return false;
+  };
+
   const parseObject = (depth) => {
     at++;
     const out = Object.create(null);
     skipSpace();
-    if (text[at] === '}') {
-      at++;
-      return out;
-    }
+    if (eat('}')) return out;
     for (;;) {
       skipSpace();
       if (text[at] !== '"') fail('expected a key');
       const key = parseString();
       if (Object.prototype.hasOwnProperty.call(out, key)) fail(`duplicate key ${JSON.stringify(key)}`);
       skipSpace();
-      if (text[at] !== ':') fail("expected ':'");
-      at++;
+      if (!eat(':')) fail("expected ':'");
       out[key] = parseValue(depth);
-      skipSpace();
-      if (text[at] === ',') {
-        at++;
-        continue;
-      }
-      if (text[at] === '}') {
-        at++;
-        return out;
-      }
-      fail("expected ',' or '}'");
+      if (!more('}')) return out;
     }
   };
 
@@ -167,22 +169,10 @@ export function parseStrict(text) {
     at++;
     const out = [];
     skipSpace();
-    if (text[at] === ']') {
-      at++;
-      return out;
-    }
+    if (eat(']')) return out;
     for (;;) {
       out.push(parseValue(depth));
-      skipSpace();
-      if (text[at] === ',') {
-        at++;
-        continue;
-      }
-      if (text[at] === ']') {
-        at++;
-        return out;
-      }
-      fail("expected ',' or ']'");
+      if (!more(']')) return out;
     }
   };
 

@@ -137,8 +137,8 @@ test('AI SDK: a downgrade message is handed over once and the tools go on', asyn
   assert.deepEqual(messages, ['try another query']);
 });
 
-// A chat model that calls search_docs on each of its first `toolTurns` turns, then answers.
-function scriptedChatModel(toolTurns = Infinity) {
+// A chat model whose answer on each turn (1, 2, ...) is reply(turn, messages), an AIMessage.
+function chatModelOf(reply) {
   let turn = 0;
   class ScriptedChatModel extends BaseChatModel {
     _llmType() {
@@ -149,19 +149,24 @@ function scriptedChatModel(toolTurns = Infinity) {
       return this;
     }
 
-    async _generate() {
+    async _generate(messages) {
       turn += 1;
-      const message =
-        turn > toolTurns
-          ? new AIMessage({ content: 'The refund policy is 30 days.' })
-          : new AIMessage({
-              content: '',
-              tool_calls: [{ name: 'search_docs', args: { query: 'refund policy' }, id: `call_${turn}`, type: 'tool_call' }],
-            });
-      return { generations: [{ text: '', message }] };
+      return { generations: [{ text: '', message: reply(turn, messages) }] };
     }
   }
   return new ScriptedChatModel({});
+}
+
+// A chat model that calls search_docs on each of its first `toolTurns` turns, then answers.
+function scriptedChatModel(toolTurns = Infinity) {
+  return chatModelOf((turn) =>
+    turn > toolTurns
+      ? new AIMessage({ content: 'The refund policy is 30 days.' })
+      : new AIMessage({
+          content: '',
+          tool_calls: [{ name: 'search_docs', args: { query: 'refund policy' }, id: `call_${turn}`, type: 'tool_call' }],
+        }),
+  );
 }
 
 // LangGraph.js's ReAct agent over the scripted chat model with `search` as its tool, checked
@@ -362,29 +367,16 @@ test('LangGraph.js: a contained tool becomes a tool error; the agent takes its o
       },
       { name, description: name, schema: z.object({ query: z.string() }) },
     );
-  let turn = 0;
-  class Scripted extends BaseChatModel {
-    _llmType() {
-      return 'scripted';
+  const model = chatModelOf((turn, messages) => {
+    const call = (name) => new AIMessage({ content: '', tool_calls: [{ name, args: { query: 'refunds' }, id: `call_${turn}`, type: 'tool_call' }] });
+    if (turn === 1) return call('search_docs');
+    if (turn === 2) {
+      assert.ok(String(messages.at(-1).content).includes(REFUSAL), String(messages.at(-1).content));
+      return call('web_search');
     }
-
-    bindTools() {
-      return this;
-    }
-
-    async _generate(messages) {
-      turn += 1;
-      const call = (name) => new AIMessage({ content: '', tool_calls: [{ name, args: { query: 'refunds' }, id: `call_${turn}`, type: 'tool_call' }] });
-      let message;
-      if (turn === 1) message = call('search_docs');
-      else if (turn === 2) {
-        assert.ok(String(messages.at(-1).content).includes(REFUSAL), String(messages.at(-1).content));
-        message = call('web_search');
-      } else message = new AIMessage({ content: `Answer: ${messages.at(-1).content}` });
-      return { generations: [{ text: '', message }] };
-    }
-  }
-  const agent = createReactAgent({ llm: new Scripted({}), tools: [named('search_docs', 'no results'), named('web_search', 'refunds within 30 days')] });
+    return new AIMessage({ content: `Answer: ${messages.at(-1).content}` });
+  });
+  const agent = createReactAgent({ llm: model, tools: [named('search_docs', 'no results'), named('web_search', 'refunds within 30 days')] });
   const handler = await spanguardCallbackHandler(book, { traceId: TRACE });
   const result = await quietly(agent.invoke({ messages: [{ role: 'user', content: 'q' }] }, { recursionLimit: 20, callbacks: [handler] }));
   assert.equal(result.messages.at(-1).content, 'Answer: refunds within 30 days');

@@ -73,6 +73,15 @@ function outcomeOf(error, message) {
   return message === null ? ['pass', null] : ['message', message];
 }
 
+// How a check ends, as outcomeOf says.
+function checked(check) {
+  try {
+    return outcomeOf(undefined, check());
+  } catch (error) {
+    return outcomeOf(error);
+  }
+}
+
 async function settle(promise) {
   try {
     return outcomeOf(undefined, await promise);
@@ -102,13 +111,7 @@ for (const sequence of document.sequences) {
         const record = Buffer.from(sequence.signals[step.deliver], 'utf8');
         assert.equal(book.deliver(readSignal(record, keys, clock)), step.new, JSON.stringify(step));
       } else if ('check' in step) {
-        let outcome;
-        try {
-          outcome = outcomeOf(undefined, book.check(step.check, { conversationId: step.conversation, agent: step.agent }));
-        } catch (error) {
-          outcome = outcomeOf(error);
-        }
-        assertOutcome(outcome, step);
+        assertOutcome(checked(() => book.check(step.check, { conversationId: step.conversation, agent: step.agent })), step);
       } else if (!('meanwhile' in step)) {
         assertOutcome(await settle(book.wait(step.wait, { timeoutMs: step.timeout * 1000 })), step);
       } else {
@@ -136,12 +139,7 @@ for (const sequence of document.tool_sequences) {
         const record = Buffer.from(sequence.signals[step.deliver], 'utf8');
         assert.equal(book.deliver(readSignal(record, keys, clock)), step.new, JSON.stringify(step));
       } else {
-        let outcome;
-        try {
-          outcome = outcomeOf(undefined, book.check(step.check, { tool: step.tool, server: step.server }));
-        } catch (error) {
-          outcome = outcomeOf(error);
-        }
+        const outcome = checked(() => book.check(step.check, { tool: step.tool, server: step.server }));
         assertOutcome(outcome, step);
         if (outcome[0] === 'contained') {
           refused += 1;

@@ -104,6 +104,29 @@ public final class SignalBook {
     }
   }
 
+  /** key's entry, made when missing (the least recently used dropped past limit), else touched. */
+  private static <V> V entry(LinkedHashMap<String, V> lru, String key, Supplier<V> make, int limit) {
+    V value = lru.get(key);
+    if (value != null) {
+      touch(lru, key);
+      return value;
+    }
+    value = make.get();
+    put(lru, key, value, limit);
+    return value;
+  }
+
+  /** Counts signal into signalIds; false when its id was seen before. */
+  private boolean firstSight(Set<String> signalIds, Signal signal) {
+    if (!signalIds.add(signal.signalId())) {
+      duplicates++;
+      return false;
+    }
+    delivered++;
+    changed();
+    return true;
+  }
+
   private static String scopeKey(String scope, String id, String name) {
     return scope + "\0" + id + "\0" + name;
   }
@@ -132,19 +155,10 @@ public final class SignalBook {
 
   private boolean deliverScoped(Signal signal) {
     String key = scopeKeyOf(signal);
-    ScopeSignals entry = scopes.get(key);
-    if (entry != null) {
-      touch(scopes, key);
-    } else {
-      entry = new ScopeSignals();
-      put(scopes, key, entry, maxTraces);
-    }
-    if (!entry.signalIds.add(signal.signalId())) {
-      duplicates++;
+    ScopeSignals entry = entry(scopes, key, ScopeSignals::new, maxTraces);
+    if (!firstSight(entry.signalIds, signal)) {
       return false;
     }
-    delivered++;
-    changed();
     if (signal.kind().equals("release")) {
       if (entry.kill != null && atOrAfter(signal.detectedAt(), entry.kill.detectedAt())) {
         entry.kill = null;
@@ -162,19 +176,10 @@ public final class SignalBook {
   private boolean deliverTool(Signal signal) {
     String name = signal.tool().name();
     String server = signal.tool().server();
-    ToolSignals entry = tools.get(name);
-    if (entry != null) {
-      touch(tools, name);
-    } else {
-      entry = new ToolSignals();
-      put(tools, name, entry, maxTraces);
-    }
-    if (!entry.signalIds.add(signal.signalId())) {
-      duplicates++;
+    ToolSignals entry = entry(tools, name, ToolSignals::new, maxTraces);
+    if (!firstSight(entry.signalIds, signal)) {
       return false;
     }
-    delivered++;
-    changed();
     Signal newest = entry.byServer.get(server);
     if (newest == null || atOrAfter(signal.detectedAt(), newest.detectedAt())) {
       put(entry.byServer, server, signal, MAX_SERVERS_PER_TOOL);
@@ -285,20 +290,11 @@ public final class SignalBook {
       entry = watched.get(traceId);
     }
     if (entry == null) {
-      entry = others.get(traceId);
-      if (entry == null) {
-        entry = new TraceSignals();
-        put(others, traceId, entry, maxTraces);
-      } else {
-        touch(others, traceId);
-      }
+      entry = entry(others, traceId, TraceSignals::new, maxTraces);
     }
-    if (!entry.signalIds.add(signal.signalId())) {
-      duplicates++;
+    if (!firstSight(entry.signalIds, signal)) {
       return false;
     }
-    delivered++;
-    changed();
     switch (signal.kind()) {
       case "pause" -> {
         if (entry.kill == null) {

@@ -186,56 +186,74 @@ class VectorsTest {
 
   @TestFactory
   Stream<DynamicTest> sequences() throws Exception {
-    Map<String, Object> file = file();
-    Instant start = now(file);
-    Map<String, byte[]> keys = ring(file, List.of("current"));
-    return section(file, "sequences").stream().map(sequence -> DynamicTest.dynamicTest(
-        (String) sequence.get("name"), () -> {
-          TestClock clock = new TestClock(start);
-          SignalBook book = new SignalBook(0, clock::get);
-          Map<String, Object> signals = (Map<String, Object>) sequence.get("signals");
-          List<Map<String, Object>> steps = (List<Map<String, Object>>) sequence.get("steps");
-          for (int i = 0; i < steps.size(); i++) {
-            runStep("step " + i, steps.get(i), book, clock, signals, keys);
-          }
-        }));
+    return sequenceTests("sequences", (steps, book, clock, signals, keys) -> {
+      for (int i = 0; i < steps.size(); i++) {
+        runStep("step " + i, steps.get(i), book, clock, signals, keys);
+      }
+    });
   }
 
   @TestFactory
   Stream<DynamicTest> toolSequences() throws Exception {
+    return sequenceTests("tool_sequences", (steps, book, clock, signals, keys) -> {
+      long refused = 0;
+      for (int i = 0; i < steps.size(); i++) {
+        Map<String, Object> step = steps.get(i);
+        String where = "step " + i;
+        if (step.get("check") == null) {
+          runStep(where, step, book, clock, signals, keys);
+          continue;
+        }
+        RuntimeException error = checkOutcomeOf(where, step,
+            () -> book.check((String) step.get("check"), (String) step.get("tool"), (String) step.get("server")));
+        if (error instanceof ToolContained contained) {
+          refused++;
+          assertEquals(step.get("tool"), contained.tool(), where);
+          assertTrue(contained.getMessage().startsWith("tool " + step.get("tool") + " is contained by spanguard"), where);
+        }
+      }
+      assertEquals(refused, book.toolCallsRefused());
+    });
+  }
+
+  /** What a sequence runs: its steps, on a fresh book whose clock starts at the file's now. */
+  @FunctionalInterface
+  private interface SequenceRun {
+    void run(List<Map<String, Object>> steps, SignalBook book, TestClock clock, Map<String, Object> signals,
+        Map<String, byte[]> keys) throws Exception;
+  }
+
+  private static Stream<DynamicTest> sequenceTests(String name, SequenceRun run) throws Exception {
     Map<String, Object> file = file();
     Instant start = now(file);
     Map<String, byte[]> keys = ring(file, List.of("current"));
-    return section(file, "tool_sequences").stream().map(sequence -> DynamicTest.dynamicTest(
+    return section(file, name).stream().map(sequence -> DynamicTest.dynamicTest(
         (String) sequence.get("name"), () -> {
           TestClock clock = new TestClock(start);
           SignalBook book = new SignalBook(0, clock::get);
           Map<String, Object> signals = (Map<String, Object>) sequence.get("signals");
-          List<Map<String, Object>> steps = (List<Map<String, Object>>) sequence.get("steps");
-          long refused = 0;
-          for (int i = 0; i < steps.size(); i++) {
-            Map<String, Object> step = steps.get(i);
-            String where = "step " + i;
-            if (step.get("check") == null) {
-              runStep(where, step, book, clock, signals, keys);
-              continue;
-            }
-            String message = null;
-            RuntimeException error = null;
-            try {
-              message = book.check((String) step.get("check"), (String) step.get("tool"), (String) step.get("server"));
-            } catch (AgentStopped stopped) {
-              error = stopped;
-            }
-            checkOutcome(where, step, message, error);
-            if (error instanceof ToolContained contained) {
-              refused++;
-              assertEquals(step.get("tool"), contained.tool(), where);
-              assertTrue(contained.getMessage().startsWith("tool " + step.get("tool") + " is contained by spanguard"), where);
-            }
-          }
-          assertEquals(refused, book.toolCallsRefused());
+          run.run((List<Map<String, Object>>) sequence.get("steps"), book, clock, signals, keys);
         }));
+  }
+
+  /** A check or wait: its message, or the stop it raised. */
+  @FunctionalInterface
+  private interface Call {
+    String run() throws InterruptedException;
+  }
+
+  /** Runs call and checks how it ends against step; the stop it raised, if any. */
+  private static RuntimeException checkOutcomeOf(String where, Map<String, Object> step, Call call)
+      throws InterruptedException {
+    String message = null;
+    RuntimeException error = null;
+    try {
+      message = call.run();
+    } catch (AgentStopped stopped) {
+      error = stopped;
+    }
+    checkOutcome(where, step, message, error);
+    return error;
   }
 
   private static void runStep(String where, Map<String, Object> step, SignalBook book, TestClock clock,
@@ -246,23 +264,10 @@ class VectorsTest {
       Signal signal = Signals.read(((String) signals.get(step.get("deliver"))).getBytes(StandardCharsets.UTF_8), keys, clock.get());
       assertEquals(step.get("new"), book.deliver(signal), where + ": deliver " + step.get("deliver"));
     } else if (step.get("check") != null) {
-      String message = null;
-      RuntimeException error = null;
-      try {
-        message = book.checkIn((String) step.get("check"), scopeOf(step));
-      } catch (AgentStopped stopped) {
-        error = stopped;
-      }
-      checkOutcome(where, step, message, error);
+      checkOutcomeOf(where, step, () -> book.checkIn((String) step.get("check"), scopeOf(step)));
     } else if (step.get("meanwhile") == null) {
-      String message = null;
-      RuntimeException error = null;
-      try {
-        message = book.await((String) step.get("wait"), Duration.ofMillis((long) (seconds(step.get("timeout")) * 1000)));
-      } catch (AgentStopped stopped) {
-        error = stopped;
-      }
-      checkOutcome(where, step, message, error);
+      Duration timeout = Duration.ofMillis((long) (seconds(step.get("timeout")) * 1000));
+      checkOutcomeOf(where, step, () -> book.await((String) step.get("wait"), timeout));
     } else {
       AtomicReference<String> message = new AtomicReference<>();
       AtomicReference<RuntimeException> error = new AtomicReference<>();
