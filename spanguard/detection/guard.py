@@ -53,7 +53,14 @@ from spanguard.detection.conversation import (
     ConversationSink,
     ConversationUsage,
 )
-from spanguard.detection.fleet import FleetGuard, ToolCallSink, agent_label, server_of, tool_call
+from spanguard.detection.fleet import (
+    FleetGuard,
+    ToolCallSink,
+    agent_label,
+    model_call,
+    server_of,
+    tool_call,
+)
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
@@ -229,11 +236,6 @@ class _Plan:
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
-def _tool_server(span: Any, event: Any) -> str:
-    """The server a tool call's span names (the tool scope keys calls by it), else ""."""
-    return server_of(span.attributes) if isinstance(event, ToolCall) else ""
-
-
 def _deciding_scopes(
     conversations: ConversationSink | None,
     agent_budgets: AgentUsageSink | None,
@@ -282,7 +284,8 @@ class Guard:
         change of traces that name a conversation (spanguard/detection/conversation.py);
         `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
         (spanguard/detection/agent_budget.py); `tools`: the tool scope's sink (fleet.py), fed
-        every counted tool call while the policy's `fleet` is on; see `_deciding_scopes`."""
+        every counted tool call and every inference span's model call while the policy's
+        `fleet` is on; see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -395,6 +398,8 @@ class Guard:
                     except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
+                    if self.tools is not None:
+                        self._server = self._tool_scope_span(span, event, resource_spans)
                     if event is None:
                         continue
                     trace_id = raw_trace_id.hex()
@@ -411,8 +416,6 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
-                    if self.tools is not None:
-                        self._server = _tool_server(span, event)
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
                         # its own usage (conventions/gateway.py, gateway_calls).
@@ -440,6 +443,22 @@ class Guard:
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
+
+    def _tool_scope_span(self, span: Any, event: Any, resource_spans: Any) -> str:
+        """What the tool scope reads of a span besides its tool calls: the server a tool
+        call's span names (returned: `observe` hands the call with it, else ""), and an
+        inference span as a call of its model (fleet.py's `model_call`), handed here: a
+        provider failing for the fleet is one incident, as a tool is. A chat span is read
+        whether or not the guard makes an event of it (without a token budget it does not)."""
+        if isinstance(event, ToolCall):
+            return server_of(span.attributes)
+        tools = self.tools
+        call = model_call(span, span.trace_id.hex(), "")
+        if call is not None and tools is not None:
+            resource = resource_info(resource_spans.resource.attributes, self._match_keys)
+            call.agent = agent_label(resource.service, resource.agent_name)
+            tools.hand_tool_call(call)
+        return ""
 
     def _take_scopes(self, decisions: list[Decision]) -> None:
         """The deciding scopes' decisions, after the request's own: a deciding tool scope
