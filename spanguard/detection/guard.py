@@ -284,8 +284,7 @@ class Guard:
         change of traces that name a conversation (spanguard/detection/conversation.py);
         `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
         (spanguard/detection/agent_budget.py); `tools`: the tool scope's sink (fleet.py), fed
-        every counted tool call and every inference span's model call while the policy's
-        `fleet` is on; see `_deciding_scopes`."""
+        every counted tool call and model call while `fleet` is on; see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]

@@ -24,6 +24,7 @@ from spanguard.detection.fleet import (
     server_of,
     tool_call,
 )
+from spanguard.detection.fleet_signals import containment_signals
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.schemas.decision import Decision, kill_signals, validate
@@ -396,3 +397,11 @@ def test_the_guard_hands_inference_spans_to_the_tool_scope_as_calls_of_their_mod
     assert [d for r in model_requests(20, False) for d in healthy.process(r)] == []
     off = Guard(Policy(), tools=FleetGuard(Policy()))
     assert [d for r in model_requests(20, True) for d in off.process(r)] == []
+
+
+def test_a_model_incident_flags_and_sends_no_signal_under_a_containing_policy():
+    policy = Policy.from_mapping({"fleet": {"enabled": True, "action": "contain"}})
+    guard = Guard(policy, tools=FleetGuard(policy))
+    [incident] = [d for r in model_requests(12, True) for d in guard.process(r)]
+    assert incident.action == "flag"  # no client checks a model as a tool: nothing to contain
+    assert containment_signals(incident, policy.fleet) == []

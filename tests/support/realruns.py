@@ -325,7 +325,7 @@ def fleet_line(runs: list[Run]) -> str:
     return (
         f"fleet: {len(recorded)} recorded runs as one fleet over {FLEET_SPREAD_S} s, the fleet"
         f" rules at their defaults: {sum(d.action != 'recovered' for d in decided)} incidents"
-        f" {named or ''}"
+        + (f" ({', '.join(named)})" if named else "")
     )
 
 
