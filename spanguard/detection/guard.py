@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -315,7 +315,7 @@ class Guard:
         wanted = agent_budgets is not None and any(has_agent_budget(p) for p in policies)
         self.agent_budgets = agent_budgets if wanted else None
         self.tools = tools if tools is not None and self.policy.fleet.enabled else None
-        self._server = ""  # the server the span being observed names (the tool scope's)
+        self._server, self._model_agent = "", (cast(Any, None), "")  # see _tool_scope_span
         self._deciding = _deciding_scopes(conversations, self.agent_budgets, self.tools)
         self.prices_usage = price_usage or any(
             policy.usd_budget is not None
@@ -448,14 +448,21 @@ class Guard:
         call's span names (returned: `observe` hands the call with it, else ""), and an
         inference span as a call of its model (fleet.py's `model_call`), handed here: a
         provider failing for the fleet is one incident, as a tool is. A chat span is read
-        whether or not the guard makes an event of it (without a token budget it does not)."""
+        whether or not the guard makes an event of it (without a token budget it does not).
+        `_server` keeps the server for `observe`; `_model_agent` the last resource read and its
+        agent label."""
         if isinstance(event, ToolCall):
             return server_of(span.attributes)
         tools = self.tools
-        call = model_call(span, span.trace_id.hex(), "")
+        call = model_call(span, "", "")  # most spans are none: their ids are not read
         if call is not None and tools is not None:
-            resource = resource_info(resource_spans.resource.attributes, self._match_keys)
-            call.agent = agent_label(resource.service, resource.agent_name)
+            call.trace_id = span.trace_id.hex()
+            source, label = self._model_agent
+            if source is not resource_spans:  # once per resource, not per span
+                resource = resource_info(resource_spans.resource.attributes, self._match_keys)
+                label = agent_label(resource.service, resource.agent_name)
+                self._model_agent = (resource_spans, label)
+            call.agent = label
             tools.hand_tool_call(call)
         return ""
 
