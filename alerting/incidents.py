@@ -50,8 +50,9 @@ MAX_OPEN_INCIDENTS = 10_000
 
 
 def is_incident(decision: Decision) -> bool:
-    """A fleet incident's record: one tool (or model) across every agent."""
-    return decision.scope_kind == "tool"
+    """A fleet incident's record: one tool (or model) across every agent. An operator's
+    contain or release of a tool (rule manual) is its audit record, not an incident."""
+    return decision.scope_kind == "tool" and decision.rule != "manual"
 
 
 def delivery_mark(decision: Decision) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Literal, cast
 import httpx2
 import pagerduty
 
+from spanguard.alerting.incidents import is_incident
 from spanguard.alerting.sending import Sender
 from spanguard.config.settings import SEVERITIES, PagerSettings
 from spanguard.connectors.outbound import (
@@ -94,10 +95,12 @@ def record_of(detection: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
 
 def should_page(detection: Decision | Mapping[str, Any]) -> bool:
     """Detections on autonomous agents (policy `autonomous: true`) page the on-call, and so do
-    fleet incidents (scope "tool": one tool failing across every agent)."""
+    fleet incidents (scope "tool": one tool failing across every agent; not an operator's
+    contain or release of a tool, rule manual: the operator knows)."""
     if isinstance(detection, Decision):
-        return detection.policy.autonomous is True or detection.scope_kind == "tool"
-    return detection.get("autonomous") is True or detection.get("scope") == "tool"
+        return detection.policy.autonomous is True or is_incident(detection)
+    incident = detection.get("scope") == "tool" and detection.get("rule") != "manual"
+    return detection.get("autonomous") is True or incident
 
 
 def dedup_key(detection: Mapping[str, Any]) -> str:

@@ -483,13 +483,14 @@ def _cmd_manual(args: argparse.Namespace) -> int:
 
 
 def _cmd_tool(args: argparse.Namespace) -> int:
-    """`spanguard contain --tool` / `spanguard release --tool`: a signed tool signal."""
+    """`spanguard contain --tool` / `spanguard release --tool`: a signed tool signal and its
+    audit record."""
     import uuid
     from datetime import UTC, datetime, timedelta
 
     from confluent_kafka import KafkaException
 
-    from spanguard.connectors.manual import publish_signal
+    from spanguard.connectors.manual import manual_tool_decision, publish_signal
     from spanguard.schemas.decision import DEFAULT_CONTAIN_SECONDS, tool_signal
 
     kind: Literal["kill", "release"] = "kill" if args.command == "contain" else "release"
@@ -517,7 +518,7 @@ def _cmd_tool(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = _settings(args)
     try:
-        publish_signal(settings, signal)
+        publish_signal(settings, signal, manual_tool_decision(signal, operator))
     except KafkaException as exc:
         print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
         return 1
@@ -546,8 +547,8 @@ def _add_contain_parser(commands: argparse._SubParsersAction) -> None:
         description=(
             f"{help} (each client raises ToolContained, which the framework adapters hand to"
             " the model as the tool's error; the gateway guardrail takes the tool out of the"
-            " requests). Publishes a signed tool signal to the kill topic; it lasts --for, or"
-            " until `spanguard release --tool NAME`."
+            " requests). Publishes a signed tool signal to the kill topic, and its audit record"
+            " to the detections topic; it lasts --for, or until `spanguard release --tool NAME`."
         ),
     )
     contain.add_argument("--tool", required=True, metavar="NAME", help="the tool's name")

@@ -1,6 +1,7 @@
-"""An operator's `spanguard kill` and `spanguard release`: one signed signal on the kill topic,
-one audit record (who, why) on the detections topic, both keyed by the trace id so they keep
-their order with the worker's own signals for that trace."""
+"""An operator's `spanguard kill` and `spanguard release` (and `contain` / `release --tool`):
+one signed signal on the kill topic, one audit record (who, why) on the detections topic, both
+keyed as the signal is (the trace id, or the scope's key) so they keep their order with the
+worker's own signals for it."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ from confluent_kafka import KafkaException, Producer
 
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import client_config
+from spanguard.detection.conventions.values import bounded_text
+from spanguard.detection.fleet import MAX_NAME_CHARS
 from spanguard.schemas.decision import (
     NO_SPAN_ID,
     NO_TRACE_ID,
     AgentIdentity,
     Decision,
     DecisionScope,
+    Evidence,
     KillSignal,
     sign,
 )
 
-__all__ = ["manual_decision", "publish_manual", "publish_signal"]
+__all__ = ["manual_decision", "manual_tool_decision", "publish_manual", "publish_signal"]
 
 # A manual signal names no agent: the operator knows only the trace.
 MANUAL_SERVICE = "(manual)"
@@ -62,6 +66,32 @@ def manual_decision(
     )
 
 
+def manual_tool_decision(signal: KillSignal, operator: str) -> Decision:
+    """The audit record of an operator's contain (`signal` kind kill) or release of a tool:
+    rule manual, scope tool, the signal's id, reason and time. It is no fleet incident: it
+    pages nothing and folds nothing (alerting/incidents.py's `is_incident`)."""
+    tool, server = (signal.tool.name, signal.tool.server) if signal.tool else ("", "")
+    return Decision(
+        trace_id=NO_TRACE_ID,
+        span_id=NO_SPAN_ID,
+        rule="manual",
+        action="contain" if signal.kind == "kill" else "release",
+        reason=signal.reason,
+        agent=AgentIdentity(MANUAL_SERVICE),
+        detected_at=signal.detected_at,
+        evidence=Evidence(tool_name=tool),
+        operator=operator,
+        # The schema bounds a tool scope's names as the fleet's keys are; the full name is the
+        # evidence's.
+        scope=DecisionScope(
+            "tool",
+            tool=bounded_text(tool, MAX_NAME_CHARS),
+            server=bounded_text(server, MAX_NAME_CHARS) if server else None,
+        ),
+        decision_id=signal.signal_id,
+    )
+
+
 def publish_manual(
     settings: WorkerSettings, decision: Decision, timeout: float = 30.0
 ) -> KillSignal:
@@ -72,10 +102,12 @@ def publish_manual(
     return signal
 
 
-def publish_signal(settings: WorkerSettings, signal: KillSignal, timeout: float = 30.0) -> None:
-    """Send `signal` alone (signed with the worker's key) to the kill topic, acks=all: an
-    operator's contain or release of a tool, which no detection record describes."""
-    _publish(settings, signal, None, timeout)
+def publish_signal(
+    settings: WorkerSettings, signal: KillSignal, audit: Decision, timeout: float = 30.0
+) -> None:
+    """Send `signal` (signed with the worker's key) to the kill topic and its `audit` record
+    to the detections topic, acks=all: an operator's contain or release of a tool."""
+    _publish(settings, signal, audit, timeout)
 
 
 def _publish(

@@ -309,21 +309,34 @@ def _incident_lines(opened: dict[str, Any], closed: dict[str, Any] | None) -> li
 
 def explain_tool_incidents(tool: str, records: list[dict[str, Any]]) -> str:
     """A tool's fleet incidents (scope "tool" records, in topic order): each with its figures,
-    the traces and agents it hit, and whether it is open or recovered; open ones first."""
+    the traces and agents it hit, and whether it is open or recovered; open ones first. Then
+    the operators' contains and releases of the tool (rule manual), in order."""
     opened: dict[str, dict[str, Any]] = {}
     closed: dict[str, dict[str, Any]] = {}
+    by_hand = [record for record in records if record.get("rule") == "manual"]
     for record in records:
         incident = str(record.get("trace_id"))
+        if record.get("rule") == "manual":
+            continue
         if record.get("action") == "recovered":
             closed[incident] = record
         else:
             opened.setdefault(incident, record)
-    if not opened:
+    if not opened and not by_hand:
         return f"no fleet incident on {tool} in the detections topic\n"
     ordered = sorted(opened, key=lambda i: (i in closed, str(opened[i].get("detected_at"))))
     still = sum(1 for i in opened if i not in closed)
     lines = [f"{tool}: {len(opened)} fleet incident(s), {still} open", ""]
     for incident in ordered:
         lines += _incident_lines(opened[incident], closed.get(incident))
+        lines.append("")
+    if by_hand:
+        lines.append("by hand:")
+        for record in by_hand:
+            at = f" at {record['server']}" if record.get("server") else ""
+            lines.append(
+                f"  {record.get('detected_at')} {record.get('action')}{at} by"
+                f" {record.get('operator')}: {record.get('reason')}"
+            )
         lines.append("")
     return "\n".join(lines)

@@ -599,14 +599,17 @@ def incident_decision(
     detected: datetime | None = None,
 ) -> Decision:
     """An incident's record on the detections topic: scope "tool", action the policy's (`flag`
-    in shadow mode), or `recovered` once it has recovered (its second and last record).
+    in shadow mode, and for a model's key), or `recovered` once it has recovered (its second
+    and last record).
 
     Its trace id and decision id derive from the incident's dedup key: taken again after a crash
     it is the same record. `detected` (default: the incident's own time, the span time that
     crossed the threshold or recovered) is when the worker decided; `span_ended_at` is always
     the incident's time."""
     recovered = not incident.open
-    action = RECOVERED if recovered else (FLAG if shadow else policy.action)
+    # A model is no tool a client checks: a contain of it would refuse nothing, so it flags.
+    flags = shadow or incident.tool.startswith(MODEL_PREFIX)
+    action = RECOVERED if recovered else (FLAG if flags else policy.action)
     time_ns = incident.recovered_at_ns if recovered else incident.opened_at_ns
     figures = incident.figures
     if recovered:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
+from spanguard.detection.fleet import MODEL_PREFIX
 from spanguard.schemas.decision import Decision, KillSignal, tool_signal
 from spanguard.schemas.policy import FleetPolicy
 
@@ -29,6 +30,8 @@ def containment_signals(decision: Decision, policy: FleetPolicy) -> list[KillSig
     scope = decision.scope
     if scope is None or scope.kind != "tool" or not scope.tool:
         return []
+    if scope.tool.startswith(MODEL_PREFIX):
+        return []  # no client checks a model as a tool: its incidents flag (fleet.py)
     kind: Literal["kill", "release"]
     if decision.action == CONTAIN:
         kind = "kill"

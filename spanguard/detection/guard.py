@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -53,7 +53,14 @@ from spanguard.detection.conversation import (
     ConversationSink,
     ConversationUsage,
 )
-from spanguard.detection.fleet import FleetGuard, ToolCallSink, agent_label, server_of, tool_call
+from spanguard.detection.fleet import (
+    FleetGuard,
+    ToolCallSink,
+    agent_label,
+    model_call,
+    server_of,
+    tool_call,
+)
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
@@ -229,11 +236,6 @@ class _Plan:
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
-def _tool_server(span: Any, event: Any) -> str:
-    """The server a tool call's span names (the tool scope keys calls by it), else ""."""
-    return server_of(span.attributes) if isinstance(event, ToolCall) else ""
-
-
 def _deciding_scopes(
     conversations: ConversationSink | None,
     agent_budgets: AgentUsageSink | None,
@@ -282,7 +284,7 @@ class Guard:
         change of traces that name a conversation (spanguard/detection/conversation.py);
         `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
         (spanguard/detection/agent_budget.py); `tools`: the tool scope's sink (fleet.py), fed
-        every counted tool call while the policy's `fleet` is on; see `_deciding_scopes`."""
+        every counted tool call and model call while `fleet` is on; see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
@@ -313,7 +315,7 @@ class Guard:
         wanted = agent_budgets is not None and any(has_agent_budget(p) for p in policies)
         self.agent_budgets = agent_budgets if wanted else None
         self.tools = tools if tools is not None and self.policy.fleet.enabled else None
-        self._server = ""  # the server the span being observed names (the tool scope's)
+        self._server, self._model_agent = "", (cast(Any, None), "")  # see _tool_scope_span
         self._deciding = _deciding_scopes(conversations, self.agent_budgets, self.tools)
         self.prices_usage = price_usage or any(
             policy.usd_budget is not None
@@ -395,6 +397,8 @@ class Guard:
                     except Exception as exc:  # noqa: BLE001
                         self._on_bad_span(exc)
                         continue
+                    if self.tools is not None:
+                        self._server = self._tool_scope_span(span, event, resource_spans)
                     if event is None:
                         continue
                     trace_id = raw_trace_id.hex()
@@ -411,8 +415,6 @@ class Guard:
                             if state is None:
                                 state = TraceState(resource.service, resource.agent_name)
                         touched[trace_id] = state
-                    if self.tools is not None:
-                        self._server = _tool_server(span, event)
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
                         # its own usage (conventions/gateway.py, gateway_calls).
@@ -440,6 +442,29 @@ class Guard:
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
+
+    def _tool_scope_span(self, span: Any, event: Any, resource_spans: Any) -> str:
+        """What the tool scope reads of a span besides its tool calls: the server a tool
+        call's span names (returned: `observe` hands the call with it, else ""), and an
+        inference span as a call of its model (fleet.py's `model_call`), handed here: a
+        provider failing for the fleet is one incident, as a tool is. A chat span is read
+        whether or not the guard makes an event of it (without a token budget it does not).
+        `_server` keeps the server for `observe`; `_model_agent` the last resource read and its
+        agent label."""
+        if isinstance(event, ToolCall):
+            return server_of(span.attributes)
+        tools = self.tools
+        call = model_call(span, "", "")  # most spans are none: their ids are not read
+        if call is not None and tools is not None:
+            call.trace_id = span.trace_id.hex()
+            source, label = self._model_agent
+            if source is not resource_spans:  # once per resource, not per span
+                resource = resource_info(resource_spans.resource.attributes, self._match_keys)
+                label = agent_label(resource.service, resource.agent_name)
+                self._model_agent = (resource_spans, label)
+            call.agent = label
+            tools.hand_tool_call(call)
+        return ""
 
     def _take_scopes(self, decisions: list[Decision]) -> None:
         """The deciding scopes' decisions, after the request's own: a deciding tool scope

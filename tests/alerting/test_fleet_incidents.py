@@ -246,3 +246,35 @@ def test_a_containing_incident_sends_a_tool_signal_and_its_recovery_the_release(
     assert containment_signals(incident_decision(incident(), POLICY), POLICY) == []
     assert containment_signals(recovered, POLICY) == []
     assert containment_signals(per_trace(1), containing) == []
+
+
+def test_an_operators_contain_of_a_tool_is_an_audit_record_not_an_incident():
+    from spanguard.connectors.manual import manual_tool_decision
+    from spanguard.schemas.decision import tool_signal, validate
+
+    signal = tool_signal(
+        TOOL, "docs-mcp", "manual", "index stale", "ab" * 16,
+        "2026-01-01T01:00:00.000+00:00", detected_at="2026-01-01T00:00:00.000+00:00",
+        operator="alice",
+    )  # fmt: skip
+    audit = manual_tool_decision(signal, "alice")
+    validate(audit.to_dict(), "detection")
+    assert (audit.rule, audit.action, audit.scope_kind, audit.operator) == (
+        "manual", "contain", "tool", "alice"
+    )  # fmt: skip
+    assert (audit.decision_id, audit.evidence.tool_name) == (signal.signal_id, TOOL)
+    # Not paged, not folded into, not read as an open incident by the reader.
+    assert not should_page(audit) and not should_page(audit.to_dict())
+    service = PagingService(None)
+    assert service.detection_to_page(audit.to_json().encode(), set()) is None
+    reader = IncidentReader(WorkerSettings(), service.incidents)
+    assert reader.accept(audit.to_json().encode(), 1000.0) is False
+    assert service.incidents.fold(per_trace(1)) is None
+    # `explain --tool` lists it by hand, beside the incidents.
+    opened, _recovered = records(incident())
+    text = explain_tool_incidents(TOOL, [opened.to_dict(), audit.to_dict()])
+    assert "1 fleet incident(s), 1 open" in text
+    assert (
+        "by hand:\n  2026-01-01T00:00:00.000+00:00 contain at docs-mcp by alice: index stale"
+        in text
+    )

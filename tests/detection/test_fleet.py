@@ -17,20 +17,24 @@ from spanguard.detection.fleet import (
     RESYNC_EVENTS,
     TOOL_FAILING,
     FleetCall,
+    FleetGuard,
     FleetWindow,
     incident_decision,
     incident_trace_id,
     server_of,
     tool_call,
 )
+from spanguard.detection.fleet_signals import containment_signals
+from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.schemas.decision import Decision, kill_signals, validate
-from spanguard.schemas.policy import FleetPolicy, FleetPolicyError
+from spanguard.schemas.policy import FleetPolicy, FleetPolicyError, Policy
 from tests.support.fleet import (
     BASE_NS,
     CORPORA,
     SECOND,
     first_crossing,
+    model_requests,
     replay,
     synthetic_fleet,
 )
@@ -374,3 +378,30 @@ def test_failures_that_arrive_after_the_recovery_but_ended_before_it_open_no_sec
     assert [i.rule for i in feed(window, [call(300 + t, 30, failed=True) for t in range(20)])] == [
         TOOL_FAILING
     ]
+
+
+# Model calls, through the trace guard ---------------------------------------------------------
+
+
+def test_the_guard_hands_inference_spans_to_the_tool_scope_as_calls_of_their_model():
+    policy = Policy.from_mapping({"fleet": {"enabled": True}})
+    guard = Guard(policy, tools=FleetGuard(policy))
+    decided = [d for r in model_requests(POLICY.min_traces + 2, True) for d in guard.process(r)]
+    [incident] = decided  # the provider down for the fleet: one incident, not one per trace
+    assert (incident.rule, incident.action, incident.scope_kind) == (TOOL_FAILING, "flag", "tool")
+    assert incident.scope is not None and incident.scope.tool == "model:openai/gpt-4o"
+    assert incident.evidence.hits == POLICY.min_traces
+    assert incident.evidence.agents == ["support-agent"]
+    # Healthy model calls, and the same failing ones with the fleet off, decide nothing.
+    healthy = Guard(policy, tools=FleetGuard(policy))
+    assert [d for r in model_requests(20, False) for d in healthy.process(r)] == []
+    off = Guard(Policy(), tools=FleetGuard(Policy()))
+    assert [d for r in model_requests(20, True) for d in off.process(r)] == []
+
+
+def test_a_model_incident_flags_and_sends_no_signal_under_a_containing_policy():
+    policy = Policy.from_mapping({"fleet": {"enabled": True, "action": "contain"}})
+    guard = Guard(policy, tools=FleetGuard(policy))
+    [incident] = [d for r in model_requests(12, True) for d in guard.process(r)]
+    assert incident.action == "flag"  # no client checks a model as a tool: nothing to contain
+    assert containment_signals(incident, policy.fleet) == []

@@ -18,6 +18,7 @@ from tests.support.realruns import (
     PEER_SETTINGS,
     PEERS,
     RUNS,
+    fleet_line,
     is_agent_call,
     load_labels,
     load_runs,
@@ -92,6 +93,15 @@ def test_the_real_runs_table(capsys):
     in_time = sum(cells[(source, "any")].caught_in_time for source in REAL_SOURCES)
     assert loops >= 24
     assert in_time * 24 >= 20 * loops, f"{in_time} of {loops} loops caught in time"
+
+
+def test_the_recorded_runs_as_one_fleet_open_no_fleet_incident():
+    """Issue 44's target: no fleet incident on a healthy corpus. The recorded runs as a fleet
+    that ran them at once, every span (tool and model calls) through one guard with the
+    fleet rules on at their defaults."""
+    line = fleet_line(load_runs(REAL_SOURCES))
+    print(line)
+    assert line.endswith(": 0 incidents"), line
 
 
 def test_the_peers_suites():

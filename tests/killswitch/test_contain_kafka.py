@@ -1,6 +1,7 @@
 """A tool contained on the real broker: `spanguard contain --tool NAME` and `release --tool`
 (the real CLI, signed with the worker's key) against an agent's KillSwitch, which refuses
-calls to that tool (ToolContained) and to no other until the release or the contain's end."""
+calls to that tool (ToolContained) and to no other until the release or the contain's end;
+each command leaves its audit record on the detections topic."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import ToolContained
+from spanguard.schemas.decision import validate
 from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, SIGNING_KEY
 from tests.support.waiting import wait_until
 from tests.support.worker import operator_cli
@@ -66,7 +68,17 @@ def test_a_contained_tool_is_refused_to_an_agent_until_released(topics):
     assert [key for key, _ in records] == [f"tool:docs-mcp/{tool}".encode()] * 2
     assert [record["kind"] for _, record in records] == ["kill", "release"]
     assert all(record["signature"] and record["scope"] == "tool" for _, record in records)
-    assert _records(topics.detections) == []  # a tool signal has no detection record
+    # Each command's audit record (who, why), keyed as its signal: no fleet incident.
+    audits = _records(topics.detections)
+    assert [key for key, _ in audits] == [f"tool:docs-mcp/{tool}".encode()] * 2
+    assert [(a["rule"], a["action"], a["scope"], a["tool"], a["server"], a["operator"])
+            for _, a in audits] == [
+        ("manual", action, "tool", tool, "docs-mcp", "alice") for action in ("contain", "release")
+    ]  # fmt: skip
+    assert [a["decision_id"] for _, a in audits] == [r["signal_id"] for _, r in records]
+    assert audits[0][1]["reason"] == "the index answers 503"
+    for _, audit in audits:
+        validate(audit, "detection")
 
 
 def test_the_cli_refuses_a_contain_without_a_reason_or_with_a_bad_duration(topics):

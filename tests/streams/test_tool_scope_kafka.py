@@ -1,8 +1,9 @@
 """The tool scope in the worker, on the real broker: a fleet's tool calls land on every span
 partition, their compact rows meet on the tool call topic keyed by tool, and the tool scope
 agent decides one incident per cause: a tool failing for the fleet is one incident (through a
-SIGKILL of one of two workers too); one agent hammering a tool alone, or a tool failing for a
-few traces among thousands, is none.
+SIGKILL of one of two workers too), and so is a provider failing for the fleet (its model
+calls); one agent hammering a tool alone, or a tool failing for a few traces among thousands,
+is none.
 
 The fleet is the bench corpus (bench/corpus.py) laid over ten minutes of span time, its
 `search_docs` failing for everyone from minute 2 to minute 6 (tests/support/fleet.py's
@@ -23,9 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from bench.corpus import build_corpus
 from spanguard.detection.fleet import FleetGuard
 from spanguard.detection.guard import Guard
-from spanguard.schemas.policy import Policy
+from spanguard.schemas.policy import FleetPolicy, Policy
 from spanguard.schemas.scope_records import decode_tool_calls
-from tests.support.fleet import BASE_NS, SECOND
+from tests.support.fleet import BASE_NS, SECOND, model_requests
 from tests.support.kafka_harness import Collector, Topics, ensure_broker, producer
 from tests.support.worker import running_worker, worker_starter
 
@@ -285,3 +286,31 @@ def test_sigkill_of_one_of_two_workers_mid_window_is_one_incident(tmp_path):
     assert len(opened) == 1, [
         (r["action"], r["tool"], r["reason"], r["decision_id"][:6]) for r in records
     ]  # one incident: not two, not none
+
+
+def test_a_provider_failing_for_many_traces_is_one_incident_naming_the_model(tmp_path):
+    failing = model_requests(20, True)
+    expected = [d for d in core_decisions(failing) if d.scope_kind == "tool"]
+    assert [(d.rule, d.scope.tool) for d in expected if d.scope] == [
+        ("tool_failing", "model:openai/gpt-4o")
+    ]
+    with running_worker(tmp_path, policy=yaml.safe_dump(POLICY), collect=("detections",)) as worker:
+        topics = worker.topics
+        send(topics.input, failing)
+        wait_until(
+            lambda: tool_records(worker.collector, topics.detections), 60, "the model's incident"
+        )
+        wait_until(
+            lambda: (
+                (worker.process.metrics() or {}).get("spanguard_messages_total", 0) >= len(failing)
+            ),
+            60,
+            "every request read",
+        )
+        time.sleep(3.0)  # time for a second incident to show up, were there one
+        records = tool_records(worker.collector, topics.detections)
+    assert [(r["rule"], r["action"], r["tool"]) for r in records] == [
+        ("tool_failing", "flag", "model:openai/gpt-4o")
+    ]
+    assert records[0]["hits"] >= FleetPolicy().min_traces
+    assert records[0]["agents"] == ["support-agent"]

@@ -32,7 +32,7 @@ from spanguard.streams.tool_scope import (
     tool_scope_wanted,
     tool_window_view,
 )
-from tests.support.fleet import BASE_NS, SECOND, synthetic_fleet
+from tests.support.fleet import BASE_NS, SECOND, model_requests, synthetic_fleet
 
 FLEET = FleetPolicy(enabled=True)
 POLICY = Policy(fleet=FLEET)
@@ -230,3 +230,15 @@ def test_an_incident_record_is_the_same_after_a_crash_and_names_the_fleet():
     window = fleet.states[tool_key("search", "")]
     assert window.keys[("search", "")].incident is None
     assert json.loads(window_to_bytes(window))["k"][0][7] is None
+
+
+def test_the_worker_recorder_gets_the_model_calls_as_rows_of_the_model_key():
+    policy = Policy.from_mapping({"fleet": {"enabled": True}})
+    recorder = ToolCallRecorder()
+    guard = Guard(policy, tools=recorder)
+    for request in model_requests(3, True, provider="anthropic", model="claude"):
+        guard.process(request)
+        recorder.close_message()
+    keys = [key for key, _row in recorder.records]
+    assert keys == [tool_key("model:anthropic/claude", "")] * 3
+    assert [row[5] for _key, row in recorder.records] == [1, 1, 1]  # each counted as failed

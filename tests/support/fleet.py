@@ -22,6 +22,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cache
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
 from bench.corpus import build_corpus
 from spanguard.detection.conventions.adapt import adapt_span
 from spanguard.detection.conventions.events import MISSING, ToolCall
@@ -217,6 +220,40 @@ def synthetic_fleet(
             event.failed = True
         calls.append(event)
     return calls
+
+
+def model_requests(
+    traces: int,
+    failing: bool,
+    *,
+    provider: str = "openai",
+    model: str = "gpt-4o",
+    start_ns: int = BASE_NS,
+    service: str = "support-agent",
+) -> list[bytes]:
+    """`traces` agents' model calls, one GenAI `chat` span a trace, a second apart, each an
+    OTLP request of its own; `failing`: every call answered 503 (status ERROR, `error.type`),
+    a provider down for the fleet."""
+    requests = []
+    for n in range(traces):
+        request = ExportTraceServiceRequest()
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.attributes.add(key=SERVICE_NAME).value.string_value = service
+        span = resource_spans.scope_spans.add().spans.add()
+        span.trace_id = random.Random(f"{service}-{start_ns}-{n}").randbytes(16)
+        span.span_id = (n + 1).to_bytes(8, "big")
+        span.name = f"chat {model}"
+        span.start_time_unix_nano = start_ns + n * SECOND
+        span.end_time_unix_nano = span.start_time_unix_nano + SECOND // 2
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
+                      "gen_ai.request.model": model}  # fmt: skip
+        if failing:
+            span.status.code = Status.STATUS_CODE_ERROR
+            attributes["error.type"] = "503"
+        for key, value in attributes.items():
+            span.attributes.add(key=key).value.string_value = value
+        requests.append(request.SerializeToString())
+    return requests
 
 
 def first_crossing(calls: list[FleetCall], tool: str, policy: FleetPolicy) -> FleetCall | None:

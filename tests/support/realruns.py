@@ -12,6 +12,10 @@ simulator made on its own device (`user:` tools) are not the agent's and are lef
 
     python -m tests.support.realruns            # the precision table over every run
     python -m tests.support.realruns --show RUN # one run, step by step, with its decisions
+
+The table is followed by the fleet's line: the recorded runs (not the peers' suites) as one
+fleet through one guard with the fleet rules on at their shipped thresholds (`fleet_incidents`),
+and the incidents they open. A healthy corpus opens none.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -38,9 +43,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Status, StatusCode
 
+from spanguard.detection.fleet import FleetGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, classify
 from spanguard.detection.rules import RULES
+from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,6 +289,46 @@ def replay(
         yield found
 
 
+FLEET_START_NS = 1_800_000_000_000_000_000
+FLEET_SPREAD_S = 300  # as tests/support/fleet.py lays the real runs out
+
+
+def fleet_incidents(runs: Iterable[Run], seed: int = 44) -> list[Decision]:
+    """The fleet rules (shipped thresholds) over `runs` as if a fleet ran them at once: each
+    starts at a seeded offset within FLEET_SPREAD_S, and every span goes through one guard
+    in the order the spans ended, as the worker's tool scope sees a fleet. Returns the tool
+    scope's decisions (incidents and recoveries)."""
+    policy = Policy.from_mapping({"fleet": {"enabled": True}})
+    guard = Guard(policy, tools=FleetGuard(policy))
+    rng = random.Random(seed)
+    spans = []
+    for run in runs:
+        start = FLEET_START_NS + rng.randrange(FLEET_SPREAD_S * 1_000_000_000)
+        request = ExportTraceServiceRequest.FromString(to_request(run, start_ns=start)[0])
+        for part in request.resource_spans:
+            for scoped in part.scope_spans:
+                spans.extend((span.end_time_unix_nano, part, scoped, span) for span in scoped.spans)
+    spans.sort(key=lambda item: item[0])
+    decided = []
+    for _ended, part, scoped, span in spans:
+        one = ExportTraceServiceRequest()
+        resource_spans = one.resource_spans.add(resource=part.resource)
+        resource_spans.scope_spans.add(scope=scoped.scope, spans=[span])
+        decided.extend(d for d in guard.process(one) if d.scope_kind == "tool")
+    return decided
+
+
+def fleet_line(runs: list[Run]) -> str:
+    recorded = [run for run in runs if not run.source.startswith("peer:")]
+    decided = fleet_incidents(recorded)
+    named = sorted({f"{d.rule} {d.scope.tool if d.scope else ''}" for d in decided})
+    return (
+        f"fleet: {len(recorded)} recorded runs as one fleet over {FLEET_SPREAD_S} s, the fleet"
+        f" rules at their defaults: {sum(d.action != 'recovered' for d in decided)} incidents"
+        + (f" ({', '.join(named)})" if named else "")
+    )
+
+
 def load_labels() -> dict[str, dict[str, Any]]:
     """Hand labels, by run id: verdict (loop or healthy), stop_at (the call a person stops
     it at), why."""
@@ -468,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(runs)} runs")
     if args.show is None:
         print(render(precision(replay(runs), load_labels())))
+        print(fleet_line(runs))
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=0))
     return 0
