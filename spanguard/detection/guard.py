@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -79,6 +78,7 @@ from spanguard.detection.trace_state import (
     call_id_key,
     call_mark,
     iso_from_micros,
+    shared_text,
     trim_window,
 )
 from spanguard.outcomes import CountedOutcome
@@ -384,7 +384,9 @@ class Guard:
                                     resource_spans.resource.attributes, match_keys
                                 )
                             if state is None:
-                                state = TraceState(resource.service, resource.agent_name)
+                                state = TraceState(
+                                    shared_text(resource.service), resource.agent_name
+                                )
                         touched[trace_id] = state
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
@@ -456,9 +458,7 @@ class Guard:
         if span_id in recent:
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        recent[span_id] = None
-        if len(recent) > limit + (limit >> 2):  # the newest `limit` kept, trimmed in bulk
-            state.recent_span_ids = dict.fromkeys(islice(recent, len(recent) - limit, None))
+        recent.add(span_id, limit)  # the newest `limit` kept, trimmed in bulk
         if isinstance(event, ToolCall):
             if event.call_id is not None:
                 call_key = call_id_key(event.call_id)
@@ -472,13 +472,8 @@ class Guard:
                     self.stats.repeated_call_ids += 1
                     return None
                 if ended is not None:
-                    self.stats.reissued_call_ids += 1
-                    del recent_calls[call_key]  # kept newest last, for the trim below
-                recent_calls[call_key] = event.end_time_unix_nano // 1000
-                if len(recent_calls) > limit + (limit >> 2):
-                    state.recent_call_ids = dict(
-                        islice(recent_calls.items(), len(recent_calls) - limit, None)
-                    )
+                    self.stats.reissued_call_ids += 1  # moved newest last by `put`
+                recent_calls.put(call_key, event.end_time_unix_nano // 1000, limit)
             return self._on_tool_call(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
 
@@ -589,14 +584,27 @@ class Guard:
         for counting in plan.counting:
             counting.count(state, call, key, policy)
         # The call joins the window (_slide, inlined: this runs on every call).
-        window, counts, marks = state.window, state.counts, state.window_marks
+        window = state.window
         window.append(key)
-        marks += call_mark(call.span_id, call.end_time_unix_nano)
-        counts[key] = counts.get(key, 0) + 1
+        state.window_marks += call_mark(call.span_id, call.end_time_unix_nano)
         if len(window) > plan.history:
-            trim_window(window, counts, marks, plan.history)
+            trim_window(state, plan.history)
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
+        decision = self._check_call(trace_id, state, call, key, policy, plan)
+        state.window.memo = None  # the key's entry, packed for the rules: not kept
+        return decision
+
+    def _check_call(
+        self,
+        trace_id: str,
+        state: TraceState,
+        call: ToolCall,
+        key: CallKey,
+        policy: AgentPolicy,
+        plan: _Plan,
+    ) -> Decision | None:
+        """The rules decide on a call that joined the window, in turn."""
         fired = state.fired
         for rule, wanted in plan.call_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):

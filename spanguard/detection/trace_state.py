@@ -13,12 +13,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from hashlib import blake2b
-from itertools import islice
 from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
@@ -31,12 +30,16 @@ __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
+    "CallWindow",
+    "RecentCalls",
+    "RecentIds",
     "StateDecodeError",
     "TraceState",
     "call_id_key",
     "call_mark",
     "encode_record",
     "iso_from_micros",
+    "shared_text",
     "stored_state_last_seen",
     "trim_window",
 ]
@@ -69,6 +72,349 @@ def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
     return _MARK(span_id, end_unix_nano // 1000 if end_unix_nano > 0 else 0)
 
 
+# -- compact containers ------------------------------------------------------------------------
+#
+# A trace's state is kept for every active trace: its recent ids and its window live in bytes
+# objects of fixed-width entries (a dict or a deque of tuples and strings costs several times
+# as much), searched with bytes.find and counted where an entry starts.
+
+_ID_BYTES: Final = 8
+_CALL_ENTRY_BYTES: Final = 16  # a call id's key, then when its call ended (signed microseconds)
+# A window entry: the tool's place in `texts`, then per hash a form byte and 8 bytes (the raw
+# hash, or the text's place in `texts`).
+_TOOL_BYTES: Final = 4
+_HASH_BYTES: Final = 9
+_CALL_WIDTH: Final = _TOOL_BYTES + 2 * _HASH_BYTES
+_POLL_WIDTH: Final = _TOOL_BYTES + _HASH_BYTES
+_NO_HASH: Final = bytes(_HASH_BYTES)
+_HEX_FORM: Final = b"\x01"
+_TEXT_FORM: Final = b"\x02"
+
+
+def _entry_at(data: bytes, entry: bytes, width: int, start: int = 0) -> int:
+    """Where `entry` starts an entry of `data` (entries of `width` bytes), from `start`; -1
+    when none does. A match across two entries is skipped."""
+    at = data.find(entry, start)
+    while at >= 0 and at % width:
+        at = data.find(entry, at + 1)
+    return at
+
+
+def _entries_of(data: bytes, entry: bytes, width: int, start: int = 0) -> int:
+    """How many entries of `data` from `start` are `entry`."""
+    found = 0
+    at = _entry_at(data, entry, width, start)
+    while at >= 0:
+        found += 1
+        at = _entry_at(data, entry, width, at + width)
+    return found
+
+
+# Tool and service names (and the odd hash that is no hex) as one string object for every trace
+# that names them: each span brings its own copy. Bounded: names past it are kept per trace.
+_SHARED_TEXTS: Final[dict[str, str]] = {}
+_MAX_SHARED_TEXTS: Final = 4096
+
+
+def shared_text(text: str) -> str:
+    """`text` as the one object every trace naming it holds (up to a bound)."""
+    shared = _SHARED_TEXTS.get(text)
+    if shared is not None:
+        return shared
+    if len(_SHARED_TEXTS) < _MAX_SHARED_TEXTS:
+        _SHARED_TEXTS[text] = text
+    return text
+
+
+def _as_id(raw: bytes) -> bytes:
+    """An id as 8 bytes: span ids are; anything else is kept as 8 bytes of its digest."""
+    if len(raw) == _ID_BYTES:
+        return raw
+    return blake2b(raw, digest_size=_ID_BYTES).digest()
+
+
+@dataclass(slots=True)
+class RecentIds:
+    """Span ids, oldest first, 8 bytes each in one bytes object."""
+
+    data: bytes = b""
+
+    @classmethod
+    def of(cls, ids: Iterable[bytes]) -> RecentIds:
+        return cls(b"".join(map(_as_id, ids)))
+
+    def __contains__(self, span_id: object) -> bool:
+        if not isinstance(span_id, bytes):
+            return False
+        return _entry_at(self.data, _as_id(span_id), _ID_BYTES) >= 0
+
+    def __len__(self) -> int:
+        return len(self.data) // _ID_BYTES
+
+    def __iter__(self) -> Iterator[bytes]:
+        data = self.data
+        return (data[at : at + _ID_BYTES] for at in range(0, len(data), _ID_BYTES))
+
+    def add(self, span_id: bytes, keep: int, slack: int = -1) -> None:
+        """Remember `span_id`; past `keep` and `slack` more (a quarter of `keep` unless given),
+        only the newest `keep` are kept: trimmed in bulk, a copy each time costs more."""
+        data = self.data + _as_id(span_id)
+        if len(data) > (keep + (keep >> 2 if slack < 0 else slack)) * _ID_BYTES:
+            data = data[len(data) - keep * _ID_BYTES :]
+        self.data = data
+
+
+@dataclass(slots=True)
+class RecentCalls:
+    """Call ids' keys (call_id_key) and when their counted spans ended (microseconds; 0:
+    unknown), oldest first, 16 bytes each in one bytes object."""
+
+    data: bytes = b""
+
+    @classmethod
+    def of(cls, ends: Iterable[tuple[bytes, int]]) -> RecentCalls:
+        calls = cls()
+        for key, micros in ends:
+            calls.put(key, micros)
+        return calls
+
+    def __len__(self) -> int:
+        return len(self.data) // _CALL_ENTRY_BYTES
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def keys(self) -> list[bytes]:
+        data = self.data
+        return [data[at : at + _ID_BYTES] for at in range(0, len(data), _CALL_ENTRY_BYTES)]
+
+    def values(self) -> list[int]:
+        data = self.data
+        return [
+            int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
+            for at in range(0, len(data), _CALL_ENTRY_BYTES)
+        ]
+
+    def items(self) -> list[tuple[bytes, int]]:
+        return list(zip(self.keys(), self.values(), strict=True))
+
+    def get(self, key: bytes) -> int | None:
+        data = self.data
+        at = _entry_at(data, _as_id(key), _CALL_ENTRY_BYTES)
+        if at < 0:
+            return None
+        return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
+
+    def put(self, key: bytes, micros: int, keep: int = 0) -> None:
+        """Remember `key` (newest, moved last if it was there) with when its call ended; with
+        `keep`, past `keep` and a quarter only the newest `keep` are kept."""
+        key = _as_id(key)
+        data = self.data
+        at = _entry_at(data, key, _CALL_ENTRY_BYTES)
+        if at >= 0:
+            data = data[:at] + data[at + _CALL_ENTRY_BYTES :]
+        data += key + micros.to_bytes(_CALL_ENTRY_BYTES - _ID_BYTES, "big", signed=True)
+        if keep and len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
+            data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
+        self.data = data
+
+
+@dataclass(slots=True, eq=False)
+class CallWindow:
+    """The keys of a trace's last calls, oldest first: (tool, args hash, result hash) tuples,
+    or (tool, args hash) pairs in a poll window (`results` False).
+
+    Kept as fixed-width entries in one bytes object: the tool's place in `texts` (4 bytes),
+    then per hash a form byte and 8 bytes: the hash's raw bytes when it is 16 lowercase hex
+    digits (nearly always), else its text's place in `texts`. Iterating gives the keys back;
+    the rules count and compare entries without building them (`count`, `matches_back`)."""
+
+    results: bool = True
+    entries: bytes = b""
+    texts: tuple[str, ...] = ()  # tool names and hashes that are not 16 hex digits
+    # The last key packed and its entry: a call's key is packed once for every rule. The
+    # guard drops it once the rules are done.
+    memo: tuple[Any, bytes] | None = None
+
+    @classmethod
+    def of(cls, keys: Iterable[Sequence[Any]], results: bool = True) -> CallWindow:
+        window = cls(results)
+        for key in keys:
+            window.append(tuple(key))
+        return window
+
+    def _width(self) -> int:
+        return _CALL_WIDTH if self.results else _POLL_WIDTH
+
+    def __len__(self) -> int:
+        return len(self.entries) // self._width()
+
+    def __iter__(self) -> Iterator[Any]:
+        width = self._width()
+        return iter([self._key(at) for at in range(0, len(self.entries), width)])
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(self.newest_first(len(self)))
+
+    def __getitem__(self, index: int) -> Any:
+        size = len(self)
+        place = index + size if index < 0 else index
+        if not 0 <= place < size:
+            raise IndexError("window index out of range")
+        return self._key(place * self._width())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CallWindow):
+            return NotImplemented
+        return self.results == other.results and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"CallWindow({list(self)!r})"
+
+    def append(self, key: Any) -> None:
+        if len(self.texts) > 3 * len(self) + 16:
+            self._compact()
+        self.entries += self._entry(key, True)  # type: ignore[operator]
+
+    def extend(self, keys: Iterable[Any]) -> None:
+        for key in keys:
+            self.append(key)
+
+    def clear(self) -> None:
+        self.entries = b""
+        self.texts = ()
+        self.memo = None
+
+    def drop_oldest(self, calls: int) -> None:
+        if calls > 0:
+            self.entries = self.entries[calls * self._width() :]
+
+    def count(self, key: Any) -> int:
+        """How many calls of the window have `key`."""
+        entry = self._entry(key, False)
+        return 0 if entry is None else _entries_of(self.entries, entry, self._width())
+
+    def count_recent(self, key: Any, last: int) -> int:
+        """How many of the window's last `last` calls have `key`."""
+        entry = self._entry(key, False)
+        if entry is None:
+            return 0
+        width = self._width()
+        start = max(len(self.entries) - last * width, 0)
+        return _entries_of(self.entries, entry, width, start)
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._entry(key, False)
+        return entry is not None and _entry_at(self.entries, entry, self._width()) >= 0
+
+    def matches_back(self, key: Any, calls: int, whole: bool = True) -> list[bool]:
+        """For the window's last `calls` calls, newest first: whether each has `key` (`whole`),
+        or its tool and arguments."""
+        entry = self._entry(key, False)
+        width = self._width()
+        calls = min(calls, len(self))
+        if entry is None:
+            return [False] * calls
+        probe = entry if whole else entry[: _TOOL_BYTES + _HASH_BYTES]
+        entries, end = self.entries, len(self.entries)
+        return [entries.startswith(probe, end - back * width) for back in range(1, calls + 1)]
+
+    def last(self, calls: int) -> list[Any]:
+        """The window's last `calls` keys, oldest first."""
+        width = self._width()
+        start = max(len(self.entries) - calls * width, 0)
+        return [self._key(at) for at in range(start, len(self.entries), width)]
+
+    def newest_first(self, calls: int) -> list[Any]:
+        """The window's last `calls` keys, newest first."""
+        keys = self.last(calls)
+        keys.reverse()
+        return keys
+
+    def _entry(self, key: Any, add: bool) -> bytes | None:
+        """`key`'s entry; None when it cannot be in the window (a text the window has not), or,
+        with `add`, the texts it needs added."""
+        memo = self.memo
+        if memo is not None and memo[0] is key:
+            return memo[1]
+        tool = key[0]
+        texts = self.texts
+        if tool in texts:
+            index = texts.index(tool)
+        elif add:
+            index = self._add_text(tool)
+        else:
+            return None
+        entry = index.to_bytes(_TOOL_BYTES, "big")
+        hashed = self._hash_part(key[1], add)
+        if hashed is None:
+            return None
+        entry += hashed
+        if self.results:
+            hashed = self._hash_part(key[2], add)
+            if hashed is None:
+                return None
+            entry += hashed
+        if self.results:  # a poll's key is made anew for each use: no memo
+            self.memo = (key, entry)
+        return entry
+
+    def _hash_part(self, digest: str | None, add: bool) -> bytes | None:
+        if digest is None:
+            return _NO_HASH
+        if len(digest) == 16:
+            try:
+                raw = bytes.fromhex(digest)
+            except ValueError:
+                raw = b""
+            if len(raw) == 8 and raw.hex() == digest:
+                return _HEX_FORM + raw
+        texts = self.texts
+        if digest in texts:
+            index = texts.index(digest)
+        elif add:
+            index = self._add_text(digest)
+        else:
+            return None
+        return _TEXT_FORM + index.to_bytes(_HASH_BYTES - 1, "big")
+
+    def _add_text(self, text: str) -> int:
+        self.texts = (*self.texts, shared_text(text))
+        return len(self.texts) - 1
+
+    def _compact(self) -> None:
+        """Texts the window's calls no longer name are dropped (their places change)."""
+        keys = list(self)
+        self.clear()
+        for key in keys:
+            self.entries += self._entry(key, True)  # type: ignore[operator]
+
+    def _key(self, at: int) -> Any:
+        entries, texts = self.entries, self.texts
+        tool = texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
+        args = self._hash_at(at + _TOOL_BYTES)
+        if not self.results:
+            return (tool, args)
+        return (tool, args, self._hash_at(at + _TOOL_BYTES + _HASH_BYTES))
+
+    def _hash_at(self, at: int) -> str | None:
+        entries = self.entries
+        form = entries[at]
+        if not form:
+            return None
+        payload = entries[at + 1 : at + _HASH_BYTES]
+        if form == _HEX_FORM[0]:
+            return payload.hex()
+        return self.texts[int.from_bytes(payload, "big")]
+
+
+def _poll_window() -> CallWindow:
+    return CallWindow(results=False)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # the conversation's state extends it
 @dataclass(slots=True)
 class TraceState:
@@ -76,22 +422,20 @@ class TraceState:
 
     service: str = "unknown_service"
     agent_name: str | None = None
-    # (tool name, args hash or None, result hash or None) of the last `window` calls.
-    window: deque[CallKey] = field(default_factory=deque)
-    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytearray (a deque
+    # (tool name, args hash or None, result hash or None) of the last `window` calls; the
+    # rules count them there (`CallWindow.count`).
+    window: CallWindow = field(default_factory=CallWindow)
+    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytes object (a deque
     # of small bytes would cost several times that), so a decision can show the window as it
     # was when it tripped (span ids and times; the keys are in `window`).
-    window_marks: bytearray = field(default_factory=bytearray)
-    counts: dict[CallKey, int] = field(default_factory=dict)
+    window_marks: bytes = b""
     # (tool name, args hash) of the last `polling.window` calls whose result was recorded.
-    polls: deque[tuple[str, str]] = field(default_factory=deque)
-    poll_counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
-    # the guard: a dict drops its oldest entries cheaply only many at a time.
-    recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
+    polls: CallWindow = field(default_factory=_poll_window)
+    # Oldest first, trimmed in bulk by the guard.
+    recent_span_ids: RecentIds = field(default_factory=RecentIds)  # raw ids
     # Call id (its call_id_key) -> when its counted span ended (microseconds; 0: unknown, as in
     # states written before version 4).
-    recent_call_ids: dict[bytes, int] = field(default_factory=dict)
+    recent_call_ids: RecentCalls = field(default_factory=RecentCalls)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
@@ -112,6 +456,16 @@ class TraceState:
     # conversation scope is on.
     conversation_id: str | None = None
 
+    @property
+    def counts(self) -> dict[CallKey, int]:
+        """How many times each call of the window was made (the rules count its entries)."""
+        return dict(Counter(self.window))
+
+    @property
+    def poll_counts(self) -> dict[tuple[str, str], int]:
+        """How many times each poll of `polls` was made."""
+        return dict(Counter(self.polls))
+
     def to_dict(self) -> dict[str, Any]:
         record = {
             "v": STATE_VERSION,
@@ -122,7 +476,7 @@ class TraceState:
             "window_marks": base64.b64encode(self.window_marks).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
-            "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
+            "recent_span_ids": base64.b64encode(self.recent_span_ids.data).decode(),
             # Hex keys from version 5: an earlier version reads them as ids no call has.
             "recent_call_ids": [key.hex() for key in self.recent_call_ids],
             "recent_call_ends": list(self.recent_call_ids.values()),  # version 4
@@ -146,18 +500,16 @@ class TraceState:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
-        window = deque(_call_key(key) for key in record["window"])
-        polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
-        marks = _aligned(bytearray(base64.b64decode(record.get("window_marks", ""))), len(window))
+        window = CallWindow.of(_call_key(key) for key in record["window"])
+        polls = CallWindow.of(((tool, digest) for tool, digest in record.get("polls", ())), False)
+        marks = _aligned(base64.b64decode(record.get("window_marks", "")), len(window))
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
             window_marks=marks,
-            counts=dict(Counter(window)),
             polls=polls,
-            poll_counts=dict(Counter(polls)),
-            recent_span_ids=dict.fromkeys(_split_ids(record["recent_span_ids"])),
+            recent_span_ids=RecentIds.of(_split_ids(record["recent_span_ids"])),
             recent_call_ids=_call_ends(record),
             inference_tokens=record["inference_tokens"],
             aggregate_tokens=record["aggregate_tokens"],
@@ -201,10 +553,8 @@ class TraceState:
 
     def restart_window(self) -> None:
         self.window.clear()
-        self.window_marks.clear()
-        self.counts.clear()
+        self.window_marks = b""
         self.polls.clear()
-        self.poll_counts.clear()
         self.cycle_runs = None
 
     def forget_calls_before(self, micros: int) -> None:
@@ -222,7 +572,7 @@ class TraceState:
             return
         if not keep_from:
             return
-        trim_window(self.window, self.counts, marks, len(self.window) - keep_from)
+        trim_window(self, len(self.window) - keep_from)
         self.cycle_runs = None
 
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
@@ -232,7 +582,7 @@ class TraceState:
         marks = self.window_marks
         skip = 0 if last is None else max(len(self.window) - last, 0)
         starts = range(skip * MARK_BYTES, len(marks), MARK_BYTES)
-        keys = islice(self.window, skip, None)
+        keys = self.window.last(len(self.window) - skip)
         for (tool_name, digest, _result), start in zip(keys, starts, strict=True):
             mark = marks[start : start + MARK_BYTES]
             micros = int.from_bytes(mark[8:], "big")
@@ -247,17 +597,13 @@ class TraceState:
         return calls
 
 
-def trim_window(window: Any, counts: dict[Any, int], marks: bytearray, size: int) -> None:
-    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
-    aligned with it."""
-    while len(window) > size:
-        oldest = window.popleft()
-        del marks[:MARK_BYTES]
-        remaining = counts[oldest] - 1
-        if remaining:
-            counts[oldest] = remaining
-        else:
-            del counts[oldest]
+def trim_window(state: TraceState, size: int) -> None:
+    """Drop the oldest calls of a state's window grown past `size`, with the marks aligned
+    with it."""
+    excess = len(state.window) - size
+    if excess > 0:
+        state.window.drop_oldest(excess)
+        state.window_marks = state.window_marks[excess * MARK_BYTES :]
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -266,13 +612,13 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return compact_json.dumps(record)
 
 
-def _aligned(marks: bytearray, calls: int) -> bytearray:
+def _aligned(marks: bytes, calls: int) -> bytes:
     """`marks` for a window of `calls` calls: a state written before marks existed (or one
     built without them) has unknown span ids and times for its calls."""
     wanted = calls * MARK_BYTES
     if len(marks) == wanted:
         return marks
-    return bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+    return bytes(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
 
 
 def _call_key(key: Sequence[Any]) -> CallKey:
@@ -292,7 +638,7 @@ def call_id_key(call_id: str) -> bytes:
     return blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
-def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
+def _call_ends(record: dict[str, Any]) -> RecentCalls:
     """Call ids' keys and their spans' end times; 0 for states written before version 4. Until
     version 5 the record held the ids themselves."""
     if record.get("v", 1) >= 5:
@@ -301,8 +647,8 @@ def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
         ids = [call_id_key(call_id) for call_id in record["recent_call_ids"]]
     ends = record.get("recent_call_ends")
     if not isinstance(ends, list) or len(ends) != len(ids):
-        return dict.fromkeys(ids, 0)
-    return dict(zip(ids, ends, strict=True))
+        return RecentCalls.of((key, 0) for key in ids)
+    return RecentCalls.of(zip(ids, ends, strict=True))
 
 
 def _split_ids(encoded: str) -> list[bytes]:
@@ -403,7 +749,7 @@ def _put_time(out: bytearray, micros: int, previous: int) -> int:
     return micros
 
 
-def _time_base(marks: bytearray, ends: dict[bytes, int]) -> int:
+def _time_base(marks: bytes, ends: RecentCalls) -> int:
     for start in range(len(marks) - MARK_BYTES, -1, -MARK_BYTES):
         micros = int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big")
         if micros:
@@ -489,11 +835,8 @@ def _put_calls(out: bytearray, state: TraceState) -> None:
     if len(marks) % MARK_BYTES:
         raise _NotBinary("window marks not whole")
     span_ids = state.recent_span_ids
-    joined = b"".join(span_ids)
-    if len(joined) != 8 * len(span_ids):
-        raise _NotBinary("a span id not of 8 bytes")
     _put_uint(out, len(span_ids))
-    out += joined
+    out += span_ids.data
     place = {span_id: at for at, span_id in enumerate(span_ids, 1)}
     base = _time_base(marks, ends)
     _put_uint(out, base)
@@ -508,11 +851,8 @@ def _put_calls(out: bytearray, state: TraceState) -> None:
         previous = _put_time(
             out, int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big"), previous
         )
-    keys = b"".join(ends)
-    if len(keys) != 8 * len(ends):
-        raise _NotBinary("a call id key not of 8 bytes")
     _put_uint(out, len(ends))
-    out += keys
+    out += b"".join(ends.keys())
     previous = base
     for micros in ends.values():
         previous = _put_time(out, micros, previous)
@@ -608,13 +948,13 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
     state = cls(last_seen=last_seen)
     _read_scalars(reader, state)
     tools = [reader.text() for _ in range(reader.count())]
-    window: deque[CallKey] = deque()
+    window = CallWindow()
     for _ in range(reader.count()):
         tool = reader.tool(tools)
         forms = reader.byte()
         args = reader.digest(forms & 3)
         window.append((tool, args, reader.digest(forms >> 2)))
-    polls: deque[tuple[str, str]] = deque()
+    polls = _poll_window()
     for _ in range(reader.count()):
         tool = reader.tool(tools)
         args = reader.digest(reader.byte())
@@ -626,10 +966,9 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
     # A later version appends sections after these; trailing bytes of this one are garbage.
     if version == STATE_VERSION and reader.at != len(data):
         raise StateDecodeError(f"{len(data) - reader.at} bytes after the state")
+    window.memo = None
     state.window = window
-    state.counts = dict(Counter(window))
     state.polls = polls
-    state.poll_counts = dict(Counter(polls))
     return state
 
 
@@ -659,7 +998,7 @@ def _read_scalars(reader: _Reader, state: TraceState) -> None:
 def _read_calls(reader: _Reader, state: TraceState) -> None:
     raw = reader.raw(8 * reader.count())
     span_ids = [raw[i : i + 8] for i in range(0, len(raw), 8)]
-    state.recent_span_ids = dict.fromkeys(span_ids)
+    state.recent_span_ids = RecentIds(raw)
     previous = base = reader.uint()
     marks = bytearray()
     for _ in range(reader.count()):
@@ -670,12 +1009,12 @@ def _read_calls(reader: _Reader, state: TraceState) -> None:
         micros = reader.time(previous)
         marks += micros.to_bytes(8, "big")
         previous = micros or previous
-    state.window_marks = marks
+    state.window_marks = bytes(marks)
     raw = reader.raw(8 * reader.count())
-    ends: dict[bytes, int] = {}
+    ends = RecentCalls()
     previous = base
     for at in range(0, len(raw), 8):
         micros = reader.time(previous)
-        ends[raw[at : at + 8]] = micros
+        ends.put(raw[at : at + 8], micros)
         previous = micros or previous
     state.recent_call_ids = ends

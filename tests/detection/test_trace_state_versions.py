@@ -17,6 +17,8 @@ from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import (
     STATE_VERSION,
+    RecentCalls,
+    RecentIds,
     StateDecodeError,
     TraceState,
     call_id_key,
@@ -194,12 +196,11 @@ def _odd_state() -> TraceState:
     state.window_marks += b"\x02" * 8 + (2**63).to_bytes(8, "big")
     state.window_marks += b"\x03" * 8 + (1).to_bytes(8, "big")  # earlier: a negative offset
     state.polls.extend([("b", "not a hash"), ("tool-ü", "0123456789abcdef")])
-    state.recent_span_ids = dict.fromkeys([b"\x02" * 8, b"\x03" * 8, b"\x04" * 8])
-    state.recent_call_ids = {call_id_key("x"): 0, call_id_key("xy"): 7, call_id_key(""): 3}
+    state.recent_span_ids = RecentIds.of([b"\x02" * 8, b"\x03" * 8, b"\x04" * 8])
+    state.recent_call_ids = RecentCalls.of([(call_id_key("x"), 0), (call_id_key("xy"), 7)])
+    state.recent_call_ids.put(call_id_key(""), 3)
     state.inference_cost, state.aggregate_tokens = None, -3  # absurd, still written
     state.unpriced_tokens, state.cycle_runs = 2**80, [0, 1, 300]
-    state.counts = {key: state.window.count(key) for key in state.window}
-    state.poll_counts = {poll: 1 for poll in state.polls}
     return state
 
 
@@ -213,9 +214,16 @@ def test_the_binary_form_holds_every_shape_of_state():
 
 def test_a_state_the_binary_form_cannot_hold_is_written_as_json():
     state = TraceState(last_seen=3.0)
-    state.recent_span_ids = {b"short": None}  # span ids are 8 bytes: not this one
+    state.cycle_runs = [-1]  # run lengths are never negative: not this one
     data = state.to_bytes()
-    assert data.startswith(b"{") and TraceState.from_bytes(data).recent_span_ids == {b"short": None}
+    assert data.startswith(b"{") and TraceState.from_bytes(data).cycle_runs == [-1]
+
+
+def test_an_id_not_of_8_bytes_is_remembered_as_8():
+    state = TraceState(last_seen=3.0)
+    state.recent_span_ids.add(b"short", 32)
+    back = TraceState.from_bytes(state.to_bytes())
+    assert b"short" in back.recent_span_ids and len(back.recent_span_ids.data) == 8
 
 
 def test_a_field_of_another_type_than_declared_is_written_as_json():
