@@ -73,13 +73,13 @@ from spanguard.detection.rules.base import (
 )
 from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import (
+    MARK_BYTES,
     CallKey,
     TraceState,
     call_id_key,
     call_mark,
     iso_from_micros,
     shared_text,
-    trim_window,
 )
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import (
@@ -453,12 +453,10 @@ class Guard:
         if isinstance(event, AgentSeen):
             return None
         limit = plan.recent_ids
-        recent = state.recent_span_ids
-        span_id = event.span_id
-        if span_id in recent:
+        # Remembered when new (the newest `limit` kept, trimmed in bulk).
+        if state.recent_span_ids.seen(event.span_id, limit):
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        recent.add(span_id, limit)  # the newest `limit` kept, trimmed in bulk
         if isinstance(event, ToolCall):
             if event.call_id is not None:
                 call_key = call_id_key(event.call_id)
@@ -472,8 +470,9 @@ class Guard:
                     self.stats.repeated_call_ids += 1
                     return None
                 if ended is not None:
-                    self.stats.reissued_call_ids += 1  # moved newest last by `put`
-                recent_calls.put(call_key, event.end_time_unix_nano // 1000, limit)
+                    self.stats.reissued_call_ids += 1
+                    recent_calls.remove(call_key)  # kept newest last, for the trim below
+                recent_calls.add(call_key, event.end_time_unix_nano // 1000, limit)
             return self._on_tool_call(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
 
@@ -586,26 +585,16 @@ class Guard:
         # The call joins the window (_slide, inlined: this runs on every call).
         window = state.window
         window.append(key)
-        state.window_marks += call_mark(call.span_id, call.end_time_unix_nano)
-        if len(window) > plan.history:
-            trim_window(state, plan.history)
+        marks = state.window_marks + call_mark(call.span_id, call.end_time_unix_nano)
+        state.window_marks = marks
+        excess = len(marks) // MARK_BYTES - plan.history  # a mark a call of the window
+        if excess > 0:  # trim_window, inlined
+            window.drop_oldest(excess)
+            state.window_marks = marks[excess * MARK_BYTES :]
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
-        decision = self._check_call(trace_id, state, call, key, policy, plan)
-        state.window.memo = None  # the key's entry, packed for the rules: not kept
-        return decision
-
-    def _check_call(
-        self,
-        trace_id: str,
-        state: TraceState,
-        call: ToolCall,
-        key: CallKey,
-        policy: AgentPolicy,
-        plan: _Plan,
-    ) -> Decision | None:
-        """The rules decide on a call that joined the window, in turn."""
         fired = state.fired
+        decision = None
         for rule, wanted in plan.call_rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
@@ -616,8 +605,9 @@ class Guard:
                 rule, trip, wanted, trace_id, state, policy, call.span_id, call.end_time_unix_nano
             )
             if decision is not None:
-                return decision
-        return None
+                break
+        state.window.memo = None  # the key's entry, packed for the rules: not kept
+        return decision
 
     def _on_tokens(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan

@@ -80,8 +80,8 @@ def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
 
 _ID_BYTES: Final = 8
 _CALL_ENTRY_BYTES: Final = 16  # a call id's key, then when its call ended (signed microseconds)
-# A window entry: the tool's place in `texts`, then per hash a form byte and 8 bytes (the raw
-# hash, or the text's place in `texts`).
+# A window entry: the result hash, the tool's place in `texts`, the args hash; a hash as a form
+# byte and 8 bytes (the raw hash, or the text's place in `texts`).
 _TOOL_BYTES: Final = 4
 _HASH_BYTES: Final = 9
 _CALL_WIDTH: Final = _TOOL_BYTES + 2 * _HASH_BYTES
@@ -98,16 +98,6 @@ def _entry_at(data: bytes, entry: bytes, width: int, start: int = 0) -> int:
     while at >= 0 and at % width:
         at = data.find(entry, at + 1)
     return at
-
-
-def _entries_of(data: bytes, entry: bytes, width: int, start: int = 0) -> int:
-    """How many entries of `data` from `start` are `entry`."""
-    found = 0
-    at = _entry_at(data, entry, width, start)
-    while at >= 0:
-        found += 1
-        at = _entry_at(data, entry, width, at + width)
-    return found
 
 
 # Tool and service names (and the odd hash that is no hex) as one string object for every trace
@@ -146,7 +136,13 @@ class RecentIds:
     def __contains__(self, span_id: object) -> bool:
         if not isinstance(span_id, bytes):
             return False
-        return _entry_at(self.data, _as_id(span_id), _ID_BYTES) >= 0
+        if len(span_id) != _ID_BYTES:
+            span_id = _as_id(span_id)
+        data = self.data
+        at = data.find(span_id)
+        while at >= 0 and at % _ID_BYTES:  # across two ids: neither
+            at = data.find(span_id, at + 1)
+        return at >= 0
 
     def __len__(self) -> int:
         return len(self.data) // _ID_BYTES
@@ -155,10 +151,27 @@ class RecentIds:
         data = self.data
         return (data[at : at + _ID_BYTES] for at in range(0, len(data), _ID_BYTES))
 
+    def seen(self, span_id: bytes, keep: int) -> bool:
+        """Whether `span_id` is among the ids; if not, it is added as by `add` (one call: this
+        runs on every span)."""
+        if len(span_id) != _ID_BYTES:
+            span_id = _as_id(span_id)
+        data = self.data
+        at = data.find(span_id)
+        while at >= 0:
+            if not at % _ID_BYTES:
+                return True
+            at = data.find(span_id, at + 1)  # across two ids: neither
+        data += span_id
+        if len(data) > (keep + (keep >> 2)) * _ID_BYTES:
+            data = data[len(data) - keep * _ID_BYTES :]
+        self.data = data
+        return False
+
     def add(self, span_id: bytes, keep: int, slack: int = -1) -> None:
         """Remember `span_id`; past `keep` and `slack` more (a quarter of `keep` unless given),
         only the newest `keep` are kept: trimmed in bulk, a copy each time costs more."""
-        data = self.data + _as_id(span_id)
+        data = self.data + (span_id if len(span_id) == _ID_BYTES else _as_id(span_id))
         if len(data) > (keep + (keep >> 2 if slack < 0 else slack)) * _ID_BYTES:
             data = data[len(data) - keep * _ID_BYTES :]
         self.data = data
@@ -175,7 +188,8 @@ class RecentCalls:
     def of(cls, ends: Iterable[tuple[bytes, int]]) -> RecentCalls:
         calls = cls()
         for key, micros in ends:
-            calls.put(key, micros)
+            calls.remove(key)
+            calls.add(key, micros)
         return calls
 
     def __len__(self) -> int:
@@ -203,20 +217,27 @@ class RecentCalls:
 
     def get(self, key: bytes) -> int | None:
         data = self.data
-        at = _entry_at(data, _as_id(key), _CALL_ENTRY_BYTES)
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        at = data.find(key)
+        while at >= 0 and at % _CALL_ENTRY_BYTES:  # in a time, or across two entries
+            at = data.find(key, at + 1)
         if at < 0:
             return None
         return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
 
-    def put(self, key: bytes, micros: int, keep: int = 0) -> None:
-        """Remember `key` (newest, moved last if it was there) with when its call ended; with
-        `keep`, past `keep` and a quarter only the newest `keep` are kept."""
-        key = _as_id(key)
+    def remove(self, key: bytes) -> None:
         data = self.data
-        at = _entry_at(data, key, _CALL_ENTRY_BYTES)
+        at = _entry_at(data, _as_id(key), _CALL_ENTRY_BYTES)
         if at >= 0:
-            data = data[:at] + data[at + _CALL_ENTRY_BYTES :]
-        data += key + micros.to_bytes(_CALL_ENTRY_BYTES - _ID_BYTES, "big", signed=True)
+            self.data = data[:at] + data[at + _CALL_ENTRY_BYTES :]
+
+    def add(self, key: bytes, micros: int, keep: int = 0) -> None:
+        """Remember `key`, not among them, as the newest with when its call ended; with
+        `keep`, past `keep` and a quarter only the newest `keep` are kept (in bulk)."""
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        data = self.data + key + micros.to_bytes(8, "big", signed=True)
         if keep and len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
             data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
         self.data = data
@@ -225,36 +246,35 @@ class RecentCalls:
 @dataclass(slots=True, eq=False)
 class CallWindow:
     """The keys of a trace's last calls, oldest first: (tool, args hash, result hash) tuples,
-    or (tool, args hash) pairs in a poll window (`results` False).
+    or (tool, args hash) pairs in a poll window (`width` _POLL_WIDTH).
 
-    Kept as fixed-width entries in one bytes object: the tool's place in `texts` (4 bytes),
-    then per hash a form byte and 8 bytes: the hash's raw bytes when it is 16 lowercase hex
-    digits (nearly always), else its text's place in `texts`. Iterating gives the keys back;
+    Kept as fixed-width entries in one bytes object: the result hash (none in a poll window),
+    the tool's place in `texts` (4 bytes), the args hash; a hash as a form byte and 8 bytes:
+    its raw bytes when it is 16 lowercase hex digits (nearly always), else its text's place in
+    `texts`. Iterating gives the keys back;
     the rules count and compare entries without building them (`count`, `matches_back`)."""
 
-    results: bool = True
+    width: int = _CALL_WIDTH
     entries: bytes = b""
     texts: tuple[str, ...] = ()  # tool names and hashes that are not 16 hex digits
-    # The last key packed and its entry: a call's key is packed once for every rule. The
-    # guard drops it once the rules are done.
-    memo: tuple[Any, bytes] | None = None
+    # The last key packed, its entry, and how many calls of `entries` (when it was counted
+    # in this very object) have it: a call's key is packed and counted once for every rule,
+    # and kept counted as the call joins the window. The guard drops it once the rules ran.
+    memo: tuple[Any, bytes, bytes | None, int] | None = None
 
     @classmethod
-    def of(cls, keys: Iterable[Sequence[Any]], results: bool = True) -> CallWindow:
-        window = cls(results)
+    def of(cls, keys: Iterable[Sequence[Any]], width: int = _CALL_WIDTH) -> CallWindow:
+        window = cls(width)
         for key in keys:
             window.append(tuple(key))
+        window.memo = None
         return window
 
-    def _width(self) -> int:
-        return _CALL_WIDTH if self.results else _POLL_WIDTH
-
     def __len__(self) -> int:
-        return len(self.entries) // self._width()
+        return len(self.entries) // self.width
 
     def __iter__(self) -> Iterator[Any]:
-        width = self._width()
-        return iter([self._key(at) for at in range(0, len(self.entries), width)])
+        return iter(self.last(len(self)))
 
     def __reversed__(self) -> Iterator[Any]:
         return iter(self.newest_first(len(self)))
@@ -264,20 +284,25 @@ class CallWindow:
         place = index + size if index < 0 else index
         if not 0 <= place < size:
             raise IndexError("window index out of range")
-        return self._key(place * self._width())
+        return self._key(place * self.width)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CallWindow):
             return NotImplemented
-        return self.results == other.results and list(self) == list(other)
+        return self.width == other.width and list(self) == list(other)
 
     def __repr__(self) -> str:
         return f"CallWindow({list(self)!r})"
 
     def append(self, key: Any) -> None:
-        if len(self.texts) > 3 * len(self) + 16:
+        if len(self.texts) > 3 * len(self.entries) // self.width + 16:
             self._compact()
-        self.entries += self._entry(key, True)  # type: ignore[operator]
+        entry: bytes = self._entry(key, True)  # type: ignore[assignment]
+        before = self.entries
+        entries = self.entries = before + entry
+        memo = self.memo
+        if memo is not None and memo[0] is key and memo[2] is before:
+            self.memo = (key, entry, entries, memo[3] + 1)
 
     def extend(self, keys: Iterable[Any]) -> None:
         for key in keys:
@@ -289,42 +314,67 @@ class CallWindow:
         self.memo = None
 
     def drop_oldest(self, calls: int) -> None:
-        if calls > 0:
-            self.entries = self.entries[calls * self._width() :]
+        if calls <= 0:
+            return
+        before, cut, width = self.entries, calls * self.width, self.width
+        entries = self.entries = before[cut:]
+        memo = self.memo
+        if memo is not None and memo[2] is before:
+            entry = memo[1]
+            dropped = 0
+            for at in range(0, cut, width):
+                if before.startswith(entry, at):
+                    dropped += 1
+            self.memo = (memo[0], entry, entries, memo[3] - dropped)
 
     def count(self, key: Any) -> int:
         """How many calls of the window have `key`."""
-        entry = self._entry(key, False)
-        return 0 if entry is None else _entries_of(self.entries, entry, self._width())
-
-    def count_recent(self, key: Any, last: int) -> int:
-        """How many of the window's last `last` calls have `key`."""
+        memo, entries = self.memo, self.entries
+        if memo is not None and memo[0] is key and memo[2] is entries:
+            return memo[3]
         entry = self._entry(key, False)
         if entry is None:
             return 0
-        width = self._width()
-        start = max(len(self.entries) - last * width, 0)
-        return _entries_of(self.entries, entry, width, start)
+        width = self.width
+        found = 0
+        at = entries.find(entry)
+        while at >= 0:
+            if at % width:  # across two entries: no call's
+                at = entries.find(entry, at + 1)
+                continue
+            found += 1
+            at = entries.find(entry, at + width)
+        if width == _CALL_WIDTH:
+            self.memo = (key, entry, entries, found)
+        return found
+
+    def count_recent(self, key: Any, last: int) -> int:
+        """How many of the window's last `last` calls have `key`."""
+        if last >= len(self):
+            return self.count(key)
+        recent = CallWindow(self.width, self.entries[-last * self.width :], self.texts, self.memo)
+        return recent.count(key)
 
     def __contains__(self, key: object) -> bool:
-        entry = self._entry(key, False)
-        return entry is not None and _entry_at(self.entries, entry, self._width()) >= 0
+        return self.count(key) > 0
 
     def matches_back(self, key: Any, calls: int, whole: bool = True) -> list[bool]:
         """For the window's last `calls` calls, newest first: whether each has `key` (`whole`),
         or its tool and arguments."""
         entry = self._entry(key, False)
-        width = self._width()
+        width = self.width
         calls = min(calls, len(self))
         if entry is None:
             return [False] * calls
-        probe = entry if whole else entry[: _TOOL_BYTES + _HASH_BYTES]
-        entries, end = self.entries, len(self.entries)
+        # The tool and arguments are an entry's last bytes (after the result's).
+        skip = 0 if whole else width - _TOOL_BYTES - _HASH_BYTES
+        probe = entry[skip:]
+        entries, end = self.entries, len(self.entries) + skip
         return [entries.startswith(probe, end - back * width) for back in range(1, calls + 1)]
 
     def last(self, calls: int) -> list[Any]:
         """The window's last `calls` keys, oldest first."""
-        width = self._width()
+        width = self.width
         start = max(len(self.entries) - calls * width, 0)
         return [self._key(at) for at in range(start, len(self.entries), width)]
 
@@ -340,26 +390,26 @@ class CallWindow:
         memo = self.memo
         if memo is not None and memo[0] is key:
             return memo[1]
-        tool = key[0]
         texts = self.texts
-        if tool in texts:
+        tool = key[0]
+        try:
             index = texts.index(tool)
-        elif add:
-            index = self._add_text(tool)
-        else:
-            return None
-        entry = index.to_bytes(_TOOL_BYTES, "big")
-        hashed = self._hash_part(key[1], add)
-        if hashed is None:
-            return None
-        entry += hashed
-        if self.results:
-            hashed = self._hash_part(key[2], add)
-            if hashed is None:
+        except ValueError:
+            if not add:
                 return None
-            entry += hashed
-        if self.results:  # a poll's key is made anew for each use: no memo
-            self.memo = (key, entry)
+            index = self._add_text(tool)
+        poll = self.width == _POLL_WIDTH
+        # The result's part first, the arguments' last: bytes.find checks a needle's last
+        # byte first, and a hash's is nearly never the same.
+        entry = b"" if poll else self._hash_part(key[2], add)
+        if entry is None:
+            return None
+        args = self._hash_part(key[1], add)
+        if args is None:
+            return None
+        entry += index.to_bytes(_TOOL_BYTES, "big") + args
+        if not poll:  # a poll's key is made anew for each use: no memo
+            self.memo = (key, entry, None, 0)
         return entry
 
     def _hash_part(self, digest: str | None, add: bool) -> bytes | None:
@@ -372,11 +422,14 @@ class CallWindow:
                 raw = b""
             if len(raw) == 8 and raw.hex() == digest:
                 return _HEX_FORM + raw
+        return self._text_part(digest, add)
+
+    def _text_part(self, text: str, add: bool) -> bytes | None:
         texts = self.texts
-        if digest in texts:
-            index = texts.index(digest)
+        if text in texts:
+            index = texts.index(text)
         elif add:
-            index = self._add_text(digest)
+            index = self._add_text(text)
         else:
             return None
         return _TEXT_FORM + index.to_bytes(_HASH_BYTES - 1, "big")
@@ -393,12 +446,14 @@ class CallWindow:
             self.entries += self._entry(key, True)  # type: ignore[operator]
 
     def _key(self, at: int) -> Any:
-        entries, texts = self.entries, self.texts
-        tool = texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
-        args = self._hash_at(at + _TOOL_BYTES)
-        if not self.results:
-            return (tool, args)
-        return (tool, args, self._hash_at(at + _TOOL_BYTES + _HASH_BYTES))
+        entries = self.entries
+        if self.width == _POLL_WIDTH:
+            tool = self.texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
+            return (tool, self._hash_at(at + _TOOL_BYTES))
+        result = self._hash_at(at)
+        at += _HASH_BYTES
+        tool = self.texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
+        return (tool, self._hash_at(at + _TOOL_BYTES), result)
 
     def _hash_at(self, at: int) -> str | None:
         entries = self.entries
@@ -412,7 +467,7 @@ class CallWindow:
 
 
 def _poll_window() -> CallWindow:
-    return CallWindow(results=False)
+    return CallWindow(_POLL_WIDTH)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the conversation's state extends it
@@ -501,7 +556,9 @@ class TraceState:
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
         window = CallWindow.of(_call_key(key) for key in record["window"])
-        polls = CallWindow.of(((tool, digest) for tool, digest in record.get("polls", ())), False)
+        polls = CallWindow.of(
+            ((tool, digest) for tool, digest in record.get("polls", ())), _POLL_WIDTH
+        )
         marks = _aligned(base64.b64decode(record.get("window_marks", "")), len(window))
         return cls(
             service=record["service"],
@@ -1015,6 +1072,7 @@ def _read_calls(reader: _Reader, state: TraceState) -> None:
     previous = base
     for at in range(0, len(raw), 8):
         micros = reader.time(previous)
-        ends.put(raw[at : at + 8], micros)
+        ends.remove(raw[at : at + 8])
+        ends.add(raw[at : at + 8], micros)
         previous = micros or previous
     state.recent_call_ids = ends

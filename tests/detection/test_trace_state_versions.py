@@ -198,7 +198,7 @@ def _odd_state() -> TraceState:
     state.polls.extend([("b", "not a hash"), ("tool-ü", "0123456789abcdef")])
     state.recent_span_ids = RecentIds.of([b"\x02" * 8, b"\x03" * 8, b"\x04" * 8])
     state.recent_call_ids = RecentCalls.of([(call_id_key("x"), 0), (call_id_key("xy"), 7)])
-    state.recent_call_ids.put(call_id_key(""), 3)
+    state.recent_call_ids.add(call_id_key(""), 3)
     state.inference_cost, state.aggregate_tokens = None, -3  # absurd, still written
     state.unpriced_tokens, state.cycle_runs = 2**80, [0, 1, 300]
     return state

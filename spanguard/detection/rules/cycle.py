@@ -48,7 +48,7 @@ class Cycle(ToolCallRule):
             return
         compare_results = cycle.compare_results
         window = state.window
-        if key[1] is None or (compare_results and key not in window):
+        if key[1] is None or (compare_results and not window.count(key)):
             # Not recorded (a tool name alone cannot tell a cycle from fresh arguments), or
             # not among the last max_period calls: every run breaks.
             state.cycle_runs = None
