@@ -19,7 +19,16 @@ from setuptools import setup
 # The hot path: the guard, the span conventions, argument hashing, the trace state, the rules.
 COMPILED_MODULES = [
     "spanguard/detection/guard.py",
-    "spanguard/detection/conventions.py",
+    # The span conventions, one module per concept (its __init__ holds no code).
+    "spanguard/detection/conventions/keys.py",
+    "spanguard/detection/conventions/values.py",
+    "spanguard/detection/conventions/events.py",
+    "spanguard/detection/conventions/decoding.py",
+    "spanguard/detection/conventions/kinds.py",
+    "spanguard/detection/conventions/turns.py",
+    "spanguard/detection/conventions/gateway.py",
+    "spanguard/detection/conventions/capture.py",
+    "spanguard/detection/conventions/adapt.py",
     "spanguard/detection/canonical.py",
     "spanguard/detection/trace_state.py",
     "spanguard/detection/results.py",
@@ -30,6 +39,10 @@ COMPILED_MODULES = [
     "spanguard/detection/rules/no_progress.py",
     "spanguard/detection/rules/token_budget.py",
     "spanguard/detection/rules/cost_budget.py",
+    "spanguard/detection/rules/handoff_cycle.py",
+    "spanguard/detection/rules/delegation_depth.py",
+    "spanguard/detection/rules/agent_fan_out.py",
+    "spanguard/detection/agent_tree.py",
     # Every inference span is priced.
     "spanguard/detection/pricing.py",
     # The conversation scope (its state extends the trace's).

@@ -77,6 +77,11 @@ DETAIL_FIELDS = (
     "detected_at",
     *PAUSE_FIELDS,
     *SCOPE_FIELDS,  # a conversation's decision: which conversation, over how many traces
+    # The agents a decision names (a fleet incident's callers, a handoff cycle's agents), and
+    # the multi-agent rules' figures: in the record's evidence, not in a kill signal's.
+    "agents",
+    "depth",
+    "sub_agents",
 )
 
 Status = Literal["accepted", "rejected", "failed"]
@@ -91,15 +96,24 @@ def record_of(detection: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def should_page(detection: Decision | Mapping[str, Any]) -> bool:
-    """Only detections on autonomous agents (policy `autonomous: true`) page the on-call."""
+    """Detections on autonomous agents (policy `autonomous: true`) page the on-call, and so do
+    fleet incidents (scope "tool": one tool failing across every agent)."""
     if isinstance(detection, Decision):
-        return detection.policy.autonomous is True
-    return detection.get("autonomous") is True
+        return detection.policy.autonomous is True or detection.scope_kind == "tool"
+    return detection.get("autonomous") is True or detection.get("scope") == "tool"
 
 
 def dedup_key(detection: Mapping[str, Any]) -> str:
     """`spanguard:<trace_id>:<rule>`: one incident per looping trace and rule."""
     return f"spanguard:{detection['trace_id']}:{detection['rule']}"
+
+
+def fleet_label(detection: Mapping[str, Any]) -> str | None:
+    """A fleet incident's subject, `tool NAME[ at SERVER]`; None for any other detection."""
+    if detection.get("scope") != "tool":
+        return None
+    server = detection.get("server")
+    return f"tool {detection.get('tool')}" + (f" at {server}" if server else "")
 
 
 def _agent(detection: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -144,10 +158,16 @@ def build_event(detection: Mapping[str, Any], settings: PagerSettings) -> dict[s
     """The Events API v2 trigger for one detection, without the routing key (the client adds it).
 
     Shape: {"event_action", "dedup_key", "payload": {summary, source, severity, timestamp,
-    component, class, custom_details}, "client", ["client_url", "links"]}.
+    component, class, custom_details}, "client", ["client_url", "links"]}. A fleet incident's
+    `recovered` record is the resolve of its trigger: {"event_action": "resolve", "dedup_key"}.
     """
+    if detection.get("action") == "recovered":
+        return {"event_action": "resolve", "dedup_key": dedup_key(detection)}
     service, name = _agent(detection)
     who = f"{name} ({service})" if name and name != service else service
+    fleet = fleet_label(detection)
+    if fleet is not None:  # many agents: the tool is the subject (`agents` lists them)
+        who = fleet
     rule = detection["rule"]
     reason = detection.get("reason")
     summary = f"spanguard: {who} {rule}: {reason}" if reason else f"spanguard: {who} {rule}"
@@ -166,9 +186,9 @@ def build_event(detection: Mapping[str, Any], settings: PagerSettings) -> dict[s
 
     payload: dict[str, Any] = {
         "summary": summary,
-        "source": service,
+        "source": fleet or service,
         "severity": severity_of(detection, settings.default_severity),
-        "component": name or service,
+        "component": fleet or name or service,
         "class": rule,
         "custom_details": details,
     }
@@ -181,7 +201,7 @@ def build_event(detection: Mapping[str, Any], settings: PagerSettings) -> dict[s
         "payload": payload,
         "client": "spanguard",
     }
-    link = trace_url(detection, settings)
+    link = None if fleet else trace_url(detection, settings)  # an incident's id is no trace
     if link:
         details["trace_url"] = link
         event["client_url"] = link
@@ -325,7 +345,8 @@ class Pager:
                 extra={
                     **context,
                     "attempts": outcome.attempts,
-                    "severity": event["payload"]["severity"],
+                    "event_action": event["event_action"],
+                    "severity": event.get("payload", {}).get("severity"),
                 },
             )
             return PageResult("accepted", outcome.attempts, key, http_status=outcome.value)

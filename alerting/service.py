@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 
+from spanguard.alerting.incidents import OpenIncidents, delivery_mark, is_incident
 from spanguard.alerting.pagerduty import Pager, PageResult, should_page
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
@@ -27,13 +28,16 @@ class PageOutcome(CountedOutcome):
     REJECTED = "rejected"
     FAILED = "failed"
     ALREADY_PAGED = "already_paged"  # this trace and rule paged before
+    FOLDED = "folded"  # a trace decided on a tool with an open fleet incident: paged as one
     NOT_CONFIGURED = "not_configured"  # it would page, but no routing key is set
     UNREADABLE = "unreadable"  # not JSON
 
 
 class PagingService:
-    def __init__(self, pager: Pager | None) -> None:
+    def __init__(self, pager: Pager | None, incidents: OpenIncidents | None = None) -> None:
         self.pager = pager
+        # The worker's, which its incident reader fills from every partition (streams/app.py).
+        self.incidents = OpenIncidents() if incidents is None else incidents
         self.outcomes = Tally()
         self._warned_unconfigured = False
 
@@ -46,8 +50,16 @@ class PagingService:
             return None
         if not should_page(decision):
             return None
-        if decision.rule in paged_rules:
+        if delivery_mark(decision) in paged_rules:
             self.outcomes.add(PageOutcome.ALREADY_PAGED)
+            return None
+        # One page per cause: an incident is noted open (or closed) before it pages, and a
+        # trace decided on its tool meanwhile is folded into it. The incident reader notes the
+        # incidents on the other partitions (alerting/incident_reader.py).
+        if is_incident(decision):
+            self.incidents.record(decision)
+        elif self.incidents.fold(decision) is not None:
+            self.outcomes.add(PageOutcome.FOLDED)
             return None
         if self.pager is None:
             self.outcomes.add(PageOutcome.NOT_CONFIGURED)

@@ -38,7 +38,8 @@ from urllib.parse import urlsplit
 import httpx2
 
 from spanguard import __version__
-from spanguard.alerting.pagerduty import dedup_key, record_of
+from spanguard.alerting.incidents import delivery_mark
+from spanguard.alerting.pagerduty import dedup_key, fleet_label, record_of
 from spanguard.config.settings import WebhookSettings
 from spanguard.connectors.outbound import (
     SUMMARY_LIMIT,
@@ -69,6 +70,8 @@ SIGNATURE_HEADER = "X-Spanguard-Signature"
 # What a Slack message shows of the evidence, when present.
 SLACK_FIELDS = (
     ("tool_name", "tool"),
+    ("server", "server"),
+    ("traces", "traces"),
     ("hits", "hits"),
     ("window", "window"),
     ("threshold", "threshold"),
@@ -86,6 +89,7 @@ def summary_of(detection: Mapping[str, Any]) -> str:
     service = agent.get("service") or "unknown-service"
     name = agent.get("name")
     who = f"{name} ({service})" if name and name != service else service
+    who = fleet_label(detection) or who  # a fleet incident: the tool across every agent
     text = (
         f"spanguard: {who} {detection.get('rule')} -> {detection.get('action')}:"
         f" {detection.get('reason')}"
@@ -317,7 +321,7 @@ class WebhookService:
         except ValueError:
             self.outcomes.add(WebhookOutcome.UNREADABLE)
             return None
-        if decision.rule in sent_rules:
+        if delivery_mark(decision) in sent_rules:
             self.outcomes.add(WebhookOutcome.ALREADY_SENT)
             return None
         return decision

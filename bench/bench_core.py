@@ -23,7 +23,9 @@ from collections import Counter, deque
 
 from bench.corpus import build_corpus
 from spanguard.detection import core_build
-from spanguard.detection.conventions import WANTED_KEYS, TokenUsage, ToolCall, adapt_span
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import TokenUsage, ToolCall
+from spanguard.detection.conventions.keys import WANTED_KEYS
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import RULES
 from spanguard.detection.rules.base import TokenRule

@@ -10,20 +10,22 @@ their ratio, median of back-to-back pairs; the last line is one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from typing import Any
 
 from bench.bench_core import _best
-from bench.corpus import build_corpus
+from bench.corpus import build_corpus, corpus_parser
 from spanguard.detection import core_build
-from spanguard.detection.conventions import MISSING, WANTED_KEYS, ToolCall, adapt_span
-from spanguard.detection.fleet import FleetPolicy, FleetWindow, server_of, tool_call
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import MISSING, ToolCall
+from spanguard.detection.conventions.keys import WANTED_KEYS
+from spanguard.detection.fleet import FleetWindow, server_of, tool_call
 from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key
 from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.policy import FleetPolicy
 
 BASE_NS = 1_800_000_000_000_000_000
 MINUTES_NS = 10 * 60 * 1_000_000_000
@@ -50,11 +52,7 @@ def tool_events(requests: list[bytes]) -> list[tuple[ToolCall, str | None, str, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spans", type=int, default=100_000)
-    parser.add_argument("--traces", type=int, default=1_000)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    args = corpus_parser(__doc__).parse_args()
 
     corpus = build_corpus(args.spans, args.traces)
     events = tool_events(corpus.requests)

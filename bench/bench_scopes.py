@@ -11,12 +11,11 @@ one's ratio to the base; the last line is one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 
 from bench.bench_core import _best
-from bench.corpus import build_corpus
+from bench.corpus import build_corpus, corpus_parser
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp import ExportTraceServiceRequest
@@ -43,11 +42,7 @@ def with_conversations(requests: list[bytes], prefix: str = "conv") -> list[byte
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spans", type=int, default=100_000)
-    parser.add_argument("--traces", type=int, default=1_000)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    args = corpus_parser(__doc__).parse_args()
     corpus = build_corpus(args.spans, args.traces)
     requests = with_conversations(corpus.requests)
     huge = 10**9

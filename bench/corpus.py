@@ -11,6 +11,7 @@ processor hands the exporter for interactive agents, whose spans end a few at a 
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from dataclasses import dataclass, field
@@ -114,6 +115,16 @@ def _span(rng: random.Random, trace_id: bytes, parent: bytes, kind: str, step: i
             ]
         )
     return span, args
+
+
+def corpus_parser(description: str | None) -> argparse.ArgumentParser:
+    """The command line of a benchmark over this corpus: its size (--spans over --traces) and
+    how many runs to take the best or median of; the caller adds its own options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spans", type=int, default=100_000)
+    parser.add_argument("--traces", type=int, default=1_000)
+    parser.add_argument("--runs", type=int, default=5)
+    return parser
 
 
 def build_corpus(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from spanguard import __version__
 from spanguard.config.policy_file import load_policy
@@ -146,6 +146,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from spanguard.detection.explain import explain_records
 
     settings = _settings(args)
+    if args.tool is not None:
+        return _explain_tool(settings, args)
+    if args.server is not None:
+        print("spanguard explain: --server goes with --tool NAME", file=sys.stderr)
+        return 2
+    if args.trace_id is None:
+        print("spanguard explain: give a TRACE_ID, or --tool NAME", file=sys.stderr)
+        return 2
     trace_id = args.trace_id.lower()
     scan = read_decisions(
         settings.bootstrap, settings.kafka, settings.detections_topic, trace_id, args.timeout
@@ -164,6 +172,40 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         text = explain_records(trace_id, scan.records, acks, ack_within=args.ack_within)
         sys.stdout.write(text)
+    return 0
+
+
+def _explain_tool(settings: Any, args: argparse.Namespace) -> int:
+    """`explain --tool NAME [--server S]`: the tool's fleet incidents, open and recovered.
+    No incident is an answer, not an error: exit 0 and say so."""
+    import json
+
+    from spanguard.connectors.audit import read_tool_incidents
+    from spanguard.detection.explain import explain_tool_incidents
+
+    if args.trace_id is not None:
+        print("spanguard explain: a TRACE_ID or --tool, not both", file=sys.stderr)
+        return 2
+    scan = read_tool_incidents(
+        settings.bootstrap,
+        settings.kafka,
+        settings.detections_topic,
+        args.tool,
+        args.server,
+        args.timeout,
+    )
+    if args.json:
+        for record in scan.records:
+            print(json.dumps(record, sort_keys=True))
+        return 0
+    text = explain_tool_incidents(args.tool, scan.records)
+    if not scan.records:
+        at = f" at {args.server}" if args.server else ""
+        text = (
+            f"spanguard explain: no fleet incident on {args.tool}{at} in"
+            f" {settings.detections_topic} ({scan.scanned} records read)\n"
+        )
+    sys.stdout.write(text)
     return 0
 
 
@@ -193,9 +235,26 @@ def _read_acks(settings: Any, trace_id: str, timeout: float) -> list[dict[str, A
     return acks
 
 
+def _add_worker_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The few worker settings a reading command needs, as the worker's flags (env vars
+    honoured; metavar: HOST:PORT or the name's last word, TOPIC or TTL)."""
+    from spanguard.config.settings import REGISTRY
+
+    for entry in REGISTRY:
+        if entry.owner == "WorkerSettings" and entry.name in names and entry.flag is not None:
+            parser.add_argument(
+                entry.flag,
+                dest=f"{entry.owner}.{entry.name}",
+                default=None,
+                metavar="HOST:PORT"
+                if entry.name == "bootstrap"
+                else entry.name.split("_")[-1].upper(),
+                help=f"{entry.help} (${entry.env}; default {entry.default})",
+            )
+
+
 def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
     from spanguard.config.kafka_security import add_flags
-    from spanguard.config.settings import REGISTRY
 
     explain = commands.add_parser(
         "explain",
@@ -205,22 +264,20 @@ def _add_explain_parser(commands: argparse._SubParsersAction) -> None:
             " the window when the rule tripped (tool names, hash prefixes, span ids, times),"
             " the policy entry in force and its threshold, and whether an agent acknowledged"
             " obeying each kill or downgrade (the ack topic). Exit 1 if there is none."
+            " With --tool NAME: the tool's fleet incidents instead."
         ),
     )
-    explain.add_argument("trace_id", metavar="TRACE_ID", help="32 hex digits")
-    for entry in REGISTRY:  # only the two worker settings explain needs, env vars honoured
-        if entry.owner == "WorkerSettings" and entry.name in (
-            "bootstrap",
-            "detections_topic",
-            "ack_topic",
-        ):
-            explain.add_argument(
-                entry.flag,
-                dest=f"{entry.owner}.{entry.name}",
-                default=None,
-                metavar="HOST:PORT" if entry.name == "bootstrap" else "TOPIC",
-                help=f"{entry.help} (${entry.env}; default {entry.default})",
-            )
+    explain.add_argument("trace_id", metavar="TRACE_ID", nargs="?", help="32 hex digits")
+    explain.add_argument(
+        "--tool",
+        metavar="NAME",
+        help="instead of a trace: the tool's fleet incidents (open and recovered), with their"
+        " figures, traces and agents",
+    )
+    explain.add_argument(
+        "--server", metavar="S", help="with --tool: only the incidents of this server"
+    )
+    _add_worker_flags(explain, ("bootstrap", "detections_topic", "ack_topic"))
     explain.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to read the topic (default 30)"
     )
@@ -329,7 +386,6 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
 
 def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
     from spanguard.config.kafka_security import add_flags
-    from spanguard.config.settings import REGISTRY
     from spanguard.detection.backtest import DEFAULT_MAX_TRACES
 
     backtest = commands.add_parser(
@@ -366,21 +422,7 @@ def _add_backtest_parser(commands: argparse._SubParsersAction) -> None:
     backtest.add_argument(
         "--html", metavar="FILE", help="also write a page with a timeline per changed trace"
     )
-    for entry in REGISTRY:  # the worker settings a backtest reads, env vars honoured
-        if entry.owner == "WorkerSettings" and entry.name in (
-            "bootstrap",
-            "input_topic",
-            "state_ttl",
-        ):
-            backtest.add_argument(
-                entry.flag,
-                dest=f"{entry.owner}.{entry.name}",
-                default=None,
-                metavar="HOST:PORT"
-                if entry.name == "bootstrap"
-                else entry.name.split("_")[-1].upper(),
-                help=f"{entry.help} (${entry.env}; default {entry.default})",
-            )
+    _add_worker_flags(backtest, ("bootstrap", "input_topic", "state_ttl"))
     add_flags(backtest)
     backtest.set_defaults(handler=_cmd_backtest)
 
@@ -395,11 +437,14 @@ def _cmd_manual(args: argparse.Namespace) -> int:
     from spanguard.killswitch.client import parse_agent
     from spanguard.schemas.decision import MAX_CONVERSATION_ID_CHARS
 
-    named = [args.trace_id, args.conversation, args.agent]
+    named = [args.trace_id, args.conversation, args.agent, getattr(args, "tool", None)]
     if sum(value is not None for value in named) != 1:
-        print(f"spanguard {args.command}: name one of TRACE_ID, --conversation ID or"
-              " --agent SERVICE[/NAME]", file=sys.stderr)  # fmt: skip
+        tool = " or --tool NAME" if args.command == "release" else ""
+        print(f"spanguard {args.command}: name one of TRACE_ID, --conversation ID,"
+              f" --agent SERVICE[/NAME]{tool}", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
+    if getattr(args, "tool", None) is not None:
+        return _cmd_tool(args)
     trace_id = args.trace_id.lower() if args.trace_id is not None else None
     agent = None
     if trace_id is not None and not re.fullmatch(r"[0-9a-f]{32}", trace_id):
@@ -435,6 +480,97 @@ def _cmd_manual(args: argparse.Namespace) -> int:
     print(f"{args.command}: {signal.describe_target()} signal {signal.signal_id} by {operator}"
           f" on {settings.kill_topic}{until}")  # fmt: skip
     return 0
+
+
+def _cmd_tool(args: argparse.Namespace) -> int:
+    """`spanguard contain --tool` / `spanguard release --tool`: a signed tool signal."""
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from confluent_kafka import KafkaException
+
+    from spanguard.connectors.manual import publish_signal
+    from spanguard.schemas.decision import DEFAULT_CONTAIN_SECONDS, tool_signal
+
+    kind: Literal["kill", "release"] = "kill" if args.command == "contain" else "release"
+    try:
+        seconds = _parse_duration(args.duration) if kind == "kill" else DEFAULT_CONTAIN_SECONDS
+    except ValueError as exc:
+        print(f"spanguard {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    operator = args.operator or _login()
+    now = datetime.now(UTC)
+    try:
+        signal = tool_signal(
+            args.tool,
+            args.server or "",
+            "manual",
+            args.reason or f"released by {operator}",
+            uuid.uuid4().hex,
+            (now + timedelta(seconds=seconds)).isoformat(timespec="milliseconds"),
+            kind=kind,
+            detected_at=now.isoformat(timespec="milliseconds"),
+            operator=operator,
+        )
+    except ValueError as exc:
+        print(f"spanguard {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = _settings(args)
+    try:
+        publish_signal(settings, signal)
+    except KafkaException as exc:
+        print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
+        return 1
+    until = f" until {signal.expires_at}" if kind == "kill" else ""
+    print(f"{args.command}: {signal.describe_target()} signal {signal.signal_id} by {operator}"
+          f" on {settings.kill_topic}{until}")  # fmt: skip
+    return 0
+
+
+def _parse_duration(text: str) -> float:
+    """--for: a duration such as 1h, 30m, 90s or 2d, in seconds."""
+    import re
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"--for {text!r} is not a duration such as 1h, 30m, 90s or 2d")
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def _add_contain_parser(commands: argparse._SubParsersAction) -> None:
+    help = "contain a tool: every agent's calls to it are refused, the agents go on"
+    contain = commands.add_parser(
+        "contain",
+        help=help,
+        description=(
+            f"{help} (each client raises ToolContained, which the framework adapters hand to"
+            " the model as the tool's error; the gateway guardrail takes the tool out of the"
+            " requests). Publishes a signed tool signal to the kill topic; it lasts --for, or"
+            " until `spanguard release --tool NAME`."
+        ),
+    )
+    contain.add_argument("--tool", required=True, metavar="NAME", help="the tool's name")
+    contain.add_argument(
+        "--server",
+        metavar="SERVER",
+        help="its server (an MCP server's name); without it, the tool on every server",
+    )
+    contain.add_argument(
+        "--for",
+        dest="duration",
+        default="1h",
+        metavar="DURATION",
+        help="how long the contain lasts, e.g. 30m, 1h, 2d (default 1h)",
+    )
+    contain.add_argument(
+        "--reason", required=True, metavar="TEXT", help="why (shown to the model and the agent)"
+    )
+    contain.add_argument(
+        "--operator", metavar="NAME", help="who issues it (default: the login name)"
+    )
+    _add_settings_flags(contain, "WorkerSettings")
+    contain.set_defaults(handler=_cmd_tool)
 
 
 def _login() -> str:
@@ -480,6 +616,13 @@ def _add_manual_parsers(commands: argparse._SubParsersAction) -> None:
             help=f"{name} every trace of this agent (service.name, gen_ai.agent.name; without"
             " /NAME every agent of the service); a kill lasts the signal TTL",
         )
+        if name == "release":
+            command.add_argument(
+                "--tool", metavar="NAME", help="lift the contain of this tool (spanguard contain)"
+            )
+            command.add_argument(
+                "--server", metavar="SERVER", help="with --tool: the server its contain named"
+            )
         command.add_argument(
             "--reason",
             required=name == "kill",
@@ -549,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_explain_parser(commands)
     _add_backtest_parser(commands)
     _add_manual_parsers(commands)
+    _add_contain_parser(commands)
 
     policy = commands.add_parser("policy", help="check a policy file")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")

@@ -19,6 +19,7 @@ from typing import IO, Any, TextIO
 from spanguard.cli.report import render_html
 from spanguard.detection.agent_budget import AgentBudgetGuard
 from spanguard.detection.conversation import ConversationGuard
+from spanguard.detection.fleet import FleetGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.timelines import Timelines
 from spanguard.errors import OtlpDecodeError, ReplayInputError
@@ -241,7 +242,8 @@ def replay(
 def _replay_guard(policy: Policy, *, price_usage: bool) -> Guard:
     """The guard a replay runs: with the conversation scope where a policy entry asks for it
     (every trace of the input is seen here, in the input's order), and the agent scope over
-    time where one gives an agent budget (record time)."""
+    time where one gives an agent budget (record time), and the tool scope where the policy's
+    fleet rules are on (record time: what the worker would have decided)."""
     entries = [policy.defaults, *(rule.policy for rule in policy.rules)]
     conversations = (
         ConversationGuard(policy) if any(e.conversation.enabled for e in entries) else None
@@ -252,6 +254,7 @@ def _replay_guard(policy: Policy, *, price_usage: bool) -> Guard:
         price_usage=price_usage,
         conversations=conversations,
         agent_budgets=agent_budgets if agent_budgets.enabled else None,
+        tools=FleetGuard(policy) if policy.fleet.enabled else None,
     )
 
 

@@ -110,6 +110,9 @@ def decision_box(decision: Decision) -> str:
         details.append(
             f"repeated sequence ({evidence.period} calls, {evidence.hits}x): {e(sequence)}"
         )
+    if evidence.agents:
+        joiner = " → " if decision.rule != "agent_fan_out" else ", "
+        details.append(f"agents: {e(joiner.join(evidence.agents))}")
     if spend.token_budget is not None:
         details.append(f"budget {spend.token_budget}, used {spend.tokens}")
     if spend.budget_micro_usd is not None:
@@ -132,6 +135,19 @@ def _spend(state: TraceState | None) -> str:
     if state.unpriced_tokens:
         text += f" ({state.unpriced_tokens:,} tokens of models without a price not included)"
     return text
+
+
+def _agent_tree(state: TraceState | None) -> str:
+    """The trace's agents, each run under the run it ran inside (nothing for one agent)."""
+    tree = state.agent_tree if state is not None else None
+    if tree is None or len(tree.runs) < 2:
+        return ""
+    lines = [f"{'   ' * depth}{'└─ ' if depth else ''}{name}" for depth, name in tree.levels()]
+    more = f" ({tree.dropped} more runs not placed)" if tree.dropped else ""
+    return (
+        f'<p class="meta">agent tree: {tree.started} runs, {tree.deepest} deep{more}</p>'
+        f'<pre class="agents">{html.escape(chr(10).join(lines))}</pre>'
+    )
 
 
 def trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = None) -> str:
@@ -166,6 +182,7 @@ def trace_section(trace_id: str, timeline: Timeline, state: TraceState | None = 
         + (f" (and {timeline.dropped} more not shown)" if timeline.dropped else "")
         + f" · first call ended {e(_iso(start))}{e(_spend(state))}</p>",
         *(decision_box(d) for d, _ in timeline.decisions),
+        _agent_tree(state),
         _strip(calls, is_repeated, set(fired), set(markers)),
         '<p class="legend"><span><i class="dot" style="background:#cf222e"></i> the repeated'
         ' call</span><span><i class="dot" style="background:#82071e"></i> where the rule'

@@ -199,6 +199,7 @@ TOPIC_SETTINGS: Final = (
     "ack_topic",
     "conversation_topic",
     "agent_usage_topic",
+    "tool_calls_topic",
 )
 # What Kafka accepts as a topic name (kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -270,6 +271,10 @@ class WorkerSettings:
     agent_usage_topic: str = setting(
         "spanguard-agent-usage",
         "compact usage records keyed by agent identity (agent budgets over a window)",
+    )
+    tool_calls_topic: str = setting(
+        "spanguard-tool-calls",
+        "compact call records keyed by tool (the tool scope: the policy's fleet rules)",
     )
     partitions: int = setting(8, "partitions of the topics `topics create` makes")
     scope_partitions: int = setting(
@@ -480,6 +485,15 @@ class WorkerSettings:
     def agent_window_changelog_topic(self) -> str:
         """What Faust names the agent window table's changelog topic."""
         return f"{self.app_id}-{self.agent_window_table_name}-changelog"
+
+    @property
+    def tool_window_table_name(self) -> str:
+        return "tool-window-state"
+
+    @property
+    def tool_window_changelog_topic(self) -> str:
+        """What Faust names the tool window table's changelog topic."""
+        return f"{self.app_id}-{self.tool_window_table_name}-changelog"
 
     @property
     def store_url(self) -> str:

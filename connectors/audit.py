@@ -1,4 +1,5 @@
-"""Reading the detections audit back: one trace's decisions, for `spanguard explain`.
+"""Reading the detections audit back: one trace's decisions, or one tool's fleet incidents,
+for `spanguard explain`.
 
 The topic is keyed by trace id, but which partition a key lands on depends on the producer's
 partitioner (the worker's aiokafka uses murmur2; another producer may not), so every
@@ -10,22 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
-    LibrdkafkaLog,
-    client_config,
+    reading,
+    throwaway_reader,
     wait_for_metadata,
 )
 from spanguard.errors import AuditReadError
 
-__all__ = ["AuditScan", "read_decisions"]
+__all__ = ["AuditScan", "read_decisions", "read_tool_incidents"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ class AuditScan:
     unreadable: int = 0  # records under the key that are not JSON objects
 
 
+# Which records a scan keeps: by key and raw value (a cheap look before the JSON is parsed),
+# then by the parsed record.
+Wanted = Callable[[bytes | None, bytes | None], bool]
+Kept = Callable[[dict[str, Any]], bool]
+
+
 def read_decisions(
     bootstrap: str,
     security: KafkaSecurity,
@@ -48,32 +55,53 @@ def read_decisions(
 ) -> AuditScan:
     """Every record of `topic` keyed by `trace_id`; AuditReadError if the topic is not there,
     KafkaConnectError if the cluster refuses the connection or does not answer."""
+    key = trace_id.lower().encode()
+    return _read(bootstrap, security, topic, lambda k, _v: k == key, None, timeout)
+
+
+def read_tool_incidents(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topic: str,
+    tool: str,
+    server: str | None = None,
+    timeout: float = 30.0,
+) -> AuditScan:
+    """Every fleet incident record (scope "tool") of `topic` on `tool` (and `server`, if
+    given), in topic order per partition; the errors of `read_decisions`."""
+
+    def wanted(_key: bytes | None, value: bytes | None) -> bool:
+        return value is not None and b'"tool"' in value  # only a tool-scoped record has it
+
+    def kept(record: dict[str, Any]) -> bool:
+        if record.get("scope") != "tool" or record.get("tool") != tool:
+            return False
+        return server is None or record.get("server") == server
+
+    return _read(bootstrap, security, topic, wanted, kept, timeout)
+
+
+def _read(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topic: str,
+    wanted: Wanted,
+    kept: Kept | None,
+    timeout: float,
+) -> AuditScan:
     errors = ClientErrors(bootstrap, security)
-    consumer = Consumer(
-        client_config(
-            bootstrap,
-            security,
-            {
-                # A throwaway group that commits nothing: reading the audit never moves anyone's
-                # offsets.
-                "group.id": f"spanguard-explain-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "error_cb": errors,
-                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
-            },
-        )
-    )
-    try:
-        return _scan(consumer, errors, topic, trace_id.lower().encode(), timeout)
-    except KafkaException as exc:
-        raise AuditReadError(f"cannot read {topic} from {bootstrap}: {exc}") from None
-    finally:
-        consumer.close()
+    consumer = throwaway_reader(bootstrap, security, errors, "explain", log)
+    with reading(consumer, topic, bootstrap, AuditReadError):
+        return _scan(consumer, errors, topic, wanted, kept, timeout)
 
 
 def _scan(
-    consumer: Consumer, errors: ClientErrors, topic: str, key: bytes, timeout: float
+    consumer: Consumer,
+    errors: ClientErrors,
+    topic: str,
+    wanted: Wanted,
+    kept: Kept | None,
+    timeout: float,
 ) -> AuditScan:
     metadata = wait_for_metadata(consumer, errors, topic, min(timeout, 15.0)).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
@@ -107,16 +135,16 @@ def _scan(
                 continue
             raise AuditReadError(f"{topic}: {error}")
         scan.scanned += 1
-        if message.key() == key:
+        if wanted(message.key(), message.value()):
             try:
                 # A tombstone's None raises TypeError: counted unreadable below.
                 record = json.loads(message.value())  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 record = None
-            if isinstance(record, dict):
-                scan.records.append(record)
-            else:
+            if not isinstance(record, dict):
                 scan.unreadable += 1
+            elif kept is None or kept(record):
+                scan.records.append(record)
         # (confluent-kafka types offset() Optional; a consumed message without error has one.)
         if message.offset() + 1 >= ends.get(partition, 0):  # type: ignore[operator]
             ends.pop(partition, None)

@@ -11,19 +11,18 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TextIO
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from spanguard.config.kafka_security import KafkaSecurity
 from spanguard.connectors.kafka_clients import (
     ClientErrors,
-    LibrdkafkaLog,
-    client_config,
+    reading,
+    throwaway_reader,
     wait_for_metadata,
 )
 from spanguard.detection.backtest import Backtest
@@ -63,25 +62,13 @@ class ReadPlan:
 
 
 def _consumer(bootstrap: str, security: KafkaSecurity, errors: ClientErrors) -> Consumer:
-    return Consumer(
-        client_config(
-            bootstrap,
-            security,
-            {
-                # The client wants a group id; assign() alone never joins it and nothing is
-                # committed, so no group appears on the cluster.
-                "group.id": f"spanguard-backtest-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                # A bounded prefetch: the read's memory does not grow with the topic's size.
-                "queued.max.messages.kbytes": 16384,
-                "error_cb": errors,
-                "logger": LibrdkafkaLog(log),  # librdkafka's lines via logging, repeats dropped
-            },
-        )
-    )
+    properties = {
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        # A bounded prefetch: the read's memory does not grow with the topic's size.
+        "queued.max.messages.kbytes": 16384,
+    }
+    return throwaway_reader(bootstrap, security, errors, "backtest", log, properties)
 
 
 def plan_read(
@@ -201,7 +188,7 @@ def read_history(
     err = stderr or sys.stderr
     errors = ClientErrors(bootstrap, security)
     consumer = _consumer(bootstrap, security, errors)
-    try:
+    with reading(consumer, topic, bootstrap, BacktestError):
         plan = plan_read(consumer, errors, topic, start_ms, end_ms, timeout)
         if on_plan is not None:
             on_plan(plan)
@@ -213,10 +200,6 @@ def read_history(
         finally:
             bar.close()
         return plan
-    except KafkaException as exc:
-        raise BacktestError(f"cannot read {topic} from {bootstrap}: {exc}") from None
-    finally:
-        consumer.close()
 
 
 def _consume(

@@ -14,7 +14,9 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from spanguard.config.kafka_security import KafkaSecurity
@@ -26,7 +28,9 @@ __all__ = [
     "check_aiokafka",
     "client_config",
     "faust_credentials",
+    "reading",
     "refusal",
+    "throwaway_reader",
     "wait_for_metadata",
 ]
 
@@ -38,6 +42,53 @@ def client_config(
     command builds: the client's own `properties`, then the bootstrap servers and the connection
     security, last so that no property can turn them off (never a plaintext fallback)."""
     return {**(properties or {}), "bootstrap.servers": bootstrap, **security.confluent_config()}
+
+
+def throwaway_reader(
+    bootstrap: str,
+    security: KafkaSecurity,
+    errors: ClientErrors,
+    purpose: str,
+    logger: logging.Logger,
+    properties: Mapping[str, Any] | None = None,
+) -> Any:
+    """A confluent-kafka Consumer that only reads what it is assigned: its group
+    (`spanguard-<purpose>-<random>`, which the client wants) is never joined and nothing is
+    committed, so reading moves no one's offsets and leaves no group on the cluster. Errors go
+    to `errors`, librdkafka's log lines through `logger` (repeats dropped); `properties` add to
+    that."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        client_config(
+            bootstrap,
+            security,
+            {
+                "group.id": f"spanguard-{purpose}-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "error_cb": errors,
+                "logger": LibrdkafkaLog(logger),
+                **(properties or {}),
+            },
+        )
+    )
+
+
+@contextmanager
+def reading(
+    consumer: Any, topic: str, bootstrap: str, failure: Callable[[str], Exception]
+) -> Iterator[None]:
+    """Closes `consumer` at the end; a Kafka error while it reads `topic` becomes `failure`,
+    saying what could not be read."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except KafkaException as exc:
+        raise failure(f"cannot read {topic} from {bootstrap}: {exc}") from None
+    finally:
+        consumer.close()
 
 
 def faust_credentials(security: KafkaSecurity) -> Any:

@@ -23,7 +23,7 @@ from spanguard.schemas.decision import (
     sign,
 )
 
-__all__ = ["manual_decision", "publish_manual"]
+__all__ = ["manual_decision", "publish_manual", "publish_signal"]
 
 # A manual signal names no agent: the operator knows only the trace.
 MANUAL_SERVICE = "(manual)"
@@ -68,6 +68,19 @@ def publish_manual(
     """Send the signal (signed with the worker's key) and its audit record, acks=all; raise
     KafkaException if either is not acknowledged within `timeout`."""
     signal = KillSignal.from_decision(decision, ttl_seconds=settings.signal_ttl)
+    _publish(settings, signal, decision, timeout)
+    return signal
+
+
+def publish_signal(settings: WorkerSettings, signal: KillSignal, timeout: float = 30.0) -> None:
+    """Send `signal` alone (signed with the worker's key) to the kill topic, acks=all: an
+    operator's contain or release of a tool, which no detection record describes."""
+    _publish(settings, signal, None, timeout)
+
+
+def _publish(
+    settings: WorkerSettings, signal: KillSignal, decision: Decision | None, timeout: float
+) -> None:
     record = signal.to_dict()
     key = settings.kill_signing_key()
     if key is not None:
@@ -83,19 +96,19 @@ def publish_manual(
         if error is not None:
             errors.append(f"{message.topic()}: {error}")
 
-    # A conversation's or an agent's signals keep their order under their own key.
+    # A conversation's, an agent's or a tool's signals keep their order under their own key.
     trace_key = signal.topic_key()
     value = json.dumps(record, sort_keys=True).encode()
     producer.produce(settings.kill_topic, key=trace_key, value=value, on_delivery=delivered)
-    producer.produce(
-        settings.detections_topic,
-        key=trace_key,
-        value=decision.to_json().encode(),
-        on_delivery=delivered,
-    )
+    if decision is not None:
+        producer.produce(
+            settings.detections_topic,
+            key=trace_key,
+            value=decision.to_json().encode(),
+            on_delivery=delivered,
+        )
     unsent = producer.flush(timeout)
     if unsent or errors:
         raise KafkaException(
             "; ".join(errors) or f"{unsent} records not acknowledged within {timeout}s"
         )
-    return signal

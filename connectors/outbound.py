@@ -65,7 +65,20 @@ SUMMARY_LIMIT = 1000
 T = TypeVar("T")
 
 
-class Retry(Exception):
+class AttemptFailed(Exception):
+    """What one attempt's failure says, whichever kind: the error, the HTTP status if a
+    response came, and the exception that caused it."""
+
+    def __init__(
+        self, error: str, http_status: int | None = None, cause: Exception | None = None
+    ) -> None:
+        super().__init__(error)
+        self.error = error
+        self.http_status = http_status
+        self.cause = cause
+
+
+class Retry(AttemptFailed):
     """The attempt failed in a way another attempt may not (408, 429, 5xx, network, timeout)."""
 
     def __init__(
@@ -75,14 +88,11 @@ class Retry(Exception):
         retry_after: float | None = None,
         cause: Exception | None = None,
     ) -> None:
-        super().__init__(error)
-        self.error = error
-        self.http_status = http_status
+        super().__init__(error, http_status, cause)
         self.retry_after = retry_after
-        self.cause = cause
 
 
-class Final(Exception):
+class Final(AttemptFailed):
     """Another attempt cannot help: "rejected" (the server said no: a 4xx other than 408 and
     429) or "failed" (e.g. a certificate we do not trust)."""
 
@@ -95,12 +105,9 @@ class Final(Exception):
         errors: tuple[str, ...] = (),
         cause: Exception | None = None,
     ) -> None:
-        super().__init__(error)
-        self.error = error
-        self.http_status = http_status
+        super().__init__(error, http_status, cause)
         self.status = status
         self.errors = errors
-        self.cause = cause
 
 
 class ResponseRefused(httpx2.HTTPError):

@@ -18,22 +18,12 @@ under SPANGUARD_ALLOW_UNSIGNED); anything else on the topic is counted and skipp
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
-
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from spanguard.config.settings import WorkerSettings
-from spanguard.connectors.kafka_clients import (
-    ClientErrors,
-    LibrdkafkaLog,
-    client_config,
-    wait_for_metadata,
-)
+from spanguard.connectors.every_partition import EveryPartitionReader
 from spanguard.outcomes import CountedOutcome, Tally
 from spanguard.schemas.decision import BadSignal, keyring, read_signal
 
@@ -43,8 +33,6 @@ log = logging.getLogger("spanguard.worker")
 
 # Releases kept at most: far more than operators issue within a state TTL.
 MAX_RELEASES = 100_000
-# Seconds between two prunings of releases older than the horizon.
-PRUNE_INTERVAL = 60.0
 
 
 class ReleaseCount(CountedOutcome):
@@ -69,7 +57,7 @@ class ReleaseSkip(CountedOutcome):
     EXPIRED = "expired"
 
 
-class ReleaseReader:
+class ReleaseReader(EveryPartitionReader):
     """A daemon thread that fills `released` ({trace id: epoch seconds}) from the kill topic."""
 
     def __init__(
@@ -80,42 +68,24 @@ class ReleaseReader:
         horizon: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.topic = settings.kill_topic
-        self.horizon = settings.state_ttl if horizon is None else horizon
-        self.clock = clock
+        super().__init__(
+            settings,
+            settings.kill_topic,
+            "releases",
+            log,
+            horizon=settings.state_ttl if horizon is None else horizon,
+            clock=clock,
+        )
         # The worker's own key (settings.kill_signing_key()); None: unsigned accepted.
         self._keys = keyring(signing_key) if signing_key is not None else None
-        self._errors = ClientErrors(settings.bootstrap)
-        self._config = client_config(
-            settings.bootstrap,
-            settings.kafka,
-            {
-                "error_cb": self._errors,
-                "logger": LibrdkafkaLog(log),
-                "group.id": f"spanguard-releases-{uuid.uuid4().hex}",  # never joins: assign()
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,
-            },
-        )
         # Read by the guard on the event loop, written by the thread: single dict operations
         # only, each atomic under the GIL.
         self.released: dict[str, float] = {}
         self.read = 0  # releases read (the metric spanguard_releases_read_total)
         self.ignored = Tally()  # records skipped, by ReleaseSkip
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spanguard-releases", daemon=True)
 
     def count(self, outcome: ReleaseCount) -> int:
         return getattr(self, outcome.value)
-
-    def start(self) -> ReleaseReader:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
 
     def accept(self, value: bytes | None, appended_at: float) -> bool:
         """Take one record of the kill topic; True when it was a release, now in `released`.
@@ -157,52 +127,3 @@ class ReleaseReader:
         for trace_id in gone:
             self.released.pop(trace_id, None)
         return len(gone)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            consumer = Consumer(self._config)
-            try:
-                consumer.assign(self._start_positions(consumer))
-                self._consume(consumer)
-            # Never dies: an error costs a pause, then a new start.
-            except Exception as exc:  # noqa: BLE001
-                log.error("release reader: %s; restarting in 5 s", exc)
-                self._stop.wait(5.0)
-            finally:
-                consumer.close()
-
-    def _start_positions(self, consumer: Consumer) -> list[TopicPartition]:
-        """Every partition of the kill topic at its first record of the last `horizon` seconds
-        (or its end, if it has none that recent)."""
-        while True:
-            try:
-                metadata = wait_for_metadata(consumer, self._errors, self.topic, 15.0)
-                topic = metadata.topics.get(self.topic)
-                if topic is not None and topic.error is None and topic.partitions:
-                    break
-            except KafkaException as exc:
-                log.debug("release reader: kill topic not ready", extra={"error": repr(exc)})
-            if self._stop.wait(2.0):
-                return []
-        since_ms = int((self.clock() - self.horizon) * 1000)
-        wanted = [TopicPartition(self.topic, partition, since_ms) for partition in topic.partitions]
-        return consumer.offsets_for_times(wanted, timeout=15.0)
-
-    def _consume(self, consumer: Consumer) -> None:
-        pruned_at = self.clock()
-        while not self._stop.is_set():
-            message: Any = consumer.poll(0.2)
-            if self.clock() - pruned_at > PRUNE_INTERVAL:
-                self.prune()
-                pruned_at = self.clock()
-            if message is None:
-                continue
-            if message.error():
-                log.warning("release reader: %s", message.error())
-                continue
-            _kind, timestamp_ms = message.timestamp()
-            appended_at = timestamp_ms / 1000 if timestamp_ms > 0 else self.clock()
-            try:
-                self.accept(message.value(), appended_at)
-            except Exception as exc:  # a bug costs one record, never the thread  # noqa: BLE001
-                log.error("release reader skipped a record: %r", exc)

@@ -87,12 +87,15 @@ def topic_specs(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(settings.conversation_topic, scopes, {"retention.ms": str(24 * 3600 * 1000)}),
         # Keyed by agent identity; its changelog follows the partition a record arrives on.
         TopicSpec(settings.agent_usage_topic, scopes, {"retention.ms": str(24 * 3600 * 1000)}),
+        # Keyed by tool; its changelog follows the partition a record arrives on.
+        TopicSpec(settings.tool_calls_topic, scopes, {"retention.ms": str(24 * 3600 * 1000)}),
         TopicSpec(settings.detections_topic, n, {"retention.ms": week}),
         TopicSpec(settings.dead_letter_topic, n, {"retention.ms": week}),
         # Faust's table changelog: compacted, the latest state per trace is all it needs.
         TopicSpec(settings.changelog_topic, n, {"cleanup.policy": "compact"}),
         TopicSpec(settings.conversation_changelog_topic, scopes, {"cleanup.policy": "compact"}),
         TopicSpec(settings.agent_window_changelog_topic, scopes, {"cleanup.policy": "compact"}),
+        TopicSpec(settings.tool_window_changelog_topic, scopes, {"cleanup.policy": "compact"}),
     ]
 
 
@@ -154,8 +157,10 @@ def _scope_partitions_in(settings: WorkerSettings, cluster: Any) -> int | None:
     names = (
         settings.conversation_topic,
         settings.agent_usage_topic,
+        settings.tool_calls_topic,
         settings.conversation_changelog_topic,
         settings.agent_window_changelog_topic,
+        settings.tool_window_changelog_topic,
     )
     found = {
         name: len(cluster.topics[name].partitions)

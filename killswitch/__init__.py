@@ -6,6 +6,8 @@
   (raises `AgentKilled`, waits or raises `AgentPaused`, or returns a downgrade's message).
 - `AgentKilled` / `AgentPaused`: what `check()` raises, with the rule, action, decision id and
   scope as attributes; `exit_on_stop()`: a process stopped by the guard exits with status 75.
+- `ToolContained`: an AgentKilled raised by `check(tool=NAME)` for a tool spanguard contained;
+  the call is refused, not the agent (the adapters hand it to the model as the tool's error).
 - `SignalBook`: the kills and downgrades each trace was told about (the KillSwitch's memory).
 - `PromptBatchSpanProcessor`: the SDK's batch processor that lets tool spans leave at once.
 - `GuardingSpanProcessor`: in-process mode, the detection core as an OpenTelemetry
@@ -25,7 +27,13 @@ if __name__ != "spanguard.killswitch":
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook, current_trace_id
+from spanguard.killswitch.signals import (
+    AgentKilled,
+    AgentPaused,
+    SignalBook,
+    ToolContained,
+    current_trace_id,
+)
 
 if TYPE_CHECKING:
     from spanguard.killswitch.client import KillSwitch
@@ -42,6 +50,7 @@ __all__ = [
     "KillSwitch",
     "PromptBatchSpanProcessor",
     "SignalBook",
+    "ToolContained",
     "current_trace_id",
     "exit_on_stop",
 ]

@@ -32,7 +32,11 @@ A kill, pause or downgrade obeyed is recorded on the run's span (`spanguard.stop
 LangChain spans).
 
 `AgentKilled` propagates out of the hook; what the agent's code then sees is documented per
-framework in docs/agents.md. A downgrade's system message goes to `on_downgrade` (or waits in
+framework in docs/agents.md. A call to a tool spanguard contained (a signal of scope tool) is
+checked by name (`check_tool`, where the checker has it) after the trace, and its
+`ToolContained` is not a stop: each adapter hands the model its message as the tool's error
+(docs/killswitch-clients.md, "A contained tool: refused, the agent goes on"), and the agent can
+take another tool. A downgrade's system message goes to `on_downgrade` (or waits in
 `pending_messages` for the agent to inject it). A paused trace waits in the checker's `wait()`
 (in a thread, for the async hooks) until an operator's release or kill, or the pause's deadline.
 """
@@ -164,30 +168,43 @@ class TraceGate:
     def what_to_do(self) -> str:
         return f"{self.setup}, run it inside an OpenTelemetry span of your own, or pass trace_id="
 
-    def check_trace(self, trace_id: str | None, wait: bool = True, span: Any = None) -> None:
+    def check_trace(
+        self, trace_id: str | None, wait: bool = True, span: Any = None, tool: str | None = None
+    ) -> None:
         """Check `trace_id` (raises AgentKilled); None: count and report an unguarded call.
         A paused trace waits here (`wait=False`: AgentPaused is raised instead). `span`: the
-        run's span where it is not the current one (the stop event goes on it)."""
+        run's span where it is not the current one (the stop event goes on it). `tool`: the
+        tool about to be called, checked after the trace (raises ToolContained)."""
         self._ensure_export(span)
         trace_id = self.trace_id or trace_id
         if trace_id is None:
             self._report_unguarded()
+            self.check_tool(tool)
             return
         with _current(span):
             message = self._check_or_wait(trace_id, wait)  # raises AgentKilled
-        if message is None:
-            return
-        if self.on_downgrade is not None:
-            self.on_downgrade(message)
-        else:
-            self.pending_messages.append(message)
+        if message is not None:
+            if self.on_downgrade is not None:
+                self.on_downgrade(message)
+            else:
+                self.pending_messages.append(message)
+        self.check_tool(tool)
 
-    async def check_trace_async(self, trace_id: str | None, span: Any = None) -> None:
+    def check_tool(self, tool: str | None) -> None:
+        """Raise ToolContained if the checker says `tool` is contained (a checker without
+        `check_tool` contains nothing)."""
+        check = getattr(self.checker, "check_tool", None)
+        if tool and callable(check):
+            check(tool)
+
+    async def check_trace_async(
+        self, trace_id: str | None, span: Any = None, tool: str | None = None
+    ) -> None:
         """check_trace() for async hooks: a pause waits in a thread, not on the event loop."""
         try:
-            self.check_trace(trace_id, wait=False, span=span)
+            self.check_trace(trace_id, wait=False, span=span, tool=tool)
         except AgentPaused:
-            await asyncio.to_thread(self.check_trace, trace_id, True, span)
+            await asyncio.to_thread(self.check_trace, trace_id, True, span, tool)
 
     def _ensure_export(self, span: Any) -> None:
         """Make the run's spans leave in time, or say once, loudly, that they may not."""
@@ -214,13 +231,13 @@ class TraceGate:
                 raise
             return waiting(trace_id)
 
-    def before_tool(self, wait: bool = True) -> None:
-        """Check the current span's trace (the adapters with no run of their own)."""
-        self.check_trace(current_trace_id(), wait)
+    def before_tool(self, wait: bool = True, tool: str | None = None) -> None:
+        """Check the current span's trace (the adapters with no run of their own), and `tool`."""
+        self.check_trace(current_trace_id(), wait, tool=tool)
 
-    async def before_tool_async(self) -> None:
+    async def before_tool_async(self, tool: str | None = None) -> None:
         """before_tool() for async hooks: the current span is read on the event loop."""
-        await self.check_trace_async(current_trace_id())
+        await self.check_trace_async(current_trace_id(), tool=tool)
 
     def _report_unguarded(self) -> None:
         self.unguarded += 1

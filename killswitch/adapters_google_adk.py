@@ -3,7 +3,9 @@
 A runner's plugin sees every agent's calls: `before_model_callback` before each model call and
 `before_tool_callback` before each tool call. ADK traces through the global tracer provider
 and makes its spans current, so the current span's trace is checked; else the one current when
-the invocation started (`before_run_callback`, keyed by ADK's invocation id).
+the invocation started (`before_run_callback`, keyed by ADK's invocation id). A tool spanguard
+contained is not run: `before_tool_callback` answers for it with `{"error": "tool X is contained
+by spanguard: ...; use another tool"}`, which the model reads as the tool's response.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spanguard.killswitch.adapters import Checker, TraceGate
-from spanguard.killswitch.signals import current_trace_id
+from spanguard.killswitch.signals import ToolContained, current_trace_id
 
 try:
     from google.adk.plugins.base_plugin import BasePlugin
@@ -60,6 +62,12 @@ class SpanguardAdkPlugin(TraceGate, BasePlugin):  # BasePlugin calls super().__i
 
     async def before_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any
-    ) -> None:
-        await self.check_trace_async(self._trace_of(getattr(tool_context, "invocation_id", None)))
+    ) -> dict[str, Any] | None:
+        try:
+            await self.check_trace_async(
+                self._trace_of(getattr(tool_context, "invocation_id", None)),
+                tool=getattr(tool, "name", None),
+            )
+        except ToolContained as contained:
+            return {"error": str(contained)}  # ADK skips the tool and hands this to the model
         return None

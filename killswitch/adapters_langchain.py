@@ -4,6 +4,12 @@ The trace of a tool call is, in this order: the current OpenTelemetry span's (Op
 instrumentation makes its spans current); the span OpenInference's instrumentation keeps for
 the run or its nearest parent (it never makes its spans current during callbacks); the trace
 that was current when the run or a parent started (the agent run inside a span of its own).
+
+A tool spanguard contained raises `ToolContained` from `on_tool_start`; LangGraph's ToolNode
+turns it into the tool's error message for the model when given the handler's wrapper,
+`ToolNode(tools, wrap_tool_call=handler.wrap_tool_call)` (`awrap_tool_call` for async runs), so
+the agent reads "tool X is contained by spanguard: ...; use another tool" and can take another
+tool.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from typing import Any
 from uuid import UUID
 
 from spanguard.killswitch.adapters import Checker, TraceGate, span_trace_id
-from spanguard.killswitch.signals import current_trace_id
+from spanguard.killswitch.signals import ToolContained, current_trace_id
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import ToolMessage
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("SpanguardCallbackHandler needs `pip install spanguard[langchain]`") from exc
 
@@ -71,9 +78,25 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
                     return trace_id, span
         return self.recorded_trace(chain), None
 
-    def _check(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+    def _check(self, run_id: UUID, parent_run_id: UUID | None, tool: str | None = None) -> None:
         trace_id, span = self.find(run_id, parent_run_id)
-        self.check_trace(trace_id, span=span)
+        self.check_trace(trace_id, span=span, tool=tool)
+
+    # -- a contained tool, as the tool's error (LangGraph's ToolNode) -----------------------
+
+    def wrap_tool_call(self, request: Any, execute: Callable[[Any], Any]) -> Any:
+        """ToolNode's `wrap_tool_call`: a contained tool's call becomes an error ToolMessage."""
+        try:
+            return execute(request)
+        except ToolContained as contained:
+            return _refusal(request, contained)
+
+    async def awrap_tool_call(self, request: Any, execute: Callable[[Any], Any]) -> Any:
+        """ToolNode's `awrap_tool_call` (async runs)."""
+        try:
+            return await execute(request)
+        except ToolContained as contained:
+            return _refusal(request, contained)
 
     def instrumentation(self) -> str:
         found = [name for name in (OPENINFERENCE, OPENLLMETRY) if name in sys.modules]
@@ -111,7 +134,8 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
         self._start(run_id, parent_run_id)
-        self._check(run_id, parent_run_id)
+        tool = (serialized or {}).get("name") or kwargs.get("name")
+        self._check(run_id, parent_run_id, tool if isinstance(tool, str) else None)
 
     def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID,
                            parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
@@ -122,3 +146,11 @@ class SpanguardCallbackHandler(BaseCallbackHandler, TraceGate):
 
     on_chain_end = on_chain_error = on_llm_end = on_llm_error = _end
     on_tool_end = on_tool_error = on_retriever_end = on_retriever_error = _end
+
+
+def _refusal(request: Any, contained: ToolContained) -> ToolMessage:
+    """The refused call's answer: the model reads why, and that another tool may do."""
+    call = request.tool_call
+    return ToolMessage(
+        content=str(contained), name=call["name"], tool_call_id=call["id"], status="error"
+    )

@@ -3,7 +3,8 @@
 A capability's hooks run before each model request and before each tool's execution, inside
 the agent run's span when the agent is instrumented (`Agent.instrument_all()` or
 `instrument=`): that span's trace is checked. `AgentKilled` leaves `agent.run()` /
-`run_sync()` as it is.
+`run_sync()` as it is. A tool spanguard contained fails its call with `ToolFailed`: the
+model reads "tool X is contained by spanguard: ...; use another tool" and can take another.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from spanguard.killswitch.adapters import Checker, TraceGate
+from spanguard.killswitch.signals import ToolContained
 
 try:
     from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import ToolFailed
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("SpanguardCapability needs `pip install spanguard[pydantic-ai]`") from exc
 
@@ -39,5 +42,8 @@ class SpanguardCapability(AbstractCapability[Any], TraceGate):
         return request_context
 
     async def before_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any) -> Any:
-        await self.before_tool_async()
+        try:
+            await self.before_tool_async(tool=getattr(call, "tool_name", None))
+        except ToolContained as contained:
+            raise ToolFailed(str(contained)) from contained
         return args

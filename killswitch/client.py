@@ -61,6 +61,7 @@ from spanguard.killswitch.acks import DEFAULT_ACK_TOPIC, AckSender, ack_record
 from spanguard.killswitch.signals import (
     AgentKilled,
     SignalBook,
+    ToolContained,
     current_agent,
     current_conversation_id,
     current_trace_id,
@@ -230,9 +231,13 @@ class KillSwitch:
         *,
         conversation_id: str | None = None,
         agent: AgentIdentity | str | None = None,
+        tool: str | None = None,
+        server: str | None = None,
     ) -> str | None:
         """Raise AgentKilled if the trace (default: the current span's), its conversation or
-        its agent was killed; return a downgrade's system message once; else None.
+        its agent was killed; ToolContained (an AgentKilled) if the call is to a `tool` (on
+        `server`; None: whichever) that spanguard has contained; return a downgrade's system
+        message once; else None.
 
         The conversation: `conversation_id`, else the KillSwitch's, else the OpenTelemetry
         baggage's `gen_ai.conversation.id` / `session.id`. The agent: `agent` (an
@@ -252,9 +257,12 @@ class KillSwitch:
                 " id, check() inside the agent's span, or use an adapter of"
                 " spanguard.killswitch.adapters",
             )
+            self.check_tool(tool, server)
             return None
         try:
-            message = self.signals.check(trace_id)
+            message = self.signals.check(trace_id, tool=tool, server=server)
+        except ToolContained:
+            raise  # a refused call: the agent goes on, nothing to acknowledge
         except AgentKilled as killed:
             self._acknowledge(killed.signal)
             raise
@@ -265,6 +273,11 @@ class KillSwitch:
             if signal is not None:
                 self._acknowledge(signal)
         return message
+
+    def check_tool(self, tool: str | None, server: str | None = None) -> None:
+        """Raise ToolContained if `tool` (on `server`; None: whichever) is contained (not
+        acknowledged: an ack says an agent stopped or was steered)."""
+        self.signals.check_tool(tool, server)
 
     def check_scopes(
         self, conversation_id: str | None = None, agent: AgentIdentity | str | None = None

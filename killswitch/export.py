@@ -48,7 +48,7 @@ PROMPT_SCHEDULE_DELAY_MILLIS = 100
 # pays for at most 20 exports a second.
 DEFAULT_MIN_INTERVAL = 0.05
 
-# What the guard's rules read (spanguard.detection.conventions): tool calls and inference.
+# What the guard's rules read (spanguard.detection.conventions.adapt): tool calls and inference.
 _TOOL_OR_INFERENCE_OPERATIONS = frozenset(
     {"execute_tool", "chat", "text_completion", "generate_content", "embeddings"}
 )

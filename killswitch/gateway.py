@@ -9,7 +9,11 @@ each model call (LiteLLM's documented `CustomGuardrail.async_pre_call_hook`, mod
   naming the rule, the decision id and how to release;
 - makes the call of a paused trace wait (at most `pause_wait_seconds`) for the operator's
   answer or the pause's own deadline, then lets it through or refuses it (423) as they say;
-- adds a downgrade's message to the request as a system message, and refuses nothing.
+- adds a downgrade's message to the request as a system message, and refuses nothing;
+- removes from the request's `tools` (and legacy `functions`) every tool spanguard contained
+  (a signal of scope tool): the model cannot call it, so the agent takes another path. Each
+  removal is counted (`GatewayGuard.tools_removed`, by tool); a request whose every tool is
+  contained is left as it is, and the first such is logged.
 
 Which trace: the request's W3C `traceparent` header (an instrumented agent's run). Without one,
 the run the request names (`x-spanguard-run`, else its conversation: `x-spanguard-conversation`,
@@ -229,6 +233,10 @@ class GatewayGuard:
         # unreachable); the first of all is warned about, the rest only counted.
         self.unguarded: Counter[str] = Counter()
         self._warned = False
+        # Contained tools taken out of requests, by name; requests left whole because every
+        # tool in them was contained (the first is logged).
+        self.tools_removed: Counter[str] = Counter()
+        self.all_tools_contained = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._starter = threading.Thread(target=self._start, name="spanguard-gateway", daemon=True)
@@ -286,6 +294,45 @@ class GatewayGuard:
                 RUN_HEADER,
             )
 
+    def remove_contained_tools(self, data: dict[str, Any]) -> list[str]:
+        """Take the contained tools out of the request's `tools` and `functions`; the names
+        taken out. A request whose every tool is contained keeps them all (the model has no
+        other path: removing them would change what it is asked, not stop the calls)."""
+        switch = self.switch
+        if switch is None:
+            return []
+        removed: list[str] = []
+        for key in ("tools", "functions"):
+            tools = data.get(key)
+            if not isinstance(tools, list) or not tools:
+                continue
+            contained = [tool for tool in tools if _contained(switch, _tool_name(tool))]
+            if not contained:
+                continue
+            if len(contained) == len(tools):
+                self._every_tool_contained(key, contained)
+                continue
+            data[key] = [tool for tool in tools if tool not in contained]
+            removed += [name for tool in contained if (name := _tool_name(tool))]
+        if removed:
+            _drop_forced_choice(data, set(removed))
+            with self._lock:
+                self.tools_removed.update(removed)
+        return removed
+
+    def _every_tool_contained(self, key: str, tools: list[Any]) -> None:
+        with self._lock:
+            self.all_tools_contained += 1
+            first = self.all_tools_contained == 1
+        if first:
+            log.warning(
+                "spanguard gateway: every tool of a request's %s is contained (%s): the request"
+                " is left as it is (further ones are counted in"
+                " GatewayGuard.all_tools_contained, not logged)",
+                key,
+                ", ".join(str(_tool_name(tool)) for tool in tools[:10]),
+            )
+
     async def check(self, facts: RequestFacts) -> Verdict:
         switch = self.switch
         if switch is None:
@@ -325,6 +372,33 @@ class GatewayGuard:
         except AgentKilled as killed:
             verdict.refusal = Refusal(403, refusal_body(killed.signal))
         return verdict
+
+
+def _tool_name(tool: Any) -> str | None:
+    """A request tool's name: OpenAI's {"type": "function", "function": {"name"}}, a legacy
+    function's or Anthropic's {"name"}."""
+    if not isinstance(tool, Mapping):
+        return None
+    function = tool.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+    return name if isinstance(name, str) and 0 < len(name) <= MAX_NAME_CHARS else None
+
+
+def _contained(switch: KillSwitch, name: str | None) -> bool:
+    # The request names no server: a contain of the name on any server holds.
+    return name is not None and switch.signals.contained(name) is not None
+
+
+def _drop_forced_choice(data: dict[str, Any], removed: set[str]) -> None:
+    """A `tool_choice` (or `function_call`) forcing a removed tool is dropped: auto again."""
+    for key in ("tool_choice", "function_call"):
+        choice = data.get(key)
+        if not isinstance(choice, Mapping):
+            continue
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+        if name in removed:
+            del data[key]
 
 
 def _settings_default(name: str, fallback: str) -> str:
@@ -386,6 +460,7 @@ class SpanguardGuardrail(_CustomGuardrail):  # type: ignore[misc,valid-type]
             _trace_the_run(data, verdict.trace_id)
         if verdict.system_message and isinstance(data.get("messages"), list):
             data["messages"].append({"role": "system", "content": verdict.system_message})
+        self.guard.remove_contained_tools(data)
         return data
 
 

@@ -30,15 +30,14 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 
 from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import MISSING, ToolCall
+from spanguard.detection.conventions.keys import (
     ARGS_HASH_KEY,
     ARGUMENT_KEYS,
-    MISSING,
     RESULT_HASH_KEY,
     RESULT_KEYS,
     WANTED_KEYS,
-    ToolCall,
-    adapt_span,
 )
 from spanguard.schemas.otlp_view import parse_view
 from spanguard.schemas.policy import Policy
@@ -47,7 +46,7 @@ __all__ = ["CONTENT_KEYS", "CONTENT_PREFIXES", "ArgsHashingSpanProcessor"]
 
 log = logging.getLogger("spanguard.killswitch")
 
-# Attributes that carry what was said or passed, per instrumentation (conventions.py names the
+# Attributes that carry what was said or passed, per instrumentation (docs/conventions.md names the
 # versions read). Tool arguments and results are among them.
 CONTENT_KEYS: Final = frozenset(
     {

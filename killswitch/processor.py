@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 )
 
 from spanguard.detection.agent_budget import AgentBudgetGuard
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
@@ -210,11 +210,14 @@ class GuardingSpanProcessor(SpanProcessor):
         trace_id: str | None = None,
         conversation_id: str | None = None,
         agent: AgentIdentity | None = None,
+        *,
+        tool: str | None = None,
+        server: str | None = None,
     ) -> str | None:
         """SignalBook.check on `trace_id`, or on the current span's trace, and on the
-        conversation and agent given (an agent kill of the agent budget). Without a trace
-        (none given, no current span) only those are checked, and the call is counted in
-        `unguarded` and warned about once."""
+        conversation and agent given (an agent kill of the agent budget), and on the `tool`
+        called (ToolContained). Without a trace (none given, no current span) only those are
+        checked, and the call is counted in `unguarded` and warned about once."""
         trace_id = trace_id if trace_id is not None else current_trace_id()
         if agent is None and self.guard.agent_budgets is not None:
             agent = self._agent_of(trace_id)
@@ -226,8 +229,13 @@ class GuardingSpanProcessor(SpanProcessor):
                 " agent's span, pass the run's trace id, or use an adapter of"
                 " spanguard.killswitch.adapters",
             )
+            self.signals.check_tool(tool, server)
             return None
-        return self.signals.check(trace_id)
+        return self.signals.check(trace_id, tool=tool, server=server)
+
+    def check_tool(self, tool: str | None, server: str | None = None) -> None:
+        """Raise ToolContained if `tool` is contained (SignalBook.check_tool)."""
+        self.signals.check_tool(tool, server)
 
     def note_unguarded(self, where: str, what_to_do: str) -> None:
         """Count a tool call that could not be checked (no trace found); warn once per `where`

@@ -12,22 +12,24 @@ operations and never blocks on I/O, so a check from an event loop costs microsec
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from spanguard.killswitch.stop import record_on_current_span
-from spanguard.schemas.decision import AgentIdentity, KillSignal
+from spanguard.schemas.decision import AgentIdentity, KillSignal, ToolIdentity
 
 __all__ = [
     "DEFAULT_MAX_TRACES",
     "AgentKilled",
     "AgentPaused",
     "SignalBook",
+    "ToolContained",
     "agent_of",
     "current_agent",
     "current_conversation_id",
@@ -35,6 +37,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TRACES = 10_000
+
+log = logging.getLogger("spanguard.killswitch")
 
 
 class AgentKilled(Exception):
@@ -54,6 +58,32 @@ class AgentKilled(Exception):
 
     def __reduce__(self) -> tuple[type[AgentKilled], tuple[KillSignal]]:
         # The default reduce would call AgentKilled(message): keep it picklable (multiprocessing).
+        return (type(self), (self.signal,))
+
+
+class ToolContained(AgentKilled):
+    """Raised by a check naming a tool that spanguard has contained (a signal of scope tool):
+    the call to that tool is refused, not the agent. A subclass of AgentKilled, so code that
+    catches only AgentKilled still stops; the adapters instead hand the model this message as
+    the tool's error, so the agent can take another path. `tool` and `server` name it."""
+
+    def __init__(self, signal: KillSignal) -> None:
+        tool = signal.tool or ToolIdentity(str(signal.evidence.get("tool_name", "")))
+        Exception.__init__(
+            self,
+            f"tool {tool.name} is contained by spanguard: {signal.reason}; use another tool",
+        )
+        self.signal = signal
+        self.trace_id = signal.trace_id
+        self.reason = signal.reason
+        self.scope = "tool"
+        self.rule = str(signal.rule)
+        self.action = "contain"
+        self.decision_id = signal.signal_id
+        self.tool = tool.name
+        self.server = tool.server
+
+    def __reduce__(self) -> tuple[type[ToolContained], tuple[KillSignal]]:
         return (type(self), (self.signal,))
 
 
@@ -101,6 +131,18 @@ class _ScopeSignals:
     kill: KillSignal | None = None
 
 
+@dataclass(slots=True)
+class _ToolSignals:
+    """What one tool name has been told, per server ("" for none): the newest signal."""
+
+    signal_ids: set[str] = field(default_factory=set)
+    by_server: OrderedDict[str, KillSignal] = field(default_factory=OrderedDict)
+
+
+# Servers remembered per tool name (the least recently told forgotten first).
+MAX_SERVERS_PER_TOOL = 1000
+
+
 class SignalBook:
     """Kill and downgrade signals per trace, read by the agent's `check()`.
 
@@ -119,6 +161,13 @@ class SignalBook:
     kill's `expires_at` (an agent kill lasts until its budget window frees) or a later-issued
     release of the same scope. At most `max_traces` scopes are kept, the least recently
     touched forgotten first.
+
+    Tool signals (`scope` tool) contain a tool: `check(..., tool=NAME)` and `check_tool`
+    raise ToolContained (an AgentKilled) while the newest signal of that tool (by its
+    `detected_at`) is a kill not yet expired; a release or the expiry lifts it. A contain
+    naming no server holds for the name on every server; a check naming no server (None: the
+    caller does not know it) is refused by a contain of the name on any server. Each refused
+    call is counted in `tool_calls_refused`, and logged once per tool.
 
     Every agent process reads the whole fleet's signals, almost all of them about traces it
     never runs, so memory is bounded by `max_traces` per kind of entry:
@@ -147,12 +196,17 @@ class SignalBook:
         self._watched: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._killed: OrderedDict[str, _TraceSignals] = OrderedDict()
         self._scopes: OrderedDict[tuple[str, ...], _ScopeSignals] = OrderedDict()
+        self._tools: OrderedDict[str, _ToolSignals] = OrderedDict()
         self._clock = clock or (lambda: datetime.now(UTC))
         self.delivered = 0
         self.duplicates = 0
+        self.tool_calls_refused = 0
+        self.refused_by_tool: Counter[tuple[str, str]] = Counter()
 
     def deliver(self, signal: KillSignal) -> bool:
         """Record `signal` for its trace; False when this signal id was already recorded."""
+        if signal.stops == "tool":
+            return self._deliver_tool(signal)
         if signal.stops != "trace":
             return self._deliver_scoped(signal)
         trace_id = signal.trace_id.lower()
@@ -193,7 +247,9 @@ class SignalBook:
                 entry.unread_messages.append((message, signal))
             return True
 
-    def _first_sight(self, entry: _TraceSignals | _ScopeSignals, signal: KillSignal) -> bool:
+    def _first_sight(
+        self, entry: _TraceSignals | _ScopeSignals | _ToolSignals, signal: KillSignal
+    ) -> bool:
         """Count `signal` into `entry` (under the lock); False when its id was seen before."""
         if signal.signal_id in entry.signal_ids:
             self.duplicates += 1
@@ -222,6 +278,75 @@ class SignalBook:
             ):
                 entry.kill = signal  # the longest-lasting kill of the scope holds
             return True
+
+    def _deliver_tool(self, signal: KillSignal) -> bool:
+        tool = signal.tool
+        if tool is None:
+            return False
+        with self._lock:
+            entry = self._tools.get(tool.name)
+            if entry is None:
+                entry = self._tools[tool.name] = _ToolSignals()
+                _trim(self._tools, self.max_traces)
+            else:
+                self._tools.move_to_end(tool.name)
+            if not self._first_sight(entry, signal):
+                return False
+            newest = entry.by_server.get(tool.server)
+            if newest is None or _issued_after(signal, newest):
+                entry.by_server[tool.server] = signal  # the newest of the tool holds
+                entry.by_server.move_to_end(tool.server)
+                _trim(entry.by_server, MAX_SERVERS_PER_TOOL)
+            return True
+
+    def contained(self, tool: str, server: str | None = None) -> KillSignal | None:
+        """The contain in force for `tool` (on `server`; None: any server), else None."""
+        with self._lock:
+            return self._contained(tool, server)
+
+    def _contained(self, tool: str, server: str | None) -> KillSignal | None:
+        entry = self._tools.get(tool)
+        if entry is None:
+            return None
+        if server is None:
+            candidates = list(entry.by_server.values())
+        else:
+            candidates = [entry.by_server[name] for name in {server, ""} if name in entry.by_server]
+        now = self._clock()
+        for signal in candidates:
+            if signal.kind == "kill" and not signal.expired(now):
+                return signal
+        return None
+
+    def check_tool(self, tool: str | None, server: str | None = None) -> None:
+        """Raise ToolContained if `tool` is contained (see the class); None checks nothing."""
+        if not tool:
+            return
+        with self._lock:
+            signal = self._contained(tool, server) if self._tools else None
+        if signal is not None:
+            self._refuse(tool, server, signal)
+
+    def _refuse(self, tool: str, server: str | None, signal: KillSignal) -> NoReturn:
+        """Count the refused call, log the first per tool, raise ToolContained."""
+        with self._lock:
+            self.tool_calls_refused += 1
+            key = (tool, server or "")
+            first = key not in self.refused_by_tool
+            if first and len(self.refused_by_tool) >= self.max_traces:
+                first = False  # a flood of names: counted in the total only
+            else:
+                self.refused_by_tool[key] += 1
+        refused = ToolContained(signal)
+        if first:
+            log.warning(
+                "spanguard killswitch: %s (rule %s, signal %s); further calls to it are"
+                " counted in tool_calls_refused, not logged",
+                refused,
+                signal.rule,
+                signal.signal_id,
+            )
+        raise refused
 
     def check_scopes(
         self, conversation_id: str | None = None, agent: AgentIdentity | None = None
@@ -261,9 +386,13 @@ class SignalBook:
         trace_id: str,
         conversation_id: str | None = None,
         agent: AgentIdentity | None = None,
+        *,
+        tool: str | None = None,
+        server: str | None = None,
     ) -> str | None:
-        """Raise AgentKilled if `trace_id`, its conversation or its agent is killed; else a
-        downgrade message not yet read."""
+        """Raise AgentKilled if `trace_id`, its conversation or its agent is killed; else
+        ToolContained if the call is to a contained `tool`; else a downgrade message not yet
+        read (kept for the next check when the tool is refused)."""
         self.check_scopes(conversation_id, agent)
         trace_id = trace_id.lower()
         with self._lock:
@@ -289,9 +418,12 @@ class SignalBook:
                 self._pause_over(trace_id, entry)
                 pause = entry.pause
             kill = entry.kill
-            unread = (
+            contain = (
+                self._contained(tool, server) if kill is None and pause is None and tool else None
+            )
+            unread = (  # a refused call leaves the message for the next check
                 entry.unread_messages.popleft()
-                if kill is None and pause is None and entry.unread_messages
+                if kill is None and pause is None and contain is None and entry.unread_messages
                 else None
             )
         # Outside the lock: the span event is the agent's own record of why it stopped or
@@ -302,6 +434,8 @@ class SignalBook:
         if kill is not None:
             record_on_current_span(kill)
             raise AgentKilled(kill)
+        if contain is not None and tool:
+            self._refuse(tool, server, contain)
         if unread is None:
             return None
         message, downgrade = unread
@@ -377,7 +511,7 @@ class SignalBook:
     @property
     def tracked_scopes(self) -> int:
         with self._lock:
-            return len(self._scopes)
+            return len(self._scopes) + len(self._tools)
 
     @property
     def tracked_traces(self) -> int:
@@ -442,7 +576,7 @@ def current_trace_id() -> str | None:
 
 
 # Where a process's conversation is named in OpenTelemetry baggage, first present wins (the
-# detection side reads the same names off spans: spanguard/detection/conventions.py).
+# detection side reads the same names off spans: spanguard/detection/conventions/keys.py).
 CONVERSATION_BAGGAGE_KEYS = ("gen_ai.conversation.id", "session.id")
 
 

@@ -24,10 +24,12 @@ from jsonschema.protocols import Validator
 
 __all__ = [
     "DECISION_SCHEMA_VERSION",
+    "DEFAULT_CONTAIN_SECONDS",
     "DEFAULT_SIGNAL_TTL_SECONDS",
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
     "MAX_SIGNAL_BYTES",
+    "MAX_TOOL_NAME_CHARS",
     "NO_EVIDENCE",
     "NO_POLICY",
     "NO_SPAN_ID",
@@ -47,6 +49,7 @@ __all__ = [
     "SignalScope",
     "SignatureCheck",
     "Spend",
+    "ToolIdentity",
     "canonical_json",
     "decision_id",
     "key_id",
@@ -57,6 +60,7 @@ __all__ = [
     "schema_validator",
     "sign",
     "signature_valid",
+    "tool_signal",
     "validate",
     "verify",
 ]
@@ -92,26 +96,44 @@ Rule = Literal[
     "no_progress",
     "token_budget",
     "cost_budget",
+    "handoff_cycle",
+    "delegation_depth",
+    "agent_fan_out",
     "agent_budget",
     "goal_unmet",
     "manual",
+    "tool_failing",
+    "loop_signature",
 ]
 # "release" (manual only): the trace's agent may call tools again, until a later kill.
 # "pause": the agent waits for an operator's release or kill, or until `pause_until`, when
 # `pause_fallback` applies.
-Action = Literal["kill", "downgrade", "flag", "release", "pause"]
+# The fleet rules' (scope "tool"): "contain" (the tool refused to every client while the
+# incident is open; "flag" records and notifies only) and "recovered" (the incident's second
+# and last record: the tool answers again).
+Action = Literal["kill", "downgrade", "flag", "release", "pause", "contain", "recovered"]
 # A manual signal trips on no span: its span_id is this.
 NO_SPAN_ID = "0" * 16
 # What a kill signal may stop: one trace (the default, and every signal before scopes), every
 # trace of one conversation, or every trace of one agent (service.name + gen_ai.agent.name; a
 # null name: every agent of the service). Scoped signals are kills and releases only.
-SignalScope = Literal["trace", "conversation", "agent"]
-# What a decision over more than its trace spans (DecisionScope).
-ScopeKind = Literal["conversation", "agent"]
+# A tool (its name, and its server: "" when none) is contained rather than stopped: the agents'
+# calls to it are refused, the agents go on (see tool_signal).
+SignalScope = Literal["trace", "conversation", "agent", "tool"]
+# What a decision over more than its trace spans (DecisionScope): "tool" is the fleet's, one
+# tool (or model) across every agent (spanguard/detection/fleet.py).
+ScopeKind = Literal["conversation", "agent", "tool"]
 # The trace id a scoped manual signal names: it stops no trace by its id.
 NO_TRACE_ID = "0" * 32
+# The agent a tool-scoped signal names: it is about every agent that calls the tool.
+FLEET_SERVICE = "(fleet)"
 # A conversation id a signal may carry (as a detection's).
 MAX_CONVERSATION_ID_CHARS = 200
+# A tool's name and its server's, as a tool-scoped signal carries them (bounded as a
+# conversation id is).
+MAX_TOOL_NAME_CHARS = 200
+# How long a manual contain lasts unless the operator says (`spanguard contain --for`).
+DEFAULT_CONTAIN_SECONDS = 3600.0
 
 
 def pause_instructions(detection: Mapping[str, Any]) -> str | None:
@@ -133,6 +155,15 @@ def pause_instructions(detection: Mapping[str, Any]) -> str | None:
 class AgentIdentity:
     service: str
     name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolIdentity:
+    """A tool as a tool-scoped signal names it; `server` "" when the tool has none. A contain
+    without a server holds for the tool of that name on every server."""
+
+    name: str
+    server: str = ""
 
 
 def decision_id(trace_id: str, rule: str, action: str, released_at: float = 0.0) -> str:
@@ -166,6 +197,12 @@ class Evidence:
     calls: list[dict[str, Any]] | None = None
     tool_arguments: Any = None  # only with policy record_arguments: true
     confidence: float | None = None  # goal_unmet: the judge's confidence
+    # handoff_cycle: the agents of the repeated handoffs, in order; delegation_depth: the chain
+    # of agents from the outermost known down to the deepest; agent_fan_out: the agents started;
+    # a fleet incident (scope tool): the agents that called the tool, newest first
+    agents: list[str] | None = None
+    depth: int | None = None  # delegation_depth: agents nested in one another
+    sub_agents: int | None = None  # agent_fan_out: agent runs the trace started
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +247,20 @@ class DecisionScope:
     many of its traces the evidence spans, or "agent" (the agent budget,
     spanguard/detection/agent_budget.py, or an operator's agent kill). `until`: when a kill of
     the scope lifts: the agent's budget window frees, or the conversation's kill expires (the
-    policy's `conversation.kill_ttl` after the detection)."""
+    policy's `conversation.kill_ttl` after the detection).
+
+    "tool": a fleet incident (spanguard/detection/fleet.py): the `tool` (or `model:` key) and
+    the `server` it names, if any; `traces`, the distinct traces that called it in the window;
+    `trace_ids`, the traces it hit, newest first (at most fleet.MAX_LISTED; the agents hit are
+    the evidence's `agents`)."""
 
     kind: ScopeKind | None = None
     conversation_id: str | None = None
     traces: int | None = None
     until: str | None = None
+    tool: str | None = None
+    server: str | None = None
+    trace_ids: list[str] | None = None
 
 
 NO_EVIDENCE = Evidence()
@@ -258,7 +303,7 @@ class Decision:
 
     @property
     def scope_kind(self) -> ScopeKind | None:
-        """ "conversation", "agent", or None (the trace's own)."""
+        """ "conversation", "agent", "tool", or None (the trace's own)."""
         return self.scope.kind if self.scope is not None else None
 
     def signal_evidence(self) -> dict[str, Any]:
@@ -356,6 +401,12 @@ _WIRE: tuple[tuple[str, str, str, bool], ...] = (
     ("conversation_id", "scope", "conversation_id", True),
     ("traces", "scope", "traces", True),
     ("scope_until", "scope", "until", True),
+    ("tool", "scope", "tool", True),
+    ("server", "scope", "server", True),
+    ("trace_ids", "scope", "trace_ids", True),
+    ("agents", "evidence", "agents", True),
+    ("depth", "evidence", "depth", True),
+    ("sub_agents", "evidence", "sub_agents", True),
     ("schema_version", "", "schema_version", False),
     ("decision_id", "", "decision_id", False),
 )
@@ -400,6 +451,7 @@ class KillSignal:
     # a conversation, its id; for an agent, `agent` names it.
     scope: SignalScope | None = None
     conversation_id: str | None = None
+    tool: ToolIdentity | None = None  # scope tool: the tool contained (or released)
     schema_version: int = KILL_SIGNAL_SCHEMA_VERSION
 
     @property
@@ -407,30 +459,37 @@ class KillSignal:
         return self.scope or "trace"
 
     def scope_key(self) -> tuple[str, ...]:
-        """What the signal stops, as a key: ("trace", id), ("conversation", id) or
-        ("agent", service, name or "")."""
+        """What the signal stops, as a key: ("trace", id), ("conversation", id),
+        ("agent", service, name or "") or ("tool", name, server)."""
         if self.scope == "conversation":
             return ("conversation", self.conversation_id or "")
         if self.scope == "agent":
             return ("agent", self.agent.service, self.agent.name or "")
+        if self.scope == "tool" and self.tool is not None:
+            return ("tool", self.tool.name, self.tool.server)
         return ("trace", self.trace_id.lower())
 
     def topic_key(self) -> bytes:
         """The kill topic's key for it: a scope's signals keep their order under one key
-        (`conversation:ID`, `agent:SERVICE/NAME`), a trace's under its id."""
+        (`conversation:ID`, `agent:SERVICE/NAME`, `tool:SERVER/NAME`), a trace's under its id."""
         if self.scope == "conversation":
             return f"conversation:{self.conversation_id}".encode()
         if self.scope == "agent":
             return f"agent:{self.agent.service}/{self.agent.name or ''}".encode()
+        if self.scope == "tool" and self.tool is not None:
+            return f"tool:{self.tool.server}/{self.tool.name}".encode()
         return self.trace_id.encode()
 
     def describe_target(self) -> str:
-        """What it stops, for people: "trace X", "conversation X", "agent S/N"."""
+        """What it stops, for people: "trace X", "conversation X", "agent S/N", "tool T on S"."""
         if self.scope == "conversation":
             return f"conversation {self.conversation_id}"
         if self.scope == "agent":
             name = f"/{self.agent.name}" if self.agent.name else " (every agent name)"
             return f"agent {self.agent.service}{name}"
+        if self.scope == "tool" and self.tool is not None:
+            server = f" on {self.tool.server}" if self.tool.server else ""
+            return f"tool {self.tool.name}{server}"
         return f"trace {self.trace_id}"
 
     def expired(self, now: datetime) -> bool:
@@ -479,7 +538,7 @@ class KillSignal:
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        for name in ("operator", *PAUSE_FIELDS, "scope", "conversation_id"):
+        for name in ("operator", *PAUSE_FIELDS, "scope", "conversation_id", "tool"):
             if record[name] is None:
                 del record[name]  # the signals of the guard's rules are as they always were
         return record
@@ -491,7 +550,48 @@ class KillSignal:
     def from_dict(cls, record: dict[str, Any]) -> KillSignal:
         values = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
         values["agent"] = AgentIdentity(**values["agent"])
+        if values.get("tool") is not None:
+            values["tool"] = ToolIdentity(**values["tool"])
         return cls(**values)
+
+
+def tool_signal(
+    tool: str,
+    server: str,
+    rule: Rule,
+    reason: str,
+    decision_id: str,
+    expires_at: str,
+    *,
+    kind: Literal["kill", "release"] = "kill",
+    detected_at: str | None = None,
+    operator: str | None = None,
+) -> KillSignal:
+    """The signal that contains a tool (`kind` kill: every client refuses calls to it, the
+    agents go on) or lifts its containment (`release`), unsigned (sign its `to_dict()`).
+
+    `server` is "" when the tool has none; `rule` a fleet rule (`tool_failing`,
+    `loop_signature`; its release is the rule's recovery) or `manual` with `operator`;
+    `decision_id` becomes the signal id (32 hex: the same decision re-sent is a duplicate);
+    `expires_at` (RFC 3339 with a zone) bounds the containment. The newest signal of a tool
+    (by `detected_at`, default now) is the one a client obeys."""
+    if not 0 < len(tool) <= MAX_TOOL_NAME_CHARS or len(server) > MAX_TOOL_NAME_CHARS:
+        raise ValueError(f"a tool's name has 1 to {MAX_TOOL_NAME_CHARS} characters, its server"
+                         f" at most {MAX_TOOL_NAME_CHARS}")  # fmt: skip
+    return KillSignal(
+        signal_id=decision_id,
+        trace_id=NO_TRACE_ID,
+        kind=kind,
+        rule=rule,
+        reason=reason,
+        evidence={"span_id": NO_SPAN_ID, "tool_name": tool},
+        agent=AgentIdentity(FLEET_SERVICE),
+        detected_at=detected_at or datetime.now(UTC).isoformat(timespec="milliseconds"),
+        expires_at=expires_at,
+        operator=operator,
+        scope="tool",
+        tool=ToolIdentity(tool, server),
+    )
 
 
 def kill_signals(

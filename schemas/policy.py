@@ -15,6 +15,10 @@ Shape (every field optional):
                                  # a sequence of calls repeated; compare_results false:
                                  #   by tool and arguments alone
       no_progress: {threshold: 4, action: flag}  # different calls, one same empty result
+      multi_agent: {cycles: 2, max_depth: 5, max_sub_agents: 20}
+                                 # agents of one trace: the same handoffs repeated `cycles`
+                                 #   times, agents nested deeper than max_depth, more agent
+                                 #   runs than max_sub_agents; null: that rule off
       volatile_keys: [...]       # added to the built-in volatile keys
       fold: {}                   # tool name -> [case, whitespace]: folded before hashing
       token_budget: null         # tokens per trace; null = no budget
@@ -47,6 +51,11 @@ Shape (every field optional):
     agents:                      # first match wins; match on resource or span attributes
       - match: {service.name: research-assistant}
         loop: {window: 20, threshold: 4}
+    fleet: {enabled: false, action: flag, min_traces: 8, min_fraction: 0.5, window: 300,
+            step: 30, max_tools: 1000, recover_after: 3, loop_traces: 3}
+                                 # global: one tool (or model) failing or looping across
+                                 #   many traces of any agents is one incident (contain:
+                                 #   the tool refused to every client): docs/policy.md
 
 A policy file is outside input: whatever it holds, loading it ends in a Policy or in one
 PolicyError line naming the file, the field and the problem, quickly. The file is read by
@@ -86,8 +95,11 @@ __all__ = [
     "AgentPolicy",
     "ConversationPolicy",
     "CyclePolicy",
+    "FleetPolicy",
+    "FleetPolicyError",
     "GoalPolicy",
     "LoopPolicy",
+    "MultiAgentPolicy",
     "NoProgressPolicy",
     "PausePolicy",
     "Policy",
@@ -121,6 +133,7 @@ UserTurns = Literal["forget", "keep"]
 NoProgressAction = Literal["flag", "kill", "downgrade", "pause", "off"]
 PauseFallback = Literal["kill", "release"]
 Severity = Literal["critical", "error", "warning", "info"]
+FleetAction = Literal["flag", "contain"]
 # A dataclass of settings: a section, a tool's settings, or an agent's.
 _Settings = TypeVar("_Settings", bound="DataclassInstance")
 
@@ -292,6 +305,18 @@ class NoProgressPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class MultiAgentPolicy:
+    """`multi_agent:` the agents of one trace. `cycles`: handoff_cycle, the same sequence of
+    handoffs (agents and inputs) repeated so many times with nothing new between; `max_depth`:
+    delegation_depth, agents nested in one another beyond it; `max_sub_agents`: agent_fan_out,
+    agent runs a trace starts beyond its first. None: that rule is off."""
+
+    cycles: int | None = 2
+    max_depth: int | None = 5
+    max_sub_agents: int | None = 20
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationPolicy:
     """`conversation:` tool_loop and cycle over the calls of all of a conversation's traces
     (a repeat spanning traces: `action`), and its budgets."""
@@ -335,6 +360,78 @@ class PausePolicy:
     fallback: PauseFallback = "kill"
 
 
+class FleetPolicyError(PolicyError):
+    """A fleet setting that cannot be used; `field` names it."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"fleet.{name}: {message}")
+        self.field = name
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPolicy:
+    """`fleet:` the fleet rules over one tool (or model) across every agent, over a sliding
+    window (spanguard/detection/fleet.py). Global, not per agent: a top-level section of the
+    policy, beside `defaults`, since a tool is shared by agents under any entry. Off by
+    default; the worker's `--mode observe` turns `contain` into `flag` as it does every
+    agent's action. Defaults: see tests/support/fleet.py's precision table, which they are
+    chosen on."""
+
+    enabled: bool = False
+    # flag: an incident is recorded and notified; contain: the tool refused to every client
+    action: FleetAction = "flag"
+    min_traces: int = 8
+    min_fraction: float = 0.5
+    window: int = 300  # seconds
+    step: int = 30  # seconds; the window is a whole number of steps
+    max_tools: int = 1000
+    recover_after: int = 3
+    loop_traces: int = 3
+
+    def __post_init__(self) -> None:
+        _check_bool(self, "enabled")
+        if self.action not in ("flag", "contain"):
+            raise FleetPolicyError("action", f"must be flag or contain, not {self.action!r}")
+        for name, low in (("min_traces", 1), ("recover_after", 1), ("loop_traces", 2)):
+            _check_int(self, name, low, 1_000_000)
+        _check_int(self, "step", 1, 3600)
+        _check_int(self, "window", self.step, 86_400)
+        _check_int(self, "max_tools", 1, 1_000_000)
+        if self.window % self.step:
+            raise FleetPolicyError("window", f"must be a whole number of steps ({self.step} s)")
+        fraction = self.min_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise FleetPolicyError("min_fraction", f"must be a number, not {fraction!r}")
+        if not (math.isfinite(fraction) and 0 < fraction <= 1):
+            raise FleetPolicyError("min_fraction", f"must be in (0, 1], not {fraction!r}")
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> FleetPolicy:
+        """The settings of a policy's `fleet` mapping; an unknown key is an error."""
+        known = {item.name for item in fields(cls)}
+        for key in section:
+            if key not in known:
+                raise FleetPolicyError(str(key), f"unknown setting (known: {', '.join(known)})")
+        return cls(**dict(section))
+
+    @property
+    def steps(self) -> int:
+        return self.window // self.step
+
+
+def _check_bool(policy: FleetPolicy, name: str) -> None:
+    if not isinstance(getattr(policy, name), bool):
+        raise FleetPolicyError(name, f"must be true or false, not {getattr(policy, name)!r}")
+
+
+def _check_int(policy: FleetPolicy, name: str, low: int, high: int) -> None:
+    value = getattr(policy, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FleetPolicyError(name, f"must be a whole number, not {value!r}")
+    if not low <= value <= high:
+        raise FleetPolicyError(name, f"must be between {low} and {high}, not {value}")
+
+
 @dataclass(frozen=True, slots=True)
 class AgentPolicy:
     """The settings in force for one agent: one attribute per key of a policy entry, a
@@ -344,6 +441,7 @@ class AgentPolicy:
     polling: PollingPolicy = PollingPolicy()
     cycle: CyclePolicy = CyclePolicy()
     no_progress: NoProgressPolicy = NoProgressPolicy()
+    multi_agent: MultiAgentPolicy = MultiAgentPolicy()
     # Tool name -> its own tool_loop threshold/window, or exempt from every rule; an entry's
     # tools are laid over the defaults', tool by tool.
     tools: tuple[tuple[str, ToolPolicy], ...] = _setting(
@@ -471,6 +569,7 @@ class Policy:
 
     defaults: AgentPolicy = field(default_factory=AgentPolicy)
     rules: tuple[_Rule, ...] = ()
+    fleet: FleetPolicy = field(default_factory=FleetPolicy)  # global: no entry has its own
 
     @property
     def entries(self) -> list[AgentPolicy]:
@@ -502,6 +601,7 @@ class Policy:
         return Policy(
             replace(self.defaults, action="flag"),
             tuple(_Rule(rule.match, replace(rule.policy, action="flag")) for rule in self.rules),
+            replace(self.fleet, action="flag"),
         )
 
     def effective(self) -> dict[str, Any]:
@@ -512,6 +612,7 @@ class Policy:
             "agents": [
                 {"match": dict(rule.match), **_document(rule.policy)} for rule in self.rules
             ],
+            "fleet": _document(self.fleet),
         }
 
     @classmethod
@@ -529,7 +630,11 @@ class Policy:
             merged = defaults.merged(entry)
             _check_loop(merged, f"{source}: field agents.{index}.loop")
             rules.append(_Rule(match, merged))
-        return cls(defaults, tuple(rules))
+        try:
+            fleet = FleetPolicy.from_mapping(document.get("fleet") or {})
+        except FleetPolicyError as exc:
+            raise PolicyError(f"{source}: field {exc}") from None
+        return cls(defaults, tuple(rules), fleet)
 
     @classmethod
     def from_yaml(cls, data: bytes | str, *, source: str = "policy") -> Policy:

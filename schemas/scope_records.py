@@ -15,6 +15,12 @@ times, token and cost deltas (pico-dollars); never arguments. Versioned:
   (`agent_key`), `{"v": 1, "s": [source, ...], "r": [[source index, offset, trace, span hex,
   end, tokens, cost], ...]}`; a source is the "topic:partition" of the span messages the rows
   came from (index -1: none).
+- tool call topic, version 1: one record per tool key and span batch, the key in the Kafka key
+  (`tool_key`: [tool, server]), `{"v": 1, "s": [source, ...], "r": [row, ...]}`; a row is one
+  trace's calls of the tool in one span message, summed, `["c", source index, offset, trace,
+  agent, end, calls, failures, empties, last]` (last: how its last call ended, 0 answered, 1
+  failed, 2 empty), or a trace-level decision that named the tool, `["d", source index, offset,
+  trace, end, args hash or null]`.
 
 The records are the kernel's (spanguard/detection/conversation.py, agent_budget.py), compiled
 with the core; a decoder is handed their constructors, an encoder reads the fields the protocols
@@ -37,21 +43,27 @@ __all__ = [
     "CONVERSATION_PACKED_VERSION",
     "CONVERSATION_VERSION",
     "MAX_FIELD_CHARS",
+    "TOOL_CALLS_VERSION",
     "CallFields",
     "Pack",
+    "ToolRow",
     "UsageFields",
     "agent_key",
     "call_row",
     "decode_agent_usage",
     "decode_conversation_records",
+    "decode_tool_calls",
     "encode_agent_usage",
+    "encode_tool_calls",
     "pack_rows",
+    "tool_key",
     "usage_row",
 ]
 
 CONVERSATION_VERSION = 1
 CONVERSATION_PACKED_VERSION = 2
 AGENT_USAGE_VERSION = 1
+TOOL_CALLS_VERSION = 1
 _PACK_HEAD = b'{"v":2,"c":{'
 # Longest text field a record may carry (trace ids are 32 hex, names are bounded upstream).
 MAX_FIELD_CHARS = 512
@@ -352,6 +364,16 @@ def _agent_key(service: str, agent_name: str | None) -> str:
 _cached_agent_key = functools.lru_cache(maxsize=4096)(_agent_key)
 
 
+def _source_ref(names: list[str], source: tuple[str, int] | None) -> tuple[int, int]:
+    """Where a row came from, as a record holds it: the index of its "topic:partition" in
+    `names` (added when new) and its offset; (-1, -1) for no source."""
+    if source is None:
+        return -1, -1
+    if source[0] not in names:
+        names.append(source[0])
+    return names.index(source[0]), source[1]
+
+
 def encode_agent_usage(
     records: Iterable[UsageFields], sources: Iterable[tuple[str, int] | None]
 ) -> dict[str, bytes]:
@@ -362,12 +384,7 @@ def encode_agent_usage(
     for record, source in zip(records, sources, strict=True):
         key = agent_key(record.service, record.agent_name)
         names, rows = grouped.setdefault(key, ([], []))
-        if source is None:
-            where, offset = -1, -1
-        else:
-            if source[0] not in names:
-                names.append(source[0])
-            where, offset = names.index(source[0]), source[1]
+        where, offset = _source_ref(names, source)
         span_id, end = record.span_id.hex(), record.end_time_unix_nano
         rows.append([where, offset, record.trace_id, span_id, end, record.tokens, record.cost])
     return {
@@ -383,21 +400,10 @@ def decode_agent_usage(
     `make_usage`, its source partition and its offset."""
     if not key:
         raise ValueError("no agent identity in the key")
-    try:
-        identity = json.loads(key)
-        body = compact_json.loads(value or b"")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"not an agent usage record: {exc}") from None
-    if not isinstance(identity, list) or len(identity) != 2:
-        raise ValueError("the key is not [service, agent name]")
+    identity, body = _pair_and_body(key, value, "an agent usage", "service, agent name")
     service = text(identity[0], "service")
     agent_name = text(identity[1], "agent name", optional=True, empty=True)
-    if not isinstance(body, dict) or body.get("v") != AGENT_USAGE_VERSION:
-        raise ValueError(f"not a version {AGENT_USAGE_VERSION} agent usage record")
-    names, rows = body.get("s"), body.get("r")
-    if not isinstance(names, list) or not isinstance(rows, list):
-        raise ValueError("no source or row list")
-    names = [text(name, "source") for name in names]
+    names, rows = _sources_and_rows(body, AGENT_USAGE_VERSION, "agent usage")
     records: list[tuple[Record, str | None, int]] = []
     for row in rows:
         if not isinstance(row, list) or len(row) != 7:
@@ -413,3 +419,107 @@ def decode_agent_usage(
         usage = make_usage(service, agent_name, trace_id, span_id, end, tokens, cost)
         records.append((usage, names[where] if where >= 0 else None, offset))
     return (service, agent_name), records
+
+
+def _pair_and_body(key: bytes, value: bytes | None, what: str, pair: str) -> tuple[list[Any], Any]:
+    """The key (a JSON pair, `pair` naming its parts) and the body of one message of a topic
+    keyed by a pair (agent usage, tool calls); the parts and the body are the caller's to
+    check."""
+    try:
+        identity = json.loads(key)
+        body = compact_json.loads(value or b"")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not {what} record: {exc}") from None
+    if not isinstance(identity, list) or len(identity) != 2:
+        raise ValueError(f"the key is not [{pair}]")
+    return identity, body
+
+
+def _sources_and_rows(body: Any, version: int, what: str) -> tuple[list[str], list[Any]]:
+    """The source names and the rows of a message body written with sources ("s": names,
+    "r": rows naming a source by its index)."""
+    if not isinstance(body, dict) or body.get("v") != version:
+        raise ValueError(f"not a version {version} {what} record")
+    names, rows = body.get("s"), body.get("r")
+    if not isinstance(names, list) or not isinstance(rows, list):
+        raise ValueError("no source or row list")
+    return [text(name, "source") for name in names], rows
+
+
+# -- the tool call topic ------------------------------------------------------------------------
+
+# A row of the tool call topic as read: ("c", source, offset, trace, agent, end, calls,
+# failures, empties, last) or ("d", source, offset, trace, end, args hash); source None: none.
+ToolRow = tuple[Any, ...]
+CALL_LAST = (0, 1, 2)  # answered, failed, empty
+
+
+def tool_key(tool: str, server: str) -> str:
+    """A tool key as one unambiguous text (names may hold any character): the tool call
+    topic's key and the tool window table's. Cached for names of ordinary length: every
+    counted tool call asks for it, and a fleet has few tools."""
+    if len(tool) + len(server) <= MAX_CACHED_KEY_CHARS:
+        return _cached_tool_key(tool, server)
+    return _tool_key(tool, server)
+
+
+def _tool_key(tool: str, server: str) -> str:
+    return json.dumps([tool, server], separators=(",", ":"), ensure_ascii=False)
+
+
+_cached_tool_key = functools.lru_cache(maxsize=4096)(_tool_key)
+
+
+def encode_tool_calls(
+    rows: Iterable[tuple[str, list[Any]]], sources: Iterable[tuple[str, int] | None]
+) -> dict[str, bytes]:
+    """{tool key: one record value holding the key's rows, in order}. `rows` are (tool key,
+    row without its source: ["c", trace, agent, end, calls, failures, empties, last] or ["d",
+    trace, end, args hash]); `sources`, aligned with them, are where each came from
+    ("topic:partition", offset; None: no source)."""
+    grouped: dict[str, tuple[list[str], list[list[Any]]]] = {}
+    for (key, row), source in zip(rows, sources, strict=True):
+        names, held = grouped.setdefault(key, ([], []))
+        where, offset = _source_ref(names, source)
+        held.append([row[0], where, offset, *row[1:]])
+    return {
+        key: compact_json.dumps({"v": TOOL_CALLS_VERSION, "s": names, "r": held})
+        for key, (names, held) in grouped.items()
+    }
+
+
+def decode_tool_calls(
+    key: bytes | None, value: bytes | None
+) -> tuple[tuple[str, str], list[ToolRow]]:
+    """The tool key and the rows of one message of the tool call topic; ValueError says what
+    is wrong."""
+    if not key:
+        raise ValueError("no tool key")
+    identity, body = _pair_and_body(key, value, "a tool call", "tool, server")
+    tool = text(identity[0], "tool name")
+    server = text(identity[1], "server", empty=True)
+    names, rows = _sources_and_rows(body, TOOL_CALLS_VERSION, "tool call")
+    return (tool, server), [_tool_row(row, names) for row in rows]
+
+
+def _tool_row(row: Any, names: list[str]) -> ToolRow:
+    if not isinstance(row, list) or len(row) not in (6, 10) or row[0] not in ("c", "d"):
+        raise ValueError("a row is not a call or decision row")
+    where = count(row[1], "source index", least=-1)
+    if where >= len(names):
+        raise ValueError(f"source index {where} of {len(names)} sources")
+    source = names[where] if where >= 0 else None
+    offset = count(row[2], "offset", least=-1)
+    trace_id = text(row[3], "trace id")
+    if row[0] == "d" and len(row) == 6:
+        end = count(row[4], "end time")
+        return ("d", source, offset, trace_id, end, text(row[5], "arguments hash", optional=True))
+    if row[0] != "c" or len(row) != 10:
+        raise ValueError(f"a {row[0]!r} row of {len(row)} fields")
+    agent = text(row[4], "agent", empty=True)
+    end = count(row[5], "end time")
+    calls = count(row[6], "calls", least=1)
+    failures, empties = count(row[7], "failures"), count(row[8], "empties")
+    if failures + empties > calls or row[9] not in CALL_LAST or isinstance(row[9], bool):
+        raise ValueError("failures and empties past the calls, or no last call's end")
+    return ("c", source, offset, trace_id, agent, end, calls, failures, empties, row[9])

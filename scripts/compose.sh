@@ -18,23 +18,15 @@ set -euo pipefail
 
 COMPOSE_VERSION=v2.40.3
 MODULE=github.com/docker/compose/v2
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
+# shellcheck source=scripts/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
 COMPOSE_DIR="$CACHE_ROOT/compose-$COMPOSE_VERSION"
 COMPOSE="$COMPOSE_DIR/docker-compose"
 
-SCRIPT=compose.sh
-# shellcheck source=scripts/lib/go-tool.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
-
+# The module's source, fetched with `go mod download`, copied into the scratch directory $1 and
+# built there as the main module.
 build_compose() {
-  tool_ready "$COMPOSE" compose-build.lock \
-    "go not found: compose is built from the Go module proxy; install Go (https://go.dev/dl/ or your distribution's golang package) and retry" &&
-    return 0
-  local started=$SECONDS work src
-  say "building docker compose $COMPOSE_VERSION ($MODULE) into $COMPOSE_DIR; the first build takes a few minutes"
-  work=$(mktemp -d "$CACHE_ROOT/compose-build.XXXXXX")
-  # shellcheck disable=SC2064
-  trap "chmod -R u+w '$work' 2>/dev/null; rm -rf '$work'" EXIT
+  local work=$1 src
   src=$(cd "$work" && go mod download -json "$MODULE@$COMPOSE_VERSION" |
         sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') ||
     die "could not download $MODULE@$COMPOSE_VERSION from the Go module proxy (GOPROXY=$(go env GOPROXY))"
@@ -45,14 +37,15 @@ build_compose() {
   (cd "$work/src" && go build -trimpath \
       -ldflags="-s -w -X $MODULE/internal.Version=$COMPOSE_VERSION" -o "$work/docker-compose" ./cmd) ||
     die "go build of $MODULE@$COMPOSE_VERSION failed"
-  mkdir -p "$COMPOSE_DIR"
-  mv "$work/docker-compose" "$COMPOSE_DIR/.docker-compose.tmp"
-  mv "$COMPOSE_DIR/.docker-compose.tmp" "$COMPOSE"
-  say "built $COMPOSE in $((SECONDS - started))s"
+}
+
+ensure_compose() {
+  build_tool "$COMPOSE" compose Go \
+    "building docker compose $COMPOSE_VERSION ($MODULE) into $COMPOSE_DIR" build_compose
 }
 
 case ${1:-} in
   ""|-h|--help|help) usage; [[ -n ${1:-} ]] || exit 2 ;;
-  path) build_compose; echo "$COMPOSE" ;;
-  *) build_compose; exec "$COMPOSE" "$@" ;;
+  path) ensure_compose; echo "$COMPOSE" ;;
+  *) ensure_compose; exec "$COMPOSE" "$@" ;;
 esac

@@ -16,35 +16,22 @@
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/spanguard"
+# shellcheck source=scripts/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
 HELM_DIR="$CACHE_ROOT/helm-$HELM_VERSION"
 HELM="$HELM_DIR/helm"
 
-SCRIPT=helm.sh
-# shellcheck source=scripts/lib/go-tool.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
-
-install_helm() {
-  tool_ready "$HELM" helm-install.lock \
-    "go not found: helm is built from the Go module proxy; install Go >= 1.26, the go directive of helm v3.22.0 (https://go.dev/dl/ or your distribution's golang package) and retry" &&
-    return 0
-  local started=$SECONDS work
-  say "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR; the first build takes a few minutes"
-  # Build into a scratch GOBIN, then move the binary in: a reader never sees a half-written one.
-  work=$(mktemp -d "$CACHE_ROOT/helm-install.XXXXXX")
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" EXIT
-  GOBIN="$work" go install -trimpath \
+# helm, installed by `go install` into the scratch directory $1.
+install_helm_into() {
+  GOBIN="$1" go install -trimpath \
     -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ||
     die "could not install helm $HELM_VERSION from the Go module proxy (GOPROXY=$(go env GOPROXY))"
-  [[ -x $work/helm ]] || die "go install finished but $work/helm is missing"
-  mkdir -p "$HELM_DIR"
-  mv "$work/helm" "$HELM_DIR/.helm.tmp"
-  mv "$HELM_DIR/.helm.tmp" "$HELM"
-  rm -rf "$work"
-  trap - EXIT
-  say "installed $HELM in $((SECONDS - started))s"
+}
+
+install_helm() {
+  build_tool "$HELM" helm "Go >= 1.26, the go directive of helm $HELM_VERSION" \
+    "installing helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm) into $HELM_DIR" install_helm_into
 }
 
 case ${1:-} in

@@ -60,7 +60,6 @@ __all__ = [
     "AgentWindowTable",
     "WorkerAgentBudgets",
     "agent_usage_sends",
-    "agent_window_tally",
     "agent_window_view",
     "agent_windows_wanted",
     "decode_usage",
@@ -107,13 +106,6 @@ class AgentWindowCount(CountedOutcome):
     LATE = "agent_window_late_spans"  # ended before the window's newest bucket: counted into it
     RESETS = "agent_window_resets"  # a span a whole window away: the window started afresh
     EVICTED = "agent_windows_evicted"
-
-
-def agent_window_tally(worker: Worker) -> Tally:
-    """Where the span agent and the agent-windows agent count (streams/app.py makes it)."""
-    tally = worker.counted[AgentWindowCount]
-    assert isinstance(tally, Tally)
-    return tally
 
 
 class _TellOnce:

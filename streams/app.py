@@ -16,6 +16,8 @@ import faust
 from faust.types import TableT
 from prometheus_client import CollectorRegistry
 
+from spanguard.alerting.incident_reader import IncidentReader, IncidentSkip
+from spanguard.alerting.incidents import OpenIncidents
 from spanguard.alerting.pagerduty import Pager
 from spanguard.alerting.service import PageOutcome, PagingService
 from spanguard.alerting.webhook import Webhook, WebhookOutcome, WebhookService
@@ -23,12 +25,13 @@ from spanguard.config.policy_file import load_policy
 from spanguard.config.settings import WorkerSettings
 from spanguard.connectors.kafka_clients import faust_credentials
 from spanguard.connectors.releases import ReleaseCount, ReleaseReader, ReleaseSkip
+from spanguard.detection.fleet_signals import containment_signals
 from spanguard.detection.guard import Guard, GuardCount
 from spanguard.detection.pipeline import PipelineCount, SpanPipeline
 from spanguard.goal.verifier import GoalOutcome, GoalVerifier
 from spanguard.outcomes import Counted, CountedOutcome, Tally
 from spanguard.schemas.decision import Decision
-from spanguard.schemas.policy import Policy
+from spanguard.schemas.policy import FleetPolicy, Policy
 from spanguard.streams.agent_windows import (
     AgentUsageRecorder,
     AgentWindowCount,
@@ -39,6 +42,7 @@ from spanguard.streams.agents import notify_webhook, page_on_call, verify_goals
 from spanguard.streams.agents.guard_agent_windows import AgentWindowsAgent
 from spanguard.streams.agents.guard_conversations import ConversationAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
+from spanguard.streams.agents.guard_tools import ToolScopeAgent
 from spanguard.streams.conversations import (
     ConversationCount,
     ConversationRecorder,
@@ -55,6 +59,7 @@ from spanguard.streams.metrics import (
     ConsumerLag,
     DecisionsSent,
     DetectionLatency,
+    FailingTools,
     LastBatch,
     TableMemory,
     WorkerMetrics,
@@ -63,6 +68,12 @@ from spanguard.streams.metrics import (
 from spanguard.streams.partitioner import collector_partition
 from spanguard.streams.services import LagMeter, MetricsServer, StartupTasks
 from spanguard.streams.state_table import StateTable
+from spanguard.streams.tool_scope import (
+    ToolCallRecorder,
+    ToolScopeCount,
+    tool_scope_wanted,
+    tool_window_view,
+)
 from spanguard.streams.wiring import Worker
 
 __all__ = ["create_app"]
@@ -98,6 +109,11 @@ def create_app(
     if worker.agent_usage_out is not None:
         windows = agent_window_states(app, settings)
         AgentWindowsAgent(worker, worker.agent_usage_out, windows, spans.lease).attach(app)
+    if worker.tool_calls_out is not None:
+        tools = scope_states(
+            app, settings, settings.tool_window_table_name, tool_window_view(policy.fleet)
+        )
+        ToolScopeAgent(worker, worker.tool_calls_out, tools, spans.lease).attach(app)
     page_on_call.register(worker)
     verify_goals.register(worker)
     notify_webhook.register(worker)
@@ -210,6 +226,17 @@ def delivered_table(app: faust.App, settings: WorkerSettings, name: str) -> Tabl
     )
 
 
+def paging_parts(
+    settings: WorkerSettings, pager: Pager | None, webhook: Webhook | None
+) -> tuple[PagingService, WebhookService, IncidentReader]:
+    """The paging and webhook services, and the reader that tells the paging service of the
+    open fleet incidents on every partition of the detections topic: whichever worker holds a
+    trace decided on an incident's tool folds its page."""
+    incidents = OpenIncidents()
+    reader = IncidentReader(settings, incidents)
+    return PagingService(pager, incidents), WebhookService(webhook), reader
+
+
 def build_worker(
     app: faust.App,
     settings: WorkerSettings,
@@ -219,7 +246,6 @@ def build_worker(
     webhook: Webhook | None,
 ) -> Worker:
     table, states = trace_states(app, settings)
-    paged = delivered_table(app, settings, "paged")
     # Only with a webhook: a table's changelog topic is created on start.
     notified = delivered_table(app, settings, "notified") if webhook is not None else None
     signing_key = kill_signing_key(settings)
@@ -232,24 +258,30 @@ def build_worker(
     usage_recorder = (
         AgentUsageRecorder(policy, agent_tally) if agent_windows_wanted(policy) else None
     )
+    # The fleet rules likewise: the span agent records tool calls, the tool scope agent decides.
+    tool_recorder = ToolCallRecorder() if tool_scope_wanted(policy) else None
     guard = Guard(
         policy,
         states=states,
         released=releases.released,
         conversations=recorder,
         agent_budgets=usage_recorder,
+        tools=tool_recorder,
     )
     pipeline = SpanPipeline(
         # A packed record of the repartition topic holds traces of the partition it is on.
         guard,
         home=lambda trace_id: collector_partition(trace_id.encode(), settings.partitions),
     )
-    paging, notifying = PagingService(pager), WebhookService(webhook)
+    paging, notifying, incident_reader = paging_parts(settings, pager, webhook)
     health = Health(dead_after=settings.dead_after)
     counted = counting_parts(guard, pipeline, health, paging, notifying, verifier, releases)
     counted[AgentWindowCount] = agent_tally  # zeros while no agent budget is set
+    counted[ToolScopeCount] = Tally()  # zeros while the fleet rules are off
+    counted[IncidentSkip] = incident_reader.skipped
     registry, lag, sent = metrics_registry(guard, counted, states, health)
     registry.register(TableMemory(lambda: app.tables.values()))
+    registry.register(FailingTools(paging.incidents.failing_traces))
     return Worker(
         app=app,
         settings=settings,
@@ -259,34 +291,57 @@ def build_worker(
         goal_checks=app.topic(settings.goal_topic, **RAW),
         detections_in=app.topic(settings.detections_topic, **RAW),
         table=table,
-        paged=paged,
+        paged=delivered_table(app, settings, "paged"),
         notified=notified,
         states=states,
         guard=guard,
         pipeline=pipeline,
-        outbox=outbox(app, settings, signing_key, on_decision=sent.on_decision),
+        outbox=outbox(
+            app,
+            settings,
+            signing_key,
+            on_decision=sent.on_decision,
+            fleet=policy.fleet
+            if policy.fleet.enabled and policy.fleet.action == "contain"
+            else None,
+        ),
         health=health,
         paging=paging,
         webhook=notifying,
         verifier=verifier,
         releases=releases,
+        incident_reader=incident_reader,
         counted=counted,
         registry=registry,
         latency=DetectionLatency(registry),
         lag=lag,
-        recorder=recorder,
-        conversations_out=(
-            app.topic(settings.conversation_topic, partitions=settings.scope_partitions, **RAW)
-            if recorder is not None
-            else None
-        ),
-        usage_recorder=usage_recorder,
-        agent_usage_out=(
-            app.topic(settings.agent_usage_topic, partitions=settings.scope_partitions, **RAW)
-            if usage_recorder is not None
-            else None
-        ),
+        **scope_parts(app, settings, recorder, usage_recorder, tool_recorder),
     )
+
+
+def scope_parts(
+    app: faust.App,
+    settings: WorkerSettings,
+    recorder: ConversationRecorder | None,
+    usage_recorder: AgentUsageRecorder | None,
+    tool_recorder: ToolCallRecorder | None,
+) -> dict[str, Any]:
+    """The Worker's fields of the scopes beyond the trace: each recorder the span agent's guard
+    hands records to, and the topic it sends them to (none where its scope is off)."""
+
+    def topic(name: str, wanted: object) -> faust.TopicT | None:
+        if wanted is None:
+            return None
+        return app.topic(name, partitions=settings.scope_partitions, **RAW)
+
+    return {
+        "recorder": recorder,
+        "conversations_out": topic(settings.conversation_topic, recorder),
+        "usage_recorder": usage_recorder,
+        "agent_usage_out": topic(settings.agent_usage_topic, usage_recorder),
+        "tool_recorder": tool_recorder,
+        "tool_calls_out": topic(settings.tool_calls_topic, tool_recorder),
+    }
 
 
 def metrics_registry(
@@ -330,9 +385,14 @@ def outbox(
     settings: WorkerSettings,
     signing_key: bytes | None,
     on_decision: Callable[[Decision], None] | None = None,
+    fleet: FleetPolicy | None = None,
 ) -> Outbox:
+    """`fleet`: the policy's fleet section, when its incidents contain their tool."""
     return Outbox(
         on_decision=on_decision,
+        tool_signals=(
+            None if fleet is None else lambda decision: containment_signals(decision, fleet)
+        ),
         repartition=app.topic(settings.repartition_topic, **RAW),
         detections=app.topic(settings.detections_topic, **RAW),
         kill_signals=app.topic(settings.kill_topic, **RAW),

@@ -31,7 +31,7 @@ from spanguard.detection.conversation import (
 )
 from spanguard.detection.pipeline import MAX_RECORD_BYTES
 from spanguard.detection.scope import policy_for
-from spanguard.outcomes import CountedOutcome, Tally
+from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.policy import Policy
 from spanguard.schemas.scope_records import (
@@ -57,7 +57,6 @@ __all__ = [
     "WorkerConversations",
     "conversation_partition",
     "conversation_sends",
-    "conversation_tally",
     "conversation_view",
     "conversations_wanted",
     "decode_records",
@@ -87,13 +86,6 @@ class ConversationCount(CountedOutcome):
     DUPLICATES = "conversation_duplicates"
     DECISIONS = "conversation_decisions"
     EVICTED = "conversations_evicted"
-
-
-def conversation_tally(worker: Worker) -> Tally:
-    """Where the span agent and the conversation agent count (streams/app.py makes it)."""
-    tally = worker.counted[ConversationCount]
-    assert isinstance(tally, Tally)
-    return tally
 
 
 # -- the trace side: record, do not decide ----------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spanguard.detection.pipeline import MAX_RECORD_BYTES, Outcome
-from spanguard.schemas.decision import Decision, kill_signals, sign
+from spanguard.schemas.decision import Decision, KillSignal, kill_signals, sign
 from spanguard.streams.partitioner import collector_partition
 
 __all__ = [
@@ -150,9 +150,13 @@ class Outbox:
         partitions: int,
         signing_key: bytes | None,
         on_decision: Callable[[Decision], None] | None = None,
+        tool_signals: Callable[[Decision], list[KillSignal]] | None = None,
     ) -> None:
-        """`on_decision`: told of every decision sent, of every scope (the metrics' spend)."""
+        """`on_decision`: told of every decision sent, of every scope (the metrics' spend).
+        `tool_signals`: the signals a fleet incident sends besides (its contain and release,
+        spanguard/detection/fleet_signals.py), where the policy's fleet section contains."""
         self.on_decision = on_decision
+        self.tool_signals = tool_signals
         self.repartition = repartition
         self.detections = detections
         self.kill_signals = kill_signals
@@ -242,7 +246,10 @@ class Outbox:
             sends.append(Send(self.detections, {"key": key, "value": decision.to_json().encode()}))
             # A flag is for people, not agents; a conversation kill also stops the
             # conversation's later traces (a second, scoped signal).
-            for signal in kill_signals(decision):
+            signals = kill_signals(decision)
+            if self.tool_signals is not None:
+                signals += self.tool_signals(decision)
+            for signal in signals:
                 record = signal.to_dict()
                 if self.signing_key is not None:
                     record = sign(record, self.signing_key)

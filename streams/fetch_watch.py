@@ -177,19 +177,14 @@ class FetchWatch:
         stalled = self.tracker.observe(now, {tp: ends.get(tp) for tp in wanted}, positions)
         await self._look_at_unprocessed(now, wanted, positions)
         if stalled:
-            self.outcomes.add(FetchCount.STALLED, len(stalled))
-            state = await call_in_consumer_thread(
-                consumer, _consumer_state, consumer, self.task_seen
-            )
-            state["worker_tasks"] = _task_stacks(self.task_seen)
-            log.error(
+            await self._tell_and_seek(
+                consumer,
+                stalled,
+                FetchCount.STALLED,
                 "partitions not fetched: records wait on the broker, the fetch position"
                 " stands still",
-                extra={"stalled": [str(stall) for stall in stalled], "consumer": state},
-            )
-            # Where each stands: drops a fetched result held for it and wakes the fetcher.
-            await self.seek(
-                {s.tp: s.position for s in stalled if s.position is not None}, "stalled"
+                "stalled",
+                "stalled",
             )
         if self.tracker.told:  # at every look while any stands still
             actions = await call_in_consumer_thread(consumer, _unstick_fetcher)
@@ -213,19 +208,33 @@ class FetchWatch:
                 committed[tp] = done
         skipped = self.unprocessed.observe(now, fetched, committed)
         if skipped:
-            self.outcomes.add(FetchCount.UNPROCESSED, len(skipped))
-            state = await call_in_consumer_thread(
-                consumer, _consumer_state, consumer, self.task_seen
-            )
-            state["worker_tasks"] = _task_stacks(self.task_seen)
-            log.error(
+            await self._tell_and_seek(
+                consumer,
+                skipped,
+                FetchCount.UNPROCESSED,
                 "partitions read past their committed offset, none of their messages in"
                 " process: records fetched that no agent got",
-                extra={"skipped": [str(stall) for stall in skipped], "consumer": state},
+                "skipped",
+                "unprocessed",
             )
-            await self.seek(
-                {s.tp: s.position for s in skipped if s.position is not None}, "unprocessed"
-            )
+
+    async def _tell_and_seek(
+        self,
+        consumer: Any,
+        stalls: list[Stall],
+        outcome: FetchCount,
+        message: str,
+        listed_as: str,
+        reason: str,
+    ) -> None:
+        """Count and log partitions found standing still (`listed_as`: their key in the log
+        record, beside the consumer's state and the worker's tasks), then seek each where it
+        stands, for `reason`: that drops a fetched result held for it and wakes the fetcher."""
+        self.outcomes.add(outcome, len(stalls))
+        state = await call_in_consumer_thread(consumer, _consumer_state, consumer, self.task_seen)
+        state["worker_tasks"] = _task_stacks(self.task_seen)
+        log.error(message, extra={listed_as: [str(stall) for stall in stalls], "consumer": state})
+        await self.seek({s.tp: s.position for s in stalls if s.position is not None}, reason)
 
     async def _look_at_restore(self) -> None:
         """A table restore whose records left to read stand still for STALL_AFTER seconds."""

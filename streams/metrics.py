@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from spanguard import __version__
+from spanguard.alerting.incident_reader import IncidentSkip
 from spanguard.alerting.service import PageOutcome
 from spanguard.alerting.webhook import WebhookOutcome
 from spanguard.connectors.releases import ReleaseCount, ReleaseSkip
@@ -51,6 +52,7 @@ from spanguard.streams.faust_internals import store_databases
 from spanguard.streams.fetch_watch import FetchCount
 from spanguard.streams.flow_resume import ResumeCount
 from spanguard.streams.health import Health, HealthCount
+from spanguard.streams.tool_scope import ToolScopeCount
 
 __all__ = [
     "EXPORTED",
@@ -59,6 +61,7 @@ __all__ = [
     "DecisionCounts",
     "DecisionsSent",
     "DetectionLatency",
+    "FailingTools",
     "LastBatch",
     "Series",
     "TableMemory",
@@ -228,6 +231,28 @@ class TableMemory(Collector):
         yield family
 
 
+class FailingTools(Collector):
+    """spanguard_fleet_failing_traces{tool}: for each tool with an open fleet incident, the
+    failing traces its incident counted, read at scrape time from the open incidents the
+    paging agent keeps (alerting/incidents.py). Only open incidents, at most
+    MAX_GAUGED_TOOLS tools and `(other)`, the sum of the rest (0 with none): a bounded series
+    count whatever the fleet calls."""
+
+    def __init__(self, failing: Callable[[], Mapping[str, int]]) -> None:
+        self.failing = failing
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "spanguard_fleet_failing_traces",
+            "Failing traces of each tool with an open fleet incident (at most 20 tools, the rest"
+            " summed as (other))",
+            labels=["tool"],
+        )
+        for tool, traces in self.failing().items():
+            family.add_metric([tool], traces)
+        yield family
+
+
 class LastBatch(Collector):
     """spanguard_last_span_batch_timestamp_seconds: when the span agent last completed a batch
     (Unix time), absent until its first. With records waiting, a stale one is a stuck agent; a
@@ -309,6 +334,8 @@ COUNTER_HELP = {
     "usage_cost_usd": "US dollars the traces spent, their tokens priced by the model they name"
     " (only where a usd budget asks for prices; unpriced tokens add nothing here)",
     "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
+    "agent_runs_unplaced": "agent runs of traces whose agent tree was full (256 runs): counted"
+    " for agent_fan_out, not placed in the tree",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",
@@ -320,6 +347,13 @@ COUNTER_HELP = {
     "agent_window_clock_skews": "usage spans whose end time did not fit the agent's window, by"
     " what was done (late: counted into the newest bucket; reset: the window started afresh)",
     "agent_windows_evicted": "idle agent windows whose state was deleted",
+    "tool_call_records": "the tool scope's rows (a trace's calls of a tool in one span message,"
+    " or a trace-level decision naming a tool), by what became of them (sent by the span"
+    " agent, read by the tool scope agent, dropped as seen before; not counted: a new tool"
+    " past the policy's fleet.max_tools on the worker)",
+    "tool_scope_decisions": "fleet incidents' records the tool scope agent took (opened and"
+    " recovered)",
+    "tool_windows_evicted": "idle tool windows whose state was deleted",
     "span_batches": "batches of messages the span agent completed",
     "span_agent_crashes": "times the span agent raised (Faust restarts it; /readyz is red)",
     "signals_lost": "kill signals the broker did not ack: not sent, the trace can trip again",
@@ -333,6 +367,8 @@ COUNTER_HELP = {
     " them standing still",
     "kill_topic_records_skipped": "records of the kill topic the release reader skipped, by why"
     " (not a signal, or not one signed with the worker's key)",
+    "fleet_incident_records_skipped": "records of the detections topic that looked like a fleet"
+    " incident's and that the incident reader skipped, by why (not a decision)",
 }
 
 # Where each counted outcome is exported: every member of every CountedOutcome enum has an
@@ -352,6 +388,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.PRICED_USAGE: (Series("usage_spans_priced", (("outcome", "priced"),)),),
     GuardCount.UNPRICED_USAGE: (Series("usage_spans_priced", (("outcome", "unpriced"),)),),
     GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
+    GuardCount.AGENT_RUNS_UNPLACED: (Series("agent_runs_unplaced"),),
     # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
     # customer); the decisions and `spanguard explain` name the model of a trace.
     GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),
@@ -381,6 +418,12 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     AgentWindowCount.LATE: (Series("agent_window_clock_skews", (("what", "late"),)),),
     AgentWindowCount.RESETS: (Series("agent_window_clock_skews", (("what", "reset"),)),),
     AgentWindowCount.EVICTED: (Series("agent_windows_evicted"),),
+    ToolScopeCount.RECORDS_SENT: (Series("tool_call_records", (("what", "sent"),)),),
+    ToolScopeCount.RECORDS_READ: (Series("tool_call_records", (("what", "read"),)),),
+    ToolScopeCount.DUPLICATES: (Series("tool_call_records", (("what", "duplicate"),)),),
+    ToolScopeCount.OVER_TOOL_CAP: (Series("tool_call_records", (("what", "over_tool_cap"),)),),
+    ToolScopeCount.DECISIONS: (Series("tool_scope_decisions"),),
+    ToolScopeCount.EVICTED: (Series("tool_windows_evicted"),),
     HealthCount.BATCHES: (Series("span_batches"),),
     HealthCount.CRASHES: (Series("span_agent_crashes"),),
     HealthCount.LOST_SIGNALS: (Series("signals_lost"),),
@@ -393,6 +436,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     **by_outcome(WebhookOutcome, "webhooks"),
     **by_outcome(GoalOutcome, "goal_checks"),
     **by_outcome(ReleaseSkip, "kill_topic_records_skipped", label="why"),
+    **by_outcome(IncidentSkip, "fleet_incident_records_skipped", label="why"),
 }
 for _undeliverable in (
     PageOutcome.REJECTED,

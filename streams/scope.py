@@ -1,5 +1,6 @@
 """What the worker's scopes beyond the trace share: the conversation scope
-(streams/conversations.py) and the agent windows (streams/agent_windows.py).
+(streams/conversations.py), the agent windows (streams/agent_windows.py) and the tool scope
+(streams/tool_scope.py).
 
 A scope's traces land on every partition of the span topics (they are keyed by trace id), so in
 the worker a scope is three parts, each a small subclass of a part written here once:
@@ -16,13 +17,11 @@ the worker a scope is three parts, each a small subclass of a part written here 
    written once per commit interval and the messages acked once the changelog acked them
    (streams/write_back.py, ScopeAgent), idle states evicted with bounded work.
 
-The next scope, per tool across the fleet (a record per span batch to a topic keyed by tool
-name, a changelog-backed windowed table under the worker's lease and flush rules), is a third
-subclass of each: a recorder that keeps what it needs of each counted call (summed per message
-in `close_message`, as the agent usage recorder does), its rows in schemas/scope_records.py, a
-view of its table, and an agent that names its `decode`, `decide_message`, `retract` and
-`idle_after`; batching, the lease, the flush and ack rules, settling and eviction come with the
-bases.
+The tool scope, per tool across the fleet, is the third subclass of each: a recorder that sums
+each counted call per message (`close_message`, as the agent usage recorder does), its rows in
+schemas/scope_records.py, a view of its table, and an agent that names its `decode`,
+`decide_message`, `retract` and `idle_after`; batching, the lease, the flush and ack rules,
+settling and eviction come with the bases.
 """
 
 from __future__ import annotations

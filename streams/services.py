@@ -44,6 +44,8 @@ class LagMeter:
             self.consumed.add(settings.conversation_topic)
         if worker.agent_usage_out is not None:
             self.consumed.add(settings.agent_usage_topic)
+        if worker.tool_calls_out is not None:
+            self.consumed.add(settings.tool_calls_topic)
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=LAG_INTERVAL)(self.measure_lag)
@@ -78,7 +80,8 @@ class MetricsServer:
 
 
 class StartupTasks:
-    """What runs once the app is up: the release reader starts, start-up objects are frozen."""
+    """What runs once the app is up: the release and incident readers start, start-up objects
+    are frozen."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -86,6 +89,7 @@ class StartupTasks:
     def attach(self, app: faust.App) -> None:
         app.task(self.freeze_startup_objects)
         app.task(self.read_releases)
+        app.task(self.read_incidents)
 
     async def freeze_startup_objects(self) -> None:
         # Tasks start once the first table recovery is done: what the process holds now
@@ -98,3 +102,6 @@ class StartupTasks:
 
     async def read_releases(self) -> None:
         self.worker.releases.start()  # a daemon thread: it ends with the process
+
+    async def read_incidents(self) -> None:
+        self.worker.incident_reader.start()  # a daemon thread, likewise

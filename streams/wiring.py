@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanguard.outcomes import Tally
+
 # Types only: streams/app.py builds these, and the modules that define them import the agents.
 if TYPE_CHECKING:
     import faust
     from faust.types import TableT
     from prometheus_client import CollectorRegistry
 
+    from spanguard.alerting.incident_reader import IncidentReader
     from spanguard.alerting.service import PagingService
     from spanguard.alerting.webhook import WebhookService
     from spanguard.config.settings import WorkerSettings
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from spanguard.streams.health import Health
     from spanguard.streams.metrics import ConsumerLag, DetectionLatency
     from spanguard.streams.state_table import StateTable
+    from spanguard.streams.tool_scope import ToolCallRecorder
 
 __all__ = ["Worker"]
 
@@ -49,6 +53,7 @@ class Worker:
     webhook: WebhookService
     verifier: GoalVerifier | None
     releases: ReleaseReader
+    incident_reader: IncidentReader
     # Which part counts each outcome enum: what /metrics reads (the agents add their own).
     counted: dict[type[CountedOutcome], Counted[Any]]
     registry: CollectorRegistry  # what /metrics serves
@@ -62,3 +67,13 @@ class Worker:
     # records, and the topic it sends the records to (streams/agent_windows.py).
     usage_recorder: AgentUsageRecorder | None = None
     agent_usage_out: faust.TopicT | None = None
+    # The tool scope, when the policy's fleet rules are on: what the span agent's guard
+    # records, and the topic it sends the records to (streams/tool_scope.py).
+    tool_recorder: ToolCallRecorder | None = None
+    tool_calls_out: faust.TopicT | None = None
+
+    def tally(self, outcome: type[CountedOutcome]) -> Tally:
+        """The Tally streams/app.py made for `outcome`: where the agents that count it count."""
+        tally = self.counted[outcome]
+        assert isinstance(tally, Tally)
+        return tally

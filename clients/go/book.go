@@ -38,6 +38,11 @@ func describeTarget(signal *Signal) string {
 	switch signalScope(signal) {
 	case "conversation":
 		return "conversation " + *signal.ConversationID
+	case "tool":
+		if signal.Tool.Server != "" {
+			return "tool " + signal.Tool.Name + " on " + signal.Tool.Server
+		}
+		return "tool " + signal.Tool.Name
 	case "agent":
 		if signal.AgentName != nil && *signal.AgentName != "" {
 			return "agent " + signal.AgentService + "/" + *signal.AgentName
@@ -45,6 +50,43 @@ func describeTarget(signal *Signal) string {
 		return "agent " + signal.AgentService + " (every agent name)"
 	}
 	return "trace " + signal.TraceID
+}
+
+// ToolContained is returned by a check naming a tool that spanguard contained (a signal of
+// scope "tool"): the call to that tool is refused, not the agent. It unwraps to its
+// *AgentKilled, so code that looks only for AgentKilled (errors.As) still stops; a framework
+// hook hands the model its message as the tool's error instead, so the agent can take another
+// path.
+type ToolContained struct {
+	Killed *AgentKilled
+	Tool   string
+	Server string // the contain's server ("" when it names none)
+}
+
+func (c *ToolContained) Error() string {
+	return fmt.Sprintf("tool %s is contained by spanguard: %s; use another tool", c.Tool, c.Killed.Signal.Reason)
+}
+
+// Unwrap is the AgentKilled the contain is.
+func (c *ToolContained) Unwrap() error { return c.Killed }
+
+func newToolContained(signal *Signal) *ToolContained {
+	contained := &ToolContained{Killed: &AgentKilled{Signal: signal}}
+	if signal.Tool != nil {
+		contained.Tool, contained.Server = signal.Tool.Name, signal.Tool.Server
+	}
+	return contained
+}
+
+// maxServersPerTool bounds the servers remembered per tool name (least recently told forgotten).
+const maxServersPerTool = 1000
+
+// toolSignals is what one tool name was told: per server, its newest signal.
+type toolSignals struct {
+	signalIDs map[string]bool
+	byServer  map[string]*Signal
+	order     *list.List // of server names, front: least recently told
+	elements  map[string]*list.Element
 }
 
 // Agent is an agent's identity: service.name and gen_ai.agent.name ("" when it has none).
@@ -67,6 +109,10 @@ func ParseAgent(text string) (Agent, error) {
 type CheckScope struct {
 	ConversationID string
 	Agent          *Agent
+	// Tool is the tool about to be called ("": none): a contained one returns *ToolContained.
+	Tool string
+	// Server is its server when known (nil: unknown, a contain of the tool on any server holds).
+	Server *string
 }
 
 type scopeSignals struct {
@@ -137,49 +183,55 @@ type traceSignals struct {
 	pause     *Signal // waiting for an operator (see AgentPaused)
 }
 
-// lru is a map that remembers the order entries were last touched.
-type lru struct {
-	items map[string]*list.Element
-	order *list.List // front: least recently touched
+// lru is a map that remembers the order entries were last touched: the book's traces, scopes
+// and tools, each bounded by MaxTraces.
+type lru[E any] struct {
+	items map[string]*list.Element // of *lruItem[E]
+	order *list.List               // front: least recently touched
 }
 
-type lruItem struct {
-	traceID string
-	entry   *traceSignals
+type lruItem[E any] struct {
+	key   string
+	entry E
 }
 
-func newLRU() *lru { return &lru{items: map[string]*list.Element{}, order: list.New()} }
+func newLRU[E any]() *lru[E] { return &lru[E]{items: map[string]*list.Element{}, order: list.New()} }
 
-func (l *lru) get(traceID string) *traceSignals {
-	if element, ok := l.items[traceID]; ok {
-		return element.Value.(*lruItem).entry
+func (l *lru[E]) len() int { return len(l.items) }
+
+// get returns the key's entry, or the zero E (nil) when there is none.
+func (l *lru[E]) get(key string) E {
+	if element, ok := l.items[key]; ok {
+		return element.Value.(*lruItem[E]).entry
 	}
-	return nil
+	var none E
+	return none
 }
 
-func (l *lru) touch(traceID string) {
-	if element, ok := l.items[traceID]; ok {
+func (l *lru[E]) touch(key string) {
+	if element, ok := l.items[key]; ok {
 		l.order.MoveToBack(element)
 	}
 }
 
-func (l *lru) put(traceID string, entry *traceSignals, limit int) {
-	l.items[traceID] = l.order.PushBack(&lruItem{traceID, entry})
+func (l *lru[E]) put(key string, entry E, limit int) {
+	l.items[key] = l.order.PushBack(&lruItem[E]{key, entry})
 	for l.order.Len() > limit {
 		oldest := l.order.Front()
 		l.order.Remove(oldest)
-		delete(l.items, oldest.Value.(*lruItem).traceID)
+		delete(l.items, oldest.Value.(*lruItem[E]).key)
 	}
 }
 
-func (l *lru) remove(traceID string) *traceSignals {
-	element, ok := l.items[traceID]
+func (l *lru[E]) remove(key string) E {
+	element, ok := l.items[key]
 	if !ok {
-		return nil
+		var none E
+		return none
 	}
 	l.order.Remove(element)
-	delete(l.items, traceID)
-	return element.Value.(*lruItem).entry
+	delete(l.items, key)
+	return element.Value.(*lruItem[E]).entry
 }
 
 // SignalBook holds what each trace was told: the agent's Check reads it, the Kafka reader writes
@@ -200,13 +252,15 @@ type SignalBook struct {
 	Clock      func() time.Time
 	mu         sync.Mutex
 	changed    chan struct{} // closed (and replaced) on every delivery: wakes Wait
-	others     *lru
-	watched    *lru
+	others     *lru[*traceSignals]
+	watched    *lru[*traceSignals]
 	killed     map[string]*traceSignals
-	scopes     map[string]*list.Element // of *scopeItem, in scopeOrder
-	scopeOrder *list.List               // front: least recently touched
+	scopes     *lru[*scopeSignals]
+	tools      *lru[*toolSignals]
 	Delivered  int
 	Duplicates int
+	// ToolCallsRefused counts the calls refused because their tool was contained.
+	ToolCallsRefused int
 }
 
 // NewSignalBook makes an empty book; maxTraces <= 0 means DefaultMaxTraces.
@@ -215,14 +269,10 @@ func NewSignalBook(maxTraces int) *SignalBook {
 		maxTraces = DefaultMaxTraces
 	}
 	return &SignalBook{
-		MaxTraces: maxTraces, others: newLRU(), watched: newLRU(), killed: map[string]*traceSignals{},
-		changed: make(chan struct{}), scopes: map[string]*list.Element{}, scopeOrder: list.New(),
+		MaxTraces: maxTraces, others: newLRU[*traceSignals](), watched: newLRU[*traceSignals](),
+		killed: map[string]*traceSignals{}, changed: make(chan struct{}),
+		scopes: newLRU[*scopeSignals](), tools: newLRU[*toolSignals](),
 	}
-}
-
-type scopeItem struct {
-	key   string
-	entry *scopeSignals
 }
 
 // firstDelivery: a signal id seen before on this entry is a duplicate (counted, not applied);
@@ -241,18 +291,12 @@ func (b *SignalBook) firstDelivery(seen map[string]bool, signal *Signal) bool {
 
 func (b *SignalBook) deliverScoped(signal *Signal) bool {
 	key := scopeKeyOf(signal)
-	var entry *scopeSignals
-	if element, ok := b.scopes[key]; ok {
-		b.scopeOrder.MoveToBack(element)
-		entry = element.Value.(*scopeItem).entry
+	entry := b.scopes.get(key)
+	if entry != nil {
+		b.scopes.touch(key)
 	} else {
 		entry = &scopeSignals{signalIDs: map[string]bool{}}
-		b.scopes[key] = b.scopeOrder.PushBack(&scopeItem{key, entry})
-		for b.scopeOrder.Len() > b.MaxTraces {
-			oldest := b.scopeOrder.Front()
-			b.scopeOrder.Remove(oldest)
-			delete(b.scopes, oldest.Value.(*scopeItem).key)
-		}
+		b.scopes.put(key, entry, b.MaxTraces)
 	}
 	if !b.firstDelivery(entry.signalIDs, signal) {
 		return false
@@ -271,6 +315,92 @@ func (b *SignalBook) deliverScoped(signal *Signal) bool {
 	return true
 }
 
+// deliverTool records a tool signal: the newest of the tool on its server (by detected_at)
+// holds, a contain or a release. The caller holds the lock.
+func (b *SignalBook) deliverTool(signal *Signal) bool {
+	name, server := signal.Tool.Name, signal.Tool.Server
+	entry := b.tools.get(name)
+	if entry != nil {
+		b.tools.touch(name)
+	} else {
+		entry = &toolSignals{signalIDs: map[string]bool{}, byServer: map[string]*Signal{}, order: list.New(), elements: map[string]*list.Element{}}
+		b.tools.put(name, entry, b.MaxTraces)
+	}
+	if !b.firstDelivery(entry.signalIDs, signal) {
+		return false
+	}
+	if newest, ok := entry.byServer[server]; ok && !atOrAfter(signal.DetectedAt, newest.DetectedAt) {
+		return true // an older signal of the tool: the newer one holds
+	}
+	entry.byServer[server] = signal
+	if element, ok := entry.elements[server]; ok {
+		entry.order.MoveToBack(element)
+	} else {
+		entry.elements[server] = entry.order.PushBack(server)
+		for entry.order.Len() > maxServersPerTool {
+			oldest := entry.order.Front()
+			entry.order.Remove(oldest)
+			delete(entry.byServer, oldest.Value.(string))
+			delete(entry.elements, oldest.Value.(string))
+		}
+	}
+	return true
+}
+
+// Contained is the contain in force for tool on server (or one naming no server); a nil
+// server is unknown: a contain of the tool on any server holds. Nil when none.
+func (b *SignalBook) Contained(tool string, server *string) *Signal {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.contained(tool, server)
+}
+
+func (b *SignalBook) contained(tool string, server *string) *Signal {
+	entry := b.tools.get(tool)
+	if entry == nil {
+		return nil
+	}
+	var candidates []*Signal
+	if server == nil {
+		for _, signal := range entry.byServer {
+			candidates = append(candidates, signal)
+		}
+	} else {
+		for _, name := range []string{*server, ""} {
+			if signal, ok := entry.byServer[name]; ok {
+				candidates = append(candidates, signal)
+			}
+		}
+	}
+	now := b.now()
+	for _, signal := range candidates {
+		if expires, ok := ParseDateTime(signal.ExpiresAt); signal.Kind == "kill" && ok && now.Before(expires) {
+			return signal
+		}
+	}
+	return nil
+}
+
+// CheckTool returns *ToolContained if tool (on server; nil: unknown) is contained, counted in
+// ToolCallsRefused; an empty tool checks nothing.
+func (b *SignalBook) CheckTool(tool string, server *string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.checkTool(tool, server)
+}
+
+func (b *SignalBook) checkTool(tool string, server *string) error {
+	if tool == "" || b.tools.len() == 0 {
+		return nil
+	}
+	signal := b.contained(tool, server)
+	if signal == nil {
+		return nil
+	}
+	b.ToolCallsRefused++
+	return newToolContained(signal)
+}
+
 // CheckScopes returns *AgentKilled if the conversation or the agent (that name, or a kill
 // naming every agent of the service) is under a kill not yet expired nor released.
 func (b *SignalBook) CheckScopes(scope CheckScope) error {
@@ -280,7 +410,7 @@ func (b *SignalBook) CheckScopes(scope CheckScope) error {
 }
 
 func (b *SignalBook) checkScopes(scope CheckScope) error {
-	if len(b.scopes) == 0 {
+	if b.scopes.len() == 0 {
 		return nil
 	}
 	var keys []string
@@ -295,11 +425,10 @@ func (b *SignalBook) checkScopes(scope CheckScope) error {
 	}
 	now := b.now()
 	for _, key := range keys {
-		element, ok := b.scopes[key]
-		if !ok {
+		entry := b.scopes.get(key)
+		if entry == nil {
 			continue
 		}
-		entry := element.Value.(*scopeItem).entry
 		if entry.kill == nil {
 			continue
 		}
@@ -307,18 +436,21 @@ func (b *SignalBook) checkScopes(scope CheckScope) error {
 			entry.kill = nil // its window freed: the scope goes on
 			continue
 		}
-		b.scopeOrder.MoveToBack(element)
+		b.scopes.touch(key)
 		return &AgentKilled{Signal: entry.kill}
 	}
 	return nil
 }
 
-// CheckIn is Check for a trace of a conversation or agent: a kill of either stops it too.
+// CheckIn is Check for a trace of a conversation or agent: a kill of either stops it too; and
+// for a call to scope.Tool: after the trace's kill or pause, a contained tool returns
+// *ToolContained (a downgrade's message then waits for the next check).
 func (b *SignalBook) CheckIn(traceID string, scope CheckScope) (string, error) {
 	if err := b.CheckScopes(scope); err != nil {
 		return "", err
 	}
-	return b.Check(traceID)
+	message, _, err := b.checkCall(traceID, scope.Tool, scope.Server)
+	return message, err
 }
 
 func newTraceSignals() *traceSignals { return &traceSignals{signalIDs: map[string]bool{}} }
@@ -330,6 +462,8 @@ func (b *SignalBook) Deliver(signal *Signal) bool {
 	defer b.mu.Unlock()
 	if scope := signalScope(signal); scope == "conversation" || scope == "agent" {
 		return b.deliverScoped(signal)
+	} else if scope == "tool" {
+		return b.deliverTool(signal)
 	}
 	entry := b.killed[traceID]
 	if entry == nil {
@@ -389,6 +523,12 @@ func (b *SignalBook) Check(traceID string) (string, error) {
 
 // check is Check, with the downgrade whose message it returns (for its span event).
 func (b *SignalBook) check(traceID string) (string, *Signal, error) {
+	return b.checkCall(traceID, "", nil)
+}
+
+// checkCall is check for a call to tool (on server): after the trace's kill or pause, a
+// contained tool returns *ToolContained.
+func (b *SignalBook) checkCall(traceID, tool string, server *string) (string, *Signal, error) {
 	id := normalizeTraceID(traceID)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -420,6 +560,9 @@ func (b *SignalBook) check(traceID string) (string, *Signal, error) {
 	}
 	if entry.kill != nil {
 		return "", nil, &AgentKilled{Signal: entry.kill}
+	}
+	if err := b.checkTool(tool, server); err != nil {
+		return "", nil, err
 	}
 	if len(entry.unread) > 0 {
 		unread := entry.unread[0]

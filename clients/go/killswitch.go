@@ -193,6 +193,7 @@ type KillSwitch struct {
 	// Check and CheckIn, once for CheckContext). warnedUnguarded is guarded by mu.
 	unguarded       atomic.Int64
 	warnedUnguarded map[string]bool
+	warnedContained map[string]bool // the tools whose refused call was logged (guarded by mu)
 }
 
 // scopeDefaults are a KillSwitch's own conversation and agent: Config's, and the agent its
@@ -424,11 +425,39 @@ func (k *KillSwitch) checkIn(ctx context.Context, traceID string, scope CheckSco
 	}
 	if traceID == "" {
 		k.noteUnguarded(where)
-		return "", nil
+		return "", k.noteContained(k.Signals.CheckTool(scope.Tool, scope.Server))
 	}
-	message, downgrade, err := k.Signals.check(traceID)
+	message, downgrade, err := k.Signals.checkCall(traceID, scope.Tool, scope.Server)
 	recordResult(span, downgrade, err)
-	return message, err
+	return message, k.noteContained(err)
+}
+
+// CheckTool returns *ToolContained if tool (on server; nil: unknown) is contained.
+func (k *KillSwitch) CheckTool(tool string, server *string) error {
+	return k.noteContained(k.Signals.CheckTool(tool, server))
+}
+
+// noteContained logs the first refused call to each tool (the rest are counted in the book's
+// ToolCallsRefused) and returns err.
+func (k *KillSwitch) noteContained(err error) error {
+	var contained *ToolContained
+	if !errors.As(err, &contained) {
+		return err
+	}
+	key := contained.Tool + "\x00" + contained.Server
+	k.mu.Lock()
+	first := !k.warnedContained[key] && len(k.warnedContained) < k.Signals.MaxTraces
+	if first {
+		if k.warnedContained == nil {
+			k.warnedContained = map[string]bool{}
+		}
+		k.warnedContained[key] = true
+	}
+	k.mu.Unlock()
+	if first {
+		k.logger.Printf("spanguard killswitch: %s (rule %s, signal %s); further calls to it are counted in Signals.ToolCallsRefused, not logged", contained, contained.Killed.Signal.Rule, contained.Killed.Signal.SignalID)
+	}
+	return err
 }
 
 // What to do about a check with no trace, by where it found none: Check and CheckIn (given

@@ -39,13 +39,15 @@ var (
 	hex16    = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	dateTime = regexp.MustCompile(`^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|([+-])([0-9]{2}):([0-9]{2}))$`)
 	kinds    = map[string]bool{"kill": true, "downgrade": true, "release": true, "pause": true}
-	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "agent_budget": true, "manual": true}
-	scopes   = map[string]bool{"trace": true, "conversation": true, "agent": true}
-	fields   = map[string]bool{
+	rules    = map[string]bool{"tool_loop": true, "cycle": true, "tool_polling": true, "no_progress": true, "token_budget": true, "cost_budget": true, "handoff_cycle": true, "delegation_depth": true, "agent_fan_out": true, "agent_budget": true, "manual": true, "tool_failing": true, "loop_signature": true}
+	scopes   = map[string]bool{"trace": true, "conversation": true, "agent": true, "tool": true}
+	// The fleet rules: their signals contain a tool, and their release is the tool's recovery.
+	fleetRules = map[string]bool{"tool_failing": true, "loop_signature": true}
+	fields     = map[string]bool{
 		"schema_version": true, "signal_id": true, "trace_id": true, "kind": true, "rule": true,
 		"reason": true, "evidence": true, "agent": true, "detected_at": true, "expires_at": true,
 		"system_message": true, "operator": true, "pause_until": true, "pause_fallback": true,
-		"scope": true, "conversation_id": true, "key_id": true, "signature": true,
+		"scope": true, "conversation_id": true, "tool": true, "key_id": true, "signature": true,
 	}
 	required = []string{"schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence", "agent", "detected_at", "expires_at"}
 	// evidence field -> "string", "hex16", or the minimum of an integer
@@ -74,12 +76,24 @@ type Signal struct {
 	PauseFallback *string // kind pause: what applies then, "kill" or "release"
 	// What it stops: nil or "trace" its trace; "conversation" every trace of ConversationID;
 	// "agent" every trace of AgentService/AgentName (a nil name: every agent of the service).
+	// "tool": every call to Tool (it contains the tool; the agent goes on).
 	Scope          *string
 	ConversationID *string
+	Tool           *Tool // scope "tool": the tool contained or released
+}
+
+// Tool names a tool a tool signal contains; Server is "" when it has none (then the contain
+// holds for the name on every server).
+type Tool struct {
+	Name   string
+	Server string
 }
 
 // maxConversationIDChars bounds a conversation id (characters, as JSON Schema's maxLength).
 const maxConversationIDChars = 200
+
+// maxToolNameChars bounds a tool's name and its server's (characters).
+const maxToolNameChars = 200
 
 // BadSignal is a record on the kill topic that is not a signal this agent may act on.
 type BadSignal struct {
@@ -299,7 +313,8 @@ func checkSchema(record map[string]any) *BadSignal {
 			return invalid("operator", "not a non-empty string")
 		}
 	}
-	if kind == "release" && (rule != "manual" || !hasOperator) {
+	recovery := record["scope"] == "tool" && fleetRules[rule]
+	if kind == "release" && !recovery && (rule != "manual" || !hasOperator) {
 		return invalid("kind", "a release is manual and names its operator")
 	}
 	pauseUntil, hasPauseUntil := record["pause_until"]
@@ -319,7 +334,10 @@ func checkSchema(record map[string]any) *BadSignal {
 	scope, hasScope := record["scope"]
 	scopeText, _ := scope.(string)
 	if hasScope && !scopes[scopeText] {
-		return invalid("scope", "not trace, conversation or agent")
+		return invalid("scope", "not trace, conversation, agent or tool")
+	}
+	if problem := checkTool(record, scopeText, rule); problem != nil {
+		return problem
 	}
 	conversation, hasConversation := record["conversation_id"]
 	if hasConversation {
@@ -336,7 +354,7 @@ func checkSchema(record map[string]any) *BadSignal {
 			return invalid("agent.service", "an agent signal names its service")
 		}
 	}
-	if (scopeText == "conversation" || scopeText == "agent") && kind != "kill" && kind != "release" {
+	if (scopeText == "conversation" || scopeText == "agent" || scopeText == "tool") && kind != "kill" && kind != "release" {
 		return invalid("kind", "a scoped signal is a kill or a release")
 	}
 	_, hasKeyID := record["key_id"]
@@ -351,6 +369,46 @@ func checkSchema(record map[string]any) *BadSignal {
 		if _, isText := record["signature"].(string); !isText {
 			return invalid("signature", "not a string")
 		}
+	}
+	return nil
+}
+
+// checkTool: a tool signal names its tool ({name, server}), and only it; fleet rules only
+// contain tools.
+func checkTool(record map[string]any, scope, rule string) *BadSignal {
+	value, hasTool := record["tool"]
+	if hasTool {
+		tool, isObject := value.(map[string]any)
+		if !isObject {
+			return invalid("tool", "not an object")
+		}
+		for _, name := range []string{"name", "server"} {
+			if _, has := tool[name]; !has {
+				return invalid("tool", fmt.Sprintf("'%s' is a required property", name))
+			}
+		}
+		for name := range tool {
+			if name != "name" && name != "server" {
+				return invalid("tool", fmt.Sprintf("additional property '%s'", name))
+			}
+		}
+		name, isText := tool["name"].(string)
+		if !isText || name == "" || utf8.RuneCountInString(name) > maxToolNameChars {
+			return invalid("tool.name", fmt.Sprintf("not a string of 1 to %d characters", maxToolNameChars))
+		}
+		server, isText := tool["server"].(string)
+		if !isText || utf8.RuneCountInString(server) > maxToolNameChars {
+			return invalid("tool.server", fmt.Sprintf("not a string of at most %d characters", maxToolNameChars))
+		}
+	}
+	if (scope == "tool") != hasTool {
+		return invalid("tool", "a tool signal, and only it, names its tool")
+	}
+	if scope == "tool" && !fleetRules[rule] && rule != "manual" {
+		return invalid("rule", "a tool signal is a fleet rule's or manual")
+	}
+	if fleetRules[rule] && scope != "tool" {
+		return invalid("scope", "a fleet rule contains a tool")
 	}
 	return nil
 }
@@ -424,7 +482,16 @@ func ReadSignal(value []byte, keys map[string][]byte, now time.Time) (*Signal, e
 		PauseFallback:  optionalText(record["pause_fallback"]),
 		Scope:          optionalText(record["scope"]),
 		ConversationID: optionalText(record["conversation_id"]),
+		Tool:           toolOf(record["tool"]),
 	}, nil
+}
+
+func toolOf(value any) *Tool {
+	tool, ok := value.(map[string]any)
+	if !ok {
+		return nil
+	}
+	return &Tool{Name: tool["name"].(string), Server: tool["server"].(string)}
 }
 
 // normalizeTraceID is how the book keys traces: lower case.

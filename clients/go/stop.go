@@ -95,7 +95,10 @@ func recordStop(span trace.Span, signal *Signal) bool {
 func recordResult(span trace.Span, downgrade *Signal, err error) {
 	var killed *AgentKilled
 	var paused *AgentPaused
+	var contained *ToolContained
 	switch {
+	case errors.As(err, &contained):
+		// A refused tool call: the agent goes on, nothing stopped.
 	case errors.As(err, &killed):
 		recordStop(span, killed.Signal)
 	case errors.As(err, &paused):

@@ -9,6 +9,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,9 @@ type sequenceStep struct {
 	Reason    *string        `json:"reason"`
 	Until     *string        `json:"until"`
 	Fallback  *string        `json:"fallback"`
+	// A tool sequence's check: the tool called, and its server when known.
+	Tool   string  `json:"tool"`
+	Server *string `json:"server"`
 }
 
 // vectorsJSON is the shared vectors file's bytes, read by every test below.
@@ -62,18 +66,24 @@ type vectorFile struct {
 	Keys    map[string]string `json:"keys"`
 	KeyIDs  map[string]string `json:"key_ids"`
 	Vectors []struct {
-		Name        string             `json:"name"`
-		Keys        []string           `json:"keys"`
-		Value       *string            `json:"value"`
-		ValueBase64 *string            `json:"value_base64"`
-		Verdict     string             `json:"verdict"`
-		Signal      map[string]*string `json:"signal"`
+		Name        string         `json:"name"`
+		Keys        []string       `json:"keys"`
+		Value       *string        `json:"value"`
+		ValueBase64 *string        `json:"value_base64"`
+		Verdict     string         `json:"verdict"`
+		Signal      map[string]any `json:"signal"`
 	} `json:"vectors"`
 	Sequences []struct {
 		Name    string            `json:"name"`
 		Signals map[string]string `json:"signals"`
 		Steps   []sequenceStep    `json:"steps"`
 	} `json:"sequences"`
+	// Checks naming the tool about to be called, against tool signals.
+	ToolSequences []struct {
+		Name    string            `json:"name"`
+		Signals map[string]string `json:"signals"`
+		Steps   []sequenceStep    `json:"steps"`
+	} `json:"tool_sequences"`
 }
 
 func loadVectors(t *testing.T) vectorFile {
@@ -155,8 +165,12 @@ func TestVectors(t *testing.T) {
 				"agent_name": signal.AgentName,
 			}
 			for name, want := range vector.Signal {
-				if (want == nil) != (got[name] == nil) || want != nil && *want != *got[name] {
-					t.Errorf("%s: got %v, want %v", name, deref(got[name]), deref(want))
+				var have any = deref(got[name])
+				if name == "tool" && signal.Tool != nil {
+					have = map[string]any{"name": signal.Tool.Name, "server": signal.Tool.Server}
+				}
+				if !reflect.DeepEqual(have, want) {
+					t.Errorf("%s: got %v, want %v", name, have, want)
 				}
 			}
 		})
@@ -193,9 +207,17 @@ func checkOutcome(t *testing.T, where string, step sequenceStep, message string,
 	t.Helper()
 	var killed *AgentKilled
 	var paused *AgentPaused
+	var contained *ToolContained
 	switch {
+	case step.Expect == "contained":
+		if !errors.As(err, &contained) {
+			t.Fatalf("%s: not contained (%q, %v)", where, message, err)
+		}
+		if step.Reason != nil && contained.Killed.Signal.Reason != *step.Reason {
+			t.Fatalf("%s: reason %q, want %q", where, contained.Killed.Signal.Reason, *step.Reason)
+		}
 	case step.Expect == "killed":
-		if !errors.As(err, &killed) {
+		if errors.As(err, &contained) || !errors.As(err, &killed) {
 			t.Fatalf("%s: not killed (%q, %v)", where, message, err)
 		}
 		if step.Reason != nil && killed.Signal.Reason != *step.Reason {
@@ -217,6 +239,30 @@ func checkOutcome(t *testing.T, where string, step sequenceStep, message string,
 	}
 }
 
+// clockOrDelivery plays a sequence step that sets the clock or delivers a signal to the book;
+// false: the step is neither, and is the caller's to play.
+func clockOrDelivery(t *testing.T, where string, step sequenceStep, signals map[string]string, keys map[string][]byte, clock *testClock, book *SignalBook) bool {
+	switch {
+	case step.Clock != "":
+		at, ok := ParseDateTime(step.Clock)
+		if !ok {
+			t.Fatalf("%s: bad clock %q", where, step.Clock)
+		}
+		clock.set(at)
+	case step.Deliver != "":
+		signal, err := ReadSignal([]byte(signals[step.Deliver]), keys, clock.get())
+		if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		if got := book.Deliver(signal); got != step.New {
+			t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
 func TestSequences(t *testing.T) {
 	file := loadVectors(t)
 	now, _ := ParseDateTime(file.Now)
@@ -228,21 +274,10 @@ func TestSequences(t *testing.T) {
 			book.Clock = clock.get
 			var run func(where string, step sequenceStep)
 			run = func(where string, step sequenceStep) {
+				if clockOrDelivery(t, where, step, sequence.Signals, keys, clock, book) {
+					return
+				}
 				switch {
-				case step.Clock != "":
-					at, ok := ParseDateTime(step.Clock)
-					if !ok {
-						t.Fatalf("%s: bad clock %q", where, step.Clock)
-					}
-					clock.set(at)
-				case step.Deliver != "":
-					signal, err := ReadSignal([]byte(sequence.Signals[step.Deliver]), keys, clock.get())
-					if err != nil {
-						t.Fatalf("%s: %v", where, err)
-					}
-					if got := book.Deliver(signal); got != step.New {
-						t.Fatalf("%s: deliver %s returned %v", where, step.Deliver, got)
-					}
 				case step.Check != "":
 					scope := CheckScope{ConversationID: step.Conversation}
 					if step.Agent != nil {
@@ -565,5 +600,40 @@ func TestScopeReadsTheResourceOfTheSpanInTheContext(t *testing.T) {
 	configured := &KillSwitch{scope: scopeDefaultsOf(Config{Resource: resource.NewSchemaless(attribute.String("service.name", "configured"))})}
 	if got := configured.Scope(ctx, CheckScope{}).Agent; !sameAgent(got, &Agent{Service: "configured"}) {
 		t.Fatalf("the Config's resource comes first: agent %+v", got)
+	}
+}
+
+func TestToolSequences(t *testing.T) {
+	file := loadVectors(t)
+	now, _ := ParseDateTime(file.Now)
+	keys := file.ring(t, []string{"current"})
+	if len(file.ToolSequences) == 0 {
+		t.Fatal("no tool sequences in the vectors")
+	}
+	for _, sequence := range file.ToolSequences {
+		t.Run(sequence.Name, func(t *testing.T) {
+			clock := &testClock{now: now}
+			book := NewSignalBook(0)
+			book.Clock = clock.get
+			refused := 0
+			for i, step := range sequence.Steps {
+				where := fmt.Sprintf("step %d %+v", i, step)
+				if clockOrDelivery(t, where, step, sequence.Signals, keys, clock, book) {
+					continue
+				}
+				message, err := book.CheckIn(step.Check, CheckScope{Tool: step.Tool, Server: step.Server})
+				checkOutcome(t, where, step, message, err)
+				var contained *ToolContained
+				if errors.As(err, &contained) {
+					refused++
+					if contained.Tool != step.Tool || !strings.HasPrefix(err.Error(), "tool "+step.Tool+" is contained by spanguard") {
+						t.Fatalf("%s: %v", where, err)
+					}
+				}
+			}
+			if book.ToolCallsRefused != refused {
+				t.Fatalf("refused %d, counted %d", refused, book.ToolCallsRefused)
+			}
+		})
 	}
 }

@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,12 @@ def run_record(
         "reward": reward,
         "steps": steps,
     }
+
+
+def numbered(run_id: str, seen: Counter[str]) -> str:
+    """`run_id`, with a counter appended when `seen` has had it before (a repeated simulation)."""
+    seen[run_id] += 1
+    return run_id if seen[run_id] == 1 else f"{run_id}#{seen[run_id]}"
 
 
 def write_runs(name: str, runs: Iterable[dict[str, Any]]) -> Path:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     model_step,
+    numbered,
     read_runs,
     run_record,
     tool_step,
@@ -322,31 +323,15 @@ def runs_of_file(
     tally: Counter[str | None] = Counter()
     for sim in chosen:
         sim_domain = domain or str(sim.get("domain") or "unknown")
-        run_id = f"tau2/{submission}/{sim_domain}/{sim.get('task_id')}/{sim.get('trial')}"
-        seen[run_id] += 1
-        if seen[run_id] > 1:
-            run_id = f"{run_id}#{seen[run_id]}"
-        reward = reward_of(sim)
-        outcome = outcome_of(reward)
-        tally[outcome] += 1
-        steps = steps_of(sim.get("messages") or [])
-        count, what = loop_signs(steps)
-        if count >= 3:
-            loops.append((count, run_id, what))
-        runs.append(
-            run_record(
-                run_id,
-                repo=REPO,
-                commit=commit,
-                path=path,
-                harness=submission,
-                model=model,
-                kind="service",
-                outcome=outcome,
-                reward=reward,
-                steps=steps,
-            )
+        run_id = numbered(
+            f"tau2/{submission}/{sim_domain}/{sim.get('task_id')}/{sim.get('trial')}", seen
         )
+        steps = steps_of(sim.get("messages") or [])
+        run = service_run(
+            run_id, reward_of(sim), steps, loops, REPO, commit, path, submission, model
+        )
+        tally[run["outcome"]] += 1
+        runs.append(run)
     print(
         f"{submission}/{name}: {len(simulations or [])} simulations in the file, "
         f"{len(chosen)} taken, model {model}, domain {domain}; "
@@ -355,9 +340,39 @@ def runs_of_file(
     return runs
 
 
-def write_and_check(runs: list[dict[str, Any]]) -> None:
-    """Write the runs, then count what still looks like a key in what was written."""
-    target = write_runs("tau2", runs)
+def service_run(
+    run_id: str,
+    reward: float | None,
+    steps: list[dict[str, Any]],
+    loops: list[tuple[int, str, str]],
+    repo: str,
+    commit: str,
+    path: str,
+    harness: str,
+    model: str | None,
+) -> dict[str, Any]:
+    """One customer-service run; a call it repeats three times or more is added to `loops`."""
+    count, what = loop_signs(steps)
+    if count >= 3:
+        loops.append((count, run_id, what))
+    return run_record(
+        run_id,
+        repo=repo,
+        commit=commit,
+        path=path,
+        harness=harness,
+        model=model,
+        kind="service",
+        outcome=outcome_of(reward),
+        reward=reward,
+        steps=steps,
+    )
+
+
+def write_and_check(name: str, runs: list[dict[str, Any]]) -> None:
+    """Write the runs as fixture `name`, then count what still looks like a key in what was
+    written."""
+    target = write_runs(name, runs)
     print(f"wrote {target} ({target.stat().st_size} bytes)")
     leftovers: Counter[str] = Counter()
     for run in read_runs(target):
@@ -403,7 +418,7 @@ def main() -> int:
         if not runs:
             print("nothing written: no run could be read")
         return 1 if not runs else 0
-    write_and_check(runs)
+    write_and_check("tau2", runs)
     return 0
 
 

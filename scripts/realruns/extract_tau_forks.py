@@ -48,28 +48,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (
-    model_step,
-    read_runs,
-    run_record,
-    tool_step,
-    user_step,
-    write_runs,
-)
+from common import model_step, numbered, tool_step, user_step
 from extract_tau2 import (
-    KEYLIKE,
     answer_of,
     extra_scrub,
     git,
-    loop_signs,
-    outcome_of,
     parse_arguments,
     read_blob,
     reward_of,
+    service_run,
     steps_of,
     task_key,
     text_of,
     tool_answers,
+    write_and_check,
 )
 
 EXCLUDED = re.compile(
@@ -362,33 +354,19 @@ def main() -> int:
             run_model = model or file_model
             models[run_model] += 1
             trial = 0 if trial is None else trial
-            run_id = f"tau/{owner}/{stem}/{sim_domain or 'unknown'}/{task_id}/{trial}"
-            seen[run_id] += 1
-            if seen[run_id] > 1:
-                run_id = f"{run_id}#{seen[run_id]}"
-            outcome = outcome_of(reward)
-            tally[outcome] += 1
+            run_id = numbered(
+                f"tau/{owner}/{stem}/{sim_domain or 'unknown'}/{task_id}/{trial}", seen
+            )
             for step in steps:
                 if step["type"] == "tool":
                     tool_steps += 1
                     unanswered += step["result"] is None
-            count, what = loop_signs(steps)
-            if count >= 3:
-                loops.append((count, run_id, what))
-            runs.append(
-                run_record(
-                    run_id,
-                    repo=repo,
-                    commit=full,
-                    path=file_path,
-                    harness=f"{repo}:{agent}",
-                    model=run_model,
-                    kind="service",
-                    outcome=outcome,
-                    reward=reward,
-                    steps=steps,
-                )
+            harness = f"{repo}:{agent}"
+            run = service_run(
+                run_id, reward, steps, loops, repo, full, file_path, harness, run_model
             )
+            tally[run["outcome"]] += 1
+            runs.append(run)
         print(
             f"{repo} {path}: {len(records)} runs in the source, {len(chosen)} taken; "
             f"models {dict(models)}; success {tally['success']}, failure {tally['failure']}, "
@@ -400,13 +378,7 @@ def main() -> int:
         print(f"  repeated call x{count}: {run_id}: {what}")
     if args.dry_run or not runs:
         return 1 if not runs else 0
-    target = write_runs("tau-forks", runs)
-    print(f"wrote {target} ({target.stat().st_size} bytes)")
-    leftovers: Counter[str] = Counter()
-    for run in read_runs(target):
-        for match in KEYLIKE.finditer(json.dumps(run, ensure_ascii=False)):
-            leftovers[match.group(0)[:12]] += 1
-    print(f"key-like strings left in the output: {dict(leftovers) or 'none'}")
+    write_and_check("tau-forks", runs)
     return 0
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from spanguard.detection.fleet import FleetGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.pipeline import SpanPipeline
 from spanguard.detection.timelines import Timeline, Timelines
@@ -51,6 +52,7 @@ DEFAULT_KEEP_TRACES = 1000
 TRACES_PER_ROW = 20
 # Skipped records whose reason is kept (all are counted).
 SKIP_REASONS_KEPT = 5
+MAX_FLEET_INCIDENTS = 1000  # incident records a report keeps per policy
 
 
 def iso_time(seconds: float) -> str:
@@ -146,6 +148,9 @@ class BacktestReport:
     changed_traces: int = 0
     kept: list[ChangedTrace] = field(default_factory=list)
     seconds: float = 0.0
+    # The fleet rules' incident records (scope tool), new and current: no trace's own, so kept
+    # apart from the traces' verdicts (a few per week at most; bounded all the same).
+    fleet_incidents: tuple[list[Decision], list[Decision]] = field(default_factory=lambda: ([], []))
 
     @property
     def added(self) -> int:
@@ -168,6 +173,10 @@ class BacktestReport:
             "traces": self.traces,
             "evicted_early": self.evicted_early,
             "decisions": {"new": self.decisions[NEW], "current": self.decisions[CURRENT]},
+            "fleet_incidents": {
+                "new": [d.to_dict() for d in self.fleet_incidents[NEW]],
+                "current": [d.to_dict() for d in self.fleet_incidents[CURRENT]],
+            },
             "traces_with_decisions": {
                 "new": self.traces_with_decisions[NEW],
                 "current": self.traces_with_decisions[CURRENT],
@@ -370,8 +379,18 @@ class Backtest:
         self.store = _Store()
         self._clocks: dict[int, float] = {}
         self.guards = (
-            Guard(new, states=_GuardStates(self.store, NEW), clock=self._now),
-            Guard(current, states=_GuardStates(self.store, CURRENT), clock=self._now),
+            Guard(
+                new,
+                states=_GuardStates(self.store, NEW),
+                clock=self._now,
+                tools=FleetGuard(new, clock=self._now),
+            ),
+            Guard(
+                current,
+                states=_GuardStates(self.store, CURRENT),
+                clock=self._now,
+                tools=FleetGuard(current, clock=self._now),
+            ),
         )
         if timelines:
             # Only the new policy's calls are drawn: the spans are the same under both.
@@ -425,6 +444,11 @@ class Backtest:
     def _record(self, new: list[Decision], current: list[Decision]) -> None:
         for index, decisions in ((NEW, new), (CURRENT, current)):
             for decision in decisions:
+                if decision.scope_kind == "tool":
+                    incidents = self.report.fleet_incidents[index]
+                    if len(incidents) < MAX_FLEET_INCIDENTS:
+                        incidents.append(decision)
+                    continue
                 trace = self.store.entry(decision.trace_id)
                 tokens_at = decision.spend.tokens
                 if tokens_at is None and self._token_guards:
@@ -518,6 +542,12 @@ class Backtest:
 # -- the text report ------------------------------------------------------------------------
 
 
+def _incidents(report: BacktestReport, index: int) -> str:
+    opened = [d for d in report.fleet_incidents[index] if d.action != "recovered"]
+    named = ", ".join(f"{d.rule} {d.scope.tool if d.scope else ''}" for d in opened[:5])
+    return f"{len(opened)}" + (f" ({named})" if named else "")
+
+
 def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
     """The human report: totals, a table per agent, rule and action, then changed traces."""
     lines = []
@@ -537,6 +567,11 @@ def format_report(report: BacktestReport, *, traces_shown: int = 20) -> str:
         f" {report.added:,} added, {report.removed:,} removed in {report.changed_traces:,}"
         " changed traces"
     )
+    if any(report.fleet_incidents):
+        lines.append(
+            f"fleet incidents (a tool failing or looping across traces): {_incidents(report, NEW)}"
+            f" under the new policy, {_incidents(report, CURRENT)} under the current one"
+        )
     if report.skipped:
         lines.append(
             f"skipped: {report.skipped:,} record{'s' * (report.skipped != 1)} that"

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from spanguard.detection.conventions import ToolCall
+from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.pricing import micro_usd, pico_usd
 from spanguard.detection.rules import CYCLE, TOOL_LOOP
 from spanguard.detection.rules.base import FLAG, KILL, Fired, Trip

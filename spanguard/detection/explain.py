@@ -9,7 +9,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["DEFAULT_ACK_WITHIN", "HASH_PREFIX", "explain_records", "latency_ms", "usd"]
+__all__ = [
+    "DEFAULT_ACK_WITHIN",
+    "HASH_PREFIX",
+    "agent_tree_lines",
+    "explain_records",
+    "explain_tool_incidents",
+    "latency_ms",
+    "usd",
+]
 
 # Hash prefixes shown: enough to tell the calls of one window apart at a glance.
 HASH_PREFIX = 8
@@ -55,6 +63,12 @@ def _policy(record: dict[str, Any]) -> str:
             f"{where}: window {record.get('window')}, threshold {record.get('threshold')},"
             f" action {record.get('action')}"
         )
+    if rule == "handoff_cycle":
+        return f"{where}: cycles {record.get('threshold')}, action {record.get('action')}"
+    if rule == "delegation_depth":
+        return f"{where}: max_depth {record.get('threshold')}, action {record.get('action')}"
+    if rule == "agent_fan_out":
+        return f"{where}: max_sub_agents {record.get('threshold')}, action {record.get('action')}"
     if rule == "token_budget":
         return f"{where}: token budget {record.get('token_budget')}"
     if rule == "cost_budget":
@@ -117,6 +131,36 @@ def _window(record: dict[str, Any]) -> list[str]:
             + suffix
         )
     return lines
+
+
+def agent_tree_lines(record: dict[str, Any]) -> list[str]:
+    """The agents a multi-agent decision names, drawn: the chain nested one in another
+    (delegation_depth), the handoffs in order (handoff_cycle), the agents started
+    (agent_fan_out)."""
+    agents = record.get("agents")
+    if not agents:
+        return []
+    rule = record.get("rule")
+    if rule == "delegation_depth":
+        lines = [
+            f"  agent tree (the deepest chain, {record.get('depth')} agents, outermost first):"
+        ]
+        lines.append(f"    {agents[0]}")
+        lines.extend(
+            f"    {'   ' * (depth - 1)}└─ {name}" for depth, name in enumerate(agents[1:], 1)
+        )
+        return lines
+    if rule == "handoff_cycle":
+        return [
+            f"  handoffs (oldest first, {record.get('hits')}x the same round):",
+            "    " + " -> ".join(f"handoff to {name}" for name in agents),
+        ]
+    if rule == "agent_fan_out":
+        lines = [f"  agent tree ({record.get('sub_agents')} agent runs beyond the first):"]
+        lines.extend(f"    ├─ {name}" for name in agents[:-1])
+        lines.append(f"    └─ {agents[-1]}")
+        return lines
+    return [f"  agents: {', '.join(agents)}"]
 
 
 def _acknowledged(
@@ -199,6 +243,7 @@ def _one(record: dict[str, Any], number: int, total: int) -> list[str]:
             tripped += f" ({delay:.0f} ms before the decision)"
     lines.append(tripped)
     lines.extend(_window(record))
+    lines.extend(agent_tree_lines(record))
     if action in ("kill", "downgrade"):
         lines.append(
             f"  signal: {action} sent to the agent (signal_id {record.get('decision_id')})"
@@ -236,3 +281,49 @@ def explain_records(
         if acks is not None and record.get("action") in ("kill", "downgrade"):
             lines.extend(_acknowledged(record, acks, now, ack_within))
     return "\n".join(lines) + "\n"
+
+
+# `spanguard explain --tool`: a tool's fleet incidents -----------------------------------------
+
+
+def _incident_lines(opened: dict[str, Any], closed: dict[str, Any] | None) -> list[str]:
+    at = f" at {opened['server']}" if opened.get("server") else ""
+    state = f"recovered {closed.get('detected_at')}" if closed else "OPEN"
+    lines = [
+        f"incident {opened.get('trace_id')}: {opened.get('rule')} on {opened.get('tool')}{at}"
+        f" -> {opened.get('action')}, {state}",
+        f"  opened   {opened.get('detected_at')}: {opened.get('reason')}",
+        f"  figures  {opened.get('hits')} traces hit of {opened.get('traces')} that called it,"
+        f" {opened.get('steps')} calls, window {opened.get('window')} s",
+    ]
+    if opened.get("args_hash"):
+        lines.append(f"  args     {str(opened['args_hash'])[:HASH_PREFIX]}")
+    traces = opened.get("trace_ids") or []
+    agents = opened.get("agents") or []
+    lines.append(f"  traces   ({len(traces)} listed) {' '.join(traces) or '-'}")
+    lines.append(f"  agents   ({len(agents)} listed) {', '.join(agents) or '-'}")
+    if closed:
+        lines.append(f"  closed   {closed.get('reason')}")
+    return lines
+
+
+def explain_tool_incidents(tool: str, records: list[dict[str, Any]]) -> str:
+    """A tool's fleet incidents (scope "tool" records, in topic order): each with its figures,
+    the traces and agents it hit, and whether it is open or recovered; open ones first."""
+    opened: dict[str, dict[str, Any]] = {}
+    closed: dict[str, dict[str, Any]] = {}
+    for record in records:
+        incident = str(record.get("trace_id"))
+        if record.get("action") == "recovered":
+            closed[incident] = record
+        else:
+            opened.setdefault(incident, record)
+    if not opened:
+        return f"no fleet incident on {tool} in the detections topic\n"
+    ordered = sorted(opened, key=lambda i: (i in closed, str(opened[i].get("detected_at"))))
+    still = sum(1 for i in opened if i not in closed)
+    lines = [f"{tool}: {len(opened)} fleet incident(s), {still} open", ""]
+    for incident in ordered:
+        lines += _incident_lines(opened[incident], closed.get(incident))
+        lines.append("")
+    return "\n".join(lines)

@@ -40,43 +40,64 @@ whose clock really moved is followed. The scope ticks the clock with its stream 
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
 
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.keys import (
     ERROR_TYPE,
     INFERENCE_OPERATIONS,
     OPERATION,
     PROVIDER_KEYS,
     REQUEST_MODEL_KEYS,
     STATUS_ERROR,
-    ToolCall,
-    bounded_text,
 )
+from spanguard.detection.conventions.values import bounded_text
 from spanguard.detection.results import EMPTY, ERROR
 from spanguard.detection.rules.base import FLAG
+from spanguard.detection.scope import ScopeGuard
+from spanguard.detection.trace_state import StateDecodeError, encode_record
+from spanguard.schemas.decision import (
+    NO_SPAN_ID,
+    AgentIdentity,
+    Decision,
+    DecisionScope,
+    Evidence,
+)
+from spanguard.schemas.policy import FleetPolicy, Policy
 
 __all__ = [
     "FLEET_RULES",
     "LOOP_SIGNATURE",
     "TOOL_FAILING",
     "FleetCall",
+    "FleetGuard",
     "FleetIncident",
-    "FleetPolicy",
-    "FleetPolicyError",
     "FleetWindow",
+    "ToolCallSink",
+    "agent_label",
+    "decided_tools",
+    "incident_decision",
+    "incident_trace_id",
     "model_call",
     "server_of",
     "tool_call",
+    "window_from_bytes",
+    "window_to_bytes",
 ]
 
 TOOL_FAILING: Final = "tool_failing"
 LOOP_SIGNATURE: Final = "loop_signature"
 FLEET_RULES: Final = (TOOL_FAILING, LOOP_SIGNATURE)
-CONTAIN: Final = "contain"  # the tool refused to every client while the incident is open
+RECOVERED: Final = "recovered"  # an incident's second and last record: the tool answers again
+# Who an incident's record names as its agent: it is no one agent's (evidence.agents lists them).
+FLEET_AGENT: Final = AgentIdentity("(fleet)")
 
 # The MCP conventions' server of a client span (semantic-conventions-genai, docs/gen-ai/mcp.md).
 SERVER_ADDRESS: Final = "server.address"
@@ -92,73 +113,6 @@ MAX_AGENTS: Final = 512
 MAX_SIGNATURES: Final = 64  # args hashes decided on, per key
 MAX_LISTED: Final = 20  # traces and agents an incident names
 RESYNC_EVENTS: Final = 64
-
-
-class FleetPolicyError(ValueError):
-    """A fleet setting that cannot be used; `field` names it."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"fleet.{name}: {message}")
-        self.field = name
-
-
-@dataclass(frozen=True, slots=True)
-class FleetPolicy:
-    """The fleet rules' settings (the policy's `fleet` section). Defaults: see
-    tests/support/fleet.py's precision table, which they are chosen on."""
-
-    enabled: bool = False
-    action: str = FLAG  # flag: an incident is recorded and notified; contain: tools refused
-    min_traces: int = 8
-    min_fraction: float = 0.5
-    window: int = 300  # seconds
-    step: int = 30  # seconds; the window is a whole number of steps
-    max_tools: int = 1000
-    recover_after: int = 3
-    loop_traces: int = 3
-
-    def __post_init__(self) -> None:
-        _check_bool(self, "enabled")
-        if self.action not in (FLAG, CONTAIN):
-            raise FleetPolicyError("action", f"must be flag or contain, not {self.action!r}")
-        for name, low in (("min_traces", 1), ("recover_after", 1), ("loop_traces", 2)):
-            _check_int(self, name, low, 1_000_000)
-        _check_int(self, "step", 1, 3600)
-        _check_int(self, "window", self.step, 86_400)
-        _check_int(self, "max_tools", 1, 1_000_000)
-        if self.window % self.step:
-            raise FleetPolicyError("window", f"must be a whole number of steps ({self.step} s)")
-        fraction = self.min_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise FleetPolicyError("min_fraction", f"must be a number, not {fraction!r}")
-        if not (math.isfinite(fraction) and 0 < fraction <= 1):
-            raise FleetPolicyError("min_fraction", f"must be in (0, 1], not {fraction!r}")
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> FleetPolicy:
-        """The settings of a policy's `fleet` mapping; an unknown key is an error."""
-        known = {item.name for item in fields(cls)}
-        for key in section:
-            if key not in known:
-                raise FleetPolicyError(str(key), f"unknown setting (known: {', '.join(known)})")
-        return cls(**dict(section))
-
-    @property
-    def steps(self) -> int:
-        return self.window // self.step
-
-
-def _check_bool(policy: FleetPolicy, name: str) -> None:
-    if not isinstance(getattr(policy, name), bool):
-        raise FleetPolicyError(name, f"must be true or false, not {getattr(policy, name)!r}")
-
-
-def _check_int(policy: FleetPolicy, name: str, low: int, high: int) -> None:
-    value = getattr(policy, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FleetPolicyError(name, f"must be a whole number, not {value!r}")
-    if not low <= value <= high:
-        raise FleetPolicyError(name, f"must be between {low} and {high}, not {value}")
 
 
 @dataclass(slots=True)
@@ -276,6 +230,7 @@ class _Key:
         "bad",
         "buckets",
         "forgotten",
+        "fresh_after",
         "incident",
         "server",
         "signatures",
@@ -297,6 +252,9 @@ class _Key:
         self.signatures: dict[str, dict[str, int]] = {}
         self.incident: FleetIncident | None = None
         self.forgotten = 0
+        # When its last incident recovered (ns): a call that ended before it and arrives late
+        # (another partition's, a slower worker's) failed in that incident, not in a new one.
+        self.fresh_after = 0
 
 
 BUCKET: Final = 7
@@ -322,6 +280,10 @@ class FleetWindow:
         self.clock_jumps = 0
         self.clock_resets = 0
         self._jump_run = 0
+        # The worker's: the last offset counted of each source partition (its records sent
+        # again after a crash are dropped by it); unused in process.
+        self.sources: dict[str, int] = {}
+        self.last_seen = 0.0  # the worker's: wall clock of the last change (its eviction's)
 
     # The clock ---------------------------------------------------------------------------
 
@@ -390,7 +352,7 @@ class FleetWindow:
         if key is None:
             _count(self.overflow, step, call.failed, call.empty, call.trace_id, call.agent)
             return None
-        bad = call.failed or call.empty
+        bad = (call.failed or call.empty) and call.end_time_unix_nano >= key.fresh_after
         _count(key, step, call.failed, call.empty, call.trace_id, call.agent)
         previous = key.traces.get(call.trace_id)
         if previous is None:
@@ -426,6 +388,7 @@ class FleetWindow:
         if incident.signature is not None and self.now - incident.last_hit_step < self.steps:
             return None
         incident.recovered_at_ns = call.end_time_unix_nano or 1
+        key.fresh_after = incident.recovered_at_ns
         key.incident = None
         # The key counts afresh: traces that failed before the recovery are no new failure.
         key.traces.clear()
@@ -508,6 +471,7 @@ class FleetWindow:
             return None
         hit = list(reversed(traces))[:MAX_LISTED]
         incident = self._open(key, LOOP_SIGNATURE, time_ns, hit, args_hash)
+        incident.figures["signature_traces"] = len(traces)
         incident.last_hit_step = step
         return incident
 
@@ -544,6 +508,10 @@ class FleetWindow:
     def key_figures(self, tool: str, server: str = "") -> dict[str, int] | None:
         key = self.overflow if tool == OVERFLOW_TOOL else self.keys.get((tool, server))
         return None if key is None else self.figures(key)
+
+    def to_bytes(self) -> bytes:
+        """As the worker's table keeps it (`window_to_bytes`)."""
+        return window_to_bytes(self)
 
     def open_incidents(self) -> list[FleetIncident]:
         return [key.incident for key in self.keys.values() if key.incident is not None]
@@ -587,3 +555,263 @@ def _forget_oldest(key: _Key) -> None:
     _trace, last = key.traces.popitem(last=False)
     key.bad -= last & 1
     key.forgotten += 1
+
+
+# The incident as a decision record -------------------------------------------------------
+
+
+def incident_trace_id(incident: FleetIncident) -> str:
+    """The 32-hex trace id an incident's records carry: a hash of its dedup key, so the records
+    of one incident taken again after a crash (or in a replay) carry the same ids."""
+    return hashlib.sha256(incident.dedup_key.encode()).hexdigest()[:32]
+
+
+def _iso(time_ns: int) -> str:
+    return datetime.fromtimestamp(time_ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def _reason(incident: FleetIncident, policy: FleetPolicy) -> str:
+    at = f" at {incident.server}" if incident.server else ""
+    figures = incident.figures
+    if incident.recovered_at_ns:
+        return (
+            f"{incident.rule}: {incident.tool}{at} answered again for"
+            f" {len(incident.recovering)} traces; the incident is closed"
+        )
+    if incident.rule == LOOP_SIGNATURE:
+        return (
+            f"the same call of {incident.tool}{at} (args {incident.signature}) was decided on in"
+            f" {figures.get('signature_traces', len(incident.traces))} traces within"
+            f" {policy.window} s"
+        )
+    return (
+        f"{figures['failing_traces']} of {figures['traces']} traces calling {incident.tool}{at}"
+        f" failed or found nothing within {policy.window} s (at least {policy.min_traces} and"
+        f" {policy.min_fraction:.0%} trip)"
+    )
+
+
+def incident_decision(
+    incident: FleetIncident,
+    policy: FleetPolicy,
+    *,
+    shadow: bool = False,
+    detected: datetime | None = None,
+) -> Decision:
+    """An incident's record on the detections topic: scope "tool", action the policy's (`flag`
+    in shadow mode), or `recovered` once it has recovered (its second and last record).
+
+    Its trace id and decision id derive from the incident's dedup key: taken again after a crash
+    it is the same record. `detected` (default: the incident's own time, the span time that
+    crossed the threshold or recovered) is when the worker decided; `span_ended_at` is always
+    the incident's time."""
+    recovered = not incident.open
+    action = RECOVERED if recovered else (FLAG if shadow else policy.action)
+    time_ns = incident.recovered_at_ns if recovered else incident.opened_at_ns
+    figures = incident.figures
+    if recovered:
+        hits = len(incident.recovering)
+    elif incident.rule == LOOP_SIGNATURE:
+        hits = figures.get("signature_traces", len(incident.traces))
+    else:
+        hits = figures["failing_traces"]
+    ended = _iso(time_ns)
+    return Decision(
+        trace_id=incident_trace_id(incident),
+        span_id=NO_SPAN_ID,
+        rule=incident.rule,  # type: ignore[arg-type]
+        action=action,
+        reason=_reason(incident, policy),
+        agent=FLEET_AGENT,
+        detected_at=ended if detected is None else detected.isoformat(timespec="milliseconds"),
+        evidence=Evidence(
+            tool_name=incident.tool,
+            args_hash=incident.signature,
+            hits=max(hits, 1),
+            window=policy.window,
+            steps=figures["calls"] or None,
+            agents=list(incident.agents),
+        ),
+        span_ended_at=ended,
+        scope=DecisionScope(
+            "tool",
+            traces=figures["traces"] or None,
+            tool=incident.tool,
+            server=incident.server or None,
+            trace_ids=list(incident.traces),
+        ),
+    )
+
+
+# The window as bytes (the worker's table keeps one window per tool key) ----------------------
+
+
+def _incident_row(incident: FleetIncident | None) -> list[Any] | None:
+    if incident is None:
+        return None
+    return [
+        incident.rule,
+        incident.tool,
+        incident.server,
+        incident.opened_at_ns,
+        incident.opened_step,
+        incident.figures,
+        incident.traces,
+        incident.agents,
+        incident.signature,
+        incident.recovered_at_ns,
+        incident.recovering,
+        incident.last_hit_step,
+    ]
+
+
+def _incident_of(row: list[Any] | None) -> FleetIncident | None:
+    if row is None:
+        return None
+    rule, tool, server, opened_at, opened_step, figures, traces, agents, signature = row[:9]
+    incident = FleetIncident(
+        rule, tool, server, opened_at, opened_step, figures, traces, agents, signature
+    )
+    incident.recovered_at_ns, incident.recovering, incident.last_hit_step = row[9:12]
+    return incident
+
+
+def window_to_bytes(window: FleetWindow) -> bytes:
+    """A window of the worker's table (one key, the overflow bucket unused) as compact JSON:
+    traces and agents as [name, last step] pairs, oldest first, so the order they leave the
+    window in survives."""
+    keys = [
+        [
+            key.tool,
+            key.server,
+            key.buckets,
+            list(key.traces.items()),
+            key.bad,
+            list(key.agents.items()),
+            key.signatures,
+            _incident_row(key.incident),
+            key.forgotten,
+            key.fresh_after,
+        ]
+        for key in window.keys.values()
+    ]
+    counters = [window.unnamed, window.overflow_calls, window.clock_jumps, window.clock_resets]
+    # `last_seen` last: the worker's eviction reads it without decoding the rest.
+    return encode_record(
+        {
+            "n": window.now,
+            "k": keys,
+            "c": counters,
+            "s": window.sources,
+            "last_seen": window.last_seen,
+        }
+    )
+
+
+def window_from_bytes(data: bytes, policy: FleetPolicy) -> FleetWindow:
+    """The window `window_to_bytes` wrote, under `policy` (a window of other steps starts
+    afresh: its buckets would not line up); StateDecodeError for bytes that hold none."""
+    try:
+        return _window_of(json.loads(data), policy)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StateDecodeError(f"not a tool window: {exc!r}") from None
+
+
+def _window_of(record: Any, policy: FleetPolicy) -> FleetWindow:
+    window = FleetWindow(policy)
+    window.sources = dict(record["s"])
+    window.last_seen = float(record["last_seen"])
+    window.unnamed, window.overflow_calls, window.clock_jumps, window.clock_resets = record["c"]
+    for row in record["k"]:
+        tool, server, buckets, traces, bad, agents, signatures, incident, forgotten = row[:9]
+        key = _Key(tool, server, window.steps)
+        if len(buckets) != len(key.buckets):
+            continue
+        key.buckets = buckets
+        key.traces = OrderedDict((trace, last) for trace, last in traces)
+        key.bad = bad
+        key.agents = OrderedDict((agent, last) for agent, last in agents)
+        key.signatures = signatures
+        key.incident = _incident_of(incident)
+        key.forgotten = forgotten
+        key.fresh_after = row[9]
+        window.keys[(tool, server)] = key
+    window.now = record["n"]
+    return window
+
+
+# The scope in process: the trace guard's tool call sink, deciding -------------------------
+
+
+def agent_label(service: str, agent_name: str | None) -> str:
+    """How an incident names an agent: its service, and its name when it has one."""
+    return f"{service}/{agent_name}" if agent_name else service
+
+
+class ToolCallSink(Protocol):
+    """Where the trace guard hands each tool call it counts, as the fleet counts it (with the
+    server its span names): a FleetGuard decides on it, the worker's recorder sends it to the
+    tool call topic (streams/tool_scope.py)."""
+
+    def hand_tool_call(self, call: FleetCall) -> None: ...
+
+
+def decided_tools(
+    decisions: Iterable[Decision],
+) -> list[tuple[str, str | None, str, int]]:
+    """The trace-level decisions that name a tool, as the fleet counts them: (tool, args
+    hash, trace id, when the tripping span ended, ns; 0 when unknown)."""
+    named: list[tuple[str, str | None, str, int]] = []
+    for decision in decisions:
+        tool = decision.evidence.tool_name
+        if decision.scope is not None or not tool:
+            continue
+        ended = decision.span_ended_at
+        time_ns = int(datetime.fromisoformat(ended).timestamp() * 1e9) if ended else 0
+        named.append((tool, decision.evidence.args_hash, decision.trace_id, time_ns))
+    return named
+
+
+class FleetGuard(ScopeGuard):
+    """The tool scope in one process (replay, backtest): the guard's tool call sink over one
+    FleetWindow, its incidents as decisions (`take`, with the guard's own); the trace-level
+    decisions are fed back by the caller (`observe_decisions`), after the guard took them."""
+
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(policy, "tool", clock)
+        self.fleet = policy.fleet
+        self.window = FleetWindow(self.fleet)
+        self._servers: dict[tuple[str, str], str] = {}  # (trace, tool) -> server of its calls
+
+    @property
+    def enabled(self) -> bool:
+        return self.fleet.enabled
+
+    def hand_tool_call(self, call: FleetCall) -> None:
+        if call.server:
+            if len(self._servers) >= MAX_TRACES:
+                self._servers.clear()
+            self._servers[(call.trace_id, call.tool)] = call.server
+        self._decided(self.window.observe(call))
+
+    def observe_decisions(self, decisions: Iterable[Decision]) -> None:
+        for tool, args_hash, trace_id, time_ns in decided_tools(decisions):
+            server = self._servers.get((trace_id, _name(tool)), "")
+            found = self.window.observe_decision(tool, server, args_hash, trace_id, time_ns)
+            self._decided(found)
+
+    def _decided(self, incident: FleetIncident | None) -> None:
+        if incident is None:
+            return
+        self.decisions += 1
+        self.pending.append(incident_decision(incident, self.fleet))
+
+    def retract(self, decision: Decision) -> None:
+        """An incident's record not written: the incident is not open, it can open again."""
+        scope = decision.scope
+        if scope is None or scope.tool is None or decision.action == RECOVERED:
+            return
+        key = self.window.keys.get((scope.tool, scope.server or ""))
+        incident = key.incident if key is not None else None
+        if key is not None and incident is not None and incident.rule == decision.rule:
+            key.incident = None

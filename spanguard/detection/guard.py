@@ -4,7 +4,8 @@ The Faust worker, `spanguard replay`, the in-process SpanProcessor and the bench
 this module; only where the per-trace state lives differs (a dict here, a Faust table there).
 
 The rules are parts of their own, one module each in spanguard/detection/rules/ (tool_loop,
-cycle, tool_polling, no_progress, token_budget, cost_budget; the registry is `rules.RULES`). The guard keys
+cycle, tool_polling, no_progress, token_budget, cost_budget, and over the trace's agent tree
+handoff_cycle, delegation_depth, agent_fan_out; the registry is `rules.RULES`). The guard keys
 each call once, keeps the trace's window, and runs every rule through one path: a rule decides
 at most once per trace and action; `downgrade` first where the policy says so, then `kill`;
 `flag` in shadow mode (policy `action: flag`, or the worker's `--mode observe`), which sends no
@@ -25,23 +26,25 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.detection.agent_budget import AgentBudgetGuard, AgentUsageSink, has_agent_budget
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import (
-    AGENT_NAME,
-    CONVERSATION_KEY_SET,
+from spanguard.detection.conventions.adapt import adapt_read, reading_of, resource_info
+from spanguard.detection.conventions.capture import capture_setting
+from spanguard.detection.conventions.events import (
     MISSING,
-    PRICE_KEYS,
-    SERVICE_NAME,
-    USAGE_KEYS,
-    WANTED_KEYS,
+    AgentRun,
     AgentSeen,
     ResourceInfo,
     TokenUsage,
     ToolCall,
-    adapt_read,
-    capture_setting,
-    reading_of,
-    resource_info,
+)
+from spanguard.detection.conventions.keys import (
+    AGENT_NAME,
+    CONVERSATION_KEY_SET,
+    PRICE_KEYS,
+    SERVICE_NAME,
+    USAGE_KEYS,
+    WANTED_KEYS,
 )
 from spanguard.detection.conversation import (
     ConversationCall,
@@ -49,6 +52,7 @@ from spanguard.detection.conversation import (
     ConversationSink,
     ConversationUsage,
 )
+from spanguard.detection.fleet import FleetGuard, ToolCallSink, agent_label, server_of, tool_call
 from spanguard.detection.pricing import ModelRates, Pricer
 from spanguard.detection.results import result_key
 from spanguard.detection.rules import COST_BUDGET as _COST_BUDGET
@@ -64,6 +68,7 @@ from spanguard.detection.rules.base import (
     KILL,
     OFF,
     PAUSE,
+    AgentRule,
     Fired,
     GuardObserver,
     Rule,
@@ -148,6 +153,8 @@ class GuardCount(CountedOutcome):
     TOKENS_UNPRICED = "tokens_unpriced"
     TOKENS_NOT_PRICED = "tokens_not_priced"
     COST_PICO_USD = "cost_pico_usd"
+    # Agent runs of traces whose agent tree was full (MAX_RUNS): counted, not placed.
+    AGENT_RUNS_UNPLACED = "agent_runs_unplaced"
 
 
 @dataclass
@@ -179,6 +186,7 @@ class GuardStats:
     tokens_unpriced: int = 0
     tokens_not_priced: int = 0
     cost_pico_usd: int = 0
+    agent_runs_unplaced: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -215,11 +223,21 @@ class _Plan:
     call_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
     counting: list[ToolCallRule] = field(default_factory=list)  # the rules that count
     token_rules: list[tuple[TokenRule, str]] = field(default_factory=list)
+    # The tool-call rules that read only traces with agents (`agents_only`), after the others.
+    handoff_rules: list[tuple[ToolCallRule, str]] = field(default_factory=list)
+    agent_rules: list[tuple[AgentRule, str]] = field(default_factory=list)
     prices: dict[str, ModelRates] = field(default_factory=dict)  # the policy's own, by model
 
 
+def _tool_server(span: Any, event: Any) -> str:
+    """The server a tool call's span names (the tool scope keys calls by it), else ""."""
+    return server_of(span.attributes) if isinstance(event, ToolCall) else ""
+
+
 def _deciding_scopes(
-    conversations: ConversationSink | None, agent_budgets: AgentUsageSink | None
+    conversations: ConversationSink | None,
+    agent_budgets: AgentUsageSink | None,
+    tools: ToolCallSink | None,
 ) -> list[ScopeGuard]:
     """The scopes given to the guard that decide (not a worker's recorders), conversations
     first: their decisions are returned with the guard's own."""
@@ -228,6 +246,8 @@ def _deciding_scopes(
         deciding.append(conversations)
     if isinstance(agent_budgets, AgentBudgetGuard):
         deciding.append(agent_budgets)
+    if isinstance(tools, FleetGuard):
+        deciding.append(tools)
     return deciding
 
 
@@ -253,6 +273,7 @@ class Guard:
         price_usage: bool = False,
         conversations: ConversationSink | None = None,
         agent_budgets: AgentUsageSink | None = None,
+        tools: ToolCallSink | None = None,
     ) -> None:
         """`rules`: the registry's rules by default (the benchmark runs subsets);
         `observers`: told of every call and decision (`add_observer` adds more);
@@ -260,11 +281,13 @@ class Guard:
         `conversations`: the conversation scope's sink, fed every counted call and usage
         change of traces that name a conversation (spanguard/detection/conversation.py);
         `agent_budgets`: the agent scope's sink, fed every change of a trace's usage
-        (spanguard/detection/agent_budget.py); see `_deciding_scopes`."""
+        (spanguard/detection/agent_budget.py); `tools`: the tool scope's sink (fleet.py), fed
+        every counted tool call while the policy's `fleet` is on; see `_deciding_scopes`."""
         self.policy = policy or Policy()
         self.rules = tuple(rules)
         self._call_rules = [rule for rule in self.rules if isinstance(rule, ToolCallRule)]
         self._token_rules = [rule for rule in self.rules if isinstance(rule, TokenRule)]
+        self._agent_rules = [rule for rule in self.rules if isinstance(rule, AgentRule)]
         self._rearmed = frozenset(rule.name for rule in self.rules if rule.rearm_on_release)
         self.observers: list[GuardObserver] = list(observers)
         self._plans: dict[int, tuple[AgentPolicy, _Plan]] = {}
@@ -289,7 +312,9 @@ class Guard:
         )
         wanted = agent_budgets is not None and any(has_agent_budget(p) for p in policies)
         self.agent_budgets = agent_budgets if wanted else None
-        self._deciding = _deciding_scopes(conversations, self.agent_budgets)
+        self.tools = tools if tools is not None and self.policy.fleet.enabled else None
+        self._server = ""  # the server the span being observed names (the tool scope's)
+        self._deciding = _deciding_scopes(conversations, self.agent_budgets, self.tools)
         self.prices_usage = price_usage or any(
             policy.usd_budget is not None
             or (conversations is not None and policy.conversation.usd_budget is not None)
@@ -388,9 +413,11 @@ class Guard:
                                     shared_text(resource.service), resource.agent_name
                                 )
                         touched[trace_id] = state
+                    if self.tools is not None:
+                        self._server = _tool_server(span, event)
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
-                        # its own usage (conventions.gateway_calls).
+                        # its own usage (conventions/gateway.py, gateway_calls).
                         for one in event:
                             try:
                                 decision = self.observe(trace_id, state, one, resource)
@@ -409,25 +436,35 @@ class Guard:
                         continue
                     if decision is not None:
                         decisions.append(decision)
-        for scope in self._deciding:
-            if scope.pending:
-                decisions.extend(scope.take())
+        self._take_scopes(decisions)
         now = self.clock()
         for trace_id, state in touched.items():
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
 
+    def _take_scopes(self, decisions: list[Decision]) -> None:
+        """The deciding scopes' decisions, after the request's own: a deciding tool scope
+        first hears of the trace-level decisions that named a tool (`loop_signature`)."""
+        tools = self.tools
+        if decisions and isinstance(tools, FleetGuard):
+            tools.observe_decisions(decisions)
+        for scope in self._deciding:
+            if scope.pending:
+                decisions.extend(scope.take())
+
     def observe(
         self,
         trace_id: str,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None = None,
     ) -> Decision | None:
         """Apply one event to one trace's state (mutated in place).
 
         `resource` is needed only by a policy with per-agent rules."""
+        if isinstance(event, AgentRun):
+            return self._on_agent_run(trace_id, state, event, resource)
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
@@ -435,13 +472,7 @@ class Guard:
         user_turn = 0 if isinstance(event, ToolCall) else event.user_turn
         if isinstance(event, AgentSeen) and not user_turn:
             return None
-        if self._per_agent:
-            policy = self._policy_for(state, event, resource)
-            entry = self._plans.get(id(policy))
-            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
-        else:  # one policy for every agent: its plan is made once
-            policy = self._defaults
-            plan = self._defaults_plan or self._plan(policy)
+        policy, plan = self._policy_and_plan(state, event, resource)
         if user_turn:
             # The user spoke: what the agent repeats next answers them, not its own loop. The
             # calls made before the model heard it are forgotten (spans come in the order
@@ -593,9 +624,15 @@ class Guard:
             state.window_marks = marks[excess * MARK_BYTES :]
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
+        if self.tools is not None:
+            agent = agent_label(state.service, state.agent_name)
+            self.tools.hand_tool_call(tool_call(call, result, trace_id, agent, self._server))
+        rules = plan.call_rules
+        if plan.handoff_rules and (call.handoff or state.agent_tree is not None):
+            rules = rules + plan.handoff_rules  # a trace with agents: rare, and short lists
         fired = state.fired
         decision = None
-        for rule, wanted in plan.call_rules:
+        for rule, wanted in rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
             trip = rule.check(state, call, key, policy)
@@ -608,6 +645,33 @@ class Guard:
                 break
         state.window.memo = None  # the key's entry, packed for the rules: not kept
         return decision
+
+    def _on_agent_run(
+        self, trace_id: str, state: TraceState, run: AgentRun, resource: ResourceInfo | None
+    ) -> Decision | None:
+        """Place an agent's run in the trace's agent tree, then let the agent rules decide."""
+        tree = state.agent_tree
+        if tree is None:
+            tree = state.agent_tree = AgentTree()
+        started = tree.started
+        if not tree.add_run(run):
+            if tree.started == started:
+                return None  # placed already: a redelivery
+            self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
+        policy, plan = self._policy_and_plan(state, run, resource)
+        fired = state.fired
+        for rule, wanted in plan.agent_rules:
+            if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
+                continue
+            trip = rule.check_run(state, run, policy)
+            if trip is None:
+                continue
+            decision = self._fire(
+                rule, trip, wanted, trace_id, state, policy, run.span_id, run.end_time_unix_nano
+            )
+            if decision is not None:
+                return decision
+        return None
 
     def _on_tokens(
         self, trace_id: str, state: TraceState, usage: TokenUsage, policy: AgentPolicy, plan: _Plan
@@ -733,13 +797,18 @@ class Guard:
         for rule in self._call_rules:
             wanted = rule.wanted(policy)
             if wanted != OFF:
-                plan.call_rules.append((rule, FLAG if policy.shadow else wanted))
+                rules = plan.handoff_rules if rule.agents_only else plan.call_rules
+                rules.append((rule, FLAG if policy.shadow else wanted))
                 if rule.counts:
                     plan.counting.append(rule)
         for token_rule in self._token_rules:
             wanted = token_rule.wanted(policy)
             if wanted != OFF:
                 plan.token_rules.append((token_rule, FLAG if policy.shadow else wanted))
+        for agent_rule in self._agent_rules:
+            wanted = agent_rule.wanted(policy)
+            if wanted != OFF:
+                plan.agent_rules.append((agent_rule, FLAG if policy.shadow else wanted))
         # Keyed by id (a policy hashes slowly), with the policy kept to check the id is its.
         self._plans[id(policy)] = (policy, plan)
         if policy is self._defaults:
@@ -848,10 +917,26 @@ class Guard:
         self.stats.decisions[(decision.rule, decision.action)] += 1
         return decision
 
+    def _policy_and_plan(
+        self,
+        state: TraceState,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
+        resource: ResourceInfo | None,
+    ) -> tuple[AgentPolicy, _Plan]:
+        """The policy entry for the event's agent and its plan (made once per entry)."""
+        if self._per_agent:
+            policy = self._policy_for(state, event, resource)
+            entry = self._plans.get(id(policy))
+            plan = entry[1] if entry is not None and entry[0] is policy else self._plan(policy)
+            return policy, plan
+        # One policy for every agent: its plan is made once.
+        policy = self._defaults
+        return policy, self._defaults_plan or self._plan(policy)
+
     def _policy_for(
         self,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
         resource: ResourceInfo | None,
     ) -> AgentPolicy:
         if not self.policy.rules:

@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.conventions.events import TokenUsage
 
 __all__ = [
     "MICRO_USD_PER_USD",

@@ -169,7 +169,7 @@ def classify(value: Any, depth: int = 0) -> str | None:
         status = value.get("status")
         if isinstance(status, str) and status.lower() in ERROR_STATUSES:
             return ERROR
-        if "_raw" in value and len(value) == 1:  # a text that is not JSON (conventions.py)
+        if "_raw" in value and len(value) == 1:  # a text that is not JSON (conventions/decoding.py)
             raw = value["_raw"]
             return _text_kind(raw) if isinstance(raw, str) else None
         if value.keys() == {"error"} and value["error"]:

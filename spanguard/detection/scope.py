@@ -12,9 +12,9 @@ topic and decides nothing (streams/scope.py).
 trace guard has not collected yet (`take`), a decision of the scope's built the one way
 (`scope_decision`: its id deterministic, so a decision replayed after a crash carries the same
 one), and what is logged once. A subclass keeps its states and says what it decides and what
-a signal not sent takes back (`retract`). The per-tool fleet scope (the calls of a
-tool across every agent, over a window) is a third subclass: its sink method fed the counted
-calls, its window per tool name, its `retract`.
+a signal not sent takes back (`retract`). The tool scope (the calls of a tool across every
+agent, over a window: fleet.py's FleetGuard) is a third subclass: its sink fed the counted
+calls, its window per tool key, its `retract`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.detection.trace_state import iso_from_micros
 from spanguard.schemas.decision import (
     NO_EVIDENCE,

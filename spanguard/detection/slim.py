@@ -4,7 +4,7 @@ A message of the input topic may be compressed on the wire and several megabytes
 the part of one trace the worker re-sends to the repartition topic must fit a record (the
 topic's max.message.bytes, 1 MiB by default). Cut down, it holds only the span ids, names and
 the attributes the guard reads, with tool names, call ids and agent names shortened the way
-the adapters shorten them (spanguard/detection/conventions.py `bounded_text`, which leaves its own output as
+the adapters shorten them (spanguard/detection/conventions/values.py `bounded_text`, which leaves its own output as
 it is): the guard decides the slim part exactly as it would the whole one.
 """
 
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.keys import (
     AGENT_NAME,
     CALL_ID_KEYS,
     SERVICE_NAME,
     STRANDS_TOOL_EVENT,
     TOOL_NAME_KEYS,
-    bounded_text,
 )
+from spanguard.detection.conventions.values import bounded_text
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer

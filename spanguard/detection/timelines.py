@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from spanguard.detection.conventions import ToolCall
+from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.rules.base import GuardObserver
 from spanguard.detection.trace_state import CallKey, TraceState
 from spanguard.schemas.decision import Decision

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from spanguard.detection.agent_tree import AgentTree
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.schemas import compact_json
@@ -48,8 +49,10 @@ __all__ = [
 # (`inference_cost`, `aggregate_cost`, `unpriced_tokens`) once usage was priced, and the
 # `conversation_id` of a trace in the conversation scope; 4: `recent_call_ends`, when each
 # remembered call id's span ended; 5: binary (`encode_state`), the JSON record kept for the
-# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`.
-STATE_VERSION = 5
+# conversation's state and what the binary form cannot hold; call ids as their `call_id_key`;
+# 6: the trace's agent tree (`agent_tree`), when it has one: a trailing binary section (its tag,
+# then its JSON record), a JSON key.
+STATE_VERSION = 6
 
 CallKey = tuple[str, str | None, str | None]
 # A window entry's span id (8 bytes) and end time (8 bytes, microseconds since the epoch).
@@ -64,6 +67,8 @@ def iso_from_micros(micros: int) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
+# The tag of the binary state's trailing agent-tree section (its JSON record follows).
+_AGENT_TREE_SECTION: Final = 0x41
 _MARK: Final = struct.Struct(">8sQ").pack  # 8s: the span id cut or padded to 8 bytes
 
 
@@ -510,6 +515,9 @@ class TraceState:
     # The conversation the trace belongs to (the first id its spans named), when the
     # conversation scope is on.
     conversation_id: str | None = None
+    # The trace's agents (spanguard/detection/agent_tree.py): None until its first agent span
+    # or handoff, so a single-agent trace costs nothing more.
+    agent_tree: AgentTree | None = None
 
     @property
     def counts(self) -> dict[CallKey, int]:
@@ -548,6 +556,8 @@ class TraceState:
             record["unpriced_tokens"] = self.unpriced_tokens
         if self.conversation_id is not None:
             record["conversation_id"] = self.conversation_id  # version 3
+        if self.agent_tree is not None:
+            record["agent_tree"] = self.agent_tree.to_record()
         # Last, so eviction can read it without decoding (streams/expiry.py).
         record["last_seen"] = self.last_seen
         return record
@@ -578,6 +588,9 @@ class TraceState:
             aggregate_cost=record.get("aggregate_cost", 0),
             unpriced_tokens=record.get("unpriced_tokens", 0),
             conversation_id=record.get("conversation_id"),
+            agent_tree=(
+                AgentTree.from_record(record["agent_tree"]) if "agent_tree" in record else None
+            ),
         )
 
     def to_bytes(self) -> bytes:
@@ -613,6 +626,8 @@ class TraceState:
         self.window_marks = b""
         self.polls.clear()
         self.cycle_runs = None
+        if self.agent_tree is not None:
+            self.agent_tree.handoffs.clear()
 
     def forget_calls_before(self, micros: int) -> None:
         """Drop the window's oldest calls that ended before `micros` (all of them when none
@@ -844,6 +859,10 @@ def encode_state(state: TraceState) -> bytes:
         out.append(args_form)
         _put_digest_payload(out, args_form, args_raw)
     _put_calls(out, state)
+    if state.agent_tree is not None:
+        # An optional trailing section: a state without it ends here.
+        out.append(_AGENT_TREE_SECTION)
+        _put_text(out, json.dumps(state.agent_tree.to_record(), separators=(",", ":")))
     return bytes(out)
 
 
@@ -1019,6 +1038,12 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
             raise StateDecodeError(f"a poll without arguments at {reader.at}")
         polls.append((tool, args))
     _read_calls(reader, state)
+    if reader.at < len(data) and data[reader.at] == _AGENT_TREE_SECTION:
+        reader.byte()
+        try:
+            state.agent_tree = AgentTree.from_record(json.loads(reader.text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateDecodeError(f"agent tree: {type(exc).__name__}: {exc}") from exc
     state.window_marks = _aligned(state.window_marks, len(window))
     # A later version appends sections after these; trailing bytes of this one are garbage.
     if version == STATE_VERSION and reader.at != len(data):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from spanguard.detection.conventions import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
 from spanguard.errors import JudgeError, OtlpDecodeError
 from spanguard.goal.invocations import InvocationEnd, find_invocation_ends
 from spanguard.goal.sampling import should_sample

@@ -13,7 +13,6 @@ from spanguard.streams.agent_windows import (
     AgentWindowCount,
     Row,
     WorkerAgentBudgets,
-    agent_window_tally,
     decode_usage,
     longest_window,
 )
@@ -42,7 +41,7 @@ class AgentWindowsAgent(ScopeRecordsAgent[AgentRows]):
         self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
     ) -> None:
         super().__init__(worker, topic, states, lease)
-        self.outcomes = agent_window_tally(worker)
+        self.outcomes = worker.tally(AgentWindowCount)
         policy = worker.guard.policy
         self.guard = WorkerAgentBudgets(policy, states, self.outcomes, clock=worker.guard.clock)
         # An agent idle a whole window (or the state TTL, if longer) has an empty window.

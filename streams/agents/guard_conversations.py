@@ -13,7 +13,6 @@ from spanguard.streams.conversations import (
     ConversationCount,
     Record,
     WorkerConversations,
-    conversation_tally,
     decode_records,
 )
 from spanguard.streams.decoded_states import DecodedStates
@@ -39,7 +38,7 @@ class ConversationAgent(ScopeRecordsAgent[list[Record]]):
         self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
     ) -> None:
         super().__init__(worker, topic, states, lease)
-        self.outcomes = conversation_tally(worker)
+        self.outcomes = worker.tally(ConversationCount)
         self.guard = WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
 
     def decode(self, key: bytes | None, value: bytes | None) -> list[Record]:

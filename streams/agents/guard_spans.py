@@ -27,17 +27,16 @@ from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import (
     AgentWindowCount,
     agent_usage_sends,
-    agent_window_tally,
 )
 from spanguard.streams.conversations import (
     ConversationCount,
     conversation_sends,
-    conversation_tally,
 )
 from spanguard.streams.delivery import Send, confirm, produce, send_all
 from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
 from spanguard.streams.scope import evict_idle_states, settle_signals
+from spanguard.streams.tool_scope import ToolScopeCount, tool_call_sends
 from spanguard.streams.write_back import WriteBack
 
 if TYPE_CHECKING:
@@ -76,8 +75,9 @@ class SpanAgent:
         self.write_back = WriteBack(worker, worker.states, worker.table, self.lease, hooks=self)
         self.outcomes = Tally()
         worker.counted[SpanCount] = self.outcomes
-        self.conversation_records = conversation_tally(worker)
-        self.agent_usage_records = agent_window_tally(worker)
+        self.conversation_records = worker.tally(ConversationCount)
+        self.agent_usage_records = worker.tally(AgentWindowCount)
+        self.tool_call_records = worker.tally(ToolScopeCount)
         # Where the agent got to in each source partition: the offset after the last message
         # of a completed batch, or the first one of a batch still running. Records between it
         # and the partition's highwater are waiting on the agent (health: stuck while lag grows).
@@ -224,6 +224,9 @@ class SpanAgent:
                 worker.recorder.sourced(message)
             if worker.usage_recorder is not None:
                 worker.usage_recorder.sourced(message)
+            if worker.tool_recorder is not None:
+                worker.tool_recorder.hand_decisions(outcome.decisions)
+                worker.tool_recorder.sourced(message)
             if self.verify_goals and outcome.has_root_span:
                 goal = {"key": message.key, "value": message.value}
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
@@ -238,6 +241,7 @@ class SpanAgent:
         return bool(
             (worker.recorder is not None and worker.recorder.records)
             or (worker.usage_recorder is not None and worker.usage_recorder.records)
+            or (worker.tool_recorder is not None and worker.tool_recorder.records)
         )
 
     def records_due(self) -> bool:
@@ -259,12 +263,16 @@ class SpanAgent:
             usage, usage_sources = worker.usage_recorder.drain()
             self.agent_usage_records.add(AgentWindowCount.RECORDS_SENT, len(usage))
             sends.extend(agent_usage_sends(worker, usage, usage_sources))
+        if worker.tool_recorder is not None and worker.tool_recorder.records:
+            calls, call_sources = worker.tool_recorder.drain()
+            self.tool_call_records.add(ToolScopeCount.RECORDS_SENT, len(calls))
+            sends.extend(tool_call_sends(worker, calls, call_sources))
         return sends
 
     def drop_scope_records(self) -> None:
         worker = self.worker
         self.holding_since = None
-        for recorder in (worker.recorder, worker.usage_recorder):
+        for recorder in (worker.recorder, worker.usage_recorder, worker.tool_recorder):
             if recorder is not None:
                 recorder.drain()
 

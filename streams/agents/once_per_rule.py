@@ -1,5 +1,5 @@
 """The loop the paging and webhook agents share: each detection is delivered at most once per
-trace and rule, remembered in a changelog-backed table, and a failed delivery is dead-lettered."""
+trace and rule (a fleet incident's recovery apart from its opening), remembered in a changelog-backed table, and a failed delivery is dead-lettered."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 import faust
 from faust.types import TableT
 
+from spanguard.alerting.incidents import delivery_mark
 from spanguard.alerting.pagerduty import PageResult
 from spanguard.alerting.service import paged_rules, with_rule
 from spanguard.alerting.webhook import NotifyResult
@@ -41,7 +42,7 @@ async def deliver_once_per_rule(
         result = await loop.run_in_executor(None, deliver, detection)
         # Delivered or not, never again for this trace and rule: a failure goes to the
         # dead letters with its reason, for a person to look at.
-        table[trace_key] = with_rule(stored, detection.rule)
+        table[trace_key] = with_rule(stored, delivery_mark(detection))
         if not result.delivered:
             reason = f"{what} {result.status}: {result.error}"
             await send_all([worker.outbox.dead_letter(message, reason)])

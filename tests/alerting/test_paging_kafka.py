@@ -3,21 +3,19 @@ local HTTPS server that speaks Events API v2 (tests/support/pagerduty_server.py,
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.support.https_receiver import Fault
-from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.pagerduty_server import EventsApiServer
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
 from tests.support.worker import (
     assert_kill_not_delayed,
+    dead_letter,
+    notifying_worker,
     restart_mid_retry,
-    running_worker,
     send_spans,
 )
 
@@ -41,12 +39,6 @@ def worker_env(server: EventsApiServer) -> dict[str, str]:
     }
 
 
-def start_worker(topics: Topics, data: Path, server: EventsApiServer) -> WorkerProcess:
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    return WorkerProcess(topics, data, policy=policy, env=worker_env(server)).start()
-
-
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
     agent = AgentRecorder(service, "autopilot-agent")
     for step in range(calls):
@@ -62,15 +54,12 @@ def requests_for(server: EventsApiServer, trace_id: str) -> list:
 
 @pytest.fixture(scope="module")
 def paging_stack(tmp_path_factory):
-    with EventsApiServer() as server:
-        with running_worker(
-            tmp_path_factory.mktemp("paging"),
-            policy=POLICY,
-            collect=("kills", "dead_letters"),
-            env=worker_env(server),
-        ) as running:
-            yield server, running.process, running.collector
-        assert ROUTING_KEY not in running.process.log_text()  # never logged
+    data = tmp_path_factory.mktemp("paging")
+    with (
+        EventsApiServer() as server,
+        notifying_worker(data, POLICY, worker_env(server), [ROUTING_KEY]) as running,
+    ):
+        yield server, running.process, running.collector
 
 
 def test_one_incident_with_the_exact_payload_and_none_for_other_agents(paging_stack):
@@ -115,11 +104,8 @@ def test_400_is_a_dead_letter_and_no_retry_storm(paging_stack):
     server, worker, collector = paging_stack
     server.script(400)
     agent = loop(worker.topics.input, "autopilot")
-    (dead,) = collector.wait(
-        lambda m: m["topic"] == worker.topics.dead_letters and m["key"] == agent.trace_id.encode()
-    )
+    dead = dead_letter(worker, collector, agent)
     assert dead["headers"]["spanguard.reason"].startswith(b"page rejected")
-    assert json.loads(dead["value"])["trace_id"] == agent.trace_id  # the detection, kept
     time.sleep(1.0)
     assert [r.status for r in requests_for(server, agent.trace_id)] == [400]
 
@@ -135,21 +121,18 @@ def test_a_slow_pagerduty_never_delays_kill_signals(paging_stack):
 
 
 def test_a_restart_mid_retry_does_not_page_twice(tmp_path):
-    ensure_broker()
     with EventsApiServer() as server:
-        topics = Topics()
-        try:
-            server.script(503, 503, 503)
-            agent = restart_mid_retry(
-                lambda: start_worker(topics, tmp_path, server),
-                lambda: loop(topics.input, "autopilot"),
-                failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
-                delivered=lambda agent: any(
-                    r.status == 202 for r in requests_for(server, agent.trace_id)
-                ),
-            )
-            accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
-            assert len(accepted) == 1
-            assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1
-        finally:
-            topics.delete()
+        server.script(503, 503, 503)
+        agent = restart_mid_retry(
+            tmp_path,
+            POLICY,
+            worker_env(server),
+            lambda topics: loop(topics.input, "autopilot"),
+            failed_twice=lambda agent: len(requests_for(server, agent.trace_id)) >= 2,
+            delivered=lambda agent: any(
+                r.status == 202 for r in requests_for(server, agent.trace_id)
+            ),
+        )
+        accepted = [r for r in requests_for(server, agent.trace_id) if r.status == 202]
+        assert len(accepted) == 1
+        assert len([i for i in server.all_incidents if agent.trace_id in i.dedup_key]) == 1

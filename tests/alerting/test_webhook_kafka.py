@@ -8,20 +8,19 @@ import hashlib
 import hmac
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from spanguard.schemas.decision import validate
 from tests.support.https_receiver import Fault
-from tests.support.kafka_harness import Topics, WorkerProcess, ensure_broker
 from tests.support.spans import AgentRecorder
 from tests.support.waiting import wait_until
 from tests.support.webhook_server import WebhookServer, slack_errors
 from tests.support.worker import (
     assert_kill_not_delayed,
+    dead_letter,
+    notifying_worker,
     restart_mid_retry,
-    running_worker,
     send_spans,
 )
 
@@ -43,14 +42,6 @@ def worker_env(server: WebhookServer, path: str = HOOK_PATH, **env: str) -> dict
         "SPANGUARD_WEBHOOK_SIGNING_KEY": SIGNING_KEY,
         **env,
     }
-
-
-def start_worker(
-    topics: Topics, data: Path, server: WebhookServer, path: str = HOOK_PATH, **env: str
-) -> WorkerProcess:
-    policy = data / "policy.yaml"
-    policy.write_text(POLICY)
-    return WorkerProcess(topics, data, policy=policy, env=worker_env(server, path, **env)).start()
 
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
@@ -75,16 +66,13 @@ def posts_for(server: WebhookServer, trace_id: str, path: str = HOOK_PATH) -> li
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with WebhookServer() as server:
-        with running_worker(
-            tmp_path_factory.mktemp("webhook"),
-            policy=POLICY,
-            collect=("kills", "dead_letters"),
-            env=worker_env(server),
-        ) as running:
-            yield server, running.process, running.collector
-        log = running.process.log_text()
-        assert "s3cretT0ken" not in log and SIGNING_KEY not in log  # secrets never logged
+    data = tmp_path_factory.mktemp("webhook")
+    secrets = ["s3cretT0ken", SIGNING_KEY]
+    with (
+        WebhookServer() as server,
+        notifying_worker(data, POLICY, worker_env(server), secrets) as running,
+    ):
+        yield server, running.process, running.collector
 
 
 def test_every_agent_is_notified_once_per_trace_and_rule_with_a_signed_json_body(stack):
@@ -124,13 +112,10 @@ def test_a_rejected_notification_is_a_dead_letter_and_not_retried(stack):
     server, worker, collector = stack
     server.script(403)
     agent = loop(worker.topics.input, "support-bot")
-    (dead,) = collector.wait(
-        lambda m: m["topic"] == worker.topics.dead_letters and m["key"] == agent.trace_id.encode()
-    )
+    dead = dead_letter(worker, collector, agent)
     reason = dead["headers"]["spanguard.reason"].decode()
     assert reason.startswith("webhook rejected: HTTP 403 from 127.0.0.1:")
     assert "s3cretT0ken" not in reason
-    assert json.loads(dead["value"])["trace_id"] == agent.trace_id  # the detection, kept
     time.sleep(1.0)
     assert [r.status for r in posts_for(server, agent.trace_id)] == [403]
 
@@ -144,28 +129,23 @@ def test_a_slow_receiver_never_delays_kill_signals(stack):
 
 
 def test_slack_template_and_no_second_notification_after_a_restart(tmp_path):
-    ensure_broker()
     slack_path = "/services/T000/B000/XXXXXXXX"
     with WebhookServer() as server:
-        topics = Topics()
-        try:
-            server.script(503, 503, 503)
-            agent = restart_mid_retry(
-                lambda: start_worker(
-                    topics, tmp_path, server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"
-                ),
-                lambda: loop(topics.input, "support-bot"),
-                failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
-                delivered=lambda agent: any(
-                    r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
-                ),
-            )
-            posts = posts_for(server, agent.trace_id, slack_path)
-            delivered = [r for r in posts if r.status == 200]
-            assert len(delivered) == 1
-            assert slack_errors(delivered[0].raw) is None  # what Slack's webhooks accept
-            body = delivered[0].body
-            assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
-            assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]
-        finally:
-            topics.delete()
+        server.script(503, 503, 503)
+        agent = restart_mid_retry(
+            tmp_path,
+            POLICY,
+            worker_env(server, slack_path, SPANGUARD_WEBHOOK_TEMPLATE="slack"),
+            lambda topics: loop(topics.input, "support-bot"),
+            failed_twice=lambda agent: len(posts_for(server, agent.trace_id, slack_path)) >= 2,
+            delivered=lambda agent: any(
+                r.status == 200 for r in posts_for(server, agent.trace_id, slack_path)
+            ),
+        )
+        posts = posts_for(server, agent.trace_id, slack_path)
+        delivered = [r for r in posts if r.status == 200]
+        assert len(delivered) == 1
+        assert slack_errors(delivered[0].raw) is None  # what Slack's webhooks accept
+        body = delivered[0].body
+        assert body["text"].startswith("spanguard: support-bot tool_loop -&gt; kill")
+        assert agent.trace_id in body["blocks"][-1]["elements"][0]["text"]

@@ -16,8 +16,12 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "collector.sh"
@@ -45,14 +49,32 @@ def binary() -> Path:
     return path
 
 
-def validate(binary: Path, config: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def validate(binary: Path, *configs: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`otelcol validate` of `configs`, each laid over the ones before it."""
     return subprocess.run(
-        [str(binary), "validate", "--config", str(config)],
+        [
+            str(binary),
+            "validate",
+            *(arg for config in configs for arg in ("--config", str(config))),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, **env},
     )
+
+
+def exporting_to_collector(service: str, http_port: int) -> TracerProvider:
+    """A tracer provider for `service` whose spans go to the Collector's OTLP/HTTP port."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces", timeout=10)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
 
 
 # ------------------------------------------------------------------ the binary and its config
@@ -104,12 +126,7 @@ def test_the_args_hash_overlay_validates_where_the_transform_processor_is_built(
     ).stdout
     if "name: transform" not in components:
         pytest.skip("this Collector build has no transform processor (see args-hash.yaml)")
-    result = subprocess.run(
-        [str(binary), "validate", "--config", str(CONFIG), "--config", str(ARGS_HASH)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = validate(binary, CONFIG, ARGS_HASH)
     assert result.returncode == 0, result.stderr
 
 
@@ -119,12 +136,7 @@ def test_validate_passes_on_the_shipped_config(binary: Path):
 
 
 def test_the_packed_overlay_validates_over_the_shipped_config(binary: Path):
-    result = subprocess.run(
-        [str(binary), "validate", "--config", str(CONFIG), "--config", str(PACKED)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = validate(binary, CONFIG, PACKED)
     assert result.returncode == 0, result.stderr
 
 
@@ -201,13 +213,9 @@ def test_sdk_spans_reach_kafka_as_whole_batches(binary: Path, tmp_path: Path):
         reason="needs opentelemetry-exporter-otlp-proto-http (the project's dev extra)",
     )
     from confluent_kafka.admin import AdminClient, NewTopic
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from tests.support.kafka_harness import CLUSTER, ensure_broker, free_port
     from tests.support.kafka_harness import Collector as TopicReader
@@ -243,12 +251,7 @@ def test_sdk_spans_reach_kafka_as_whole_batches(binary: Path, tmp_path: Path):
         assert script("status").returncode == 0
 
         reader = TopicReader(topic)
-        provider = TracerProvider(resource=Resource.create({"service.name": "collector-e2e"}))
-        provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces", timeout=10)
-            )
-        )
+        provider = exporting_to_collector("collector-e2e", http_port)
         tracer = provider.get_tracer("tests.test_collector")
         expected: dict[str, set[str]] = {}  # trace id hex -> span names
         for agent, calls in (("looping-agent", 5), ("research-agent", 3)):
@@ -319,13 +322,9 @@ def test_the_packed_collector_writes_one_marked_record_per_partition(binary: Pat
         reason="needs opentelemetry-exporter-otlp-proto-http (the project's dev extra)",
     )
     from confluent_kafka.admin import AdminClient, NewTopic
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from spanguard.streams.agents.guard_spans import HEADER_PACK
     from spanguard.streams.partitioner import collector_partition
@@ -349,12 +348,7 @@ def test_the_packed_collector_writes_one_marked_record_per_partition(binary: Pat
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         reader = TopicReader(topic)
-        provider = TracerProvider(resource=Resource.create({"service.name": "collector-pack"}))
-        provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces", timeout=10)
-            )
-        )
+        provider = exporting_to_collector("collector-pack", http_port)
         tracer = provider.get_tracer("tests.test_collector")
         expected: dict[str, int] = {}  # trace id hex -> spans
         for agent in range(12):

@@ -4,7 +4,7 @@ import hashlib
 import json
 
 from spanguard.detection.canonical import args_hash, canonicalize
-from spanguard.detection.conventions import decode_arguments
+from spanguard.detection.conventions.decoding import decode_arguments
 from spanguard.schemas.policy import DEFAULT_VOLATILE_KEYS
 
 VOLATILE = DEFAULT_VOLATILE_KEYS

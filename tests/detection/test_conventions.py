@@ -8,17 +8,16 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind
 
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.capture import capture_setting
+from spanguard.detection.conventions.events import MISSING, TokenUsage, ToolCall
+from spanguard.detection.conventions.keys import (
     AGENT_OPERATIONS,
     ARGS_HASH_KEY,
     INFERENCE_OPERATIONS,
-    MISSING,
     OTHER_OPERATIONS,
-    TokenUsage,
-    ToolCall,
-    adapt_span,
-    capture_setting,
 )
+from spanguard.detection.conventions.turns import ends_with_user_message
 from spanguard.detection.guard import Guard
 from spanguard.schemas.otlp_view import view_of
 from spanguard.schemas.policy import Policy
@@ -653,3 +652,94 @@ def test_genkit_tool_actions_are_tool_calls_and_other_actions_are_not():
     assert adapted(agent.finished()[-1]) is None
     assert [(d.rule, d.evidence.hits) for d in decisions(agent.finished())] == [("tool_loop", 3)]
     assert capture_setting("genkit-tracer")[0] == "Genkit"
+
+
+LANGGRAPH_HANDOFF = {  # a langgraph-supervisor handoff tool's output: a Command to the parent
+    "graph": "__parent__",
+    "update": {"messages": [{"type": "tool", "data": {"content": "Successfully transferred"}}]},
+    "resume": None,
+    "goto": "worker_a",
+}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "scope"),
+    [
+        ({"openinference.span.kind": "TOOL", "tool.name": "transfer_to_worker_a",
+          "output.value": json.dumps(LANGGRAPH_HANDOFF)},
+         "openinference.instrumentation.langchain"),
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "transfer_to_worker_a",
+          "gen_ai.tool.call.arguments": json.dumps({"input_str": "{}", "inputs": {}}),
+          "gen_ai.tool.call.result": json.dumps({"output": LANGGRAPH_HANDOFF, "kwargs": {}})},
+         "opentelemetry.instrumentation.langchain"),
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "transfer_to_agent",
+          "gen_ai.agent.name": "supervisor",
+          "gen_ai.tool.call.arguments": json.dumps({"agent_name": "worker_a"}),
+          "gen_ai.tool.call.result": json.dumps({"result": None})},
+         "gcp.vertex.agent"),
+    ],
+)  # fmt: skip
+def test_handoff_tools_are_handoffs(attributes, scope):
+    """LangGraph's and Google ADK's handoffs are tool calls: read as OpenAI's are, the handing
+    agent's call "handoff to <agent>", with no result (the graph's whole state is no work)."""
+    agent = AgentRecorder()
+    agent.span(f"execute_tool {attributes.get('tool.name', '')}", attributes, scope=scope)
+    call = adapted(agent.finished()[-1])
+    assert isinstance(call, ToolCall)
+    assert call.tool_name == "handoff to worker_a"
+    assert call.arguments == {
+        "from_agent": attributes.get("gen_ai.agent.name", ""),
+        "to_agent": "worker_a",
+    }
+    assert call.result is MISSING
+
+
+@pytest.mark.parametrize(
+    ("attributes", "scope", "tool_name"),
+    [
+        # A Command to the graph itself, or to several nodes at once (`Send`s): no handoff.
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "route",
+          "gen_ai.tool.call.arguments": "{}",
+          "gen_ai.tool.call.result": json.dumps({**LANGGRAPH_HANDOFF, "graph": None})},
+         "opentelemetry.instrumentation.langchain", "route"),
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "route",
+          "gen_ai.tool.call.arguments": "{}",
+          "gen_ai.tool.call.result": json.dumps({**LANGGRAPH_HANDOFF, "goto": [{"node": "a"}]})},
+         "opentelemetry.instrumentation.langchain", "route"),
+        # A tool of that name outside ADK is the user's own.
+        ({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "transfer_to_agent",
+          "gen_ai.tool.call.arguments": json.dumps({"agent_name": "worker_a"})},
+         "my.instrumentation", "transfer_to_agent"),
+    ],
+)  # fmt: skip
+def test_other_tool_calls_are_no_handoffs(attributes, scope, tool_name):
+    agent = AgentRecorder()
+    agent.span("execute_tool", attributes, scope=scope)
+    call = adapted(agent.finished()[-1])
+    assert isinstance(call, ToolCall)
+    assert call.tool_name == tool_name
+    assert call.result is not MISSING or "gen_ai.tool.call.result" not in attributes
+
+
+ADK_CONTEXT = "For context: below is a transcript of what another agent did."
+
+
+@pytest.mark.parametrize(
+    ("last_parts", "user_spoke"),
+    [
+        ([ADK_CONTEXT, "[billing] called tool `transfer_to_agent` with parameters: {}"], False),
+        ([ADK_CONTEXT, "[billing] `transfer_to_agent` tool returned result: {}"], False),
+        (["For context:", "[billing] said: I can't help with that."], False),  # ADK 1.x
+        (["I was charged twice."], True),
+        (["For context: I ordered on [Monday] and paid twice."], True),
+    ],
+)
+def test_adk_accounts_of_other_agents_are_no_user_turn(last_parts, user_spoke):
+    """Google ADK passes the run's other agents' turns to the next agent as user messages:
+    each transfer would otherwise look like the user speaking, and start the loop rules anew."""
+    messages = [
+        {"role": "user", "parts": [{"content": "I was charged twice.", "type": "text"}]},
+        {"role": "user", "parts": [{"content": part, "type": "text"} for part in last_parts]},
+    ]
+    value = AnyValue(string_value=json.dumps(messages))
+    assert ends_with_user_message(value) is user_spoke

@@ -381,7 +381,8 @@ def test_a_conversation_decision_not_sent_is_retracted_in_the_conversation_only(
 
 
 def test_the_conversation_a_span_names_is_the_same_read_again():
-    from spanguard.detection.conventions import CONVERSATION_KEY_SET, conversation_of
+    from spanguard.detection.conventions.keys import CONVERSATION_KEY_SET
+    from spanguard.detection.conventions.turns import conversation_of
     from spanguard.schemas.otlp_view import view_of
     from tests.support.spans import encode
 

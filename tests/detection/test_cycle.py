@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from spanguard.detection.conventions import ToolCall
+from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import CYCLE
 from spanguard.detection.trace_state import CallWindow, TraceState

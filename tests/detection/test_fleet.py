@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from spanguard.detection.conventions import MAX_TEXT_CHARS, ToolCall
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.fleet import (
     LOOP_SIGNATURE,
     MAX_NAME_CHARS,
@@ -16,13 +17,15 @@ from spanguard.detection.fleet import (
     RESYNC_EVENTS,
     TOOL_FAILING,
     FleetCall,
-    FleetPolicy,
-    FleetPolicyError,
     FleetWindow,
+    incident_decision,
+    incident_trace_id,
     server_of,
     tool_call,
 )
 from spanguard.detection.results import EMPTY, ERROR
+from spanguard.schemas.decision import Decision, kill_signals, validate
+from spanguard.schemas.policy import FleetPolicy, FleetPolicyError
 from tests.support.fleet import (
     BASE_NS,
     CORPORA,
@@ -289,3 +292,85 @@ def test_healthy_corpora_replayed_as_one_fleet_open_no_incident_at_the_defaults(
         assert [(i.rule, i.tool) for i in run.incidents] == [(LOOP_SIGNATURE, "search_docs")]
     else:
         assert run.incidents == []
+
+
+# The incident as a decision record --------------------------------------------------------
+
+
+def test_an_incident_is_a_tool_scoped_decision_that_round_trips_and_the_schema_accepts(
+    fleet_of_200,
+):
+    window = FleetWindow(POLICY)
+    feed(window, fleet_of_200)
+    [incident] = window.incidents
+    recovered = incident_decision(incident, POLICY)
+    assert recovered.action == "recovered"
+    incident.recovered_at_ns = 0  # as it was when it opened
+    opened = incident_decision(incident, POLICY)
+    assert (opened.rule, opened.action, opened.scope_kind) == (TOOL_FAILING, "flag", "tool")
+    assert opened.scope is not None and opened.scope.tool == "search_docs"
+    assert len(opened.scope.trace_ids or []) == 20 and len(opened.evidence.agents or []) == 20
+    assert opened.evidence.hits == incident.figures["failing_traces"]
+    assert (opened.evidence.tool_name, opened.evidence.window) == ("search_docs", 300)
+    for decision in (opened, recovered):
+        record = decision.to_dict()
+        validate(record, "detection")
+        assert Decision.from_json(decision.to_json()) == decision
+        assert (record["scope"], record["tool"]) == ("tool", "search_docs")
+        assert kill_signals(decision) == []  # containment is a signal of its own
+    # One incident, one trace id, and a decision id per record; the same after a crash.
+    assert opened.trace_id == recovered.trace_id == incident_trace_id(incident)
+    assert opened.decision_id != recovered.decision_id
+    assert incident_decision(incident, POLICY).decision_id == opened.decision_id
+    contained = incident_decision(incident, FleetPolicy(enabled=True, action="contain"))
+    assert contained.action == "contain" and contained.decision_id != opened.decision_id
+    shadowed = incident_decision(
+        incident, contained_policy := FleetPolicy(action="contain"), shadow=True
+    )
+    assert shadowed.action == "flag" and contained_policy.action == "contain"
+
+
+def test_a_loop_signature_incident_names_its_arguments_and_the_server():
+    window = FleetWindow(POLICY)
+    found = [
+        window.observe_decision(
+            "lookup", "mcp.example:443", "00112233445566ff", f"{n:032x}", BASE_NS
+        )
+        for n in range(POLICY.loop_traces)
+    ]
+    incident = found[-1]
+    assert incident is not None and incident.rule == LOOP_SIGNATURE
+    decision = incident_decision(incident, POLICY)
+    record = decision.to_dict()
+    validate(record, "detection")
+    assert (record["args_hash"], record["server"], record["hits"]) == (
+        "00112233445566ff",
+        "mcp.example:443",
+        POLICY.loop_traces,
+    )
+    assert record["trace_ids"] == [f"{n:032x}" for n in reversed(range(POLICY.loop_traces))]
+    assert "traces" not in record  # no call of the tool counted: no distinct traces
+    assert Decision.from_dict(record) == decision
+
+
+def test_a_trace_decision_has_none_of_the_tool_scope_keys():
+    record = Decision.from_json(
+        '{"trace_id":"' + "1" * 32 + '","span_id":"' + "2" * 16 + '","rule":"tool_loop",'
+        '"action":"kill","reason":"r","agent":{"service":"s","name":null},'
+        '"detected_at":"2026-01-01T00:00:00.000+00:00","schema_version":1,'
+        '"decision_id":"' + "3" * 32 + '"}'
+    ).to_dict()
+    assert not {"tool", "server", "trace_ids", "agents", "scope"} & record.keys()
+
+
+def test_failures_that_arrive_after_the_recovery_but_ended_before_it_open_no_second_incident():
+    window = FleetWindow(POLICY)
+    feed(window, [call(trace, 1 + trace / 10, failed=True) for trace in range(10)])
+    recovered = feed(window, [call(100 + n, 20 + n) for n in range(POLICY.recover_after)])
+    assert [i.recovered_at_ns > 0 for i in recovered] == [True]
+    # Another partition's rows, minutes behind: failed calls of the incident, not a new one.
+    assert feed(window, [call(200 + t, 10 + t / 10, failed=True) for t in range(20)]) == []
+    assert len(window.incidents) == 1
+    assert [i.rule for i in feed(window, [call(300 + t, 30, failed=True) for t in range(20)])] == [
+        TOOL_FAILING
+    ]

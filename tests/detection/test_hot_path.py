@@ -22,15 +22,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.corpus import build_corpus
 from spanguard.detection.canonical import _canonical_json, args_hash, canonicalize
-from spanguard.detection.conventions import (
+from spanguard.detection.conventions.adapt import adapt_read, adapt_span, reading_of
+from spanguard.detection.conventions.decoding import decode_arguments
+from spanguard.detection.conventions.keys import (
     CONVERSATION_KEY_SET,
     PRICE_KEYS,
     USAGE_KEYS,
     WANTED_KEYS,
-    adapt_read,
-    adapt_span,
-    decode_arguments,
-    reading_of,
 )
 from spanguard.schemas.otlp import decode_json_line
 from spanguard.schemas.otlp_view import parse_view, view_of
@@ -238,7 +236,7 @@ def _reference(text: str, python_repr: bool):
     """decode_arguments as it was: json.loads first."""
     import ast
 
-    from spanguard.detection.conventions import MAX_REPR_CHARS, _jsonable
+    from spanguard.detection.conventions.decoding import MAX_REPR_CHARS, _jsonable
 
     try:
         return json.loads(text)
@@ -315,7 +313,7 @@ def _kind_first_int(value):
 
 
 def _kind_first_decode(value, python_repr):
-    from spanguard.detection.conventions import MISSING
+    from spanguard.detection.conventions.events import MISSING
     from spanguard.schemas.otlp import any_value_to_python
 
     kind = value.WhichOneof("value")
@@ -330,7 +328,8 @@ def _kind_first_decode(value, python_repr):
 def test_reading_the_string_first_equals_asking_the_kind_first(value):
     # The hot path reads string_value (int_value for counts) before WhichOneof: an unset
     # oneof member reads as its default, so a non-empty one is the value's kind.
-    from spanguard.detection.conventions import _decode_value, _first_int, _text
+    from spanguard.detection.conventions.decoding import _decode_value
+    from spanguard.detection.conventions.values import _first_int, _text
 
     def same(left, right):
         if isinstance(right, float) and math.isnan(right):

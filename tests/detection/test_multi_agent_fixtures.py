@@ -3,14 +3,13 @@ Agents SDK under OpenInference's and OpenTelemetry's instrumentations: tests/sup
 multi_agents.py), replayed by `spanguard replay` on the shipped defaults.
 
 A handoff is read as the handing agent's call "handoff to <agent>" (OpenInference names its
-handoff span so; OpenTelemetry's `agent_handoff` span names both agents), so two agents handing
-a task back and forth with nothing done between are a loop like any other, and a healthy chain
-of handoffs, or visits that each do new work, are not."""
+handoff span so; OpenTelemetry's `agent_handoff` span names both agents): two agents handing a
+task back and forth with nothing done between are a handoff cycle, and a healthy chain of
+handoffs, or visits that each do new work, are not. The agents' own spans make the trace's
+agent tree: agents called as tools nested too deep, or a supervisor starting too many."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
 from functools import cache
@@ -18,21 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from spanguard.schemas.decision import validate
 from tests.support.multi_agents import EXPECTED, FIXTURES, INSTRUMENTATIONS, SCENARIOS
+from tests.support.recorded_runs import replay_decisions, spans
 
 
-def read_request(path: Path) -> dict:
-    return json.loads(gzip.decompress(path.read_bytes()))
-
-
-def spans(path: Path) -> list[dict]:
-    return [
-        span
-        for resource in read_request(path)["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
-    ]
+def agent_of(span: dict) -> str | None:
+    """The agent an agent's own span names (invoke_agent, OpenInference's AGENT kind)."""
+    attributes = {a["key"]: a["value"].get("stringValue") for a in span.get("attributes", ())}
+    if attributes.get("gen_ai.operation.name") == "invoke_agent":
+        return attributes.get("gen_ai.agent.name")
+    if attributes.get("openinference.span.kind") == "AGENT":
+        return attributes.get("agent.name")
+    return None
 
 
 def handoff_to(span: dict) -> str | None:
@@ -47,18 +43,9 @@ def handoff_to(span: dict) -> str | None:
 
 @cache
 def replayed(root: Path, instrumentation: str) -> dict[str, list[dict]]:
-    files = {name: root / instrumentation / f"{name}.json.gz" for name in SCENARIOS}
-    result = subprocess.run(
-        [sys.executable, "-m", "spanguard.cli", "replay", *map(str, files.values())],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    owner = {span["traceId"]: name for name, path in files.items() for span in spans(path)}
-    decisions: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    for line in result.stdout.splitlines():
-        record = json.loads(line)
-        validate(record, "detection")
-        decisions[owner[record["trace_id"]]].append(record)
-    return decisions
+    return replay_decisions(
+        {name: root / instrumentation / f"{name}.json.gz" for name in SCENARIOS}
+    )
 
 
 @pytest.mark.parametrize("instrumentation", INSTRUMENTATIONS)
@@ -72,14 +59,23 @@ def test_each_scenario_is_decided_as_expected(instrumentation, scenario):
     [decision] = decisions
     rule, action, at = expected
     assert (decision["rule"], decision["action"]) == (rule, action)
-    # The handoff it trips at: the `at`-th handoff or call of the run, in the order they ended.
+    # The span it trips at: the `at`-th of the spans the rule reads, in the order they ended.
     path = FIXTURES / instrumentation / f"{scenario}.json.gz"
-    handoffs = sorted(
-        (span for span in spans(path) if handoff_to(span)), key=lambda s: int(s["endTimeUnixNano"])
+    read = handoff_to if rule == "handoff_cycle" else agent_of
+    tripping = sorted(
+        (span for span in spans(path) if read(span)), key=lambda s: int(s["endTimeUnixNano"])
     )
-    assert decision["span_id"] == handoffs[at - 1]["spanId"]
-    assert decision["tool_name"] == f"handoff to {handoff_to(handoffs[at - 1])}"
-    assert decision["hits"] == 3
+    assert decision["span_id"] == tripping[at - 1]["spanId"]
+    if rule == "handoff_cycle":
+        assert decision["tool_name"] == f"handoff to {handoff_to(tripping[at - 1])}"
+        assert decision["hits"] == 2
+        assert decision["agents"] == [handoff_to(span) for span in tripping[:at]]
+    elif rule == "delegation_depth":
+        assert decision["depth"] == 6
+        assert decision["agents"] == [f"level_{depth}" for depth in range(1, 7)]
+    else:
+        assert decision["sub_agents"] == at - 1
+        assert decision["agents"] == ["worker"]
 
 
 def test_the_fixtures_are_what_the_libraries_emit_now(tmp_path):

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from genai_prices import Usage, calc_price
 
-from spanguard.detection.conventions import PRICE_KEYS
+from spanguard.detection.conventions.keys import PRICE_KEYS
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard
 from spanguard.detection.pricing import micro_usd, pico_usd
@@ -283,7 +283,7 @@ def refuse(*args, **kwargs):
 socket.socket.connect = refuse
 socket.create_connection = refuse
 socket.getaddrinfo = refuse
-from spanguard.detection.conventions import TokenUsage
+from spanguard.detection.conventions.events import TokenUsage
 from spanguard.detection.pricing import Pricer
 usage = TokenUsage(b"12345678", 1100, False, None, None, 1_780_000_000_000_000_000,
                    input_tokens=1000, output_tokens=100, request_model="gpt-4o", provider="openai")
@@ -346,7 +346,7 @@ def test_the_guard_counts_tokens_by_price_and_the_cost_of_the_priced_ones():
 
 
 def test_rates_kept_per_model_and_day_keep_a_policys_prices_apart_from_the_databases():
-    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.conventions.events import TokenUsage
     from spanguard.detection.pricing import ModelRates, Pricer
 
     def usage(day: int) -> TokenUsage:

@@ -54,7 +54,7 @@ def test_version_1_written_again_is_the_current_version_with_the_same_content():
     old = json.loads(V1.read_bytes())
     written = TraceState.from_bytes(V1.read_bytes()).to_bytes()
     new = json.loads(encode_record(TraceState.from_bytes(written).to_dict()))
-    assert new.pop("v") == STATE_VERSION == 5
+    assert new.pop("v") == STATE_VERSION == 6
     # Version 4 keys an empty result by its marker: the empty result version 1 hashed is read
     # as that marker, so a loop goes on counting across the upgrade.
     assert old["window"][0][2] in EMPTY_RESULT_DIGESTS and new["window"][0][2] == EMPTY
@@ -76,16 +76,12 @@ def test_a_loaded_version_1_state_goes_on_counting():
     agent = AgentRecorder("support-bot", "support")
     guard.states[agent.trace_id] = state
     for _ in range(2):  # with the window's one search_docs: 3 (the default threshold)
+        # The result written as the version-1 worker read a plain-text result ({"_raw": text}):
+        # a bare string hashes as itself since, so "no results" keys a new call.
         agent.tool(
             "search_docs",
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "search_docs",
-                "gen_ai.tool.call.arguments": json.dumps({"query": "refund policy"}),
-                # Written as the version-1 worker read a plain-text result ({"_raw": text}):
-                # a bare string hashes as itself since, so "no results" keys a new call.
-                "gen_ai.tool.call.result": json.dumps({"_raw": "no results"}),
-            },
+            {"query": "refund policy"},
+            result=json.dumps({"_raw": "no results"}),
         )
     assert [d for r in one_request_per_span(agent.finished()) for d in guard.process(r)] == []
     # The loaded search and the two new ones are one call: counted 3 times in the window
@@ -172,7 +168,7 @@ def test_a_state_written_by_version_4_loads_with_every_field():
 def test_version_4_written_again_is_binary_with_the_same_content():
     old = TraceState.from_bytes(V4.read_bytes())
     data = old.to_bytes()
-    assert data[:2] == b"\x00\x05" and len(data) * 2 < len(V4.read_bytes())
+    assert data[:2] == b"\x00\x06" and len(data) * 2 < len(V4.read_bytes())
     new = TraceState.from_bytes(data)
     assert new.to_dict() == old.to_dict()
     assert new.counts == old.counts and new.poll_counts == old.poll_counts

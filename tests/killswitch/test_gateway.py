@@ -13,7 +13,9 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanguard.detection.conventions import ToolCall, adapt_span, gateway_calls
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import ToolCall
+from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.guard import Guard
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.gateway import (
@@ -23,6 +25,7 @@ from spanguard.killswitch.gateway import (
     request_facts,
 )
 from spanguard.schemas.otlp_view import view_of
+from tests.support.spans import tool_contain as contain
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gateway" / "litellm-otel.json"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -160,3 +163,44 @@ def test_the_guard_kills_the_loop_litellm_spans_show():
     guard = Guard()
     guard.process(request)
     assert guard.process(request) == []
+
+
+# -- contained tools leave the request ------------------------------------------------------
+
+
+def _tools(*names: str) -> list[dict]:
+    return [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+        for name in names
+    ]
+
+
+def test_contained_tools_are_taken_out_of_the_request_unless_every_tool_is(caplog):
+    caplog.set_level(logging.WARNING, "spanguard.killswitch.gateway")
+    guard = GatewayGuard(_unreachable, retry_seconds=60)
+    switch = KillSwitch("127.0.0.1:9", allow_unsigned=True, start=False, ack_topic=None)
+    guard.switch = switch
+    try:
+        data = _data(tools=_tools("search_docs", "web_search"))
+        assert guard.remove_contained_tools(data) == []
+        switch.signals.deliver(contain("search_docs", "docs-mcp"))
+        forced = {"type": "function", "function": {"name": "search_docs"}}
+        data = _data(tools=_tools("search_docs", "web_search"), tool_choice=forced)
+        assert guard.remove_contained_tools(data) == ["search_docs"]
+        assert data["tools"] == _tools("web_search") and "tool_choice" not in data
+        legacy = _data(functions=[{"name": "search_docs"}, {"name": "web_search"}])
+        assert guard.remove_contained_tools(legacy) == ["search_docs"]
+        assert legacy["functions"] == [{"name": "web_search"}]
+        assert guard.tools_removed["search_docs"] == 2
+        for _ in range(2):
+            alone = _data(tools=_tools("search_docs"))
+            assert guard.remove_contained_tools(alone) == []
+            assert alone["tools"] == _tools("search_docs")  # the model's only tool stays
+        assert guard.all_tools_contained == 2
+        said = [r for r in caplog.records if "every tool" in r.getMessage()]
+        assert len(said) == 1 and "search_docs" in said[0].getMessage()
+        huge = _data(tools=[{"type": "function", "function": {"name": "x" * 100_000}}])
+        assert guard.remove_contained_tools(huge) == []
+    finally:
+        guard.close()
+        switch.close()

@@ -306,3 +306,38 @@ def test_a_downgrade_reaches_the_model_and_a_pause_holds_then_refuses(gateway_st
     assert waited >= 4.0  # it waited for the operator before refusing
     _operator(running, "release", paused)
     assert _status_until(proxy, traceparent(paused), 200)[0] == 200
+
+
+def test_a_contained_tool_leaves_the_request_the_model_gets(gateway_stack):
+    """`spanguard contain --tool` takes the tool out of every request's `tools` (the model
+    cannot call it, the agent takes its other tool); a request whose every tool is contained
+    is left whole; `spanguard release --tool` gives it back."""
+    running, proxy = gateway_stack
+    contained = f"search_docs_{uuid.uuid4().hex[:6]}"
+
+    def function(name: str) -> dict:
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+    def sent_tools(*names: str) -> list[str]:
+        status, body = gateway.chat(
+            proxy.base_url,
+            [{"role": "user", "content": "healthy"}],
+            tools=[function(name) for name in names],
+        )
+        assert status == 200, body
+        return [tool["function"]["name"] for tool in proxy.model.bodies[-1]["tools"]]
+
+    def until(names: tuple[str, ...], wanted: list[str], timeout: float = 10) -> list[str]:
+        deadline, got = time.monotonic() + timeout, []
+        while time.monotonic() < deadline and (got := sent_tools(*names)) != wanted:
+            time.sleep(0.2)
+        return got
+
+    both = (contained, "web_search")
+    assert sent_tools(*both) == list(both)
+    _operator(running, "contain", "--tool", contained, "--for", "10m")
+    assert until(both, ["web_search"]) == ["web_search"]
+    assert sent_tools(contained) == [contained]  # its only tool: the request is left whole
+    assert "every tool of a request" in proxy.log_tail(2000)
+    _operator(running, "release", "--tool", contained)
+    assert until(both, list(both)) == list(both)

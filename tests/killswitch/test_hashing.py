@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from spanguard.detection.canonical import args_hash
-from spanguard.detection.conventions import ARGS_HASH_KEY, RESULT_HASH_KEY, decode_arguments
+from spanguard.detection.conventions.decoding import decode_arguments
+from spanguard.detection.conventions.keys import ARGS_HASH_KEY, RESULT_HASH_KEY
 from spanguard.killswitch.hashing import ArgsHashingSpanProcessor
 from spanguard.schemas.policy import DEFAULT_VOLATILE_KEYS, Policy
 

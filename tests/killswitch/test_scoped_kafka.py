@@ -6,32 +6,18 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry import baggage, context
 
 from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.decision import AgentIdentity
-from tests.support.kafka_harness import BOOTSTRAP, CLUSTER, SIGNING_KEY, Topics, ensure_broker
+from tests.support.kafka_harness import BOOTSTRAP, SIGNING_KEY
 from tests.support.waiting import wait_until
 from tests.support.worker import operator_cli
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="module")
-def topics() -> Iterator[Topics]:
-    ensure_broker()
-    names = Topics()
-    admin = AdminClient(CLUSTER.config())
-    created = admin.create_topics([NewTopic(names.kills, 3, 1), NewTopic(names.detections, 1, 1)])
-    for future in created.values():
-        future.result(30)
-    yield names
-    names.delete()
 
 
 def new_trace() -> str:

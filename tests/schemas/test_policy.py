@@ -4,13 +4,16 @@ are the policy table of tests/test_bad_input.py)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 
 from spanguard.config.policy_file import load_policy
-from spanguard.schemas.policy import AgentPolicy, Policy, ToolPolicy
+from spanguard.errors import PolicyError
+from spanguard.schemas.policy import AgentPolicy, FleetPolicy, Policy, ToolPolicy
 from tests.support.cli import run_spanguard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +76,7 @@ def test_policy_check_of_a_bad_file_exits_2_with_one_line(tmp_path):
     assert result.stderr.splitlines() == [
         f"spanguard policy: bad policy: {path}: field defaults: unknown key 'tokenbudget'"
         " (did you mean 'token_budget'?); valid keys: action, agent_budget, autonomous,"
-        " conversation, cycle, fold, goal, loop, missing_args, no_progress, pause, polling, prices, record_arguments,"
+        " conversation, cycle, fold, goal, loop, missing_args, multi_agent, no_progress, pause, polling, prices, record_arguments,"
         " severity, token_budget, tools, usd_budget, user_turns, volatile_keys"
     ]
 
@@ -91,3 +94,22 @@ def test_the_policy_classes_mirror_the_schema_key_for_key():
             assert names == set(settings[setting.name]["properties"]), setting.name
     tool = settings["tools"]["additionalProperties"]["properties"]
     assert {f.name for f in fields(ToolPolicy)} == set(tool)
+    fleet = schema["properties"]["fleet"]["properties"]
+    assert {f.name for f in fields(FleetPolicy)} == set(fleet)
+
+
+def test_the_fleet_section_is_global_off_by_default_and_checked_like_the_others():
+    assert Policy().fleet == FleetPolicy() and not Policy().fleet.enabled
+    policy = Policy.from_yaml("fleet: {enabled: true, action: contain, window: 600, step: 60}\n")
+    assert (policy.fleet.enabled, policy.fleet.action, policy.fleet.steps) == (True, "contain", 10)
+    assert policy.observed().fleet.action == "flag"  # --mode observe: shadow for the fleet too
+    document = yaml.safe_load(yaml.safe_dump(policy.effective()))
+    assert document["fleet"]["window"] == 600 and Policy.from_mapping(document) == policy
+    for text, message in [
+        ("fleet: {windw: 300}", "field fleet: unknown key 'windw' (did you mean 'window'?)"),
+        ("fleet: {window: 100}", "field fleet.window: must be a whole number of steps (30 s)"),
+        ("fleet: {action: kill}", "field fleet.action: 'kill' is not one of ['flag', 'contain']"),
+        ("defaults: {fleet: {enabled: true}}", "field defaults: unknown key 'fleet'"),
+    ]:
+        with pytest.raises(PolicyError, match=re.escape(message)):
+            Policy.from_yaml(text, source="p.yaml")

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from spanguard.killswitch import signals as signals_module
 from spanguard.killswitch.client import KillSwitch
-from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook
+from spanguard.killswitch.signals import AgentKilled, AgentPaused, SignalBook, ToolContained
 from spanguard.schemas.decision import AgentIdentity, BadSignal, keyring, read_signal
 from tests.support.signal_vectors import VECTORS, build
 
@@ -116,6 +116,8 @@ def _outcome(call):
     """How a check or wait ends: ("pass" | "message" | "killed" | "paused", detail)."""
     try:
         message = call()
+    except ToolContained as contained:
+        return "contained", contained
     except AgentKilled as killed:
         return "killed", killed
     except AgentPaused as paused:
@@ -126,7 +128,7 @@ def _outcome(call):
 def _assert_outcome(outcome, step):
     kind, detail = outcome
     expect = step["expect"]
-    if expect in ("killed", "paused", "pass"):
+    if expect in ("killed", "paused", "pass", "contained"):
         assert kind == expect, (step, outcome)
     else:
         assert (kind, detail) == ("message", expect), step
@@ -136,21 +138,37 @@ def _assert_outcome(outcome, step):
         assert (detail.until, detail.fallback) == (step["until"], step["fallback"]), step
 
 
-@pytest.mark.parametrize("sequence", DOCUMENT["sequences"], ids=lambda s: s["name"])
-def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
-    keys = keyring(DOCUMENT["keys"]["current"])
+@pytest.fixture
+def book(monkeypatch) -> SignalBook:
+    """A SignalBook on the vectors' clock: _Clock, at the vectors' now until a step moves it."""
     monkeypatch.setattr(signals_module, "datetime", _Clock)
     monkeypatch.setattr(_Clock, "current", NOW)
-    book = SignalBook()
+    return SignalBook()
+
+
+def _clock_or_delivery(
+    step: dict, signals: dict[str, str], keys: dict[str, bytes], book: SignalBook
+) -> bool:
+    """Play a sequence step that sets the clock or delivers a signal to the book; False: the
+    step is neither, and is the caller's to play."""
+    if "clock" in step:
+        _Clock.current = _at(step["clock"])
+    elif "deliver" in step:
+        signal = read_signal(signals[step["deliver"]].encode(), keys, _Clock.current)
+        assert book.deliver(signal) is step["new"], step
+    else:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sequence", DOCUMENT["sequences"], ids=lambda s: s["name"])
+def test_each_sequence_through_the_signal_book(sequence, book):
+    keys = keyring(DOCUMENT["keys"]["current"])
 
     def run(step):
-        if "clock" in step:
-            _Clock.current = _at(step["clock"])
-        elif "deliver" in step:
-            record = sequence["signals"][step["deliver"]].encode()
-            signal = read_signal(record, keys, _Clock.current)
-            assert book.deliver(signal) is step["new"], step
-        elif "check" in step:
+        if _clock_or_delivery(step, sequence["signals"], keys, book):
+            return
+        if "check" in step:
             agent = AgentIdentity(**step["agent"]) if "agent" in step else None
             check = lambda: book.check(step["check"], step.get("conversation"), agent)  # noqa: E731
             _assert_outcome(_outcome(check), step)
@@ -174,6 +192,26 @@ def test_each_sequence_through_the_signal_book(sequence, monkeypatch):
 
     for step in sequence["steps"]:
         run(step)
+
+
+@pytest.mark.parametrize("sequence", DOCUMENT["tool_sequences"], ids=lambda s: s["name"])
+def test_each_tool_sequence_through_the_signal_book(sequence, book):
+    keys = keyring(DOCUMENT["keys"]["current"])
+    refused = 0
+    for step in sequence["steps"]:
+        if _clock_or_delivery(step, sequence["signals"], keys, book):
+            continue
+        outcome = _outcome(
+            functools.partial(
+                book.check, step["check"], tool=step.get("tool"), server=step.get("server")
+            )
+        )
+        _assert_outcome(outcome, step)
+        refused += outcome[0] == "contained"
+        if outcome[0] == "contained":
+            assert outcome[1].tool == step["tool"], step
+            assert str(outcome[1]).startswith(f"tool {step['tool']} is contained by spanguard")
+    assert book.tool_calls_refused == refused
 
 
 def _agent(entry: dict | None) -> AgentIdentity | None:

@@ -32,11 +32,10 @@ from tests.support.kafka_harness import (
     SIGNING_KEY,
     Collector,
     Topics,
-    WorkerProcess,
     ensure_broker,
 )
 from tests.support.spans import AgentRecorder
-from tests.support.worker import running_worker, send_spans, worker_starter
+from tests.support.worker import running_worker, send_spans, start_worker, worker_starter
 
 pytestmark = pytest.mark.kafka
 
@@ -188,15 +187,13 @@ def test_scope_topics_an_earlier_release_made_with_8_partitions_are_used_with_th
         f"conv-{n}" for n in range(100) if conversation_partition(f"conv-{n}", 8) >= 2
     )
     policy = {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(yaml.safe_dump(policy))
     turns = [turn(conversation) for _ in range(TURNS)]
     expected = core_decisions(policy, [turns])
     topics = Topics()
     admin = AdminClient(CLUSTER.config())
     for name in (topics.conversations, topics.agent_usage):
         admin.create_topics([NewTopic(name, 8, 1)])[name].result(30)
-    worker = WorkerProcess(topics, tmp_path / "worker", policy=policy_file).start()
+    worker = start_worker(topics, tmp_path / "worker", yaml.safe_dump(policy))
     collector = Collector(topics.detections, topics.conversations)  # once its topics exist
     try:
         for index, agent in enumerate(turns):

@@ -23,18 +23,12 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 
 from bench.corpus import build_corpus
-from spanguard.detection.conventions import (
-    AGENT_NAME,
-    MISSING,
-    SERVICE_NAME,
-    WANTED_KEYS,
-    ToolCall,
-    adapt_span,
-)
+from spanguard.detection.conventions.adapt import adapt_span
+from spanguard.detection.conventions.events import MISSING, ToolCall
+from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME, WANTED_KEYS
 from spanguard.detection.fleet import (
     FleetCall,
     FleetIncident,
-    FleetPolicy,
     FleetWindow,
     model_call,
     server_of,
@@ -44,6 +38,7 @@ from spanguard.detection.guard import Guard
 from spanguard.detection.results import result_key
 from spanguard.schemas.otlp import decode_json_line
 from spanguard.schemas.otlp_view import parse_view
+from spanguard.schemas.policy import FleetPolicy
 from tests.support.instrumented_agents import FIXTURES
 from tests.support.realruns import load_runs, to_request
 

@@ -184,6 +184,26 @@ class Script:
         return next(self.results)
 
 
+def knowledge_base_tools(script: Script) -> list[Callable[..., str]]:
+    """The three tools as plain functions, for frameworks that read a tool's name, parameters
+    and docstring (its TOOL_DOCS entry) from the function itself; each answers what the script
+    says."""
+
+    def search_docs(query: str, request_id: str | None = None) -> str:
+        return script.result()
+
+    def read_doc(doc_id: str) -> str:
+        return script.result()
+
+    def get_job_status(job_id: str) -> str:
+        return script.result()
+
+    tools = [search_docs, read_doc, get_job_status]
+    for fn in tools:
+        fn.__doc__ = TOOL_DOCS[fn.__name__]
+    return tools
+
+
 # -- the libraries -------------------------------------------------------------------------
 
 
@@ -492,18 +512,9 @@ def run_llama_index(script: Script, guard: Any = None) -> None:
         )
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=[block])
 
-    def search_docs(query: str, request_id: str | None = None) -> str:
-        return script.result()
-
-    def read_doc(doc_id: str) -> str:
-        return script.result()
-
-    def get_job_status(job_id: str) -> str:
-        return script.result()
-
     tools = [
         FunctionTool.from_defaults(fn=fn, name=fn.__name__, description=TOOL_DOCS[fn.__name__])
-        for fn in (search_docs, read_doc, get_job_status)
+        for fn in knowledge_base_tools(script)
     ]
     llm = MockFunctionCallingLLM(response_generator=respond)
     agent = FunctionAgent(tools=tools, llm=llm, name="support")
@@ -548,29 +559,21 @@ def run_google_adk(script: Script, guard: Any = None) -> None:
             content = types.Content(role="model", parts=[part])
             yield LlmResponse(content=content, usage_metadata=usage)
 
-    def search_docs(query: str, request_id: str | None = None) -> str:
-        """Search the knowledge base."""
-        return script.result()
-
-    def read_doc(doc_id: str) -> str:
-        """Read one document of the knowledge base."""
-        return script.result()
-
-    def get_job_status(job_id: str) -> str:
-        """Status of a background job."""
-        return script.result()
-
     agent = LlmAgent(
-        name="support",
-        model=ScriptedLlm(model="scripted"),
-        tools=[search_docs, read_doc, get_job_status],
+        name="support", model=ScriptedLlm(model="scripted"), tools=knowledge_base_tools(script)
     )
     plugins = [guard] if guard is not None else None
     runner = InMemoryRunner(agent=agent, app_name="support", plugins=plugins)
+    run_adk_turn(runner, "What is the refund policy?")
+
+
+def run_adk_turn(runner: Any, question: str) -> None:
+    """One user question through an ADK runner (app "support"), in a new session, to its end."""
+    from google.genai import types
 
     async def run() -> None:
         session = await runner.session_service.create_session(app_name="support", user_id="u")
-        message = types.Content(role="user", parts=[types.Part(text="What is the refund policy?")])
+        message = types.Content(role="user", parts=[types.Part(text=question)])
         async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
             pass
 
@@ -609,24 +612,9 @@ def run_strands(script: Script, guard: Any = None) -> None:
             usage = {"inputTokens": 120, "outputTokens": 20, "totalTokens": 140}
             yield {"metadata": {"usage": usage, "metrics": {"latencyMs": 1}}}
 
-    @tool
-    def search_docs(query: str, request_id: str | None = None) -> str:
-        """Search the knowledge base."""
-        return script.result()
-
-    @tool
-    def read_doc(doc_id: str) -> str:
-        """Read one document of the knowledge base."""
-        return script.result()
-
-    @tool
-    def get_job_status(job_id: str) -> str:
-        """Status of a background job."""
-        return script.result()
-
     agent = Agent(
         model=ScriptedModel(),
-        tools=[search_docs, read_doc, get_job_status],
+        tools=[tool(fn) for fn in knowledge_base_tools(script)],
         name="support",
         callback_handler=None,
         hooks=[guard] if guard is not None else None,
@@ -758,6 +746,25 @@ LIBRARIES: dict[str, Library] = {
 # -- running and writing -------------------------------------------------------------------
 
 
+def scenarios_json() -> str:
+    """SCENARIOS as the other languages' agents read them: name -> [call, ...]."""
+    return json.dumps(
+        {name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()}
+    )
+
+
+def write_fixture(folder: Path, scenario: str, request: Any) -> Path:
+    """One scenario's OTLP request as its fixture: one JSON line, gzipped with deterministic
+    bytes (LangGraph's chain spans repeat the whole conversation, a megabyte per scenario)."""
+    from spanguard.schemas.otlp import encode_json_line
+
+    path = folder / f"{scenario}.json.gz"
+    line = (encode_json_line(request) + "\n").encode()
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
+        file.write(line)
+    return path
+
+
 def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
     """Run every scenario of `library` in `mode` in this process; write one file per scenario."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -765,8 +772,6 @@ def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from spanguard.schemas.otlp import encode_json_line
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
@@ -792,12 +797,7 @@ def generate_one(library: Library, mode: str, out: Path) -> list[Path]:
             )
         # Usually one trace; OpenLLMetry adds a `create_agent` trace when the graph is built.
         spans = exporter.get_finished_spans()
-        # gzip: LangGraph's chain spans repeat the whole conversation, a megabyte per scenario.
-        path = folder / f"{scenario}.json.gz"
-        line = (encode_json_line(encode_spans(spans)) + "\n").encode()
-        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
-            file.write(line)
-        written.append(path)
+        written.append(write_fixture(folder, scenario, encode_spans(spans)))
     return written
 
 
@@ -891,11 +891,8 @@ def generate_typescript(out: Path, names: list[str] | None = None) -> None:
         raise RuntimeError("the TypeScript fixtures need node (>= 20) and npm on PATH")
     if not (TS_AGENTS / "node_modules").is_dir():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS_AGENTS, check=True)
-    scenarios = {
-        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
-    }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(scenarios, file)
+        file.write(scenarios_json())
     try:
         command = ["node", "generate.mjs", "--scenarios", file.name, "--out", str(out)]
         subprocess.run([*command, *(names or [])], cwd=TS_AGENTS, check=True)
@@ -910,16 +907,13 @@ def go_ready() -> str | None:
 
 def generate_go(out: Path) -> None:
     """Run the Go agents over SCENARIOS; each scenario's OTLP request becomes its JSON fixture."""
-    from spanguard.schemas.otlp import decode_protobuf, encode_json_line
+    from spanguard.schemas.otlp import decode_protobuf
 
     if shutil.which("go") is None:
         raise RuntimeError("the Go fixtures need go on PATH")
-    scenarios = {
-        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
-    }
     with tempfile.TemporaryDirectory() as scratch:
         scenario_file = Path(scratch) / "scenarios.json"
-        scenario_file.write_text(json.dumps(scenarios))
+        scenario_file.write_text(scenarios_json())
         for name, modes in GO_LIBRARIES.items():
             command = ["go", "run", ".", "-scenarios", str(scenario_file), "-out", scratch]
             subprocess.run(command, cwd=GO_AGENTS / name, check=True)
@@ -928,13 +922,7 @@ def generate_go(out: Path) -> None:
                 folder.mkdir(parents=True, exist_ok=True)
                 for scenario in SCENARIOS:
                     raw = (Path(scratch) / name / mode / f"{scenario}.pb").read_bytes()
-                    line = (encode_json_line(decode_protobuf(raw)) + "\n").encode()
-                    path = folder / f"{scenario}.json.gz"
-                    with (
-                        path.open("wb") as file,
-                        gzip.GzipFile(fileobj=file, mode="wb", mtime=0) as gz,
-                    ):
-                        gz.write(line)
+                    write_fixture(folder, scenario, decode_protobuf(raw))
 
 
 def java_ready() -> str | None:
@@ -972,17 +960,14 @@ class _OtlpSink(http.server.BaseHTTPRequestHandler):
 
 def generate_java(out: Path) -> None:
     """Run the Java agents over SCENARIOS per mode; each scenario's trace becomes its fixture."""
-    from spanguard.schemas.otlp import decode_protobuf, encode_json_line, split_by_trace
+    from spanguard.schemas.otlp import decode_protobuf, split_by_trace
 
     why_not = java_ready()
     if why_not is not None:
         raise RuntimeError(f"the Java fixtures need the Java agents: {why_not}")
-    scenarios = {
-        name: [dataclasses.asdict(call) for call in calls] for name, calls in SCENARIOS.items()
-    }
     with tempfile.TemporaryDirectory() as scratch:
         scenario_file = Path(scratch) / "scenarios.json"
-        scenario_file.write_text(json.dumps(scenarios))
+        scenario_file.write_text(scenarios_json())
         for name, modes in JAVA_LIBRARIES.items():
             for mode in modes:
                 bodies: list[bytes] = []
@@ -1013,13 +998,7 @@ def generate_java(out: Path) -> None:
                     request = parts[traces[scenario]][0]
                     for more in parts[traces[scenario]][1:]:
                         request.resource_spans.extend(more.resource_spans)
-                    line = (encode_json_line(request) + "\n").encode()
-                    path = folder / f"{scenario}.json.gz"
-                    with (
-                        path.open("wb") as file,
-                        gzip.GzipFile(fileobj=file, mode="wb", mtime=0) as gz,
-                    ):
-                        gz.write(line)
+                    write_fixture(folder, scenario, request)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,6 +175,7 @@ WORKER_TOPIC_SETTINGS = {
     "detections_topic": "detections", "dead_letter_topic": "dead_letters",
     "repartition_topic": "repartition", "goal_topic": "goal_checks",
     "conversation_topic": "conversations", "agent_usage_topic": "agent_usage",
+    "tool_calls_topic": "tool_calls",
 }  # fmt: skip
 
 
@@ -196,6 +197,7 @@ class Topics:
     goal_checks = _prefixed("goal-checks")
     conversations = _prefixed("conversation-calls")
     agent_usage = _prefixed("agent-usage")
+    tool_calls = _prefixed("tool-calls")
 
     def delete(self) -> None:
         """Delete every topic of this run (the worker's and Faust's own, all prefixed)."""
@@ -225,6 +227,7 @@ class Topics:
             "--goal-topic", self.goal_checks,
             "--conversation-topic", self.conversations,
             "--agent-usage-topic", self.agent_usage,
+            "--tool-calls-topic", self.tool_calls,
         ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,38 @@ INSTRUMENTATIONS = ("openinference", "opentelemetry")
 
 @dataclass(frozen=True)
 class Step:
-    """One model turn: hand the run to `handoff`, or call `tool` (with its result)."""
+    """One model turn: hand the run to `handoff`, call `tool` (with its result), or answer
+    (neither: the answer `result`, which ends the asking agent's run)."""
 
     handoff: str | None = None
     tool: str | None = None
     arguments: dict[str, Any] | None = None
-    result: str = ""
+    result: str = "Done."
 
 
 def work(invoice: str) -> Step:
     return Step(tool="lookup_invoice", arguments={"invoice": invoice}, result=f"{invoice}: 40 USD")
+
+
+def ask(agent: str, question: str) -> Step:
+    """A call of `agent` as a tool (the SDK's `Agent.as_tool`, named `ask_<agent>`)."""
+    return Step(tool=f"ask_{agent}", arguments={"input": question})
+
+
+def answer(text: str) -> Step:
+    return Step(result=text)
+
+
+LEVELS = tuple(f"level_{depth}" for depth in range(1, 7))
+
+
+def fan_out(workers: int) -> list[Step]:
+    """A supervisor asking its worker agent (as a tool) about one invoice after another:
+    each worker run answers, then the supervisor asks the next, then sums up."""
+    steps = []
+    for number in range(1, workers + 1):
+        steps += [ask("worker", f"invoice inv-{number}"), answer(f"inv-{number}: 40 USD")]
+    return [*steps, answer("All invoices checked.")]
 
 
 SCENARIOS: dict[str, list[Step]] = {
@@ -64,18 +87,43 @@ SCENARIOS: dict[str, list[Step]] = {
         for invoice in ("inv-1", "inv-2", "inv-3", "inv-4")
         for step in (Step(handoff="billing"), work(invoice), Step(handoff="triage"))
     ],
+    # Agents calling agents as tools, each one deeper: level_1 asks level_2 ... asks level_6;
+    # then each answers the one that asked it.
+    "delegation_depth_6": [
+        *(ask(LEVELS[depth], "what do we owe?") for depth in range(1, 6)),
+        *(answer(f"{level}: 40 USD") for level in reversed(LEVELS)),
+    ],
+    # A supervisor (the SDK's agents-as-tools manager) asking its worker about 50 invoices.
+    "supervisor_fan_out_50": fan_out(50),
+    # The same supervisor asking about 5: healthy.
+    "fan_out_5": fan_out(5),
 }
-# What the guard's default policy decides on each: (rule, action, the handoff or call it
-# trips at, 1-based among the run's calls and handoffs), or nothing.
+# The agents each scenario calls as tools: {caller: callee}; the first caller starts the run
+# (without any: the handoff agents, triage first).
+DELEGATES: dict[str, dict[str, str]] = {
+    "delegation_depth_6": dict(pairwise(LEVELS)),
+    "supervisor_fan_out_50": {"supervisor": "worker"},
+    "fan_out_5": {"supervisor": "worker"},
+}
+# What the guard's default policy decides on each: (rule, action, the span it trips at,
+# 1-based in the order they ended among the spans the rule reads: the handoffs for
+# handoff_cycle, the agents' own spans for delegation_depth and agent_fan_out), or nothing.
 EXPECTED: dict[str, tuple[str, str, int] | None] = {
-    "handoff_pingpong": ("tool_loop", "kill", 5),
+    "handoff_pingpong": ("handoff_cycle", "kill", 4),
     "handoff_chain": None,
     "handoff_with_work": None,
+    # The 6th level's chain is complete when level_1's span ends: the last agent span.
+    "delegation_depth_6": ("delegation_depth", "kill", 6),
+    # Agent runs beyond the first, over 20: at the 22nd worker's span (the supervisor's
+    # ends last).
+    "supervisor_fan_out_50": ("agent_fan_out", "kill", 22),
+    "fan_out_5": None,
 }
 
 
-def run(steps: list[Step]) -> None:
-    """The OpenAI Agents SDK's Runner over four agents that may hand off to each other."""
+def run(steps: list[Step], delegates: dict[str, str] | None = None) -> None:
+    """The OpenAI Agents SDK's Runner over four agents that may hand off to each other, or
+    over agents calling agents as tools (`delegates`: {caller: callee})."""
     from agents import Agent, FunctionTool, RunConfig, Runner
     from agents.items import ModelResponse
     from agents.models.interface import Model, ModelProvider
@@ -89,8 +137,9 @@ def run(steps: list[Step]) -> None:
         async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
             usage = Usage(requests=1, input_tokens=100, output_tokens=10, total_tokens=110)
             turn, step = next(script, (0, None))
-            if step is None:
-                text = ResponseOutputText(annotations=[], text="Done.", type="output_text")
+            if step is None or not (step.handoff or step.tool):
+                answer = step.result if step is not None else "Done."
+                text = ResponseOutputText(annotations=[], text=answer, type="output_text")
                 message = ResponseOutputMessage(
                     id="msg_final", content=[text], role="assistant", status="completed",
                     type="message",
@@ -128,15 +177,24 @@ def run(steps: list[Step]) -> None:
         )  # fmt: skip
 
     tools = [tool(name) for name in ("lookup_invoice", "issue_refund", "create_label")]
-    agents = {name: Agent(name=name, tools=tools) for name in AGENTS}
-    for agent in agents.values():
-        agent.handoffs = [other for other in agents.values() if other is not agent]
-    asyncio.run(
-        Runner.run(
-            agents["triage"], "I was charged twice.", max_turns=100,
-            run_config=RunConfig(model_provider=Provider()),
-        )
-    )  # fmt: skip
+    config = RunConfig(model_provider=Provider())
+    if delegates:
+        names = dict.fromkeys([*delegates, *delegates.values()])
+        agents = {name: Agent(name=name, tools=list(tools)) for name in names}
+        for caller, callee in delegates.items():
+            agents[caller].tools.append(
+                agents[callee].as_tool(
+                    tool_name=f"ask_{callee}", tool_description=f"Ask the {callee} agent.",
+                    run_config=config, max_turns=100,
+                )
+            )  # fmt: skip
+        first = agents[next(iter(delegates))]
+    else:
+        agents = {name: Agent(name=name, tools=tools) for name in AGENTS}
+        for agent in agents.values():
+            agent.handoffs = [other for other in agents.values() if other is not agent]
+        first = agents["triage"]
+    asyncio.run(Runner.run(first, "I was charged twice.", max_turns=200, run_config=config))
 
 
 def instrument(instrumentation: str, provider: Any) -> None:
@@ -171,7 +229,7 @@ def generate_one(instrumentation: str, out: Path) -> list[Path]:
     written = []
     for scenario, steps in SCENARIOS.items():
         exporter.clear()
-        run(steps)
+        run(steps, DELEGATES.get(scenario))
         provider.force_flush()
         path = folder / f"{scenario}.json.gz"
         line = (encode_json_line(encode_spans(exporter.get_finished_spans())) + "\n").encode()

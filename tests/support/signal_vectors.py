@@ -123,6 +123,13 @@ def vector(
     return entry
 
 
+def obeyed(
+    name: str, record: dict[str, Any], keys: list[str] | None, note: str = ""
+) -> dict[str, Any]:
+    """The vector of a signal the agent obeys: it reads `record` as `seen` says."""
+    return vector(name, text(record), "obey", keys=keys, signal=seen(record), note=note)
+
+
 def seen(record: dict[str, Any]) -> dict[str, Any]:
     """What an obeyed signal must read as."""
     return {
@@ -139,6 +146,7 @@ def seen(record: dict[str, Any]) -> dict[str, Any]:
         "conversation_id": record.get("conversation_id"),
         "agent_service": record["agent"]["service"],
         "agent_name": record["agent"]["name"],
+        **({"tool": record["tool"]} if "tool" in record else {}),
     }
 
 
@@ -165,6 +173,174 @@ AGENT_KILL: dict[str, Any] = {
     "scope": "agent",
     "expires_at": "2026-06-01T12:30:00.000+00:00",
 }
+
+
+# A tool contained by a fleet rule: every agent's calls to it are refused until a release
+# issued after it, or its expiry.
+TOOL = {"name": "search_docs", "server": "docs-mcp"}
+CONTAIN: dict[str, Any] = {
+    **BASE,
+    "signal_id": "d" * 32,
+    "trace_id": "0" * 32,
+    "rule": "tool_failing",
+    "reason": "search_docs on docs-mcp failed for 41 of 50 traces in the last 5m",
+    "evidence": {"span_id": "0" * 16, "tool_name": "search_docs"},
+    "agent": {"service": "(fleet)", "name": None},
+    "expires_at": "2026-06-01T12:30:00.000+00:00",
+    "scope": "tool",
+    "tool": TOOL,
+}
+TOOL_RELEASE: dict[str, Any] = {
+    **CONTAIN,
+    "kind": "release",
+    "signal_id": "1" * 31 + "d",
+    "rule": "manual",
+    "operator": "oncall@example.com",
+    "reason": "docs-mcp answers again",
+    "detected_at": "2026-06-01T11:59:30.000+00:00",
+}
+
+
+def _tool_vectors(ring: list[str]) -> list[dict[str, Any]]:
+    """Tool signals: a contain is signed, expires and names its tool as every signal does."""
+    contain = signed(CONTAIN)
+    other_tool = signed(
+        {
+            **CONTAIN,
+            "signal_id": "2" * 31 + "d",
+            "rule": "manual",
+            "operator": "oncall@example.com",
+            "reason": "web_search returns spam",
+            "tool": {"name": "web_search", "server": ""},
+        }
+    )
+    recovery = signed(
+        {**CONTAIN, "kind": "release", "signal_id": "3" * 31 + "d", "reason": "it answers again"}
+    )
+    release = signed(TOOL_RELEASE)
+
+    def invalid(name: str, record: dict[str, Any], note: str = "") -> dict[str, Any]:
+        return vector(name, text(signed(record)), "invalid", keys=ring, note=note)
+
+    without_tool = {k: v for k, v in CONTAIN.items() if k != "tool"}
+    return [
+        obeyed("a tool contain", contain, ring),
+        obeyed("a contain of another tool, no server, by an operator", other_tool, ring),
+        obeyed("a tool release", release, ring),
+        obeyed("a tool release by its fleet rule (the tool recovered)", recovery, ring),
+        vector(
+            "an expired contain",
+            text(signed({**CONTAIN, "expires_at": "2026-06-01T11:59:59.999Z"})),
+            "expired",
+            keys=ring,
+        ),
+        vector(
+            "forged: the contained tool changed after signing",
+            text({**contain, "tool": {"name": "delete_records", "server": "docs-mcp"}}),
+            "forged",
+            keys=ring,
+            note="an attacker must not turn a contain onto another tool: the tool is signed",
+        ),
+        invalid("a tool scope without its tool", without_tool),
+        invalid("a tool without the tool scope", {**BASE, "tool": TOOL}),
+        invalid("a tool without its server", {**CONTAIN, "tool": {"name": "search_docs"}}),
+        invalid("an empty tool name", {**CONTAIN, "tool": {"name": "", "server": ""}}),
+        invalid(
+            "a tool name over 200 characters",
+            {**CONTAIN, "tool": {"name": "t" * 201, "server": ""}},
+        ),
+        invalid(
+            "a tool server over 200 characters",
+            {**CONTAIN, "tool": {"name": "search_docs", "server": "s" * 201}},
+        ),
+        invalid("a fleet rule on a trace signal", {**without_tool, "scope": "trace"}),
+        invalid("a trace rule containing a tool", {**CONTAIN, "rule": "tool_loop"}),
+        invalid(
+            "a tool downgrade",
+            {**CONTAIN, "kind": "downgrade", "system_message": "slow down"},
+            note="a scoped signal is a kill or a release",
+        ),
+    ]
+
+
+def _tool_sequences() -> list[dict[str, Any]]:
+    """Tool signals through the book. Steps: deliver, clock (as in `sequences`) and
+    {"check": TRACE, "tool": NAME, "server": S, "expect": "pass" | "contained" | "killed",
+    "reason": TEXT}: a check of the trace naming the tool about to be called (`server`
+    absent: the caller does not know it, and a contain of the name on any server holds; no
+    `tool`: no tool is named and no contain applies). A kill of the trace comes before a
+    contain; the newest signal of a tool (by detected_at) holds; a contain without a server
+    holds on every server; a contain lapses at its expires_at."""
+    unsigned = ("key_id", "signature")
+    web = {
+        **CONTAIN,
+        "signal_id": "4" * 31 + "d",
+        "rule": "manual",
+        "operator": "oncall@example.com",
+        "reason": "web_search returns spam",
+        "tool": {"name": "web_search", "server": ""},
+    }
+    signals = {
+        "contain": signed(CONTAIN),
+        "release": signed(TOOL_RELEASE),
+        "old_release": signed(
+            {
+                **TOOL_RELEASE,
+                "signal_id": "5" * 31 + "d",
+                "detected_at": "2026-06-01T11:00:00.000+00:00",
+            }
+        ),
+        "web_contain": signed(web),
+        "kill": signed({k: v for k, v in BASE.items() if k not in unsigned}),
+    }
+    texts = {name: text(record) for name, record in signals.items()}
+    other = "f" * 32
+
+    def check(tool: str | None, expect: str, trace: str = TRACE, **more: Any) -> dict[str, Any]:
+        return {"check": trace, **({"tool": tool} if tool else {}), **more, "expect": expect}
+
+    return [
+        {
+            "name": "a contain refuses calls to its tool, and only those, until a release"
+            " issued after it",
+            "signals": texts,
+            "steps": [
+                check("search_docs", "pass"),
+                {"deliver": "contain", "new": True},
+                {"deliver": "contain", "new": False},
+                check("search_docs", "contained", server="docs-mcp", reason=CONTAIN["reason"]),
+                check("search_docs", "contained", trace=other),
+                check("search_docs", "pass", server="another-mcp"),
+                check("fetch_page", "pass"),
+                check(None, "pass"),
+                {"deliver": "old_release", "new": True},
+                check("search_docs", "contained", server="docs-mcp"),
+                {"deliver": "release", "new": True},
+                check("search_docs", "pass", server="docs-mcp"),
+                check("search_docs", "pass"),
+                {"deliver": "contain", "new": False},
+                check("search_docs", "pass"),
+            ],
+        },
+        {
+            "name": "a contain without a server holds on every server until it expires; a kill"
+            " of the trace comes first",
+            "signals": texts,
+            "steps": [
+                {"deliver": "web_contain", "new": True},
+                check("web_search", "contained", server="any-mcp", reason=web["reason"]),
+                check("web_search", "contained", server=""),
+                check("web_search", "contained"),
+                {"deliver": "kill", "new": True},
+                check("web_search", "killed", reason=BASE["reason"]),
+                check("web_search", "contained", trace=other),
+                {"clock": "2026-06-01T12:29:59.999Z"},
+                check("web_search", "contained", trace=other),
+                {"clock": "2026-06-01T12:30:00Z"},
+                check("web_search", "pass", trace=other),
+            ],
+        },
+    ]
 
 
 def build() -> dict[str, Any]:
@@ -217,29 +393,11 @@ def build() -> dict[str, Any]:
         {**CONVERSATION_KILL, "kind": "release", "signal_id": "c" * 32, "reason": "released"}
     )
     vectors = [
-        vector("kill", text(kill), "obey", keys=ring, signal=seen(kill)),
-        vector(
-            "a conversation kill",
-            text(conversation_kill),
-            "obey",
-            keys=ring,
-            signal=seen(conversation_kill),
-        ),
-        vector("an agent kill", text(agent_kill), "obey", keys=ring, signal=seen(agent_kill)),
-        vector(
-            "a conversation release",
-            text(conversation_release),
-            "obey",
-            keys=ring,
-            signal=seen(conversation_release),
-        ),
-        vector(
-            "a trace scope named outright",
-            text(signed(with_(scope="trace"))),
-            "obey",
-            keys=ring,
-            signal=seen(with_(scope="trace")),
-        ),
+        obeyed("kill", kill, ring),
+        obeyed("a conversation kill", conversation_kill, ring),
+        obeyed("an agent kill", agent_kill, ring),
+        obeyed("a conversation release", conversation_release, ring),
+        obeyed("a trace scope named outright", signed(with_(scope="trace")), ring),
         vector(
             "a conversation scope without its id",
             text(signed({k: v for k, v in CONVERSATION_KILL.items() if k != "conversation_id"})),
@@ -285,31 +443,18 @@ def build() -> dict[str, Any]:
             "invalid",
             keys=ring,
         ),
-        vector("downgrade", text(downgrade), "obey", keys=ring, signal=seen(downgrade)),
-        vector("release", text(release), "obey", keys=ring, signal=seen(release)),
-        vector("pause", text(pause), "obey", keys=ring, signal=seen(pause)),
-        vector("a cycle kill", text(cycle_kill), "obey", keys=ring, signal=seen(cycle_kill)),
-        vector(
-            "a cost budget kill, money in micro-dollars",
-            text(cost_kill),
-            "obey",
-            keys=ring,
-            signal=seen(cost_kill),
-        ),
-        vector(
-            "pause whose fallback is release",
-            text(pause_releasing),
-            "obey",
-            keys=ring,
-            signal=seen(pause_releasing),
-        ),
+        *_tool_vectors(ring),
+        obeyed("downgrade", downgrade, ring),
+        obeyed("release", release, ring),
+        obeyed("pause", pause, ring),
+        obeyed("a cycle kill", cycle_kill, ring),
+        obeyed("a cost budget kill, money in micro-dollars", cost_kill, ring),
+        obeyed("pause whose fallback is release", pause_releasing, ring),
         *_pause_vectors(pause, ring, rotating),
-        vector(
+        obeyed(
             "non-ASCII, escapes and U+2028 in a signed string",
-            text(unicode_reason),
-            "obey",
-            keys=ring,
-            signal=seen(unicode_reason),
+            unicode_reason,
+            ring,
             note="the canonical JSON escapes only quote, backslash and control characters",
         ),
         vector(
@@ -334,7 +479,7 @@ def build() -> dict[str, Any]:
         ),
         vector("unknown key id", text(signed(BASE, "other")), "unknown_key", keys=ring),
         vector("unsigned, keys held", text(BASE), "unsigned", keys=ring),
-        vector("unsigned, unsigned obeyed", text(BASE), "obey", keys=None, signal=seen(BASE)),
+        obeyed("unsigned, unsigned obeyed", BASE, None),
         vector(
             "forged: a field changed after signing",
             text({**kill, "reason": "something else"}),
@@ -366,12 +511,10 @@ def build() -> dict[str, Any]:
             keys=ring,
             note="now == expires_at is expired",
         ),
-        vector(
+        obeyed(
             "not yet expired, offset zone",
-            text(signed(with_(expires_at="2026-06-01T14:00:01+02:00"))),
-            "obey",
-            keys=ring,
-            signal=seen(with_(expires_at="2026-06-01T14:00:01+02:00")),
+            signed(with_(expires_at="2026-06-01T14:00:01+02:00")),
+            ring,
         ),
         vector(
             "expired, offset zone",
@@ -560,6 +703,7 @@ def build() -> dict[str, Any]:
             " (null: unsigned signals obeyed); value is the record's UTF-8 text, value_base64"
             " its bytes when they are not text; python_lax: the Python reader of this checkout"
             " does not decide it strictly yet. sequences: a book's answers, step by step;"
+            " tool_sequences: checks naming the tool called, against tool signals;"
             " scope_resolution: what a check stands for; unguarded_checks: checks with no"
             " trace, counted and warned about once; stop_events: the span event a check that"
             " stops or steers the agent adds to the active span."
@@ -573,6 +717,7 @@ def build() -> dict[str, Any]:
             *_scope_sequences(),
             *_pause_sequences(kill, downgrade, release),
         ],
+        "tool_sequences": _tool_sequences(),
         "scope_resolution": _scope_resolution(),
         "unguarded_checks": _unguarded_checks(),
         "stop_events": _stop_events(kill, downgrade),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Container, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from opentelemetry import trace
@@ -16,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
-from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, KillSignal
+from spanguard.schemas.decision import AgentIdentity, Decision, Evidence, KillSignal, tool_signal
 
 Attributes = Mapping[str, Any]
 
@@ -164,4 +165,31 @@ def kill_signal(trace_id: str, kind: str = "kill", message: str | None = None) -
             ),
             system_message=message,
         )
+    )
+
+
+def _at(minutes: float = 0.0) -> str:
+    return (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat(timespec="milliseconds")
+
+
+def tool_contain(
+    tool: str = "search_docs",
+    server: str = "",
+    *,
+    kind: str = "kill",
+    minutes: float = 60,
+    detected: float = 0.0,
+) -> KillSignal:
+    """A tool_failing contain of `tool` (a release: an operator's), `minutes` long, detected
+    `detected` minutes from now."""
+    return tool_signal(
+        tool,
+        server,
+        "manual" if kind == "release" else "tool_failing",
+        "the index answers 503 for every trace",
+        uuid.uuid4().hex,
+        _at(minutes),
+        kind=kind,  # type: ignore[arg-type]
+        detected_at=_at(detected),
+        operator="oncall@example.com" if kind == "release" else None,
     )

@@ -4,6 +4,7 @@ and its topics deleted at the end. Also what tests feed it and how they run the 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -45,13 +46,8 @@ def running_worker(
 ) -> Iterator[RunningWorker]:
     """`collect` names the Topics attributes the collector reads (kills, detections, ...)."""
     ensure_broker()
-    data.mkdir(parents=True, exist_ok=True)
-    policy_file = None
-    if policy is not None:
-        policy_file = data / "policy.yaml"
-        policy_file.write_text(policy)
     topics = Topics()
-    process = WorkerProcess(topics, data, policy=policy_file, env=env, extra=extra).start()
+    process = start_worker(topics, data, policy, env=env, extra=extra)
     collector = Collector(*(getattr(topics, name) for name in collect))
     try:
         yield RunningWorker(topics, process, collector)
@@ -62,26 +58,73 @@ def running_worker(
     assert code == 0, process.log_tail()
 
 
+@contextmanager
+def notifying_worker(
+    data: Path, policy: str, env: dict[str, str], secrets: Sequence[str]
+) -> Iterator[RunningWorker]:
+    """A worker that notifies a receiver (a pager, a webhook) as `env` configures it, with a
+    collector on the kill and dead-letter topics; after it stops, none of `secrets` (keys,
+    tokens in a URL) may stand in its log."""
+    with running_worker(data, policy=policy, collect=("kills", "dead_letters"), env=env) as running:
+        yield running
+    log = running.process.log_text()
+    assert not any(secret in log for secret in secrets), "a secret was logged"
+
+
+def start_worker(
+    topics: Topics,
+    data: Path,
+    policy: str | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+) -> WorkerProcess:
+    """`spanguard worker` on `topics`, started, with `policy` (YAML) written into `data`."""
+    data.mkdir(parents=True, exist_ok=True)
+    policy_file = None
+    if policy is not None:
+        policy_file = data / "policy.yaml"
+        policy_file.write_text(policy)
+    return WorkerProcess(topics, data, policy=policy_file, env=env, extra=extra).start()
+
+
 def restart_mid_retry(
-    start: Callable[[], WorkerProcess],
-    send: Callable[[], AgentRecorder],
+    data: Path,
+    policy: str,
+    env: dict[str, str],
+    send: Callable[[Topics], AgentRecorder],
     failed_twice: Callable[[AgentRecorder], object],
     delivered: Callable[[AgentRecorder], object],
 ) -> AgentRecorder:
-    """A worker SIGKILLed while it retries a delivery (the detection never acknowledged), then
-    started again on the same data: `send` the spans, wait for two failed tries, restart, wait
-    for the delivery and leave room for a second one, were there one. The caller asserts."""
-    worker = start()
+    """A worker (`policy`, `env`) SIGKILLed while it retries a delivery (the detection never
+    acknowledged), then started again on the same data and topics of its own: `send` the spans,
+    wait for two failed tries, restart, wait for the delivery and leave room for a second one,
+    were there one. The caller asserts."""
+    ensure_broker()
+    topics = Topics()
     try:
-        agent = send()
-        wait_until(lambda: failed_twice(agent), what="two failed tries")
-        worker.stop(signal.SIGKILL)
-        worker = start()
-        wait_until(lambda: delivered(agent), what="the delivery after the restart")
-        time.sleep(1.5)
-        return agent
+        worker = start_worker(topics, data, policy, env=env)
+        try:
+            agent = send(topics)
+            wait_until(lambda: failed_twice(agent), what="two failed tries")
+            worker.stop(signal.SIGKILL)
+            worker = start_worker(topics, data, policy, env=env)
+            wait_until(lambda: delivered(agent), what="the delivery after the restart")
+            time.sleep(1.5)
+            return agent
+        finally:
+            worker.stop()
     finally:
-        worker.stop()
+        topics.delete()
+
+
+def dead_letter(worker: WorkerProcess, collector: Collector, agent: AgentRecorder) -> dict:
+    """The dead letter of `agent`'s detection, which it keeps whole; the caller checks why."""
+    (dead,) = collector.wait(
+        lambda m: m["topic"] == worker.topics.dead_letters and m["key"] == agent.trace_id.encode()
+    )
+    assert json.loads(dead["value"])["trace_id"] == agent.trace_id
+    return dead
 
 
 def assert_kill_not_delayed(

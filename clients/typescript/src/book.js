@@ -5,6 +5,8 @@ import { parseDateTime } from './signal.js';
 import { recordOnActiveSpan } from './stop.js';
 
 export const DEFAULT_MAX_TRACES = 10_000;
+// Servers remembered per tool name (the least recently told forgotten first).
+const MAX_SERVERS_PER_TOOL = 1000;
 // A wait re-checks at least this often, so a deadline is met even if the clock jumps.
 const WAIT_RECHECK_MS = 1000;
 
@@ -21,6 +23,24 @@ export class AgentKilled extends Error {
     this.rule = signal.rule;
     this.action = signal.kind;
     this.decisionId = signal.signalId;
+  }
+}
+
+/**
+ * Thrown by a check naming a tool that spanguard contained (a signal of scope 'tool'): the call
+ * to that tool is refused, not the agent. An AgentKilled, so code that catches only AgentKilled
+ * still stops; a framework hook hands the model its message as the tool's error instead, so the
+ * agent can take another path. `tool` and `server` name it.
+ */
+export class ToolContained extends AgentKilled {
+  constructor(signal) {
+    super(signal);
+    this.name = 'ToolContained';
+    this.tool = signal.tool?.name ?? signal.evidence?.tool_name ?? '';
+    this.server = signal.tool?.server ?? '';
+    this.message = `tool ${this.tool} is contained by spanguard: ${signal.reason}; use another tool`;
+    this.scope = 'tool';
+    this.action = 'contain';
   }
 }
 
@@ -49,6 +69,7 @@ export class AgentPaused extends Error {
 
 function describeTarget(signal) {
   if (signal.scope === 'conversation') return `conversation ${signal.conversationId}`;
+  if (signal.scope === 'tool') return `tool ${signal.tool.name}${signal.tool.server ? ` on ${signal.tool.server}` : ''}`;
   if (signal.scope === 'agent') {
     return `agent ${signal.agent.service}${signal.agent.name ? `/${signal.agent.name}` : ' (every agent name)'}`;
   }
@@ -122,11 +143,16 @@ export class SignalBook {
     this.watched = new Map(); // traces it checks, not killed
     this.killed = new Map(); // traces it checks, killed
     this.scopes = new Map(); // conversations and agents under a kill (or released), by scopeKey
+    // tool name -> {signalIds, byServer: Map(server -> the newest signal of the tool there)}
+    this.tools = new Map();
     this.delivered = 0;
     this.duplicates = 0;
+    this.toolCallsRefused = 0; // calls refused because their tool was contained
+    this.refusedByTool = new Map(); // JSON [name, server] -> calls refused
   }
 
   deliver(signal) {
+    if (signal.scope === 'tool') return this.deliverTool(signal);
     if (signal.scope === 'conversation' || signal.scope === 'agent') return this.deliverScoped(signal);
     const traceId = signal.traceId.toLowerCase();
     let entry = this.killed.get(traceId) ?? this.watched.get(traceId);
@@ -194,6 +220,46 @@ export class SignalBook {
     return true;
   }
 
+  // The newest signal of a tool on a server (by detectedAt) holds: a contain or a release.
+  deliverTool(signal) {
+    const { name, server } = signal.tool;
+    const entry = this.tools.get(name) ?? { signalIds: new Set(), byServer: new Map() };
+    touch(this.tools, name, entry);
+    trim(this.tools, this.maxTraces);
+    if (!this.firstDelivery(entry, signal)) return false;
+    const newest = entry.byServer.get(server);
+    if (newest === undefined || atOrAfter(signal.detectedAt, newest.detectedAt)) {
+      touch(entry.byServer, server, signal);
+      trim(entry.byServer, MAX_SERVERS_PER_TOOL);
+    }
+    return true;
+  }
+
+  /** The contain in force for `tool` on `server` (or one naming no server); `server`
+   * undefined or null: the caller does not know it, a contain on any server holds. */
+  contained(tool, server = null) {
+    const entry = this.tools.get(tool);
+    if (entry === undefined) return null;
+    const candidates = server === null || server === undefined
+      ? [...entry.byServer.values()]
+      : [entry.byServer.get(server), entry.byServer.get('')].filter((signal) => signal !== undefined);
+    const now = this.clock();
+    return candidates.find((signal) => signal.kind === 'kill' && msUntil(signal.expiresAt, now) > 0) ?? null;
+  }
+
+  /** Throw ToolContained if `tool` is contained (see contained()); no tool checks nothing. */
+  checkTool(tool, server = null) {
+    if (!tool || this.tools.size === 0) return;
+    const signal = this.contained(tool, server);
+    if (signal === null) return;
+    this.toolCallsRefused += 1;
+    const key = JSON.stringify([tool, server ?? '']);
+    if (this.refusedByTool.has(key) || this.refusedByTool.size < this.maxTraces) {
+      this.refusedByTool.set(key, (this.refusedByTool.get(key) ?? 0) + 1);
+    }
+    throw new ToolContained(signal);
+  }
+
   /** Throw AgentKilled if the conversation or the agent ({service, name}: that name, or a
    * kill naming every agent of the service) is under a kill not expired nor released. */
   checkScopes({ conversationId, agent } = {}) {
@@ -216,7 +282,9 @@ export class SignalBook {
     }
   }
 
-  /** `scope`: {conversationId, agent} of the trace, when it has them (see checkScopes). */
+  /** `scope`: {conversationId, agent} of the trace, when it has them (see checkScopes), and
+   * {tool, server} of the call: after the trace's kill or pause, a contained tool throws
+   * ToolContained (a downgrade's message then waits for the next check). */
   check(traceId, scope = {}) {
     this.checkScopes(scope);
     const id = traceId.toLowerCase();
@@ -250,6 +318,7 @@ export class SignalBook {
       recordOnActiveSpan(entry.kill);
       throw new AgentKilled(entry.kill);
     }
+    this.checkTool(scope.tool, scope.server);
     if (!entry.unread.length) return null;
     const { message, signal } = entry.unread.shift();
     recordOnActiveSpan(signal);

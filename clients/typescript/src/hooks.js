@@ -6,11 +6,14 @@
 // the checker's wait() (off the event loop's critical path: it is a promise) until an
 // operator's release (the tool runs) or kill (AgentKilled), or the pause's deadline, when the
 // policy's fallback applies; a checker without wait() lets AgentPaused out, and the run stops.
+// A call to a tool that spanguard contained throws ToolContained (an AgentKilled) without
+// aborting the run: the framework turns it into a tool error the model reads, and the agent can
+// take another tool.
 // Where a hook finds no trace (no traceId given, no active span) the tool call is not guarded:
 // it says so once, loudly (through the KillSwitch's log, else console.warn), and counts the
 // call in its `unguarded` and in the KillSwitch's. Never a silent skip.
 
-import { AgentKilled, AgentPaused } from './book.js';
+import { AgentKilled, AgentPaused, ToolContained } from './book.js';
 import { currentTraceId } from './killswitch.js';
 
 const AsyncGeneratorFunction = Object.getPrototypeOf(async function* () {}).constructor;
@@ -32,15 +35,16 @@ class Gate {
   /** Check before a tool: nothing to wait for (undefined), or a promise that settles when a
    * pause is answered. Throws (or rejects with) AgentKilled, and AgentPaused when it cannot
    * wait; either aborts the run through the abortController. */
-  beforeTool() {
+  beforeTool(tool) {
     const traceId = this.traceId ?? currentTraceId();
     if (!traceId) {
       this.reportUnguarded();
+      if (tool && typeof this.checker.checkTool === 'function') this.checker.checkTool(tool);
       return undefined;
     }
     let message;
     try {
-      message = this.checker.check(traceId, this.scope);
+      message = this.checker.check(traceId, tool ? { ...this.scope, tool } : this.scope);
     } catch (error) {
       if (error instanceof AgentPaused && typeof this.checker.wait === 'function') {
         return this.checker
@@ -74,6 +78,7 @@ class Gate {
   }
 
   stop(error) {
+    if (error instanceof ToolContained) throw error; // the tool is refused, the run goes on
     if (error instanceof AgentKilled || error instanceof AgentPaused) this.abortController?.abort(error);
     throw error;
   }
@@ -103,7 +108,7 @@ export function guardTools(tools, checker, options = {}) {
     guarded[name] = {
       ...tool,
       execute(...args) {
-        const waiting = gate.beforeTool();
+        const waiting = gate.beforeTool(name);
         if (waiting === undefined) return execute.apply(tool, args);
         if (execute instanceof AsyncGeneratorFunction) {
           // A streaming tool: the SDK iterates what execute returns, so the wait goes inside.
@@ -156,8 +161,9 @@ export async function spanguardCallbackHandler(checker, options = {}) {
       return gate.unguarded;
     }
 
-    handleToolStart() {
-      return gate.beforeTool(); // a promise while a paused trace waits: LangChain awaits it
+    handleToolStart(tool, input, runId, parentRunId, tags, metadata, runName) {
+      // A promise while a paused trace waits: LangChain awaits it.
+      return gate.beforeTool(runName ?? tool?.name ?? tool?.id?.at?.(-1));
     }
   }
   return new SpanguardCallbackHandler();

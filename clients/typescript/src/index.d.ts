@@ -4,7 +4,7 @@ export interface KillSignal {
   readonly signalId: string;
   readonly traceId: string;
   readonly kind: 'kill' | 'downgrade' | 'release' | 'pause';
-  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'agent_budget' | 'manual';
+  readonly rule: 'tool_loop' | 'cycle' | 'tool_polling' | 'no_progress' | 'token_budget' | 'cost_budget' | 'handoff_cycle' | 'delegation_depth' | 'agent_fan_out' | 'agent_budget' | 'manual' | 'tool_failing' | 'loop_signature';
   readonly reason: string;
   readonly evidence: Record<string, string | number>;
   readonly agent: { service: string; name: string | null };
@@ -17,9 +17,12 @@ export interface KillSignal {
   /** kind pause: what applies at pauseUntil. */
   readonly pauseFallback: 'kill' | 'release' | null;
   /** What it stops: null or 'trace' its trace; 'conversation' every trace of conversationId;
-   * 'agent' every trace of `agent` (a null name: every agent of the service). */
-  readonly scope: 'trace' | 'conversation' | 'agent' | null;
+   * 'agent' every trace of `agent` (a null name: every agent of the service); 'tool' every
+   * call to `tool` (it contains the tool: the agent goes on). */
+  readonly scope: 'trace' | 'conversation' | 'agent' | 'tool' | null;
   readonly conversationId: string | null;
+  /** scope 'tool': the tool contained or released (server '' when none: every server). */
+  readonly tool: { readonly name: string; readonly server: string } | null;
 }
 
 export interface WaitOptions {
@@ -36,6 +39,8 @@ export interface Checker {
   wait?(traceId: string, options?: WaitOptions): Promise<string | null>;
   /** Told by the hooks of a tool call with no trace to check (a KillSwitch counts and warns). */
   noteUnguarded?(where: string, whatToDo: string): void;
+  /** Throws ToolContained if the tool is contained (the hooks call it where no trace is found). */
+  checkTool?(tool: string, server?: string | null): void;
 }
 
 export class AgentKilled extends Error {
@@ -43,15 +48,28 @@ export class AgentKilled extends Error {
   readonly traceId: string;
   readonly reason: string;
   /** What the kill stops: the trace, its conversation or its agent. */
-  readonly scope: 'trace' | 'conversation' | 'agent';
+  readonly scope: 'trace' | 'conversation' | 'agent' | 'tool';
   /** The rule that decided, the action ('kill') and the worker's decision id. */
   readonly rule: string;
   readonly action: string;
   readonly decisionId: string;
 }
 
+/** Thrown by a check naming a tool that spanguard contained: the call is refused, not the
+ * agent (the hooks let the framework hand the model its message as the tool's error). */
+export class ToolContained extends AgentKilled {
+  readonly tool: string;
+  /** The contain's server ('' when it names none). */
+  readonly server: string;
+  readonly action: 'contain';
+}
+
 /** Who is checking, beyond the trace: a conversation or agent kill stops every trace of it. */
 export interface CheckScope {
+  /** The tool about to be called: a contained one throws ToolContained. */
+  tool?: string | null;
+  /** Its server, when known (absent: a contain of the tool on any server holds). */
+  server?: string | null;
   conversationId?: string | null;
   /** An agent's identity; a kill with a null name stops every agent of the service. */
   agent?: { service: string; name?: string | null } | null;
@@ -79,9 +97,14 @@ export class SignalBook implements Checker {
   readonly delivered: number;
   readonly duplicates: number;
   readonly trackedTraces: number;
+  /** Calls refused because their tool was contained. */
+  readonly toolCallsRefused: number;
   deliver(signal: KillSignal): boolean;
   check(traceId: string, scope?: CheckScope): string | null;
   checkScopes(scope?: CheckScope): void;
+  checkTool(tool: string, server?: string | null): void;
+  /** The contain in force for the tool, or null. */
+  contained(tool: string, server?: string | null): KillSignal | null;
   wait(traceId: string, options?: WaitOptions): Promise<string | null>;
   isKilled(traceId: string): boolean;
   forget(traceId: string): void;

@@ -1,5 +1,5 @@
 // spanguard's killswitch for JavaScript and TypeScript agents (types in index.d.ts).
-export { AgentKilled, AgentPaused, DEFAULT_MAX_TRACES, SignalBook } from './book.js';
+export { AgentKilled, AgentPaused, DEFAULT_MAX_TRACES, SignalBook, ToolContained } from './book.js';
 export { guardTools, spanguardCallbackHandler } from './hooks.js';
 export {
   KillSwitch,

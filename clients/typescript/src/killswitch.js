@@ -17,7 +17,7 @@ import { createRequire } from 'node:module';
 
 import kafkajs from 'kafkajs';
 
-import { DEFAULT_MAX_TRACES, SignalBook } from './book.js';
+import { DEFAULT_MAX_TRACES, SignalBook, ToolContained } from './book.js';
 import { kafkajsSecurity, securityFromEnv } from './security.js';
 import { BadSignal, MALFORMED_KINDS, REJECTED_KINDS, keyring, readSignal } from './signal.js';
 
@@ -140,6 +140,7 @@ export class KillSwitch {
     this.clock = clock ?? (() => new Date());
     this.signals = signals ?? new SignalBook(DEFAULT_MAX_TRACES, { clock: this.clock });
     this.log = log ?? ((line) => console.warn(line));
+    this.containedWarned = new Set(); // the tools whose refused call was logged
     // The process's conversation and agent ({service, name}, or 'SERVICE[/NAME]'), when it has
     // one of each; a check's own win (see scope()).
     this.conversationId = conversationId ?? null;
@@ -200,20 +201,48 @@ export class KillSwitch {
   }
 
   /** Throw AgentKilled if the trace (default: the active span's), its conversation or its
-   * agent was killed; return a downgrade's system message once; else null. Reads memory only:
-   * never waits on Kafka. With no trace (none given, no active span) only the scope is
-   * checked, and the call is counted in `unguarded` and warned about once. */
+   * agent was killed; ToolContained (an AgentKilled) if `given.tool` (on `given.server`;
+   * absent: whichever) is contained; return a downgrade's system message once; else null.
+   * Reads memory only: never waits on Kafka. With no trace (none given, no active span) only
+   * the scope and the tool are checked, and the call is counted in `unguarded` and warned
+   * about once. */
   check(traceId = currentTraceId(), given = {}) {
-    const scope = this.scope(given);
-    if (!traceId) {
-      this.signals.checkScopes(scope); // a scope kill stops the call: it is not unguarded
-      this.noteUnguarded(
-        'KillSwitch.check()',
-        "no trace id given and no OpenTelemetry span is active; pass the run's trace id, check() inside the agent's span, or use guardTools / spanguardCallbackHandler",
-      );
-      return null;
+    const scope = { ...this.scope(given), tool: given.tool, server: given.server };
+    try {
+      if (!traceId) {
+        this.signals.checkScopes(scope); // a scope kill stops the call: it is not unguarded
+        this.noteUnguarded(
+          'KillSwitch.check()',
+          "no trace id given and no OpenTelemetry span is active; pass the run's trace id, check() inside the agent's span, or use guardTools / spanguardCallbackHandler",
+        );
+        this.signals.checkTool(scope.tool, scope.server);
+        return null;
+      }
+      return this.signals.check(traceId, scope);
+    } catch (error) {
+      if (error instanceof ToolContained) this.noteContained(error);
+      throw error;
     }
-    return this.signals.check(traceId, scope);
+  }
+
+  /** Throw ToolContained if `tool` (on `server`; absent: whichever) is contained. */
+  checkTool(tool, server = null) {
+    try {
+      this.signals.checkTool(tool, server);
+    } catch (error) {
+      if (error instanceof ToolContained) this.noteContained(error);
+      throw error;
+    }
+  }
+
+  // The first refused call to each tool is logged; the rest are counted in the book.
+  noteContained(contained) {
+    const key = JSON.stringify([contained.tool, contained.server]);
+    if (this.containedWarned.has(key) || this.containedWarned.size >= this.signals.maxTraces) return;
+    this.containedWarned.add(key);
+    this.log(
+      `spanguard killswitch: ${contained.message} (rule ${contained.rule}, signal ${contained.decisionId}); further calls to it are counted in signals.toolCallsRefused, not logged`,
+    );
   }
 
   /** Count a tool call that could not be checked (no trace found); warn once per `where`.

@@ -30,14 +30,18 @@ const HEX16 = /^[0-9a-f]{16}$/;
 const DATE_TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,6})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
 const KINDS = new Set(['kill', 'downgrade', 'release', 'pause']);
 const PAUSE_FALLBACKS = new Set(['kill', 'release']);
-const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'agent_budget', 'manual']);
-// What a signal stops: its trace (also when absent), every trace of a conversation, or of an agent.
-const SCOPES = new Set(['trace', 'conversation', 'agent']);
+const RULES = new Set(['tool_loop', 'cycle', 'tool_polling', 'no_progress', 'token_budget', 'cost_budget', 'handoff_cycle', 'delegation_depth', 'agent_fan_out', 'agent_budget', 'manual', 'tool_failing', 'loop_signature']);
+// What a signal stops: its trace (also when absent), every trace of a conversation, or of an
+// agent; or the tool it contains (every call to it refused, the agent goes on).
+const SCOPES = new Set(['trace', 'conversation', 'agent', 'tool']);
 const MAX_CONVERSATION_ID_CHARS = 200;
+const MAX_TOOL_NAME_CHARS = 200;
+// The fleet rules: their signals contain a tool, and their release is the tool's recovery.
+const FLEET_RULES = new Set(['tool_failing', 'loop_signature']);
 const TOP_FIELDS = new Set([
   'schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent',
   'detected_at', 'expires_at', 'system_message', 'operator', 'pause_until', 'pause_fallback',
-  'scope', 'conversation_id', 'key_id', 'signature',
+  'scope', 'conversation_id', 'tool', 'key_id', 'signature',
 ]);
 const REQUIRED = ['schema_version', 'signal_id', 'trace_id', 'kind', 'rule', 'reason', 'evidence', 'agent', 'detected_at', 'expires_at'];
 // evidence field -> its minimum (integers) or 'string' / 'hex16'
@@ -182,7 +186,8 @@ function checkSchema(record) {
   }
   if (record.kind === 'downgrade' && typeof record.system_message !== 'string') invalid('system_message', 'a downgrade carries one');
   if ('operator' in record && (typeof record.operator !== 'string' || record.operator.length === 0)) invalid('operator', 'not a non-empty string');
-  if (record.kind === 'release' && (record.rule !== 'manual' || !('operator' in record))) {
+  const recovery = record.scope === 'tool' && FLEET_RULES.has(record.rule);
+  if (record.kind === 'release' && !recovery && (record.rule !== 'manual' || !('operator' in record))) {
     invalid('kind', 'a release is manual and names its operator');
   }
   if ('pause_until' in record && parseDateTime(record.pause_until) === null) {
@@ -192,7 +197,8 @@ function checkSchema(record) {
   if (record.kind === 'pause' && !('pause_until' in record && 'pause_fallback' in record)) {
     invalid('kind', 'a pause carries pause_until and pause_fallback');
   }
-  if ('scope' in record && !SCOPES.has(record.scope)) invalid('scope', 'not trace, conversation or agent');
+  if ('scope' in record && !SCOPES.has(record.scope)) invalid('scope', 'not trace, conversation, agent or tool');
+  checkTool(record);
   if ('conversation_id' in record) {
     const id = record.conversation_id;
     // JSON Schema's maxLength counts characters (code points), not UTF-16 units.
@@ -204,12 +210,38 @@ function checkSchema(record) {
     invalid('conversation_id', 'a conversation signal, and only it, names its conversation');
   }
   if (record.scope === 'agent' && agent.service.length === 0) invalid('agent.service', 'an agent signal names its service');
-  if ((record.scope === 'conversation' || record.scope === 'agent') && record.kind !== 'kill' && record.kind !== 'release') {
+  if (['conversation', 'agent', 'tool'].includes(record.scope) && record.kind !== 'kill' && record.kind !== 'release') {
     invalid('kind', 'a scoped signal is a kill or a release');
   }
   if ('key_id' in record !== 'signature' in record) invalid('(top level)', 'key_id and signature go together');
   if ('key_id' in record && (typeof record.key_id !== 'string' || !HEX16.test(record.key_id))) invalid('key_id', 'not 16 lowercase hex');
   if ('signature' in record && typeof record.signature !== 'string') invalid('signature', 'not a string');
+}
+
+function isBoundedString(value, minimum) {
+  // JSON Schema's lengths count characters (code points), not UTF-16 units.
+  return typeof value === 'string' && [...value].length >= minimum && [...value].length <= MAX_TOOL_NAME_CHARS;
+}
+
+/** A tool signal names its tool ({name, server}), and only it; fleet rules only contain tools. */
+function checkTool(record) {
+  if ('tool' in record) {
+    const tool = record.tool;
+    if (!isPlainObject(tool)) invalid('tool', 'not an object');
+    for (const name of ['name', 'server']) {
+      if (!(name in tool)) invalid('tool', `'${name}' is a required property`);
+    }
+    for (const name of Object.keys(tool)) {
+      if (name !== 'name' && name !== 'server') invalid('tool', `additional property '${name}'`);
+    }
+    if (!isBoundedString(tool.name, 1)) invalid('tool.name', `not a string of 1 to ${MAX_TOOL_NAME_CHARS} characters`);
+    if (!isBoundedString(tool.server, 0)) invalid('tool.server', `not a string of at most ${MAX_TOOL_NAME_CHARS} characters`);
+  }
+  if ((record.scope === 'tool') !== ('tool' in record)) invalid('tool', 'a tool signal, and only it, names its tool');
+  if (record.scope === 'tool' && !FLEET_RULES.has(record.rule) && record.rule !== 'manual') {
+    invalid('rule', 'a tool signal is a fleet rule\'s or manual');
+  }
+  if (FLEET_RULES.has(record.rule) && record.scope !== 'tool') invalid('scope', 'a fleet rule contains a tool');
 }
 
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
@@ -270,5 +302,7 @@ export function readSignal(value, keys, now = new Date()) {
     pauseFallback: record.pause_fallback ?? null, // and then: 'kill' or 'release'
     scope: record.scope ?? null, // null or 'trace': the trace; 'conversation'; 'agent'
     conversationId: record.conversation_id ?? null,
+    // scope 'tool': the tool contained or released ({name, server}; server '' when none)
+    tool: record.tool ? Object.freeze({ name: record.tool.name, server: record.tool.server }) : null,
   });
 }

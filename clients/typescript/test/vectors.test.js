@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
-import { AgentKilled, AgentPaused, BadSignal, SignalBook, keyId, keyring, readSignal } from '../src/index.js';
+import { AgentKilled, AgentPaused, BadSignal, SignalBook, ToolContained, keyId, keyring, readSignal } from '../src/index.js';
 
 const document = JSON.parse(
   readFileSync(new URL('../../../schemas/testdata/kill-signal-vectors.json', import.meta.url), 'utf8'),
@@ -56,6 +56,7 @@ for (const vector of document.vectors) {
           conversation_id: signal.conversationId,
           agent_service: signal.agent.service,
           agent_name: signal.agent.name,
+          ...(signal.tool ? { tool: { name: signal.tool.name, server: signal.tool.server } } : {}),
         },
         expected,
       );
@@ -65,6 +66,7 @@ for (const vector of document.vectors) {
 
 // How a check or wait ends: [kind, detail], kind 'pass' | 'message' | 'killed' | 'paused'.
 function outcomeOf(error, message) {
+  if (error instanceof ToolContained) return ['contained', error];
   if (error instanceof AgentKilled) return ['killed', error];
   if (error instanceof AgentPaused) return ['paused', error];
   if (error !== undefined) throw error;
@@ -81,7 +83,7 @@ async function settle(promise) {
 
 function assertOutcome([kind, detail], step) {
   const where = JSON.stringify(step);
-  if (['pass', 'killed', 'paused'].includes(step.expect)) assert.equal(kind, step.expect, where);
+  if (['pass', 'killed', 'paused', 'contained'].includes(step.expect)) assert.equal(kind, step.expect, where);
   else assert.deepEqual([kind, detail], ['message', step.expect], where);
   if ('reason' in step) assert.equal(detail.reason, step.reason, where);
   if ('until' in step) assert.deepEqual([detail.until, detail.fallback], [step.until, step.fallback], where);
@@ -117,5 +119,37 @@ for (const sequence of document.sequences) {
       }
     };
     for (const step of sequence.steps) await run(step);
+  });
+}
+
+// Checks naming the tool about to be called, against tool signals (contains and releases).
+for (const sequence of document.tool_sequences) {
+  test(`tool sequence: ${sequence.name}`, () => {
+    const keys = keyring(document.keys.current);
+    let clock = now;
+    const book = new SignalBook(undefined, { clock: () => clock });
+    let refused = 0;
+    for (const step of sequence.steps) {
+      if ('clock' in step) {
+        clock = new Date(step.clock);
+      } else if ('deliver' in step) {
+        const record = Buffer.from(sequence.signals[step.deliver], 'utf8');
+        assert.equal(book.deliver(readSignal(record, keys, clock)), step.new, JSON.stringify(step));
+      } else {
+        let outcome;
+        try {
+          outcome = outcomeOf(undefined, book.check(step.check, { tool: step.tool, server: step.server }));
+        } catch (error) {
+          outcome = outcomeOf(error);
+        }
+        assertOutcome(outcome, step);
+        if (outcome[0] === 'contained') {
+          refused += 1;
+          assert.equal(outcome[1].tool, step.tool);
+          assert.ok(outcome[1].message.startsWith(`tool ${step.tool} is contained by spanguard`));
+        }
+      }
+    }
+    assert.equal(book.toolCallsRefused, refused);
   });
 }

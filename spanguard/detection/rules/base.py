@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 from spanguard.schemas.decision import NO_EVIDENCE, NO_SPEND, Evidence, Spend
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import TokenUsage, ToolCall
+    from spanguard.detection.conventions.events import AgentRun, TokenUsage, ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.decision import Decision
     from spanguard.schemas.policy import AgentPolicy
@@ -29,6 +29,7 @@ __all__ = [
     "KILL",
     "OFF",
     "PAUSE",
+    "AgentRule",
     "Fired",
     "GuardObserver",
     "Rule",
@@ -111,6 +112,9 @@ class ToolCallRule(Rule):
 
     # True when `count` keeps state of its own: the guard calls it on every counted call.
     counts: ClassVar[bool] = False
+    # True when it reads only the calls of traces with agents (a handoff, or a trace with an
+    # agent tree): the guard asks it about no other call, at no cost to single-agent traces.
+    agents_only: ClassVar[bool] = False
 
     def count(self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy) -> None:
         """Bring the rule's own counts up to date with this call, before the call joins the
@@ -129,6 +133,15 @@ class TokenRule(Rule):
     def check_tokens(
         self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Trip | None:
+        raise NotImplementedError
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class AgentRule(Rule):
+    """A rule over a trace's agent tree (`state.agent_tree`, spanguard/detection/agent_tree.py):
+    the guard asks it after each agent run it places there."""
+
+    def check_run(self, state: TraceState, run: AgentRun, policy: AgentPolicy) -> Trip | None:
         raise NotImplementedError
 
 

@@ -21,7 +21,7 @@ from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.conventions.events import ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 
@@ -74,6 +74,8 @@ class Cycle(ToolCallRule):
         needed = cycle.repeats - 1
         if max(runs) < 2 * needed:
             return None
+        if call.handoff and policy.multi_agent.cycles is not None:
+            return None  # handoffs are handoff_cycle's while it is on
         same_as_last = runs[0]  # calls in a row equal to the one before: tool_loop's business
         for period in range(2, len(runs) + 1):
             if runs[period - 1] < needed * period or same_as_last >= period - 1:

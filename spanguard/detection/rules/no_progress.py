@@ -23,7 +23,7 @@ from spanguard.detection.rules.base import ToolCallRule, Trip
 from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.conventions.events import ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 

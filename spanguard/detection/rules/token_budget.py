@@ -11,7 +11,7 @@ from spanguard.detection.rules.cost_budget import trace_cost
 from spanguard.schemas.decision import Spend
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import TokenUsage
+    from spanguard.detection.conventions.events import TokenUsage
     from spanguard.detection.trace_state import TraceState
     from spanguard.schemas.policy import AgentPolicy
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from spanguard.detection.conventions import MISSING
+from spanguard.detection.conventions.events import MISSING
 from spanguard.detection.results import ERROR, NOTHING, is_content
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
 from spanguard.schemas.decision import Evidence
 
 if TYPE_CHECKING:
-    from spanguard.detection.conventions import ToolCall
+    from spanguard.detection.conventions.events import ToolCall
     from spanguard.detection.trace_state import CallKey, TraceState
     from spanguard.schemas.policy import AgentPolicy
 
@@ -100,6 +100,8 @@ class ToolLoop(ToolCallRule):
             hits = repeats_without_new_work(calls, key, window)
             if hits < threshold:
                 return None
+        if call.handoff and policy.multi_agent.cycles is not None:
+            return None  # handoffs are handoff_cycle's while it is on
         reason = f"{tool} called {hits}x in last {steps} steps"
         if digest is None:
             # A name alone cannot tell a loop from twelve different searches: flag, once.

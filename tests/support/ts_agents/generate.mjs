@@ -100,6 +100,19 @@ function aiSdkTurn(script) {
   return { parts: [part], finish: 'tool-calls' };
 }
 
+/** A mock model's doGenerate: each call answers the script's next turn. */
+function aiSdkGenerate(script) {
+  return async () => {
+    const turn = aiSdkTurn(script);
+    return {
+      content: turn.parts,
+      finishReason: { unified: turn.finish, raw: turn.finish },
+      usage: V3_USAGE,
+      warnings: [],
+    };
+  };
+}
+
 function aiSdkStream(turn) {
   const chunks = [{ type: 'stream-start', warnings: [] }];
   for (const part of turn.parts) {
@@ -127,15 +140,7 @@ function aiSdkStream(turn) {
 /** One AI SDK agent: generateText (or streamText) with tools, looping until the model answers. */
 async function runAiSdk(script, options, ai, MockModel) {
   const model = new MockModel({
-    doGenerate: async () => {
-      const turn = aiSdkTurn(script);
-      return {
-        content: turn.parts,
-        finishReason: { unified: turn.finish, raw: turn.finish },
-        usage: V3_USAGE,
-        warnings: [],
-      };
-    },
+    doGenerate: aiSdkGenerate(script),
     doStream: async () => ({ stream: aiSdkStream(aiSdkTurn(script)) }),
   });
   const tools = {};
@@ -333,17 +338,7 @@ async function mastra(mode) {
       shutdown: async () => {},
       forceFlush: async () => {},
     };
-    const model = new MockLanguageModelV3({
-      doGenerate: async () => {
-        const turn = aiSdkTurn(script);
-        return {
-          content: turn.parts,
-          finishReason: { unified: turn.finish, raw: turn.finish },
-          usage: V3_USAGE,
-          warnings: [],
-        };
-      },
-    });
+    const model = new MockLanguageModelV3({ doGenerate: aiSdkGenerate(script) });
     const tools = {};
     for (const name of Object.keys(TOOL_DOCS)) {
       tools[name] = createTool({

@@ -215,15 +215,35 @@ public final class Json {
       return n;
     }
 
+    /** Steps over c when it comes next. */
+    boolean eat(char c) {
+      if (at < text.length() && text.charAt(at) == c) {
+        at++;
+        return true;
+      }
+      return false;
+    }
+
+    /** After a member of a container that close ends: true when another member follows. */
+    boolean another(char close) throws JsonError {
+      space();
+      if (eat(',')) {
+        return true;
+      }
+      if (eat(close)) {
+        return false;
+      }
+      throw fail("expected ',' or '" + close + "'");
+    }
+
     Map<String, Object> object(int depth) throws JsonError {
       at++;
       Map<String, Object> out = new LinkedHashMap<>();
       space();
-      if (at < text.length() && text.charAt(at) == '}') {
-        at++;
+      if (eat('}')) {
         return out;
       }
-      while (true) {
+      do {
         space();
         if (at >= text.length() || text.charAt(at) != '"') {
           throw fail("expected a key");
@@ -233,45 +253,25 @@ public final class Json {
           throw fail("duplicate key " + Signals.printable(key));
         }
         space();
-        if (at >= text.length() || text.charAt(at) != ':') {
+        if (!eat(':')) {
           throw fail("expected ':'");
         }
-        at++;
         out.put(key, value(depth));
-        space();
-        if (at < text.length() && text.charAt(at) == ',') {
-          at++;
-          continue;
-        }
-        if (at < text.length() && text.charAt(at) == '}') {
-          at++;
-          return out;
-        }
-        throw fail("expected ',' or '}'");
-      }
+      } while (another('}'));
+      return out;
     }
 
     List<Object> array(int depth) throws JsonError {
       at++;
       List<Object> out = new ArrayList<>();
       space();
-      if (at < text.length() && text.charAt(at) == ']') {
-        at++;
+      if (eat(']')) {
         return out;
       }
-      while (true) {
+      do {
         out.add(value(depth));
-        space();
-        if (at < text.length() && text.charAt(at) == ',') {
-          at++;
-          continue;
-        }
-        if (at < text.length() && text.charAt(at) == ']') {
-          at++;
-          return out;
-        }
-        throw fail("expected ',' or ']'");
-      }
+      } while (another(']'));
+      return out;
     }
   }
 
@@ -337,11 +337,11 @@ public final class Json {
       quote(out, s);
     } else if (value instanceof List<?> list) {
       out.append('[');
-      for (int i = 0; i < list.size(); i++) {
-        if (i > 0) {
-          out.append(',');
-        }
-        write(out, list.get(i));
+      String comma = "";
+      for (Object item : list) {
+        out.append(comma);
+        write(out, item);
+        comma = ",";
       }
       out.append(']');
     } else if (value instanceof Map<?, ?> map) {
@@ -351,13 +351,13 @@ public final class Json {
       }
       keys.sort(CODE_POINT_ORDER);
       out.append('{');
-      for (int i = 0; i < keys.size(); i++) {
-        if (i > 0) {
-          out.append(',');
-        }
-        quote(out, keys.get(i));
+      String comma = "";
+      for (String key : keys) {
+        out.append(comma);
+        quote(out, key);
         out.append(':');
-        write(out, map.get(keys.get(i)));
+        write(out, map.get(key));
+        comma = ",";
       }
       out.append('}');
     } else {

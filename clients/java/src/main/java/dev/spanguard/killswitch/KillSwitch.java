@@ -74,6 +74,7 @@ public final class KillSwitch implements AutoCloseable {
   private volatile boolean closing;
   private final Map<String, Integer> ignored = new HashMap<>();
   private final Set<String> warnedUnguarded = new HashSet<>();
+  private final Set<String> warnedContained = new HashSet<>(); // tools whose refusal was logged
   private final AtomicLong received = new AtomicLong();
   private final AtomicLong unguarded = new AtomicLong();
 
@@ -383,6 +384,33 @@ public final class KillSwitch implements AutoCloseable {
   }
 
   /**
+   * checkIn for a call to tool (on server; null: unknown): a contained tool throws
+   * {@link ToolContained} after the trace's own kill or pause; the first refusal per tool is
+   * logged, every one counted in the book's toolCallsRefused.
+   */
+  public String checkTool(String traceId, CheckScope scope, String tool, String server) {
+    try {
+      return checkIn(Context.root(), traceId, scope, UNGUARDED_CHECK, tool, server);
+    } catch (ToolContained contained) {
+      noteContained(contained);
+      throw contained;
+    }
+  }
+
+  private void noteContained(ToolContained contained) {
+    boolean first;
+    synchronized (warnedContained) {
+      first = warnedContained.size() < SignalBook.DEFAULT_MAX_TRACES
+          && warnedContained.add(contained.tool() + "\0" + contained.server());
+    }
+    if (first) {
+      log.accept("spanguard killswitch: " + contained.getMessage() + " (rule " + contained.rule()
+          + ", signal " + contained.decisionId() + "); further calls to it are counted in"
+          + " signals().toolCallsRefused(), not logged");
+    }
+  }
+
+  /**
    * check for the trace of the span in context, in the scope its baggage and resource name;
    * the stop's span event goes on that span. Without a valid span only the scope is checked, and
    * the call is counted in {@link #unguarded()}.
@@ -399,6 +427,11 @@ public final class KillSwitch implements AutoCloseable {
   }
 
   String checkIn(Context context, String traceId, CheckScope given, String where) {
+    return checkIn(context, traceId, given, where, null, null);
+  }
+
+  String checkIn(Context context, String traceId, CheckScope given, String where, String tool,
+      String server) {
     Span span = Span.fromContext(context);
     try {
       signals.checkScopes(scope.resolve(context, given == null ? CheckScope.NONE : given));
@@ -408,11 +441,14 @@ public final class KillSwitch implements AutoCloseable {
     }
     if (traceId == null || traceId.isEmpty()) {
       noteUnguarded(where);
+      signals.checkTool(tool, server);
       return null;
     }
     SignalBook.Checked checked;
     try {
-      checked = signals.checked(traceId);
+      checked = signals.checked(traceId, tool, server);
+    } catch (ToolContained contained) {
+      throw contained; // a refused call: nothing stopped, no stop event
     } catch (AgentStopped stopped) {
       obeyed(span, stopped.signal());
       throw stopped;

@@ -24,6 +24,10 @@ import java.util.function.Supplier;
  *   <li>a pause makes check throw AgentPaused until a release (go on) or a kill, or until its
  *       pause_until, when its fallback applies; a later pause of the trace replaces it; a pause
  *       of a killed trace leaves the kill. await blocks through it.
+ *   <li>a tool signal contains a tool: checkTool, and check given the tool, throw ToolContained
+ *       while the newest signal of that tool (by detected_at) is a kill not yet expired; a
+ *       contain naming no server holds on every server; a null server (unknown) is refused by a
+ *       contain of the name on any server.
  * </ul>
  *
  * <p>Memory is bounded by maxTraces per kind of entry; a killed trace this process has checked
@@ -40,6 +44,10 @@ public final class SignalBook {
   private final LinkedHashMap<String, TraceSignals> watched = new LinkedHashMap<>();
   private final Map<String, TraceSignals> killed = new HashMap<>();
   private final LinkedHashMap<String, ScopeSignals> scopes = new LinkedHashMap<>();
+  // tool name -> the newest signal of the tool per server
+  private final LinkedHashMap<String, ToolSignals> tools = new LinkedHashMap<>();
+  private static final int MAX_SERVERS_PER_TOOL = 1000;
+  private long toolCallsRefused;
   private long changes;
   private int delivered;
   private int duplicates;
@@ -54,6 +62,11 @@ public final class SignalBook {
   private static final class ScopeSignals {
     final Set<String> signalIds = new HashSet<>();
     Signal kill;
+  }
+
+  private static final class ToolSignals {
+    final Set<String> signalIds = new HashSet<>();
+    final LinkedHashMap<String, Signal> byServer = new LinkedHashMap<>();
   }
 
   /** A downgrade's message with its signal (its span event names the decision). */
@@ -145,6 +158,77 @@ public final class SignalBook {
     return true;
   }
 
+  // The newest signal of a tool on a server (by detected_at) holds: a contain or a release.
+  private boolean deliverTool(Signal signal) {
+    String name = signal.tool().name();
+    String server = signal.tool().server();
+    ToolSignals entry = tools.get(name);
+    if (entry != null) {
+      touch(tools, name);
+    } else {
+      entry = new ToolSignals();
+      put(tools, name, entry, maxTraces);
+    }
+    if (!entry.signalIds.add(signal.signalId())) {
+      duplicates++;
+      return false;
+    }
+    delivered++;
+    changed();
+    Signal newest = entry.byServer.get(server);
+    if (newest == null || atOrAfter(signal.detectedAt(), newest.detectedAt())) {
+      put(entry.byServer, server, signal, MAX_SERVERS_PER_TOOL);
+    }
+    return true;
+  }
+
+  /**
+   * The contain in force for tool on server (or one naming no server); a null server is unknown:
+   * a contain of the tool on any server holds. Null when none.
+   */
+  public synchronized Signal contained(String tool, String server) {
+    ToolSignals entry = tools.get(tool);
+    if (entry == null) {
+      return null;
+    }
+    java.util.List<Signal> candidates = new java.util.ArrayList<>();
+    if (server == null) {
+      candidates.addAll(entry.byServer.values());
+    } else {
+      for (String name : java.util.List.of(server, "")) {
+        Signal signal = entry.byServer.get(name);
+        if (signal != null && !candidates.contains(signal)) {
+          candidates.add(signal);
+        }
+      }
+    }
+    Instant now = clock.get();
+    for (Signal signal : candidates) {
+      Optional<Instant> expires = Signals.parseDateTime(signal.expiresAt());
+      if (signal.kind().equals("kill") && expires.isPresent() && now.isBefore(expires.get())) {
+        return signal;
+      }
+    }
+    return null;
+  }
+
+  /** Throws ToolContained if tool (on server; null: unknown) is contained; null checks nothing. */
+  public synchronized void checkTool(String tool, String server) {
+    if (tool == null || tool.isEmpty() || tools.isEmpty()) {
+      return;
+    }
+    Signal signal = contained(tool, server);
+    if (signal != null) {
+      toolCallsRefused++;
+      throw new ToolContained(signal);
+    }
+  }
+
+  /** Calls refused because their tool was contained. */
+  public synchronized long toolCallsRefused() {
+    return toolCallsRefused;
+  }
+
   /**
    * Throws AgentKilled if the conversation or the agent (that name, or a kill naming every agent
    * of the service) is under a kill not yet expired nor released.
@@ -191,6 +275,9 @@ public final class SignalBook {
     String scope = signal.scopeOrTrace();
     if (scope.equals("conversation") || scope.equals("agent")) {
       return deliverScoped(signal);
+    }
+    if (scope.equals("tool")) {
+      return deliverTool(signal);
     }
     String traceId = Signals.normalizeTraceId(signal.traceId());
     TraceSignals entry = killed.get(traceId);
@@ -253,8 +340,20 @@ public final class SignalBook {
     return checked(traceId).message();
   }
 
+  /**
+   * check for a call to tool (on server; null: unknown): after the trace's kill or pause, a
+   * contained tool throws ToolContained (a downgrade's message then waits for the next check).
+   */
+  public String check(String traceId, String tool, String server) {
+    return checked(traceId, tool, server).message();
+  }
+
   /** check, with the downgrade whose message it returns (for its span event). */
   synchronized Checked checked(String traceId) {
+    return checked(traceId, null, null);
+  }
+
+  synchronized Checked checked(String traceId, String tool, String server) {
     String id = Signals.normalizeTraceId(traceId);
     TraceSignals entry = killed.get(id);
     if (entry == null) {
@@ -285,6 +384,7 @@ public final class SignalBook {
     if (entry.kill != null) {
       throw new AgentKilled(entry.kill);
     }
+    checkTool(tool, server);
     Unread unread = entry.unread.poll();
     return unread == null ? Checked.NOTHING : new Checked(unread.message(), unread.signal());
   }

@@ -52,12 +52,16 @@ public final class Signals {
   static final Set<String> KINDS = Set.of("kill", "downgrade", "release", "pause");
   static final Set<String> RULES =
       Set.of("tool_loop", "cycle", "tool_polling", "no_progress", "token_budget", "cost_budget",
-          "agent_budget", "manual");
-  static final Set<String> SCOPES = Set.of("trace", "conversation", "agent");
+          "handoff_cycle", "delegation_depth", "agent_fan_out", "agent_budget", "manual",
+          "tool_failing", "loop_signature");
+  static final Set<String> SCOPES = Set.of("trace", "conversation", "agent", "tool");
+  // The fleet rules: their signals contain a tool, and their release is the tool's recovery.
+  static final Set<String> FLEET_RULES = Set.of("tool_failing", "loop_signature");
+  static final int MAX_TOOL_NAME_CHARS = 200;
   static final Set<String> FIELDS =
       Set.of("schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence",
           "agent", "detected_at", "expires_at", "system_message", "operator", "pause_until",
-          "pause_fallback", "scope", "conversation_id", "key_id", "signature");
+          "pause_fallback", "scope", "conversation_id", "tool", "key_id", "signature");
   static final List<String> REQUIRED =
       List.of("schema_version", "signal_id", "trace_id", "kind", "rule", "reason", "evidence",
           "agent", "detected_at", "expires_at");
@@ -282,7 +286,8 @@ public final class Signals {
     if (hasOperator && !(record.get("operator") instanceof String operator && !operator.isEmpty())) {
       return invalid("operator", "not a non-empty string");
     }
-    if (kind.equals("release") && (!rule.equals("manual") || !hasOperator)) {
+    boolean recovery = "tool".equals(record.get("scope")) && FLEET_RULES.contains(rule);
+    if (kind.equals("release") && !recovery && (!rule.equals("manual") || !hasOperator)) {
       return invalid("kind", "a release is manual and names its operator");
     }
     boolean hasPauseUntil = record.containsKey("pause_until");
@@ -303,7 +308,11 @@ public final class Signals {
     boolean hasScope = record.containsKey("scope");
     String scope = record.get("scope") instanceof String s ? s : "";
     if (hasScope && !SCOPES.contains(scope)) {
-      return invalid("scope", "not trace, conversation or agent");
+      return invalid("scope", "not trace, conversation, agent or tool");
+    }
+    BadSignal badTool = checkTool(record, scope, rule);
+    if (badTool != null) {
+      return badTool;
     }
     boolean hasConversation = record.containsKey("conversation_id");
     if (hasConversation) {
@@ -321,7 +330,7 @@ public final class Signals {
     if (scope.equals("agent") && ((String) agent.get("service")).isEmpty()) {
       return invalid("agent.service", "an agent signal names its service");
     }
-    if ((scope.equals("conversation") || scope.equals("agent"))
+    if ((scope.equals("conversation") || scope.equals("agent") || scope.equals("tool"))
         && !kind.equals("kill") && !kind.equals("release")) {
       return invalid("kind", "a scoped signal is a kill or a release");
     }
@@ -427,7 +436,50 @@ public final class Signals {
         text(record.get("pause_until")),
         text(record.get("pause_fallback")),
         text(record.get("scope")),
-        text(record.get("conversation_id")));
+        text(record.get("conversation_id")),
+        record.get("tool") instanceof Map<?, ?> tool
+            ? new Signal.Tool((String) tool.get("name"), (String) tool.get("server"))
+            : null);
+  }
+
+  /** A tool signal names its tool ({name, server}), and only it; fleet rules only contain tools. */
+  private static BadSignal checkTool(Map<?, ?> record, String scope, String rule) {
+    boolean hasTool = record.containsKey("tool");
+    if (hasTool) {
+      if (!(record.get("tool") instanceof Map<?, ?> tool)) {
+        return invalid("tool", "not an object");
+      }
+      for (String name : List.of("name", "server")) {
+        if (!tool.containsKey(name)) {
+          return invalid("tool", "'" + name + "' is a required property");
+        }
+      }
+      for (Object name : tool.keySet()) {
+        if (!"name".equals(name) && !"server".equals(name)) {
+          return invalid("tool", "additional property '" + name + "'");
+        }
+      }
+      if (!(tool.get("name") instanceof String name)
+          || name.isEmpty()
+          || name.codePointCount(0, name.length()) > MAX_TOOL_NAME_CHARS) {
+        return invalid("tool.name", "not a string of 1 to " + MAX_TOOL_NAME_CHARS + " characters");
+      }
+      if (!(tool.get("server") instanceof String server)
+          || server.codePointCount(0, server.length()) > MAX_TOOL_NAME_CHARS) {
+        return invalid("tool.server",
+            "not a string of at most " + MAX_TOOL_NAME_CHARS + " characters");
+      }
+    }
+    if (scope.equals("tool") != hasTool) {
+      return invalid("tool", "a tool signal, and only it, names its tool");
+    }
+    if (scope.equals("tool") && !FLEET_RULES.contains(rule) && !rule.equals("manual")) {
+      return invalid("rule", "a tool signal is a fleet rule's or manual");
+    }
+    if (FLEET_RULES.contains(rule) && !scope.equals("tool")) {
+      return invalid("scope", "a fleet rule contains a tool");
+    }
+    return null;
   }
 
   /** Trace ids are kept in lower case. */

@@ -31,6 +31,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.IntFunction;
 import org.junit.jupiter.api.Test;
 import org.springframework.ai.tool.ToolCallback;
 import org.springframework.ai.tool.function.FunctionToolCallback;
@@ -45,13 +46,15 @@ class FrameworkHooksTest {
     String chat(String question);
   }
 
-  /** Asks for search_docs("refund policy") every turn; 120 + 20 tokens a call. */
-  static final class LoopingModel implements ChatModel {
+  /** Asks for {@code calls.apply(turn)} on every turn (1, 2, ...); 120 + 20 tokens a call. */
+  static final class ScriptedModel implements ChatModel {
     final List<ChatModelListener> listeners;
+    final IntFunction<List<ToolExecutionRequest>> calls;
     int turn;
 
-    LoopingModel(List<ChatModelListener> listeners) {
+    ScriptedModel(List<ChatModelListener> listeners, IntFunction<List<ToolExecutionRequest>> calls) {
       this.listeners = listeners;
+      this.calls = calls;
     }
 
     @Override
@@ -62,10 +65,34 @@ class FrameworkHooksTest {
     @Override
     public ChatResponse doChat(ChatRequest request) {
       turn++;
-      ToolExecutionRequest call = ToolExecutionRequest.builder().id("call_" + turn)
-          .name("search_docs").arguments("{\"query\":\"refund policy\"}").build();
-      return ChatResponse.builder().aiMessage(AiMessage.from(List.of(call)))
+      return ChatResponse.builder().aiMessage(AiMessage.from(calls.apply(turn)))
           .tokenUsage(new TokenUsage(120, 20)).build();
+    }
+  }
+
+  static ToolExecutionRequest search(String id, String query) {
+    return ToolExecutionRequest.builder().id(id).name("search_docs")
+        .arguments("{\"query\":\"" + query + "\"}").build();
+  }
+
+  /** Asks for search_docs("refund policy") every turn. */
+  static ScriptedModel loopingModel(List<ChatModelListener> listeners) {
+    return new ScriptedModel(listeners, turn -> List.of(search("call_" + turn, "refund policy")));
+  }
+
+  /** Asks for two searches at once every turn (parallel tool calls). */
+  static ScriptedModel twoAtOnceModel(List<ChatModelListener> listeners) {
+    return new ScriptedModel(listeners, turn -> List.of(
+        search("call_" + turn + "a", "refund policy a"), search("call_" + turn + "b", "refund policy b")));
+  }
+
+  /** An SDK whose spans are kept in memory, and LangChain4j's tracing over it. */
+  record Traced(InMemorySpanExporter exporter, OpenTelemetrySdk sdk, LangChain4jTracing tracing) {
+    static Traced create(boolean captureContent) {
+      InMemorySpanExporter exporter = InMemorySpanExporter.create();
+      OpenTelemetrySdk sdk = OpenTelemetrySdk.builder().setTracerProvider(SdkTracerProvider.builder()
+          .addSpanProcessor(SimpleSpanProcessor.create(exporter)).build()).build();
+      return new Traced(exporter, sdk, LangChain4jTracing.create(sdk, captureContent));
     }
   }
 
@@ -103,20 +130,17 @@ class FrameworkHooksTest {
 
   @Test
   void aLangChain4jAgentIsStoppedBeforeItsFourthToolCallWithTheStopOnItsSpan() {
-    InMemorySpanExporter exporter = InMemorySpanExporter.create();
-    OpenTelemetrySdk sdk = OpenTelemetrySdk.builder().setTracerProvider(SdkTracerProvider.builder()
-        .addSpanProcessor(SimpleSpanProcessor.create(exporter)).build()).build();
+    Traced traced = Traced.create(true);
     SignalBook book = new SignalBook();
     List<String> logged = new ArrayList<>();
     KillSwitch killswitch = new KillSwitch(book, logged::add, KillSwitch.ScopeDefaults.of(null, null, null));
-    LangChain4jTracing tracing = LangChain4jTracing.create(sdk);
-    Span agent = sdk.getTracer("test").spanBuilder("invoke_agent support").startSpan();
+    Span agent = traced.sdk().getTracer("test").spanBuilder("invoke_agent support").startSpan();
     String traceId = agent.getSpanContext().getTraceId();
     Search search = new Search(() -> book.deliver(kill(traceId)));
     Assistant assistant = LangChain4jGuard.install(AiServices.builder(Assistant.class)
-            .chatModel(new LoopingModel(List.of(tracing)))
+            .chatModel(loopingModel(List.of(traced.tracing())))
             .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
-            .tools(search), killswitch, tracing)
+            .tools(search), killswitch, traced.tracing())
         .build();
     AgentKilled killed;
     try (Scope scope = agent.makeCurrent()) {
@@ -128,7 +152,7 @@ class FrameworkHooksTest {
     assertEquals(3, search.calls.get(), "the 4th call never ran");
     assertEquals("tool_loop", killed.rule());
     assertEquals(0, killswitch.unguarded());
-    List<SpanData> spans = exporter.getFinishedSpanItems();
+    List<SpanData> spans = traced.exporter().getFinishedSpanItems();
     List<SpanData> tools = spans.stream().filter(s -> s.getName().equals("execute_tool search_docs")).toList();
     assertEquals(3, tools.size(), "one span per call that ran");
     assertEquals("{\"query\":\"refund policy\"}", tools.get(0).getAttributes().get(AttributeKey.stringKey("gen_ai.tool.call.arguments")));
@@ -142,34 +166,7 @@ class FrameworkHooksTest {
     SpanData agentSpan = spans.stream().filter(s -> s.getName().equals("invoke_agent support")).findFirst().orElseThrow();
     assertEquals(List.of(Stop.STOP_EVENT), agentSpan.getEvents().stream().map(e -> e.getName()).toList());
     assertEquals("kill", agentSpan.getEvents().get(0).getAttributes().get(AttributeKey.stringKey("spanguard.action")));
-    sdk.close();
-  }
-
-  /** Asks for two searches at once every turn (parallel tool calls). */
-  static final class TwoAtOnceModel implements ChatModel {
-    final List<ChatModelListener> listeners;
-    int turn;
-
-    TwoAtOnceModel(List<ChatModelListener> listeners) {
-      this.listeners = listeners;
-    }
-
-    @Override
-    public List<ChatModelListener> listeners() {
-      return listeners;
-    }
-
-    @Override
-    public ChatResponse doChat(ChatRequest request) {
-      turn++;
-      List<ToolExecutionRequest> calls = new ArrayList<>();
-      for (String part : List.of("a", "b")) {
-        calls.add(ToolExecutionRequest.builder().id("call_" + turn + part).name("search_docs")
-            .arguments("{\"query\":\"refund policy " + part + "\"}").build());
-      }
-      return ChatResponse.builder().aiMessage(AiMessage.from(calls))
-          .tokenUsage(new TokenUsage(120, 20)).build();
-    }
+    traced.sdk().close();
   }
 
   /**
@@ -179,22 +176,19 @@ class FrameworkHooksTest {
    */
   @Test
   void toolsRunConcurrentlyAreCheckedInTheCallersTrace() {
-    InMemorySpanExporter exporter = InMemorySpanExporter.create();
-    OpenTelemetrySdk sdk = OpenTelemetrySdk.builder().setTracerProvider(SdkTracerProvider.builder()
-        .addSpanProcessor(SimpleSpanProcessor.create(exporter)).build()).build();
+    Traced traced = Traced.create(true);
     SignalBook book = new SignalBook();
     KillSwitch killswitch = new KillSwitch(book, message -> { }, KillSwitch.ScopeDefaults.of(null, null, null));
-    LangChain4jTracing tracing = LangChain4jTracing.create(sdk);
-    Span agent = sdk.getTracer("test").spanBuilder("invoke_agent support").startSpan();
+    Span agent = traced.sdk().getTracer("test").spanBuilder("invoke_agent support").startSpan();
     String traceId = agent.getSpanContext().getTraceId();
     Search search = new Search(() -> { });
     Set<String> threads = ConcurrentHashMap.newKeySet();
     AiServices<Assistant> builder = AiServices.builder(Assistant.class)
-        .chatModel(new TwoAtOnceModel(List.of(tracing)))
+        .chatModel(twoAtOnceModel(List.of(traced.tracing())))
         .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
         .tools(search).executeToolsConcurrently()
         .afterToolExecution(done -> threads.add(Thread.currentThread().getName()));
-    Assistant assistant = LangChain4jGuard.install(builder, killswitch, tracing).build();
+    Assistant assistant = LangChain4jGuard.install(builder, killswitch, traced.tracing()).build();
     AgentKilled killed;
     try (Scope scope = agent.makeCurrent()) {
       // The kill arrives once the first round of two calls has ended.
@@ -208,29 +202,27 @@ class FrameworkHooksTest {
     assertEquals(0, killswitch.unguarded(), "a concurrent check found no trace");
     assertTrue(threads.stream().noneMatch(name -> name.equals(Thread.currentThread().getName())),
         "the tools ran on the caller's thread: " + threads);
-    List<SpanData> tools = exporter.getFinishedSpanItems().stream()
+    List<SpanData> tools = traced.exporter().getFinishedSpanItems().stream()
         .filter(s -> s.getName().equals("execute_tool search_docs")).toList();
     assertEquals(2, tools.size());
     assertTrue(tools.stream().allMatch(s -> s.getTraceId().equals(traceId)
         && s.getParentSpanId().equals(agent.getSpanContext().getSpanId())), "tool spans outside the agent's trace");
-    sdk.close();
+    traced.sdk().close();
   }
 
   @Test
   void contentCaptureOffLeavesTheArgumentsOffTheToolSpans() {
-    InMemorySpanExporter exporter = InMemorySpanExporter.create();
-    OpenTelemetrySdk sdk = OpenTelemetrySdk.builder().setTracerProvider(SdkTracerProvider.builder()
-        .addSpanProcessor(SimpleSpanProcessor.create(exporter)).build()).build();
-    LangChain4jTracing tracing = LangChain4jTracing.create(sdk, false);
+    Traced traced = Traced.create(false);
+    LangChain4jTracing tracing = traced.tracing();
     Search search = new Search(() -> { });
-    LoopingModel model = new LoopingModel(List.of(tracing));
+    ScriptedModel model = loopingModel(List.of(tracing));
     Assistant assistant = AiServices.builder(Assistant.class).chatModel(model)
         .chatMemory(MessageWindowChatMemory.withMaxMessages(100)).tools(search)
         .maxSequentialToolsInvocations(2)
         .beforeToolExecution(tracing::beforeToolExecution).afterToolExecution(tracing::afterToolExecution)
         .build();
     assertThrows(RuntimeException.class, () -> assistant.chat("q")); // past 2 invocations
-    List<SpanData> tools = exporter.getFinishedSpanItems().stream()
+    List<SpanData> tools = traced.exporter().getFinishedSpanItems().stream()
         .filter(s -> s.getName().startsWith("execute_tool")).toList();
     assertEquals(2, tools.size());
     for (SpanData span : tools) {
@@ -238,7 +230,7 @@ class FrameworkHooksTest {
       assertEquals(null, span.getAttributes().get(AttributeKey.stringKey("gen_ai.tool.call.arguments")));
       assertEquals(null, span.getAttributes().get(AttributeKey.stringKey("gen_ai.tool.call.result")));
     }
-    sdk.close();
+    traced.sdk().close();
   }
 
   record Query(String query) {}

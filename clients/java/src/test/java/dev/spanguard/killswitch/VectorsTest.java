@@ -99,7 +99,7 @@ class VectorsTest {
           if (signal == null || vector.get("signal") == null) {
             return;
           }
-          Map<String, String> got = new TreeMap<>();
+          Map<String, Object> got = new TreeMap<>();
           got.put("kind", signal.kind());
           got.put("trace_id", signal.traceId());
           got.put("signal_id", signal.signalId());
@@ -113,6 +113,9 @@ class VectorsTest {
           got.put("conversation_id", signal.conversationId());
           got.put("agent_service", signal.agentService());
           got.put("agent_name", signal.agentName());
+          if (signal.tool() != null) {
+            got.put("tool", Map.of("name", signal.tool().name(), "server", signal.tool().server()));
+          }
           for (Map.Entry<String, Object> want : ((Map<String, Object>) vector.get("signal")).entrySet()) {
             assertTrue(got.containsKey(want.getKey()), "unknown field " + want.getKey());
             assertEquals(want.getValue(), got.get(want.getKey()), want.getKey());
@@ -148,7 +151,14 @@ class VectorsTest {
   static void checkOutcome(String where, Map<String, Object> step, String message, RuntimeException error) {
     String expect = (String) step.get("expect");
     switch (expect) {
+      case "contained" -> {
+        ToolContained contained = assertInstanceOf(ToolContained.class, error, where + ": not contained (" + message + ")");
+        if (step.get("reason") != null) {
+          assertEquals(step.get("reason"), contained.reason(), where);
+        }
+      }
       case "killed" -> {
+        assertTrue(!(error instanceof ToolContained), where + ": contained, not killed");
         AgentKilled killed = assertInstanceOf(AgentKilled.class, error, where + ": not killed (" + message + ")");
         if (step.get("reason") != null) {
           assertEquals(step.get("reason"), killed.reason(), where);
@@ -188,6 +198,43 @@ class VectorsTest {
           for (int i = 0; i < steps.size(); i++) {
             runStep("step " + i, steps.get(i), book, clock, signals, keys);
           }
+        }));
+  }
+
+  @TestFactory
+  Stream<DynamicTest> toolSequences() throws Exception {
+    Map<String, Object> file = file();
+    Instant start = now(file);
+    Map<String, byte[]> keys = ring(file, List.of("current"));
+    return section(file, "tool_sequences").stream().map(sequence -> DynamicTest.dynamicTest(
+        (String) sequence.get("name"), () -> {
+          TestClock clock = new TestClock(start);
+          SignalBook book = new SignalBook(0, clock::get);
+          Map<String, Object> signals = (Map<String, Object>) sequence.get("signals");
+          List<Map<String, Object>> steps = (List<Map<String, Object>>) sequence.get("steps");
+          long refused = 0;
+          for (int i = 0; i < steps.size(); i++) {
+            Map<String, Object> step = steps.get(i);
+            String where = "step " + i;
+            if (step.get("check") == null) {
+              runStep(where, step, book, clock, signals, keys);
+              continue;
+            }
+            String message = null;
+            RuntimeException error = null;
+            try {
+              message = book.check((String) step.get("check"), (String) step.get("tool"), (String) step.get("server"));
+            } catch (AgentStopped stopped) {
+              error = stopped;
+            }
+            checkOutcome(where, step, message, error);
+            if (error instanceof ToolContained contained) {
+              refused++;
+              assertEquals(step.get("tool"), contained.tool(), where);
+              assertTrue(contained.getMessage().startsWith("tool " + step.get("tool") + " is contained by spanguard"), where);
+            }
+          }
+          assertEquals(refused, book.toolCallsRefused());
         }));
   }
 

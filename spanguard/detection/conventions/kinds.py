@@ -1,0 +1,79 @@
+"""What kind of span it is, for the conventions that name no `gen_ai.operation.name`."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from spanguard.detection.conventions.keys import (
+    AI_SDK_OPERATION,
+    AI_SDK_TOOL_OPERATION,
+    GENKIT_SUBTYPE,
+    GENKIT_TOOL_SUBTYPES,
+    OPENINFERENCE_KIND,
+    PLACEHOLDERS,
+    SPRING_AI_KIND,
+    SPRING_AI_OPERATION,
+    TRACELOOP_KIND,
+)
+from spanguard.detection.conventions.values import AttributeMap, bounded_text
+
+
+def _other_kinds(
+    attributes: AttributeMap, present: Container[str]
+) -> tuple[str | None, str | None, str | None]:
+    """The span kinds of the conventions without an operation name: OpenInference's,
+    Traceloop's, and the AI SDK's operation (Genkit's subtype read as one)."""
+    oi_kind = attributes[OPENINFERENCE_KIND].string_value if OPENINFERENCE_KIND in present else None
+    tl_kind = attributes[TRACELOOP_KIND].string_value if TRACELOOP_KIND in present else None
+    ai_operation = (
+        attributes[AI_SDK_OPERATION].string_value if AI_SDK_OPERATION in present else None
+    )
+    if GENKIT_SUBTYPE in present and ai_operation is None:
+        ai_operation = _genkit_operation(attributes[GENKIT_SUBTYPE].string_value)
+    return oi_kind, tl_kind, ai_operation
+
+
+def _tool_span_name(name: str) -> str:
+    """A tool span's own name where it records no tool name (OpenInference's OpenAI Agents
+    handoffs: "handoff to billing"): "execute_tool X" is X; a bare or empty name is unknown."""
+    name = name.removeprefix("execute_tool ").strip()
+    if not name or name.lower() in PLACEHOLDERS or name == "execute_tool":
+        return "unknown"
+    return bounded_text(name)
+
+
+def _is_tool_span(
+    name: str,
+    present: Container[str],
+    operation: str | None,
+    oi_kind: str | None,
+    tl_kind: str | None,
+    ai_operation: str | None = None,
+) -> bool:
+    if operation is not None:
+        return operation == "execute_tool"
+    if oi_kind is not None:
+        return oi_kind == "TOOL"
+    if tl_kind is not None:
+        return tl_kind == "tool"
+    if ai_operation is not None:
+        return ai_operation == AI_SDK_TOOL_OPERATION
+    if name == "execute_tool":
+        return True
+    # pydantic-ai and strands name their tool spans but set no operation name.
+    if "gen_ai.tool.name" in present:
+        return name.startswith("execute_tool ") or name == "running tool"
+    return "tool.name" in present and name.startswith("Tool: ")
+
+
+def _is_spring_ai_tool(operation: str, attributes: AttributeMap) -> bool:
+    return (
+        operation == SPRING_AI_OPERATION
+        and SPRING_AI_KIND in attributes
+        and attributes[SPRING_AI_KIND].string_value == "tool_call"
+    )
+
+
+def _genkit_operation(subtype: str) -> str:
+    # A Genkit tool action reads as the AI SDK's tool operation; anything else as no tool.
+    return AI_SDK_TOOL_OPERATION if subtype in GENKIT_TOOL_SUBTYPES else f"genkit:{subtype}"

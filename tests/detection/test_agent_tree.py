@@ -1,0 +1,263 @@
+"""The agent tree of a trace (spanguard/detection/agent_tree.py) and the rules over it:
+handoff_cycle, delegation_depth, agent_fan_out; and what bad input costs it."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from spanguard.cli.report import render_html
+from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
+from spanguard.detection.conventions.values import MAX_TEXT_CHARS
+from spanguard.detection.explain import explain_records
+from spanguard.detection.guard import Guard, GuardCount
+from spanguard.detection.timelines import Timelines
+from spanguard.detection.trace_state import STATE_VERSION, TraceState
+from spanguard.schemas.decision import validate
+from spanguard.schemas.policy import Policy
+
+TRACE = bytes(range(16))
+SECOND = 1_000_000_000
+
+
+def span_id(number: int) -> bytes:
+    return (number + 1).to_bytes(8, "big")
+
+
+class Spans:
+    """One OTLP request of hand-made spans of one trace, in the order given (export order)."""
+
+    def __init__(self) -> None:
+        self.request = ExportTraceServiceRequest()
+        resource = self.request.resource_spans.add()
+        attribute = resource.resource.attributes.add()
+        attribute.key, attribute.value.string_value = "service.name", "multi-agent"
+        self.scope = resource.scope_spans.add()
+        self.scope.scope.name = "tests"
+
+    def span(
+        self, number: int, parent: int | None, start: int, end: int, **attributes: str
+    ) -> None:
+        span = self.scope.spans.add()
+        span.trace_id, span.span_id = TRACE, span_id(number)
+        if parent is not None:
+            span.parent_span_id = span_id(parent)
+        span.name = "span"
+        span.start_time_unix_nano, span.end_time_unix_nano = start, end
+        for key, value in attributes.items():
+            attribute = span.attributes.add()
+            attribute.key, attribute.value.string_value = key.replace("__", "."), value
+
+    def agent(self, number: int, parent: int | None, name: str, start: int, end: int) -> None:
+        self.span(
+            number, parent, start, end,
+            gen_ai__operation__name="invoke_agent", gen_ai__agent__name=name,
+        )  # fmt: skip
+
+    def handoff(self, number: int, from_agent: str, to_agent: str, at: int) -> None:
+        self.span(
+            number, None, at, at + 1,
+            gen_ai__operation__name="agent_handoff", gen_ai__handoff__from_agent=from_agent,
+            gen_ai__handoff__to_agent=to_agent,
+        )  # fmt: skip
+
+    def tool(self, number: int, name: str, arguments: str, result: str, at: int) -> None:
+        self.span(
+            number, None, at, at + 1,
+            gen_ai__operation__name="execute_tool", gen_ai__tool__name=name,
+            gen_ai__tool__call__arguments=arguments, gen_ai__tool__call__result=result,
+        )  # fmt: skip
+
+
+def chain(depth: int) -> Spans:
+    """Agents nested `depth` deep, each inside the one before, exported innermost first."""
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    for level in range(depth, 0, -1):
+        spans.agent(level, level - 1 if level > 1 else None, f"level_{level}",
+                    base + level, base + 10 * depth - level)  # fmt: skip
+    return spans
+
+
+def guard(**multi_agent: object) -> Guard:
+    settings: dict = {"multi_agent": multi_agent} if multi_agent else {}
+    action = settings.get("multi_agent", {}).pop("action", None)
+    if action:
+        settings["action"] = action
+    return Guard(Policy.from_mapping({"defaults": settings}))
+
+
+def records(decisions: list) -> list[dict]:
+    out = [decision.to_dict() for decision in decisions]
+    for record in out:
+        validate(record, "detection")
+    return out
+
+
+def test_a_chain_deeper_than_max_depth_is_decided_when_its_outer_agent_ends():
+    [decision] = records(guard().process(chain(6).request))
+    assert (decision["rule"], decision["action"], decision["depth"]) == (
+        "delegation_depth", "kill", 6,
+    )  # fmt: skip
+    assert decision["agents"] == [f"level_{level}" for level in range(1, 7)]
+    assert decision["span_id"] == span_id(1).hex()  # level_1's span completes the chain
+    assert records(guard().process(chain(5).request)) == []
+
+
+def test_nesting_by_parent_span_alone_when_times_are_missing():
+    spans = Spans()
+    for level in range(4, 0, -1):
+        spans.agent(level, level - 1 if level > 1 else None, f"a{level}", 0, 0)
+    [decision] = records(guard(max_depth=3).process(spans.request))
+    assert decision["depth"] == 4
+
+
+def test_fan_out_trips_at_the_run_over_the_limit_beyond_the_first():
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    for worker in range(1, 31):
+        spans.agent(worker, 0, "worker", base + 10 * worker, base + 10 * worker + 5)
+    [decision] = records(guard(max_sub_agents=20).process(spans.request))
+    assert (decision["rule"], decision["sub_agents"]) == ("agent_fan_out", 21)
+    assert decision["span_id"] == span_id(22).hex()
+    assert decision["agents"] == ["worker"]
+
+
+def pingpong(spans: Spans, handoffs: int, first: int = 0) -> None:
+    for number in range(handoffs):
+        to_agent = "billing" if number % 2 == 0 else "triage"
+        from_agent = "triage" if number % 2 == 0 else "billing"
+        spans.handoff(first + number, from_agent, to_agent, (first + number + 1) * SECOND)
+
+
+def test_handoff_cycle_trips_at_the_fourth_handoff_and_tool_loop_leaves_handoffs_to_it():
+    spans = Spans()
+    pingpong(spans, 8)
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["hits"], decision["span_id"]) == (
+        "handoff_cycle", 2, span_id(3).hex(),
+    )  # fmt: skip
+    assert decision["agents"] == ["billing", "triage", "billing", "triage"]
+    # In shadow mode nothing restarts the count: still one rule decides on the handoffs.
+    flags = records(guard(action="flag").process(spans.request))
+    assert [(flag["rule"], flag["action"]) for flag in flags] == [("handoff_cycle", "flag")]
+
+
+def test_with_handoff_cycle_off_tool_loop_catches_the_pingpong_as_before():
+    spans = Spans()
+    pingpong(spans, 8)
+    [decision] = records(guard(cycles=None).process(spans.request))
+    assert (decision["rule"], decision["span_id"]) == ("tool_loop", span_id(4).hex())
+
+
+def test_new_work_between_handoffs_is_no_cycle():
+    spans = Spans()
+    for visit in range(4):
+        spans.handoff(3 * visit, "triage", "billing", (3 * visit + 1) * SECOND)
+        spans.tool(3 * visit + 1, "lookup_invoice", f'{{"invoice": "inv-{visit}"}}',
+                   f"inv-{visit}: 40 USD", (3 * visit + 2) * SECOND)  # fmt: skip
+        spans.handoff(3 * visit + 2, "billing", "triage", (3 * visit + 3) * SECOND)
+    assert records(guard().process(spans.request)) == []
+
+
+def test_each_rule_is_off_with_its_setting_null():
+    spans = chain(8)
+    pingpong(spans, 8, first=100)
+    for worker in range(200, 230):
+        spans.agent(worker, None, "worker", 0, 0)
+    decided = {d["rule"] for d in records(guard().process(spans.request))}
+    assert decided == {"delegation_depth", "handoff_cycle", "agent_fan_out"}
+    off = guard(cycles=None, max_depth=None, max_sub_agents=None, action="kill")
+    assert {d["rule"] for d in records(off.process(spans.request))} == {"tool_loop"}
+
+
+def test_a_tree_ten_thousand_deep_or_wide_is_bounded_and_counted():
+    for spans, rules in (
+        (chain(10_000), ["delegation_depth", "agent_fan_out"]),
+        (wide(10_000), ["agent_fan_out"]),
+    ):
+        checked = guard(action="flag")
+        started = time.perf_counter()
+        decisions = records(checked.process(spans.request))
+        assert time.perf_counter() - started < 20
+        assert [decision["rule"] for decision in decisions] == rules
+        assert checked.stats.count(GuardCount.AGENT_RUNS_UNPLACED) == 10_000 - MAX_RUNS
+        [state] = checked.states.values()
+        assert state.agent_tree is not None and len(state.agent_tree.runs) == MAX_RUNS
+        assert state.agent_tree.started == 10_000
+        assert len(state.to_bytes()) < 200_000
+
+
+def wide(runs: int) -> Spans:
+    spans = Spans()
+    for number in range(runs):
+        spans.agent(number, 10**9, "worker", SECOND + 10 * number, SECOND + 10 * number + 5)
+    return spans
+
+
+def test_parents_that_never_arrive_and_parents_in_a_cycle_cost_nothing_more():
+    spans = Spans()
+    spans.agent(1, 2, "a", SECOND, 2 * SECOND)  # each the other's parent
+    spans.agent(2, 1, "b", SECOND, 2 * SECOND)
+    spans.agent(3, 4, "c", 0, 0)  # 4 never arrives
+    spans.agent(4 + 10, 3, "d", 0, 0)
+    checked = guard()
+    assert records(checked.process(spans.request)) == []
+    [state] = checked.states.values()
+    assert state.agent_tree is not None and state.agent_tree.deepest == 2
+
+
+def test_agent_names_of_megabytes_are_bounded():
+    spans = chain(7)
+    spans.scope.spans[0].attributes[1].value.string_value = "x" * 5_000_000
+    [decision] = records(guard().process(spans.request))
+    assert all(len(name) <= MAX_TEXT_CHARS + 64 for name in decision["agents"])
+
+
+def test_the_tree_is_kept_in_the_state_record_and_read_back():
+    checked = guard(max_depth=None)
+    spans = chain(3)
+    pingpong(spans, 1, first=50)
+    checked.process(spans.request)
+    [state] = checked.states.values()
+    for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
+        tree = copy.agent_tree
+        assert tree is not None
+        assert tree.to_record() == state.agent_tree.to_record()
+        assert [(depth, name) for depth, name in tree.levels()] == [
+            (0, "level_1"), (1, "level_2"), (2, "level_3"),
+        ]  # fmt: skip
+    # A state without agents has no section, as before; a record of version 5 (no agent tree
+    # section) reads as a trace without agents, and a worker of version 5 reads version 6.
+    assert TraceState().agent_tree is None
+    assert b"agent_tree" not in TraceState().to_bytes()
+    without = bytearray(TraceState("svc", last_seen=1.0).to_bytes())
+    without[1] = 5
+    assert TraceState.from_bytes(bytes(without)).agent_tree is None
+    assert state.to_bytes()[1] == STATE_VERSION == 6
+
+
+def test_explain_draws_the_agent_tree():
+    [decision] = records(guard().process(chain(6).request))
+    text = explain_records(decision["trace_id"], [decision], now=datetime.now(UTC))
+    assert "agent tree (the deepest chain, 6 agents, outermost first):" in text
+    assert "    level_1\n    └─ level_2\n       └─ level_3\n" in text
+
+
+def test_agent_tree_alone():
+    tree = AgentTree()
+    assert tree.repeated_handoffs(2) == 0
+    assert tree.deepest_chain() == [] and tree.levels() == []
+
+
+def test_the_replay_page_draws_the_agent_tree():
+    timelines = Timelines()
+    checked = guard()
+    checked.add_observer(timelines)
+    checked.process(chain(6).request)
+    page = render_html(timelines, checked.stats, ["chain"], checked.states)
+    assert "agent tree: 6 runs, 6 deep" in page
+    assert "level_1\n   └─ level_2\n      └─ level_3" in page
+    assert "agents: level_1 → level_2" in page
