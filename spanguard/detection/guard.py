@@ -492,18 +492,20 @@ class Guard:
             if event.call_id is not None:
                 call_key = call_id_key(event.call_id)
                 recent_calls = state.recent_call_ids
-                ended = recent_calls.get(call_key)
-                start_micros = event.start_time_unix_nano // 1000
-                if ended is not None and (not ended or not start_micros or start_micros < ended):
-                    # The same call id on a span that overlaps the counted one (or times
-                    # unknown): a partial span of that call. One that starts after it ended
-                    # is the call made again (a harness re-issuing it, a model reusing ids).
-                    self.stats.repeated_call_ids += 1
-                    return None
+                end_micros = event.end_time_unix_nano // 1000
+                ended = recent_calls.note(call_key, end_micros, limit)  # added when new
                 if ended is not None:
+                    start_micros = event.start_time_unix_nano // 1000
+                    if not ended or not start_micros or start_micros < ended:
+                        # The same call id on a span that overlaps the counted one (or times
+                        # unknown): a partial span of that call. One that starts after it
+                        # ended is the call made again (a harness re-issuing it, a model
+                        # reusing ids).
+                        self.stats.repeated_call_ids += 1
+                        return None
                     self.stats.reissued_call_ids += 1
-                    recent_calls.remove(call_key)  # kept newest last, for the trim below
-                recent_calls.add(call_key, event.end_time_unix_nano // 1000, limit)
+                    recent_calls.remove(call_key)  # kept newest last, for the trim
+                    recent_calls.add(call_key, end_micros, limit)
             return self._on_tool_call(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
 
@@ -614,14 +616,12 @@ class Guard:
         for counting in plan.counting:
             counting.count(state, call, key, policy)
         # The call joins the window (_slide, inlined: this runs on every call).
-        window = state.window
-        window.append(key)
+        history = plan.history
+        state.window.push(key, history)
         marks = state.window_marks + call_mark(call.span_id, call.end_time_unix_nano)
+        if len(marks) > history * MARK_BYTES:  # a mark a call of the window
+            marks = marks[len(marks) - history * MARK_BYTES :]
         state.window_marks = marks
-        excess = len(marks) // MARK_BYTES - plan.history  # a mark a call of the window
-        if excess > 0:  # trim_window, inlined
-            window.drop_oldest(excess)
-            state.window_marks = marks[excess * MARK_BYTES :]
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
         if self.tools is not None:

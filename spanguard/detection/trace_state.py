@@ -231,6 +231,25 @@ class RecentCalls:
             return None
         return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
 
+    def note(self, key: bytes, micros: int, keep: int) -> int | None:
+        """When `key`'s call ended, left as it is, if it is among them; else None, and it is
+        added as by `add` (one search for both: this runs on every call with an id)."""
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        data = self.data
+        at = data.find(key)
+        while at >= 0:
+            if not at % _CALL_ENTRY_BYTES:
+                return int.from_bytes(
+                    data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True
+                )
+            at = data.find(key, at + 1)  # in a time, or across two entries
+        data += key + micros.to_bytes(8, "big", signed=True)
+        if len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
+            data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
+        self.data = data
+        return None
+
     def remove(self, key: bytes) -> None:
         data = self.data
         at = _entry_at(data, _as_id(key), _CALL_ENTRY_BYTES)
@@ -300,14 +319,31 @@ class CallWindow:
         return f"CallWindow({list(self)!r})"
 
     def append(self, key: Any) -> None:
-        if len(self.texts) > 3 * len(self.entries) // self.width + 16:
-            self._compact()
-        entry: bytes = self._entry(key, True)  # type: ignore[assignment]
-        before = self.entries
-        entries = self.entries = before + entry
+        self.push(key, -1)
+
+    def push(self, key: Any, keep: int) -> None:
+        """Append `key`; the oldest calls past `keep` (unless negative) are dropped (one call:
+        the guard makes it for every call)."""
         memo = self.memo
+        if memo is not None and memo[0] is key:
+            entry = memo[1]  # packed by a rule that counted it
+        else:
+            if len(self.texts) > 3 * len(self.entries) // self.width + 16:
+                self._compact()
+            entry = self._entry(key, True)  # type: ignore[assignment]
+            memo = self.memo
+        before, width = self.entries, self.width
+        joined = entries = before + entry
+        cut = len(joined) - keep * width if keep >= 0 else 0
+        if cut > 0:
+            entries = joined[cut:]
+        self.entries = entries
         if memo is not None and memo[0] is key and memo[2] is before:
-            self.memo = (key, entry, entries, memo[3] + 1)
+            found = memo[3] + 1
+            for at in range(0, cut, width):  # the dropped calls that had it
+                if joined.startswith(entry, at):
+                    found -= 1
+            self.memo = (key, entry, entries, found)
 
     def extend(self, keys: Iterable[Any]) -> None:
         for key in keys:
@@ -366,9 +402,10 @@ class CallWindow:
     def matches_back(self, key: Any, calls: int, whole: bool = True) -> list[bool]:
         """For the window's last `calls` calls, newest first: whether each has `key` (`whole`),
         or its tool and arguments."""
-        entry = self._entry(key, False)
+        memo = self.memo
+        entry = memo[1] if memo is not None and memo[0] is key else self._entry(key, False)
         width = self.width
-        calls = min(calls, len(self))
+        calls = min(calls, len(self.entries) // width)
         if entry is None:
             return [False] * calls
         # The tool and arguments are an entry's last bytes (after the result's).

@@ -5,6 +5,7 @@ trace-state-v4.json bytes written by version 4, the last JSON one (every optiona
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import (
+    MARK_BYTES,
     STATE_VERSION,
     RecentCalls,
     RecentIds,
@@ -256,3 +258,21 @@ def test_a_later_versions_appended_sections_are_ignored():
     data[1] = STATE_VERSION + 1
     later = TraceState.from_bytes(bytes(data) + b"a later section")
     assert later.to_dict() == TraceState.from_bytes(V4.read_bytes()).to_dict()
+
+
+def test_ids_and_marks_that_fill_no_whole_entry_load_and_count_on():
+    """A JSON record whose span ids, call ends and window marks do not fit the fixed-width
+    entries (an odd length, a count off by one) still loads: the ids whole, the marks aligned
+    with the window, and the window counts its calls."""
+    key = ("search", "0123456789abcdef", None)
+    record = TraceState().to_dict()
+    record["v"] = 4
+    record["window"] = [list(key)] * 3
+    record["window_marks"] = base64.b64encode(bytes(20)).decode()  # 1.25 calls' marks
+    record["recent_span_ids"] = base64.b64encode(bytes(range(13))).decode()  # 1.6 ids
+    record["recent_call_ids"], record["recent_call_ends"] = ["a", "b"], [5]
+    state = TraceState.from_bytes(json.dumps(record).encode())
+    assert len(state.window) == 3 and len(state.window_marks) == 3 * MARK_BYTES
+    assert state.window.count(key) == 3 and len(state.recent_span_ids) == 2
+    assert dict(state.recent_call_ids.items()) == {call_id_key("a"): 0, call_id_key("b"): 0}
+    assert TraceState.from_bytes(state.to_bytes()).to_dict() == state.to_dict()
