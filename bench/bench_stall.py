@@ -88,8 +88,8 @@ def fill(store, now: float) -> None:
     batches = [rocksdict.WriteBatch(raw_mode=True) for _ in range(PARTITIONS)]
     for n in range(TRACES):
         state = TraceState(service="support-bot", last_seen=now - TTL - 3600 * (1 + n / TRACES))
-        # A window entry of state version 1's shape (no result hash), which from_dict reads.
-        state.window.extend([("search_docs", "1d79773f7dd21571")] * 3)  # type: ignore[list-item]
+        # A window entry as a state of version 1 held it (no result hash) reads back.
+        state.window.extend([("search_docs", "1d79773f7dd21571", None)] * 3)
         batches[n % PARTITIONS].put(f"{n:032x}".encode(), state.to_bytes())
     for partition, batch in enumerate(batches):
         store_write(store, partition, batch)

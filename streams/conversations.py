@@ -192,9 +192,8 @@ class WorkerConversations(ConversationGuard):
 
     def _store(self, record: Record, state: Any) -> None:
         recent = state.recent_span_ids
-        recent[record.span_id] = None
-        if len(recent) > MAX_RECENT_SPANS:
-            del recent[next(iter(recent))]  # the oldest
+        if record.span_id not in recent:
+            recent.add(record.span_id, MAX_RECENT_SPANS, slack=0)  # the oldest dropped
         super()._store(record, state)
 
 

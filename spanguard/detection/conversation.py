@@ -44,7 +44,7 @@ from spanguard.detection.rules.base import FLAG, KILL, Fired, Trip
 from spanguard.detection.rules.cycle import Cycle
 from spanguard.detection.rules.tool_loop import ToolLoop
 from spanguard.detection.scope import ScopeGuard
-from spanguard.detection.trace_state import MARK_BYTES, CallKey, TraceState, call_mark
+from spanguard.detection.trace_state import CallKey, TraceState, call_mark, trim_window
 from spanguard.schemas.decision import Decision, ScopeKind, Spend
 from spanguard.schemas.policy import AgentPolicy, Policy
 
@@ -270,6 +270,7 @@ class ConversationGuard(ScopeGuard):
                 _remember(state.killed, f"{rule.name}:{record.trace_id}")
                 state.restart_window()  # another kill needs a repeat of its own
             break
+        state.window.memo = None  # the key's entry, packed for the rules: not kept
         self._store(record, state)
         return decision
 
@@ -344,20 +345,12 @@ class ConversationGuard(ScopeGuard):
             state.traces.popitem(last=False)
 
     def _slide(self, state: ConversationState, record: ConversationCall, size: int) -> None:
-        key = record.key
-        state.window.append(key)
+        state.window.append(record.key)
         state.window_traces.append(record.trace_id)
         state.window_marks += call_mark(record.span_id, record.end_time_unix_nano)
-        state.counts[key] = state.counts.get(key, 0) + 1
-        while len(state.window) > size:
-            oldest = state.window.popleft()
+        while len(state.window_traces) > size:
             state.window_traces.popleft()
-            del state.window_marks[:MARK_BYTES]
-            remaining = state.counts[oldest] - 1
-            if remaining:
-                state.counts[oldest] = remaining
-            else:
-                del state.counts[oldest]
+        trim_window(state, size)
         state.last_seen = self.clock()
 
     @staticmethod
@@ -365,7 +358,7 @@ class ConversationGuard(ScopeGuard):
         """How many traces the trip's evidence spans: the repeated call's (tool_loop), or the
         calls of the repeated rounds (cycle)."""
         steps = min(trip.evidence.steps or len(state.window), len(state.window))
-        keys = list(islice(reversed(state.window), steps))
+        keys = state.window.newest_first(steps)
         traces = list(islice(reversed(state.window_traces), steps))
         if trip.evidence.period is None:  # tool_loop: the traces of the repeated key
             repeated = state.window[-1]

@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any, cast
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -86,12 +85,13 @@ from spanguard.detection.rules.base import (
 )
 from spanguard.detection.scope import ScopeGuard
 from spanguard.detection.trace_state import (
+    MARK_BYTES,
     CallKey,
     TraceState,
     call_id_key,
     call_mark,
     iso_from_micros,
-    trim_window,
+    shared_text,
 )
 from spanguard.outcomes import CountedOutcome
 from spanguard.schemas.decision import (
@@ -413,7 +413,9 @@ class Guard:
                                     resource_spans.resource.attributes, match_keys
                                 )
                             if state is None:
-                                state = TraceState(resource.service, resource.agent_name)
+                                state = TraceState(
+                                    shared_text(resource.service), resource.agent_name
+                                )
                         touched[trace_id] = state
                     if isinstance(event, tuple):
                         # A LiteLLM proxy span: the tool calls its request answered, then
@@ -507,34 +509,28 @@ class Guard:
         if isinstance(event, AgentSeen):
             return None
         limit = plan.recent_ids
-        recent = state.recent_span_ids
-        span_id = event.span_id
-        if span_id in recent:
+        # Remembered when new (the newest `limit` kept, trimmed in bulk).
+        if state.recent_span_ids.seen(event.span_id, limit):
             self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
             return None
-        recent[span_id] = None
-        if len(recent) > limit + (limit >> 2):  # the newest `limit` kept, trimmed in bulk
-            state.recent_span_ids = dict.fromkeys(islice(recent, len(recent) - limit, None))
         if isinstance(event, ToolCall):
             if event.call_id is not None:
                 call_key = call_id_key(event.call_id)
                 recent_calls = state.recent_call_ids
-                ended = recent_calls.get(call_key)
-                start_micros = event.start_time_unix_nano // 1000
-                if ended is not None and (not ended or not start_micros or start_micros < ended):
-                    # The same call id on a span that overlaps the counted one (or times
-                    # unknown): a partial span of that call. One that starts after it ended
-                    # is the call made again (a harness re-issuing it, a model reusing ids).
-                    self.stats.repeated_call_ids += 1
-                    return None
+                end_micros = event.end_time_unix_nano // 1000
+                ended = recent_calls.note(call_key, end_micros, limit)  # added when new
                 if ended is not None:
+                    start_micros = event.start_time_unix_nano // 1000
+                    if not ended or not start_micros or start_micros < ended:
+                        # The same call id on a span that overlaps the counted one (or times
+                        # unknown): a partial span of that call. One that starts after it
+                        # ended is the call made again (a harness re-issuing it, a model
+                        # reusing ids).
+                        self.stats.repeated_call_ids += 1
+                        return None
                     self.stats.reissued_call_ids += 1
-                    del recent_calls[call_key]  # kept newest last, for the trim below
-                recent_calls[call_key] = event.end_time_unix_nano // 1000
-                if len(recent_calls) > limit + (limit >> 2):
-                    state.recent_call_ids = dict(
-                        islice(recent_calls.items(), len(recent_calls) - limit, None)
-                    )
+                    recent_calls.remove(call_key)  # kept newest last, for the trim
+                    recent_calls.add(call_key, end_micros, limit)
             return self._on_tool_call(trace_id, state, event, policy, plan)
         return self._on_tokens(trace_id, state, event, policy, plan)
 
@@ -645,12 +641,12 @@ class Guard:
         for counting in plan.counting:
             counting.count(state, call, key, policy)
         # The call joins the window (_slide, inlined: this runs on every call).
-        window, counts, marks = state.window, state.counts, state.window_marks
-        window.append(key)
-        marks += call_mark(call.span_id, call.end_time_unix_nano)
-        counts[key] = counts.get(key, 0) + 1
-        if len(window) > plan.history:
-            trim_window(window, counts, marks, plan.history)
+        history = plan.history
+        state.window.push(key, history)
+        marks = state.window_marks + call_mark(call.span_id, call.end_time_unix_nano)
+        if len(marks) > history * MARK_BYTES:  # a mark a call of the window
+            marks = marks[len(marks) - history * MARK_BYTES :]
+        state.window_marks = marks
         if self.observers or self.conversations is not None:
             self._tell_call(trace_id, state, call, key)
         if self.tools is not None:
@@ -660,6 +656,7 @@ class Guard:
         if plan.handoff_rules and (call.handoff or state.agent_tree is not None):
             rules = rules + plan.handoff_rules  # a trace with agents: rare, and short lists
         fired = state.fired
+        decision = None
         for rule, wanted in rules:
             if fired and (rule.killed in fired or (wanted == FLAG and rule.flagged in fired)):
                 continue  # decided already: once per trace and rule
@@ -670,8 +667,9 @@ class Guard:
                 rule, trip, wanted, trace_id, state, policy, call.span_id, call.end_time_unix_nano
             )
             if decision is not None:
-                return decision
-        return None
+                break
+        state.window.memo = None  # the key's entry, packed for the rules: not kept
+        return decision
 
     def _on_agent_run(
         self, trace_id: str, state: TraceState, run: AgentRun, resource: ResourceInfo | None

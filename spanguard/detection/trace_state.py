@@ -13,12 +13,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from hashlib import blake2b
-from itertools import islice
 from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
@@ -32,12 +31,16 @@ __all__ = [
     "MARK_BYTES",
     "STATE_VERSION",
     "CallKey",
+    "CallWindow",
+    "RecentCalls",
+    "RecentIds",
     "StateDecodeError",
     "TraceState",
     "call_id_key",
     "call_mark",
     "encode_record",
     "iso_from_micros",
+    "shared_text",
     "stored_state_last_seen",
     "trim_window",
 ]
@@ -74,6 +77,441 @@ def call_mark(span_id: bytes, end_unix_nano: int) -> bytes:
     return _MARK(span_id, end_unix_nano // 1000 if end_unix_nano > 0 else 0)
 
 
+# -- compact containers ------------------------------------------------------------------------
+#
+# A trace's state is kept for every active trace: its recent ids and its window live in bytes
+# objects of fixed-width entries (a dict or a deque of tuples and strings costs several times
+# as much), searched with bytes.find and counted where an entry starts.
+
+_ID_BYTES: Final = 8
+_CALL_ENTRY_BYTES: Final = 16  # a call id's key, then when its call ended (signed microseconds)
+# A window entry: the result hash, the tool's place in `texts`, the args hash; a hash as a form
+# byte and 8 bytes (the raw hash, or the text's place in `texts`).
+_TOOL_BYTES: Final = 4
+_HASH_BYTES: Final = 9
+_CALL_WIDTH: Final = _TOOL_BYTES + 2 * _HASH_BYTES
+_POLL_WIDTH: Final = _TOOL_BYTES + _HASH_BYTES
+_NO_HASH: Final = bytes(_HASH_BYTES)
+_HEX_FORM: Final = b"\x01"
+_TEXT_FORM: Final = b"\x02"
+
+
+def _entry_at(data: bytes, entry: bytes, width: int, start: int = 0) -> int:
+    """Where `entry` starts an entry of `data` (entries of `width` bytes), from `start`; -1
+    when none does. A match across two entries is skipped."""
+    at = data.find(entry, start)
+    while at >= 0 and at % width:
+        at = data.find(entry, at + 1)
+    return at
+
+
+# Tool and service names (and the odd hash that is no hex) as one string object for every trace
+# that names them: each span brings its own copy. Bounded: names past it are kept per trace.
+_SHARED_TEXTS: Final[dict[str, str]] = {}
+_MAX_SHARED_TEXTS: Final = 4096
+
+
+def shared_text(text: str) -> str:
+    """`text` as the one object every trace naming it holds (up to a bound)."""
+    shared = _SHARED_TEXTS.get(text)
+    if shared is not None:
+        return shared
+    if len(_SHARED_TEXTS) < _MAX_SHARED_TEXTS:
+        _SHARED_TEXTS[text] = text
+    return text
+
+
+def _as_id(raw: bytes) -> bytes:
+    """An id as 8 bytes: span ids are; anything else is kept as 8 bytes of its digest."""
+    if len(raw) == _ID_BYTES:
+        return raw
+    return blake2b(raw, digest_size=_ID_BYTES).digest()
+
+
+@dataclass(slots=True)
+class RecentIds:
+    """Span ids, oldest first, 8 bytes each in one bytes object."""
+
+    data: bytes = b""
+
+    @classmethod
+    def of(cls, ids: Iterable[bytes]) -> RecentIds:
+        return cls(b"".join(map(_as_id, ids)))
+
+    def __contains__(self, span_id: object) -> bool:
+        if not isinstance(span_id, bytes):
+            return False
+        if len(span_id) != _ID_BYTES:
+            span_id = _as_id(span_id)
+        data = self.data
+        at = data.find(span_id)
+        while at >= 0 and at % _ID_BYTES:  # across two ids: neither
+            at = data.find(span_id, at + 1)
+        return at >= 0
+
+    def __len__(self) -> int:
+        return len(self.data) // _ID_BYTES
+
+    def __iter__(self) -> Iterator[bytes]:
+        data = self.data
+        return (data[at : at + _ID_BYTES] for at in range(0, len(data), _ID_BYTES))
+
+    def seen(self, span_id: bytes, keep: int) -> bool:
+        """Whether `span_id` is among the ids; if not, it is added as by `add` (one call: this
+        runs on every span)."""
+        if len(span_id) != _ID_BYTES:
+            span_id = _as_id(span_id)
+        data = self.data
+        at = data.find(span_id)
+        while at >= 0:
+            if not at % _ID_BYTES:
+                return True
+            at = data.find(span_id, at + 1)  # across two ids: neither
+        data += span_id
+        if len(data) > (keep + (keep >> 2)) * _ID_BYTES:
+            data = data[len(data) - keep * _ID_BYTES :]
+        self.data = data
+        return False
+
+    def add(self, span_id: bytes, keep: int, slack: int = -1) -> None:
+        """Remember `span_id`; past `keep` and `slack` more (a quarter of `keep` unless given),
+        only the newest `keep` are kept: trimmed in bulk, a copy each time costs more."""
+        data = self.data + (span_id if len(span_id) == _ID_BYTES else _as_id(span_id))
+        if len(data) > (keep + (keep >> 2 if slack < 0 else slack)) * _ID_BYTES:
+            data = data[len(data) - keep * _ID_BYTES :]
+        self.data = data
+
+
+@dataclass(slots=True)
+class RecentCalls:
+    """Call ids' keys (call_id_key) and when their counted spans ended (microseconds; 0:
+    unknown), oldest first, 16 bytes each in one bytes object."""
+
+    data: bytes = b""
+
+    @classmethod
+    def of(cls, ends: Iterable[tuple[bytes, int]]) -> RecentCalls:
+        calls = cls()
+        for key, micros in ends:
+            calls.remove(key)
+            calls.add(key, micros)
+        return calls
+
+    def __len__(self) -> int:
+        return len(self.data) // _CALL_ENTRY_BYTES
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def keys(self) -> list[bytes]:
+        data = self.data
+        return [data[at : at + _ID_BYTES] for at in range(0, len(data), _CALL_ENTRY_BYTES)]
+
+    def values(self) -> list[int]:
+        data = self.data
+        return [
+            int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
+            for at in range(0, len(data), _CALL_ENTRY_BYTES)
+        ]
+
+    def items(self) -> list[tuple[bytes, int]]:
+        return list(zip(self.keys(), self.values(), strict=True))
+
+    def get(self, key: bytes) -> int | None:
+        data = self.data
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        at = data.find(key)
+        while at >= 0 and at % _CALL_ENTRY_BYTES:  # in a time, or across two entries
+            at = data.find(key, at + 1)
+        if at < 0:
+            return None
+        return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
+
+    def note(self, key: bytes, micros: int, keep: int) -> int | None:
+        """When `key`'s call ended, left as it is, if it is among them; else None, and it is
+        added as by `add` (one search for both: this runs on every call with an id)."""
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        data = self.data
+        at = data.find(key)
+        while at >= 0:
+            if not at % _CALL_ENTRY_BYTES:
+                return int.from_bytes(
+                    data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True
+                )
+            at = data.find(key, at + 1)  # in a time, or across two entries
+        data += key + micros.to_bytes(8, "big", signed=True)
+        if len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
+            data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
+        self.data = data
+        return None
+
+    def remove(self, key: bytes) -> None:
+        data = self.data
+        at = _entry_at(data, _as_id(key), _CALL_ENTRY_BYTES)
+        if at >= 0:
+            self.data = data[:at] + data[at + _CALL_ENTRY_BYTES :]
+
+    def add(self, key: bytes, micros: int, keep: int = 0) -> None:
+        """Remember `key`, not among them, as the newest with when its call ended; with
+        `keep`, past `keep` and a quarter only the newest `keep` are kept (in bulk)."""
+        if len(key) != _ID_BYTES:
+            key = _as_id(key)
+        data = self.data + key + micros.to_bytes(8, "big", signed=True)
+        if keep and len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
+            data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
+        self.data = data
+
+
+@dataclass(slots=True, eq=False)
+class CallWindow:
+    """The keys of a trace's last calls, oldest first: (tool, args hash, result hash) tuples,
+    or (tool, args hash) pairs in a poll window (`width` _POLL_WIDTH).
+
+    Kept as fixed-width entries in one bytes object: the result hash (none in a poll window),
+    the tool's place in `texts` (4 bytes), the args hash; a hash as a form byte and 8 bytes:
+    its raw bytes when it is 16 lowercase hex digits (nearly always), else its text's place in
+    `texts`. Iterating gives the keys back;
+    the rules count and compare entries without building them (`count`, `matches_back`)."""
+
+    width: int = _CALL_WIDTH
+    entries: bytes = b""
+    texts: tuple[str, ...] = ()  # tool names and hashes that are not 16 hex digits
+    # The last key packed, its entry, and how many calls of `entries` (when it was counted
+    # in this very object) have it: a call's key is packed and counted once for every rule,
+    # and kept counted as the call joins the window. The guard drops it once the rules ran.
+    memo: tuple[Any, bytes, bytes | None, int] | None = None
+
+    @classmethod
+    def of(cls, keys: Iterable[Sequence[Any]], width: int = _CALL_WIDTH) -> CallWindow:
+        window = cls(width)
+        for key in keys:
+            window.append(tuple(key))
+        window.memo = None
+        return window
+
+    def __len__(self) -> int:
+        return len(self.entries) // self.width
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.last(len(self)))
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(self.newest_first(len(self)))
+
+    def __getitem__(self, index: int) -> Any:
+        size = len(self)
+        place = index + size if index < 0 else index
+        if not 0 <= place < size:
+            raise IndexError("window index out of range")
+        return self._key(place * self.width)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CallWindow):
+            return NotImplemented
+        return self.width == other.width and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"CallWindow({list(self)!r})"
+
+    def append(self, key: Any) -> None:
+        self.push(key, -1)
+
+    def push(self, key: Any, keep: int) -> None:
+        """Append `key`; the oldest calls past `keep` (unless negative) are dropped (one call:
+        the guard makes it for every call)."""
+        memo = self.memo
+        if memo is not None and memo[0] is key:
+            entry = memo[1]  # packed by a rule that counted it
+        else:
+            if len(self.texts) > 3 * len(self.entries) // self.width + 16:
+                self._compact()
+            entry = self._entry(key, True)  # type: ignore[assignment]
+            memo = self.memo
+        before, width = self.entries, self.width
+        joined = entries = before + entry
+        cut = len(joined) - keep * width if keep >= 0 else 0
+        if cut > 0:
+            entries = joined[cut:]
+        self.entries = entries
+        if memo is not None and memo[0] is key and memo[2] is before:
+            found = memo[3] + 1
+            for at in range(0, cut, width):  # the dropped calls that had it
+                if joined.startswith(entry, at):
+                    found -= 1
+            self.memo = (key, entry, entries, found)
+
+    def extend(self, keys: Iterable[Any]) -> None:
+        for key in keys:
+            self.append(key)
+
+    def clear(self) -> None:
+        self.entries = b""
+        self.texts = ()
+        self.memo = None
+
+    def drop_oldest(self, calls: int) -> None:
+        if calls <= 0:
+            return
+        before, cut, width = self.entries, calls * self.width, self.width
+        entries = self.entries = before[cut:]
+        memo = self.memo
+        if memo is not None and memo[2] is before:
+            entry = memo[1]
+            dropped = 0
+            for at in range(0, cut, width):
+                if before.startswith(entry, at):
+                    dropped += 1
+            self.memo = (memo[0], entry, entries, memo[3] - dropped)
+
+    def count(self, key: Any) -> int:
+        """How many calls of the window have `key`."""
+        memo, entries = self.memo, self.entries
+        if memo is not None and memo[0] is key and memo[2] is entries:
+            return memo[3]
+        entry = self._entry(key, False)
+        if entry is None:
+            return 0
+        width = self.width
+        found = 0
+        at = entries.find(entry)
+        while at >= 0:
+            if at % width:  # across two entries: no call's
+                at = entries.find(entry, at + 1)
+                continue
+            found += 1
+            at = entries.find(entry, at + width)
+        if width == _CALL_WIDTH:
+            self.memo = (key, entry, entries, found)
+        return found
+
+    def count_recent(self, key: Any, last: int) -> int:
+        """How many of the window's last `last` calls have `key`."""
+        if last >= len(self):
+            return self.count(key)
+        recent = CallWindow(self.width, self.entries[-last * self.width :], self.texts, self.memo)
+        return recent.count(key)
+
+    def __contains__(self, key: object) -> bool:
+        return self.count(key) > 0
+
+    def matches_back(self, key: Any, calls: int, whole: bool = True) -> list[bool]:
+        """For the window's last `calls` calls, newest first: whether each has `key` (`whole`),
+        or its tool and arguments."""
+        memo = self.memo
+        entry = memo[1] if memo is not None and memo[0] is key else self._entry(key, False)
+        width = self.width
+        calls = min(calls, len(self.entries) // width)
+        if entry is None:
+            return [False] * calls
+        # The tool and arguments are an entry's last bytes (after the result's).
+        skip = 0 if whole else width - _TOOL_BYTES - _HASH_BYTES
+        probe = entry[skip:]
+        entries, end = self.entries, len(self.entries) + skip
+        return [entries.startswith(probe, end - back * width) for back in range(1, calls + 1)]
+
+    def last(self, calls: int) -> list[Any]:
+        """The window's last `calls` keys, oldest first."""
+        width = self.width
+        start = max(len(self.entries) - calls * width, 0)
+        return [self._key(at) for at in range(start, len(self.entries), width)]
+
+    def newest_first(self, calls: int) -> list[Any]:
+        """The window's last `calls` keys, newest first."""
+        keys = self.last(calls)
+        keys.reverse()
+        return keys
+
+    def _entry(self, key: Any, add: bool) -> bytes | None:
+        """`key`'s entry; None when it cannot be in the window (a text the window has not), or,
+        with `add`, the texts it needs added."""
+        memo = self.memo
+        if memo is not None and memo[0] is key:
+            return memo[1]
+        texts = self.texts
+        tool = key[0]
+        try:
+            index = texts.index(tool)
+        except ValueError:
+            if not add:
+                return None
+            index = self._add_text(tool)
+        poll = self.width == _POLL_WIDTH
+        # The result's part first, the arguments' last: bytes.find checks a needle's last
+        # byte first, and a hash's is nearly never the same.
+        entry = b"" if poll else self._hash_part(key[2], add)
+        if entry is None:
+            return None
+        args = self._hash_part(key[1], add)
+        if args is None:
+            return None
+        entry += index.to_bytes(_TOOL_BYTES, "big") + args
+        if not poll:  # a poll's key is made anew for each use: no memo
+            self.memo = (key, entry, None, 0)
+        return entry
+
+    def _hash_part(self, digest: str | None, add: bool) -> bytes | None:
+        if digest is None:
+            return _NO_HASH
+        if len(digest) == 16:
+            try:
+                raw = bytes.fromhex(digest)
+            except ValueError:
+                raw = b""
+            if len(raw) == 8 and raw.hex() == digest:
+                return _HEX_FORM + raw
+        return self._text_part(digest, add)
+
+    def _text_part(self, text: str, add: bool) -> bytes | None:
+        texts = self.texts
+        if text in texts:
+            index = texts.index(text)
+        elif add:
+            index = self._add_text(text)
+        else:
+            return None
+        return _TEXT_FORM + index.to_bytes(_HASH_BYTES - 1, "big")
+
+    def _add_text(self, text: str) -> int:
+        self.texts = (*self.texts, shared_text(text))
+        return len(self.texts) - 1
+
+    def _compact(self) -> None:
+        """Texts the window's calls no longer name are dropped (their places change)."""
+        keys = list(self)
+        self.clear()
+        for key in keys:
+            self.entries += self._entry(key, True)  # type: ignore[operator]
+
+    def _key(self, at: int) -> Any:
+        entries = self.entries
+        if self.width == _POLL_WIDTH:
+            tool = self.texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
+            return (tool, self._hash_at(at + _TOOL_BYTES))
+        result = self._hash_at(at)
+        at += _HASH_BYTES
+        tool = self.texts[int.from_bytes(entries[at : at + _TOOL_BYTES], "big")]
+        return (tool, self._hash_at(at + _TOOL_BYTES), result)
+
+    def _hash_at(self, at: int) -> str | None:
+        entries = self.entries
+        form = entries[at]
+        if not form:
+            return None
+        payload = entries[at + 1 : at + _HASH_BYTES]
+        if form == _HEX_FORM[0]:
+            return payload.hex()
+        return self.texts[int.from_bytes(payload, "big")]
+
+
+def _poll_window() -> CallWindow:
+    return CallWindow(_POLL_WIDTH)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # the conversation's state extends it
 @dataclass(slots=True)
 class TraceState:
@@ -81,22 +519,20 @@ class TraceState:
 
     service: str = "unknown_service"
     agent_name: str | None = None
-    # (tool name, args hash or None, result hash or None) of the last `window` calls.
-    window: deque[CallKey] = field(default_factory=deque)
-    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytearray (a deque
+    # (tool name, args hash or None, result hash or None) of the last `window` calls; the
+    # rules count them there (`CallWindow.count`).
+    window: CallWindow = field(default_factory=CallWindow)
+    # Aligned with `window`: each call's call_mark(), 16 bytes a call in one bytes object (a deque
     # of small bytes would cost several times that), so a decision can show the window as it
     # was when it tripped (span ids and times; the keys are in `window`).
-    window_marks: bytearray = field(default_factory=bytearray)
-    counts: dict[CallKey, int] = field(default_factory=dict)
+    window_marks: bytes = b""
     # (tool name, args hash) of the last `polling.window` calls whose result was recorded.
-    polls: deque[tuple[str, str]] = field(default_factory=deque)
-    poll_counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    # Oldest first. Plain dicts (a third of an OrderedDict's cost per span), trimmed in bulk by
-    # the guard: a dict drops its oldest entries cheaply only many at a time.
-    recent_span_ids: dict[bytes, None] = field(default_factory=dict)  # raw ids
+    polls: CallWindow = field(default_factory=_poll_window)
+    # Oldest first, trimmed in bulk by the guard.
+    recent_span_ids: RecentIds = field(default_factory=RecentIds)  # raw ids
     # Call id (its call_id_key) -> when its counted span ended (microseconds; 0: unknown, as in
     # states written before version 4).
-    recent_call_ids: dict[bytes, int] = field(default_factory=dict)
+    recent_call_ids: RecentCalls = field(default_factory=RecentCalls)
     inference_tokens: int | None = None
     aggregate_tokens: int = 0
     fired: set[Fired] = field(default_factory=set)  # (rule, action) already decided
@@ -120,6 +556,16 @@ class TraceState:
     # or handoff, so a single-agent trace costs nothing more.
     agent_tree: AgentTree | None = None
 
+    @property
+    def counts(self) -> dict[CallKey, int]:
+        """How many times each call of the window was made (the rules count its entries)."""
+        return dict(Counter(self.window))
+
+    @property
+    def poll_counts(self) -> dict[tuple[str, str], int]:
+        """How many times each poll of `polls` was made."""
+        return dict(Counter(self.polls))
+
     def to_dict(self) -> dict[str, Any]:
         record = {
             "v": STATE_VERSION,
@@ -130,7 +576,7 @@ class TraceState:
             "window_marks": base64.b64encode(self.window_marks).decode(),
             # One base64 string of the 8-byte ids: a third of the size of a list of hex strings,
             # and it is written to the changelog on every update.
-            "recent_span_ids": base64.b64encode(b"".join(self.recent_span_ids)).decode(),
+            "recent_span_ids": base64.b64encode(self.recent_span_ids.data).decode(),
             # Hex keys from version 5: an earlier version reads them as ids no call has.
             "recent_call_ids": [key.hex() for key in self.recent_call_ids],
             "recent_call_ends": list(self.recent_call_ids.values()),  # version 4
@@ -156,18 +602,18 @@ class TraceState:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TraceState:
         # Records written before results were read hold (tool, args hash) pairs.
-        window = deque(_call_key(key) for key in record["window"])
-        polls = deque((tool, digest) for tool, digest in record.get("polls", ()))
-        marks = _aligned(bytearray(base64.b64decode(record.get("window_marks", ""))), len(window))
+        window = CallWindow.of(_call_key(key) for key in record["window"])
+        polls = CallWindow.of(
+            ((tool, digest) for tool, digest in record.get("polls", ())), _POLL_WIDTH
+        )
+        marks = _aligned(base64.b64decode(record.get("window_marks", "")), len(window))
         return cls(
             service=record["service"],
             agent_name=record["agent_name"],
             window=window,
             window_marks=marks,
-            counts=dict(Counter(window)),
             polls=polls,
-            poll_counts=dict(Counter(polls)),
-            recent_span_ids=dict.fromkeys(_split_ids(record["recent_span_ids"])),
+            recent_span_ids=RecentIds.of(_split_ids(record["recent_span_ids"])),
             recent_call_ids=_call_ends(record),
             inference_tokens=record["inference_tokens"],
             aggregate_tokens=record["aggregate_tokens"],
@@ -214,10 +660,8 @@ class TraceState:
 
     def restart_window(self) -> None:
         self.window.clear()
-        self.window_marks.clear()
-        self.counts.clear()
+        self.window_marks = b""
         self.polls.clear()
-        self.poll_counts.clear()
         self.cycle_runs = None
         if self.agent_tree is not None:
             self.agent_tree.handoffs.clear()
@@ -237,7 +681,7 @@ class TraceState:
             return
         if not keep_from:
             return
-        trim_window(self.window, self.counts, marks, len(self.window) - keep_from)
+        trim_window(self, len(self.window) - keep_from)
         self.cycle_runs = None
 
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
@@ -247,7 +691,7 @@ class TraceState:
         marks = self.window_marks
         skip = 0 if last is None else max(len(self.window) - last, 0)
         starts = range(skip * MARK_BYTES, len(marks), MARK_BYTES)
-        keys = islice(self.window, skip, None)
+        keys = self.window.last(len(self.window) - skip)
         for (tool_name, digest, _result), start in zip(keys, starts, strict=True):
             mark = marks[start : start + MARK_BYTES]
             micros = int.from_bytes(mark[8:], "big")
@@ -262,17 +706,13 @@ class TraceState:
         return calls
 
 
-def trim_window(window: Any, counts: dict[Any, int], marks: bytearray, size: int) -> None:
-    """Drop the oldest calls of a window grown past `size`, with their counts and the marks
-    aligned with it."""
-    while len(window) > size:
-        oldest = window.popleft()
-        del marks[:MARK_BYTES]
-        remaining = counts[oldest] - 1
-        if remaining:
-            counts[oldest] = remaining
-        else:
-            del counts[oldest]
+def trim_window(state: TraceState, size: int) -> None:
+    """Drop the oldest calls of a state's window grown past `size`, with the marks aligned
+    with it."""
+    excess = len(state.window) - size
+    if excess > 0:
+        state.window.drop_oldest(excess)
+        state.window_marks = state.window_marks[excess * MARK_BYTES :]
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -281,13 +721,13 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return compact_json.dumps(record)
 
 
-def _aligned(marks: bytearray, calls: int) -> bytearray:
+def _aligned(marks: bytes, calls: int) -> bytes:
     """`marks` for a window of `calls` calls: a state written before marks existed (or one
     built without them) has unknown span ids and times for its calls."""
     wanted = calls * MARK_BYTES
     if len(marks) == wanted:
         return marks
-    return bytearray(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
+    return bytes(max(wanted - len(marks), 0)) + marks[max(len(marks) - wanted, 0) :]
 
 
 def _call_key(key: Sequence[Any]) -> CallKey:
@@ -307,7 +747,7 @@ def call_id_key(call_id: str) -> bytes:
     return blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
-def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
+def _call_ends(record: dict[str, Any]) -> RecentCalls:
     """Call ids' keys and their spans' end times; 0 for states written before version 4. Until
     version 5 the record held the ids themselves."""
     if record.get("v", 1) >= 5:
@@ -316,8 +756,8 @@ def _call_ends(record: dict[str, Any]) -> dict[bytes, int]:
         ids = [call_id_key(call_id) for call_id in record["recent_call_ids"]]
     ends = record.get("recent_call_ends")
     if not isinstance(ends, list) or len(ends) != len(ids):
-        return dict.fromkeys(ids, 0)
-    return dict(zip(ids, ends, strict=True))
+        return RecentCalls.of((key, 0) for key in ids)
+    return RecentCalls.of(zip(ids, ends, strict=True))
 
 
 def _split_ids(encoded: str) -> list[bytes]:
@@ -418,7 +858,7 @@ def _put_time(out: bytearray, micros: int, previous: int) -> int:
     return micros
 
 
-def _time_base(marks: bytearray, ends: dict[bytes, int]) -> int:
+def _time_base(marks: bytes, ends: RecentCalls) -> int:
     for start in range(len(marks) - MARK_BYTES, -1, -MARK_BYTES):
         micros = int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big")
         if micros:
@@ -508,11 +948,8 @@ def _put_calls(out: bytearray, state: TraceState) -> None:
     if len(marks) % MARK_BYTES:
         raise _NotBinary("window marks not whole")
     span_ids = state.recent_span_ids
-    joined = b"".join(span_ids)
-    if len(joined) != 8 * len(span_ids):
-        raise _NotBinary("a span id not of 8 bytes")
     _put_uint(out, len(span_ids))
-    out += joined
+    out += span_ids.data
     place = {span_id: at for at, span_id in enumerate(span_ids, 1)}
     base = _time_base(marks, ends)
     _put_uint(out, base)
@@ -527,11 +964,8 @@ def _put_calls(out: bytearray, state: TraceState) -> None:
         previous = _put_time(
             out, int.from_bytes(marks[start + 8 : start + MARK_BYTES], "big"), previous
         )
-    keys = b"".join(ends)
-    if len(keys) != 8 * len(ends):
-        raise _NotBinary("a call id key not of 8 bytes")
     _put_uint(out, len(ends))
-    out += keys
+    out += b"".join(ends.keys())
     previous = base
     for micros in ends.values():
         previous = _put_time(out, micros, previous)
@@ -627,13 +1061,13 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
     state = cls(last_seen=last_seen)
     _read_scalars(reader, state)
     tools = [reader.text() for _ in range(reader.count())]
-    window: deque[CallKey] = deque()
+    window = CallWindow()
     for _ in range(reader.count()):
         tool = reader.tool(tools)
         forms = reader.byte()
         args = reader.digest(forms & 3)
         window.append((tool, args, reader.digest(forms >> 2)))
-    polls: deque[tuple[str, str]] = deque()
+    polls = _poll_window()
     for _ in range(reader.count()):
         tool = reader.tool(tools)
         args = reader.digest(reader.byte())
@@ -651,10 +1085,9 @@ def _decode_state(cls: type[TraceState], data: bytes) -> TraceState:
     # A later version appends sections after these; trailing bytes of this one are garbage.
     if version == STATE_VERSION and reader.at != len(data):
         raise StateDecodeError(f"{len(data) - reader.at} bytes after the state")
+    window.memo = None
     state.window = window
-    state.counts = dict(Counter(window))
     state.polls = polls
-    state.poll_counts = dict(Counter(polls))
     return state
 
 
@@ -684,7 +1117,7 @@ def _read_scalars(reader: _Reader, state: TraceState) -> None:
 def _read_calls(reader: _Reader, state: TraceState) -> None:
     raw = reader.raw(8 * reader.count())
     span_ids = [raw[i : i + 8] for i in range(0, len(raw), 8)]
-    state.recent_span_ids = dict.fromkeys(span_ids)
+    state.recent_span_ids = RecentIds(raw)
     previous = base = reader.uint()
     marks = bytearray()
     for _ in range(reader.count()):
@@ -695,12 +1128,13 @@ def _read_calls(reader: _Reader, state: TraceState) -> None:
         micros = reader.time(previous)
         marks += micros.to_bytes(8, "big")
         previous = micros or previous
-    state.window_marks = marks
+    state.window_marks = bytes(marks)
     raw = reader.raw(8 * reader.count())
-    ends: dict[bytes, int] = {}
+    ends = RecentCalls()
     previous = base
     for at in range(0, len(raw), 8):
         micros = reader.time(previous)
-        ends[raw[at : at + 8]] = micros
+        ends.remove(raw[at : at + 8])
+        ends.add(raw[at : at + 8], micros)
         previous = micros or previous
     state.recent_call_ids = ends

@@ -10,7 +10,7 @@ import pytest
 from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.guard import Guard
 from spanguard.detection.rules import CYCLE
-from spanguard.detection.trace_state import TraceState
+from spanguard.detection.trace_state import CallWindow, TraceState
 from spanguard.schemas.decision import KillSignal, validate
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, one_request_per_span, span_id_of
@@ -240,20 +240,13 @@ def test_runs_are_kept_only_while_a_call_repeats():
 
 
 def test_the_rule_costs_max_period_per_call_at_most():
-    """count() reads at most max_period earlier calls, however long the window is."""
-
-    class CountingWindow(list):
-        reads = 0
-
-        def __reversed__(self):
-            for item in super().__reversed__():
-                CountingWindow.reads += 1
-                yield item
-
+    """count() compares at most max_period earlier calls, however long the window is: the
+    window answers for its last `calls` calls only."""
     state = TraceState()
     key = ("grep", "a" * 16, "b" * 16)
-    state.window = CountingWindow([key] * 500)  # type: ignore[assignment]
-    state.counts = {key: 500}
+    state.window = CallWindow.of([key] * 500)
+    max_period = Policy().defaults.cycle.max_period
+    assert state.window.matches_back(key, max_period) == [True] * max_period
     call = ToolCall(b"\0" * 8, "grep", {}, None, None, None)
     CYCLE.count(state, call, key, Policy().defaults)
-    assert CountingWindow.reads <= Policy().defaults.cycle.max_period + 1
+    assert state.cycle_runs == [1] * max_period

@@ -5,6 +5,7 @@ trace-state-v4.json bytes written by version 4, the last JSON one (every optiona
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from pathlib import Path
@@ -16,7 +17,10 @@ from spanguard.detection.guard import Guard
 from spanguard.detection.results import EMPTY, EMPTY_RESULT_DIGESTS
 from spanguard.detection.rules.base import Fired
 from spanguard.detection.trace_state import (
+    MARK_BYTES,
     STATE_VERSION,
+    RecentCalls,
+    RecentIds,
     StateDecodeError,
     TraceState,
     call_id_key,
@@ -190,12 +194,11 @@ def _odd_state() -> TraceState:
     state.window_marks += b"\x02" * 8 + (2**63).to_bytes(8, "big")
     state.window_marks += b"\x03" * 8 + (1).to_bytes(8, "big")  # earlier: a negative offset
     state.polls.extend([("b", "not a hash"), ("tool-ü", "0123456789abcdef")])
-    state.recent_span_ids = dict.fromkeys([b"\x02" * 8, b"\x03" * 8, b"\x04" * 8])
-    state.recent_call_ids = {call_id_key("x"): 0, call_id_key("xy"): 7, call_id_key(""): 3}
+    state.recent_span_ids = RecentIds.of([b"\x02" * 8, b"\x03" * 8, b"\x04" * 8])
+    state.recent_call_ids = RecentCalls.of([(call_id_key("x"), 0), (call_id_key("xy"), 7)])
+    state.recent_call_ids.add(call_id_key(""), 3)
     state.inference_cost, state.aggregate_tokens = None, -3  # absurd, still written
     state.unpriced_tokens, state.cycle_runs = 2**80, [0, 1, 300]
-    state.counts = {key: state.window.count(key) for key in state.window}
-    state.poll_counts = {poll: 1 for poll in state.polls}
     return state
 
 
@@ -209,9 +212,16 @@ def test_the_binary_form_holds_every_shape_of_state():
 
 def test_a_state_the_binary_form_cannot_hold_is_written_as_json():
     state = TraceState(last_seen=3.0)
-    state.recent_span_ids = {b"short": None}  # span ids are 8 bytes: not this one
+    state.cycle_runs = [-1]  # run lengths are never negative: not this one
     data = state.to_bytes()
-    assert data.startswith(b"{") and TraceState.from_bytes(data).recent_span_ids == {b"short": None}
+    assert data.startswith(b"{") and TraceState.from_bytes(data).cycle_runs == [-1]
+
+
+def test_an_id_not_of_8_bytes_is_remembered_as_8():
+    state = TraceState(last_seen=3.0)
+    state.recent_span_ids.add(b"short", 32)
+    back = TraceState.from_bytes(state.to_bytes())
+    assert b"short" in back.recent_span_ids and len(back.recent_span_ids.data) == 8
 
 
 def test_a_field_of_another_type_than_declared_is_written_as_json():
@@ -248,3 +258,21 @@ def test_a_later_versions_appended_sections_are_ignored():
     data[1] = STATE_VERSION + 1
     later = TraceState.from_bytes(bytes(data) + b"a later section")
     assert later.to_dict() == TraceState.from_bytes(V4.read_bytes()).to_dict()
+
+
+def test_ids_and_marks_that_fill_no_whole_entry_load_and_count_on():
+    """A JSON record whose span ids, call ends and window marks do not fit the fixed-width
+    entries (an odd length, a count off by one) still loads: the ids whole, the marks aligned
+    with the window, and the window counts its calls."""
+    key = ("search", "0123456789abcdef", None)
+    record = TraceState().to_dict()
+    record["v"] = 4
+    record["window"] = [list(key)] * 3
+    record["window_marks"] = base64.b64encode(bytes(20)).decode()  # 1.25 calls' marks
+    record["recent_span_ids"] = base64.b64encode(bytes(range(13))).decode()  # 1.6 ids
+    record["recent_call_ids"], record["recent_call_ends"] = ["a", "b"], [5]
+    state = TraceState.from_bytes(json.dumps(record).encode())
+    assert len(state.window) == 3 and len(state.window_marks) == 3 * MARK_BYTES
+    assert state.window.count(key) == 3 and len(state.recent_span_ids) == 2
+    assert dict(state.recent_call_ids.items()) == {call_id_key("a"): 0, call_id_key("b"): 0}
+    assert TraceState.from_bytes(state.to_bytes()).to_dict() == state.to_dict()

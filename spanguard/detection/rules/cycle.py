@@ -15,7 +15,6 @@ tool and arguments alone, for agents whose rounds must stop however their result
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import TYPE_CHECKING
 
 from spanguard.detection.rules.base import OFF, ToolCallRule, Trip
@@ -48,7 +47,8 @@ class Cycle(ToolCallRule):
         if not cycle.enabled:
             return
         compare_results = cycle.compare_results
-        if key[1] is None or (compare_results and key not in state.counts):
+        window = state.window
+        if key[1] is None or (compare_results and not window.count(key)):
             # Not recorded (a tool name alone cannot tell a cycle from fresh arguments), or
             # not among the last max_period calls: every run breaks.
             state.cycle_runs = None
@@ -57,18 +57,10 @@ class Cycle(ToolCallRule):
         runs = state.cycle_runs or [0] * periods
         if len(runs) != periods:  # another policy entry's max_period: keep what fits
             runs = (runs + [0] * periods)[:periods]
-        # The calls 1, 2, ... max_period back: run[p - 1] grows where the call p back is equal.
-        earlier = islice(reversed(state.window), periods)
-        if compare_results:
-            fresh = [
-                run + 1 if seen == key else 0 for run, seen in zip(runs, earlier, strict=False)
-            ]
-        else:
-            tool, digest = key[0], key[1]
-            fresh = [
-                run + 1 if seen[0] == tool and seen[1] == digest else 0
-                for run, seen in zip(runs, earlier, strict=False)
-            ]
+        # The calls 1, 2, ... max_period back: run[p - 1] grows where the call p back is equal
+        # (with its result, or by tool and arguments alone).
+        equal = window.matches_back(key, periods, compare_results)
+        fresh = [run + 1 if same else 0 for run, same in zip(runs, equal, strict=False)]
         fresh += [0] * (periods - len(fresh))
         state.cycle_runs = fresh
 
@@ -88,7 +80,7 @@ class Cycle(ToolCallRule):
         for period in range(2, len(runs) + 1):
             if runs[period - 1] < needed * period or same_as_last >= period - 1:
                 continue
-            sequence = list(islice(reversed(state.window), period))[::-1]
+            sequence = state.window.last(period)
             if not self._may_trip(sequence, policy):
                 continue
             repeats = runs[period - 1] // period + 1

@@ -55,7 +55,7 @@ class HandoffCycle(ToolCallRule):
         back) forgets the handoffs before it."""
         tree = state.agent_tree
         if not call.handoff:
-            if tree is not None and tree.handoffs and state.counts.get(key) == 1:
+            if tree is not None and tree.handoffs and state.window.count(key) == 1:
                 result = key[2]
                 if result is not None and is_content(result):
                     tree.handoffs.clear()

@@ -16,7 +16,6 @@ before the span leaves) against the hashes of the same empty shapes.
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import TYPE_CHECKING
 
 from spanguard.detection.results import EMPTY, is_content
@@ -51,7 +50,7 @@ class NoProgress(ToolCallRule):
             return None
         window = policy.loop.window
         distinct: set[str] = set()
-        for name, seen_digest, seen_result in islice(reversed(state.window), window):
+        for name, seen_digest, seen_result in state.window.newest_first(window):
             if name != tool:
                 continue
             if seen_result == EMPTY:

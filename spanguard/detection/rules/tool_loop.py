@@ -11,7 +11,7 @@ Repeats interleaved with other repeats still count: stuck agents go round.
 
 from __future__ import annotations
 
-from itertools import islice
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.conventions.events import MISSING
@@ -27,14 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["ToolLoop", "recorded_arguments", "repeats_without_new_work"]
 
 
-def repeats_without_new_work(
-    window: Any, counts: dict[CallKey, int], key: CallKey, last: int
-) -> int:
+def repeats_without_new_work(window: Any, key: CallKey, last: int) -> int:
     """How many times `key`, the newest call of `window`, was made among its last `last`
     calls with no new work between (see the module's docstring). New work is a call made
-    once in the window (`counts`: the window's count of each call): one made again is part
-    of the round, wherever the window starts."""
+    once in the window: one made again is part of the round, wherever the window starts."""
     calls = list(window)
+    counts = Counter(calls)
     newest = len(calls) - 1
     oldest = max(0, len(calls) - last)
     with_content = {
@@ -87,18 +85,19 @@ class ToolLoop(ToolCallRule):
             threshold = tool_policy.threshold or threshold
         if result == ERROR and loop.failing_threshold is not None:
             threshold = loop.failing_threshold
-        if len(state.window) > window:
+        calls = state.window
+        if len(calls) > window:
             # The trace keeps a wider window (another tool's, or the cycle rule's): count this
             # tool's own window.
-            hits = sum(1 for seen in islice(reversed(state.window), window) if seen == key)
+            hits = calls.count_recent(key, window)
             steps = window
         else:
-            hits = state.counts[key]
-            steps = len(state.window)
+            hits = calls.count(key)
+            steps = len(calls)
         if hits < threshold:
             return None
         if digest is not None:
-            hits = repeats_without_new_work(state.window, state.counts, key, window)
+            hits = repeats_without_new_work(calls, key, window)
             if hits < threshold:
                 return None
         if call.handoff and policy.multi_agent.cycles is not None:

@@ -41,18 +41,9 @@ class ToolPolling(ToolCallRule):
         polling = policy.polling
         if digest is None or (result is None and tool not in polling.tools):
             return  # not polled (self.polled, inlined: this runs on every call)
-        poll_key = (tool, digest)
-        polls, counts = state.polls, state.poll_counts
-        polls.append(poll_key)
-        counts[poll_key] = counts.get(poll_key, 0) + 1
-        window = polling.window
-        while len(polls) > window:
-            oldest = polls.popleft()
-            remaining = counts[oldest] - 1
-            if remaining:
-                counts[oldest] = remaining
-            else:
-                del counts[oldest]
+        polls = state.polls
+        polls.append((tool, digest))
+        polls.drop_oldest(len(polls) - polling.window)
 
     def check(
         self, state: TraceState, call: ToolCall, key: CallKey, policy: AgentPolicy
@@ -61,10 +52,10 @@ class ToolPolling(ToolCallRule):
         polling = policy.polling
         if digest is None or (result is None and tool not in polling.tools):
             return None  # not polled
-        hits = state.poll_counts[(tool, digest)]
+        hits = state.polls.count((tool, digest))
         if hits < polling.threshold:
             return None
-        if result is not None and state.counts.get(key, 0) < 2:
+        if result is not None and state.window.count(key) < 2:
             # An answer the recent calls have not seen: the job is moving (output growing, a
             # counter going up). Its count alone is no reason to stop it.
             return None
