@@ -34,15 +34,24 @@ _UNNAMED = "?"
 
 
 class PlacedRun:
-    """One agent run in the tree: its span, its parent span, the agent, when it ran (ns), and
-    the longest chain of runs nested down from it (itself counted) with the run below it on
-    that chain (its index; -1: none)."""
+    """One agent run in the tree: its span, its parent span, the agent, when it ran (ns), the
+    longest chain of runs nested down from it (itself counted) with the run below it on that
+    chain (its index; -1: none), and what names the run across its spans ("": its span)."""
 
-    __slots__ = ("below", "chain", "end", "name", "parent", "span", "start")
+    __slots__ = ("below", "chain", "end", "key", "name", "parent", "span", "start")
 
     def __init__(
-        self, span: bytes, parent: bytes, name: str, start: int, end: int, chain: int, below: int
+        self,
+        span: bytes,
+        parent: bytes,
+        name: str,
+        start: int,
+        end: int,
+        chain: int,
+        below: int,
+        key: str = "",
     ) -> None:
+        self.key = key
         self.span = span
         self.parent = parent
         self.name = name
@@ -71,7 +80,7 @@ class AgentTree:
     """One trace's agents: the runs placed (`runs`), how many ran (`started`), the deepest
     chain of runs nested in one another, and the handoffs since the last new work."""
 
-    __slots__ = ("deepest", "dropped", "handoffs", "runs", "started")
+    __slots__ = ("deepest", "dropped", "handoffs", "runs", "started", "unresolved")
 
     def __init__(self) -> None:
         self.runs: list[PlacedRun] = []
@@ -80,12 +89,16 @@ class AgentTree:
         self.deepest = 0  # the longest chain of runs nested in one another
         # (call key, the agent handed to) of the handoffs since the last new work, oldest first.
         self.handoffs: list[tuple[CallKey, str]] = []
+        # (call key, the agent handing) of the last transfer that named no agent to hand to.
+        self.unresolved: tuple[CallKey, str] | None = None
 
     def add_run(self, run: AgentRun) -> bool:
         """Place one agent run; False when it is placed already (a redelivery) or the tree is
-        full (the run is only counted)."""
+        full (the run is only counted). Spans of one run (one `run_key`) are one run: the
+        first of them stands for it."""
+        run_key = run.run_key or ""
         for placed in self.runs:
-            if placed.span == run.span_id:
+            if placed.span == run.span_id or (run_key and placed.key == run_key):
                 return False
         self.started += 1
         if len(self.runs) >= MAX_RUNS:
@@ -100,6 +113,7 @@ class AgentTree:
                 run.end_time_unix_nano,
                 1,
                 -1,
+                run_key,
             )
         )
         return True
@@ -145,6 +159,18 @@ class AgentTree:
         handoffs.append((key, to_agent))
         if len(handoffs) > MAX_HANDOFFS:
             del handoffs[: len(handoffs) - MAX_HANDOFFS]
+
+    def add_transfer(self, key: CallKey, from_agent: str) -> CallKey | None:
+        """A transfer that names no agent (Google ADK without content capture): the agent it
+        hands to is the one making the next transfer, so the one before it is placed now as
+        "handoff to <this agent>", keyed by both agents. Returns that handoff's key, or None."""
+        before, self.unresolved = self.unresolved, (key, from_agent)
+        if before is None:
+            return None
+        (_tool, digest, result), _from = before
+        resolved = (f"handoff to {from_agent}", digest, result)
+        self.add_handoff(resolved, from_agent)
+        return resolved
 
     def repeated_handoffs(self, cycles: int) -> int:
         """The shortest period of handoffs repeated `cycles` times at the end, or 0."""
@@ -200,10 +226,16 @@ class AgentTree:
                     run.end,
                     run.chain,
                     run.below,
+                    *((run.key,) if run.key else ()),  # most runs are their span: no key
                 ]
                 for run in self.runs
             ],
             "handoffs": [[list(key), to_agent] for key, to_agent in self.handoffs],
+            **(
+                {"unresolved": [list(self.unresolved[0]), self.unresolved[1]]}
+                if self.unresolved is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -212,14 +244,18 @@ class AgentTree:
         tree.started = int(record["started"])
         tree.dropped = int(record["dropped"])
         tree.deepest = int(record["deepest"])
-        for span, parent, name, start, end, chain, below in record["runs"][:MAX_RUNS]:
+        for span, parent, name, start, end, chain, below, *key in record["runs"][:MAX_RUNS]:
             tree.runs.append(
                 PlacedRun(
                     bytes.fromhex(span), bytes.fromhex(parent), str(name), int(start), int(end),
                     int(chain), int(below) if -1 <= int(below) < MAX_RUNS else -1,
+                    str(key[0]) if key else "",
                 )
             )  # fmt: skip
         for key, to_agent in record["handoffs"][-MAX_HANDOFFS:]:
             tool, digest, result = key
             tree.handoffs.append(((str(tool), digest, result), str(to_agent)))
+        if "unresolved" in record:
+            (tool, digest, result), from_agent = record["unresolved"]
+            tree.unresolved = ((str(tool), digest, result), str(from_agent))
         return tree

@@ -62,7 +62,13 @@ class HandoffCycle(ToolCallRule):
             return None
         if tree is None:
             tree = state.agent_tree = AgentTree()
-        tree.add_handoff(key, handing_to(call))
+        if call.tool_name.startswith(HANDOFF_PREFIX):
+            tree.add_handoff(key, handing_to(call))
+        else:  # a transfer naming no agent: known at the next transfer (AgentTree.add_transfer)
+            resolved = tree.add_transfer(key, call.agent_name or "?")
+            if resolved is None:
+                return None
+            key = resolved
         cycles = policy.multi_agent.cycles
         if cycles is None:
             return None
