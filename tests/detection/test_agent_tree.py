@@ -3,6 +3,7 @@ handoff_cycle, delegation_depth, agent_fan_out; and what bad input costs it."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 
@@ -29,13 +30,13 @@ def span_id(number: int) -> bytes:
 class Spans:
     """One OTLP request of hand-made spans of one trace, in the order given (export order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = "tests") -> None:
         self.request = ExportTraceServiceRequest()
         resource = self.request.resource_spans.add()
         attribute = resource.resource.attributes.add()
         attribute.key, attribute.value.string_value = "service.name", "multi-agent"
         self.scope = resource.scope_spans.add()
-        self.scope.scope.name = "tests"
+        self.scope.scope.name = scope
 
     def span(
         self, number: int, parent: int | None, start: int, end: int, **attributes: str
@@ -237,6 +238,93 @@ def test_the_tree_is_kept_in_the_state_record_and_read_back():
     without[1] = 5
     assert TraceState.from_bytes(bytes(without)).agent_tree is None
     assert state.to_bytes()[1] == STATE_VERSION == 6
+
+
+def langgraph_turn(spans: Spans, number: int, namespace: str | None, at: int) -> None:
+    """A model turn of a LangGraph agent under OpenInference: an AGENT span named `agent`,
+    the subgraph it runs in only in `metadata`."""
+    metadata = {"langgraph_node": "agent", "langgraph_step": 1}
+    if namespace is not None:
+        metadata["checkpoint_ns"] = namespace
+    spans.span(number, 0, at, at + 1, openinference__span__kind="AGENT",
+               metadata=json.dumps(metadata))  # fmt: skip
+
+
+def test_langgraph_agents_are_named_by_their_namespace_and_its_turns_are_one_run():
+    spans = Spans()
+    langgraph_turn(spans, 1, "supervisor:s1", SECOND)
+    for worker in range(30):  # two model turns each: one run
+        for turn in range(2):
+            langgraph_turn(spans, 10 + 2 * worker + turn, f"worker_{worker % 2}:w{worker}",
+                           (2 + 2 * worker + turn) * SECOND)  # fmt: skip
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["sub_agents"]) == ("agent_fan_out", 21)
+    assert decision["span_id"] == span_id(10 + 2 * 20).hex()  # the 21st worker's first turn
+    assert decision["agents"] == ["supervisor", "worker_0", "worker_1"]
+    # The root graph's turns (no namespace), metadata that is no JSON object or too long to
+    # read: no run.
+    spans = Spans()
+    for number in range(40):
+        langgraph_turn(spans, number, None, (number + 1) * SECOND)
+    for number, metadata in enumerate(
+        (
+            "[1]",
+            "{not json",
+            '{"checkpoint_ns": 5}',
+            json.dumps({"checkpoint_ns": "a:" + "x" * 10**6}),
+        )
+    ):
+        spans.span(100 + number, 0, SECOND, SECOND, openinference__span__kind="AGENT",
+                   metadata=metadata)  # fmt: skip
+    checked = guard()
+    assert records(checked.process(spans.request)) == []
+    assert all(state.agent_tree is None for state in checked.states.values())
+
+
+def adk_transfer(spans: Spans, number: int, agent: str, at: int) -> None:
+    """Google ADK's transfer with content capture off: no arguments, the handing agent named."""
+    spans.span(number, None, at, at + 1, gen_ai__operation__name="execute_tool",
+               gen_ai__tool__name="transfer_to_agent", gen_ai__agent__name=agent)  # fmt: skip
+
+
+def test_adk_transfers_without_arguments_hand_to_the_next_transferring_agent():
+    spans = Spans("gcp.vertex.agent")
+    for number in range(8):
+        adk_transfer(spans, number, "triage" if number % 2 == 0 else "billing", number * SECOND)
+    [decision] = records(guard().process(spans.request))
+    # The 4th handoff (billing -> triage) is known at the 5th transfer, made by triage.
+    assert (decision["rule"], decision["span_id"], decision["tool_name"]) == (
+        "handoff_cycle", span_id(4).hex(), "handoff to triage",
+    )  # fmt: skip
+    assert decision["agents"] == ["billing", "triage", "billing", "triage"]
+    # A call between them whose arguments are not recorded may be new work: no cycle.
+    spans = Spans("gcp.vertex.agent")
+    for number in range(8):
+        adk_transfer(spans, 2 * number, "triage" if number % 2 == 0 else "billing",
+                     2 * number * SECOND)  # fmt: skip
+        spans.span(2 * number + 1, None, (2 * number + 1) * SECOND, (2 * number + 1) * SECOND,
+                   gen_ai__operation__name="execute_tool", gen_ai__tool__name="lookup",
+                   gen_ai__agent__name="billing")  # fmt: skip
+    assert records(guard().process(spans.request)) == []
+    # Elsewhere than ADK's scope a tool named so is a tool like any other.
+    spans = Spans()
+    for number in range(8):
+        adk_transfer(spans, number, "triage" if number % 2 == 0 else "billing", number * SECOND)
+    assert records(guard().process(spans.request)) == []
+
+
+def test_a_run_key_and_an_unresolved_transfer_are_kept_in_the_state_record():
+    checked = guard()
+    spans = Spans("gcp.vertex.agent")
+    langgraph_turn(spans, 1, "supervisor:s1", SECOND)
+    adk_transfer(spans, 2, "triage", 2 * SECOND)
+    checked.process(spans.request)
+    [state] = checked.states.values()
+    tree = state.agent_tree
+    assert tree is not None and tree.unresolved is not None and tree.runs[0].key
+    for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
+        assert copy.agent_tree is not None
+        assert copy.agent_tree.to_record() == tree.to_record()
 
 
 def test_explain_draws_the_agent_tree():

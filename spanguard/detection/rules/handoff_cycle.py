@@ -8,6 +8,10 @@ triage -> billing -> triage -> billing trips at the 4th handoff, one before tool
 on the 3rd same handoff. Handoffs are this rule's: while it is on, tool_loop and cycle leave a
 handoff alone, so one trace gets one decision for one ping-pong (handoff_cycle's, which names
 the agents).
+
+A transfer that names no agent (Google ADK without content capture) hands to the agent making
+the next transfer, so its handoff is known then (AgentTree.add_transfer); between handoffs
+known so, a call whose arguments are not recorded may be new work, and breaks the cycle.
 """
 
 from __future__ import annotations
