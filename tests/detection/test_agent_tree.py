@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.cli.report import render_html
-from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
+from spanguard.detection.agent_tree import MAX_LINKS, MAX_RUNS, AgentTree
 from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard, GuardCount
@@ -325,6 +325,57 @@ def test_a_run_key_and_an_unresolved_transfer_are_kept_in_the_state_record():
     for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
         assert copy.agent_tree is not None
         assert copy.agent_tree.to_record() == tree.to_record()
+
+
+def test_the_spans_between_agents_say_what_is_nested_not_time():
+    """Parallel workers, each under a graph node span of its own, one inside another's time:
+    siblings. Agents called as tools through spans between them: nested, each chain known
+    when its outer agent ends, as by time."""
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    spans.agent(1, 0, "supervisor", base, base + 10)
+    for worker in reversed(range(8)):  # worker k from k to 100 - k; exported as they end
+        run, node = 100 + 2 * worker, 101 + 2 * worker
+        spans.agent(run, node, f"worker_{worker}", base + 20 + worker, base + 120 - worker)
+        spans.span(node, 1000, base + 20 + worker, base + 120 - worker)  # 1000: the graph
+    assert records(guard(max_depth=2).process(spans.request)) == []
+    # Without the node spans (not exported), time says, as before.
+    spans = Spans()
+    for worker in reversed(range(8)):
+        spans.agent(100 + 2 * worker, 101 + 2 * worker, f"worker_{worker}",
+                    base + 20 + worker, base + 120 - worker)  # fmt: skip
+    assert [d["rule"] for d in records(guard(max_depth=2).process(spans.request))] == [
+        "delegation_depth"
+    ]
+    # level_k inside a tool span inside a turn span of level_k-1, exported inner first.
+    spans = Spans()
+    for level in range(6, 0, -1):
+        start, end = base + level * 10, base + 1000 - level * 10
+        above = 10 * (level - 1)  # level_k-1's agent span; + 1 its tool span, + 2 its turn
+        spans.agent(10 * level, above + 1 if level > 1 else None, f"level_{level}", start, end)
+        if level > 1:
+            spans.span(above + 1, above + 2, start - 1, end + 1)
+            spans.span(above + 2, above, start - 2, end + 2)
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["depth"]) == ("delegation_depth", 6)
+    assert decision["span_id"] == span_id(10).hex()  # level_1's span
+
+
+def test_the_spans_kept_per_trace_are_bounded_and_counted():
+    spans = Spans()
+    spans.agent(0, 1, "a", SECOND, 2 * SECOND)
+    for number in range(1, 10_001):  # a chain of 10,000 spans above it, and a cycle
+        spans.span(number, number + 1 if number < 10_000 else 1, SECOND, 3 * SECOND)
+    checked = guard()
+    started = time.perf_counter()
+    assert records(checked.process(spans.request)) == []
+    assert time.perf_counter() - started < 20
+    [state] = checked.states.values()
+    assert state.agent_tree is not None and len(state.agent_tree.links) == MAX_LINKS
+    assert checked.stats.count(GuardCount.AGENT_LINKS_UNKEPT) == 10_001 - MAX_LINKS
+    assert len(state.to_bytes()) < 200_000
+    copy = TraceState.from_bytes(state.to_bytes()).agent_tree
+    assert copy is not None and copy.links == state.agent_tree.links
 
 
 def test_explain_draws_the_agent_tree():
