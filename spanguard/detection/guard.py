@@ -199,6 +199,14 @@ class GuardStats:
         return counted
 
 
+def _raw_trace_id(trace_id: str) -> bytes:
+    """A trace id's bytes as spans carry them; b"" for one that is no hex (a caller's own)."""
+    try:
+        return bytes.fromhex(trace_id)
+    except ValueError:
+        return b""
+
+
 def _spent(state: TraceState) -> tuple[int, int]:
     """A trace's tokens and cost (pico-dollars) as its budgets count them."""
     tokens = (
@@ -682,8 +690,10 @@ class Guard:
         tree = state.agent_tree
         if tree is None:
             tree = state.agent_tree = AgentTree()
-            agent_traces = self._agent_traces
-            agent_traces[bytes.fromhex(trace_id)] = None
+        # Its spans' parents are kept from now on (a tree read back from the state too).
+        raw_trace_id, agent_traces = _raw_trace_id(trace_id), self._agent_traces
+        if raw_trace_id and raw_trace_id not in agent_traces:
+            agent_traces[raw_trace_id] = None
             if len(agent_traces) > MAX_AGENT_TRACES:
                 del agent_traces[next(iter(agent_traces))]
         started = tree.started
