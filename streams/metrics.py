@@ -336,6 +336,8 @@ COUNTER_HELP = {
     "conversation_id_conflicts": "spans naming a conversation other than their trace's first",
     "agent_runs_unplaced": "agent runs of traces whose agent tree was full (256 runs): counted"
     " for agent_fan_out, not placed in the tree",
+    "agent_links_unkept": "spans of traces with agents whose parent span the agent tree could"
+    " not keep (1024 a trace): a run above them is not seen as nesting the runs below",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",
@@ -389,6 +391,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.UNPRICED_USAGE: (Series("usage_spans_priced", (("outcome", "unpriced"),)),),
     GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
     GuardCount.AGENT_RUNS_UNPLACED: (Series("agent_runs_unplaced"),),
+    GuardCount.AGENT_LINKS_UNKEPT: (Series("agent_links_unkept"),),
     # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
     # customer); the decisions and `spanguard explain` name the model of a trace.
     GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),

@@ -128,6 +128,8 @@ COST_BUDGET = _COST_BUDGET.name
 # How many recent span ids and call ids a trace remembers to drop redeliveries and partial
 # spans: bounded, so a long trace costs the same memory as a short one.
 MIN_RECENT_IDS = 32
+# Traces with agents whose spans' parents are kept (Guard._agent_traces): the newest so many.
+MAX_AGENT_TRACES = 4096
 
 HASHING_HINT = (
     "or keep them private and still exact: hash them before they leave"
@@ -162,6 +164,8 @@ class GuardCount(CountedOutcome):
     COST_PICO_USD = "cost_pico_usd"
     # Agent runs of traces whose agent tree was full (MAX_RUNS): counted, not placed.
     AGENT_RUNS_UNPLACED = "agent_runs_unplaced"
+    # Spans of traces with agents whose parent the tree could not keep (MAX_LINKS).
+    AGENT_LINKS_UNKEPT = "agent_links_unkept"
 
 
 @dataclass
@@ -194,11 +198,20 @@ class GuardStats:
     tokens_not_priced: int = 0
     cost_pico_usd: int = 0
     agent_runs_unplaced: int = 0
+    agent_links_unkept: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
         counted: int = getattr(self, outcome.value)
         return counted
+
+
+def _raw_trace_id(trace_id: str) -> bytes:
+    """A trace id's bytes as spans carry them; b"" for one that is no hex (a caller's own)."""
+    try:
+        return bytes.fromhex(trace_id)
+    except ValueError:
+        return b""
 
 
 def _spent(state: TraceState) -> tuple[int, int]:
@@ -339,10 +352,10 @@ class Guard:
         self._warned_conversations: set[str] = set()
         self.pricer: Pricer | None = Pricer() if self.prices_usage else None
         # Whether a change of a trace's usage goes anywhere beyond its own budgets.
-        self._hands_on_usage = (
-            conversations is not None and conversations.counts_usage
-        ) or self.agent_budgets is not None
+        hands_on = conversations is not None and conversations.counts_usage
+        self._hands_on_usage = hands_on or self.agent_budgets is not None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
+        self._agent_traces: dict[bytes, None] = {}  # with agents: spans' parents kept
 
     def add_observer(self, observer: GuardObserver) -> None:
         self.observers.append(observer)
@@ -371,8 +384,8 @@ class Guard:
         reading, match_keys = self._reading, self._match_keys
         match = bool(match_keys)
         stats = self.stats
-        no_rules = not self._per_agent
-        released = self.released
+        # Traces with agents (raw ids): their every span's parent is kept (AgentTree.add_link).
+        no_rules, released, agent_traces = not self._per_agent, self.released, self._agent_traces
         # Protobuf's repeated fields are walked by index: iterating one ends on an IndexError
         # that protobuf formats and Python throws away, once per loop, about once per span.
         all_resource_spans = view.resource_spans
@@ -391,6 +404,8 @@ class Guard:
                     if len(raw_trace_id) != 16 or len(span.span_id) != 8:
                         stats.malformed_spans += 1
                         continue
+                    if agent_traces and raw_trace_id in agent_traces:
+                        self._link_span(raw_trace_id, span, touched)
                     try:
                         event = adapt_read(span, reading, match, scope)
                     # A bad span costs itself, never its neighbours.
@@ -467,6 +482,21 @@ class Guard:
             call.agent = label
             tools.hand_tool_call(call)
         return ""
+
+    def _link_span(self, raw_trace_id: bytes, span: Any, touched: dict[str, TraceState]) -> None:
+        """Keep the parent of a span of a trace with agents, in its agent tree."""
+        trace_id = raw_trace_id.hex()
+        state = touched.get(trace_id)
+        if state is None:
+            state = self.states.get(trace_id)
+            if state is None:
+                return  # evicted: its next agent run starts a tree again
+            if self.released and trace_id in self.released:
+                self._apply_release(trace_id, state)
+            touched[trace_id] = state
+        tree = state.agent_tree
+        if tree is not None and not tree.add_link(span.span_id, span.parent_span_id):
+            self.stats.agent_links_unkept += 1
 
     def _take_scopes(self, decisions: list[Decision]) -> None:
         """The deciding scopes' decisions, after the request's own: a deciding tool scope
@@ -631,6 +661,11 @@ class Guard:
         if digest is None and policy.missing_args == "skip":
             self.stats.missing_arguments += 1
             self._warn_missing_arguments(state.service, call.scope)
+            tree = state.agent_tree
+            if tree is not None and tree.handoffs and tree.unresolved is not None:
+                # Handoffs worked out without content: a call whose content is unknown may
+                # be new work, so they are no loop across it.
+                tree.handoffs.clear()
             self._tell_call(trace_id, state, call, None)
             return None
         result = result_key(
@@ -678,6 +713,12 @@ class Guard:
         tree = state.agent_tree
         if tree is None:
             tree = state.agent_tree = AgentTree()
+        # Its spans' parents are kept from now on (a tree read back from the state too).
+        raw_trace_id, agent_traces = _raw_trace_id(trace_id), self._agent_traces
+        if raw_trace_id and raw_trace_id not in agent_traces:
+            agent_traces[raw_trace_id] = None
+            if len(agent_traces) > MAX_AGENT_TRACES:
+                del agent_traces[next(iter(agent_traces))]
         started = tree.started
         if not tree.add_run(run):
             if tree.started == started:

@@ -3,13 +3,14 @@ handoff_cycle, delegation_depth, agent_fan_out; and what bad input costs it."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanguard.cli.report import render_html
-from spanguard.detection.agent_tree import MAX_RUNS, AgentTree
+from spanguard.detection.agent_tree import MAX_LINKS, MAX_RUNS, AgentTree
 from spanguard.detection.conventions.values import MAX_TEXT_CHARS
 from spanguard.detection.explain import explain_records
 from spanguard.detection.guard import Guard, GuardCount
@@ -29,13 +30,13 @@ def span_id(number: int) -> bytes:
 class Spans:
     """One OTLP request of hand-made spans of one trace, in the order given (export order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = "tests") -> None:
         self.request = ExportTraceServiceRequest()
         resource = self.request.resource_spans.add()
         attribute = resource.resource.attributes.add()
         attribute.key, attribute.value.string_value = "service.name", "multi-agent"
         self.scope = resource.scope_spans.add()
-        self.scope.scope.name = "tests"
+        self.scope.scope.name = scope
 
     def span(
         self, number: int, parent: int | None, start: int, end: int, **attributes: str
@@ -237,6 +238,144 @@ def test_the_tree_is_kept_in_the_state_record_and_read_back():
     without[1] = 5
     assert TraceState.from_bytes(bytes(without)).agent_tree is None
     assert state.to_bytes()[1] == STATE_VERSION == 6
+
+
+def langgraph_turn(spans: Spans, number: int, namespace: str | None, at: int) -> None:
+    """A model turn of a LangGraph agent under OpenInference: an AGENT span named `agent`,
+    the subgraph it runs in only in `metadata`."""
+    metadata = {"langgraph_node": "agent", "langgraph_step": 1}
+    if namespace is not None:
+        metadata["checkpoint_ns"] = namespace
+    spans.span(number, 0, at, at + 1, openinference__span__kind="AGENT",
+               metadata=json.dumps(metadata))  # fmt: skip
+
+
+def test_langgraph_agents_are_named_by_their_namespace_and_its_turns_are_one_run():
+    spans = Spans()
+    langgraph_turn(spans, 1, "supervisor:s1", SECOND)
+    for worker in range(30):  # two model turns each: one run
+        for turn in range(2):
+            langgraph_turn(spans, 10 + 2 * worker + turn, f"worker_{worker % 2}:w{worker}",
+                           (2 + 2 * worker + turn) * SECOND)  # fmt: skip
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["sub_agents"]) == ("agent_fan_out", 21)
+    assert decision["span_id"] == span_id(10 + 2 * 20).hex()  # the 21st worker's first turn
+    assert decision["agents"] == ["supervisor", "worker_0", "worker_1"]
+    # The root graph's turns (no namespace), metadata that is no JSON object or too long to
+    # read: no run.
+    spans = Spans()
+    for number in range(40):
+        langgraph_turn(spans, number, None, (number + 1) * SECOND)
+    for number, metadata in enumerate(
+        (
+            "[1]",
+            "{not json",
+            '{"checkpoint_ns": 5}',
+            json.dumps({"checkpoint_ns": "a:" + "x" * 10**6}),
+        )
+    ):
+        spans.span(100 + number, 0, SECOND, SECOND, openinference__span__kind="AGENT",
+                   metadata=metadata)  # fmt: skip
+    checked = guard()
+    assert records(checked.process(spans.request)) == []
+    assert all(state.agent_tree is None for state in checked.states.values())
+
+
+def adk_transfer(spans: Spans, number: int, agent: str, at: int) -> None:
+    """Google ADK's transfer with content capture off: no arguments, the handing agent named."""
+    spans.span(number, None, at, at + 1, gen_ai__operation__name="execute_tool",
+               gen_ai__tool__name="transfer_to_agent", gen_ai__agent__name=agent)  # fmt: skip
+
+
+def test_adk_transfers_without_arguments_hand_to_the_next_transferring_agent():
+    spans = Spans("gcp.vertex.agent")
+    for number in range(8):
+        adk_transfer(spans, number, "triage" if number % 2 == 0 else "billing", number * SECOND)
+    [decision] = records(guard().process(spans.request))
+    # The 4th handoff (billing -> triage) is known at the 5th transfer, made by triage.
+    assert (decision["rule"], decision["span_id"], decision["tool_name"]) == (
+        "handoff_cycle", span_id(4).hex(), "handoff to triage",
+    )  # fmt: skip
+    assert decision["agents"] == ["billing", "triage", "billing", "triage"]
+    # A call between them whose arguments are not recorded may be new work: no cycle.
+    spans = Spans("gcp.vertex.agent")
+    for number in range(8):
+        adk_transfer(spans, 2 * number, "triage" if number % 2 == 0 else "billing",
+                     2 * number * SECOND)  # fmt: skip
+        spans.span(2 * number + 1, None, (2 * number + 1) * SECOND, (2 * number + 1) * SECOND,
+                   gen_ai__operation__name="execute_tool", gen_ai__tool__name="lookup",
+                   gen_ai__agent__name="billing")  # fmt: skip
+    assert records(guard().process(spans.request)) == []
+    # Elsewhere than ADK's scope a tool named so is a tool like any other.
+    spans = Spans()
+    for number in range(8):
+        adk_transfer(spans, number, "triage" if number % 2 == 0 else "billing", number * SECOND)
+    assert records(guard().process(spans.request)) == []
+
+
+def test_a_run_key_and_an_unresolved_transfer_are_kept_in_the_state_record():
+    checked = guard()
+    spans = Spans("gcp.vertex.agent")
+    langgraph_turn(spans, 1, "supervisor:s1", SECOND)
+    adk_transfer(spans, 2, "triage", 2 * SECOND)
+    checked.process(spans.request)
+    [state] = checked.states.values()
+    tree = state.agent_tree
+    assert tree is not None and tree.unresolved is not None and tree.runs[0].key
+    for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
+        assert copy.agent_tree is not None
+        assert copy.agent_tree.to_record() == tree.to_record()
+
+
+def test_the_spans_between_agents_say_what_is_nested_not_time():
+    """Parallel workers, each under a graph node span of its own, one inside another's time:
+    siblings. Agents called as tools through spans between them: nested, each chain known
+    when its outer agent ends, as by time."""
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    spans.agent(1, 0, "supervisor", base, base + 10)
+    for worker in reversed(range(8)):  # worker k from k to 100 - k; exported as they end
+        run, node = 100 + 2 * worker, 101 + 2 * worker
+        spans.agent(run, node, f"worker_{worker}", base + 20 + worker, base + 120 - worker)
+        spans.span(node, 1000, base + 20 + worker, base + 120 - worker)  # 1000: the graph
+    assert records(guard(max_depth=2).process(spans.request)) == []
+    # Without the node spans (not exported), time says, as before.
+    spans = Spans()
+    for worker in reversed(range(8)):
+        spans.agent(100 + 2 * worker, 101 + 2 * worker, f"worker_{worker}",
+                    base + 20 + worker, base + 120 - worker)  # fmt: skip
+    assert [d["rule"] for d in records(guard(max_depth=2).process(spans.request))] == [
+        "delegation_depth"
+    ]
+    # level_k inside a tool span inside a turn span of level_k-1, exported inner first.
+    spans = Spans()
+    for level in range(6, 0, -1):
+        start, end = base + level * 10, base + 1000 - level * 10
+        above = 10 * (level - 1)  # level_k-1's agent span; + 1 its tool span, + 2 its turn
+        spans.agent(10 * level, above + 1 if level > 1 else None, f"level_{level}", start, end)
+        if level > 1:
+            spans.span(above + 1, above + 2, start - 1, end + 1)
+            spans.span(above + 2, above, start - 2, end + 2)
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["depth"]) == ("delegation_depth", 6)
+    assert decision["span_id"] == span_id(10).hex()  # level_1's span
+
+
+def test_the_spans_kept_per_trace_are_bounded_and_counted():
+    spans = Spans()
+    spans.agent(0, 1, "a", SECOND, 2 * SECOND)
+    for number in range(1, 10_001):  # a chain of 10,000 spans above it, and a cycle
+        spans.span(number, number + 1 if number < 10_000 else 1, SECOND, 3 * SECOND)
+    checked = guard()
+    started = time.perf_counter()
+    assert records(checked.process(spans.request)) == []
+    assert time.perf_counter() - started < 20
+    [state] = checked.states.values()
+    assert state.agent_tree is not None and len(state.agent_tree.links) == MAX_LINKS
+    assert checked.stats.count(GuardCount.AGENT_LINKS_UNKEPT) == 10_001 - MAX_LINKS
+    assert len(state.to_bytes()) < 200_000
+    copy = TraceState.from_bytes(state.to_bytes()).agent_tree
+    assert copy is not None and copy.links == state.agent_tree.links
 
 
 def test_explain_draws_the_agent_tree():

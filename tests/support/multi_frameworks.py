@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,15 +152,22 @@ ADK_PINGPONG = Expect(
 DEPTH_6 = Expect("delegation_depth", agents=tuple(f"a{level}" for level in range(1, 7)), depth=6)
 # What the guard's default policy decides on each fixture, by (framework, instrumentation,
 # scenario); nothing where a fixture is not named. Google ADK without content capture records
-# no arguments: its transfers name no agent, so they are no handoffs. OpenInference's LangGraph
-# agent spans name no agent (one per model turn): its fan-out is not seen.
+# no arguments: a transfer names no agent, the next transfer's agent is the one it handed to,
+# so the cycle is known one transfer later. OpenInference's LangGraph agent spans name no agent
+# (one per model turn): the subgraph namespace in their `metadata` names it, and one run.
+FAN_OUT_50 = Expect("agent_fan_out", agents=("supervisor", "worker_a", "worker_b"), sub_agents=21)
 EXPECTED: dict[tuple[str, str, str], Expect] = {
     ("langgraph", "openinference", "handoff_pingpong"): PINGPONG,
     ("langgraph", "openllmetry", "handoff_pingpong"): PINGPONG,
-    ("langgraph", "openllmetry", "fan_out_50"): Expect(
-        "agent_fan_out", agents=("supervisor", "worker_a", "worker_b"), sub_agents=21
+    ("langgraph", "openllmetry", "fan_out_50"): FAN_OUT_50,
+    # The agents in the order their first runs ended (the threads').
+    ("langgraph", "openinference", "fan_out_50"): replace(
+        FAN_OUT_50, agents=("supervisor", "worker_b", "worker_a")
     ),
     ("google_adk", "capture", "transfer_pingpong"): ADK_PINGPONG,
+    ("google_adk", "off", "transfer_pingpong"): Expect(
+        "handoff_cycle", handoff="handoff to triage", at=5, agents=("billing", "triage") * 2
+    ),
     ("google_adk", "capture", "delegation_depth_6"): DEPTH_6,
     ("google_adk", "off", "delegation_depth_6"): DEPTH_6,
 }

@@ -9,6 +9,7 @@ the library.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Container
 from typing import Any, Final, NamedTuple
 
@@ -50,9 +51,11 @@ from spanguard.detection.conventions.keys import (
     INPUT_MESSAGES,
     INPUT_TOKEN_KEYS,
     INVOKE_AGENT_OPERATION,
+    LANGGRAPH_NAMESPACE,
     LANGGRAPH_PARENT_GRAPH,
     OI_AGENT_KIND,
     OI_AGENT_NAME,
+    OI_METADATA,
     OPENINFERENCE_INFERENCE_KINDS,
     OPENINFERENCE_KIND,
     OPERATION,
@@ -140,6 +143,8 @@ _GATE_KEYS: Final = (
     "gen_ai.tool.name",
     "tool.name",
 )
+# LangGraph's metadata is a few hundred characters: a longer one is not parsed for the agent.
+MAX_METADATA_CHARS: Final = 16384
 _READINGS: dict[frozenset[str], SpanReading] = {}
 
 
@@ -355,6 +360,7 @@ def _tool_call(
         call_id = bounded_text(envelope_call_id)
     result = _result(span, attributes, present, scope)
     to_agent = _handed_to(tool_name, arguments, result, scope)
+    handoff = False
     if to_agent is not None:
         # A handoff: the handing agent's call "handoff to <agent>", as for the OpenAI Agents
         # SDK's (`_handoff`); what the handoff tool returns (the graph's whole state, or
@@ -362,6 +368,12 @@ def _tool_call(
         tool_name = f"handoff to {to_agent}"
         arguments = _handoff_arguments(arguments, agent_name, to_agent)
         result = MISSING
+    elif arguments is MISSING and tool_name == ADK_TRANSFER_TOOL and scope == ADK_SCOPE:
+        # ADK's transfer without its arguments (content not captured): a handoff from the
+        # agent, to the one making the next transfer (handoff_cycle works it out).
+        arguments = {"from_agent": agent_name or ""}
+        result = MISSING
+        handoff = True
     return ToolCall(
         span_id=span.span_id,
         tool_name=tool_name,
@@ -381,7 +393,7 @@ def _tool_call(
         start_time_unix_nano=span.start_time_unix_nano,
         failed=span.status.code == STATUS_ERROR or ERROR_TYPE in present,
         # OpenInference's OpenAI Agents handoff: a tool span "handoff to <agent>".
-        handoff=tool_name.startswith(HANDOFF_TOOL_PREFIX),
+        handoff=handoff or tool_name.startswith(HANDOFF_TOOL_PREFIX),
     )
 
 
@@ -514,8 +526,13 @@ def _agent_run(
     names the agent `agent.name`, the GenAI conventions `gen_ai.agent.name`). None for one
     that names no agent: the OpenAI Agents SDK's "Agent workflow" span around a whole run."""
     name = agent_name
+    run_key = None
     if name is None and OI_AGENT_NAME in attributes:
         name = bounded_text(_text(attributes[OI_AGENT_NAME]))
+    if not name and OI_METADATA in attributes:
+        run_key = _langgraph_namespace(_text(attributes[OI_METADATA]))
+        if run_key:
+            name = bounded_text(run_key.rpartition("|")[2].partition(":")[0])
     if not name:
         return None
     return AgentRun(
@@ -525,7 +542,21 @@ def _agent_run(
         match_attributes,
         span.start_time_unix_nano,
         span.end_time_unix_nano,
+        run_key,
     )
+
+
+def _langgraph_namespace(metadata: str) -> str | None:
+    """The subgraph namespace a LangGraph node ran in (`checkpoint_ns` of OpenInference's
+    `metadata`), bounded; None at the root graph (a lone agent's model turns: no sub-agent)
+    or where the metadata is none of LangGraph's."""
+    if LANGGRAPH_NAMESPACE not in metadata or len(metadata) > MAX_METADATA_CHARS:
+        return None
+    try:
+        namespace = json.loads(metadata).get(LANGGRAPH_NAMESPACE)
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return bounded_text(namespace) if type(namespace) is str and namespace else None
 
 
 def _handoff(

@@ -188,6 +188,9 @@ class AgentRun:
     start_time_unix_nano: int
     end_time_unix_nano: int
     conversation_id: str | None
+    # What names one run across several spans (LangGraph's subgraph namespace), or None: the
+    # span is the run.
+    run_key: str | None
 
     def __init__(
         self,
@@ -197,6 +200,7 @@ class AgentRun:
         match_attributes: dict[str, str] | None,
         start_time_unix_nano: int = 0,
         end_time_unix_nano: int = 0,
+        run_key: str | None = None,
     ) -> None:
         self.span_id = span_id
         self.parent_span_id = parent_span_id
@@ -205,6 +209,7 @@ class AgentRun:
         self.start_time_unix_nano = start_time_unix_nano
         self.end_time_unix_nano = end_time_unix_nano
         self.conversation_id = None
+        self.run_key = run_key
 
 
 # What a span may be: one event, or (a LiteLLM proxy span) the tool calls its request answered

@@ -175,6 +175,11 @@ HANDOFF_TOOL_PREFIX: Final = "handoff to "
 INVOKE_AGENT_OPERATION: Final = "invoke_agent"
 OI_AGENT_KIND: Final = "AGENT"
 OI_AGENT_NAME: Final = "agent.name"
+# LangGraph under OpenInference: an AGENT span names no agent, but its `metadata` (JSON) holds
+# the namespace of the subgraph it runs in ("supervisor:<task>|worker_a:<task>"): the last
+# node of it is the agent, the whole namespace one run of it (its model turns share it).
+OI_METADATA: Final = "metadata"
+LANGGRAPH_NAMESPACE: Final = "checkpoint_ns"
 STRANDS_TOOL_EVENT: Final = "gen_ai.tool.message"
 STRANDS_RESULT_EVENT: Final = "gen_ai.choice"
 

@@ -8,6 +8,10 @@ triage -> billing -> triage -> billing trips at the 4th handoff, one before tool
 on the 3rd same handoff. Handoffs are this rule's: while it is on, tool_loop and cycle leave a
 handoff alone, so one trace gets one decision for one ping-pong (handoff_cycle's, which names
 the agents).
+
+A transfer that names no agent (Google ADK without content capture) hands to the agent making
+the next transfer, so its handoff is known then (AgentTree.add_transfer); between handoffs
+known so, a call whose arguments are not recorded may be new work, and breaks the cycle.
 """
 
 from __future__ import annotations
@@ -62,7 +66,13 @@ class HandoffCycle(ToolCallRule):
             return None
         if tree is None:
             tree = state.agent_tree = AgentTree()
-        tree.add_handoff(key, handing_to(call))
+        if call.tool_name.startswith(HANDOFF_PREFIX):
+            tree.add_handoff(key, handing_to(call))
+        else:  # a transfer naming no agent: known at the next transfer (AgentTree.add_transfer)
+            resolved = tree.add_transfer(key, call.agent_name or "?")
+            if resolved is None:
+                return None
+            key = resolved
         cycles = policy.multi_agent.cycles
         if cycles is None:
             return None
