@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spanguard.detection import core_build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,9 @@ SKIP = [
 ]
 
 
+# The build clears and fills ROOT/build, where the packaging test's wheel is built too: under
+# xdist the tests that build or install this checkout share one worker.
+@pytest.mark.xdist_group("this_checkout_built")
 def test_the_compiled_wheel_passes_the_cores_tests() -> None:
     built = subprocess.run(
         [*SCRIPT, "build"], cwd=ROOT, capture_output=True, text=True, timeout=900
