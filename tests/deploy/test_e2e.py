@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -44,14 +43,17 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(params=sorted(CONFIGS))
-def stack(tmp_path: Path, request: pytest.FixtureRequest):
+# One stack per module and Collector: each test's agents have traces of their own, and the
+# default policy decides trace by trace, so a test never sees another's decisions.
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     ensure_broker()
     topics = Topics()
+    data = tmp_path_factory.mktemp(f"stack-{request.param}")
     env, http_port = collector_env(
-        BOOTSTRAP, topics.input, tmp_path / "collector", OTELCOL_METRICS_LEVEL="none"
+        BOOTSTRAP, topics.input, data / "collector", OTELCOL_METRICS_LEVEL="none"
     )
-    worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
+    worker = WorkerProcess(topics, data, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
     subprocess.run(
         [str(ROOT / "scripts" / "collector.sh"), "up", *CONFIGS[request.param]],
         env=env, check=True, timeout=900,
