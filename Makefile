@@ -45,7 +45,8 @@ test: install gateway-venv kafka-up collector helm compose test-typescript test-
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
-	$(BIN)/pytest -q
+	@# The slowest tests at the end of the log: where the CI budget goes.
+	$(BIN)/pytest -q --durations=25
 
 # mypy over the whole package, each folder under its import name, and bench/ and scripts/
 # (scripts/typecheck.py; the settings are pyproject.toml's [tool.mypy]): strict for the schemas

@@ -7,8 +7,9 @@
 `build` makes the wheel as the worker image does (setup.py with SPANGUARD_COMPILE=1, the
 project's own mypyc from the dev extra) and unpacks it into build/compiled-core; `run` imports
 spanguard from there first, so the command runs the wheel's compiled core and the tree's tests
-and benchmarks. The editable install of `make install` stays pure Python: compiled modules
-built in place would shadow the sources, and an edit would silently not take effect.
+and benchmarks (under pytest-xdist, `-p compiled_core` does the same in each worker). The
+editable install of `make install` stays pure Python: compiled modules built in place would
+shadow the sources, and an edit would silently not take effect.
 """
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ def run(arguments: list[str]) -> None:
         sys.exit(f"compiled_core: the core imported from {guard.__file__} is not compiled")
     sys.argv = [arguments[1], *arguments[2:]]
     runpy.run_module(arguments[1], run_name="__main__", alter_sys=True)
+
+
+def pytest_load_initial_conftests() -> None:
+    """`run -m pytest -p compiled_core -n N`: each pytest-xdist worker starts with the sys.path
+    of `run`, and this hook imports spanguard there from the wheel before the tests' conftest
+    puts the sources first; a worker whose core is not compiled stops the run."""
+    from spanguard.detection import core_build, guard
+
+    if core_build() != "compiled":
+        raise RuntimeError(
+            f"compiled_core: the core imported from {guard.__file__} is not compiled"
+        )
 
 
 def main() -> None:

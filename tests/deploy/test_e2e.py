@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -44,27 +43,37 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(params=sorted(CONFIGS))
-def stack(tmp_path: Path, request: pytest.FixtureRequest):
+# One stack per module and Collector: each test's agents have traces of their own, and the
+# default policy decides trace by trace, so a test never sees another's decisions.
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def stack_of_module(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     ensure_broker()
     topics = Topics()
+    data = tmp_path_factory.mktemp(f"stack-{request.param}")
     env, http_port = collector_env(
-        BOOTSTRAP, topics.input, tmp_path / "collector", OTELCOL_METRICS_LEVEL="none"
+        BOOTSTRAP, topics.input, data / "collector", OTELCOL_METRICS_LEVEL="none"
     )
-    worker = WorkerProcess(topics, tmp_path, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
+    worker = WorkerProcess(topics, data, env={"SPANGUARD_SIGNING_KEY": SIGNING_KEY}).start()
     subprocess.run(
         [str(ROOT / "scripts" / "collector.sh"), "up", *CONFIGS[request.param]],
         env=env, check=True, timeout=900,
     )  # fmt: skip
     repartitioned = Collector(topics.repartition)
-    yield topics, http_port
-    # The stock Collector's batches take the worker's repartition hop; packed, every batch
-    # was decided where it landed.
-    assert bool(repartitioned.where(lambda m: True)) == (request.param == "stock")
+    yield topics, http_port, repartitioned, request.param
     repartitioned.close()
     subprocess.run([str(ROOT / "scripts" / "collector.sh"), "down"], env=env, timeout=60)
     assert worker.stop() == 0
     topics.delete()
+
+
+@pytest.fixture
+def stack(stack_of_module):
+    topics, http_port, repartitioned, config = stack_of_module
+    before = len(repartitioned.where(lambda m: True))
+    yield topics, http_port
+    # The stock Collector's batches take the worker's repartition hop; packed, every batch
+    # was decided where it landed: each test's own traffic shows it.
+    assert (len(repartitioned.where(lambda m: True)) > before) == (config == "stock")
 
 
 def run_agent(kind: str, topics: Topics, http_port: int, signing_key: str) -> subprocess.Popen:

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.deploy.test_e2e import SIGNING_KEY, stack  # noqa: F401 - the fixture
+from tests.deploy.test_e2e import SIGNING_KEY, stack, stack_of_module  # noqa: F401 - fixtures
 from tests.support.cli import result_of
 from tests.support.instrumented_agents import java_command, java_ready
 from tests.support.kafka_harness import BOOTSTRAP, ROOT, Topics

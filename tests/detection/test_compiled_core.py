@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spanguard.detection import core_build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,9 @@ SKIP = [
 ]
 
 
+# The build clears and fills ROOT/build, where the packaging test's wheel is built too: under
+# xdist the tests that build or install this checkout share one worker.
+@pytest.mark.xdist_group("this_checkout_built")
 def test_the_compiled_wheel_passes_the_cores_tests() -> None:
     built = subprocess.run(
         [*SCRIPT, "build"], cwd=ROOT, capture_output=True, text=True, timeout=900
@@ -45,7 +50,9 @@ def test_the_compiled_wheel_passes_the_cores_tests() -> None:
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert "extension modules" in built.stdout
 
-    command = [*SCRIPT, "run", "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES]
+    # Spread over the cores: -p compiled_core makes every xdist worker run the compiled core too.
+    command = [*SCRIPT, "run", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "compiled_core", "-n", "auto", *SUITES]
     command += ["-m", "not kafka", *SKIP]
     ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     tail = ran.stdout[-6000:] + ran.stderr[-3000:]

@@ -224,6 +224,9 @@ def test_polling_has_its_own_threshold(tmp_path, name, mode):
     assert [d["rule"] for d in decisions["loop_identical"]] == ["tool_loop"]
 
 
+# Points the libraries' shared virtualenvs at this checkout (pip install -e): under xdist the
+# tests that build or install this checkout share one worker.
+@pytest.mark.xdist_group("this_checkout_built")
 def test_the_generator_reproduces_the_fixtures(tmp_path):
     """Re-run the scripted agents under every installed library (capture mode): same decisions."""
     done = generate(list(LIBRARIES), tmp_path, modes={"capture"})

@@ -200,6 +200,9 @@ def summary(decision: dict) -> tuple:
     return (*(decision.get(key) for key in fields), sorted(decision.get("agents") or ()))
 
 
+# Google ADK's row points its shared virtualenv at this checkout (pip install -e): under xdist
+# the tests that build or install this checkout share one worker.
+@pytest.mark.xdist_group("this_checkout_built")
 @pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A])
 def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
     """Made again from the installed libraries: the same decisions, the same agent trees."""
