@@ -459,41 +459,31 @@ class WorkerSettings:
             )
         return key
 
-    @property
-    def table_name(self) -> str:
-        return "trace-state"
+    # The state tables: the trace table, and those of the scopes beyond the trace.
+    table_name: typing.ClassVar[str] = "trace-state"
+    conversation_table_name: typing.ClassVar[str] = "conversation-state"
+    agent_window_table_name: typing.ClassVar[str] = "agent-window-state"
+    tool_window_table_name: typing.ClassVar[str] = "tool-window-state"
+
+    def changelog_of(self, table_name: str) -> str:
+        """What Faust names a state table's changelog topic."""
+        return f"{self.app_id}-{table_name}-changelog"
 
     @property
     def changelog_topic(self) -> str:
-        """What Faust names the state table's changelog topic."""
-        return f"{self.app_id}-{self.table_name}-changelog"
-
-    @property
-    def conversation_table_name(self) -> str:
-        return "conversation-state"
+        return self.changelog_of(self.table_name)
 
     @property
     def conversation_changelog_topic(self) -> str:
-        """What Faust names the conversation table's changelog topic."""
-        return f"{self.app_id}-{self.conversation_table_name}-changelog"
-
-    @property
-    def agent_window_table_name(self) -> str:
-        return "agent-window-state"
+        return self.changelog_of(self.conversation_table_name)
 
     @property
     def agent_window_changelog_topic(self) -> str:
-        """What Faust names the agent window table's changelog topic."""
-        return f"{self.app_id}-{self.agent_window_table_name}-changelog"
-
-    @property
-    def tool_window_table_name(self) -> str:
-        return "tool-window-state"
+        return self.changelog_of(self.agent_window_table_name)
 
     @property
     def tool_window_changelog_topic(self) -> str:
-        """What Faust names the tool window table's changelog topic."""
-        return f"{self.app_id}-{self.tool_window_table_name}-changelog"
+        return self.changelog_of(self.tool_window_table_name)
 
     @property
     def store_url(self) -> str:
