@@ -183,6 +183,18 @@ def _secret(
         raise error(str(exc)) from None
 
 
+def _secret_given(
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None, file_flag: str, env: str
+) -> bool:
+    """Whether a secret is given at all: its file flag, its variable or its _FILE variable."""
+    environ = os.environ if environ is None else environ
+    return bool(
+        flags.get(file_flag)
+        or (environ.get(env) or "").strip()
+        or (environ.get(env + "_FILE") or "").strip()
+    )
+
+
 # -- the worker ---------------------------------------------------------------------------------
 
 # A kill must outlive the time an agent takes to read it, and not be obeyed for weeks.
@@ -656,12 +668,7 @@ class PagerSettings:
     @staticmethod
     def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
         """Whether a routing key is given at all (paging is off without one)."""
-        environ = os.environ if environ is None else environ
-        return bool(
-            flags.get("routing_key_file")
-            or (environ.get(ENV_ROUTING_KEY) or "").strip()
-            or (environ.get(ENV_ROUTING_KEY + "_FILE") or "").strip()
-        )
+        return _secret_given(flags, environ, "routing_key_file", ENV_ROUTING_KEY)
 
     @classmethod
     def from_sources(
@@ -752,12 +759,7 @@ class WebhookSettings:
     @staticmethod
     def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
         """Whether a URL is given at all (the sink is off without one)."""
-        environ = os.environ if environ is None else environ
-        return bool(
-            flags.get("url_file")
-            or (environ.get(ENV_WEBHOOK_URL) or "").strip()
-            or (environ.get(ENV_WEBHOOK_URL + "_FILE") or "").strip()
-        )
+        return _secret_given(flags, environ, "url_file", ENV_WEBHOOK_URL)
 
     @classmethod
     def from_sources(
