@@ -72,10 +72,14 @@ def publish_manual(
     return signal
 
 
-def publish_signal(settings: WorkerSettings, signal: KillSignal, timeout: float = 30.0) -> None:
+def publish_signal(
+    settings: WorkerSettings, signal: KillSignal, timeout: float = 30.0
+) -> KillSignal:
     """Send `signal` alone (signed with the worker's key) to the kill topic, acks=all: an
-    operator's contain or release of a tool, which no detection record describes."""
+    operator's contain or release of a tool, which no detection record describes. Returns
+    `signal`, as publish_manual returns the one it sends."""
     _publish(settings, signal, None, timeout)
+    return signal
 
 
 def _publish(
