@@ -315,23 +315,23 @@ def _parse_time(text: str, flag: str) -> float:
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def _seconds(text: str, units: str) -> float | None:
-    """A positive duration such as 90s, 30m, 12h, 2d or 1w in seconds, its unit one of
-    `units`; None if `text` is none."""
+def _parse_duration(text: str, flag: str, units: str, examples: str) -> float:
+    """A flag's positive duration such as 90s, 30m, 12h, 2d or 1w in seconds, its unit one of
+    `units`; a ValueError names the flag and `examples` of what it takes."""
     import re
 
     match = re.fullmatch(rf"\s*(\d+(?:\.\d+)?)\s*([{units}])\s*", text)
     if match is None or float(match.group(1)) <= 0:
-        return None
+        raise ValueError(f"{flag} {text!r} is not a duration such as {examples}")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def _parse_since(text: str) -> float:
     """--since: a duration such as 7d, 12h, 30m or 90s, in seconds."""
-    seconds = _seconds(text, "smhdw")
-    if seconds is None:
-        raise BacktestError(f"--since {text!r} is not a duration such as 7d, 12h, 30m or 90s")
-    return seconds
+    try:
+        return _parse_duration(text, "--since", "smhdw", "7d, 12h, 30m or 90s")
+    except ValueError as exc:
+        raise BacktestError(str(exc)) from None
 
 
 def _cmd_backtest(args: argparse.Namespace) -> int:
@@ -515,7 +515,11 @@ def _cmd_tool(args: argparse.Namespace) -> int:
 
     kind: Literal["kill", "release"] = "kill" if args.command == "contain" else "release"
     try:
-        seconds = _parse_duration(args.duration) if kind == "kill" else DEFAULT_CONTAIN_SECONDS
+        seconds = (
+            _parse_duration(args.duration, "--for", "smhd", "1h, 30m, 90s or 2d")
+            if kind == "kill"
+            else DEFAULT_CONTAIN_SECONDS
+        )
     except ValueError as exc:
         print(f"spanguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -538,14 +542,6 @@ def _cmd_tool(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = _settings(args)
     return _send(args, settings, operator, lambda: publish_signal(settings, signal))
-
-
-def _parse_duration(text: str) -> float:
-    """--for: a duration such as 1h, 30m, 90s or 2d, in seconds."""
-    seconds = _seconds(text, "smhd")
-    if seconds is None:
-        raise ValueError(f"--for {text!r} is not a duration such as 1h, 30m, 90s or 2d")
-    return seconds
 
 
 def _add_contain_parser(commands: argparse._SubParsersAction) -> None:
