@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from spanguard import __version__
 from spanguard.config.policy_file import load_policy
 from spanguard.errors import BacktestError, PolicyError, SettingsError, SpanguardError
 from spanguard.schemas.policy import Policy
+
+if TYPE_CHECKING:
+    from spanguard.schemas.decision import KillSignal
 
 EXIT_USAGE = 2
 
@@ -308,15 +312,26 @@ def _parse_time(text: str, flag: str) -> float:
     return moment.timestamp()
 
 
-def _parse_since(text: str) -> float:
-    """--since: a duration such as 7d, 12h, 30m or 90s, in seconds."""
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _parse_duration(text: str, flag: str, units: str, examples: str) -> float:
+    """A flag's positive duration such as 90s, 30m, 12h, 2d or 1w in seconds, its unit one of
+    `units`; a ValueError names the flag and `examples` of what it takes."""
     import re
 
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    match = re.fullmatch(rf"\s*(\d+(?:\.\d+)?)\s*([{units}])\s*", text)
     if match is None or float(match.group(1)) <= 0:
-        raise BacktestError(f"--since {text!r} is not a duration such as 7d, 12h, 30m or 90s")
-    return float(match.group(1)) * units[match.group(2)]
+        raise ValueError(f"{flag} {text!r} is not a duration such as {examples}")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _parse_since(text: str) -> float:
+    """--since: a duration such as 7d, 12h, 30m or 90s, in seconds."""
+    try:
+        return _parse_duration(text, "--since", "smhdw", "7d, 12h, 30m or 90s")
+    except ValueError as exc:
+        raise BacktestError(str(exc)) from None
 
 
 def _cmd_backtest(args: argparse.Namespace) -> int:
@@ -431,8 +446,6 @@ def _cmd_manual(args: argparse.Namespace) -> int:
     """`spanguard kill` / `spanguard release`: a signed signal and its audit record."""
     import re
 
-    from confluent_kafka import KafkaException
-
     from spanguard.connectors.manual import manual_decision, publish_manual
     from spanguard.killswitch.client import parse_agent
     from spanguard.schemas.decision import MAX_CONVERSATION_ID_CHARS
@@ -469,14 +482,24 @@ def _cmd_manual(args: argparse.Namespace) -> int:
     decision = manual_decision(
         trace_id, args.command, reason, operator, conversation_id=args.conversation, agent=agent
     )
+    return _send(args, settings, operator, lambda: publish_manual(settings, decision))
+
+
+def _send(
+    args: argparse.Namespace, settings: Any, operator: str, publish: Callable[[], KillSignal]
+) -> int:
+    """Publish an operator's signal (`publish` returns it) and say what was sent: 0, or 1 when
+    Kafka did not acknowledge it."""
+    from confluent_kafka import KafkaException
+
     try:
-        signal = publish_manual(settings, decision)
+        signal = publish()
     except KafkaException as exc:
         print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
         return 1
-    until = (
-        f" until {signal.expires_at}" if signal.stops != "trace" and args.command == "kill" else ""
-    )
+    # A kill of a scope (a conversation, an agent, a tool) lasts until the signal expires.
+    scoped_kill = signal.kind == "kill" and signal.stops != "trace"
+    until = f" until {signal.expires_at}" if scoped_kill else ""
     print(f"{args.command}: {signal.describe_target()} signal {signal.signal_id} by {operator}"
           f" on {settings.kill_topic}{until}")  # fmt: skip
     return 0
@@ -488,14 +511,16 @@ def _cmd_tool(args: argparse.Namespace) -> int:
     import uuid
     from datetime import UTC, datetime, timedelta
 
-    from confluent_kafka import KafkaException
-
     from spanguard.connectors.manual import manual_tool_decision, publish_signal
     from spanguard.schemas.decision import DEFAULT_CONTAIN_SECONDS, tool_signal
 
     kind: Literal["kill", "release"] = "kill" if args.command == "contain" else "release"
     try:
-        seconds = _parse_duration(args.duration) if kind == "kill" else DEFAULT_CONTAIN_SECONDS
+        seconds = (
+            _parse_duration(args.duration, "--for", "smhd", "1h, 30m, 90s or 2d")
+            if kind == "kill"
+            else DEFAULT_CONTAIN_SECONDS
+        )
     except ValueError as exc:
         print(f"spanguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -517,26 +542,8 @@ def _cmd_tool(args: argparse.Namespace) -> int:
         print(f"spanguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     settings = _settings(args)
-    try:
-        publish_signal(settings, signal, manual_tool_decision(signal, operator))
-    except KafkaException as exc:
-        print(f"spanguard {args.command}: not sent: {exc}", file=sys.stderr)
-        return 1
-    until = f" until {signal.expires_at}" if kind == "kill" else ""
-    print(f"{args.command}: {signal.describe_target()} signal {signal.signal_id} by {operator}"
-          f" on {settings.kill_topic}{until}")  # fmt: skip
-    return 0
-
-
-def _parse_duration(text: str) -> float:
-    """--for: a duration such as 1h, 30m, 90s or 2d, in seconds."""
-    import re
-
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError(f"--for {text!r} is not a duration such as 1h, 30m, 90s or 2d")
-    return float(match.group(1)) * units[match.group(2)]
+    audit = manual_tool_decision(signal, operator)
+    return _send(args, settings, operator, lambda: publish_signal(settings, signal, audit))
 
 
 def _add_contain_parser(commands: argparse._SubParsersAction) -> None:

@@ -183,6 +183,18 @@ def _secret(
         raise error(str(exc)) from None
 
 
+def _secret_given(
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None, file_flag: str, env: str
+) -> bool:
+    """Whether a secret is given at all: its file flag, its variable or its _FILE variable."""
+    environ = os.environ if environ is None else environ
+    return bool(
+        flags.get(file_flag)
+        or (environ.get(env) or "").strip()
+        or (environ.get(env + "_FILE") or "").strip()
+    )
+
+
 # -- the worker ---------------------------------------------------------------------------------
 
 # A kill must outlive the time an agent takes to read it, and not be obeyed for weeks.
@@ -459,41 +471,31 @@ class WorkerSettings:
             )
         return key
 
-    @property
-    def table_name(self) -> str:
-        return "trace-state"
+    # The state tables: the trace table, and those of the scopes beyond the trace.
+    table_name: typing.ClassVar[str] = "trace-state"
+    conversation_table_name: typing.ClassVar[str] = "conversation-state"
+    agent_window_table_name: typing.ClassVar[str] = "agent-window-state"
+    tool_window_table_name: typing.ClassVar[str] = "tool-window-state"
+
+    def changelog_of(self, table_name: str) -> str:
+        """What Faust names a state table's changelog topic."""
+        return f"{self.app_id}-{table_name}-changelog"
 
     @property
     def changelog_topic(self) -> str:
-        """What Faust names the state table's changelog topic."""
-        return f"{self.app_id}-{self.table_name}-changelog"
-
-    @property
-    def conversation_table_name(self) -> str:
-        return "conversation-state"
+        return self.changelog_of(self.table_name)
 
     @property
     def conversation_changelog_topic(self) -> str:
-        """What Faust names the conversation table's changelog topic."""
-        return f"{self.app_id}-{self.conversation_table_name}-changelog"
-
-    @property
-    def agent_window_table_name(self) -> str:
-        return "agent-window-state"
+        return self.changelog_of(self.conversation_table_name)
 
     @property
     def agent_window_changelog_topic(self) -> str:
-        """What Faust names the agent window table's changelog topic."""
-        return f"{self.app_id}-{self.agent_window_table_name}-changelog"
-
-    @property
-    def tool_window_table_name(self) -> str:
-        return "tool-window-state"
+        return self.changelog_of(self.agent_window_table_name)
 
     @property
     def tool_window_changelog_topic(self) -> str:
-        """What Faust names the tool window table's changelog topic."""
-        return f"{self.app_id}-{self.tool_window_table_name}-changelog"
+        return self.changelog_of(self.tool_window_table_name)
 
     @property
     def store_url(self) -> str:
@@ -666,12 +668,7 @@ class PagerSettings:
     @staticmethod
     def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
         """Whether a routing key is given at all (paging is off without one)."""
-        environ = os.environ if environ is None else environ
-        return bool(
-            flags.get("routing_key_file")
-            or (environ.get(ENV_ROUTING_KEY) or "").strip()
-            or (environ.get(ENV_ROUTING_KEY + "_FILE") or "").strip()
-        )
+        return _secret_given(flags, environ, "routing_key_file", ENV_ROUTING_KEY)
 
     @classmethod
     def from_sources(
@@ -762,12 +759,7 @@ class WebhookSettings:
     @staticmethod
     def configured(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
         """Whether a URL is given at all (the sink is off without one)."""
-        environ = os.environ if environ is None else environ
-        return bool(
-            flags.get("url_file")
-            or (environ.get(ENV_WEBHOOK_URL) or "").strip()
-            or (environ.get(ENV_WEBHOOK_URL + "_FILE") or "").strip()
-        )
+        return _secret_given(flags, environ, "url_file", ENV_WEBHOOK_URL)
 
     @classmethod
     def from_sources(

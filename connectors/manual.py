@@ -104,10 +104,12 @@ def publish_manual(
 
 def publish_signal(
     settings: WorkerSettings, signal: KillSignal, audit: Decision, timeout: float = 30.0
-) -> None:
+) -> KillSignal:
     """Send `signal` (signed with the worker's key) to the kill topic and its `audit` record
-    to the detections topic, acks=all: an operator's contain or release of a tool."""
+    to the detections topic, acks=all: an operator's contain or release of a tool. Returns
+    `signal`, as publish_manual returns the one it sends."""
     _publish(settings, signal, audit, timeout)
+    return signal
 
 
 def _publish(

@@ -290,6 +290,20 @@ def _singular(fields: list[tuple[int, int, int, int, int]], data: bytes) -> dict
     return found
 
 
+def _messages(
+    fields: list[tuple[int, int, int, int, int]], number: int, what: str
+) -> list[tuple[int, int, int]]:
+    """(tag start, value start, value end) of each field `number` of `fields`: embedded
+    messages (`what` they are, for the error when one is not length-delimited)."""
+    found = []
+    for field_number, wire, tag_start, start, end in fields:
+        if field_number == number:
+            if wire != _WIRE_LEN:
+                raise _Unexpected(f"{what} not length-delimited")
+            found.append((tag_start, start, end))
+    return found
+
+
 def split_serialized(
     data: bytes, span_trace_ids: Sequence[bytes] | None = None
 ) -> dict[bytes, bytes] | None:
@@ -311,27 +325,16 @@ def split_serialized(
 def _split_serialized(data: bytes, expected: Sequence[bytes] | None) -> dict[bytes, bytes]:
     parts: dict[bytes, list[bytes]] = {}
     spans_read = 0
-    for number, wire, _, start, end in _fields(data, 0, len(data)):
-        if number != 1:
-            continue  # not a field of a trace request: split_by_trace drops it too
-        if wire != _WIRE_LEN:
-            raise _Unexpected("resource_spans not length-delimited")
+    # A trace request's other fields: split_by_trace drops them too.
+    for _, start, end in _messages(_fields(data, 0, len(data)), 1, "resource_spans"):
         fields = _fields(data, start, end)
         resource_fields = _singular(fields, data)
         resource = resource_fields.get(1, b"")
         schema_url = resource_fields.get(3, b"")
-        for scope_number, scope_wire, _, scope_start, scope_end in fields:
-            if scope_number != 2:
-                continue
-            if scope_wire != _WIRE_LEN:
-                raise _Unexpected("scope_spans not length-delimited")
+        for _, scope_start, scope_end in _messages(fields, 2, "scope_spans"):
             scope_fields = _fields(data, scope_start, scope_end)
             by_trace: dict[bytes, list[bytes]] = {}
-            for span_number, span_wire, tag_start, span_start, span_end in scope_fields:
-                if span_number != 2:
-                    continue
-                if span_wire != _WIRE_LEN:
-                    raise _Unexpected("a span not length-delimited")
+            for tag_start, span_start, span_end in _messages(scope_fields, 2, "a span"):
                 trace_id = _trace_id(data, span_start, span_end)
                 if expected is not None:
                     if spans_read >= len(expected) or expected[spans_read] != trace_id:

@@ -251,13 +251,7 @@ def _adapt_one(
         oi_kind, tl_kind, ai_operation = _other_kinds(attributes, present)
     # Without a policy matching per agent, the keys read for prices or conversations are
     # no match attributes to build.
-    match_attributes = None
-    if match:
-        for key in reading.match_keys:
-            if key in present:
-                if match_attributes is None:
-                    match_attributes = {}
-                match_attributes[key] = _text(attributes[key])
+    match_attributes = _match_attributes(attributes, present, reading) if match else None
     agent_name = bounded_text(_text(attributes[AGENT_NAME])) if AGENT_NAME in present else None
     named = False  # a wanted conversation key is there (only with the conversation scope on)
     for key in reading.conversation:
@@ -283,38 +277,6 @@ def _adapt_one(
             named,
             scope,
         )
-    return _other_span(
-        span,
-        attributes,
-        present,
-        reading,
-        match,
-        operation,
-        oi_kind,
-        tl_kind,
-        ai_operation,
-        agent_name,
-        match_attributes,
-        named,
-    )
-
-
-def _other_span(
-    span: Any,
-    attributes: AttributeMap,
-    present: Container[str],
-    reading: SpanReading,
-    match: bool,
-    operation: str | None,
-    oi_kind: str | None,
-    tl_kind: str | None,
-    ai_operation: str | None,
-    agent_name: str | None,
-    match_attributes: dict[str, str] | None,
-    named: bool,
-) -> Event | tuple[Event, ...] | None:
-    """_adapt_one's spans that are no call: their usage or who the agent is, and an agent's
-    own span also as one run of the agent (the agent run first)."""
     other = _usage_or_agent(
         span,
         attributes,
@@ -329,10 +291,24 @@ def _other_span(
         match_attributes,
         named,
     )
+    # An agent's own span is also one run of the agent (the agent run first).
     if operation != INVOKE_AGENT_OPERATION and (operation is not None or oi_kind != OI_AGENT_KIND):
         return other
     run = _agent_run(span, attributes, agent_name, match_attributes)
     return other if run is None else run if other is None else (run, other)
+
+
+def _match_attributes(
+    attributes: AttributeMap, present: Container[str], reading: SpanReading
+) -> dict[str, str] | None:
+    """The span's match attributes: the policy's match keys it carries (None: none)."""
+    matched = None
+    for key in reading.match_keys:
+        if key in present:
+            if matched is None:
+                matched = {}
+            matched[key] = _text(attributes[key])
+    return matched
 
 
 def _tool_call(

@@ -204,9 +204,6 @@ WANTED_KEYS: Final = frozenset(
         RESULT_HASH_KEY,
         ERROR_TYPE,
         INPUT_MESSAGES,
-        *INPUT_TOKEN_KEYS,
-        *OUTPUT_TOKEN_KEYS,
-        AGGREGATE_INPUT_KEY,
-        AGGREGATE_OUTPUT_KEY,
+        *USAGE_KEYS,
     }
 )

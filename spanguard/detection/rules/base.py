@@ -30,6 +30,7 @@ __all__ = [
     "OFF",
     "PAUSE",
     "AgentRule",
+    "BudgetRule",
     "Fired",
     "GuardObserver",
     "Rule",
@@ -134,6 +135,24 @@ class TokenRule(Rule):
         self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
     ) -> Trip | None:
         raise NotImplementedError
+
+
+class BudgetRule(TokenRule):
+    """A hard cap on what a trace spends: off without a budget, else it kills (or pauses, once,
+    where the policy pauses: then the answer stands). What was spent stays spent: a release
+    does not re-arm it, and a kill starts no fresh window."""
+
+    default_action = "off (no budget); kill when one is set"
+    rearm_on_release = False
+    restarts_window = False
+
+    def has_budget(self, policy: AgentPolicy) -> bool:
+        raise NotImplementedError
+
+    def wanted(self, policy: AgentPolicy) -> str:
+        if not self.has_budget(policy):
+            return OFF
+        return PAUSE if policy.action == PAUSE else KILL
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

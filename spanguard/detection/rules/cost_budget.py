@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spanguard.detection.pricing import micro_usd, pico_usd
-from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
+from spanguard.detection.rules.base import BudgetRule, Trip
 from spanguard.schemas.decision import Spend
 
 if TYPE_CHECKING:
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from spanguard.detection.trace_state import TraceState
     from spanguard.schemas.policy import AgentPolicy
 
-__all__ = ["CostBudget", "trace_cost"]
+__all__ = ["CostBudget", "trace_cost", "trace_tokens"]
 
 
 def trace_cost(state: TraceState) -> int:
@@ -23,21 +23,21 @@ def trace_cost(state: TraceState) -> int:
     return state.inference_cost if state.inference_cost is not None else state.aggregate_cost
 
 
-class CostBudget(TokenRule):
+def trace_tokens(state: TraceState) -> int:
+    """The trace's tokens so far: its inference spans', else its agents' totals."""
+    return state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
+
+
+class CostBudget(BudgetRule):
     name = "cost_budget"
     catches = (
         "US dollars a trace spent (tokens priced by model: genai-prices or the policy's prices)"
         " over the budget (a hard cap: it kills)"
     )
     settings = "usd_budget: null (no budget), prices: {}"
-    default_action = "off (no budget); kill when one is set"
-    rearm_on_release = False  # money spent stays spent
-    restarts_window = False
 
-    def wanted(self, policy: AgentPolicy) -> str:
-        if policy.usd_budget is None:
-            return OFF
-        return PAUSE if policy.action == PAUSE else KILL
+    def has_budget(self, policy: AgentPolicy) -> bool:
+        return policy.usd_budget is not None
 
     def check_tokens(
         self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
@@ -48,9 +48,7 @@ class CostBudget(TokenRule):
         budget = pico_usd(policy.usd_budget)
         if spent <= budget:
             return None
-        tokens = (
-            state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
-        )
+        tokens = trace_tokens(state)
         reason = f"${spent / 1e12:.4f} spent, over the budget of ${policy.usd_budget:g}"
         if state.unpriced_tokens:
             reason += f" (at least: {state.unpriced_tokens} tokens of models without a price)"

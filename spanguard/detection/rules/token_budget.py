@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spanguard.detection.pricing import micro_usd
-from spanguard.detection.rules.base import KILL, OFF, PAUSE, TokenRule, Trip
-from spanguard.detection.rules.cost_budget import trace_cost
+from spanguard.detection.rules.base import BudgetRule, Trip
+from spanguard.detection.rules.cost_budget import trace_cost, trace_tokens
 from spanguard.schemas.decision import Spend
 
 if TYPE_CHECKING:
@@ -18,18 +18,13 @@ if TYPE_CHECKING:
 __all__ = ["TokenBudget"]
 
 
-class TokenBudget(TokenRule):
+class TokenBudget(BudgetRule):
     name = "token_budget"
     catches = "input + output tokens of a trace over the budget (a hard cap: it kills)"
     settings = "token_budget: null (no budget)"
-    default_action = "off (no budget); kill when one is set"
-    rearm_on_release = False  # tokens used stay used
-    restarts_window = False
 
-    def wanted(self, policy: AgentPolicy) -> str:
-        if policy.token_budget is None:
-            return OFF
-        return PAUSE if policy.action == PAUSE else KILL  # paused once, then the answer stands
+    def has_budget(self, policy: AgentPolicy) -> bool:
+        return policy.token_budget is not None
 
     def check_tokens(
         self, state: TraceState, usage: TokenUsage, policy: AgentPolicy
@@ -37,9 +32,7 @@ class TokenBudget(TokenRule):
         budget = policy.token_budget
         if budget is None:
             return None
-        used = (
-            state.inference_tokens if state.inference_tokens is not None else state.aggregate_tokens
-        )
+        used = trace_tokens(state)
         if used <= budget:
             return None
         priced = state.inference_cost is not None or state.aggregate_cost
