@@ -432,27 +432,17 @@ class Guard:
                                     shared_text(resource.service), resource.agent_name
                                 )
                         touched[trace_id] = state
-                    if isinstance(event, tuple):
-                        # A LiteLLM proxy span: the tool calls its request answered, then
-                        # its own usage (conventions/gateway.py, gateway_calls).
-                        for one in event:
-                            try:
-                                decision = self.observe(trace_id, state, one, resource)
-                            # A bad call costs itself, never its neighbours.
-                            except Exception as exc:  # noqa: BLE001
-                                self._on_bad_span(exc)
-                                continue
-                            if decision is not None:
-                                decisions.append(decision)
-                        continue
-                    try:
-                        decision = self.observe(trace_id, state, event, resource)
-                    # E.g. arguments nested too deep to hash.
-                    except Exception as exc:  # noqa: BLE001
-                        self._on_bad_span(exc)
-                        continue
-                    if decision is not None:
-                        decisions.append(decision)
+                    # A LiteLLM proxy span is a tuple: the tool calls its request answered,
+                    # then its own usage (conventions/gateway.py, gateway_calls).
+                    for one in event if isinstance(event, tuple) else (event,):
+                        try:
+                            decision = self.observe(trace_id, state, one, resource)
+                        # E.g. arguments nested too deep to hash: a bad call costs itself.
+                        except Exception as exc:  # noqa: BLE001
+                            self._on_bad_span(exc)
+                            continue
+                        if decision is not None:
+                            decisions.append(decision)
         self._take_scopes(decisions)
         now = self.clock()
         for trace_id, state in touched.items():
