@@ -125,6 +125,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from bench.bench_scopes import with_conversations
 from bench.corpus import TOOLS, Corpus, build_corpus
@@ -1953,7 +1954,7 @@ def phase_scopes(run: Run) -> None:
 # The fleet phase: the fleet of 200 agents, a trace each, calling the corpus's tools.
 FLEET_AGENTS = 200
 FLEET_POLICY = "fleet: {enabled: true}\n"  # the shipped fleet rules, turned on
-STATUS_ERROR = 2  # OTLP's Status.code ERROR
+STATUS_ERROR = Status.STATUS_CODE_ERROR
 
 
 def fleet_corpus(

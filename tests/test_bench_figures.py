@@ -20,8 +20,8 @@ from bench.bench_pipeline import (
     rate_target,
 )
 from bench.corpus import TOOLS, build_corpus
-from spanguard.detection.fleet import FleetCall
 from bench.worker_profile import summarize
+from spanguard.detection.fleet import FleetCall
 
 NAMES = ("collector", "hop", "decide", "signal", "total")
 ROOT = "/srv/spanguard"
