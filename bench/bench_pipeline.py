@@ -71,6 +71,10 @@ run, each figure next to its same-run baseline:
    decision time = the incident record's append to the detections topic (LogAppendTime) -
    that span's arrival (its end time, the moment its body was posted). Its p99 is judged
    against one window step (30 s).
+2g. The worker image's build on the packed path (phase `compiled`): the compiled core's rate
+   over the drain corpus, in a process of its own (scripts/compiled_core.py run, this module's
+   `--core-rate`), then a compiled worker with topics and a packing Collector of its own
+   drains a corpus; its spans/s against that rate is judged against 0.25.
 3. Two workers. A second worker joins the group; once both hold partitions (a probe record on
    each partition is processed), a third corpus (fresh trace ids) is drained by the two
    (through the Collector when phase `collector` ran), and the rate is compared with one
@@ -130,6 +134,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from bench.bench_scopes import with_conversations
 from bench.corpus import TOOLS, Corpus, build_corpus
 from bench.worker_profile import STAGE_NAMES, Profiler, find_py_spy, summarize
+from spanguard.detection import core_build
 from spanguard.detection.fleet import FleetCall
 from spanguard.detection.guard import Guard
 from spanguard.schemas.policy import FleetPolicy
@@ -1363,11 +1368,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--phases",
-        default="one,latency,collector,scopes,fleet,two,faust",
-        help="comma-separated subset of one,latency,collector,scopes,fleet,two,faust (one is"
-        " always run); with collector, the two-worker drain goes through the Collector too, and"
-        " scopes drains it again (and runs latency) with the conversation, agent and tool scopes"
-        " on; fleet times the fleet incidents through a Collector of its own",
+        default="one,latency,collector,scopes,fleet,compiled,two,faust",
+        help="comma-separated subset of one,latency,collector,scopes,fleet,compiled,two,faust"
+        " (one is always run); with collector, the two-worker drain goes through the Collector"
+        " too, and scopes drains it again (and runs latency) with the conversation, agent and"
+        " tool scopes on; fleet times the fleet incidents through a Collector of its own;"
+        " compiled drains a compiled worker through the packing Collector",
     )
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra `spanguard worker` argument"
@@ -1400,6 +1406,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " python: a plain install's); the first is judged and runs the latency run",
     )
     parser.add_argument(
+        "--core-rate",
+        action="store_true",
+        help="print the core's spans/s over the drain corpus as JSON and exit (phase compiled"
+        " runs it under scripts/compiled_core.py run)",
+    )
+    parser.add_argument(
         "--fleet-incidents",
         type=int,
         default=8,
@@ -1428,7 +1440,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.builds:
         parser.error(f"--scope-builds: {unknown or 'none'}; choose from {', '.join(BUILDS)}")
     compiled_wanted = args.phase_set & {"scopes", "fleet"} and "compiled" in args.builds
-    if compiled_wanted and not compiled_core_built():
+    if (compiled_wanted or "compiled" in args.phase_set) and not compiled_core_built():
         parser.error(
             "--scope-builds compiled: nothing in build/compiled-core; run"
             " `python scripts/compiled_core.py build` (make bench-pipeline does) or pass"
@@ -1471,6 +1483,7 @@ class Run:
     # Phase fleet's requests, and the tool failing in each of its segments.
     fleet_requests: list[bytes] | None = None
     fleet_tools: list[str] | None = None
+    corpus_k: Corpus | None = None  # phase compiled's drain (the packing Collector's)
     per_message: float = 0.0
     # Live: the topics, the admin client, the workers and the Collector (stopped at the end).
     topics: Topics | None = None
@@ -1490,6 +1503,7 @@ class Run:
     two: Drain | None = None
     scope_runs: list[ScopesRun] | None = None
     fleet: FleetTimes | None = None
+    compiled_packed: float | None = None  # compiled worker's spans/s to the compiled core's
     floor: Floor | None = None
     result: dict[str, object] | None = None
 
@@ -1568,6 +1582,8 @@ def build_corpora(run: Run) -> None:
             )
             run.expected_s = expected_kills(latency_s.requests)
             latency_s.requests = with_conversations(latency_s.requests, prefix="latency-s-conv")
+    if "compiled" in phases:
+        run.corpus_k = build_corpus(args.spans, args.traces, seed=21, **mix)
     if "fleet" in phases:
         run.fleet_requests, run.fleet_tools = fleet_corpus(
             args.rate, args.fleet_segment, args.fleet_incidents, mix
@@ -1864,7 +1880,11 @@ def print_stage_table(tables: dict[str, dict[str, float]]) -> None:
 
 
 def phase_two(run: Run) -> None:
-    """3. Two workers."""
+    """2g. The worker image's build on the packed path (phase `compiled`): the compiled core's rate
+       over the drain corpus, in a process of its own (scripts/compiled_core.py run, this module's
+       `--core-rate`), then a compiled worker with topics and a packing Collector of its own
+       drains a corpus; its spans/s against that rate is judged against 0.25.
+    3. Two workers."""
     second = run.second
     if second is None:
         return
@@ -2155,6 +2175,66 @@ def fleet_target(fleet: FleetTimes) -> str:
     return f"{met(ok)} ({shown} over {len(fleet.decision_ms)} of {fleet.failing} incidents)"
 
 
+def compiled_core_rate(args: argparse.Namespace) -> float:
+    """The compiled core's spans/s over the drain corpus (best of --runs), in a process of its
+    own that imports the wheel's core first (scripts/compiled_core.py run)."""
+    command = [sys.executable, str(ROOT / "scripts" / "compiled_core.py"), "run"]
+    command += ["-m", "bench.bench_pipeline", "--core-rate", "--runs", str(args.runs)]
+    command += ["--spans", str(args.spans), "--traces", str(args.traces)]
+    command += ["--message-spans", args.message_spans]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"the compiled core's rate: {done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["core_spans_per_s"])
+
+
+def phase_compiled(run: Run) -> None:
+    """2g. The worker image's build on the packed path: a compiled worker, topics and a packing
+    Collector of its own, drains a corpus; against the compiled core's rate over the drain
+    corpus, measured just before in a process of its own."""
+    corpus = run.corpus_k
+    if corpus is None:
+        return
+    args, admin, result = run.args, run.admin, run.result
+    assert admin is not None and result is not None
+    core = compiled_core_rate(args)
+    print(f"compiled core (Guard().process, same requests, best of {args.runs}): {core:12,.0f}")
+    topics = Topics()
+    timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
+    create_timed_topics(admin, timed, args.partitions)
+    create_worker_topics(topics, args.partitions)
+    worker = start_worker(topics, args.partitions, args, "compiled")
+    packing = ShippedCollector(topics.input, PACKED)
+    try:
+        probe(topics.input, args.partitions, [worker], seed=106)
+        fed = drain_through_collector(
+            packing, topics, args.partitions, corpus.requests, corpus.spans, [worker],
+            args.drain_timeout,
+        )  # fmt: skip
+    finally:
+        stop_worker(worker)
+        packing.close()
+        delete_topics(admin, topics.prefix)
+    rate = fed.drain.spans_per_s
+    run.compiled_packed = rate / core
+    print(
+        f"pipeline through the packing Collector (1 worker, {BUILDS['compiled']}):"
+        f" {rate:12,.0f} spans/s = {rate / core:.3f} of the compiled core"
+        + ("" if fed.drain.done else "  [INCOMPLETE]")
+        + f"; {fed.repartition_records:,} repartition records; done in {fed.drain.seconds:.1f}s"
+    )
+    print(f"  during the drain: {fed.drain.meter.text(fed.drain.cores)}")
+    result.update(
+        {
+            "compiled_core_spans_per_s": round(core),
+            "compiled_packed_spans_per_s": round(rate),
+            "compiled_packed_to_compiled_core": round(rate / core, 3),
+            "compiled_packed_drain_complete": fed.drain.done,
+            "worker_cores_compiled_packed": round(fed.drain.cores["worker 1"], 2),
+        }
+    )
+
+
 def core_after(run: Run) -> None:
     """The core again, workers stopped; the better of the two runs is the core's figure."""
     assert run.corpus is not None
@@ -2243,6 +2323,10 @@ def print_targets(run: Run) -> None:
         line += ")"
         if judged.latency is not None:
             line += f"; p99 with scopes < 100 ms: {p99_target(judged.latency)}"
+    if run.compiled_packed is not None:
+        compiled = run.compiled_packed
+        line += f"; compiled packed >= 0.25 of compiled core: {met(compiled >= 0.25)}"
+        line += f" ({compiled:.3f})"
     if run.fleet is not None:
         line += f"; fleet incident p99 within a step ({run.fleet.step_s} s)"
         line += f": {fleet_target(run.fleet)}"
@@ -2279,14 +2363,28 @@ PHASES = (
     ("stop", stop_workers),
     ("scopes", phase_scopes),
     ("fleet", phase_fleet),
+    ("compiled", phase_compiled),
     ("core again", core_after),
     ("faust", phase_faust),
     ("targets", print_targets),
 )
 
 
+def print_core_rate(args: argparse.Namespace) -> int:
+    """--core-rate: the drain corpus of build_corpora (its seed and mix), the core over it."""
+    low, high = (int(n) for n in args.message_spans.split(","))
+    corpus = build_corpus(
+        args.spans, args.traces, seed=7, per_trace=True, message_spans=(low, high)
+    )
+    rate = core_rate(corpus.requests, corpus.spans, args.runs)
+    print(json.dumps({"core_spans_per_s": rate, "detection_core": core_build()}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     run = Run(parse_args(argv), started=time.monotonic())
+    if run.args.core_rate:
+        return print_core_rate(run.args)
     ensure_broker()
     for _name, phase in SETUP:
         phase(run)

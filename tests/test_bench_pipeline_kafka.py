@@ -1,6 +1,7 @@
 """`make bench-pipeline` in miniature, on the real broker: the Collector's latency run at two
-rates, the scope phase with the tool scope on, and the fleet phase, each once, small. The
-figures are not judged (a tiny run on a shared machine); the lines and keys are."""
+rates, the scope phase with the tool scope on, the fleet phase, and (where the compiled core is
+built: `python scripts/compiled_core.py build`) the compiled worker on the packed path, each once,
+small. The figures are not judged (a tiny run on a shared machine); the lines and keys are."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import json
 
 import pytest
 
-from bench.bench_pipeline import main
+from bench.bench_pipeline import compiled_core_built, main
 
 pytestmark = pytest.mark.kafka
 
 
 def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys) -> None:
-    argv = ["--phases", "one,latency,collector,scopes,fleet", "--runs", "1"]
+    compiled = compiled_core_built()
+    phases = "one,latency,collector,scopes,fleet" + (",compiled" if compiled else "")
+    argv = ["--phases", phases, "--runs", "1"]
     argv += ["--spans", "3000", "--traces", "60", "--latency-traces", "60", "--seconds", "3"]
     argv += ["--rate", "500", "--rates", "500,1000", "--scope-rounds", "1"]
     argv += ["--scope-builds", "python", "--fleet-incidents", "2", "--fleet-segment", "4"]
@@ -36,3 +39,6 @@ def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys
     assert result["fleet_incidents_opened"] == 2
     assert len(result["fleet_decision_ms"]) == 2
     assert result["fleet_tool_call_records"] > 0
+    if compiled:
+        assert "compiled packed >= 0.25 of compiled core:" in targets
+        assert result["compiled_packed_drain_complete"]
