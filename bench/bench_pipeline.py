@@ -706,17 +706,27 @@ class ShippedCollector:
         )
 
     def post(self, body: bytes) -> None:
-        """One OTLP/HTTP export; a refusal (the Collector's queue full) is retried."""
+        """One OTLP/HTTP export; a refusal (the Collector's queue full) is retried, and a
+        connection the Collector closed while idle (between phases) is opened again."""
+        status: object = "no answer"
         for attempt in range(20):
-            self.connection.request(
-                "POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"}
-            )
-            response = self.connection.getresponse()
+            try:
+                self.connection.request(
+                    "POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"}
+                )
+                response = self.connection.getresponse()
+            except (ConnectionError, http.client.HTTPException):
+                self.connection.close()
+                self.connection = http.client.HTTPConnection(
+                    "127.0.0.1", self.http_port, timeout=30
+                )
+                continue
             response.read()
-            if response.status == 200:
+            status = response.status
+            if status == 200:
                 return
             time.sleep(0.05 * (attempt + 1))
-        raise RuntimeError(f"the Collector refused a post: HTTP {response.status}")
+        raise RuntimeError(f"the Collector refused a post: HTTP {status}")
 
     def close(self) -> None:
         self.connection.close()
