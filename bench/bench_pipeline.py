@@ -2065,10 +2065,15 @@ def fleet_decision_times(
     oracle's crossing span's."""
     decision_ms: list[int] = []
     opened = others = at_crossing = 0
-    for record in records:
+    seen: set[str] = set()
+    for record in sorted(records, key=lambda record: record["timestamp_ms"]):
         incident = json.loads(record["value"])
         if incident.get("scope") != "tool" or incident.get("action") == "recovered":
             continue
+        # An incident's record taken again (a batch decided again) has the same decision id.
+        if incident.get("decision_id") in seen:
+            continue
+        seen.add(str(incident.get("decision_id")))
         tool = incident.get("tool")
         if tool not in tools or incident.get("rule") != "tool_failing":
             others += 1

@@ -156,6 +156,7 @@ def test_the_fleet_corpus_breaks_one_fresh_tool_a_segment_from_its_first_third()
 def _incident(tool: str, ended_ms: int, rule: str = "tool_failing", action: str = "flag") -> bytes:
     ended = datetime.fromtimestamp(ended_ms / 1000, UTC).isoformat(timespec="milliseconds")
     record = {"scope": "tool", "tool": tool, "rule": rule, "action": action}
+    record["decision_id"] = f"{tool}:{rule}:{action}"
     return json.dumps({**record, "span_ended_at": ended}).encode()
 
 
@@ -166,6 +167,8 @@ def test_a_fleet_incidents_decision_time_runs_from_its_crossing_spans_arrival() 
     }
     records = [
         {"value": _incident("search_web-0", crossed), "timestamp_ms": crossed + 240},
+        # The same incident's record taken again: counted once, at its first append.
+        {"value": _incident("search_web-0", crossed), "timestamp_ms": crossed + 900},
         {"value": _incident("search_web-0", crossed, action="recovered"), "timestamp_ms": 0},
         {"value": _incident("run_sql-0", crossed, rule="loop_signature"), "timestamp_ms": 0},
         {"value": _incident("fetch_url-1", crossed + 5), "timestamp_ms": crossed + 9_000},
