@@ -503,6 +503,44 @@ def decode_tool_calls(
 
 
 def _tool_row(row: Any, names: list[str]) -> ToolRow:
+    """A row as the tool scope counts it; ValueError says what is wrong."""
+    if type(row) is list and len(row) == 10 and row[0] == "c":
+        fast = _call_row(row, names)
+        if fast is not None:
+            return fast
+    return _checked_tool_row(row, names)
+
+
+def _call_row(row: list[Any], names: list[str]) -> ToolRow | None:
+    """A call row whose every field is plainly fine (what the worker writes), checked in one
+    pass (every row of the topic is read); None sends it to the checks that say what is wrong."""
+    _, where, offset, trace_id, agent, end, calls, failures, empties, last = row
+    if not (
+        type(where) is int
+        and -1 <= where < len(names)
+        and type(offset) is int
+        and offset >= -1
+        and _fine_text(trace_id)
+        and type(agent) is str
+        and len(agent) <= MAX_FIELD_CHARS
+        and type(end) is int
+        and end >= 0
+        and type(calls) is int
+        and type(failures) is int
+        and type(empties) is int
+        and failures >= 0
+        and empties >= 0
+        and calls >= 1
+        and failures + empties <= calls
+        and type(last) is int
+        and last in CALL_LAST
+    ):
+        return None
+    source = names[where] if where >= 0 else None
+    return ("c", source, offset, trace_id, agent, end, calls, failures, empties, last)
+
+
+def _checked_tool_row(row: Any, names: list[str]) -> ToolRow:
     if not isinstance(row, list) or len(row) not in (6, 10) or row[0] not in ("c", "d"):
         raise ValueError("a row is not a call or decision row")
     where = count(row[1], "source index", least=-1)

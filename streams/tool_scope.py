@@ -61,6 +61,7 @@ log = logging.getLogger("spanguard.worker")
 
 MAX_SOURCES = 512  # source partitions a window remembers the last offset of
 MAX_HELD_TRACES = 100_000  # (trace, key) sums one span message may hold
+MAX_KNOWN_KEYS = 10_000  # (tool, server) -> tool key texts the recorder keeps made
 
 
 def tool_scope_wanted(policy: Policy) -> bool:
@@ -96,11 +97,21 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
         self._summed: dict[tuple[str, str], list[Any]] = {}
         self._servers: dict[tuple[str, str], str] = {}  # (trace, tool) -> its calls' server
         self._decided: list[tuple[str, list[Any]]] = []
+        # Every tool call needs its key's text: made once per tool (bounded: cleared when full).
+        self._keys: dict[tuple[str, str], str] = {}
+
+    def _key_of(self, tool: str, server: str) -> str:
+        key = self._keys.get((tool, server))
+        if key is None:
+            if len(self._keys) >= MAX_KNOWN_KEYS:
+                self._keys.clear()
+            key = self._keys[(tool, server)] = tool_key(tool, server)
+        return key
 
     def hand_tool_call(self, call: FleetCall) -> None:
         if not call.tool:
             return
-        key = tool_key(call.tool, call.server)
+        key = self._key_of(call.tool, call.server)
         last = 1 if call.failed else 2 if call.empty else 0
         summed = self._summed.get((key, call.trace_id))
         if summed is None:
@@ -125,11 +136,15 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
 
     def hand_decisions(self, decisions: list[Decision]) -> None:
         """The trace-level decisions of the current message that name a tool."""
+        if not decisions:  # most messages: nothing decided
+            return
         for tool, args_hash, trace_id, ended in decided_tools(decisions):
             server = self._servers.get((trace_id, tool), "")
-            self._decided.append((tool_key(tool, server), ["d", trace_id, ended, args_hash]))
+            self._decided.append((self._key_of(tool, server), ["d", trace_id, ended, args_hash]))
 
     def close_message(self) -> None:
+        if not self._summed and not self._decided:  # a message without tool calls
+            return
         for (key, trace_id), summed in self._summed.items():
             self.records.append((key, ["c", trace_id, *summed]))
         self.records.extend(self._decided)

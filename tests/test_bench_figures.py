@@ -3,15 +3,30 @@ and the corpus's share of looping traces (no broker: the figures they print depe
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.bench_pipeline import bursts, latency_stages, print_flush_overlap
-from bench.corpus import build_corpus
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.bench_pipeline import (
+    STATUS_ERROR,
+    Latency,
+    bursts,
+    fleet_corpus,
+    fleet_decision_times,
+    latency_stages,
+    print_flush_overlap,
+    rate_target,
+)
+from bench.corpus import TOOLS, build_corpus
 from bench.worker_profile import summarize
+from spanguard.detection.fleet import FleetCall
 
 NAMES = ("collector", "hop", "decide", "signal", "total")
 ROOT = "/srv/spanguard"
 SITE = "/usr/lib/python3.11/site-packages"
+TOOL_NAME = "gen_ai.tool.name"
 
 
 def test_a_kills_stages_add_up_to_its_latency() -> None:
@@ -113,3 +128,59 @@ def test_a_kill_counts_as_waiting_on_a_flush_that_ran_while_it_was_on_its_way() 
     ]
     share = print_flush_overlap(kills, flushes)
     assert share == {"slowest_tenth": 1.0, "rest": 1 / 3}
+
+
+def test_the_fleet_corpus_breaks_one_fresh_tool_a_segment_from_its_first_third() -> None:
+    rate, segment_s = 1_000.0, 3.0
+    mix = {"per_trace": True, "message_spans": (1, 3)}
+    requests, failing = fleet_corpus(rate, segment_s, 2, mix)
+    assert failing == [f"{TOOLS[0]}-0", f"{TOOLS[1]}-1"]
+    spans = 0
+    errors: dict[str, list[float]] = {}
+    for data in requests:
+        at = spans / rate
+        for resource_spans in ExportTraceServiceRequest.FromString(data).resource_spans:
+            for span in resource_spans.scope_spans[0].spans:
+                spans += 1
+                names = [a.value.string_value for a in span.attributes if a.key == TOOL_NAME]
+                if names and span.status.code == STATUS_ERROR:
+                    errors.setdefault(names[0], []).append(at)
+                if names:  # every tool call names its segment's fresh key
+                    assert names[0].endswith(f"-{min(int(at // segment_s), 1)}")
+    assert sorted(errors) == sorted(failing)
+    assert min(errors[failing[0]]) >= segment_s / 3
+    assert max(errors[failing[0]]) < segment_s
+    assert min(errors[failing[1]]) >= segment_s + segment_s / 3
+
+
+def _incident(tool: str, ended_ms: int, rule: str = "tool_failing", action: str = "flag") -> bytes:
+    ended = datetime.fromtimestamp(ended_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    record = {"scope": "tool", "tool": tool, "rule": rule, "action": action}
+    record["decision_id"] = f"{tool}:{rule}:{action}"
+    return json.dumps({**record, "span_ended_at": ended}).encode()
+
+
+def test_a_fleet_incidents_decision_time_runs_from_its_crossing_spans_arrival() -> None:
+    crossed = 1_800_000_000_000  # ms
+    crossings = {
+        "search_web-0": FleetCall("search_web-0", "", "t1", "a", crossed * 1_000_000, True, False)
+    }
+    records = [
+        {"value": _incident("search_web-0", crossed), "timestamp_ms": crossed + 240},
+        # The same incident's record taken again: counted once, at its first append.
+        {"value": _incident("search_web-0", crossed), "timestamp_ms": crossed + 900},
+        {"value": _incident("search_web-0", crossed, action="recovered"), "timestamp_ms": 0},
+        {"value": _incident("run_sql-0", crossed, rule="loop_signature"), "timestamp_ms": 0},
+        {"value": _incident("fetch_url-1", crossed + 5), "timestamp_ms": crossed + 9_000},
+    ]
+    tools = ["search_web-0", "fetch_url-1"]
+    # fetch_url-1's incident opened, but the oracle saw it never cross: not timed.
+    assert fleet_decision_times(records, crossings, tools) == ([240], 2, 1, 1)
+
+
+def test_a_latency_run_that_could_not_post_its_rate_is_not_judged_at_it() -> None:
+    cores = {"others": 0.0}
+    reached = Latency(40.0, 80.0, 90.0, 10, 10, 9_800.0, cores, rate=10_000.0)
+    short = Latency(40.0, 80.0, 90.0, 10, 10, 6_100.0, cores, rate=10_000.0)
+    assert rate_target(reached) == "met (80 ms over 10 kills)"
+    assert rate_target(short).startswith("NOT REACHED (offered 10,000 spans/s, posted 6,100;")
