@@ -221,9 +221,12 @@ bench-prompt-export: install
 bench-stall: install
 	$(BIN)/python -m bench.bench_stall
 
-# One worker (RocksDB, signed) against the core, detection latency at 2,000 spans/s, two workers
-# against one, the scopes on against off (the compiled core of the worker image, then pure Python),
-# and a bare Faust agent on the same topic, in one run (about 6 minutes).
+# One worker (RocksDB, signed) against the core; detection latency through the Collector at
+# 2,000 and 10,000 spans/s; the packed path and where a span's time goes; two workers against
+# one; the conversation, agent and tool scopes on against off (the worker image's compiled core,
+# then pure Python); the fleet's incident decision time; the compiled worker against the
+# compiled core; a bare Faust agent on the same topic: one run, its targets line last (about a
+# quarter of an hour on a quiet machine).
 bench-pipeline: install kafka-up
 	$(BIN)/python scripts/compiled_core.py build
 	$(BIN)/python -m bench.bench_pipeline
