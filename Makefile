@@ -225,8 +225,8 @@ bench-stall: install
 # 2,000 and 10,000 spans/s; the packed path and where a span's time goes; two workers against
 # one; the conversation, agent and tool scopes on against off (the worker image's compiled core,
 # then pure Python); the fleet's incident decision time; the compiled worker against the
-# compiled core; a bare Faust agent on the same topic: one run, its targets line last (about a
-# quarter of an hour on a quiet machine).
+# compiled core; a bare Faust agent on the same topic: one run, its targets line last (about ten
+# minutes on a quiet machine).
 bench-pipeline: install kafka-up
 	$(BIN)/python scripts/compiled_core.py build
 	$(BIN)/python -m bench.bench_pipeline
