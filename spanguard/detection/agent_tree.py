@@ -224,6 +224,12 @@ class AgentTree:
         self.add_handoff(resolved, from_agent)
         return resolved
 
+    def call_without_content(self) -> None:
+        """A call whose arguments were not recorded: between transfers worked out without
+        content (add_transfer) it may be new work, so the handoffs before it are no loop."""
+        if self.handoffs and self.unresolved is not None:
+            self.handoffs.clear()
+
     def repeated_handoffs(self, cycles: int) -> int:
         """The shortest period of handoffs repeated `cycles` times at the end, or 0."""
         handoffs = self.handoffs

@@ -651,11 +651,8 @@ class Guard:
         if digest is None and policy.missing_args == "skip":
             self.stats.missing_arguments += 1
             self._warn_missing_arguments(state.service, call.scope)
-            tree = state.agent_tree
-            if tree is not None and tree.handoffs and tree.unresolved is not None:
-                # Handoffs worked out without content: a call whose content is unknown may
-                # be new work, so they are no loop across it.
-                tree.handoffs.clear()
+            if state.agent_tree is not None:
+                state.agent_tree.call_without_content()
             self._tell_call(trace_id, state, call, None)
             return None
         result = result_key(
