@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from bench.corpus import build_corpus
 from spanguard.detection.canonical import _canonical_json, args_hash, canonicalize
 from spanguard.detection.conventions.adapt import adapt_read, adapt_span, reading_of
-from spanguard.detection.conventions.decoding import decode_arguments
+from spanguard.detection.conventions.decoding import decode_arguments, literal_or_text
 from spanguard.detection.conventions.keys import (
     CONVERSATION_KEY_SET,
     PRICE_KEYS,
@@ -233,23 +233,14 @@ TEXTS = [
 
 
 def _reference(text: str, python_repr: bool):
-    """decode_arguments as it was: json.loads first."""
-    import ast
-
-    from spanguard.detection.conventions.decoding import MAX_REPR_CHARS, _jsonable
-
+    """decode_arguments as it was: json.loads first (what is not JSON, read as it still is)."""
     try:
         return json.loads(text)
     except ValueError:
         pass
     except RecursionError:
         return {"_raw": text}
-    if python_repr and len(text) <= MAX_REPR_CHARS:
-        try:
-            return _jsonable(ast.literal_eval(text))
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            pass
-    return text
+    return literal_or_text(text, python_repr=python_repr)
 
 
 @pytest.mark.parametrize("python_repr", [False, True])

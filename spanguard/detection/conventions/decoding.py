@@ -190,6 +190,11 @@ def decode_arguments(text: str, *, python_repr: bool = False) -> Any:
         pass
     except RecursionError:  # nested past the decoder's depth: identical texts still key alike
         return {"_raw": text}
+    return literal_or_text(text, python_repr=python_repr)
+
+
+def literal_or_text(text: str, *, python_repr: bool) -> Any:
+    """Arguments whose text is not JSON: (LangChain) a Python literal, else the text itself."""
     if python_repr and len(text) <= MAX_REPR_CHARS:
         try:
             return _jsonable(ast.literal_eval(text))
