@@ -23,6 +23,7 @@ from spanguard.detection.fleet import FleetGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.timelines import Timelines
 from spanguard.errors import OtlpDecodeError, ReplayInputError
+from spanguard.progress import ProgressLine
 from spanguard.schemas.otlp import ExportTraceServiceRequest, decode_json_line, decode_protobuf
 from spanguard.schemas.policy import Policy
 
@@ -54,40 +55,26 @@ class _Input:
     error: str | None = None
 
 
-@dataclass
-class _Progress:
+class _Progress(ProgressLine):
     """A one-line progress bar on stderr, shown only when stderr is a terminal."""
 
-    stream: TextIO
-    total_bytes: int
-    enabled: bool
-    guard: Guard
-    done_bytes: int = 0
-    _last_draw: float = 0.0
+    def __init__(self, stream: TextIO, total_bytes: int, enabled: bool, guard: Guard) -> None:
+        super().__init__(stream, enabled, every=0.2)
+        self.total_bytes = total_bytes
+        self.guard = guard
+        self.done_bytes = 0
 
     def advance(self, nbytes: int) -> None:
         self.done_bytes += nbytes
-        now = time.monotonic()
-        if not self.enabled or now - self._last_draw < 0.2:
+        if not self.due():
             return
-        self._last_draw = now
         share = self.done_bytes / self.total_bytes if self.total_bytes else 0.0
         filled = int(share * 30)
         stats = self.guard.stats
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%}"
+        self.draw(
+            f"[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%}"
             f"  {stats.spans:,} spans  {sum(stats.decisions.values())} decisions"
         )
-        self.stream.flush()
-
-    def clear(self) -> None:
-        """Wipe the bar, so a message written next starts on a clean line."""
-        if self.enabled and self._last_draw:
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
-
-    def close(self) -> None:
-        self.clear()
 
 
 def _read_inputs(paths: list[str], stdin: IO[bytes]) -> Iterator[_Input]:

@@ -27,6 +27,7 @@ from spanguard.connectors.kafka_clients import (
 )
 from spanguard.detection.backtest import Backtest
 from spanguard.errors import BacktestError
+from spanguard.progress import ProgressLine
 
 __all__ = ["ReadPlan", "plan_read", "read_history"]
 
@@ -139,34 +140,26 @@ def _oldest_time(consumer: Consumer, topic: str, firsts: list[tuple[int, int]]) 
     return oldest
 
 
-class _Progress:
+class _Progress(ProgressLine):
     """Records read of how many, the rate and the time left, on one line of a terminal."""
 
     def __init__(self, stream: TextIO, total: int, enabled: bool) -> None:
-        self.stream, self.total, self.enabled = stream, total, enabled
+        super().__init__(stream, enabled, every=0.5)
+        self.total = total
         self.started = time.monotonic()
-        self._last = 0.0
 
     def update(self, done: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self._last < 0.5:
+        if not self.due():
             return
-        self._last = now
-        elapsed = max(now - self.started, 1e-6)
+        elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = done / elapsed
         left = (self.total - done) / rate if rate > 0 else 0.0
         share = done / self.total if self.total else 1.0
         minutes, seconds = divmod(int(left), 60)
-        self.stream.write(
-            f"\rbacktest: {done:,} of {self.total:,} records ({share:4.0%}),"
+        self.draw(
+            f"backtest: {done:,} of {self.total:,} records ({share:4.0%}),"
             f" {rate:,.0f} records/s, {minutes}:{seconds:02d} left   "
         )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled and self._last:
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
 
 
 def read_history(
