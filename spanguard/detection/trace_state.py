@@ -162,11 +162,8 @@ class RecentIds:
         if len(span_id) != _ID_BYTES:
             span_id = _as_id(span_id)
         data = self.data
-        at = data.find(span_id)
-        while at >= 0:
-            if not at % _ID_BYTES:
-                return True
-            at = data.find(span_id, at + 1)  # across two ids: neither
+        if _entry_at(data, span_id, _ID_BYTES) >= 0:
+            return True
         data += span_id
         if len(data) > (keep + (keep >> 2)) * _ID_BYTES:
             data = data[len(data) - keep * _ID_BYTES :]
@@ -224,9 +221,7 @@ class RecentCalls:
         data = self.data
         if len(key) != _ID_BYTES:
             key = _as_id(key)
-        at = data.find(key)
-        while at >= 0 and at % _CALL_ENTRY_BYTES:  # in a time, or across two entries
-            at = data.find(key, at + 1)
+        at = _entry_at(data, key, _CALL_ENTRY_BYTES)
         if at < 0:
             return None
         return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
@@ -237,13 +232,9 @@ class RecentCalls:
         if len(key) != _ID_BYTES:
             key = _as_id(key)
         data = self.data
-        at = data.find(key)
-        while at >= 0:
-            if not at % _CALL_ENTRY_BYTES:
-                return int.from_bytes(
-                    data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True
-                )
-            at = data.find(key, at + 1)  # in a time, or across two entries
+        at = _entry_at(data, key, _CALL_ENTRY_BYTES)
+        if at >= 0:
+            return int.from_bytes(data[at + _ID_BYTES : at + _CALL_ENTRY_BYTES], "big", signed=True)
         data += key + micros.to_bytes(8, "big", signed=True)
         if len(data) > (keep + (keep >> 2)) * _CALL_ENTRY_BYTES:
             data = data[len(data) - keep * _CALL_ENTRY_BYTES :]
