@@ -121,6 +121,18 @@ def shared_text(text: str) -> str:
     return text
 
 
+def _hex_digest_bytes(digest: str) -> bytes | None:
+    """The 8 bytes of a digest written as 16 lowercase hex digits (ours), which they give back
+    exactly; None for any other text, kept as text."""
+    if len(digest) != 16:
+        return None
+    try:
+        raw = bytes.fromhex(digest)
+    except ValueError:
+        return None
+    return raw if len(raw) == 8 and raw.hex() == digest else None
+
+
 def _as_id(raw: bytes) -> bytes:
     """An id as 8 bytes: span ids are; anything else is kept as 8 bytes of its digest."""
     if len(raw) == _ID_BYTES:
@@ -448,13 +460,9 @@ class CallWindow:
     def _hash_part(self, digest: str | None, add: bool) -> bytes | None:
         if digest is None:
             return _NO_HASH
-        if len(digest) == 16:
-            try:
-                raw = bytes.fromhex(digest)
-            except ValueError:
-                raw = b""
-            if len(raw) == 8 and raw.hex() == digest:
-                return _HEX_FORM + raw
+        raw = _hex_digest_bytes(digest)
+        if raw is not None:
+            return _HEX_FORM + raw
         return self._text_part(digest, add)
 
     def _text_part(self, text: str, add: bool) -> bytes | None:
@@ -822,13 +830,9 @@ def _put_text(out: bytearray, text: str) -> None:
 def _digest_form(digest: str | None) -> tuple[int, bytes]:
     if digest is None:
         return _NO_DIGEST, b""
-    if len(digest) == 16:
-        try:
-            raw = bytes.fromhex(digest)
-        except ValueError:
-            raw = b""
-        if len(raw) == 8 and raw.hex() == digest:
-            return _HEX_DIGEST, raw
+    raw = _hex_digest_bytes(digest)
+    if raw is not None:
+        return _HEX_DIGEST, raw
     return _TEXT_DIGEST, digest.encode("utf-8", "surrogatepass")
 
 
