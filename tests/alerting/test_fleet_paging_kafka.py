@@ -186,92 +186,95 @@ def fleet_stack(data: Path) -> Iterator[tuple[EventsApiServer, WebhookServer, To
             topics.delete()
 
 
+@contextmanager
+def fleet_worker(
+    data: Path, policy_text: str = POLICY
+) -> Iterator[tuple[EventsApiServer, WebhookServer, Topics, Collector, WorkerProcess]]:
+    """The fleet stack and one worker on it, which must exit 0 once the test is done."""
+    with fleet_stack(data) as (pager, hooks, topics, collector):
+        worker = start_worker(topics, data / "worker", pager, hooks, policy_text)
+        try:
+            yield pager, hooks, topics, collector, worker
+        finally:
+            assert worker.stop() == 0, worker.log_tail()
+
+
+def folded(worker: WorkerProcess) -> float:
+    return (worker.metrics() or {}).get('spanguard_pages_total{outcome="folded"}', 0.0)
+
+
 def decided(collector: Collector, topics: Topics, agents: list[AgentRecorder]) -> bool:
     return all(collector.json_from(topics.detections, a.trace_id) for a in agents)
 
 
 def test_the_tool_scope_pages_thirty_failing_traces_once_folds_and_resolves(tmp_path):
-    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
-        worker = start_worker(topics, tmp_path / "worker", pager, hooks, FLEET_POLICY)
-        try:
-            calls(topics.input, 30, failing=True)
-            wait_until(lambda: fleet_pages(pager), what="the incident's page", timeout=60)
-            # Decided on the tool while its incident is open (and failing too): folded.
-            looping = loops(topics.input, 5, failing=True)
-            wait_until(lambda: decided(collector, topics, looping), what="5 decisions", timeout=60)
-            wait_until(
-                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 5,
-                what="5 folded pages",
-            )
-            time.sleep(1.5)  # room for a second page, were there one
-            (page,) = fleet_pages(pager)
-            assert [triggers(pager, a.trace_id) for a in looping] == [[]] * 5
-            incident_id = page.body["dedup_key"].split(":")[1]
-            details = page.body["payload"]["custom_details"]
-            assert details["tool"] == TOOL and details["hits"] >= 8  # the policy's min_traces
-            assert details["agents"] == ["autopilot"]  # the tool spans name the service only
-            (post,) = hook_posts(hooks, incident_id)
-            assert post["detection"]["scope"] == "tool"
+    with fleet_worker(tmp_path, FLEET_POLICY) as (pager, hooks, topics, collector, worker):
+        calls(topics.input, 30, failing=True)
+        wait_until(lambda: fleet_pages(pager), what="the incident's page", timeout=60)
+        # Decided on the tool while its incident is open (and failing too): folded.
+        looping = loops(topics.input, 5, failing=True)
+        wait_until(lambda: decided(collector, topics, looping), what="5 decisions", timeout=60)
+        wait_until(lambda: folded(worker) >= 5, what="5 folded pages")
+        time.sleep(1.5)  # room for a second page, were there one
+        (page,) = fleet_pages(pager)
+        assert [triggers(pager, a.trace_id) for a in looping] == [[]] * 5
+        incident_id = page.body["dedup_key"].split(":")[1]
+        details = page.body["payload"]["custom_details"]
+        assert details["tool"] == TOOL and details["hits"] >= 8  # the policy's min_traces
+        assert details["agents"] == ["autopilot"]  # the tool spans name the service only
+        (post,) = hook_posts(hooks, incident_id)
+        assert post["detection"]["scope"] == "tool"
 
-            calls(topics.input, 3, failing=False)  # recover_after: 3 traces answered again
-            wait_until(lambda: fleet_pages(pager, "resolve"), what="the resolve", timeout=60)
-            assert page.body["dedup_key"] not in pager.incidents
-            wait_until(lambda: len(hook_posts(hooks, incident_id)) == 2, what="recovery post")
-            (after,) = loops(topics.input, 1)
-            wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
-            assert len(fleet_pages(pager)) == 1
-        finally:
-            assert worker.stop() == 0, worker.log_tail()
+        calls(topics.input, 3, failing=False)  # recover_after: 3 traces answered again
+        wait_until(lambda: fleet_pages(pager, "resolve"), what="the resolve", timeout=60)
+        assert page.body["dedup_key"] not in pager.incidents
+        wait_until(lambda: len(hook_posts(hooks, incident_id)) == 2, what="recovery post")
+        (after,) = loops(topics.input, 1)
+        wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
+        assert len(fleet_pages(pager)) == 1
 
 
 def test_thirty_traces_failing_on_one_tool_page_once_and_the_recovery_resolves_it(tmp_path):
-    with fleet_stack(tmp_path) as (pager, hooks, topics, collector):
-        worker = start_worker(topics, tmp_path / "worker", pager, hooks)
-        try:
-            opened, recovered = open_and_recovered(incident())
-            send_record(topics.detections, opened)
-            wait_until(lambda: triggers(pager, opened.trace_id), what="the incident's page")
-            agents = loops(topics.input, 30)
-            wait_until(lambda: decided(collector, topics, agents), what="30 decisions", timeout=60)
-            wait_until(
-                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 30,
-                what="30 folded pages",
-            )
-            time.sleep(1.5)  # room for a stray page, were there one
-            assert [triggers(pager, a.trace_id) for a in agents] == [[]] * 30
-            (page,) = triggers(pager, opened.trace_id)
-            payload = page.body["payload"]
-            assert payload["source"] == "tool search_docs at docs.internal:443"
-            assert "30 of 30 traces calling search_docs" in payload["summary"]
-            details = payload["custom_details"]
-            assert (details["tool"], details["traces"], details["hits"]) == (TOOL, 30, 30)
-            assert len(details["trace_ids"]) == 20 and len(details["agents"]) == 7
-            (post,) = hook_posts(hooks, opened.trace_id)
-            assert post["detection"]["tool"] == TOOL and post["detection"]["action"] == "flag"
+    with fleet_worker(tmp_path) as (pager, hooks, topics, collector, worker):
+        opened, recovered = open_and_recovered(incident())
+        send_record(topics.detections, opened)
+        wait_until(lambda: triggers(pager, opened.trace_id), what="the incident's page")
+        agents = loops(topics.input, 30)
+        wait_until(lambda: decided(collector, topics, agents), what="30 decisions", timeout=60)
+        wait_until(lambda: folded(worker) >= 30, what="30 folded pages")
+        time.sleep(1.5)  # room for a stray page, were there one
+        assert [triggers(pager, a.trace_id) for a in agents] == [[]] * 30
+        (page,) = triggers(pager, opened.trace_id)
+        payload = page.body["payload"]
+        assert payload["source"] == "tool search_docs at docs.internal:443"
+        assert "30 of 30 traces calling search_docs" in payload["summary"]
+        details = payload["custom_details"]
+        assert (details["tool"], details["traces"], details["hits"]) == (TOOL, 30, 30)
+        assert len(details["trace_ids"]) == 20 and len(details["agents"]) == 7
+        (post,) = hook_posts(hooks, opened.trace_id)
+        assert post["detection"]["tool"] == TOOL and post["detection"]["action"] == "flag"
 
-            send_record(topics.detections, recovered)
-            wait_until(lambda: triggers(pager, opened.trace_id, "resolve"), what="the resolve")
-            key = page.body["dedup_key"]
-            assert key not in pager.incidents
-            assert [i.status for i in pager.all_incidents if i.dedup_key == key] == ["resolved"]
-            wait_until(lambda: len(hook_posts(hooks, opened.trace_id)) == 2, what="recovery post")
-            assert hook_posts(hooks, opened.trace_id)[1]["detection"]["action"] == "recovered"
-            assert "30 per-trace page(s) were folded" in worker.log_text()
-            shown = explain_tool(topics, "--tool", TOOL, "--server", "docs.internal:443")
-            assert shown.returncode == 0, shown.stderr
-            assert shown.stdout.startswith(f"{TOOL}: 1 fleet incident(s), 0 open")
-            assert "30 traces hit of 30 that called it, 60 calls, window 300 s" in shown.stdout
-            assert "(7 listed) autopilot/agent-0" in shown.stdout
-            none = explain_tool(topics, "--tool", "send_email")
-            assert none.returncode == 0 and "no fleet incident on send_email" in none.stdout
+        send_record(topics.detections, recovered)
+        wait_until(lambda: triggers(pager, opened.trace_id, "resolve"), what="the resolve")
+        key = page.body["dedup_key"]
+        assert key not in pager.incidents
+        assert [i.status for i in pager.all_incidents if i.dedup_key == key] == ["resolved"]
+        wait_until(lambda: len(hook_posts(hooks, opened.trace_id)) == 2, what="recovery post")
+        assert hook_posts(hooks, opened.trace_id)[1]["detection"]["action"] == "recovered"
+        assert "30 per-trace page(s) were folded" in worker.log_text()
+        shown = explain_tool(topics, "--tool", TOOL, "--server", "docs.internal:443")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(f"{TOOL}: 1 fleet incident(s), 0 open")
+        assert "30 traces hit of 30 that called it, 60 calls, window 300 s" in shown.stdout
+        assert "(7 listed) autopilot/agent-0" in shown.stdout
+        none = explain_tool(topics, "--tool", "send_email")
+        assert none.returncode == 0 and "no fleet incident on send_email" in none.stdout
 
-            # Closed: a trace decided on the tool pages as it always did.
-            (after,) = loops(topics.input, 1)
-            wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
-            time.sleep(1.0)
-            assert len(triggers(pager, opened.trace_id)) == 1  # the incident paged once
-        finally:
-            assert worker.stop() == 0, worker.log_tail()
+        # Closed: a trace decided on the tool pages as it always did.
+        (after,) = loops(topics.input, 1)
+        wait_until(lambda: triggers(pager, after.trace_id), what="a per-trace page")
+        time.sleep(1.0)
+        assert len(triggers(pager, opened.trace_id)) == 1  # the incident paged once
 
 
 def test_a_worker_killed_mid_incident_keeps_folding_after_its_restart(tmp_path):
@@ -285,10 +288,7 @@ def test_a_worker_killed_mid_incident_keeps_folding_after_its_restart(tmp_path):
             worker = start_worker(topics, tmp_path / "worker", pager, hooks)
             agents = loops(topics.input, 5)
             wait_until(lambda: decided(collector, topics, agents), what="5 decisions", timeout=60)
-            wait_until(
-                lambda: worker.metrics().get('spanguard_pages_total{outcome="folded"}', 0) >= 5,
-                what="5 folded pages after the restart",
-            )
+            wait_until(lambda: folded(worker) >= 5, what="5 folded pages after the restart")
             time.sleep(1.5)
             assert [triggers(pager, a.trace_id) for a in agents] == [[]] * 5
             # A trigger taken again after the SIGKILL lands on the same incident (its dedup key).
@@ -336,10 +336,6 @@ def test_a_containing_incident_sends_the_signed_tool_signal_and_its_recovery_the
         finally:
             kills.close()
             assert worker.stop() == 0, worker.log_tail()
-
-
-def folded(worker: WorkerProcess) -> float:
-    return (worker.metrics() or {}).get('spanguard_pages_total{outcome="folded"}', 0.0)
 
 
 def test_two_workers_both_fold_into_an_incident_whichever_partition_its_record_came_on(tmp_path):
