@@ -39,6 +39,7 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.IntFunction;
+import java.util.function.Supplier;
 import org.junit.jupiter.api.Test;
 import org.springframework.ai.chat.messages.AssistantMessage;
 import org.springframework.ai.chat.messages.Message;
@@ -328,9 +329,11 @@ class FrameworkHooksTest {
 
   record Guarded(Traced traced, SignalBook book, List<String> logged, KillSwitch killswitch,
       LangChain4jGuard guard, Span agent) {
-    static Guarded create() {
+    /** A run whose book has already contained `tool`. */
+    static Guarded containing(String tool) {
       Traced traced = Traced.create(true);
       SignalBook book = new SignalBook();
+      book.deliver(contain(tool));
       List<String> logged = new ArrayList<>();
       KillSwitch killswitch = new KillSwitch(book, logged::add, KillSwitch.ScopeDefaults.of(null, null, null));
       Span agent = traced.sdk().getTracer("test").spanBuilder("invoke_agent support").startSpan();
@@ -339,6 +342,15 @@ class FrameworkHooksTest {
 
     String traceId() {
       return agent.getSpanContext().getTraceId();
+    }
+
+    /** What `call` returns, called inside the agent's span, which ends after it. */
+    <T> T inAgent(Supplier<T> call) {
+      try (Scope scope = agent.makeCurrent()) {
+        return call.get();
+      } finally {
+        agent.end();
+      }
     }
 
     List<String> agentEvents() {
@@ -350,8 +362,7 @@ class FrameworkHooksTest {
 
   @Test
   void aContainedLangChain4jToolIsRefusedToTheModelWhichTakesAnotherTool() {
-    Guarded run = Guarded.create();
-    run.book().deliver(contain("search_docs"));
+    Guarded run = Guarded.containing("search_docs");
     Search search = new Search(() -> { });
     WebSearch web = new WebSearch();
     ScriptedModel model = fallbackModel(List.of(run.traced().tracing()), 1);
@@ -359,12 +370,7 @@ class FrameworkHooksTest {
             .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
             .tools(run.guard().tools(search, web)), run.traced().tracing())
         .build();
-    String answer;
-    try (Scope scope = run.agent().makeCurrent()) {
-      answer = assistant.chat("What is the refund policy?");
-    } finally {
-      run.agent().end();
-    }
+    String answer = run.inAgent(() -> assistant.chat("What is the refund policy?"));
     assertEquals(FINAL_ANSWER, answer, "the run went on to its answer");
     assertEquals(0, search.calls.get(), "the contained tool never ran");
     assertEquals(1, web.calls.get());
@@ -389,8 +395,7 @@ class FrameworkHooksTest {
   /** The tools of a ToolProvider (MCP's, say) this time: the contained one refused alike. */
   @Test
   void aKillOfTheTraceStillEndsALangChain4jRunOfGuardedTools() {
-    Guarded run = Guarded.create();
-    run.book().deliver(contain("search_docs"));
+    Guarded run = Guarded.containing("search_docs");
     Search search = new Search(() -> { });
     WebSearch web = new WebSearch();
     web.onCall = () -> run.book().deliver(kill(run.traceId()));
@@ -401,12 +406,8 @@ class FrameworkHooksTest {
             .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
             .toolProvider(run.guard().toolProvider(provider)), null)
         .build();
-    AgentKilled killed;
-    try (Scope scope = run.agent().makeCurrent()) {
-      killed = assertThrows(AgentKilled.class, () -> assistant.chat("What is the refund policy?"));
-    } finally {
-      run.agent().end();
-    }
+    AgentKilled killed = run.inAgent(
+        () -> assertThrows(AgentKilled.class, () -> assistant.chat("What is the refund policy?")));
     assertFalse(killed instanceof ToolContained, "the trace's kill, not the contain");
     assertEquals("tool_loop", killed.rule());
     assertEquals(0, search.calls.get());
@@ -420,20 +421,15 @@ class FrameworkHooksTest {
   /** The hook cannot answer the model: a contained tool not given through guard.tools ends the run. */
   @Test
   void aContainedLangChain4jToolGivenToTheBuilderDirectlyEndsTheRunUnrun() {
-    Guarded run = Guarded.create();
-    run.book().deliver(contain("search_docs"));
+    Guarded run = Guarded.containing("search_docs");
     Search search = new Search(() -> { });
     Assistant assistant = run.guard().installOn(AiServices.builder(Assistant.class)
             .chatModel(loopingModel(List.of()))
             .chatMemory(MessageWindowChatMemory.withMaxMessages(100))
             .tools(search), null)
         .build();
-    ToolContained refused;
-    try (Scope scope = run.agent().makeCurrent()) {
-      refused = assertThrows(ToolContained.class, () -> assistant.chat("What is the refund policy?"));
-    } finally {
-      run.agent().end();
-    }
+    ToolContained refused = run.inAgent(
+        () -> assertThrows(ToolContained.class, () -> assistant.chat("What is the refund policy?")));
     assertEquals(REFUSAL, refused.getMessage());
     assertEquals(0, search.calls.get());
     assertEquals(1, run.book().toolCallsRefused());
