@@ -19,16 +19,17 @@ the worker a scope is three parts, each a small subclass of a part written here 
 
 The tool scope, per tool across the fleet, is the third subclass of each: a recorder that sums
 each counted call per message (`close_message`, as the agent usage recorder does), its rows in
-schemas/scope_records.py, a view of its table, and an agent that names its `decode`,
-`decide_message`, `retract` and `idle_after`; batching, the lease, the flush and ack rules,
-settling and eviction come with the bases.
+schemas/scope_records.py, a view of its table, and an agent (a `ScopeRowsAgent`, as the agent
+windows' is: a message is one key's rows) that names its counts, its guard (`make_guard`), its
+`decode` and its `idle_window`; batching, deciding each message's rows, the lease, the flush
+and ack rules, settling and eviction come with the bases.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import faust
 from faust.types import EventT
@@ -44,12 +45,14 @@ from spanguard.streams.state_table import StateTable
 from spanguard.streams.write_back import ScopeAgent
 
 if TYPE_CHECKING:
+    from spanguard.schemas.policy import Policy
     from spanguard.streams.wiring import Worker
 
 __all__ = [
     "EVICT_PER_BATCH",
     "ScopeRecorder",
     "ScopeRecordsAgent",
+    "ScopeRowsAgent",
     "evict_idle_states",
     "scope_view",
     "settle_signals",
@@ -63,6 +66,9 @@ EVICT_PER_BATCH = 256
 
 RecordT = TypeVar("RecordT")
 DecodedT = TypeVar("DecodedT")
+KeyT = TypeVar("KeyT")
+RowT = TypeVar("RowT")
+KeyIn = TypeVar("KeyIn", contravariant=True)
 
 
 class ScopeRecorder(Generic[RecordT]):
@@ -146,14 +152,15 @@ class ScopeRecordsAgent(ScopeAgent, Generic[DecodedT]):
     (streams/write_back.py, ScopeAgent).
 
     A subclass sets `agent_name` (the Faust agent's), `record_name` (a dead letter's reason
-    names it), `states_name` (the eviction log's), `outcomes` with `evicted` (what it counts)
-    and `idle_after` (seconds), and says how a message is read (`decode`), decided
-    (`decide_message`) and a decision taken back (`retract`, `lost_signal`)."""
+    names it), `states_name` (the eviction log's), `counts` with `evicted` (what it counts, in
+    `outcomes`), makes its scope's guard (`make_guard`), says how long an idle state is kept
+    (`idle_window`), and how a message is read (`decode`), decided (`decide_message`) and a
+    decision taken back (`retract`, `lost_signal`)."""
 
     agent_name: str
     record_name: str
     states_name: str
-    outcomes: Tally
+    counts: type[CountedOutcome]
     evicted: CountedOutcome
 
     def __init__(
@@ -163,7 +170,19 @@ class ScopeRecordsAgent(ScopeAgent, Generic[DecodedT]):
         assert isinstance(table, StateTable)  # its changelog writes are awaited before acks
         super().__init__(worker, states, table, lease)
         self.topic = topic
-        self.idle_after = worker.settings.state_ttl
+        self.outcomes: Tally = worker.tally(self.counts)
+        self.guard = self.make_guard(worker, states)
+        policy = worker.guard.policy
+        self.idle_after = max(worker.settings.state_ttl, self.idle_window(policy))
+
+    def make_guard(self, worker: Worker, states: DecodedStates) -> Any:
+        """The scope's guard over its states (its type is the subclass's `guard`)."""
+        raise NotImplementedError
+
+    def idle_window(self, policy: Policy) -> float:
+        """Seconds a state is kept without a record beyond the state TTL: a state idle a whole
+        window is empty."""
+        return 0.0
 
     def attach(self, app: faust.App) -> None:
         self.attach_writes(app)
@@ -214,3 +233,32 @@ class ScopeRecordsAgent(ScopeAgent, Generic[DecodedT]):
         )
         if evicted:
             self.outcomes.add(self.evicted, evicted)
+
+
+class RowsGuard(Protocol[KeyIn, RowT]):
+    """A scope's guard over windows of summed rows (the agent windows, the tool scope)."""
+
+    def observe_rows(self, key: KeyIn, rows: list[RowT]) -> list[Decision]: ...
+
+    def retract(self, decision: Decision) -> None: ...
+
+
+class ScopeRowsAgent(ScopeRecordsAgent[tuple[KeyT, list[RowT]]]):
+    """A scope agent whose messages are one key's summed rows (the agent windows, the tool
+    scope): each message's rows counted into the key's window by `guard`, a decision whose
+    signal was not sent taken back by it. A subclass sets `guard` and the outcomes counting
+    the rows read (`rows_read`) and the decisions (`decided`)."""
+
+    guard: RowsGuard[KeyT, RowT]
+    rows_read: CountedOutcome
+    decided: CountedOutcome
+
+    def decide_message(self, decoded: tuple[KeyT, list[RowT]]) -> list[Decision]:
+        key, rows = decoded
+        self.outcomes.add(self.rows_read, len(rows))
+        decisions = self.guard.observe_rows(key, rows)
+        self.outcomes.add(self.decided, len(decisions))
+        return decisions
+
+    def retract(self, decision: Decision) -> None:
+        self.guard.retract(decision)

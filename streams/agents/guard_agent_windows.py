@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import faust
-
 from spanguard.schemas.decision import Decision
 from spanguard.streams.agent_windows import (
     AgentWindowCount,
@@ -17,10 +15,10 @@ from spanguard.streams.agent_windows import (
     longest_window,
 )
 from spanguard.streams.decoded_states import DecodedStates
-from spanguard.streams.fence import Lease
-from spanguard.streams.scope import ScopeRecordsAgent
+from spanguard.streams.scope import ScopeRowsAgent
 
 if TYPE_CHECKING:
+    from spanguard.schemas.policy import Policy
     from spanguard.streams.wiring import Worker
 
 __all__ = ["AgentWindowsAgent"]
@@ -28,37 +26,28 @@ __all__ = ["AgentWindowsAgent"]
 AgentRows = tuple[tuple[str, str | None], list[Row]]
 
 
-class AgentWindowsAgent(ScopeRecordsAgent[AgentRows]):
+class AgentWindowsAgent(ScopeRowsAgent[tuple[str, str | None], Row]):
     """Counts each message's rows into its agent's window; a row counted before (the same
     source partition at or below the offset last counted) is dropped."""
 
     agent_name = "guard-agent-windows"
     record_name = "agent usage record"
     states_name = "agent windows"
+    counts = AgentWindowCount
     evicted = AgentWindowCount.EVICTED
+    rows_read = AgentWindowCount.RECORDS_READ
+    decided = AgentWindowCount.DECISIONS
+    guard: WorkerAgentBudgets
 
-    def __init__(
-        self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
-    ) -> None:
-        super().__init__(worker, topic, states, lease)
-        self.outcomes = worker.tally(AgentWindowCount)
+    def make_guard(self, worker: Worker, states: DecodedStates) -> WorkerAgentBudgets:
         policy = worker.guard.policy
-        self.guard = WorkerAgentBudgets(policy, states, self.outcomes, clock=worker.guard.clock)
-        # An agent idle a whole window (or the state TTL, if longer) has an empty window.
-        self.idle_after = max(worker.settings.state_ttl, float(longest_window(policy)))
+        return WorkerAgentBudgets(policy, states, self.outcomes, clock=worker.guard.clock)
+
+    def idle_window(self, policy: Policy) -> float:
+        return float(longest_window(policy))
 
     def decode(self, key: bytes | None, value: bytes | None) -> AgentRows:
         return decode_usage(key, value)
-
-    def decide_message(self, decoded: AgentRows) -> list[Decision]:
-        agent, rows = decoded
-        self.outcomes.add(AgentWindowCount.RECORDS_READ, len(rows))
-        decisions = self.guard.observe_rows(agent, rows)
-        self.outcomes.add(AgentWindowCount.DECISIONS, len(decisions))
-        return decisions
-
-    def retract(self, decision: Decision) -> None:
-        self.guard.retract(decision)
 
     def lost_signal(self, decision: Decision) -> tuple[str, dict[str, Any]]:
         return "agent kill signal not sent; it can trip again", {"service": decision.agent.service}

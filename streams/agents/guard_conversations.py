@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import faust
-
 from spanguard.schemas.decision import Decision
 from spanguard.streams.conversations import (
     ConversationCount,
@@ -16,7 +14,6 @@ from spanguard.streams.conversations import (
     decode_records,
 )
 from spanguard.streams.decoded_states import DecodedStates
-from spanguard.streams.fence import Lease
 from spanguard.streams.scope import ScopeRecordsAgent
 
 if TYPE_CHECKING:
@@ -32,14 +29,12 @@ class ConversationAgent(ScopeRecordsAgent[list[Record]]):
     agent_name = "guard-conversations"
     record_name = "conversation record"
     states_name = "conversations"
+    counts = ConversationCount
     evicted = ConversationCount.EVICTED
+    guard: WorkerConversations
 
-    def __init__(
-        self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
-    ) -> None:
-        super().__init__(worker, topic, states, lease)
-        self.outcomes = worker.tally(ConversationCount)
-        self.guard = WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
+    def make_guard(self, worker: Worker, states: DecodedStates) -> WorkerConversations:
+        return WorkerConversations(worker.guard.policy, states, clock=worker.guard.clock)
 
     def decode(self, key: bytes | None, value: bytes | None) -> list[Record]:
         return decode_records(key, value)

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import faust
-
 from spanguard.schemas.decision import Decision
 from spanguard.schemas.scope_records import ToolRow, decode_tool_calls
 from spanguard.streams.decoded_states import DecodedStates
-from spanguard.streams.fence import Lease
-from spanguard.streams.scope import ScopeRecordsAgent
+from spanguard.streams.scope import ScopeRowsAgent
 from spanguard.streams.tool_scope import ToolScopeCount, WorkerFleet
 
 if TYPE_CHECKING:
+    from spanguard.schemas.policy import Policy
     from spanguard.streams.wiring import Worker
 
 __all__ = ["ToolScopeAgent"]
@@ -23,7 +21,7 @@ __all__ = ["ToolScopeAgent"]
 ToolRows = tuple[tuple[str, str], list[ToolRow]]
 
 
-class ToolScopeAgent(ScopeRecordsAgent[ToolRows]):
+class ToolScopeAgent(ScopeRowsAgent[tuple[str, str], ToolRow]):
     """Counts each message's rows into its tool key's window; a row counted before (the same
     source partition at or below the offset last counted) is dropped. An incident's records go
     to the detections topic; an incident of action `contain` (and its recovery) also sends
@@ -33,30 +31,20 @@ class ToolScopeAgent(ScopeRecordsAgent[ToolRows]):
     agent_name = "guard-tools"
     record_name = "tool call record"
     states_name = "tool windows"
+    counts = ToolScopeCount
     evicted = ToolScopeCount.EVICTED
+    rows_read = ToolScopeCount.RECORDS_READ
+    decided = ToolScopeCount.DECISIONS
+    guard: WorkerFleet
 
-    def __init__(
-        self, worker: Worker, topic: faust.TopicT, states: DecodedStates, lease: Lease
-    ) -> None:
-        super().__init__(worker, topic, states, lease)
-        self.outcomes = worker.tally(ToolScopeCount)
-        policy = worker.guard.policy
-        self.guard = WorkerFleet(policy, states, self.outcomes, clock=worker.guard.clock)
-        # A tool idle a whole window (or the state TTL, if longer) has an empty window.
-        self.idle_after = max(worker.settings.state_ttl, float(policy.fleet.window))
+    def make_guard(self, worker: Worker, states: DecodedStates) -> WorkerFleet:
+        return WorkerFleet(worker.guard.policy, states, self.outcomes, clock=worker.guard.clock)
+
+    def idle_window(self, policy: Policy) -> float:
+        return float(policy.fleet.window)
 
     def decode(self, key: bytes | None, value: bytes | None) -> ToolRows:
         return decode_tool_calls(key, value)
-
-    def decide_message(self, decoded: ToolRows) -> list[Decision]:
-        key, rows = decoded
-        self.outcomes.add(ToolScopeCount.RECORDS_READ, len(rows))
-        decisions = self.guard.observe_rows(key, rows)
-        self.outcomes.add(ToolScopeCount.DECISIONS, len(decisions))
-        return decisions
-
-    def retract(self, decision: Decision) -> None:
-        self.guard.retract(decision)
 
     def lost_signal(self, decision: Decision) -> tuple[str, dict[str, Any]]:
         tool = decision.scope.tool if decision.scope is not None else None
