@@ -51,11 +51,12 @@ run, each figure next to its same-run baseline:
 2c. The scopes (phase `scopes`, with `collector`): a worker with the conversation, agent and
    tool scopes on (`SCOPES_POLICY`: a conversation scope, per-agent budgets no run reaches and
    the policy's `fleet` section, so every tool call travels to the tool scope too) and
-   one with the shipped defaults, each on topics and a Collector of its own, both warmed up
-   alike; then `--scope-rounds` corpora like 2b's (every span naming its conversation) are
-   each drained through both, back to back, which goes first alternating. The median of the
-   rounds' on/off rates is the scopes' cost on the shipped path: the two halves of a round
-   meet the same load from the rest of a shared machine, which drains minutes apart do not.
+   one with the shipped defaults, and a third with every scope on but the tool scope, each on
+   topics and a Collector of its own, all warmed up alike; then `--scope-rounds` corpora like
+   2b's (every span naming its conversation) are each drained through the three, back to back,
+   which goes first turning. The median of the rounds' on/off rates is the scopes' cost on the
+   shipped path, the median of on/third the tool scope's alone: the sides of a round meet the
+   same load from the rest of a shared machine, which drains minutes apart do not.
    This is done once per `--scope-builds`: the worker image's compiled core first (what the
    compose file and the chart deploy: setup.py, scripts/compiled_core.py), then pure Python
    (a plain install); the first is judged against the target, and the latency run then goes
@@ -1154,12 +1155,14 @@ def stop_worker(worker: WorkerProcess) -> None:
 # The conversation, agent and tool scopes on, with budgets no run reaches: every call travels
 # to the conversation agent and to the tool scope, every inference's usage to the agent windows,
 # and nothing but the loops is decided (no tool of the scope rounds fails for the fleet).
-SCOPES_POLICY = """\
+# Without TOOL_SCOPE, the third worker of the phase: what the tool scope alone costs.
+SCOPES_WITHOUT_TOOLS_POLICY = """\
 defaults:
   conversation: {enabled: true}
   agent_budget: {window: 1h, tokens: 1000000000000, usd: 1000000000, action: flag}
-fleet: {enabled: true}
 """
+TOOL_SCOPE = "fleet: {enabled: true}\n"
+SCOPES_POLICY = SCOPES_WITHOUT_TOOLS_POLICY + TOOL_SCOPE
 
 
 @dataclass
@@ -1167,6 +1170,7 @@ class ScopesRun:
     build: str  # the core build both workers ran (BUILDS)
     on: list[Drain]  # each round's drain with the scopes on ...
     off: list[Drain]  # ... and the same corpus's through the scope-off worker
+    tool_off: list[Drain]  # ... and through the worker with every scope on but the tool scope
     latency: Latency | None
     conversation_records: int  # Kafka records the rounds sent to the conversation topic
     usage_records: int  # ... to the agent usage topic
@@ -1180,6 +1184,16 @@ class ScopesRun:
     def ratio(self) -> float:
         return statistics.median(self.ratios)
 
+    @property
+    def tool_ratios(self) -> list[float]:
+        """Each round's spans/s with the tool scope on to with it off (the others on in both)."""
+        pairs = zip(self.on, self.tool_off, strict=True)
+        return [on.spans_per_s / off.spans_per_s for on, off in pairs]
+
+    @property
+    def tool_ratio(self) -> float:
+        return statistics.median(self.tool_ratios)
+
 
 def scopes_run(
     args: argparse.Namespace,
@@ -1190,20 +1204,25 @@ def scopes_run(
     expected: dict[str, str],
     build: str,
 ) -> ScopesRun:
-    """Phase `scopes`: a worker with the conversation, agent and tool scopes on (SCOPES_POLICY) and
-    one with the shipped defaults, both running the core's `build`, each on topics and a
-    Collector of its own, both warmed up by `warmup`; then each corpus of `rounds` is drained
-    through both, back to back (which goes first alternates), so that both halves of a round
-    meet the same load from the rest of this machine. With `latency_corpus`, the latency run
-    goes through the scope-on worker."""
-    policy = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-")) / "policy.yaml"
-    policy.write_text(SCOPES_POLICY)
-    scoped = argparse.Namespace(
-        **{**vars(args), "worker_arg": [*args.worker_arg, f"--policy={policy}"]}
-    )
+    """Phase `scopes`: a worker with the conversation, agent and tool scopes on (SCOPES_POLICY),
+    one with the shipped defaults and one with every scope on but the tool scope, all running
+    the core's `build`, each on topics and a Collector of its own, each warmed up by `warmup`;
+    then each corpus of `rounds` is drained through the three, back to back (which goes first
+    turns), so that the sides of a round meet the same load from the rest of this machine.
+    With `latency_corpus`, the latency run goes through the scope-on worker."""
+    policies = Path(tempfile.mkdtemp(prefix="spanguard-bench-scopes-"))
+    sided = [args]
+    for name, text in (("scopes", SCOPES_POLICY), ("no-tools", SCOPES_WITHOUT_TOOLS_POLICY)):
+        policy = policies / f"{name}.yaml"
+        policy.write_text(text)
+        sided.append(
+            argparse.Namespace(
+                **{**vars(args), "worker_arg": [*args.worker_arg, f"--policy={policy}"]}
+            )
+        )
     sides: list[tuple[Topics, WorkerProcess, ShippedCollector]] = []
     try:
-        for worker_args, seed in ((args, 104), (scoped, 103)):  # off, then on
+        for worker_args, seed in zip(sided, (104, 103, 105), strict=True):  # off, on, tool off
             topics = Topics()
             timed = [topics.input, topics.kills, topics.repartition, changelog_of(topics)]
             create_timed_topics(admin, timed, args.partitions)
@@ -1226,26 +1245,27 @@ def scopes_run(
             topic_records(topic, count)
             for topic, count in zip(scope_topics, scope_partitions, strict=True)
         ]
-        on: list[Drain] = []
-        off: list[Drain] = []
+        drains: dict[str, list[Drain]] = {"off": [], "on": [], "tool_off": []}
         for index, corpus in enumerate(rounds):
-            order = ("off", "on") if index % 2 == 0 else ("on", "off")
+            names = list(drains)
+            order = names[index % 3 :] + names[: index % 3]
             for side in order:
-                side_topics, side_worker, collector = sides[side == "on"]
+                side_topics, side_worker, collector = sides[names.index(side)]
                 name = f"worker-drain-scopes-{build}-{side}.txt"
                 profiler = Profiler(args.profile, name) if args.profile and index == 0 else None
                 fed = drain_through_collector(
                     collector, side_topics, args.partitions, corpus.requests, corpus.spans,
                     [side_worker], args.drain_timeout, profiler,
                 )  # fmt: skip
-                (on if side == "on" else off).append(fed.drain)
+                drains[side].append(fed.drain)
         conversation_records, usage_records, tool_call_records = (
             topic_records(topic, count) - before
             for topic, count, before in zip(
                 scope_topics, scope_partitions, scope_records, strict=True
             )
         )
-        stop_worker(off_worker)  # idle from here: the latency run has the machine to itself
+        for idle in (off_worker, sides[2][1]):  # the latency run has the machine to itself
+            stop_worker(idle)
         latency = None
         if latency_corpus is not None:
             latency, _ = latency_through_collector(
@@ -1253,8 +1273,9 @@ def scopes_run(
                 args.rate, args.seconds,
             )  # fmt: skip
         return ScopesRun(
-            build, on, off, latency, conversation_records, usage_records, tool_call_records
-        )
+            build, drains["on"], drains["off"], drains["tool_off"], latency,
+            conversation_records, usage_records, tool_call_records,
+        )  # fmt: skip
     finally:
         for side_topics, side_worker, collector in sides:
             # (The harness started it above: its process is set.)
@@ -1262,11 +1283,11 @@ def scopes_run(
                 stop_worker(side_worker)
             collector.close()
             delete_topics(admin, side_topics.prefix)
-        shutil.rmtree(policy.parent, ignore_errors=True)
+        shutil.rmtree(policies, ignore_errors=True)
 
 
 def print_scopes(scopes: ScopesRun, repartition_records: int) -> None:
-    done = all(d.done for d in scopes.on + scopes.off)
+    done = all(d.done for d in scopes.on + scopes.off + scopes.tool_off)
     print(
         f"pipeline through the Collector with the conversation, agent and tool scopes on"
         f" (1 worker, {BUILDS[scopes.build]}):"
@@ -1277,9 +1298,15 @@ def print_scopes(scopes: ScopesRun, repartition_records: int) -> None:
         + ")"
         + ("" if done else "  [INCOMPLETE]")
     )
-    for side, drains in (("on", scopes.on), ("off", scopes.off)):
+    print(
+        f"  the tool scope alone: {scopes.tool_ratio:.2f} of the same worker without it (the"
+        " conversation and agent scopes on in both; rounds: "
+        + ", ".join(f"{r:.2f}" for r in scopes.tool_ratios)
+        + ")"
+    )
+    for side, drains in (("on", scopes.on), ("off", scopes.off), ("no tools", scopes.tool_off)):
         print(
-            f"  scopes {side:>3}: "
+            f"  scopes {side:>8}: "
             + ", ".join(f"{d.spans_per_s:,.0f}" for d in drains)
             + " spans/s; worker cores "
             + ", ".join(f"{d.cores['worker 1']:.2f}" for d in drains)
@@ -1299,7 +1326,12 @@ def scopes_result(scopes: ScopesRun, prefix: str) -> dict[str, object]:
         f"{prefix}_off_spans_per_s": round(statistics.median(d.spans_per_s for d in scopes.off)),
         f"{prefix}_to_off": round(scopes.ratio, 3),
         f"{prefix}_rounds_to_off": [round(r, 3) for r in scopes.ratios],
-        f"{prefix}_drain_complete": all(d.done for d in scopes.on + scopes.off),
+        f"{prefix}_tool_to_tool_off": round(scopes.tool_ratio, 3),
+        f"{prefix}_rounds_tool_to_tool_off": [round(r, 3) for r in scopes.tool_ratios],
+        f"{prefix}_tool_off_spans_per_s": round(
+            statistics.median(d.spans_per_s for d in scopes.tool_off)
+        ),
+        f"{prefix}_drain_complete": all(d.done for d in scopes.on + scopes.off + scopes.tool_off),
         f"worker_cores_{prefix}": [round(d.cores["worker 1"], 2) for d in scopes.on],
         f"{prefix}_conversation_records": scopes.conversation_records,
         f"{prefix}_usage_records": scopes.usage_records,
@@ -2335,6 +2367,11 @@ def print_targets(run: Run) -> None:
         line += f"; scopes on >= 0.8 of off: {met(scale >= 0.8)} ({scale:.2f}, median of"
         line += f" {len(judged.ratios)} rounds, {BUILDS[judged.build]}"
         line += "".join(f"; {BUILDS[other.build]}: {other.ratio:.2f}" for other in others)
+        line += ")"
+        tool = judged.tool_ratio
+        line += f"; tool scope on >= 0.8 of off: {met(tool >= 0.8)} ({tool:.2f}, the other"
+        line += " scopes on in both"
+        line += "".join(f"; {BUILDS[other.build]}: {other.tool_ratio:.2f}" for other in others)
         line += ")"
         if judged.latency is not None:
             line += f"; p99 with scopes < 100 ms: {p99_target(judged.latency)}"

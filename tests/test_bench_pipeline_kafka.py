@@ -33,6 +33,9 @@ def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys
     # The scope-on worker ran the tool scope: it sent tool call records.
     assert "conversation, agent and tool scopes on" in out
     assert result["scopes_tool_call_records"] > 0
+    # ... and the tool scope's own cost is judged against the worker without it.
+    assert "tool scope on >= 0.8 of off:" in targets
+    assert result["scopes_tool_off_spans_per_s"] > 0
     # The fleet phase: one incident per failing tool, timed from its crossing.
     assert "fleet incident p99 within a step (30 s):" in targets
     assert result["fleet_incidents_expected"] == 2
