@@ -1,5 +1,6 @@
 """Multi-agent runs made by LangGraph (langgraph-supervisor, under OpenInference and
-OpenLLMetry), Google ADK (sub-agents and agents as tools) and A2A (two services, a2a-sdk), from
+OpenLLMetry), Google ADK (sub-agents and agents as tools), A2A (two services, a2a-sdk) and
+Google ADK agents as services talking A2A (the trace carried across them or not), from
 scripted models (tests/fixtures/multi_agent/<framework>, made by tests/support/
 multi_frameworks.py), replayed by `spanguard replay` on the shipped defaults.
 
@@ -174,6 +175,10 @@ TREES = {
     (ADK_A2A, "capture", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 2, 8),
     (ADK_A2A, "capture", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 10, 17),
     (ADK_A2A, "capture", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 3, 3),
+    # Not propagated: each request a service answers a trace of its own, nothing nested.
+    (ADK_A2A, "unpropagated", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 1, 0),
+    (ADK_A2A, "unpropagated", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 1, 0),
+    (ADK_A2A, "unpropagated", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 1, 0),
 }  # fmt: skip
 
 
@@ -229,6 +234,24 @@ def test_adk_over_a2a_is_one_trace_across_the_services(scenario):
     }
     assert services == {f"{name}-service" for name in ADK_A2A_SCENARIOS[scenario]}
     assert ADK_A2A_HOST in ADK_A2A_SCENARIOS[scenario]
+
+
+@pytest.mark.parametrize("scenario", ADK_A2A_SCENARIOS)
+def test_adk_over_a2a_without_the_trace_carried_is_a_trace_per_request(scenario):
+    """Without the httpx and ASGI instrumentations neither ADK nor a2a-sdk carries the trace
+    context, or links a service's trace to its caller's: each request a service answers is a
+    trace of its own, and its agent runs in it."""
+    path = path_of(FIXTURES, ADK_A2A, "unpropagated", scenario)
+    every = spans(path)
+    ids = {span["spanId"] for span in every}
+    answered = [
+        span for span in every if span["name"].endswith("JsonRpcDispatcher.handle_requests")
+    ]
+    assert all(span.get("parentSpanId") not in ids for span in answered)
+    assert len({span["traceId"] for span in answered}) == len(answered) > 0
+    host = {span["traceId"] for span in every if span["name"] == "support request"}
+    assert len(host) == 1 and not host & {span["traceId"] for span in answered}
+    assert not any(span.get("links") for span in every)
 
 
 def summary(decision: dict) -> tuple:

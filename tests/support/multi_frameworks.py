@@ -180,6 +180,9 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
     ("google_adk_a2a", "capture", "routing_pingpong"): replace(
         ADK_PINGPONG, then=("agent_fan_out",)
     ),
+    # Without the trace carried, the host's trace still holds its handoffs (and the
+    # RemoteA2aAgent runs: 16); each service's request is a trace of its own.
+    ("google_adk_a2a", "unpropagated", "routing_pingpong"): ADK_PINGPONG,
     # The host's handoff to billing is from another agent: the cycle between the services
     # is complete at the 5th handoff, the 4th between them, while every request is still
     # open; the depth is known as the nested requests end.
@@ -657,10 +660,15 @@ def scripted_adk_llm(script: Script) -> Any:
     return ScriptedLlm(model="scripted")
 
 
+def propagated() -> bool:
+    """Whether the services carry the trace context (ADK_A2A_INSTRUMENTATIONS)."""
+    return os.environ.get(A2A_PROPAGATE) != "0"
+
+
 def traced_service(name: str) -> tuple[Any, Any]:
     """This process's tracer provider (global: ADK and a2a-sdk trace through it) and its
     in-memory exporter; OpenTelemetry's httpx instrumentation carries the trace context out
-    on each A2A request."""
+    on each A2A request (unless not propagated())."""
     from opentelemetry import trace
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.sdk.resources import Resource
@@ -672,7 +680,8 @@ def traced_service(name: str) -> tuple[Any, Any]:
     provider = TracerProvider(resource=Resource.create({"service.name": f"{name}-service"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    if propagated():
+        HTTPXClientInstrumentor().instrument(tracer_provider=provider)
     return provider, exporter
 
 
@@ -687,8 +696,9 @@ def serve_adk_a2a(name: str, scenario: str, ports: dict[str, int], out: Path) ->
     provider, exporter = traced_service(name)
     agent, script = adk_a2a_agent(name, ADK_A2A_SCENARIOS[scenario][name], ports)
     port = ports[name]
-    app = OpenTelemetryMiddleware(to_a2a(agent, host="127.0.0.1", port=port),
-                                  tracer_provider=provider)  # fmt: skip
+    app: Any = to_a2a(agent, host="127.0.0.1", port=port)
+    if propagated():
+        app = OpenTelemetryMiddleware(app, tracer_provider=provider)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     try:
         server.run()
@@ -790,10 +800,11 @@ def running(commands: list[list[str]], ports: Any) -> Iterator[None]:
 
 
 def merge_by_end(paths: list[Path], out: Path) -> Path:
-    """One OTLP/JSON request of the traces of the first request (the host's: the probes each
-    service answered before it are traces of their own), every service's spans in the order
-    they ended, as the worker gets them from services exporting spans as they end: a resource
-    entry for each run of spans from one service."""
+    """One OTLP/JSON request of every service's spans in the order they ended, as the worker
+    gets them from services exporting spans as they end (a resource entry for each run of
+    spans from one service): of the first request's traces (the host's: the probes each
+    service answered before are traces of their own, under the ASGI instrumentation), or all
+    where the trace context is not carried."""
     ended = []
     traces = set()
     for path in paths:
@@ -801,7 +812,7 @@ def merge_by_end(paths: list[Path], out: Path) -> Path:
             for scope in resource["scopeSpans"]:
                 for span in scope["spans"]:
                     ended.append((int(span["endTimeUnixNano"]), resource["resource"], scope, span))
-                    if path == paths[0]:
+                    if path == paths[0] or not propagated():
                         traces.add(span["traceId"])
     entries: list[dict[str, Any]] = []
     for _end, resource, scope, span in sorted(ended, key=lambda item: item[0]):
@@ -835,8 +846,14 @@ class Framework:
 
 
 ADK_CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
-# Google ADK agents over A2A: with content captured (a transfer names its agent)
-ADK_A2A_INSTRUMENTATIONS = {"capture": ADK_CAPTURE}
+# Google ADK agents over A2A, with content captured (a transfer names its agent): the trace
+# context carried between the services by OpenTelemetry's httpx and ASGI instrumentations, or
+# not (ADK carries none of its own: each request a service answers is then a trace of its own)
+A2A_PROPAGATE = "SPANGUARD_FIXTURE_A2A_PROPAGATE"
+ADK_A2A_INSTRUMENTATIONS = {
+    "capture": ADK_CAPTURE,
+    "unpropagated": {**ADK_CAPTURE, A2A_PROPAGATE: "0"},
+}
 FRAMEWORKS: dict[str, Framework] = {
     framework.name: framework
     for framework in (
