@@ -1,5 +1,6 @@
 """Multi-agent runs made by LangGraph (langgraph-supervisor, under OpenInference and
-OpenLLMetry), Google ADK (sub-agents and agents as tools) and A2A (two services, a2a-sdk), from
+OpenLLMetry), Google ADK (sub-agents and agents as tools), A2A (two services, a2a-sdk) and
+Google ADK agents as services talking A2A (the trace carried across them or not), from
 scripted models (tests/fixtures/multi_agent/<framework>, made by tests/support/
 multi_frameworks.py), replayed by `spanguard replay` on the shipped defaults.
 
@@ -24,18 +25,30 @@ from tests.support.multi_frameworks import (
     A2A_SCENARIO,
     A2A_SERVICES,
     A2A_VARIANTS,
+    ADK_A2A,
+    ADK_A2A_HOST,
+    ADK_A2A_INSTRUMENTATIONS,
+    ADK_A2A_SCENARIOS,
     EXPECTED,
     FIXTURES,
     FRAMEWORKS,
 )
 from tests.support.recorded_runs import replay_decisions, resources, spans
 
-RUNS = [
-    (framework.name, instrumentation, scenario)
-    for framework in FRAMEWORKS.values()
-    for instrumentation in framework.instrumentations
-    for scenario in framework.scenarios
-] + [(A2A, variant, A2A_SCENARIO) for variant in A2A_VARIANTS]
+RUNS = (
+    [
+        (framework.name, instrumentation, scenario)
+        for framework in FRAMEWORKS.values()
+        for instrumentation in framework.instrumentations
+        for scenario in framework.scenarios
+    ]
+    + [(A2A, variant, A2A_SCENARIO) for variant in A2A_VARIANTS]
+    + [
+        (ADK_A2A, instrumentation, scenario)
+        for instrumentation in ADK_A2A_INSTRUMENTATIONS
+        for scenario in ADK_A2A_SCENARIOS
+    ]
+)
 
 
 def path_of(root: Path, framework: str, instrumentation: str, scenario: str) -> Path:
@@ -78,7 +91,9 @@ def test_each_scenario_is_decided_as_expected(framework, instrumentation, scenar
         return
     # One decision: LangGraph runs a fan-out's workers in threads, one inside another's time,
     # and the spans between them (each worker's graph node) say they are siblings, not nested.
-    [decision] = decisions
+    # Then those of agents running on past the kill, where a fixture's do.
+    decision, *later = decisions
+    assert tuple(d["rule"] for d in later) == expected.then
     assert (decision["rule"], decision["action"]) == (expected.rule, expected.action)
     assert tuple(decision["agents"]) == expected.agents
     assert decision.get("depth") == expected.depth
@@ -154,6 +169,16 @@ TREES = {
     },
     (A2A, "sdk", A2A_SCENARIO): ({}, 0, 0),
     (A2A, "propagated", A2A_SCENARIO): ({}, 0, 0),
+    # Google ADK over A2A: a host turn per handoff; each remote agent twice per request, the
+    # caller's RemoteA2aAgent span beside the agent handing to it and the service's own span
+    # inside that (the trace context carried by the httpx and ASGI instrumentations).
+    (ADK_A2A, "capture", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 2, 8),
+    (ADK_A2A, "capture", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 10, 17),
+    (ADK_A2A, "capture", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 3, 3),
+    # Not propagated: each request a service answers a trace of its own, nothing nested.
+    (ADK_A2A, "unpropagated", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 1, 0),
+    (ADK_A2A, "unpropagated", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 1, 0),
+    (ADK_A2A, "unpropagated", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 1, 0),
 }  # fmt: skip
 
 
@@ -193,6 +218,42 @@ def test_a2a_carries_the_trace_only_through_http_instrumentation():
     assert len({span["traceId"] for span in answered}) == 1
 
 
+@pytest.mark.parametrize("scenario", ADK_A2A_SCENARIOS)
+def test_adk_over_a2a_is_one_trace_across_the_services(scenario):
+    """The host's and every service's spans of one request share the host's trace: the
+    httpx instrumentation carries the context out of the caller (RemoteA2aAgent's A2A
+    client), the ASGI one into the service (`to_a2a`'s app); no span has a link."""
+    path = path_of(FIXTURES, ADK_A2A, "capture", scenario)
+    assert len({span["traceId"] for span in spans(path)}) == 1
+    assert not any(span.get("links") for span in spans(path))
+    services = {
+        attribute["value"]["stringValue"]
+        for resource in resources(path)
+        for attribute in resource["resource"]["attributes"]
+        if attribute["key"] == "service.name"
+    }
+    assert services == {f"{name}-service" for name in ADK_A2A_SCENARIOS[scenario]}
+    assert ADK_A2A_HOST in ADK_A2A_SCENARIOS[scenario]
+
+
+@pytest.mark.parametrize("scenario", ADK_A2A_SCENARIOS)
+def test_adk_over_a2a_without_the_trace_carried_is_a_trace_per_request(scenario):
+    """Without the httpx and ASGI instrumentations neither ADK nor a2a-sdk carries the trace
+    context, or links a service's trace to its caller's: each request a service answers is a
+    trace of its own, and its agent runs in it."""
+    path = path_of(FIXTURES, ADK_A2A, "unpropagated", scenario)
+    every = spans(path)
+    ids = {span["spanId"] for span in every}
+    answered = [
+        span for span in every if span["name"].endswith("JsonRpcDispatcher.handle_requests")
+    ]
+    assert all(span.get("parentSpanId") not in ids for span in answered)
+    assert len({span["traceId"] for span in answered}) == len(answered) > 0
+    host = {span["traceId"] for span in every if span["name"] == "support request"}
+    assert len(host) == 1 and not host & {span["traceId"] for span in answered}
+    assert not any(span.get("links") for span in every)
+
+
 def summary(decision: dict) -> tuple:
     """What a regenerated fixture must decide again; the agents as a set: a fan-out's workers
     start in whatever order their threads run."""
@@ -203,13 +264,15 @@ def summary(decision: dict) -> tuple:
 # Google ADK's row points its shared virtualenv at this checkout (pip install -e): under xdist
 # the tests that build or install this checkout share one worker.
 @pytest.mark.xdist_group("this_checkout_built")
-@pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A])
+@pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A, ADK_A2A])
 def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
     """Made again from the installed libraries: the same decisions, the same agent trees."""
-    if framework == "google_adk":
+    if framework in ("google_adk", ADK_A2A):
         from tests.support.instrumented_agents import LIBRARIES, installed
 
-        if not installed(LIBRARIES["google-adk"]):
+        library = LIBRARIES["google-adk"]
+        modules = ["a2a", "opentelemetry.instrumentation.asgi"] if framework == ADK_A2A else []
+        if not installed(library) or not installed_in(library.python, modules):
             pytest.skip(
                 "Google ADK's virtualenv: python -m tests.support.instrumented_agents --venv google-adk"
             )
@@ -225,3 +288,12 @@ def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
         assert [summary(d) for d in fresh] == [summary(d) for d in kept]
         tree = agent_tree(path_of(tmp_path, name, instrumentation, scenario))
         assert tree == agent_tree(path_of(FIXTURES, name, instrumentation, scenario))
+
+
+def installed_in(python: str, modules: list[str]) -> bool:
+    """Whether `python` imports every one of `modules` (a virtualenv made before they were
+    among its requirements lacks them)."""
+    if not modules:
+        return True
+    check = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True)
+    return check.returncode == 0

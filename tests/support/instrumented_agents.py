@@ -740,6 +740,11 @@ LIBRARIES: dict[str, Library] = {
                 "google-adk==2.13.0",
                 "opentelemetry-exporter-otlp-proto-common==1.44.0",
                 "opentelemetry-exporter-otlp-proto-http==1.44.0",  # the guarded-agent matrix
+                # ADK's agents talking A2A (tests/support/multi_frameworks.py), the trace
+                # context carried between the services
+                "a2a-sdk[http-server]==1.3.0",
+                "opentelemetry-instrumentation-asgi==0.65b0",
+                "opentelemetry-instrumentation-httpx==0.65b0",
             ),
         ),
         Library(

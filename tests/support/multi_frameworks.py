@@ -1,6 +1,7 @@
 """Span fixtures of multi-agent runs made by LangGraph (a supervisor with two workers), Google
-ADK (sub-agents and agents as tools) and A2A (two services), each under its own tracing, from
-scripted models (no network).
+ADK (sub-agents and agents as tools), A2A (two a2a-sdk services) and Google ADK agents serving
+and calling each other over A2A on localhost, each under its own tracing, from scripted models
+(no network beyond localhost).
 
 The scripted model answers each turn, whichever agent asks, with the scenario's next step: hand
 the run to an agent (the framework's own handoff: langgraph-supervisor's `transfer_to_<agent>`,
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -143,6 +145,8 @@ class Expect:
     agents: tuple[str, ...] = ()
     depth: int | None = None
     sub_agents: int | None = None
+    # The rules of the decisions after it: the fixture's agents run on past the kill.
+    then: tuple[str, ...] = ()
 
 
 PINGPONG = Expect("handoff_cycle", handoff="handoff to worker_a", at=2, agents=("worker_a",) * 2)
@@ -170,6 +174,25 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
     ),
     ("google_adk", "capture", "delegation_depth_6"): DEPTH_6,
     ("google_adk", "off", "delegation_depth_6"): DEPTH_6,
+    # Over A2A each handoff starts two runs of the agent handed to: the caller's
+    # RemoteA2aAgent span and the service's own, so the routing ping-pong's 8 host turns and
+    # 8 remote answers pass 20 sub-agents after the kill.
+    ("google_adk_a2a", "capture", "routing_pingpong"): replace(
+        ADK_PINGPONG, then=("agent_fan_out",)
+    ),
+    # Without the trace carried, the host's trace still holds its handoffs (and the
+    # RemoteA2aAgent runs: 16); each service's request is a trace of its own.
+    ("google_adk_a2a", "unpropagated", "routing_pingpong"): ADK_PINGPONG,
+    # The host's handoff to billing is from another agent: the cycle between the services
+    # is complete at the 5th handoff, the 4th between them, while every request is still
+    # open; the depth is known as the nested requests end.
+    ("google_adk_a2a", "capture", "pingpong"): Expect(
+        "handoff_cycle",
+        handoff="handoff to billing",
+        at=5,
+        agents=("triage", "billing") * 2,
+        then=("delegation_depth",),
+    ),
 }
 
 
@@ -542,6 +565,272 @@ A2A_VARIANTS = {
 }
 
 
+# -- Google ADK agents talking A2A -----------------------------------------------------------
+
+# Each agent a service of its own, Google ADK's A2A support on both sides: `to_a2a(agent)`
+# serves an LlmAgent, a `RemoteA2aAgent` is the sub-agent an agent transfers to in order to call
+# another service. The steps of each agent, by scenario; "host" is the agent the user talks to,
+# in a process of its own, the others each a service.
+ADK_A2A = "google_adk_a2a"
+ADK_A2A_HOST = "host"
+ADK_A2A_SCENARIOS: dict[str, dict[str, list[Step]]] = {
+    # The host hands the task to billing, which answers that it is triage's; triage answers
+    # that it is billing's ...: sequential A2A requests, each ended before the next, 8 handoffs.
+    "routing_pingpong": {
+        ADK_A2A_HOST: [Step(handoff="billing"), Step(handoff="triage")] * 4,
+        "billing": [answer("Not a billing question: ask triage.")] * 4,
+        "triage": [answer("A charge: ask billing.")] * 4,
+    },
+    # Nested: each service transfers to the other before answering, A2A_HOPS times, each
+    # request open until the innermost answers.
+    "pingpong": {
+        ADK_A2A_HOST: [Step(handoff="billing")],
+        "billing": [Step(handoff="triage")] * (A2A_HOPS // 2),
+        "triage": [Step(handoff="billing")] * (A2A_HOPS // 2),
+    },
+    # A healthy chain: billing looks the invoice up and hands to refunds, which refunds it.
+    "handoff_chain": {
+        ADK_A2A_HOST: [Step(handoff="billing")],
+        "billing": [lookup("inv-1"), Step(handoff="refunds")],
+        "refunds": [
+            Step(tool="issue_refund", arguments={"invoice": "inv-1"}, result="refund r-1 issued")
+        ],
+    },
+}
+
+
+def adk_a2a_agent(name: str, steps: list[Step], ports: dict[str, int]) -> tuple[Any, Script]:
+    """The LlmAgent `name` over its scripted model: tools `lookup` and `issue_refund`, and a
+    RemoteA2aAgent sub-agent for each agent its steps hand to (at its service's port)."""
+    from google.adk.a2a.agent import RemoteA2aAgent
+    from google.adk.agents import LlmAgent
+
+    script = Script(steps)
+
+    def lookup(item: str) -> str:
+        """Look an item up."""
+        return script.result("lookup", {"item": item})
+
+    def issue_refund(invoice: str) -> str:
+        """Refund an invoice."""
+        return script.result("issue_refund", {"invoice": invoice})
+
+    peers = dict.fromkeys(step.handoff for step in steps if step.handoff)
+    remotes = [
+        RemoteA2aAgent(
+            name=peer, description=f"The {peer} agent.",
+            agent_card=f"http://127.0.0.1:{ports[peer]}/.well-known/agent-card.json",
+        )
+        for peer in peers
+        if peer is not None
+    ]  # fmt: skip
+    agent = LlmAgent(
+        name=name, model=scripted_adk_llm(script), description=f"The {name} agent.",
+        tools=[lookup, issue_refund], sub_agents=remotes,
+    )  # fmt: skip
+    return agent, script
+
+
+def scripted_adk_llm(script: Script) -> Any:
+    """An ADK BaseLlm answering each turn with the script's next step."""
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+    from google.genai import types
+
+    usage = types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=120, candidates_token_count=20, total_token_count=140
+    )
+
+    class ScriptedLlm(BaseLlm):
+        async def generate_content_async(self, llm_request: Any, stream: bool = False) -> Any:
+            step = script.next_step()
+            if step.answer is not None:
+                part = types.Part(text=step.answer)
+            else:
+                name, arguments = (
+                    ("transfer_to_agent", {"agent_name": step.handoff})
+                    if step.handoff
+                    else (str(step.tool), step.arguments or {})
+                )
+                call = types.FunctionCall(name=name, args=arguments, id=f"call_{script.turn}")
+                part = types.Part(function_call=call)
+            content = types.Content(role="model", parts=[part])
+            yield LlmResponse(content=content, usage_metadata=usage)
+
+    return ScriptedLlm(model="scripted")
+
+
+def propagated() -> bool:
+    """Whether the services carry the trace context (ADK_A2A_INSTRUMENTATIONS)."""
+    return os.environ.get(A2A_PROPAGATE) != "0"
+
+
+def traced_service(name: str) -> tuple[Any, Any]:
+    """This process's tracer provider (global: ADK and a2a-sdk trace through it) and its
+    in-memory exporter; OpenTelemetry's httpx instrumentation carries the trace context out
+    on each A2A request (unless not propagated())."""
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": f"{name}-service"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if propagated():
+        HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    return provider, exporter
+
+
+def serve_adk_a2a(name: str, scenario: str, ports: dict[str, int], out: Path) -> None:
+    """Agent `name` of `scenario` served by ADK's `to_a2a` on its port, under OpenTelemetry's
+    ASGI instrumentation (the trace context of each request comes in); its spans are written
+    to `out` when it stops (SIGINT)."""
+    import uvicorn
+    from google.adk.a2a.utils.agent_to_a2a import to_a2a
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    provider, exporter = traced_service(name)
+    agent, script = adk_a2a_agent(name, ADK_A2A_SCENARIOS[scenario][name], ports)
+    port = ports[name]
+    app: Any = to_a2a(agent, host="127.0.0.1", port=port)
+    if propagated():
+        app = OpenTelemetryMiddleware(app, tracer_provider=provider)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn raises the SIGINT it stopped on again once it has stopped
+    finally:
+        provider.force_flush()
+        write_request(exporter.get_finished_spans(), out)
+    if not script.done():
+        raise RuntimeError(f"{ADK_A2A}/{scenario}: {name} stopped at step {script.turn}")
+
+
+def run_adk_a2a_host(scenario: str, ports: dict[str, int], out: Path) -> None:
+    """The host agent in this process, one user request handled in one span: a turn per
+    handoff (a transfer to a remote agent ends the turn with that agent's answer, which is
+    the host's next input) until its script is done; its spans written to `out`."""
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+    from opentelemetry import trace
+
+    provider, exporter = traced_service(ADK_A2A_HOST)
+    agent, script = adk_a2a_agent(ADK_A2A_HOST, ADK_A2A_SCENARIOS[scenario][ADK_A2A_HOST], ports)
+    runner = InMemoryRunner(agent=agent, app_name="support")
+
+    async def turns() -> None:
+        session = await runner.session_service.create_session(app_name="support", user_id="u")
+        text = A2A_MESSAGE
+        while not script.done():
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            async for event in runner.run_async(
+                user_id="u", session_id=session.id, new_message=message
+            ):
+                parts = event.content.parts if event.content and event.content.parts else []
+                text = next((p.text for p in parts if p.text and not p.thought), text)
+
+    with trace.get_tracer(MODULE).start_as_current_span("support request"):
+        asyncio.run(turns())
+    provider.force_flush()
+    write_request(exporter.get_finished_spans(), out)
+
+
+def run_adk_a2a(scenario: str, out: Path) -> Path:
+    """Every agent of `scenario` but the host as a service in a process of its own on
+    localhost, the host in this one; the spans of the host's trace, from every service."""
+    import tempfile
+
+    names = [name for name in ADK_A2A_SCENARIOS[scenario] if name != ADK_A2A_HOST]
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    with tempfile.TemporaryDirectory() as scratch:
+        files = [Path(scratch) / f"{name}.json.gz" for name in (ADK_A2A_HOST, *names)]
+        commands = [
+            [sys.executable, "-m", MODULE, "--adk-a2a-serve", name, scenario, json.dumps(ports),
+             str(path)]
+            for name, path in zip(names, files[1:], strict=True)
+        ]  # fmt: skip
+        with running(commands, ports.values()):
+            run_adk_a2a_host(scenario, ports, files[0])
+        return merge_by_end(files, out)
+
+
+def free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for free in sockets:
+            free.bind(("127.0.0.1", 0))
+        return [free.getsockname()[1] for free in sockets]
+    finally:
+        for free in sockets:
+            free.close()
+
+
+@contextlib.contextmanager
+def running(commands: list[list[str]], ports: Any) -> Iterator[None]:
+    """The services started by `commands`, up once each answers on its port (its agent
+    card), stopped by SIGINT after the block; a service that failed fails the block."""
+    import signal
+    import time
+
+    import httpx
+
+    servers = [subprocess.Popen(command, cwd=ROOT) for command in commands]
+    try:
+        for port in ports:
+            for _ in range(600):
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        yield
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGINT)
+        codes = [server.wait(timeout=60) for server in servers]
+    if any(codes):
+        raise RuntimeError(f"a service failed: exit codes {codes}")
+
+
+def merge_by_end(paths: list[Path], out: Path) -> Path:
+    """One OTLP/JSON request of every service's spans in the order they ended, as the worker
+    gets them from services exporting spans as they end (a resource entry for each run of
+    spans from one service): of the first request's traces (the host's: the probes each
+    service answered before are traces of their own, under the ASGI instrumentation), or all
+    where the trace context is not carried."""
+    ended = []
+    traces = set()
+    for path in paths:
+        for resource in json.loads(gzip.decompress(path.read_bytes()))["resourceSpans"]:
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    ended.append((int(span["endTimeUnixNano"]), resource["resource"], scope, span))
+                    if path == paths[0] or not propagated():
+                        traces.add(span["traceId"])
+    entries: list[dict[str, Any]] = []
+    for _end, resource, scope, span in sorted(ended, key=lambda item: item[0]):
+        if span["traceId"] not in traces:
+            continue
+        if not entries or entries[-1]["resource"] is not resource:
+            entries.append({"resource": resource, "scopeSpans": []})
+        scopes = entries[-1]["scopeSpans"]
+        if not scopes or scopes[-1]["scope"] != scope["scope"]:
+            scopes.append({"scope": scope["scope"], "spans": []})
+        scopes[-1]["spans"].append(span)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps({"resourceSpans": entries}, separators=(",", ":")) + "\n").encode()
+    with out.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as file:
+        file.write(line)
+    return out
+
+
 # -- the frameworks --------------------------------------------------------------------------
 
 
@@ -557,6 +846,14 @@ class Framework:
 
 
 ADK_CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
+# Google ADK agents over A2A, with content captured (a transfer names its agent): the trace
+# context carried between the services by OpenTelemetry's httpx and ASGI instrumentations, or
+# not (ADK carries none of its own: each request a service answers is then a trace of its own)
+A2A_PROPAGATE = "SPANGUARD_FIXTURE_A2A_PROPAGATE"
+ADK_A2A_INSTRUMENTATIONS = {
+    "capture": ADK_CAPTURE,
+    "unpropagated": {**ADK_CAPTURE, A2A_PROPAGATE: "0"},
+}
 FRAMEWORKS: dict[str, Framework] = {
     framework.name: framework
     for framework in (
@@ -645,6 +942,15 @@ def generate(names: list[str], out: Path) -> None:
             for variant in A2A_VARIANTS:
                 run_a2a(variant, out / A2A / variant / f"{A2A_SCENARIO}.json.gz")
             continue
+        if name == ADK_A2A:
+            python = python_for(FRAMEWORKS["google_adk"])
+            for instrumentation, environment in ADK_A2A_INSTRUMENTATIONS.items():
+                env = {**os.environ, **environment}
+                for scenario in ADK_A2A_SCENARIOS:
+                    path = out / ADK_A2A / instrumentation / f"{scenario}.json.gz"
+                    command = [python, "-m", MODULE, "--adk-a2a", scenario, str(path)]
+                    subprocess.run(command, env=env, check=True, cwd=ROOT)
+            continue
         framework = FRAMEWORKS[name]
         python = python_for(framework)
         for instrumentation, environment in framework.instrumentations.items():
@@ -656,13 +962,23 @@ def generate(names: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "frameworks", nargs="*", help=f"default: all ({', '.join(FRAMEWORKS)}, a2a)"
+        "frameworks", nargs="*", help=f"default: all ({', '.join(FRAMEWORKS)}, {A2A}, {ADK_A2A})"
     )
     parser.add_argument("--out", type=Path, default=FIXTURES)
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "INSTRUMENTATION"),
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--a2a-serve", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--adk-a2a", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--adk-a2a-serve", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.adk_a2a_serve:
+        name, scenario, ports, path = args.adk_a2a_serve
+        serve_adk_a2a(name, scenario, json.loads(ports), Path(path))
+        return 0
+    if args.adk_a2a:
+        scenario, path = args.adk_a2a
+        print(run_adk_a2a(scenario, Path(path)))
+        return 0
     if args.a2a_serve:
         name, port, peer_port, path, variant = args.a2a_serve
         serve_a2a(name, int(port), int(peer_port), Path(path), A2A_VARIANTS[variant])
@@ -672,10 +988,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in generate_one(FRAMEWORKS[name], instrumentation, args.out):
             print(path.relative_to(args.out))
         return 0
-    unknown = set(args.frameworks) - {*FRAMEWORKS, A2A}
+    unknown = set(args.frameworks) - {*FRAMEWORKS, A2A, ADK_A2A}
     if unknown:
         parser.error(f"unknown frameworks: {', '.join(sorted(unknown))}")
-    generate(args.frameworks or [*FRAMEWORKS, A2A], args.out)
+    generate(args.frameworks or [*FRAMEWORKS, A2A, ADK_A2A], args.out)
     return 0
 
 
