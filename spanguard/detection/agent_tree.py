@@ -37,15 +37,32 @@ MAX_WALK = 64
 MAX_HANDOFFS = 64
 # Agent names a decision lists at most.
 MAX_NAMED = 50
+# Services told apart in one trace (a remote agent's run is its caller's run of it); runs of
+# services beyond are of no known service.
+MAX_SERVICES = 16
+NO_SERVICE = -1
 _UNNAMED = "?"
 
 
 class PlacedRun:
     """One agent run in the tree: its span, its parent span, the agent, when it ran (ns), the
     longest chain of runs nested down from it (itself counted) with the run below it on that
-    chain (its index; -1: none), and what names the run across its spans ("": its span)."""
+    chain (its index; -1: none), what names the run across its spans ("": its span), its
+    service (an index of the tree's `services`), and whether it is the other span of a run
+    of another service (`twin`: a remote agent's, AgentTree._remote_twin)."""
 
-    __slots__ = ("below", "chain", "end", "key", "name", "parent", "span", "start")
+    __slots__ = (
+        "below",
+        "chain",
+        "end",
+        "key",
+        "name",
+        "parent",
+        "service",
+        "span",
+        "start",
+        "twin",
+    )
 
     def __init__(
         self,
@@ -57,8 +74,12 @@ class PlacedRun:
         chain: int,
         below: int,
         key: str = "",
+        service: int = 0,
+        twin: bool = False,
     ) -> None:
         self.key = key
+        self.service = service
+        self.twin = twin
         self.span = span
         self.parent = parent
         self.name = name
@@ -94,6 +115,7 @@ class AgentTree:
         "links",
         "links_dropped",
         "runs",
+        "services",
         "started",
         "unresolved",
     )
@@ -110,33 +132,74 @@ class AgentTree:
         self.handoffs: list[tuple[CallKey, str]] = []
         # (call key, the agent handing) of the last transfer that named no agent to hand to.
         self.unresolved: tuple[CallKey, str] | None = None
+        self.services: list[str] = []  # the services of the runs, in the order first seen
 
-    def add_run(self, run: AgentRun) -> bool:
-        """Place one agent run; False when it is placed already (a redelivery) or the tree is
-        full (the run is only counted). Spans of one run (one `run_key`) are one run: the
-        first of them stands for it."""
+    def add_run(self, run: AgentRun, service: str | None = None) -> bool:
+        """Place one agent run of `service` (None: not known); False when it is placed already
+        (a redelivery) or the tree is full (the run is only counted). A remote agent's other
+        span (`_remote_twin`) is placed, one level with its twin, and not counted again. Spans
+        of one run (one `run_key`) are one run: the first of them stands for it."""
         run_key = run.run_key or ""
         for placed in self.runs:
             if placed.span == run.span_id or (run_key and placed.key == run_key):
                 return False
-        self.started += 1
         self.add_link(run.span_id, run.parent_span_id)
-        if len(self.runs) >= MAX_RUNS:
-            self.dropped += 1
-            return False
-        self._place(
-            PlacedRun(
-                run.span_id,
-                run.parent_span_id,
-                run.agent_name or _UNNAMED,
-                run.start_time_unix_nano,
-                run.end_time_unix_nano,
-                1,
-                -1,
-                run_key,
-            )
+        new = PlacedRun(
+            run.span_id,
+            run.parent_span_id,
+            run.agent_name or _UNNAMED,
+            run.start_time_unix_nano,
+            run.end_time_unix_nano,
+            1,
+            -1,
+            run_key,
+            self._service_index(service),
         )
+        new.twin = self._remote_twin(new)
+        if not new.twin:
+            self.started += 1
+        if len(self.runs) >= MAX_RUNS:
+            self.dropped += 0 if new.twin else 1
+            return False
+        self._place(new)
         return True
+
+    def _service_index(self, service: str | None) -> int:
+        services = self.services
+        if service is None:
+            return NO_SERVICE
+        if service in services:
+            return services.index(service)
+        if len(services) >= MAX_SERVICES:
+            return NO_SERVICE
+        services.append(service)
+        return len(services) - 1
+
+    def _remote_twin(self, new: PlacedRun) -> bool:
+        """Whether `new` is the other span of a run placed already: an agent called across
+        services (A2A) has a span in its caller's service (the remote agent's proxy) and one in
+        its own, the one directly inside the other, with the same agent name. Each hop is one
+        run, not two: one sub-agent, one level."""
+        if new.name == _UNNAMED or new.service == NO_SERVICE:
+            return False
+        inside = self.inside
+        for other in self.runs:
+            if other.twin or other.name != new.name or other.service in (new.service, NO_SERVICE):
+                continue
+            if inside(new, other):
+                outer, inner = new, other
+            elif inside(other, new):
+                outer, inner = other, new
+            else:
+                continue
+            between = (
+                run
+                for run in self.runs
+                if run is not other and inside(outer, run) and inside(run, inner)
+            )
+            if next(between, None) is None:
+                return True
+        return False
 
     def add_link(self, span: bytes, parent: bytes) -> bool:
         """Keep one span's parent; False when the links are full (MAX_LINKS)."""
@@ -175,8 +238,8 @@ class AgentTree:
         inside = self.inside
         for at, other in enumerate(self.runs):
             if inside(placed, other):
-                if other.chain + 1 > placed.chain:
-                    placed.chain = other.chain + 1
+                if other.chain + _level(placed, other) > placed.chain:
+                    placed.chain = other.chain + _level(placed, other)
                     placed.below = at
             elif inside(other, placed):
                 outer.append((other.end - other.start, at))
@@ -186,8 +249,8 @@ class AgentTree:
         below, chain = index, placed.chain
         for _duration, at in sorted(outer):
             other = self.runs[at]
-            if chain + 1 > other.chain:
-                other.chain = chain + 1
+            if chain + _level(other, self.runs[below]) > other.chain:
+                other.chain = chain + _level(other, self.runs[below])
                 other.below = below
             below, chain = at, other.chain
             deepest = max(deepest, chain)
@@ -196,10 +259,19 @@ class AgentTree:
     def deepest_chain(self) -> list[str]:
         """The agents of the deepest chain, outermost first (at most MAX_NAMED)."""
         top = max(range(len(self.runs)), key=lambda at: self.runs[at].chain, default=-1)
+        runs = self.runs
         names: list[str] = []
-        while 0 <= top < len(self.runs) and len(names) < min(MAX_NAMED, len(self.runs)):
-            names.append(self.runs[top].name)
-            top = self.runs[top].below
+        for _ in range(len(runs)):
+            if not 0 <= top < len(runs) or len(names) >= MAX_NAMED:
+                break
+            run = runs[top]
+            # A remote agent's two spans, next to each other on the chain, are one agent.
+            named_by_twin = (names and names[-1] == run.name) or (
+                0 <= run.below < len(runs) and runs[run.below].name == run.name
+            )
+            if not (run.twin and named_by_twin):
+                names.append(run.name)
+            top = run.below
         return names
 
     def agent_names(self) -> list[str]:
@@ -284,10 +356,11 @@ class AgentTree:
                     run.end,
                     run.chain,
                     run.below,
-                    *((run.key,) if run.key else ()),  # most runs are their span: no key
+                    *_run_tail(run),
                 ]
                 for run in self.runs
             ],
+            **({"services": self.services} if self.services else {}),
             "handoffs": [[list(key), to_agent] for key, to_agent in self.handoffs],
             **(
                 {
@@ -310,12 +383,16 @@ class AgentTree:
         tree.started = int(record["started"])
         tree.dropped = int(record["dropped"])
         tree.deepest = int(record["deepest"])
-        for span, parent, name, start, end, chain, below, *key in record["runs"][:MAX_RUNS]:
+        tree.services = [str(service) for service in record.get("services", ())][:MAX_SERVICES]
+        for span, parent, name, start, end, chain, below, *rest in record["runs"][:MAX_RUNS]:
+            service = int(rest[1]) if len(rest) > 1 else 0
+            twin = len(rest) > 2 and bool(rest[2])
             tree.runs.append(
                 PlacedRun(
                     bytes.fromhex(span), bytes.fromhex(parent), str(name), int(start), int(end),
                     int(chain), int(below) if -1 <= int(below) < MAX_RUNS else -1,
-                    str(key[0]) if key else "",
+                    str(rest[0]) if rest else "",
+                    service if 0 <= service < len(tree.services) else NO_SERVICE, twin,
                 )
             )  # fmt: skip
         for key, to_agent in record["handoffs"][-MAX_HANDOFFS:]:
@@ -328,3 +405,20 @@ class AgentTree:
             (tool, digest, result), from_agent = record["unresolved"]
             tree.unresolved = ((str(tool), digest, result), str(from_agent))
         return tree
+
+
+def _level(outer: PlacedRun, inner: PlacedRun) -> int:
+    """The levels `inner` adds below `outer`: none where the two are one run's two spans (a
+    remote agent's proxy and its own: AgentTree._remote_twin)."""
+    twins = outer.twin or inner.twin
+    return 0 if twins and outer.name == inner.name and outer.service != inner.service else 1
+
+
+def _run_tail(run: PlacedRun) -> tuple[Any, ...]:
+    """A run's record fields after `below`: most runs are their span (no key) of the tree's
+    first service, and no twin, so nothing."""
+    if run.twin:
+        return (run.key, run.service, 1)
+    if run.service:
+        return (run.key, run.service)
+    return (run.key,) if run.key else ()

@@ -381,8 +381,7 @@ class Guard:
         """`process` for a request already parsed as a view (schemas/otlp_view.py)."""
         decisions: list[Decision] = []
         touched: dict[str, TraceState] = {}
-        reading, match_keys = self._reading, self._match_keys
-        match = bool(match_keys)
+        reading, match = self._reading, bool(self._match_keys)
         stats = self.stats
         # Traces with agents (raw ids): their every span's parent is kept (AgentTree.add_link).
         no_rules, released, agent_traces = not self._per_agent, self.released, self._agent_traces
@@ -423,15 +422,14 @@ class Guard:
                         if state is not None and released and trace_id in released:
                             self._apply_release(trace_id, state)
                         if state is None or not no_rules:
-                            if resource is None:
-                                resource = resource_info(
-                                    resource_spans.resource.attributes, match_keys
-                                )
+                            resource = resource or self._resource_of(resource_spans)
                             if state is None:
                                 state = TraceState(
                                     shared_text(resource.service), resource.agent_name
                                 )
                         touched[trace_id] = state
+                    if resource is None and isinstance(event, AgentRun):  # its service
+                        resource = self._resource_of(resource_spans)
                     # A LiteLLM proxy span is a tuple: the tool calls its request answered,
                     # then its own usage (conventions/gateway.py, gateway_calls).
                     for one in event if isinstance(event, tuple) else (event,):
@@ -449,6 +447,9 @@ class Guard:
             state.last_seen = now
             self.states[trace_id] = state
         return decisions
+
+    def _resource_of(self, resource_spans: Any) -> ResourceInfo:
+        return resource_info(resource_spans.resource.attributes, self._match_keys)
 
     def _tool_scope_span(self, span: Any, event: Any, resource_spans: Any) -> str:
         """What the tool scope reads of a span besides its tool calls: the server a tool
@@ -707,7 +708,7 @@ class Guard:
             if len(agent_traces) > MAX_AGENT_TRACES:
                 del agent_traces[next(iter(agent_traces))]
         started = tree.started
-        if not tree.add_run(run):
+        if not tree.add_run(run, resource.service if resource is not None else None):
             if tree.started == started:
                 return None  # placed already: a redelivery
             self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only

@@ -38,6 +38,14 @@ class Spans:
         self.scope = resource.scope_spans.add()
         self.scope.scope.name = scope
 
+    def service(self, name: str) -> None:
+        """The spans from here on are another service's (a resource of their own)."""
+        resource = self.request.resource_spans.add()
+        attribute = resource.resource.attributes.add()
+        attribute.key, attribute.value.string_value = "service.name", name
+        self.scope = resource.scope_spans.add()
+        self.scope.scope.name = "tests"
+
     def span(
         self, number: int, parent: int | None, start: int, end: int, **attributes: str
     ) -> None:
@@ -215,6 +223,66 @@ def test_agent_names_of_megabytes_are_bounded():
     spans.scope.spans[0].attributes[1].value.string_value = "x" * 5_000_000
     [decision] = records(guard().process(spans.request))
     assert all(len(name) <= MAX_TEXT_CHARS + 64 for name in decision["agents"])
+
+
+def remote_chain(hops: int, agent: str = "remote_{hop}") -> Spans:
+    """A host agent asking a remote agent (A2A), which asks the next, `hops` deep, each in a
+    service of its own; each hop is the caller's proxy span of the agent (ADK's
+    RemoteA2aAgent), its HTTP client span, the service's server span and the agent's own
+    span. Exported as they end: innermost first, each service's spans together."""
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    for hop in range(hops, 0, -1):
+        number, name = 10 * hop, agent.format(hop=hop)
+        start, end = base + number, base + 1_000 - number
+        spans.service(f"service_{hop}")
+        spans.span(number + 3, number + 2, start + 3, end - 3)  # the server's span
+        spans.agent(number + 4, number + 3, name, start + 4, end - 4)  # the agent's own
+        spans.service(f"service_{hop - 1}" if hop > 1 else "host")
+        spans.span(number + 2, number + 1, start + 2, end - 2)  # the HTTP client's span
+        caller = 10 * (hop - 1) + 4 if hop > 1 else 1
+        spans.agent(number + 1, caller, name, start + 1, end - 1)  # the caller's proxy
+    spans.agent(1, None, "host", base, base + 1_000)
+    return spans
+
+
+def test_a_remote_agents_two_spans_are_one_run_and_one_level():
+    [decision] = records(guard().process(remote_chain(5).request))
+    assert (decision["rule"], decision["depth"]) == ("delegation_depth", 6)
+    assert decision["agents"] == ["host", *(f"remote_{hop}" for hop in range(1, 6))]
+    assert records(guard().process(remote_chain(4).request)) == []  # 5 levels, not 9
+    checked = guard(max_sub_agents=3, max_depth=None)
+    [decision] = records(checked.process(remote_chain(5).request))
+    assert (decision["rule"], decision["sub_agents"]) == ("agent_fan_out", 4)  # not 8
+    [state] = checked.states.values()
+    assert state.agent_tree is not None and state.agent_tree.started == 6
+
+
+def test_an_agent_nested_in_itself_in_one_service_is_two_runs():
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    spans.agent(3, 2, "planner", base + 3, base + 7)
+    spans.span(2, 1, base + 2, base + 8)  # the tool span of the planner called as a tool
+    spans.agent(1, None, "planner", base + 1, base + 9)
+    [decision] = records(guard(max_depth=1).process(spans.request))
+    assert (decision["depth"], decision["agents"]) == (2, ["planner", "planner"])
+
+
+def test_a_remote_run_is_kept_as_one_across_the_state_record():
+    checked = guard(max_depth=None)
+    checked.process(remote_chain(2).request)
+    [state] = checked.states.values()
+    assert [run.twin for run in state.agent_tree.runs].count(True) == 2  # a proxy a hop
+    record = state.agent_tree.to_record()
+    assert record["services"] == ["service_2", "service_1", "host"]
+    for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
+        tree = copy.agent_tree
+        assert tree is not None and tree.to_record() == record
+        assert [run.twin for run in tree.runs] == [run.twin for run in state.agent_tree.runs]
+    # A record without services (written before they were kept): no run is another's twin.
+    old = {**record, "runs": [run[:7] for run in record["runs"]]}
+    del old["services"]
+    assert not any(run.twin for run in AgentTree.from_record(old).runs)
 
 
 def test_the_tree_is_kept_in_the_state_record_and_read_back():
