@@ -348,34 +348,12 @@ def run_google_adk(steps: list[Step]) -> Script:
     """ADK LlmAgents under InMemoryRunner over one scripted BaseLlm: sub-agents for transfers
     (triage -> billing, refunds), agents as tools (AgentTool) for delegation (a0 -> a1 -> ...)."""
     from google.adk.agents import LlmAgent
-    from google.adk.models.base_llm import BaseLlm
-    from google.adk.models.llm_response import LlmResponse
     from google.adk.runners import InMemoryRunner
     from google.adk.tools.agent_tool import AgentTool
-    from google.genai import types
 
     from tests.support.instrumented_agents import run_adk_turn
 
     script = Script(steps)
-    usage = types.GenerateContentResponseUsageMetadata(
-        prompt_token_count=120, candidates_token_count=20, total_token_count=140
-    )
-
-    class ScriptedLlm(BaseLlm):
-        async def generate_content_async(self, llm_request: Any, stream: bool = False) -> Any:
-            step = script.next_step()
-            if step.answer is not None:
-                part = types.Part(text=step.answer)
-            else:
-                name, arguments = (
-                    ("transfer_to_agent", {"agent_name": step.handoff})
-                    if step.handoff
-                    else (str(step.tool), step.arguments or {})
-                )
-                call = types.FunctionCall(name=name, args=arguments, id=f"call_{script.turn}")
-                part = types.Part(function_call=call)
-            content = types.Content(role="model", parts=[part])
-            yield LlmResponse(content=content, usage_metadata=usage)
 
     def lookup(item: str) -> str:
         """Look an item up."""
@@ -387,7 +365,7 @@ def run_google_adk(steps: list[Step]) -> Script:
 
     def agent(name: str, tools: list[Any], sub_agents: list[Any] | None = None) -> Any:
         return LlmAgent(
-            name=name, model=ScriptedLlm(model="scripted"), description=f"The {name} agent.",
+            name=name, model=scripted_adk_llm(script), description=f"The {name} agent.",
             tools=tools, sub_agents=sub_agents or [],
         )  # fmt: skip
 
