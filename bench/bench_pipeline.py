@@ -1566,7 +1566,7 @@ def build_corpora(run: Run) -> None:
             run.latency_rates.append((rate, more, expected_kills(more.requests)))
         run.corpus_p = build_corpus(args.spans, args.traces, seed=16, **mix)
         run.latency_p = build_corpus(
-            int(args.rate * args.seconds), args.latency_traces, seed=17, **mix, **loops
+            int(first_rate * args.seconds), args.latency_traces, seed=17, **mix, **loops
         )
         run.expected_p = expected_kills(run.latency_p.requests)
         run.latency_rates_p = []
@@ -1849,7 +1849,7 @@ def phase_packed(run: Run) -> None:
     if "latency" in run.phases:
         latency, stages = latency_through_collector(
             workers[0], topics, args.partitions, packing, latency_p.requests,
-            run.expected_p, args.rate, args.seconds, packed=True,
+            run.expected_p, args.rate_list[0], args.seconds, packed=True,
         )  # fmt: skip
         run.packed_latency = latency
         result.update(
@@ -2349,7 +2349,10 @@ def print_targets(run: Run) -> None:
         line += f"; packed >= 0.35 of core: {met(packed >= 0.35)} ({packed:.3f}"
         line += f", repartition path {ratio:.3f})"
         if run.packed_latency is not None:
-            line += f"; packed p99 < 100 ms: {p99_target(run.packed_latency)}"
+            first = args.rate_list[0]
+            line += (
+                f"; packed p99 < 100 ms at {first:,.0f} spans/s: {p99_target(run.packed_latency)}"
+            )
     if two is not None:
         scale = two.spans_per_s / (fed.drain.spans_per_s if fed is not None else one.spans_per_s)
         busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]
