@@ -338,12 +338,6 @@ class WorkerSettings:
     commit_interval: float = setting(
         1.0, "seconds between offset commits; a trace's state is written once per interval"
     )
-    producer_batch_bytes: int = setting(
-        1_000_000,
-        "bytes the worker's producer gathers per partition while a request to the broker is in"
-        " flight (Faust's own: 16384, at which a state write or a batch's packs wait out a round"
-        " trip per 16 kB); keep it within every worker topic's max.message.bytes",
-    )
     scope_hold: float = setting(
         0.2,
         "seconds the calls and usage bound for the conversation and agent scopes are held and"
@@ -429,8 +423,6 @@ class WorkerSettings:
             )
         if self.batch_size < 1:
             raise SettingsError("batch_size must be at least 1")
-        if self.producer_batch_bytes < 1:
-            raise SettingsError("producer_batch_bytes must be at least 1")
         if self.state_cache < 0:
             raise SettingsError("state_cache must be 0 or more")
         if self.standby_replicas < 0:

@@ -149,9 +149,6 @@ def faust_app(settings: WorkerSettings) -> faust.App:
         # tests on one broker) gets one copy.
         topic_replication_factor=settings.replication_factor or 1,
         producer_acks=-1,
-        # aiokafka keeps one batch per partition and one request in flight per broker: a send to
-        # a partition whose batch is full waits for that request, and the agent with it.
-        producer_max_batch_size=settings.producer_batch_bytes,
     )
 
 
