@@ -42,8 +42,9 @@ run, each figure next to its same-run baseline:
    (bench/worker_profile.py).
 2d. The packing Collector (with `collector`): the project's Collector build with
    deploy/collector/packed.yaml (spanguard_pack: each batch as one record per input partition,
-   decided where it lands), the same drain and latency run with fresh trace ids, beside the
-   repartition path's figures of 2b from the same run; its latency stages have no hop.
+   decided where it lands), the same drain and latency runs (at each rate of `--rates`) with
+   fresh trace ids, beside the repartition path's figures of 2b from the same run; its latency
+   stages have no hop. The targets line judges each rate after the first on both paths.
    Then, where py-spy is found (the dev extra's, or PY_SPY), a drain of half the corpus through each
    Collector with the worker sampled: the worker's CPU per span by stage (fetch, decode,
    rules, state, produce, other; bench/worker_profile.py's STAGES), in a table and in the
@@ -1516,6 +1517,7 @@ class Run:
     corpus_p: Corpus | None = None
     latency_p: Corpus | None = None
     expected_p: dict[str, str] | None = None
+    latency_rates_p: list[tuple[float, Corpus, dict[str, str]]] | None = None  # as latency_rates
     profile_c: Corpus | None = None
     profile_p: Corpus | None = None
     rounds_s: list[Corpus] | None = None
@@ -1542,6 +1544,7 @@ class Run:
     rate_latencies: list[Latency] | None = None  # at each rate after the first of --rates
     fed_packed: Fed | None = None
     packed_latency: Latency | None = None
+    packed_rate_latencies: list[Latency] | None = None  # at each rate after the first of --rates
     two: Drain | None = None
     scope_runs: list[ScopesRun] | None = None
     fleet: FleetTimes | None = None
@@ -1595,9 +1598,15 @@ def build_corpora(run: Run) -> None:
             run.latency_rates.append((rate, more, expected_kills(more.requests)))
         run.corpus_p = build_corpus(args.spans, args.traces, seed=16, **mix)
         run.latency_p = build_corpus(
-            int(args.rate * args.seconds), args.latency_traces, seed=17, **mix, **loops
+            int(first_rate * args.seconds), args.latency_traces, seed=17, **mix, **loops
         )
         run.expected_p = expected_kills(run.latency_p.requests)
+        run.latency_rates_p = []
+        for index, rate in enumerate(more_rates if "latency" in phases else []):
+            more = build_corpus(
+                int(rate * args.seconds), args.latency_traces, seed=60 + index, **mix, **loops
+            )
+            run.latency_rates_p.append((rate, more, expected_kills(more.requests)))
         if stage_profiles_wanted():
             half = (args.spans // 2, args.traces // 2)
             run.profile_c = build_corpus(*half, seed=18, **mix)
@@ -1785,17 +1794,30 @@ def phase_collector(run: Run) -> None:
 
 def latencies_at_rates(run: Run) -> None:
     """The Collector's latency run again at each rate after the first of --rates."""
+    assert run.shipped is not None
+    run.rate_latencies = latencies_through(run, run.shipped, run.latency_rates, "collector")
+
+
+def latencies_through(
+    run: Run,
+    collector: ShippedCollector,
+    corpora: list[tuple[float, Corpus, dict[str, str]]] | None,
+    prefix: str,
+    packed: bool = False,
+) -> list[Latency]:
+    """A latency run through `collector` at each (rate, corpus, expected kills) of `corpora`,
+    its figures in the JSON line as `PREFIX_latency_RATE_*`."""
     args, topics, workers, result = run.args, run.topics, run.workers, run.result
-    assert topics is not None and workers and result is not None and run.shipped is not None
-    run.rate_latencies = []
-    for rate, corpus, expected in run.latency_rates or []:
+    assert topics is not None and workers and result is not None
+    latencies = []
+    for rate, corpus, expected in corpora or []:
         latency, stages = latency_through_collector(
-            workers[0], topics, args.partitions, run.shipped, corpus.requests, expected, rate,
-            args.seconds,
+            workers[0], topics, args.partitions, collector, corpus.requests, expected, rate,
+            args.seconds, packed=packed,
         )  # fmt: skip
         latency.rate = rate
-        run.rate_latencies.append(latency)
-        name = f"collector_latency_{rate:.0f}"
+        latencies.append(latency)
+        name = f"{prefix}_latency_{rate:.0f}"
         result.update(
             {
                 f"{name}_p50_ms": latency.p50,
@@ -1805,6 +1827,7 @@ def latencies_at_rates(run: Run) -> None:
                 f"{name}_stages_p99_ms": {name: figures["p99"] for name, figures in stages.items()},
             }
         )
+    return latencies
 
 
 def phase_packed(run: Run) -> None:
@@ -1858,7 +1881,7 @@ def phase_packed(run: Run) -> None:
     if "latency" in run.phases:
         latency, stages = latency_through_collector(
             workers[0], topics, args.partitions, packing, latency_p.requests,
-            run.expected_p, args.rate, args.seconds, packed=True,
+            run.expected_p, args.rate_list[0], args.seconds, packed=True,
         )  # fmt: skip
         run.packed_latency = latency
         result.update(
@@ -1870,6 +1893,9 @@ def phase_packed(run: Run) -> None:
                     name: figures["p99"] for name, figures in stages.items()
                 },
             }
+        )
+        run.packed_rate_latencies = latencies_through(
+            run, packing, run.latency_rates_p, "packed", packed=True
         )
 
 
@@ -2342,15 +2368,23 @@ def print_targets(run: Run) -> None:
     if latency is not None:
         first = args.rate_list[0] if run.fed_latency is not None else args.rate
         line += f"; p99 < 100 ms at {first:,.0f} spans/s: {p99_target(latency)}"
+    packed_at = {latency.rate: latency for latency in run.packed_rate_latencies or []}
     for more in run.rate_latencies or []:
-        line += f"; p99 < 100 ms at {more.rate:,.0f} spans/s: {rate_target(more)}"
+        line += f"; p99 < 100 ms at {more.rate:,.0f} spans/s: "
+        packed_more = packed_at.get(more.rate)
+        if packed_more is not None:
+            line += f"packed {rate_target(packed_more)} / repartition "
+        line += rate_target(more)
     if run.fed_packed is not None:
         packed = run.fed_packed.drain.spans_per_s / core
         result["packed_to_core"] = round(packed, 3)
         line += f"; packed >= 0.35 of core: {met(packed >= 0.35)} ({packed:.3f}"
         line += f", repartition path {ratio:.3f})"
         if run.packed_latency is not None:
-            line += f"; packed p99 < 100 ms: {p99_target(run.packed_latency)}"
+            first = args.rate_list[0]
+            line += (
+                f"; packed p99 < 100 ms at {first:,.0f} spans/s: {p99_target(run.packed_latency)}"
+            )
     if two is not None:
         scale = two.spans_per_s / (fed.drain.spans_per_s if fed is not None else one.spans_per_s)
         busy = two.cores["worker 1"] + two.cores["worker 2"] + two.cores["broker"]

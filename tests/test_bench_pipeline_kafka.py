@@ -30,6 +30,7 @@ def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys
     assert "p99 < 100 ms at 500 spans/s:" in targets
     assert "p99 < 100 ms at 1,000 spans/s:" in targets
     assert "collector_latency_1000_p99_ms" in result
+    assert "packed_latency_1000_p99_ms" in result  # the packed path at each rate too
     # The scope-on worker ran the tool scope: it sent tool call records.
     assert "conversation, agent and tool scopes on" in out
     assert result["scopes_tool_call_records"] > 0
