@@ -749,6 +749,21 @@ def topic_records(topic: str, partitions: int) -> int:
     return sum(end_offsets(topic, partitions))
 
 
+def settled_records(topic: str, partitions: int, quiet: float = 2.0, most: float = 10.0) -> int:
+    """The topic's records once none came for `quiet` seconds (at most `most`): a drain ends
+    when the spans are decided, and the scope records they made are sent with the next state
+    write (the worker's commit_interval, 1 s by default) or after its scope_hold."""
+    deadline = time.monotonic() + most
+    count = topic_records(topic, partitions)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = topic_records(topic, partitions)
+        if now == count:
+            break
+        count = now
+    return count
+
+
 @dataclass
 class Fed:
     """A drain through the Collector, and what the records carried."""
@@ -1260,7 +1275,7 @@ def scopes_run(
                 )  # fmt: skip
                 drains[side].append(fed.drain)
         conversation_records, usage_records, tool_call_records = (
-            topic_records(topic, count) - before
+            settled_records(topic, count) - before
             for topic, count, before in zip(
                 scope_topics, scope_partitions, scope_records, strict=True
             )
