@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.fleet import (
-    MAX_LISTED,
     FleetCall,
     FleetIncident,
     FleetWindow,
@@ -248,10 +247,11 @@ class WorkerFleet:
                     continue
                 reached[source] = max(reached.get(source, -1), offset)
             # Each record as the incident stood then: one record may open and close it.
-            decisions.extend(
-                incident_decision(incident, self.fleet, detected=now)
-                for incident in _observe_row(window, key, row)
-            )
+            found = _observe_row(window, key, row)
+            if found:  # most rows: none
+                decisions.extend(
+                    incident_decision(incident, self.fleet, detected=now) for incident in found
+                )
         for source, offset in reached.items():
             window.sources.pop(source, None)  # most recently counted last
             window.sources[source] = offset
@@ -280,20 +280,11 @@ def _observe_row(window: FleetWindow, key: tuple[str, str], row: ToolRow) -> lis
     """One row into the window: a trace's summed calls replayed as calls (the last one as it
     ended, so the trace counts as failing or not as its last call did), or a decision."""
     tool, server = key
-    found: list[FleetIncident | None] = []
     if row[0] == "d":
         _, _, _, trace_id, end, args_hash = row
-        found.append(window.observe_decision(tool, server, args_hash, trace_id, end))
-    else:
-        _, _, _, trace_id, agent, end, calls, failures, empties, last = row
-        failures -= last == 1
-        empties -= last == 2
-        for index in range(min(calls, MAX_LISTED * 8) - 1):
-            failed = index < failures
-            empty = not failed and index < failures + empties
-            found.append(
-                window.observe(FleetCall(tool, server, trace_id, agent, end, failed, empty))
-            )
-        call = FleetCall(tool, server, trace_id, agent, end, last == 1, last == 2)
-        found.append(window.observe(call))
-    return [incident for incident in found if incident is not None]
+        found = window.observe_decision(tool, server, args_hash, trace_id, end)
+        return [] if found is None else [found]
+    _, _, _, trace_id, agent, end, calls, failures, empties, last = row
+    return window.observe_summed(
+        tool, server, trace_id, agent, end, (calls, failures, empties, last)
+    )
