@@ -91,8 +91,8 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
 
     def __init__(self) -> None:
         super().__init__()
-        # The current message's calls: (tool key, trace) -> [agent, end, calls, failures,
-        # empties, last].
+        # The current message's calls: (tool key, trace) -> its row as sent, summed so far:
+        # ["c", trace, agent, end, calls, failures, empties, last].
         self._summed: dict[tuple[str, str], list[Any]] = {}
         self._servers: dict[tuple[str, str], str] = {}  # (trace, tool) -> its calls' server
         self._decided: list[tuple[str, list[Any]]] = []
@@ -116,7 +116,11 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
         if summed is None:
             if len(self._summed) >= MAX_HELD_TRACES:
                 self.close_message()
+            # The row itself, not a sum turned into a row at the message's end: every call of
+            # a repartitioned batch is nearly a row of its own.
             self._summed[(key, call.trace_id)] = [
+                "c",
+                call.trace_id,
                 call.agent,
                 call.end_time_unix_nano,
                 1,
@@ -127,11 +131,11 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
             if call.server:
                 self._servers[(call.trace_id, call.tool)] = call.server
             return
-        if call.end_time_unix_nano >= summed[1]:
-            summed[1], summed[5] = call.end_time_unix_nano, last
-        summed[2] += 1
-        summed[3] += int(call.failed)
-        summed[4] += int(call.empty and not call.failed)
+        if call.end_time_unix_nano >= summed[3]:
+            summed[3], summed[7] = call.end_time_unix_nano, last
+        summed[4] += 1
+        summed[5] += int(call.failed)
+        summed[6] += int(call.empty and not call.failed)
 
     def hand_decisions(self, decisions: list[Decision]) -> None:
         """The trace-level decisions of the current message that name a tool."""
@@ -144,8 +148,7 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
     def close_message(self) -> None:
         if not self._summed and not self._decided:  # a message without tool calls
             return
-        for (key, trace_id), summed in self._summed.items():
-            self.records.append((key, ["c", trace_id, *summed]))
+        self.records.extend([(key, row) for (key, _trace), row in self._summed.items()])
         self.records.extend(self._decided)
         self._summed.clear()
         self._servers.clear()
