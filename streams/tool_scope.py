@@ -108,9 +108,12 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
         return key
 
     def hand_tool_call(self, call: FleetCall) -> None:
-        if not call.tool:
+        tool, server = call.tool, call.server
+        if not tool:
             return
-        key = self._key_of(call.tool, call.server)
+        key = self._keys.get((tool, server))  # `_key_of` inlined: once per tool and model call
+        if key is None:
+            key = self._key_of(tool, server)
         last = 1 if call.failed else 2 if call.empty else 0
         summed = self._summed.get((key, call.trace_id))
         if summed is None:

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.conventions.keys import (
     ERROR_TYPE,
@@ -116,7 +118,10 @@ MAX_REPLAYED: Final = MAX_LISTED * 8  # calls of one summed row counted one by o
 RESYNC_EVENTS: Final = 64
 
 
-@dataclass(slots=True)
+# Made per tool and inference span, short-lived, in no reference cycle: as the span events
+# (conventions/events.py), its __init__ is written out so that the compiled core compiles it.
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
 class FleetCall:
     """One tool (or model) call as the fleet counts it: cheap to make on every tool span."""
 
@@ -127,6 +132,24 @@ class FleetCall:
     end_time_unix_nano: int
     failed: bool
     empty: bool
+
+    def __init__(
+        self,
+        tool: str,
+        server: str,
+        trace_id: str,
+        agent: str,
+        end_time_unix_nano: int,
+        failed: bool,
+        empty: bool,
+    ) -> None:
+        self.tool = tool
+        self.server = server
+        self.trace_id = trace_id
+        self.agent = agent
+        self.end_time_unix_nano = end_time_unix_nano
+        self.failed = failed
+        self.empty = empty
 
 
 def _name(text: str) -> str:
