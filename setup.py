@@ -49,6 +49,9 @@ COMPILED_MODULES = [
     "spanguard/detection/conversation.py",
     # What the conversation scope shares with the agent scope (its base class).
     "spanguard/detection/scope.py",
+    # The tool scope: every tool and inference span is read as a call, and the tool scope
+    # agent counts each call row into its window.
+    "spanguard/detection/fleet.py",
 ]
 # Type-checked alone: the modules' imports outside this list are read, not compiled. No config
 # file: pyproject.toml's [tool.mypy] is `make typecheck`'s (its link tree and per-module flags),

@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spanguard.detection.fleet import (
-    MAX_LISTED,
     FleetCall,
     FleetIncident,
     FleetWindow,
@@ -92,8 +91,8 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
 
     def __init__(self) -> None:
         super().__init__()
-        # The current message's calls: (tool key, trace) -> [agent, end, calls, failures,
-        # empties, last].
+        # The current message's calls: (tool key, trace) -> its row as sent, summed so far:
+        # ["c", trace, agent, end, calls, failures, empties, last].
         self._summed: dict[tuple[str, str], list[Any]] = {}
         self._servers: dict[tuple[str, str], str] = {}  # (trace, tool) -> its calls' server
         self._decided: list[tuple[str, list[Any]]] = []
@@ -109,15 +108,22 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
         return key
 
     def hand_tool_call(self, call: FleetCall) -> None:
-        if not call.tool:
+        tool, server = call.tool, call.server
+        if not tool:
             return
-        key = self._key_of(call.tool, call.server)
+        key = self._keys.get((tool, server))  # `_key_of` inlined: once per tool and model call
+        if key is None:
+            key = self._key_of(tool, server)
         last = 1 if call.failed else 2 if call.empty else 0
         summed = self._summed.get((key, call.trace_id))
         if summed is None:
             if len(self._summed) >= MAX_HELD_TRACES:
                 self.close_message()
+            # The row itself, not a sum turned into a row at the message's end: every call of
+            # a repartitioned batch is nearly a row of its own.
             self._summed[(key, call.trace_id)] = [
+                "c",
+                call.trace_id,
                 call.agent,
                 call.end_time_unix_nano,
                 1,
@@ -128,11 +134,11 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
             if call.server:
                 self._servers[(call.trace_id, call.tool)] = call.server
             return
-        if call.end_time_unix_nano >= summed[1]:
-            summed[1], summed[5] = call.end_time_unix_nano, last
-        summed[2] += 1
-        summed[3] += int(call.failed)
-        summed[4] += int(call.empty and not call.failed)
+        if call.end_time_unix_nano >= summed[3]:
+            summed[3], summed[7] = call.end_time_unix_nano, last
+        summed[4] += 1
+        summed[5] += int(call.failed)
+        summed[6] += int(call.empty and not call.failed)
 
     def hand_decisions(self, decisions: list[Decision]) -> None:
         """The trace-level decisions of the current message that name a tool."""
@@ -145,8 +151,7 @@ class ToolCallRecorder(ScopeRecorder[tuple[str, list[Any]]]):
     def close_message(self) -> None:
         if not self._summed and not self._decided:  # a message without tool calls
             return
-        for (key, trace_id), summed in self._summed.items():
-            self.records.append((key, ["c", trace_id, *summed]))
+        self.records.extend([(key, row) for (key, _trace), row in self._summed.items()])
         self.records.extend(self._decided)
         self._summed.clear()
         self._servers.clear()
@@ -248,10 +253,11 @@ class WorkerFleet:
                     continue
                 reached[source] = max(reached.get(source, -1), offset)
             # Each record as the incident stood then: one record may open and close it.
-            decisions.extend(
-                incident_decision(incident, self.fleet, detected=now)
-                for incident in _observe_row(window, key, row)
-            )
+            found = _observe_row(window, key, row)
+            if found:  # most rows: none
+                decisions.extend(
+                    incident_decision(incident, self.fleet, detected=now) for incident in found
+                )
         for source, offset in reached.items():
             window.sources.pop(source, None)  # most recently counted last
             window.sources[source] = offset
@@ -280,20 +286,11 @@ def _observe_row(window: FleetWindow, key: tuple[str, str], row: ToolRow) -> lis
     """One row into the window: a trace's summed calls replayed as calls (the last one as it
     ended, so the trace counts as failing or not as its last call did), or a decision."""
     tool, server = key
-    found: list[FleetIncident | None] = []
     if row[0] == "d":
         _, _, _, trace_id, end, args_hash = row
-        found.append(window.observe_decision(tool, server, args_hash, trace_id, end))
-    else:
-        _, _, _, trace_id, agent, end, calls, failures, empties, last = row
-        failures -= last == 1
-        empties -= last == 2
-        for index in range(min(calls, MAX_LISTED * 8) - 1):
-            failed = index < failures
-            empty = not failed and index < failures + empties
-            found.append(
-                window.observe(FleetCall(tool, server, trace_id, agent, end, failed, empty))
-            )
-        call = FleetCall(tool, server, trace_id, agent, end, last == 1, last == 2)
-        found.append(window.observe(call))
-    return [incident for incident in found if incident is not None]
+        found = window.observe_decision(tool, server, args_hash, trace_id, end)
+        return [] if found is None else [found]
+    _, _, _, trace_id, agent, end, calls, failures, empties, last = row
+    return window.observe_summed(
+        tool, server, trace_id, agent, end, (calls, failures, empties, last)
+    )

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from spanguard.detection.conventions.events import ToolCall
 from spanguard.detection.conventions.keys import (
     ERROR_TYPE,
@@ -112,10 +114,14 @@ MAX_TRACES: Final = 4096
 MAX_AGENTS: Final = 512
 MAX_SIGNATURES: Final = 64  # args hashes decided on, per key
 MAX_LISTED: Final = 20  # traces and agents an incident names
+MAX_REPLAYED: Final = MAX_LISTED * 8  # calls of one summed row counted one by one
 RESYNC_EVENTS: Final = 64
 
 
-@dataclass(slots=True)
+# Made per tool and inference span, short-lived, in no reference cycle: as the span events
+# (conventions/events.py), its __init__ is written out so that the compiled core compiles it.
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
 class FleetCall:
     """One tool (or model) call as the fleet counts it: cheap to make on every tool span."""
 
@@ -126,6 +132,24 @@ class FleetCall:
     end_time_unix_nano: int
     failed: bool
     empty: bool
+
+    def __init__(
+        self,
+        tool: str,
+        server: str,
+        trace_id: str,
+        agent: str,
+        end_time_unix_nano: int,
+        failed: bool,
+        empty: bool,
+    ) -> None:
+        self.tool = tool
+        self.server = server
+        self.trace_id = trace_id
+        self.agent = agent
+        self.end_time_unix_nano = end_time_unix_nano
+        self.failed = failed
+        self.empty = empty
 
 
 def _name(text: str) -> str:
@@ -174,18 +198,21 @@ def model_call(span: Any, trace_id: str, agent: str) -> FleetCall | None:
     """An inference span (GenAI `chat` and its kin) as a call of its model: `model:` provider
     and model as the key, failed when the span says so. None for any other span."""
     attributes = span.attributes
-    if OPERATION not in attributes:
-        return None
-    if attributes[OPERATION].string_value not in INFERENCE_OPERATIONS:
+    # `get`, one lookup a key where `in` then the value are two: every span but a tool's is
+    # asked (an attribute map's values are messages, never None).
+    operation = attributes.get(OPERATION)
+    if operation is None or operation.string_value not in INFERENCE_OPERATIONS:
         return None
     provider = model = ""
     for key in PROVIDER_KEYS:
-        if key in attributes:
-            provider = _plain(attributes[key])
+        value = attributes.get(key)
+        if value is not None:
+            provider = _plain(value)
             break
     for key in REQUEST_MODEL_KEYS:
-        if key in attributes:
-            model = _plain(attributes[key])
+        value = attributes.get(key)
+        if value is not None:
+            model = _plain(value)
             break
     failed = span.status.code == STATUS_ERROR or ERROR_TYPE in attributes
     name = _name(f"{MODEL_PREFIX}{provider or 'unknown'}/{model or 'unknown'}")
@@ -338,56 +365,111 @@ class FleetWindow:
 
     def observe(self, call: FleetCall) -> FleetIncident | None:
         """Count one call; the incident it opened or recovered, if any."""
-        if not call.tool:
+        return self.count_call(
+            call.tool,
+            call.server,
+            call.trace_id,
+            call.agent,
+            call.end_time_unix_nano,
+            call.failed,
+            call.empty,
+        )
+
+    def observe_summed(
+        self,
+        tool: str,
+        server: str,
+        trace_id: str,
+        agent: str,
+        end_time_unix_nano: int,
+        summed: tuple[int, int, int, int],
+    ) -> list[FleetIncident]:
+        """A trace's calls of one key in one span message, summed as the tool call topic's
+        rows carry them (`summed`: calls, failures, empties, how the last one ended: 0
+        answered, 1 failed, 2 empty), replayed as calls, at most MAX_REPLAYED: the last one as
+        it ended, so the trace counts as failing or not as its last call did. The incidents
+        they opened or recovered, in order."""
+        calls, failures, empties, last = summed
+        failures -= last == 1
+        empties -= last == 2
+        found: list[FleetIncident] = []
+        for index in range(min(calls, MAX_REPLAYED) - 1):
+            failed = index < failures
+            empty = not failed and index < failures + empties
+            incident = self.count_call(
+                tool, server, trace_id, agent, end_time_unix_nano, failed, empty
+            )
+            if incident is not None:
+                found.append(incident)
+        incident = self.count_call(
+            tool, server, trace_id, agent, end_time_unix_nano, last == 1, last == 2
+        )
+        if incident is not None:
+            found.append(incident)
+        return found
+
+    def count_call(
+        self,
+        tool: str,
+        server: str,
+        trace_id: str,
+        agent: str,
+        end_time_unix_nano: int,
+        failed: bool,
+        empty: bool,
+    ) -> FleetIncident | None:
+        """`observe` of a call given field by field: a summed row's calls are counted
+        without a FleetCall made for each."""
+        if not tool:
             self.unnamed += 1
             return None
-        step = self._step_of(call.end_time_unix_nano)
+        step = self._step_of(end_time_unix_nano)
         if step < 0:
             return None
         if step > self.now:
             self.now = step
             for each in self.keys.values():
                 self._expire(each)
-        key = self._key(call.tool, call.server)
+        key = self._key(tool, server)
         if key is None:
-            _count(self.overflow, step, call.failed, call.empty, call.trace_id, call.agent)
+            _count(self.overflow, step, failed, empty, trace_id, agent)
             return None
-        bad = (call.failed or call.empty) and call.end_time_unix_nano >= key.fresh_after
-        _count(key, step, call.failed, call.empty, call.trace_id, call.agent)
-        previous = key.traces.get(call.trace_id)
+        bad = (failed or empty) and end_time_unix_nano >= key.fresh_after
+        _count(key, step, failed, empty, trace_id, agent)
+        previous = key.traces.get(trace_id)
         if previous is None:
             if len(key.traces) >= MAX_TRACES:
                 _forget_oldest(key)
-            key.traces[call.trace_id] = step * 2 + bad
+            key.traces[trace_id] = step * 2 + bad
             key.bad += bad
         else:
             key.bad += bad - (previous & 1)
             last = max(previous >> 1, step)
-            key.traces[call.trace_id] = last * 2 + bad
+            key.traces[trace_id] = last * 2 + bad
             if last != previous >> 1:
-                key.traces.move_to_end(call.trace_id)
+                key.traces.move_to_end(trace_id)
         incident = key.incident
         if incident is not None:
             if not bad:
-                return self._recovering(key, incident, call)
+                return self._recovering(key, incident, trace_id, end_time_unix_nano)
             return None
         if bad:
-            return self._check_failing(key, call.end_time_unix_nano)
+            return self._check_failing(key, end_time_unix_nano)
         return None
 
     def _recovering(
-        self, key: _Key, incident: FleetIncident, call: FleetCall
+        self, key: _Key, incident: FleetIncident, trace_id: str, end_time_unix_nano: int
     ) -> FleetIncident | None:
         recovering = incident.recovering
-        if len(recovering) < self.policy.recover_after and call.trace_id not in recovering:
-            recovering.append(call.trace_id)
+        if len(recovering) < self.policy.recover_after and trace_id not in recovering:
+            recovering.append(trace_id)
         if len(recovering) < self.policy.recover_after:
             return None
         # A loop is over once no trace was decided on for it for a whole window: the tool
         # itself answers all along.
         if incident.signature is not None and self.now - incident.last_hit_step < self.steps:
             return None
-        incident.recovered_at_ns = call.end_time_unix_nano or 1
+        incident.recovered_at_ns = end_time_unix_nano or 1
         key.fresh_after = incident.recovered_at_ns
         key.incident = None
         # The key counts afresh: traces that failed before the recovery are no new failure.
