@@ -402,7 +402,6 @@ def serve_a2a(name: str, port: int, peer_port: int, out: Path, propagate: bool) 
     httpx instrumentations, which carry the trace context between services). On each of its
     first A2A_HOPS / 2 requests it asks its peer the same question, then it answers; its spans
     are written to `out` when it stops (SIGINT)."""
-    import uvicorn
     from a2a.helpers.proto_helpers import new_text_message
     from a2a.server.agent_execution import AgentExecutor
     from a2a.server.request_handlers import DefaultRequestHandler
@@ -458,6 +457,13 @@ def serve_a2a(name: str, port: int, peer_port: int, out: Path, propagate: bool) 
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
         app = OpenTelemetryMiddleware(app, tracer_provider=provider)
+    serve_until_stopped(app, port, provider, exporter, out)
+
+
+def serve_until_stopped(app: Any, port: int, provider: Any, exporter: Any, out: Path) -> None:
+    """Serve `app` on localhost until SIGINT, then write the spans it traced to `out`."""
+    import uvicorn
+
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     try:
         server.run()
@@ -665,7 +671,6 @@ def serve_adk_a2a(name: str, scenario: str, ports: dict[str, int], out: Path) ->
     """Agent `name` of `scenario` served by ADK's `to_a2a` on its port, under OpenTelemetry's
     ASGI instrumentation (the trace context of each request comes in); its spans are written
     to `out` when it stops (SIGINT)."""
-    import uvicorn
     from google.adk.a2a.utils.agent_to_a2a import to_a2a
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
@@ -675,14 +680,7 @@ def serve_adk_a2a(name: str, scenario: str, ports: dict[str, int], out: Path) ->
     app: Any = to_a2a(agent, host="127.0.0.1", port=port)
     if propagated():
         app = OpenTelemetryMiddleware(app, tracer_provider=provider)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass  # uvicorn raises the SIGINT it stopped on again once it has stopped
-    finally:
-        provider.force_flush()
-        write_request(exporter.get_finished_spans(), out)
+    serve_until_stopped(app, port, provider, exporter, out)
     if not script.done():
         raise RuntimeError(f"{ADK_A2A}/{scenario}: {name} stopped at step {script.turn}")
 
