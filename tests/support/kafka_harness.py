@@ -272,6 +272,10 @@ class WorkerProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
+        return self.launch().ready(timeout)
+
+    def launch(self) -> WorkerProcess:
+        """Its topics created and its process started, not waited for: `ready()` waits."""
         subprocess.run(
             [sys.executable, "-m", "spanguard.cli", "topics", "create",
              "--bootstrap", self.topics.cluster.bootstrap, *self.topics.flags(),
@@ -282,6 +286,10 @@ class WorkerProcess:
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
         )
+        return self
+
+    def ready(self, timeout: float = 90.0) -> WorkerProcess:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
