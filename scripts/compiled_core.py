@@ -5,7 +5,8 @@
     python scripts/compiled_core.py run -m pytest tests/detection [args]
 
 `build` makes the wheel as the worker image does (setup.py with SPANGUARD_COMPILE=1, the
-project's own mypyc from the dev extra) and unpacks it into build/compiled-core; `run` imports
+project's own mypyc from the dev extra, from a copy of what the image copies) and unpacks it
+into build/compiled-core; `run` imports
 spanguard from there first, so the command runs the wheel's compiled core and the tree's tests
 and benchmarks (under pytest-xdist, `-p compiled_core` does the same in each worker). The
 editable install of `make install` stays pure Python: compiled modules built in place would
@@ -20,6 +21,8 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -35,23 +38,33 @@ def _setup_module():
     return module
 
 
+def image_context(into: Path) -> None:
+    """What the worker image builds from (.dockerignore: pyproject.toml, README.md, setup.py and
+    the package folders), copied into `into`: the build writes its setuptools folders and
+    egg-info there, not beside the checkout's, so nothing an earlier build or a concurrent
+    `pip wheel .` of the checkout left is packed, and a build can run beside the other tests."""
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        setuptools = tomllib.load(file)["tool"]["setuptools"]
+    folders = {"spanguard", *setuptools["package-dir"].values()}
+    for name in ("pyproject.toml", "README.md", "setup.py"):
+        shutil.copy2(ROOT / name, into / name)
+    skipped = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.so")
+    for folder in sorted(folders):
+        shutil.copytree(ROOT / folder, into / folder, ignore=skipped)
+
+
 def build() -> list[str]:
     """The compiled wheel, unpacked into TREE; returns the extension modules it holds."""
     wheels = ROOT / "build" / "compiled-wheel"
-    # setuptools' own build folders too: an extension left there by an earlier build (of a
-    # module compiled then, no more now) would be packed into the wheel again.
-    stale = [
-        path
-        for pattern in ("lib", "lib.*", "temp.*", "bdist.*")
-        for path in (ROOT / "build").glob(pattern)
-    ]
-    for folder in (TREE, wheels, *stale):
+    for folder in (TREE, wheels):
         if folder.exists():
             shutil.rmtree(folder)
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-    command += ["--no-build-isolation", "--wheel-dir", str(wheels), str(ROOT)]
     environment = {**os.environ, "SPANGUARD_COMPILE": "1"}
-    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="spanguard-compiled-") as context:
+        image_context(Path(context))
+        command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+        command += ["--no-build-isolation", "--wheel-dir", str(wheels), context]
+        done = subprocess.run(command, cwd=context, env=environment, capture_output=True, text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         sys.exit(f"compiled_core: the compiled wheel did not build ({done.returncode})")

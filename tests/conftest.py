@@ -16,3 +16,21 @@ def pytest_sessionstart(session) -> None:
         reporter.write_line(line)
     else:
         print(line, file=sys.stderr)
+
+
+def pytest_collection_finish(session) -> None:
+    """In a run of one process, the compiled core's wheel starts building now, beside the tests
+    before its own (tests/support/compiled_build.py); under xdist its test builds it."""
+    from tests.support.compiled_build import COMPILED_BUILD, TEST
+
+    config = session.config
+    one_process = not hasattr(config, "workerinput") and not config.getoption("numprocesses", 0)
+    selected = any(item.nodeid == TEST for item in session.items)
+    if one_process and selected and not config.option.collectonly:
+        COMPILED_BUILD.start(background=True)
+
+
+def pytest_sessionfinish(session) -> None:
+    from tests.support.compiled_build import COMPILED_BUILD
+
+    COMPILED_BUILD.stop()

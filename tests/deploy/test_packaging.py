@@ -169,8 +169,8 @@ AGENT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.kafka
-# pip builds the wheel in ROOT/build, as the compiled core test does: under xdist the tests
-# that build or install this checkout share one worker.
+# pip builds the wheel in ROOT/build, where the fixture generators' editable installs of this
+# checkout write too: under xdist the tests that build or install this checkout share one worker.
 @pytest.mark.xdist_group("this_checkout_built")
 def test_the_wheel_installs_lean_beside_another_otel_sdk_and_the_killswitch_works(tmp_path):
     from tests.support.kafka_harness import CLUSTER, ensure_broker

@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from spanguard.detection import core_build
+from tests.support.compiled_build import COMPILED_BUILD
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = [sys.executable, str(ROOT / "scripts" / "compiled_core.py")]
@@ -40,13 +39,9 @@ SKIP = [
 ]
 
 
-# The build clears and fills ROOT/build, where the packaging test's wheel is built too: under
-# xdist the tests that build or install this checkout share one worker.
-@pytest.mark.xdist_group("this_checkout_built")
 def test_the_compiled_wheel_passes_the_cores_tests() -> None:
-    built = subprocess.run(
-        [*SCRIPT, "build"], cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+    # Built from the end of collection on in a run of one process, else from now.
+    built = COMPILED_BUILD.wait(timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert "extension modules" in built.stdout
 

@@ -26,6 +26,7 @@ from spanguard.killswitch.gateway import (
 )
 from spanguard.schemas.otlp_view import view_of
 from tests.support.spans import tool_contain as contain
+from tests.support.waiting import wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gateway" / "litellm-otel.json"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -94,16 +95,23 @@ def _unreachable() -> KillSwitch:
     return KillSwitch("127.0.0.1:1", allow_unsigned=True, start=False)
 
 
+def said_unreadable(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "cannot be read" in r.getMessage()]
+
+
 def test_an_unreachable_kill_topic_fails_open_by_default_and_says_so_once(caplog):
     caplog.set_level(logging.WARNING, "spanguard.killswitch.gateway")
     guard = GatewayGuard(_unreachable, retry_seconds=60)
     try:
-        assert not guard.wait_ready(25)  # the switch's metadata wait, then its error
+        # The switch's metadata wait, then its error, said: the starter then waits
+        # retry_seconds, so the wait is for what it says, not for the starter to end.
+        wait_until(lambda: said_unreadable(caplog), 25, "the kill topic said unreadable")
+        assert not guard.wait_ready(0)
         facts = RequestFacts(TRACE, None, None, None, None)
         verdicts = [asyncio.run(guard.check(facts)) for _ in range(3)]
         assert all(v.refusal is None for v in verdicts)
         assert guard.unguarded["unreachable"] == 3
-        said = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+        said = said_unreadable(caplog)
         assert len(said) == 1 and "fail_open" in said[0].getMessage()
     finally:
         guard.close()

@@ -121,7 +121,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_pat
     collector = Collector(topics.kills, topics.agent_usage, topics.detections)
 
     start = worker_starter(topics, tmp_path, policy_file, PARTITIONS)
-    first, second = start("a"), start("b")
+    first, second = start("a", "b")
     workers = [first, second]
     # The first agent's KillSwitch, reading from now on (the topics exist once a worker runs).
     switch = KillSwitch(
@@ -153,7 +153,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_crossed_window_once(tmp_pat
         # decided, its kills maybe sent and its windows not yet written.
         second.stop(signal.SIGKILL)
         # Rescheduled without its volume: its windows come back from the changelog.
-        second = start("b-rescheduled")
+        (second,) = start("b-rescheduled")
         workers = [first, second]
         rows_through(CROSSING)
         for index in range(CROSSING + 1, TRACES):

@@ -244,7 +244,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
     collector = Collector(topics.kills, topics.conversations)
 
     start = worker_starter(topics, tmp_path, policy_file, PARTITIONS)
-    first, second = start("a"), start("b")
+    first, second = start("a", "b")
     workers = [first, second]
     try:
 
@@ -268,7 +268,7 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
         killed_at = time.monotonic()
         second.stop(signal.SIGKILL)  # mid-conversation, its turn 3 maybe half decided
         # Rescheduled without its volume: its conversations come back from the changelog.
-        second = start("b-rescheduled")
+        (second,) = start("b-rescheduled")
         workers = [first, second]
         records_through(3)
         for index in (4, 5):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import urllib.error
@@ -87,6 +88,12 @@ def patched_worker(topics: Topics, data_dir, code: str, **env: str) -> WorkerPro
     return worker.start()
 
 
+def stop_broken(worker: WorkerProcess) -> None:
+    """SIGKILL: the agent broken on purpose keeps the worker from its clean stop, so SIGTERM
+    would only wait out WorkerProcess.stop's timeout before the same SIGKILL."""
+    worker.stop(signal.SIGKILL)
+
+
 def probe(worker: WorkerProcess, path: str) -> tuple[int, dict]:
     try:
         url = f"http://127.0.0.1:{worker.port}{path}"
@@ -135,7 +142,7 @@ def test_the_rocksdb_crash_turns_readiness_red_and_liveness_after_dead_after(tmp
         # Live until dead_after from the first crash, not from the latest one.
         assert DEAD_AFTER - 1 <= dead - crashed <= DEAD_AFTER + 3, dead - crashed
     finally:
-        worker.stop()
+        stop_broken(worker)
         topics.delete()
 
 
@@ -157,5 +164,5 @@ def test_a_span_agent_stuck_with_records_waiting_turns_liveness_red(tmp_path):
         assert body["stalled"] and body["pending"] > 0, body
         assert probe(worker, "/readyz")[0] == 200  # nothing crashed
     finally:
-        worker.stop()
+        stop_broken(worker)
         topics.delete()

@@ -257,14 +257,14 @@ def test_sigkill_of_one_of_two_workers_mid_window_is_one_incident(tmp_path):
     policy_file.write_text(yaml.safe_dump(POLICY))
     topics = Topics()
     start = worker_starter(topics, tmp_path, policy_file, 4)
-    first, second = start("a"), start("b")
+    first, second = start("a", "b")
     workers = [first, second]
     collector = Collector(topics.detections, topics.tool_calls)
     try:
         third = len(requests) * 3 // 10  # minute 3: the failure began, the incident is near
         send_in_step(topics.input, requests[:third], collector, topics.tool_calls, minutes=3)
         second.stop(signal.SIGKILL)  # mid-window: its batches maybe half decided
-        second = start("b-rescheduled")  # without its volume: its tables come from changelogs
+        (second,) = start("b-rescheduled")  # without its volume: its tables come from changelogs
         workers = [first, second]
         send_in_step(topics.input, requests[third:], collector, topics.tool_calls, minutes=7)
         wait_until(

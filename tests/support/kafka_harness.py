@@ -272,6 +272,10 @@ class WorkerProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
+        return self.launch().ready(timeout)
+
+    def launch(self) -> WorkerProcess:
+        """Its topics created and its process started, not waited for: `ready()` waits."""
         subprocess.run(
             [sys.executable, "-m", "spanguard.cli", "topics", "create",
              "--bootstrap", self.topics.cluster.bootstrap, *self.topics.flags(),
@@ -282,6 +286,10 @@ class WorkerProcess:
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
         )
+        return self
+
+    def ready(self, timeout: float = 90.0) -> WorkerProcess:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -424,8 +432,19 @@ def scratch_topic(
         admin.delete_topics([name])
 
 
+_PRODUCER_CONFIG = {"linger.ms": 0, "enable.idempotence": True}
+_SHARED_PRODUCER: list[Producer] = []
+
+
 def producer(cluster: Cluster | None = None) -> Producer:
-    return Producer((cluster or CLUSTER).config(**{"linger.ms": 0, "enable.idempotence": True}))
+    """Idempotent, no linger. The tests' own cluster's is one producer for the whole run: a new
+    one connects and takes a producer id before its first send, which cost every send_spans of
+    every agent a test sends; a cluster of the test's own gets a new one."""
+    if cluster is not None:
+        return Producer(cluster.config(**_PRODUCER_CONFIG))
+    if not _SHARED_PRODUCER:
+        _SHARED_PRODUCER.append(Producer(CLUSTER.config(**_PRODUCER_CONFIG)))
+    return _SHARED_PRODUCER[0]
 
 
 def end_offsets(topic: str, partitions: int, cluster: Cluster | None = None) -> list[int]:

@@ -157,11 +157,24 @@ def send_spans(
 
 def worker_starter(
     topics: Topics, data: Path, policy: Path, partitions: int
-) -> Callable[[str], WorkerProcess]:
-    """`start(name)`: a worker on the test's topics with the policy file, in `data / name`."""
+) -> Callable[..., list[WorkerProcess]]:
+    """`start(name, ...)`: a worker per name on the test's topics with the policy file, each in
+    `data / name`, launched together and then waited for, so that their start-ups overlap; one
+    that does not get ready stops them all."""
 
-    def start(name: str) -> WorkerProcess:
-        return WorkerProcess(topics, data / name, partitions=partitions, policy=policy).start()
+    def start(*names: str) -> list[WorkerProcess]:
+        workers: list[WorkerProcess] = []
+        try:
+            for name in names:
+                workers.append(
+                    WorkerProcess(topics, data / name, partitions=partitions, policy=policy)
+                )
+                workers[-1].launch()
+            return [worker.ready() for worker in workers]
+        except BaseException:
+            for worker in workers:
+                worker.stop(signal.SIGKILL)
+            raise
 
     return start
 
