@@ -16,7 +16,7 @@ from tests.support.worker import (
     dead_letter,
     notifying_worker,
     restart_mid_retry,
-    send_spans,
+    send_calls,
 )
 
 pytestmark = pytest.mark.kafka
@@ -41,10 +41,7 @@ def worker_env(server: EventsApiServer) -> dict[str, str]:
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
     agent = AgentRecorder(service, "autopilot-agent")
-    for step in range(calls):
-        agent.tool("restart_service", {"name": "billing", "nonce": step})
-    send_spans(topic, agent)
-    return agent
+    return send_calls(topic, agent, "restart_service", {"name": "billing"}, calls)
 
 
 def requests_for(server: EventsApiServer, trace_id: str) -> list:

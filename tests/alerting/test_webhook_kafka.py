@@ -21,7 +21,7 @@ from tests.support.worker import (
     dead_letter,
     notifying_worker,
     restart_mid_retry,
-    send_spans,
+    send_calls,
 )
 
 pytestmark = pytest.mark.kafka
@@ -46,10 +46,7 @@ def worker_env(server: WebhookServer, path: str = HOOK_PATH, **env: str) -> dict
 
 def loop(topic: str, service: str, calls: int = 4) -> AgentRecorder:
     agent = AgentRecorder(service, "agent")
-    for step in range(calls):
-        agent.tool("search_docs", {"query": "refund policy", "nonce": step})
-    send_spans(topic, agent)
-    return agent
+    return send_calls(topic, agent, "search_docs", {"query": "refund policy"}, calls)
 
 
 def posts_for(server: WebhookServer, trace_id: str, path: str = HOOK_PATH) -> list:

@@ -155,6 +155,17 @@ def send_spans(
     assert out.flush(10) == 0
 
 
+def send_calls(
+    topic: str, agent: AgentRecorder, tool: str, arguments: dict, calls: int = 4
+) -> AgentRecorder:
+    """`agent` calling `tool` `calls` times with `arguments` and a nonce that differs each
+    call, sent as send_spans sends; the agent."""
+    for step in range(calls):
+        agent.tool(tool, {**arguments, "nonce": step})
+    send_spans(topic, agent)
+    return agent
+
+
 def worker_starter(
     topics: Topics, data: Path, policy: Path, partitions: int
 ) -> Callable[..., list[WorkerProcess]]:
