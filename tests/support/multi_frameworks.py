@@ -491,38 +491,17 @@ async def ask_a2a(url: str, text: str) -> str:
 def run_a2a(variant: str, out: Path) -> Path:
     """The two services in processes of their own on localhost; triage's agent asks billing,
     which asks triage back, and so on A2A_HOPS times. Both services' spans, one request."""
-    import signal
-    import socket
     import tempfile
-    import time
 
-    import httpx
-
-    ports = []
-    for _ in A2A_SERVICES:
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            ports.append(free.getsockname()[1])
+    ports = free_ports(len(A2A_SERVICES))
     with tempfile.TemporaryDirectory() as scratch:
-        servers = []
-        for index, name in enumerate(A2A_SERVICES):
-            command = [sys.executable, "-m", MODULE, "--a2a-serve", name, str(ports[index]),
-                       str(ports[1 - index]), f"{scratch}/{name}.json.gz", variant]  # fmt: skip
-            servers.append(subprocess.Popen(command, cwd=ROOT))
-        try:
-            for port in ports:
-                for _ in range(200):
-                    try:
-                        httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json")
-                        break
-                    except httpx.TransportError:
-                        time.sleep(0.05)
+        commands = [
+            [sys.executable, "-m", MODULE, "--a2a-serve", name, str(ports[index]),
+             str(ports[1 - index]), f"{scratch}/{name}.json.gz", variant]
+            for index, name in enumerate(A2A_SERVICES)
+        ]  # fmt: skip
+        with running(commands, ports):
             asyncio.run(ask_a2a(f"http://127.0.0.1:{ports[1]}", A2A_MESSAGE))
-        finally:
-            for server in servers:
-                server.send_signal(signal.SIGINT)
-            for server in servers:
-                server.wait(timeout=30)
         return merge_requests([Path(scratch) / f"{name}.json.gz" for name in A2A_SERVICES], out)
 
 
