@@ -467,7 +467,7 @@ class Guard:
             call.trace_id = span.trace_id.hex()
             source, label = self._model_agent
             if source is not resource_spans:  # once per resource, not per span
-                resource = resource_info(resource_spans.resource.attributes, self._match_keys)
+                resource = self._resource_of(resource_spans)
                 label = agent_label(resource.service, resource.agent_name)
                 self._model_agent = (resource_spans, label)
             call.agent = label
