@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Seconds of a batch eviction may take at most, whatever the store's speed.
 EVICT_BUDGET = 0.005
+# States `write_some` encodes between two looks at the clock.
+WRITES_PER_CLOCK_READ = 16
 
 
 class DecodedStates(MutableMapping[str, TraceState]):
@@ -78,6 +80,9 @@ class DecodedStates(MutableMapping[str, TraceState]):
         # Changed since the last flush (None: no flush window open).
         self._batch: dict[str, TraceState] | None = None
         self._event_of: dict[str, Any] = {}
+        # Taken by a flush under way and not written yet (`write_some`), with the event whose
+        # partition each goes to: read from here until written.
+        self._writing: dict[str, tuple[TraceState, Any]] = {}
         self._expiry: dict[int, ExpiryIndex] = {}
         self._scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         self._owned: set[int] = set()
@@ -95,6 +100,10 @@ class DecodedStates(MutableMapping[str, TraceState]):
             for trace_id in [t for t, e in self._event_of.items() if e.message.partition in gone]:
                 self._batch.pop(trace_id, None)
                 del self._event_of[trace_id]
+        if gone and self._writing:
+            for trace_id, (_, event) in list(self._writing.items()):
+                if event.message.partition in gone:
+                    del self._writing[trace_id]
         for partition in gone:
             self._owned.discard(partition)
             self._expiry.pop(partition, None)
@@ -142,37 +151,75 @@ class DecodedStates(MutableMapping[str, TraceState]):
             self._event_of = {}
 
     def drop_unflushed(self) -> None:
-        """Drop the states changed since the last flush (a batch failed): nothing of them was
-        written, and their messages must not be acked, so they are decided again."""
+        """Drop the states changed since the last flush (a batch failed), and those of a flush
+        not yet written: nothing of them was written, and their messages must not be acked,
+        so they are decided again."""
         self._batch = None
         self._event_of = {}
+        self._writing = {}
 
     @property
     def unflushed(self) -> int:
-        """Traces changed since the last flush."""
-        return len(self._batch or ())
+        """Traces changed since the last flush, or taken by a flush and not yet written."""
+        writing = self._writing
+        return len(writing) + sum(trace_id not in writing for trace_id in self._batch or ())
+
+    @property
+    def writing(self) -> bool:
+        """A flush under way has states left to write (`write_some`)."""
+        return bool(self._writing)
 
     def flush(self) -> None:
         """Write every state changed since the last flush, each once, to the partition of the
         last event that touched it; call it before those events' messages are acked. A
         StateTable that writes directly stores them at once; the flush sends their changelog
         records after (`StateTable.send_pending`)."""
+        self.start_flush()
+        self.write_some(None)
+
+    def start_flush(self) -> None:
+        """Take the states changed since the last flush to be written by `write_some`: until
+        written, they are read from there. A flush under way is written to its end first."""
+        if self._writing:
+            self.write_some(None)
         batch, self._batch = self._batch, None
         events, self._event_of = self._event_of, {}
-        writes = [
-            StateWrite(events[trace_id], trace_id.encode(), state.to_bytes())
-            for trace_id, state in (batch or {}).items()
-        ]
+        self._writing = {
+            trace_id: (state, events[trace_id]) for trace_id, state in (batch or {}).items()
+        }
+
+    def write_some(self, seconds: float | None) -> bool:
+        """Write the taken states, for about `seconds` (all of them with None); True once none
+        is left. A state changed again since it was taken is written as it is now: call it
+        between batches, never while a batch may hold a decision whose signal is not acked
+        (a fired mark written ahead of its signal would be lost with a crash)."""
+        writing = self._writing
+        deadline = None if seconds is None else time.perf_counter() + seconds
+        writes: list[StateWrite] = []
+        written: list[tuple[str, TraceState, Any]] = []
+        while writing:
+            trace_id, (state, event) = writing.popitem()
+            writes.append(StateWrite(event, trace_id.encode(), state.to_bytes()))
+            written.append((trace_id, state, event))
+            # The clock read once in a while: a state's encoding costs microseconds.
+            if (
+                deadline is not None
+                and len(writes) % WRITES_PER_CLOCK_READ == 0
+                and time.perf_counter() >= deadline
+            ):
+                break
         if isinstance(self.table, StateTable) and self.table.writes_directly():
             self.table.put_states(writes)
         else:  # a plain mapping, or Faust's table path, which sends the records itself
             for write in writes:
                 with event_context(write.event):
                     self.table[write.key] = write.value
-        for trace_id, state in (batch or {}).items():
-            event = events[trace_id]
+        changed_again = self._batch or {}
+        for trace_id, state, event in written:
             self._index(event, trace_id, state.last_seen)
-            self._keep(event.message.partition, trace_id, state)
+            if trace_id not in changed_again:  # else the next flush keeps it, as written then
+                self._keep(event.message.partition, trace_id, state)
+        return not writing
 
     def _keep(self, partition: int, trace_id: str, state: TraceState) -> None:
         if self.cache_size <= 0:
@@ -207,6 +254,9 @@ class DecodedStates(MutableMapping[str, TraceState]):
                     examined += 1
                     if self._batch and trace_id in self._batch:  # touched, not yet flushed
                         index.put(trace_id, self._bucket(self._batch[trace_id].last_seen))
+                        continue
+                    if trace_id in self._writing:  # touched, being flushed
+                        index.put(trace_id, self._bucket(self._writing[trace_id][0].last_seen))
                         continue
                     key = trace_id.encode()
                     data = self.table.get(key)
@@ -257,6 +307,8 @@ class DecodedStates(MutableMapping[str, TraceState]):
     def get(self, trace_id: str, default: TraceState | None = None) -> TraceState | None:  # type: ignore[override]
         if self._batch is not None and trace_id in self._batch:
             return self._batch[trace_id]
+        if trace_id in self._writing:
+            return self._writing[trace_id][0]
         event = current_event()
         if event is not None and self._cache:
             # Taken out: the caller changes it in place, and only a flush makes that stored.
@@ -287,6 +339,7 @@ class DecodedStates(MutableMapping[str, TraceState]):
                 self._event_of[trace_id] = event
             return
         self.table[trace_id.encode()] = state.to_bytes()
+        self._writing.pop(trace_id, None)  # written now, as it is
         self._forget(trace_id)
         if event is not None:
             self._index(event, trace_id, state.last_seen)
@@ -301,6 +354,7 @@ class DecodedStates(MutableMapping[str, TraceState]):
         if self._batch is not None:
             self._batch.pop(trace_id, None)
             self._event_of.pop(trace_id, None)
+        self._writing.pop(trace_id, None)
         self._forget(trace_id)
         del self.table[trace_id.encode()]
 

@@ -42,6 +42,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import faust
@@ -69,6 +70,9 @@ log = logging.getLogger("spanguard.worker")
 
 # Seconds between two looks of the flush timer (a due flush waits at most this long when idle).
 FLUSH_CHECK_INTERVAL = 0.1
+# Seconds of encoding and storing states a flush step takes (`WriteBack.write_step`): a kill
+# that arrives during a flush waits for one step.
+FLUSH_STEP_SECONDS = 0.005
 # Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
 # again after the restart); running, it waits as long as the lease holds.
 CHANGELOG_ACK_TIMEOUT = 10.0
@@ -104,6 +108,18 @@ class NoHooks:
 
     def count_dead_letters(self, pointers: int) -> None:
         """Not counted."""
+
+
+@dataclass(slots=True)
+class _Flushing:
+    """A flush whose states are still being written: its messages, the records they sent,
+    the lease epoch it began under, and how its acks are awaited."""
+
+    written: list[EventT]
+    records: list[tuple[Send, Produced]]
+    epoch: int
+    ack_timeout: float | None
+    acks_in_background: bool
 
 
 class WriteBack:
@@ -150,6 +166,8 @@ class WriteBack:
         self.producing = asyncio.Lock()
         # Flushes whose acks are awaited by a task of their own (`flush`).
         self.acking: set[asyncio.Future[None]] = set()
+        # A flush whose states are written a step at a time (`flush(in_steps=True)`).
+        self.flushing: _Flushing | None = None
 
     def attach(self, app: faust.App) -> None:
         app.timer(interval=FLUSH_CHECK_INTERVAL)(self.flush_when_idle)
@@ -188,7 +206,7 @@ class WriteBack:
             failed = self.interrupted(exc)
             raise
         finally:
-            if self.held and not failed and self.lease.held():
+            if (self.held or self.flushing is not None) and not failed and self.lease.held():
                 await self.flush_on_stop()
 
     def hold(self, events: list[EventT]) -> int:
@@ -236,43 +254,100 @@ class WriteBack:
         return bool(self.held) and (due or self.draining)
 
     async def flush(
-        self, ack_timeout: float | None = None, *, acks_in_background: bool = False
+        self,
+        ack_timeout: float | None = None,
+        *,
+        acks_in_background: bool = False,
+        in_steps: bool = False,
     ) -> None:
         """Write the states changed since the last flush and, once the changelog has acked
         them and the broker the records deferred since the last flush, let their messages be
-        acked: no offset is committed ahead of its state or of a record it sent.
+        acked: no offset is committed ahead of its state or of a record it sent. A flush
+        still writing its steps is written to its end first.
 
         `acks_in_background`: return once the writes and records are handed to the producer,
         the acks awaited (and the messages acked) by a task of their own, so the batch after
         does not wait out the changelog's round trip (`acking`). A failure there is the
-        agent's failure, as a flush between batches is."""
+        agent's failure, as a flush between batches is.
+
+        `in_steps`: write only a step's worth of the states now (`write_step` writes the rest,
+        a step at a time, between batches), so that a kill arriving meanwhile waits for one
+        step, not for the encoding of every state changed in a commit interval."""
         epoch = self.lease.epoch
-        self.states.flush()
+        previous = self.flushing
+        if previous is not None and previous.epoch != epoch:
+            return  # fenced since it began: the fence drops both (`drop_fenced`)
+        # Nothing awaited from here to the flush's taking of what it writes: no batch adds to
+        # the states, the messages or the records in between. What a flush in steps left
+        # unwritten is written first.
+        self.states.start_flush()
         self.flushed_at = time.monotonic()
-        # The messages, the records they deferred and those they hold, taken together: no
-        # batch can add to one of them and not the others in between.
+        # The messages, the records they deferred and those they hold, taken together.
         written = self.held.copy()
         self.held.clear()
         records, self.deferred = self.deferred, []
         scope_records = self.hooks.take_scope_records()
         self.written.append(written)
+        self.flushing = flushing = _Flushing(
+            written, records, epoch, ack_timeout, acks_in_background
+        )
         try:
+            if previous is not None:  # its states all stored now
+                await self.table.send_pending()
+                await self._ack_when_durable(previous)
             if scope_records:
                 async with self.producing:
                     produced = await produce(scope_records)
                 records.extend(zip(scope_records, produced, strict=True))
-            await self.table.send_pending()
-            changelog = self.table.take_unconfirmed()
         except BaseException:
-            self.written = [batch for batch in self.written if batch is not written]
+            self._abandon(flushing)
             raise
-        if not acks_in_background:
-            await self._ack_once_durable(written, changelog, records, epoch, ack_timeout)
+        await self._write_steps(FLUSH_STEP_SECONDS if in_steps else None)
+
+    async def write_step(self) -> None:
+        """Write a step of the flush under way, if any: between batches only (a state written
+        carries every decision made on it, and a batch's signals are acked before it ends)."""
+        if self.flushing is not None:
+            await self._write_steps(FLUSH_STEP_SECONDS)
+
+    async def _write_steps(self, seconds: float | None) -> None:
+        """Write the flush's states for about `seconds` (all of them with None) and send their
+        changelog records; once the last is sent, its acks are awaited."""
+        flushing = self.flushing
+        assert flushing is not None
+        if flushing.epoch != self.lease.epoch:
+            return  # fenced since it began: the fence drops it with its messages (`drop_fenced`)
+        try:
+            done = self.states.write_some(seconds)
+            await self.table.send_pending()
+        except BaseException:
+            self._abandon(flushing)
+            raise
+        if done:
+            await self._ack_when_durable(flushing)
+
+    async def _ack_when_durable(self, flushing: _Flushing) -> None:
+        """Every state of `flushing` sent: its messages are acked once the changelog records
+        sent so far and its records are acked, awaited here or by a task of their own."""
+        if self.flushing is flushing:
+            self.flushing = None
+        changelog = self.table.take_unconfirmed()
+        acked = self._ack_once_durable(
+            flushing.written, changelog, flushing.records, flushing.epoch, flushing.ack_timeout
+        )
+        if not flushing.acks_in_background:
+            await acked
             return
-        acked = self._ack_once_durable(written, changelog, records, epoch, None)
         task = asyncio.ensure_future(self._or_fail(acked))
         self.acking.add(task)
         task.add_done_callback(self.acking.discard)
+
+    def _abandon(self, flushing: _Flushing) -> None:
+        """A flush that failed: its messages are no longer waited on as written (the failure
+        leaves them unacked), its states left unwritten."""
+        self.written = [batch for batch in self.written if batch is not flushing.written]
+        if self.flushing is flushing:
+            self.flushing = None
 
     async def _ack_once_durable(
         self,
@@ -364,8 +439,15 @@ class WriteBack:
     async def flush_when_idle(self) -> None:
         # Between batches only: a batch's retractions write to states it has open. Not on a
         # lapsed lease: the flush waits for the renewal, or is dropped by the fence.
-        if not self.in_batch and self.flush_due() and self.lease.held():
-            await self.flush_outside_batch()
+        if self.in_batch or not self.lease.held():
+            return
+        if self.flush_due() and self.flushing is None:
+            await self._or_fail(self.flush(acks_in_background=True, in_steps=True))
+        # A flush's steps, while no batch runs: each step yields, so a batch that arrives
+        # starts after one step and the rest waits for its end.
+        while self.flushing is not None and not self.in_batch and self.lease.held():
+            await self._or_fail(self.write_step())
+            await asyncio.sleep(0)
 
     async def flush_outside_batch(self) -> None:
         await self._or_fail(self.flush())
@@ -394,7 +476,8 @@ class WriteBack:
                 self.drop_fenced()
             self.draining = True
             try:
-                if not self.in_batch and self.held and self.lease.held():
+                unwritten = self.held or self.flushing is not None
+                if not self.in_batch and unwritten and self.lease.held():
                     await self.flush_outside_batch()
                 await wait_empty(*args, **kwargs)
             finally:
@@ -428,7 +511,9 @@ class WriteBack:
         offsets are never committed and the restart decides them again. Unlike `drop_fenced`,
         Faust goes on waiting for them and this worker still owns its partitions, so it
         forgets nothing it cached of them."""
-        self.states.drop_unflushed()
+        self.states.drop_unflushed()  # with the states of a flush not written to its end
+        if self.flushing is not None:
+            self._abandon(self.flushing)
         self.held.clear()
         self.deferred.clear()  # their messages are not acked: decided and sent again
         self.hooks.drop_scope_records()

@@ -175,11 +175,16 @@ class SpanAgent:
         write_back.defer(deferred, produced_deferred)
         self.settle(urgent, failed)
         await self.dead_letter_unsent(failed)
-        if write_back.flush_due():
+        if write_back.flush_due() or write_back.flushing is not None:
             if not await self.lease.wait(epoch):
                 return  # fenced: nothing of it written
-            # The next batch (a kill in it, maybe) need not wait for the changelog's acks.
-            await write_back.flush(acks_in_background=True)
+            # The next batch (a kill in it, maybe) waits for neither the changelog's acks nor
+            # more than a step of the states' writing: the rest is written a step after each
+            # batch, or between batches.
+            if write_back.flushing is not None:
+                await write_back.write_step()
+            else:
+                await write_back.flush(acks_in_background=True, in_steps=True)
         if self.lease.holds(epoch):  # eviction deletes from the changelog: only under the lease
             self.evict_idle(events)
             await self.worker.table.send_pending()  # the tombstones, in order with the states

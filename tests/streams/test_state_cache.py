@@ -7,6 +7,7 @@ takes like a Faust table (the Kafka tests run the worker, cache on, over the Roc
 from __future__ import annotations
 
 import faust
+import pytest
 from faust.types import Message
 
 from spanguard.detection.guard import Guard
@@ -234,3 +235,73 @@ def test_a_stored_state_that_is_no_state_starts_its_trace_afresh(caplog) -> None
         assert "started afresh" in caplog.records[-1].getMessage()
         assert touch(states, TRACE, 0, last_seen=6.0).service == "unknown_service"
         assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 6.0
+
+
+# -- a flush written in steps (`start_flush`, `write_some`) ----------------------------------
+
+
+def taken_for_writing(states: DecodedStates, partitions: dict[str, int]) -> None:
+    """One batch changing each trace on its partition, then taken by a flush, none written."""
+    states.begin_batch()
+    for trace_id, partition in partitions.items():
+        with event_context(event(partition)):
+            states[trace_id] = TraceState(last_seen=1.0)
+    states.start_flush()
+
+
+def test_states_taken_by_a_flush_are_read_from_it_until_written() -> None:
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, cache_size=10)
+    taken_for_writing(states, {TRACE: 0})
+    assert table == {} and states.writing and states.unflushed == 1
+    state = read(states, TRACE, 0)
+    assert state is not None and state.last_seen == 1.0  # not a miss, not the store's
+    assert states.write_some(None) is True
+    assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 1.0
+    assert not states.writing and states.unflushed == 0
+
+
+def test_a_step_writes_some_and_the_rest_waits_for_the_next() -> None:
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, cache_size=100)
+    traces = {f"{index:032x}": 0 for index in range(40)}
+    taken_for_writing(states, traces)
+    assert states.write_some(0.0) is False  # one look at the clock: 16 states
+    assert len(table) == 16 and states.unflushed == 24
+    while not states.write_some(0.0):
+        pass
+    assert sorted(table) == sorted(trace_id.encode() for trace_id in traces)
+
+
+def test_states_left_unwritten_by_a_flush_go_with_a_revocation_a_drop_or_a_delete() -> None:
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, cache_size=10)
+    other = "b" * 32
+    taken_for_writing(states, {TRACE: 1, other: 2})
+    states.revoke({1})  # its next owner decides those messages again
+    assert states.unflushed == 1
+    with pytest.raises(KeyError):  # never stored: the table's own KeyError, after the drop
+        del states[other]
+    assert states.unflushed == 0
+
+    taken_for_writing(states, {TRACE: 1, other: 2})
+    states.drop_unflushed()  # a batch failed: nothing since the last flush is written
+    assert not states.writing
+    states.write_some(None)
+    assert table == {}
+
+
+def test_a_trace_being_written_is_not_evicted_on_its_stale_stored_state() -> None:
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, bucket_seconds=1.0, cache_size=10)
+    touch(states, TRACE, 0, last_seen=10.0)
+    states.begin_batch()
+    with event_context(event(0, 1)):
+        state = states.get(TRACE)
+        assert state is not None
+        state.last_seen = 100.0
+        states[TRACE] = state
+    states.start_flush()  # taken, not yet written: the store still says idle
+    assert states.evict_idle([event(0, 1)], cutoff=50.0, limit=256) == 0
+    states.write_some(None)
+    assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 100.0
