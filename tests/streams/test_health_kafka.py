@@ -41,19 +41,20 @@ CRASH_ON_FLUSH = (
 from faust.streams import _current_event
 from spanguard.streams.decoded_states import DecodedStates
 
-def flush(self):
+def write_some(self, seconds):
     # The store write the worker once made outside any event. Its table then sent changelog
     # records to the partitioner's partition, so the store's own check was the first to fail;
     # it is reached here through the store.
-    batch, self._batch = self._batch, None
+    writing, self._writing = self._writing, {}
     token = _current_event.set(None)
     try:
-        for trace_id, state in (batch or {}).items():
+        for trace_id, (state, _event) in writing.items():
             self.table.data[trace_id.encode()] = state.to_bytes()
     finally:
         _current_event.reset(token)
+    return True
 
-DecodedStates.flush = flush
+DecodedStates.write_some = write_some
 """
     + RUN_CLI
 )
