@@ -2,7 +2,7 @@
 
 Each worker runs `spanguard worker` through a `python -c` wrapper that patches one function
 before the command starts:
-- the crash: `DecodedStates.flush` writes the batch's states to the store outside any
+- the crash: `DecodedStates.write_some` writes the flush's states to the store outside any
   event, which is what the worker once did; Faust's RocksDB store then raises
   `assert event is not None`;
 - the stall: sends to the kill topic never return (a broker connection that hangs), so the
