@@ -176,7 +176,9 @@ A2A_SCOPE: Final = "a2a-python-sdk"
 A2A_HANDLER_CLASSES: Final = frozenset(
     {"DefaultRequestHandlerV2", "LegacyRequestHandler", "DefaultRequestHandler"}
 )
-A2A_HANDLER_METHODS: Final = frozenset({"on_message_send", "on_message_send_stream"})
+# Not `on_message_send_stream`: its span ends as the stream is handed back, before any of the
+# answer, so it holds nothing of the run (the agent's spans sit beside it, not inside).
+A2A_HANDLER_METHODS: Final = frozenset({"on_message_send"})
 # OpenInference's handoff tool spans are named so ("handoff to billing").
 HANDOFF_TOOL_PREFIX: Final = "handoff to "
 # An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.
