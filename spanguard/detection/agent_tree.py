@@ -253,7 +253,8 @@ class AgentTree:
         ended every span between the two has come, and a chain that stops at a span not
         come yet (one still running above both: parallel workers' graph) passes beside
         `outer`. Where nothing above `inner` has come (spans between not exported), time
-        says (PlacedRun.contains)."""
+        says (PlacedRun.contains), and between two services' answers (`handler` runs) where
+        the chain stops at a span not kept."""
         parent = inner.parent
         links = self.links
         if parent == outer.span or parent not in links:

@@ -528,8 +528,9 @@ def _agent_run(
 
 def _a2a_handler_run(span: Any) -> AgentRun | None:
     """An a2a-sdk request handler's span answering one message (`on_message_send`; not the
-    streamed one, keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the span names the agent, only the
-    service's resource does: the guard names the run after its `service.name`."""
+    streamed one, keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the
+    span names the agent, only the service's resource does: the guard names the run after
+    its `service.name`."""
     head, _, method = span.name.rpartition(".")
     if method not in A2A_HANDLER_METHODS or head.rpartition(".")[2] not in A2A_HANDLER_CLASSES:
         return None
