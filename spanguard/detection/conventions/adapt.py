@@ -25,8 +25,6 @@ from spanguard.detection.conventions.events import (
 )
 from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.conventions.keys import (
-    A2A_HANDLER_CLASSES,
-    A2A_HANDLER_METHODS,
     A2A_SCOPE,
     ADK_MERGED_TOOLS,
     ADK_SCOPE,
@@ -82,6 +80,7 @@ from spanguard.detection.conventions.kinds import (
     _is_tool_span,
     _other_kinds,
     _tool_span_name,
+    is_a2a_handler,
 )
 from spanguard.detection.conventions.turns import conversation_of, ends_with_user_message
 from spanguard.detection.conventions.values import (
@@ -531,8 +530,7 @@ def _a2a_handler_run(span: Any) -> AgentRun | None:
     streamed one, keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the
     span names the agent, only the service's resource does: the guard names the run after
     its `service.name`."""
-    head, _, method = span.name.rpartition(".")
-    if method not in A2A_HANDLER_METHODS or head.rpartition(".")[2] not in A2A_HANDLER_CLASSES:
+    if not is_a2a_handler(span.name):
         return None
     return AgentRun(
         span.span_id,
