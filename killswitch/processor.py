@@ -39,7 +39,8 @@ from opentelemetry.trace import (
 )
 
 from spanguard.detection.agent_budget import AgentBudgetGuard
-from spanguard.detection.conventions.keys import AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.keys import A2A_SCOPE, AGENT_NAME, SERVICE_NAME
+from spanguard.detection.conventions.kinds import is_a2a_handler
 from spanguard.detection.conversation import ConversationGuard
 from spanguard.detection.guard import Guard
 from spanguard.detection.trace_state import TraceState
@@ -302,7 +303,7 @@ class GuardingSpanProcessor(SpanProcessor, CountsUnguarded):
         """
         attributes = span.attributes or {}
         present = self._wanted.intersection(attributes)
-        if not present and span.name != BARE_TOOL_SPAN_NAME:
+        if not present and span.name != BARE_TOOL_SPAN_NAME and not self._a2a_handler(span):
             return None
         slim = ReadableSpan(
             span.name,
@@ -318,6 +319,12 @@ class GuardingSpanProcessor(SpanProcessor, CountsUnguarded):
             instrumentation_scope=span.instrumentation_scope,
         )
         return encode_spans([slim]).SerializeToString()
+
+    @staticmethod
+    def _a2a_handler(span: ReadableSpan) -> bool:
+        """An a2a-sdk handler's span, an agent run though it carries no attribute (adapt.py)."""
+        scope = span.instrumentation_scope
+        return scope is not None and scope.name == A2A_SCOPE and is_a2a_handler(span.name)
 
     def _slim_resource(self, resource: Resource) -> Resource:
         # A process has a resource or two: slim each once (keyed by identity, the original

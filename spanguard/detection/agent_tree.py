@@ -48,13 +48,15 @@ class PlacedRun:
     """One agent run in the tree: its span, its parent span, the agent, when it ran (ns), the
     longest chain of runs nested down from it (itself counted) with the run below it on that
     chain (its index; -1: none), what names the run across its spans ("": its span), its
-    service (an index of the tree's `services`), and whether it is the other span of a run
-    of another service (`twin`: a remote agent's, AgentTree._remote_twin)."""
+    service (an index of the tree's `services`), whether it is the other span of a run
+    of another service (`twin`: a remote agent's, AgentTree._remote_twin), and whether it is
+    a service's answer to a request, named after the service (`handler`: a2a-sdk's)."""
 
     __slots__ = (
         "below",
         "chain",
         "end",
+        "handler",
         "key",
         "name",
         "parent",
@@ -76,10 +78,12 @@ class PlacedRun:
         key: str = "",
         service: int = 0,
         twin: bool = False,
+        handler: bool = False,
     ) -> None:
         self.key = key
         self.service = service
         self.twin = twin
+        self.handler = handler
         self.span = span
         self.parent = parent
         self.name = name
@@ -138,7 +142,9 @@ class AgentTree:
         """Place one agent run of `service` (None: not known); False when it is placed already
         (a redelivery) or the tree is full (the run is only counted). A remote agent's other
         span (`_remote_twin`) is placed, one level with its twin, and not counted again. Spans
-        of one run (one `run_key`) are one run: the first of them stands for it."""
+        of one run (one `run_key`) are one run: the first of them stands for it. A service's
+        answer to a request and its agent's run directly inside it are one run too
+        (`_served`): the agent's stands for it."""
         run_key = run.run_key or ""
         for placed in self.runs:
             if placed.span == run.span_id or (run_key and placed.key == run_key):
@@ -154,7 +160,10 @@ class AgentTree:
             -1,
             run_key,
             self._service_index(service),
+            handler=run.by_service,
         )
+        if self._served(new):
+            return False
         new.twin = self._remote_twin(new)
         if not new.twin:
             self.started += 1
@@ -174,6 +183,32 @@ class AgentTree:
             return NO_SERVICE
         services.append(service)
         return len(services) - 1
+
+    def _served(self, new: PlacedRun) -> bool:
+        """Whether `new` and a run placed already are a service's answer to one request
+        (a2a-sdk's handler, named after the service) and its agent's run directly inside it
+        (Google ADK's `to_a2a`): one run, not two nested, named by the agent. A handler coming
+        after its agent's run is left out; one placed first takes the agent's name."""
+        if new.service == NO_SERVICE:
+            return False
+        inside = self.inside
+        for other in self.runs:
+            if other.service != new.service or other.handler == new.handler:
+                continue
+            outer, inner = (new, other) if new.handler else (other, new)
+            if not inside(outer, inner):
+                continue
+            between = (
+                run
+                for run in self.runs
+                if run is not other and inside(outer, run) and inside(run, inner)
+            )
+            if next(between, None) is not None:
+                continue
+            if other.handler:
+                other.name, other.handler = new.name, False
+            return True
+        return False
 
     def _remote_twin(self, new: PlacedRun) -> bool:
         """Whether `new` is the other span of a run placed already: an agent called across
@@ -218,7 +253,8 @@ class AgentTree:
         ended every span between the two has come, and a chain that stops at a span not
         come yet (one still running above both: parallel workers' graph) passes beside
         `outer`. Where nothing above `inner` has come (spans between not exported), time
-        says (PlacedRun.contains)."""
+        says (PlacedRun.contains), and between two services' answers (`handler` runs) where
+        the chain stops at a span not kept."""
         parent = inner.parent
         links = self.links
         if parent == outer.span or parent not in links:
@@ -229,7 +265,10 @@ class AgentTree:
                 return True
             parent = links.get(parent, b"")
             if not parent:
-                return False
+                # Between two services' answers are the HTTP spans of the call, which an
+                # exporter may send before the handler's (grouped by scope): come already,
+                # before the trace had an agent, so not kept. Time says for those.
+                return outer.handler and inner.handler and outer.contains(inner)
         return outer.contains(inner)
 
     def _place(self, placed: PlacedRun) -> None:
@@ -387,12 +426,14 @@ class AgentTree:
         for span, parent, name, start, end, chain, below, *rest in record["runs"][:MAX_RUNS]:
             service = int(rest[1]) if len(rest) > 1 else 0
             twin = len(rest) > 2 and bool(rest[2])
+            handler = len(rest) > 3 and bool(rest[3])
             tree.runs.append(
                 PlacedRun(
                     bytes.fromhex(span), bytes.fromhex(parent), str(name), int(start), int(end),
                     int(chain), int(below) if -1 <= int(below) < MAX_RUNS else -1,
                     str(rest[0]) if rest else "",
                     service if 0 <= service < len(tree.services) else NO_SERVICE, twin,
+                    handler,
                 )
             )  # fmt: skip
         for key, to_agent in record["handoffs"][-MAX_HANDOFFS:]:
@@ -417,6 +458,8 @@ def _level(outer: PlacedRun, inner: PlacedRun) -> int:
 def _run_tail(run: PlacedRun) -> tuple[Any, ...]:
     """A run's record fields after `below`: most runs are their span (no key) of the tree's
     first service, and no twin, so nothing."""
+    if run.handler:
+        return (run.key, run.service, int(run.twin), 1)
     if run.twin:
         return (run.key, run.service, 1)
     if run.service:

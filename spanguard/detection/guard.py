@@ -707,6 +707,9 @@ class Guard:
             agent_traces[raw_trace_id] = None
             if len(agent_traces) > MAX_AGENT_TRACES:
                 del agent_traces[next(iter(agent_traces))]
+        if run.by_service and run.agent_name is None and resource is not None:
+            # A service's answer to a request (a2a-sdk's): only its service names the agent.
+            run.agent_name = resource.service
         started = tree.started
         if not tree.add_run(run, resource.service if resource is not None else None):
             if tree.started == started:

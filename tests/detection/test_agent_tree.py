@@ -46,14 +46,25 @@ class Spans:
         self.scope = resource.scope_spans.add()
         self.scope.scope.name = "tests"
 
+    def in_scope(self, scope: str) -> None:
+        """The spans from here on are of instrumentation `scope` (the same service)."""
+        self.scope = self.request.resource_spans[-1].scope_spans.add()
+        self.scope.scope.name = scope
+
     def span(
-        self, number: int, parent: int | None, start: int, end: int, **attributes: str
+        self,
+        number: int,
+        parent: int | None,
+        start: int,
+        end: int,
+        name: str = "span",
+        **attributes: str,
     ) -> None:
         span = self.scope.spans.add()
         span.trace_id, span.span_id = TRACE, span_id(number)
         if parent is not None:
             span.parent_span_id = span_id(parent)
-        span.name = "span"
+        span.name = name
         span.start_time_unix_nano, span.end_time_unix_nano = start, end
         for key, value in attributes.items():
             attribute = span.attributes.add()
@@ -283,6 +294,89 @@ def test_a_remote_run_is_kept_as_one_across_the_state_record():
     old = {**record, "runs": [run[:7] for run in record["runs"]]}
     del old["services"]
     assert not any(run.twin for run in AgentTree.from_record(old).runs)
+
+
+A2A_HANDLER = "a2a.server.request_handlers.default_request_handler_v2.DefaultRequestHandlerV2"
+
+
+def a2a_pingpong(hops: int) -> Spans:
+    """Two a2a-sdk services asking each other, `hops` requests nested (each open until the
+    innermost answers), the trace carried across: each request's handler span (no attribute,
+    only its name) under the service's HTTP server span, under the caller's HTTP client span,
+    under the caller's handler. Each service exports its spans together, the HTTP spans first
+    (grouped by scope): so they come before the trace has any agent."""
+    spans = Spans()
+    base = 1_700_000_000 * SECOND
+    for service in ("billing", "triage"):
+        spans.service(f"{service}-service")
+        mine = [hop for hop in range(hops, 0, -1) if hop % 2 == (service == "billing")]
+        for hop in mine:  # the server's span, then the client's of the call it made
+            number, start, end = 10 * hop, base + 10 * hop, base + 1_000 - 10 * hop
+            spans.span(number + 1, number - 1 if hop > 1 else None, start + 1, end - 1)
+            spans.span(number + 9, number + 2, start + 8, end - 8)
+        spans.in_scope("a2a-python-sdk")
+        for hop in mine:
+            number, start, end = 10 * hop, base + 10 * hop, base + 1_000 - 10 * hop
+            spans.span(number + 2, number + 1, start + 2, end - 2, f"{A2A_HANDLER}.on_message_send")
+    return spans
+
+
+def test_an_a2a_request_handler_is_a_run_of_the_agent_its_service_names():
+    [decision] = records(guard().process(a2a_pingpong(9).request))
+    assert (decision["rule"], decision["depth"]) == ("delegation_depth", 6)
+    assert set(decision["agents"]) == {"billing-service", "triage-service"}
+    checked = guard(max_depth=None)
+    checked.process(a2a_pingpong(9).request)
+    [state] = checked.states.values()
+    assert state.agent_tree is not None
+    assert (state.agent_tree.started, state.agent_tree.deepest) == (9, 9)
+    copy = TraceState.from_dict(state.to_dict()).agent_tree
+    assert copy is not None and copy.to_record() == state.agent_tree.to_record()
+    assert all(run.handler for run in copy.runs)
+    assert records(guard().process(a2a_pingpong(5).request)) == []
+
+
+def test_only_a2a_sdks_handler_answering_a_message_is_a_run():
+    from spanguard.detection.conventions.adapt import adapt_span
+    from spanguard.detection.conventions.events import AgentRun
+
+    spans = Spans("a2a-python-sdk")
+    for number, method in enumerate(("on_message_send", "on_message_send_stream", "on_get_task")):
+        spans.span(number, None, 1, 2, f"{A2A_HANDLER}.{method}")
+    spans.span(3, None, 1, 2, "a2a.client.JsonRpcTransport.send_message")
+    spans.span(4, None, 1, 2, "on_message_send")
+    run, *others = (adapt_span(span, scope="a2a-python-sdk") for span in spans.scope.spans)
+    assert isinstance(run, AgentRun) and run.by_service and run.agent_name is None
+    assert others == [None] * 4
+    assert adapt_span(spans.scope.spans[0], scope="other") is None
+
+
+def served(handler_first: bool) -> Spans:
+    """A service (Google ADK's `to_a2a`) answering a request: a2a-sdk's handler span, its
+    agent's run inside it; exported in the order given."""
+    spans = Spans()
+    spans.service("billing-service")
+    base = 1_700_000_000 * SECOND
+    for step in (0, 1) if handler_first else (1, 0):
+        if step:
+            spans.in_scope("tests")
+            spans.agent(3, 2, "billing", base + 3, base + 7)
+            spans.span(2, 1, base + 2, base + 8)
+        else:
+            spans.in_scope("a2a-python-sdk")
+            spans.span(1, None, base + 1, base + 9, f"{A2A_HANDLER}.on_message_send")
+    return spans
+
+
+def test_a_handler_and_its_agents_run_inside_it_are_one_run_named_by_the_agent():
+    for handler_first in (True, False):
+        checked = guard(max_depth=1)
+        assert records(checked.process(served(handler_first).request)) == []
+        [state] = checked.states.values()
+        tree = state.agent_tree
+        assert tree is not None and (tree.started, tree.agent_names()) == (1, ["billing"])
+        copy = TraceState.from_bytes(state.to_bytes()).agent_tree
+        assert copy is not None and copy.to_record() == tree.to_record()
 
 
 def test_the_tree_is_kept_in_the_state_record_and_read_back():

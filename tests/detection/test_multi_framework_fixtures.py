@@ -5,8 +5,9 @@ scripted models (tests/fixtures/multi_agent/<framework>, made by tests/support/
 multi_frameworks.py), replayed by `spanguard replay` on the shipped defaults.
 
 Each fixture's agent tree is read here the way the conventions name agents (an `invoke_agent`
-span's `gen_ai.agent.name`, OpenInference's AGENT kind), so what each framework really shows of
-its agents is on record: names, nesting, how many."""
+span's `gen_ai.agent.name`, OpenInference's AGENT kind, a2a-sdk's request handler named by its
+service), so what each framework really shows of its agents is on record: names, nesting, how
+many."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from spanguard.detection.conventions.keys import AGENT_NAME, OPENINFERENCE_KIND, OPERATION
+from spanguard.detection.conventions.keys import (
+    A2A_HANDLER_CLASSES,
+    A2A_HANDLER_METHODS,
+    A2A_SCOPE,
+    AGENT_NAME,
+    OPENINFERENCE_KIND,
+    OPERATION,
+    SERVICE_NAME,
+)
 from tests.support.multi_frameworks import (
     A2A,
     A2A_HOPS,
@@ -105,13 +114,32 @@ def test_each_scenario_is_decided_as_expected(framework, instrumentation, scenar
         assert decision["span_id"] == handoffs(path)[expected.at - 1]["spanId"]
 
 
+def a2a_handler_runs(path: Path) -> dict[str, str]:
+    """{span id: its service} of the a2a-sdk request handler spans that are agent runs."""
+    found = {}
+    for resource in resources(path):
+        service = next(
+            attribute["value"]["stringValue"]
+            for attribute in resource["resource"]["attributes"]
+            if attribute["key"] == SERVICE_NAME
+        )
+        for scope in resource["scopeSpans"]:
+            if scope["scope"]["name"] != A2A_SCOPE:
+                continue
+            for span in scope["spans"]:
+                handler, method = span["name"].rsplit(".", 2)[-2:]
+                if handler in A2A_HANDLER_CLASSES and method in A2A_HANDLER_METHODS:
+                    found[span["spanId"]] = service
+    return found
+
+
 def agent_tree(path: Path) -> tuple[Counter[str | None], int, int]:
     """The agents a fixture holds as the conventions name them: (how many spans of each agent
     name, None where the span names none; the deepest nesting of agent spans; how many agent
-    spans are inside another's)."""
+    spans are inside another's). An a2a-sdk handler's run is named by its service."""
     every = spans(path)
     by_id = {span["spanId"]: span for span in every}
-    agents: dict[str, str | None] = {}
+    agents: dict[str, str | None] = dict(a2a_handler_runs(path))
     for span in every:
         values = attributes(span)
         operation = values.get(OPERATION, {}).get("stringValue")
@@ -167,8 +195,10 @@ TREES = {
             "delegation_depth_2": ({"a0": 1, "a1": 1, "a2": 1}, 3, 2),
         }.items()
     },
-    (A2A, "sdk", A2A_SCENARIO): ({}, 0, 0),
-    (A2A, "propagated", A2A_SCENARIO): ({}, 0, 0),
+    # a2a-sdk: a run per request a service answers (its handler's span, named by the service);
+    # carried across, the 9 nested requests are 9 runs nested in one another.
+    (A2A, "sdk", A2A_SCENARIO): ({"billing-service": 5, "triage-service": 4}, 1, 0),
+    (A2A, "propagated", A2A_SCENARIO): ({"billing-service": 5, "triage-service": 4}, 9, 8),
     # Google ADK over A2A: a host turn per handoff; each remote agent twice per request, the
     # caller's RemoteA2aAgent span beside the agent handing to it and the service's own span
     # inside that (the trace context carried by the httpx and ASGI instrumentations).

@@ -588,3 +588,24 @@ def test_without_the_scope_each_turn_counts_alone():
     # Two calls a turn, one fewer than the threshold (3): only the conversation reaches it.
     runs = [chat_turn(fleet, "chat-1", calls=2) for _ in range(4)]
     assert all(run.killed is None for run in runs) and fleet.decisions == []
+
+
+def test_a2a_sdks_handler_spans_reach_the_core_as_agent_runs():
+    """a2a-sdk's spans carry no attribute: its handler's (`on_message_send`) still reaches the
+    core, as a run of the service's agent; its other spans are skipped before encoding."""
+    fleet = Fleet()
+    tracer = fleet.provider.get_tracer("a2a-python-sdk")
+    handler = "a2a.server.request_handlers.default_request_handler_v2.DefaultRequestHandlerV2"
+
+    def answer(depth: int) -> None:  # a request asking the service again, 6 deep
+        with tracer.start_as_current_span(f"{handler}.on_message_send"):
+            with tracer.start_as_current_span("a2a.server.events.EventQueueSource.close"):
+                pass
+            if depth > 1:
+                answer(depth - 1)
+
+    answer(6)
+    [decision] = fleet.decisions
+    assert (decision.rule, decision.evidence.depth) == ("delegation_depth", 6)
+    assert decision.evidence.agents == ["support-bot"] * 6
+    assert fleet.processor.guard.stats.spans == 6

@@ -184,6 +184,17 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
     # The host's handoff to billing is from another agent: the cycle between the services
     # is complete at the 5th handoff, the 4th between them, while every request is still
     # open; the depth is known as the nested requests end.
+    # a2a-sdk's spans name no agent and no call to one: each request a service answers (its
+    # handler's span) is a run of the agent its `service.name` names, and the nested requests
+    # are agents nested 9 deep, over max_depth at the 6th. No span says whom a service asked,
+    # so there is no handoff for handoff_cycle. Each service's spans come together, triage's
+    # first: the chain is named as it stood at billing's 2nd run. Not carried across (`sdk`):
+    # each request a trace of its own, one run in each, nothing to decide.
+    ("a2a", "propagated", "pingpong"): Expect(
+        "delegation_depth",
+        agents=(*("triage-service",) * 3, "billing-service", "triage-service", "billing-service"),
+        depth=6,
+    ),
     ("google_adk_a2a", "capture", "pingpong"): Expect(
         "handoff_cycle",
         handoff="handoff to billing",

@@ -25,6 +25,7 @@ from spanguard.detection.conventions.events import (
 )
 from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.conventions.keys import (
+    A2A_SCOPE,
     ADK_MERGED_TOOLS,
     ADK_SCOPE,
     ADK_TRANSFER_ARGUMENT,
@@ -79,6 +80,7 @@ from spanguard.detection.conventions.kinds import (
     _is_tool_span,
     _other_kinds,
     _tool_span_name,
+    is_a2a_handler,
 )
 from spanguard.detection.conventions.turns import conversation_of, ends_with_user_message
 from spanguard.detection.conventions.values import (
@@ -236,7 +238,8 @@ def _adapt_one(
                     through = True
                     break
         if not through and span.name != "execute_tool":
-            return None
+            # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
+            return _a2a_handler_run(span) if scope == A2A_SCOPE else None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
@@ -519,6 +522,24 @@ def _agent_run(
         span.start_time_unix_nano,
         span.end_time_unix_nano,
         run_key,
+    )
+
+
+def _a2a_handler_run(span: Any) -> AgentRun | None:
+    """An a2a-sdk request handler's span answering one message (`on_message_send`; not the
+    streamed one, keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the
+    span names the agent, only the service's resource does: the guard names the run after
+    its `service.name`."""
+    if not is_a2a_handler(span.name):
+        return None
+    return AgentRun(
+        span.span_id,
+        span.parent_span_id,
+        None,
+        None,
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+        by_service=True,
     )
 
 

@@ -191,6 +191,9 @@ class AgentRun:
     # What names one run across several spans (LangGraph's subgraph namespace), or None: the
     # span is the run.
     run_key: str | None
+    # A service's answer to one request (a2a-sdk's request handler): the span names no agent,
+    # the service's resource does (the guard sets `agent_name` from it).
+    by_service: bool
 
     def __init__(
         self,
@@ -201,6 +204,7 @@ class AgentRun:
         start_time_unix_nano: int = 0,
         end_time_unix_nano: int = 0,
         run_key: str | None = None,
+        by_service: bool = False,
     ) -> None:
         self.span_id = span_id
         self.parent_span_id = parent_span_id
@@ -210,6 +214,7 @@ class AgentRun:
         self.end_time_unix_nano = end_time_unix_nano
         self.conversation_id = None
         self.run_key = run_key
+        self.by_service = by_service
 
 
 # What a span may be: one event, or (a LiteLLM proxy span) the tool calls its request answered

@@ -169,6 +169,16 @@ LANGGRAPH_PARENT_GRAPH: Final = "__parent__"
 ADK_SCOPE: Final = "gcp.vertex.agent"
 ADK_TRANSFER_TOOL: Final = "transfer_to_agent"
 ADK_TRANSFER_ARGUMENT: Final = "agent_name"
+# a2a-sdk's own spans (scope A2A_SCOPE) carry no attribute: the span that answers one request
+# is named `<module>.<handler class>.<method>` (its `trace_class`), and is one run of the agent
+# the service serves (conventions/adapt.py, _a2a_handler_run). The 1.x classes and the 0.x one.
+A2A_SCOPE: Final = "a2a-python-sdk"
+A2A_HANDLER_CLASSES: Final = frozenset(
+    {"DefaultRequestHandlerV2", "LegacyRequestHandler", "DefaultRequestHandler"}
+)
+# Not `on_message_send_stream`: its span ends as the stream is handed back, before any of the
+# answer, so it holds nothing of the run (the agent's spans sit beside it, not inside).
+A2A_HANDLER_METHODS: Final = frozenset({"on_message_send"})
 # OpenInference's handoff tool spans are named so ("handoff to billing").
 HANDOFF_TOOL_PREFIX: Final = "handoff to "
 # An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.

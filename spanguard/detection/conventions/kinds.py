@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Container
 
 from spanguard.detection.conventions.keys import (
+    A2A_HANDLER_CLASSES,
+    A2A_HANDLER_METHODS,
     AI_SDK_OPERATION,
     AI_SDK_TOOL_OPERATION,
     GENKIT_SUBTYPE,
@@ -77,3 +79,10 @@ def _is_spring_ai_tool(operation: str, attributes: AttributeMap) -> bool:
 def _genkit_operation(subtype: str) -> str:
     # A Genkit tool action reads as the AI SDK's tool operation; anything else as no tool.
     return AI_SDK_TOOL_OPERATION if subtype in GENKIT_TOOL_SUBTYPES else f"genkit:{subtype}"
+
+
+def is_a2a_handler(name: str) -> bool:
+    """Whether a span of a2a-sdk's scope (A2A_SCOPE) is its request handler answering a
+    message, `<module>.<handler class>.on_message_send`: one run of the service's agent."""
+    head, _, method = name.rpartition(".")
+    return method in A2A_HANDLER_METHODS and head.rpartition(".")[2] in A2A_HANDLER_CLASSES
