@@ -13,6 +13,7 @@ it drops all of that unwritten.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from spanguard.streams.conversations import (
     ConversationCount,
     conversation_sends,
 )
-from spanguard.streams.delivery import Send, confirm, produce, send_all
+from spanguard.streams.delivery import Produced, Send, confirm, produce, send_all
 from spanguard.streams.faust_internals import event_context, group_coordinator, wrap_rebalance_start
 from spanguard.streams.fence import Lease
 from spanguard.streams.scope import evict_idle_states, settle_signals
@@ -159,7 +160,7 @@ class SpanAgent:
             write_back.release(events)
             return
         self.worker.states.begin_batch()
-        sends, goal_sends = self.decide(events)
+        sends, goal_sends, handed = await self.decide(events)
         # Kill signals (and detections, dead letters) are acked within the batch; the records
         # that carry no decision are produced now and acked by the flush, before the messages
         # they came from (docs/design.md, "Records acked at the flush").
@@ -169,6 +170,8 @@ class SpanAgent:
         produced_deferred = await produce(deferred)
         if self.records_due():
             await write_back.send_scope_records()
+        urgent[:0] = [send for send, _ in handed]
+        produced_urgent[:0] = [produced for _, produced in handed]
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
@@ -213,18 +216,31 @@ class SpanAgent:
         split = bool(outcome.repartition) or outcome.dead_letter is not None
         self.outcomes.add(SpanCount.PACKS_REPARTITIONED if split else SpanCount.PACKS_DECIDED)
 
-    def decide(self, events: list[EventT]) -> tuple[list[Send], list[Send]]:
-        """What the batch's messages send: signals and records, and the goal checks."""
+    async def decide(
+        self, events: list[EventT]
+    ) -> tuple[list[Send], list[Send], list[tuple[Send, Produced]]]:
+        """What the batch's messages send: records, the goal checks, and the signals of each
+        decision, handed to the producer as soon as it is made (a kill early in a long batch is
+        on its way to the broker while the rest is decided; acked with the batch's)."""
         worker = self.worker
         sends: list[Send] = []
         goal_sends: list[Send] = []
+        handed: list[tuple[Send, Produced]] = []
         for event in events:
             message = event.message
             with event_context(event):
                 home = self.home_partition(message)
                 outcome = worker.pipeline.handle(message.key, message.value, home)
             self.count_pack(message, home, outcome)
-            sends.extend(worker.outbox.sends_for(outcome, message))
+            message_sends = worker.outbox.sends_for(outcome, message)
+            if outcome.decisions:
+                signals = [send for send in message_sends if not send.deferred]
+                handed.extend(zip(signals, await produce(signals), strict=True))
+                sends.extend(send for send in message_sends if send.deferred)
+                # The producer's sender writes them out while the batch goes on.
+                await asyncio.sleep(0)
+            else:
+                sends.extend(message_sends)
             if worker.recorder is not None:
                 worker.recorder.sourced(message)
             if worker.usage_recorder is not None:
@@ -237,7 +253,7 @@ class SpanAgent:
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
         if self.holding_since is None and self.holds_records():
             self.holding_since = time.monotonic()
-        return sends, goal_sends
+        return sends, goal_sends, handed
 
     # -- the scopes' records, held (its write-back's hooks) --------------------------------
 
