@@ -443,11 +443,13 @@ class WriteBack:
             return
         if self.flush_due() and self.flushing is None:
             await self._or_fail(self.flush(acks_in_background=True, in_steps=True))
-        # A flush's steps, while no batch runs: each step yields, so a batch that arrives
-        # starts after one step and the rest waits for its end.
+        # A flush's steps, while no batch runs, each followed by a pause as long: a message
+        # that arrives meanwhile reaches the agent (its batch waits a moment to fill, which a
+        # bare yield would not let pass) and its batch starts after one step; the rest waits
+        # for its end.
         while self.flushing is not None and not self.in_batch and self.lease.held():
             await self._or_fail(self.write_step())
-            await asyncio.sleep(0)
+            await asyncio.sleep(FLUSH_STEP_SECONDS)
 
     async def flush_outside_batch(self) -> None:
         await self._or_fail(self.flush())
