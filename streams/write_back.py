@@ -318,19 +318,21 @@ class WriteBack:
         if flushing.epoch != self.lease.epoch:
             return  # fenced since it began: the fence drops it with its messages (`drop_fenced`)
         try:
-            done = self.states.write_some(seconds)
+            # The step that writes the last state claims the flush's acks: another step under
+            # way (the timer's, awaiting its sends while a batch ended) finds nothing to ack.
+            last = self.states.write_some(seconds) and self.flushing is flushing
+            if last:
+                self.flushing = None
             await self.table.send_pending()
         except BaseException:
             self._abandon(flushing)
             raise
-        if done:
+        if last:
             await self._ack_when_durable(flushing)
 
     async def _ack_when_durable(self, flushing: _Flushing) -> None:
         """Every state of `flushing` sent: its messages are acked once the changelog records
         sent so far and its records are acked, awaited here or by a task of their own."""
-        if self.flushing is flushing:
-            self.flushing = None
         changelog = self.table.take_unconfirmed()
         acked = self._ack_once_durable(
             flushing.written, changelog, flushing.records, flushing.epoch, flushing.ack_timeout

@@ -180,3 +180,34 @@ def test_a_fence_during_a_flush_in_steps_writes_nothing_more_and_acks_nothing(
     asyncio.run(fenced_between_steps())
     assert not first.message.acked
     assert agent.write_back.written == []  # released to the next owner, never acked here
+
+
+def test_two_steps_under_way_at_once_ack_the_flush_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = span_agent_recording(tmp_path, Clock())
+    (first,) = taken(agent, agent.worker.settings.input_topic, [b"m0"])
+    table = agent.worker.table
+    send_pending = table.send_pending
+
+    async def slow_send_pending() -> None:
+        await asyncio.sleep(0.05)  # a producer under backpressure: the send yields
+        await send_pending()
+
+    async def steps_at_once() -> None:
+        batch_writing(agent, first, range(TRACES), last_seen=1.0)
+        await agent.write_back.flush(acks_in_background=True, in_steps=True)
+        monkeypatch.setattr(write_back, "FLUSH_STEP_SECONDS", 10.0)  # the next writes the rest
+        monkeypatch.setattr(table, "send_pending", slow_send_pending)
+        # The timer's step and a batch's end step, the second begun while the first sends.
+        await asyncio.gather(agent.write_back.write_step(), agent.write_back.write_step())
+        await asyncio.sleep(0.1)
+        # The second step found nothing left to write: it must not ack the flush's messages
+        # ahead of the changelog's acks of the first step's writes.
+        assert not first.message.acked
+        assert len(agent.write_back.acking) == 1
+        ack_changelog(agent)
+        await asyncio.wait_for(asyncio.gather(*agent.write_back.acking), 2)
+
+    asyncio.run(steps_at_once())
+    assert first.message.acked and len(agent.worker.table.data) == TRACES
