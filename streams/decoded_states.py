@@ -164,11 +164,6 @@ class DecodedStates(MutableMapping[str, TraceState]):
         writing = self._writing
         return len(writing) + sum(trace_id not in writing for trace_id in self._batch or ())
 
-    @property
-    def writing(self) -> bool:
-        """A flush under way has states left to write (`write_some`)."""
-        return bool(self._writing)
-
     def flush(self) -> None:
         """Write every state changed since the last flush, each once, to the partition of the
         last event that touched it; call it before those events' messages are acked. A
@@ -252,11 +247,9 @@ class DecodedStates(MutableMapping[str, TraceState]):
                     if trace_id is None:
                         break
                     examined += 1
-                    if self._batch and trace_id in self._batch:  # touched, not yet flushed
-                        index.put(trace_id, self._bucket(self._batch[trace_id].last_seen))
-                        continue
-                    if trace_id in self._writing:  # touched, being flushed
-                        index.put(trace_id, self._bucket(self._writing[trace_id][0].last_seen))
+                    unwritten = self._unwritten(trace_id)
+                    if unwritten is not None:  # touched, not yet written
+                        index.put(trace_id, self._bucket(unwritten.last_seen))
                         continue
                     key = trace_id.encode()
                     data = self.table.get(key)
@@ -304,11 +297,18 @@ class DecodedStates(MutableMapping[str, TraceState]):
             raise KeyError(trace_id)
         return state
 
-    def get(self, trace_id: str, default: TraceState | None = None) -> TraceState | None:  # type: ignore[override]
+    def _unwritten(self, trace_id: str) -> TraceState | None:
+        """The trace's state changed since the last flush, or taken by a flush and not yet
+        written: newer than the stored one."""
         if self._batch is not None and trace_id in self._batch:
             return self._batch[trace_id]
-        if trace_id in self._writing:
-            return self._writing[trace_id][0]
+        taken = self._writing.get(trace_id)
+        return None if taken is None else taken[0]
+
+    def get(self, trace_id: str, default: TraceState | None = None) -> TraceState | None:  # type: ignore[override]
+        unwritten = self._unwritten(trace_id)
+        if unwritten is not None:
+            return unwritten
         event = current_event()
         if event is not None and self._cache:
             # Taken out: the caller changes it in place, and only a flush makes that stored.

@@ -194,7 +194,8 @@ def test_a_trace_touched_by_many_batches_between_flushes_is_written_once() -> No
     assert read(states, TRACE, 3) == stored
 
 
-def test_an_unflushed_trace_is_not_evicted_on_its_stale_stored_state() -> None:
+@pytest.mark.parametrize("taken", [False, True], ids=["unflushed", "taken by a flush"])
+def test_a_trace_not_yet_written_is_not_evicted_on_its_stale_stored_state(taken: bool) -> None:
     table: dict[bytes, bytes] = {}
     states = DecodedStates(table, bucket_seconds=1.0, cache_size=10)
     touch(states, TRACE, 0, last_seen=10.0)
@@ -204,6 +205,8 @@ def test_an_unflushed_trace_is_not_evicted_on_its_stale_stored_state() -> None:
         assert state is not None
         state.last_seen = 100.0  # touched again, not flushed yet
         states[TRACE] = state
+    if taken:
+        states.start_flush()  # taken, not yet written: the store still says idle
     # The stale index entry (bucket 10) is examined; the stored state says idle, the open one
     # does not.
     assert states.evict_idle([event(0, 1)], cutoff=50.0, limit=256) == 0
@@ -253,12 +256,12 @@ def test_states_taken_by_a_flush_are_read_from_it_until_written() -> None:
     table: dict[bytes, bytes] = {}
     states = DecodedStates(table, cache_size=10)
     taken_for_writing(states, {TRACE: 0})
-    assert table == {} and states.writing and states.unflushed == 1
+    assert table == {} and states.unflushed == 1
     state = read(states, TRACE, 0)
     assert state is not None and state.last_seen == 1.0  # not a miss, not the store's
     assert states.write_some(None) is True
     assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 1.0
-    assert not states.writing and states.unflushed == 0
+    assert states.unflushed == 0
 
 
 def test_a_step_writes_some_and_the_rest_waits_for_the_next() -> None:
@@ -286,22 +289,6 @@ def test_states_left_unwritten_by_a_flush_go_with_a_revocation_a_drop_or_a_delet
 
     taken_for_writing(states, {TRACE: 1, other: 2})
     states.drop_unflushed()  # a batch failed: nothing since the last flush is written
-    assert not states.writing
+    assert states.unflushed == 0
     states.write_some(None)
     assert table == {}
-
-
-def test_a_trace_being_written_is_not_evicted_on_its_stale_stored_state() -> None:
-    table: dict[bytes, bytes] = {}
-    states = DecodedStates(table, bucket_seconds=1.0, cache_size=10)
-    touch(states, TRACE, 0, last_seen=10.0)
-    states.begin_batch()
-    with event_context(event(0, 1)):
-        state = states.get(TRACE)
-        assert state is not None
-        state.last_seen = 100.0
-        states[TRACE] = state
-    states.start_flush()  # taken, not yet written: the store still says idle
-    assert states.evict_idle([event(0, 1)], cutoff=50.0, limit=256) == 0
-    states.write_some(None)
-    assert TraceState.from_bytes(table[TRACE.encode()]).last_seen == 100.0
