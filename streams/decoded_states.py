@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # Seconds of a batch eviction may take at most, whatever the store's speed.
 EVICT_BUDGET = 0.005
 # States `write_some` encodes between two looks at the clock.
-WRITES_PER_CLOCK_READ = 16
+WRITES_PER_CLOCK_READ = 8
 
 
 class DecodedStates(MutableMapping[str, TraceState]):

@@ -72,7 +72,7 @@ log = logging.getLogger("spanguard.worker")
 FLUSH_CHECK_INTERVAL = 0.1
 # Seconds of encoding and storing states a flush step takes (`WriteBack.write_step`): a kill
 # that arrives during a flush waits for one step.
-FLUSH_STEP_SECONDS = 0.005
+FLUSH_STEP_SECONDS = 0.002
 # Seconds a flush waits for its changelog acks on a stop, before leaving them unacked (decided
 # again after the restart); running, it waits as long as the lease holds.
 CHANGELOG_ACK_TIMEOUT = 10.0

@@ -63,7 +63,8 @@ SENT: list[asyncio.Future] = []
 
 @pytest.fixture(autouse=True)
 def smallest_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A step stops at the first look at the clock: 16 states, however fast the machine.
+    # A step stops at the first look at the clock (`WRITES_PER_CLOCK_READ` states), however
+    # fast the machine.
     monkeypatch.setattr(write_back, "FLUSH_STEP_SECONDS", 0.0)
     SENT.clear()
 
