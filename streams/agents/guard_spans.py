@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import faust
 from faust.types import TP, EventT
@@ -62,6 +62,17 @@ class SpanCount(CountedOutcome):
     # to be or held traces of other partitions (a Collector or worker with another count).
     PACKS_DECIDED = "packs_decided"
     PACKS_REPARTITIONED = "packs_repartitioned"
+
+
+class Decided(NamedTuple):
+    """What a batch's messages send: the records still to produce, the goal checks, and what
+    was handed to the producer as each message was decided (a decision's signals, a split
+    message's packs), with their deliveries."""
+
+    sends: list[Send]
+    goal_sends: list[Send]
+    signals: list[tuple[Send, Produced]]
+    packs: list[tuple[Send, Produced]]
 
 
 class SpanAgent:
@@ -160,7 +171,7 @@ class SpanAgent:
             write_back.release(events)
             return
         self.worker.states.begin_batch()
-        sends, goal_sends, handed = await self.decide(events)
+        sends, goal_sends, signals, packs = await self.decide(events)
         # Kill signals (and detections, dead letters) are acked within the batch; the records
         # that carry no decision are produced now and acked by the flush, before the messages
         # they came from (docs/design.md, "Records acked at the flush").
@@ -168,10 +179,12 @@ class SpanAgent:
         deferred = [send for send in sends if send.deferred]
         produced_urgent = await produce(urgent)  # first: no kill queues behind the packs
         produced_deferred = await produce(deferred)
+        deferred[:0] = [send for send, _ in packs]
+        produced_deferred[:0] = [produced for _, produced in packs]
         if self.records_due():
             await write_back.send_scope_records()
-        urgent[:0] = [send for send, _ in handed]
-        produced_urgent[:0] = [produced for _, produced in handed]
+        urgent[:0] = [send for send, _ in signals]
+        produced_urgent[:0] = [produced for _, produced in signals]
         failed = await confirm(urgent, produced_urgent)
         if epoch != self.lease.epoch:
             return  # fenced while sending: what it decided is dropped unwritten, unacked
@@ -216,16 +229,15 @@ class SpanAgent:
         split = bool(outcome.repartition) or outcome.dead_letter is not None
         self.outcomes.add(SpanCount.PACKS_REPARTITIONED if split else SpanCount.PACKS_DECIDED)
 
-    async def decide(
-        self, events: list[EventT]
-    ) -> tuple[list[Send], list[Send], list[tuple[Send, Produced]]]:
-        """What the batch's messages send: records, the goal checks, and the signals of each
-        decision, handed to the producer as soon as it is made (a kill early in a long batch is
-        on its way to the broker while the rest is decided; acked with the batch's)."""
+    async def decide(self, events: list[EventT]) -> Decided:
+        """What the batch's messages send. A decision's signals are handed to the producer as
+        soon as it is made (a kill early in a long batch is on its way to the broker while the
+        rest is decided; acked with the batch's), and so are a split message's packs."""
         worker = self.worker
         sends: list[Send] = []
         goal_sends: list[Send] = []
-        handed: list[tuple[Send, Produced]] = []
+        signals: list[tuple[Send, Produced]] = []
+        packs: list[tuple[Send, Produced]] = []
         for event in events:
             message = event.message
             with event_context(event):
@@ -234,10 +246,17 @@ class SpanAgent:
             self.count_pack(message, home, outcome)
             message_sends = worker.outbox.sends_for(outcome, message)
             if outcome.decisions:
-                signals = [send for send in message_sends if not send.deferred]
-                handed.extend(zip(signals, await produce(signals), strict=True))
+                urgent = [send for send in message_sends if not send.deferred]
+                signals.extend(zip(urgent, await produce(urgent), strict=True))
                 sends.extend(send for send in message_sends if send.deferred)
                 # The producer's sender writes them out while the batch goes on.
+                await asyncio.sleep(0)
+            elif outcome.repartition:
+                # A split message's packs likewise: decided where they land while this batch
+                # goes on (acked by the flush, as the batch's other records are).
+                parts = [send for send in message_sends if send.deferred]
+                packs.extend(zip(parts, await produce(parts), strict=True))
+                sends.extend(send for send in message_sends if not send.deferred)
                 await asyncio.sleep(0)
             else:
                 sends.extend(message_sends)
@@ -253,7 +272,7 @@ class SpanAgent:
                 goal_sends.append(Send(worker.goal_checks, goal, source=message))
         if self.holding_since is None and self.holds_records():
             self.holding_since = time.monotonic()
-        return sends, goal_sends, handed
+        return Decided(sends, goal_sends, signals, packs)
 
     # -- the scopes' records, held (its write-back's hooks) --------------------------------
 

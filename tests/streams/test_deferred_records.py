@@ -23,12 +23,15 @@ from spanguard.detection.agent_budget import AgentUsage
 from spanguard.detection.conversation import ConversationCall
 from spanguard.schemas.policy import Policy
 from spanguard.streams.agent_windows import AgentWindowCount, encode_usage
+from spanguard.streams.agents import guard_spans
 from spanguard.streams.agents.guard_agent_windows import AgentWindowsAgent
 from spanguard.streams.agents.guard_spans import SpanAgent
 from spanguard.streams.app import agent_window_states, build_worker, faust_app
 from spanguard.streams.delivery import Send
 from spanguard.streams.fence import Lease
+from tests.detection.test_conversation import turn
 from tests.support.leases import SESSION, Clock, batch_frozen_then_revoked, wait_empty
+from tests.support.spans import encode
 
 KEY = "ab" * 32
 BUDGET = {"defaults": {"agent_budget": {"tokens": 100, "window": 3600}}}
@@ -97,6 +100,45 @@ def test_a_message_is_acked_only_once_the_records_it_sent_are_acked(tmp_path: Pa
     asyncio.run(batch_then_flush())
     assert all(event.message.acked for event in events)
     assert agent.write_back.deferred == [] and agent.write_back.held == []
+
+
+def test_a_split_message_hands_its_packs_over_before_the_next_message_is_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unkeyed messages of several traces each are split into packs for the repartition topic:
+    # each message's go to the producer as it is split, so they are on their way (and decided
+    # where they land) while the rest of the batch is split.
+    agent = span_agent(tmp_path, Clock())
+    values = [
+        encode([*turn(None).finished(), *turn(None).finished()]).SerializeToString()
+        for _ in range(3)
+    ]
+    events = taken(agent, agent.worker.settings.input_topic, values, key=b"")
+    steps: list[str] = []
+    handle = agent.worker.pipeline.handle
+
+    def handling(key, value, home):  # type: ignore[no-untyped-def]
+        steps.append("split")
+        return handle(key, value, home)
+
+    async def producing(sends: list[Send]) -> list[asyncio.Future]:
+        steps.extend("pack" for send in sends if send.topic is agent.worker.outbox.repartition)
+        return [asyncio.get_running_loop().create_future() for _ in sends]
+
+    monkeypatch.setattr(agent.worker.pipeline, "handle", handling)
+    monkeypatch.setattr(guard_spans, "produce", producing)
+
+    async def decide() -> list[tuple[Send, object]]:
+        agent.worker.states.begin_batch()
+        return (await agent.decide(events)).packs
+
+    packed = asyncio.run(decide())
+    assert steps.count("split") == 3 and packed
+    assert len(packed) == steps.count("pack")
+    # Every message's packs were handed over before the next message was split.
+    assert steps[0] == "split" and steps[-1] == "pack"
+    runs = "".join("s" if step == "split" else "p" for step in steps)
+    assert runs.count("sp") == 3, runs
 
 
 def test_a_flush_whose_acks_wait_in_the_background_acks_its_messages_only_after_them(
