@@ -30,7 +30,7 @@ from tests.support.kafka_harness import (
 pytestmark = pytest.mark.kafka
 
 STEP_DELAY = 0.3  # seconds each agent "thinks" between tool calls
-# The pipeline (agent export 50 ms + Collector batch 40 ms + Kafka + worker) must deliver the
+# The pipeline (agent export 50 ms + Collector batch 20 ms + Kafka + worker) must deliver the
 # kill before the support agent's 5th call: its 3rd identical call trips the rule, and the
 # signal may take up to two think-times (0.6 s) to arrive.
 MAX_CALLS_BEFORE_KILL = 4
