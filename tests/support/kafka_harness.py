@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from spanguard.config.kafka_security import KafkaSecurity
 
@@ -447,15 +447,32 @@ def producer(cluster: Cluster | None = None) -> Producer:
     return _SHARED_PRODUCER[0]
 
 
+# What a broker answers while a partition's leader moves or is not yet known to it (a topic
+# just created, a broker busy): the same question a moment later gets the offset.
+LEADER_MOVING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
 def end_offsets(topic: str, partitions: int, cluster: Cluster | None = None) -> list[int]:
     consumer = Consumer((cluster or CLUSTER).config(**{"group.id": f"probe-{uuid.uuid4().hex}"}))
     try:
-        return [
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        ]
+        return [high_watermark(consumer, TopicPartition(topic, p)) for p in range(partitions)]
     finally:
         consumer.close()
+
+
+def high_watermark(consumer: Consumer, partition: TopicPartition, attempts: int = 5) -> int:
+    for attempt in range(1, attempts + 1):
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout=10)[1])
+        except KafkaException as exc:
+            if attempt == attempts or exc.args[0].code() not in LEADER_MOVING:
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def run_script(name: str, options: list[str], args: tuple[str, ...], timeout: float) -> str:
