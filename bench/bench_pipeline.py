@@ -110,6 +110,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -2247,6 +2248,7 @@ def phase_fleet(run: Run) -> None:
             "fleet_decision_p99_ms": fleet.p99,
             "fleet_decision_ms": times,
             "fleet_incidents_expected": fleet.failing,
+            "fleet_incidents_crossed": fleet.crossed,
             "fleet_incidents_opened": fleet.opened,
             "fleet_other_incident_records": fleet.others,
             "fleet_tool_call_records": fleet.tool_call_records,
@@ -2482,7 +2484,14 @@ def print_core_rate(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop_on_sigterm(signum: int, _frame: object) -> None:
+    # A benchmark stopped with kill runs its clean-up as Ctrl-C does: a worker or Collector
+    # left running would skew the next run.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     run = Run(parse_args(argv), started=time.monotonic())
     if run.args.core_rate:
         return print_core_rate(run.args)

@@ -39,9 +39,11 @@ def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys
     assert result["scopes_tool_off_spans_per_s"] > 0
     # The fleet phase: one incident per failing tool, timed from its crossing.
     assert "fleet incident p99 within a step (30 s):" in targets
+    fleet = next(line for line in out.splitlines() if line.startswith("fleet decision time"))
     assert result["fleet_incidents_expected"] == 2
-    assert result["fleet_incidents_opened"] == 2
-    assert len(result["fleet_decision_ms"]) == 2
+    assert result["fleet_incidents_crossed"] == 2, fleet  # every failing tool was posted
+    assert result["fleet_incidents_opened"] == 2, fleet
+    assert len(result["fleet_decision_ms"]) == 2, fleet
     assert result["fleet_tool_call_records"] > 0
     if compiled:
         assert "compiled packed >= 0.25 of compiled core:" in targets
