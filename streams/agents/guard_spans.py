@@ -245,19 +245,10 @@ class SpanAgent:
                 outcome = worker.pipeline.handle(message.key, message.value, home)
             self.count_pack(message, home, outcome)
             message_sends = worker.outbox.sends_for(outcome, message)
-            if outcome.decisions:
-                urgent = [send for send in message_sends if not send.deferred]
-                signals.extend(zip(urgent, await produce(urgent), strict=True))
-                sends.extend(send for send in message_sends if send.deferred)
-                # The producer's sender writes them out while the batch goes on.
-                await asyncio.sleep(0)
-            elif outcome.repartition:
-                # A split message's packs likewise: decided where they land while this batch
-                # goes on (acked by the flush, as the batch's other records are).
-                parts = [send for send in message_sends if send.deferred]
-                packs.extend(zip(parts, await produce(parts), strict=True))
-                sends.extend(send for send in message_sends if not send.deferred)
-                await asyncio.sleep(0)
+            if outcome.decisions:  # its signals now, acked with the batch's
+                sends.extend(await hand_over(message_sends, signals, deferred=False))
+            elif outcome.repartition:  # its packs now, acked by the flush
+                sends.extend(await hand_over(message_sends, packs, deferred=True))
             else:
                 sends.extend(message_sends)
             if worker.recorder is not None:
@@ -333,6 +324,18 @@ class SpanAgent:
     def evict_idle(self, events: list[EventT]) -> None:
         worker, ttl = self.worker, self.worker.settings.state_ttl
         evict_idle_states(worker.states, events, worker.guard.clock() - ttl, "traces", ttl=ttl)
+
+
+async def hand_over(
+    sends: list[Send], handed: list[tuple[Send, Produced]], *, deferred: bool
+) -> list[Send]:
+    """Hand the `sends` whose `deferred` is as given to the producer now, each with its
+    delivery appended to `handed`, and yield, so the producer's sender writes them while the
+    batch goes on; return the others, produced with the batch's."""
+    now = [send for send in sends if send.deferred == deferred]
+    handed.extend(zip(now, await produce(now), strict=True))
+    await asyncio.sleep(0)
+    return [send for send in sends if send.deferred != deferred]
 
 
 def _lost_signal(decision: Decision) -> tuple[str, dict[str, Any]]:
