@@ -134,8 +134,9 @@ class AgentTree:
         self.links_dropped = 0  # spans beyond MAX_LINKS: not kept
         # (call key, the agent handed to) of the handoffs since the last new work, oldest first.
         self.handoffs: list[tuple[CallKey, str]] = []
-        # (call key, the agent handing) of the last transfer that named no agent to hand to.
-        self.unresolved: tuple[CallKey, str] | None = None
+        # (call key, the agent handing, the first other agent seen since: the one handed to)
+        # of the last transfer that named no agent to hand to.
+        self.unresolved: tuple[CallKey, str, str | None] | None = None
         self.services: list[str] = []  # the services of the runs, in the order first seen
 
     def add_run(self, run: AgentRun, service: str | None = None) -> bool:
@@ -323,16 +324,31 @@ class AgentTree:
         if len(handoffs) > MAX_HANDOFFS:
             del handoffs[: len(handoffs) - MAX_HANDOFFS]
 
+    def saw_agent(self, name: str) -> None:
+        """A span of agent `name`: the first agent other than the one that made a transfer
+        naming no agent, seen after that transfer, is the agent it handed to."""
+        unresolved = self.unresolved
+        if unresolved is not None and unresolved[2] is None and name != unresolved[1]:
+            self.unresolved = (unresolved[0], unresolved[1], name)
+
     def add_transfer(self, key: CallKey, from_agent: str) -> CallKey | None:
         """A transfer that names no agent (Google ADK without content capture): the agent it
-        hands to is the one making the next transfer, so the one before it is placed now as
-        "handoff to <this agent>", keyed by both agents. Returns that handoff's key, or None."""
-        before, self.unresolved = self.unresolved, (key, from_agent)
+        hands to is the first other agent seen after it (`saw_agent`), else the one making the
+        next transfer; the one before this one is placed now as "handoff to <that agent>",
+        keyed by both agents. Returns that handoff's key, or None. A host routing each turn
+        makes every transfer itself: the agent its transfer reached is the one seen between.
+        One whose agent is not known (no other agent seen, the same agent transferring
+        again) is no handoff, and the handoffs before it are no loop."""
+        before, self.unresolved = self.unresolved, (key, from_agent, None)
         if before is None:
             return None
-        (_tool, digest, result), _from = before
-        resolved = (f"handoff to {from_agent}", digest, result)
-        self.add_handoff(resolved, from_agent)
+        (_tool, digest, result), by_agent, seen = before
+        to_agent = seen or from_agent
+        if to_agent == by_agent:
+            self.handoffs.clear()
+            return None
+        resolved = (f"handoff to {to_agent}", digest, result)
+        self.add_handoff(resolved, to_agent)
         return resolved
 
     def call_without_content(self) -> None:
@@ -409,11 +425,7 @@ class AgentTree:
                 if self.links
                 else {}
             ),
-            **(
-                {"unresolved": [list(self.unresolved[0]), self.unresolved[1]]}
-                if self.unresolved is not None
-                else {}
-            ),
+            **self._unresolved_record(),
         }
 
     @classmethod
@@ -444,8 +456,21 @@ class AgentTree:
         tree.links_dropped = int(record.get("links_dropped", 0))
         if "unresolved" in record:
             (tool, digest, result), from_agent = record["unresolved"]
-            tree.unresolved = ((str(tool), digest, result), str(from_agent))
+            seen = record.get("unresolved_to")
+            to_agent = str(seen) if seen is not None else None
+            tree.unresolved = ((str(tool), digest, result), str(from_agent), to_agent)
         return tree
+
+    def _unresolved_record(self) -> dict[str, Any]:
+        """The unresolved transfer, and the agent seen after it under a key of its own (a
+        worker that does not know it reads the rest)."""
+        if self.unresolved is None:
+            return {}
+        key, from_agent, seen = self.unresolved
+        record: dict[str, Any] = {"unresolved": [list(key), from_agent]}
+        if seen is not None:
+            record["unresolved_to"] = seen
+        return record
 
 
 def _level(outer: PlacedRun, inner: PlacedRun) -> int:

@@ -513,6 +513,9 @@ class Guard:
             return self._on_agent_run(trace_id, state, event, resource)
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
+        tree = state.agent_tree
+        if tree is not None and tree.unresolved is not None and event.agent_name:
+            tree.saw_agent(event.agent_name)  # the agent a nameless transfer handed to
         if event.conversation_id is not None and event.conversation_id != state.conversation_id:
             self._join_conversation(trace_id, state, event.conversation_id)
         user_turn = 0 if isinstance(event, ToolCall) else event.user_turn
@@ -710,6 +713,8 @@ class Guard:
         if run.by_service and run.agent_name is None and resource is not None:
             # A service's answer to a request (a2a-sdk's): only its service names the agent.
             run.agent_name = resource.service
+        if tree.unresolved is not None and run.agent_name:
+            tree.saw_agent(run.agent_name)
         started = tree.started
         if not tree.add_run(run, resource.service if resource is not None else None):
             if tree.started == started:

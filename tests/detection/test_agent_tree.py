@@ -475,6 +475,42 @@ def test_adk_transfers_without_arguments_hand_to_the_next_transferring_agent():
     assert records(guard().process(spans.request)) == []
 
 
+def routed_turns(remote_agents: list[str]) -> Spans:
+    """A host handing each turn to a remote agent with content capture off (Google ADK over
+    A2A): every transfer is the host's, the remote agent's run between them."""
+    spans = Spans("gcp.vertex.agent")
+    for turn, remote in enumerate(remote_agents):
+        at = 10 * turn * SECOND
+        adk_transfer(spans, 3 * turn, "host", at)
+        spans.agent(3 * turn + 1, None, remote, at + 2, at + SECOND)
+        spans.span(3 * turn + 2, None, at + 2 * SECOND, at + 2 * SECOND + 1,
+                   gen_ai__operation__name="generate_content", gen_ai__agent__name="host")  # fmt: skip
+    return spans
+
+
+def test_a_transfer_naming_no_agent_hands_to_the_agent_seen_after_it():
+    # A host routing each turn to another agent is no cycle (each transfer is the host's).
+    assert records(guard().process(routed_turns(["billing", "refunds", "shipping"]).request)) == []
+    # Routing the task back and forth is: known at the host's 5th transfer.
+    spans = routed_turns(["billing", "triage"] * 4)
+    [decision] = records(guard().process(spans.request))
+    assert (decision["rule"], decision["span_id"], decision["tool_name"]) == (
+        "handoff_cycle", span_id(3 * 4).hex(), "handoff to triage",
+    )  # fmt: skip
+    assert decision["agents"] == ["billing", "triage", "billing", "triage"]
+    # The same agent transferring again with no other agent seen between: whom its transfer
+    # reached is not known, so it is no handoff and the handoffs before it are no loop.
+    spans = Spans("gcp.vertex.agent")
+    for number in range(8):
+        adk_transfer(spans, number, "host", number * SECOND)
+    assert records(guard().process(spans.request)) == []
+    tree = AgentTree()
+    tree.add_handoff(("handoff to billing", None, None), "billing")
+    assert tree.add_transfer(("transfer_to_agent", None, None), "host") is None
+    assert tree.add_transfer(("transfer_to_agent", None, None), "host") is None
+    assert tree.handoffs == []
+
+
 def test_a_run_key_and_an_unresolved_transfer_are_kept_in_the_state_record():
     checked = guard()
     spans = Spans("gcp.vertex.agent")
@@ -487,6 +523,13 @@ def test_a_run_key_and_an_unresolved_transfer_are_kept_in_the_state_record():
     for copy in (TraceState.from_bytes(state.to_bytes()), TraceState.from_dict(state.to_dict())):
         assert copy.agent_tree is not None
         assert copy.agent_tree.to_record() == tree.to_record()
+    # The agent seen after it (the one it handed to) is kept too.
+    spans = Spans("gcp.vertex.agent")
+    spans.agent(3, None, "billing", 3 * SECOND, 4 * SECOND)
+    checked.process(spans.request)
+    assert tree.unresolved is not None and tree.unresolved[2] == "billing"
+    copy = TraceState.from_bytes(state.to_bytes())
+    assert copy.agent_tree is not None and copy.agent_tree.unresolved == tree.unresolved
 
 
 def test_the_spans_between_agents_say_what_is_nested_not_time():

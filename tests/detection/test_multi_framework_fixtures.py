@@ -11,6 +11,7 @@ many."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -163,6 +164,7 @@ def agent_tree(path: Path) -> tuple[Counter[str | None], int, int]:
 # (`call_agent`), none naming the agent (its name is only the graph node's, in `metadata`).
 # Google ADK: `transfer_to_agent` starts the next agent beside the first (no nesting), an
 # agent called as a tool runs inside the caller's span.
+ROUTED = {"host": 3, "billing": 2, "refunds": 2, "shipping": 2}
 TREES = {
     ("langgraph", "openinference", "handoff_pingpong"): ({None: 25}, 2, 8),
     ("langgraph", "openinference", "handoff_chain"): ({None: 9}, 2, 4),
@@ -205,10 +207,24 @@ TREES = {
     (ADK_A2A, "capture", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 2, 8),
     (ADK_A2A, "capture", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 10, 17),
     (ADK_A2A, "capture", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 3, 3),
+    (ADK_A2A, "capture", "routing_chain"): (ROUTED, 2, 3),
+    (ADK_A2A, "off", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 2, 8),
+    (ADK_A2A, "off", "routing_chain"): (ROUTED, 2, 3),
+    (ADK_A2A, "off", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 10, 17),
+    (ADK_A2A, "off", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 3, 3),
     # Not propagated: each request a service answers a trace of its own, nothing nested.
     (ADK_A2A, "unpropagated", "routing_pingpong"): ({"host": 8, "billing": 8, "triage": 8}, 1, 0),
     (ADK_A2A, "unpropagated", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 1, 0),
     (ADK_A2A, "unpropagated", "handoff_chain"): ({"host": 1, "billing": 2, "refunds": 2}, 1, 0),
+    (ADK_A2A, "unpropagated", "routing_chain"): (ROUTED, 1, 0),
+    (ADK_A2A, "unpropagated_off", "routing_pingpong"): (
+        {"host": 8, "billing": 8, "triage": 8}, 1, 0
+    ),
+    (ADK_A2A, "unpropagated_off", "routing_chain"): (ROUTED, 1, 0),
+    (ADK_A2A, "unpropagated_off", "pingpong"): ({"host": 1, "billing": 10, "triage": 8}, 1, 0),
+    (ADK_A2A, "unpropagated_off", "handoff_chain"): (
+        {"host": 1, "billing": 2, "refunds": 2}, 1, 0
+    ),
 }  # fmt: skip
 
 
@@ -248,12 +264,13 @@ def test_a2a_carries_the_trace_only_through_http_instrumentation():
     assert len({span["traceId"] for span in answered}) == 1
 
 
+@pytest.mark.parametrize("instrumentation", ["capture", "off"])
 @pytest.mark.parametrize("scenario", ADK_A2A_SCENARIOS)
-def test_adk_over_a2a_is_one_trace_across_the_services(scenario):
+def test_adk_over_a2a_is_one_trace_across_the_services(scenario, instrumentation):
     """The host's and every service's spans of one request share the host's trace: the
     httpx instrumentation carries the context out of the caller (RemoteA2aAgent's A2A
     client), the ASGI one into the service (`to_a2a`'s app); no span has a link."""
-    path = path_of(FIXTURES, ADK_A2A, "capture", scenario)
+    path = path_of(FIXTURES, ADK_A2A, instrumentation, scenario)
     assert len({span["traceId"] for span in spans(path)}) == 1
     assert not any(span.get("links") for span in spans(path))
     services = {
@@ -266,12 +283,13 @@ def test_adk_over_a2a_is_one_trace_across_the_services(scenario):
     assert ADK_A2A_HOST in ADK_A2A_SCENARIOS[scenario]
 
 
+@pytest.mark.parametrize("instrumentation", ["unpropagated", "unpropagated_off"])
 @pytest.mark.parametrize("scenario", ADK_A2A_SCENARIOS)
-def test_adk_over_a2a_without_the_trace_carried_is_a_trace_per_request(scenario):
+def test_adk_over_a2a_without_the_trace_carried_is_a_trace_per_request(scenario, instrumentation):
     """Without the httpx and ASGI instrumentations neither ADK nor a2a-sdk carries the trace
     context, or links a service's trace to its caller's: each request a service answers is a
     trace of its own, and its agent runs in it."""
-    path = path_of(FIXTURES, ADK_A2A, "unpropagated", scenario)
+    path = path_of(FIXTURES, ADK_A2A, instrumentation, scenario)
     every = spans(path)
     ids = {span["spanId"] for span in every}
     answered = [
@@ -329,3 +347,22 @@ def installed_in(python: str, modules: list[str]) -> bool:
         return True
     check = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True)
     return check.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("instrumentation", "named"),
+    [("capture", True), ("off", False), ("unpropagated", True), ("unpropagated_off", False)],
+)
+def test_adk_over_a2a_transfers_name_their_agent_only_with_content(instrumentation, named):
+    """ADK's default records no tool arguments: a transfer then names no agent, and the guard
+    works out whom it handed to from the spans that follow it (AgentTree.saw_agent)."""
+    path = path_of(FIXTURES, ADK_A2A, instrumentation, "routing_chain")
+    transfers = handoffs(path)
+    assert len(transfers) == 3
+    arguments = [attributes(span).get("gen_ai.tool.call.arguments") for span in transfers]
+    if named:
+        assert [json.loads(a["stringValue"])["agent_name"] for a in arguments] == [
+            "billing", "refunds", "shipping"
+        ]  # fmt: skip
+    else:
+        assert arguments == [None, None, None]

@@ -181,6 +181,10 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
     # Without the trace carried, the host's trace still holds its handoffs (and the
     # RemoteA2aAgent runs: 16); each service's request is a trace of its own.
     ("google_adk_a2a", "unpropagated", "routing_pingpong"): ADK_PINGPONG,
+    # Without content a transfer names no agent: the host's transfer handed to the remote agent
+    # whose spans come next (AgentTree.saw_agent), known at the host's next transfer.
+    ("google_adk_a2a", "off", "routing_pingpong"): replace(ADK_PINGPONG, at=5),
+    ("google_adk_a2a", "unpropagated_off", "routing_pingpong"): replace(ADK_PINGPONG, at=5),
     # The host's handoff to billing is from another agent: the cycle between the services
     # is complete at the 5th handoff, the 4th between them, while every request is still
     # open; the depth is known as the nested requests end.
@@ -199,6 +203,13 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
         "handoff_cycle",
         handoff="handoff to billing",
         at=5,
+        agents=("triage", "billing") * 2,
+        then=("delegation_depth",),
+    ),
+    ("google_adk_a2a", "off", "pingpong"): Expect(
+        "handoff_cycle",
+        handoff="handoff to billing",
+        at=6,
         agents=("triage", "billing") * 2,
         then=("delegation_depth",),
     ),
@@ -560,6 +571,13 @@ ADK_A2A_SCENARIOS: dict[str, dict[str, list[Step]]] = {
         "billing": [Step(handoff="triage")] * (A2A_HOPS // 2),
         "triage": [Step(handoff="billing")] * (A2A_HOPS // 2),
     },
+    # A healthy routing: the host hands each turn to another service, which answers.
+    "routing_chain": {
+        ADK_A2A_HOST: [Step(handoff="billing"), Step(handoff="refunds"), Step(handoff="shipping")],
+        "billing": [answer("inv-1 was charged twice: refunds can return one.")],
+        "refunds": [answer("Refund r-1 issued: shipping holds the order.")],
+        "shipping": [answer("The order ships tomorrow.")],
+    },
     # A healthy chain: billing looks the invoice up and hands to refunds, which refunds it.
     "handoff_chain": {
         ADK_A2A_HOST: [Step(handoff="billing")],
@@ -810,13 +828,16 @@ class Framework:
 
 
 ADK_CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
-# Google ADK agents over A2A, with content captured (a transfer names its agent): the trace
-# context carried between the services by OpenTelemetry's httpx and ASGI instrumentations, or
-# not (ADK carries none of its own: each request a service answers is then a trace of its own)
+# Google ADK agents over A2A, with content captured (a transfer names its agent) or not: the
+# trace context carried between the services by OpenTelemetry's httpx and ASGI
+# instrumentations, or not (ADK carries none of its own: each request a service answers is
+# then a trace of its own)
 A2A_PROPAGATE = "SPANGUARD_FIXTURE_A2A_PROPAGATE"
 ADK_A2A_INSTRUMENTATIONS = {
     "capture": ADK_CAPTURE,
+    "off": {},  # ADK 2.x's default: a transfer's arguments not recorded
     "unpropagated": {**ADK_CAPTURE, A2A_PROPAGATE: "0"},
+    "unpropagated_off": {A2A_PROPAGATE: "0"},  # ADK's defaults, no HTTP instrumentation
 }
 FRAMEWORKS: dict[str, Framework] = {
     framework.name: framework

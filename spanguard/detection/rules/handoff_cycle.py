@@ -9,9 +9,10 @@ on the 3rd same handoff. Handoffs are this rule's: while it is on, tool_loop and
 handoff alone, so one trace gets one decision for one ping-pong (handoff_cycle's, which names
 the agents).
 
-A transfer that names no agent (Google ADK without content capture) hands to the agent making
-the next transfer, so its handoff is known then (AgentTree.add_transfer); between handoffs
-known so, a call whose arguments are not recorded may be new work, and breaks the cycle.
+A transfer that names no agent (Google ADK without content capture) hands to the first other
+agent seen after it, else to the agent making the next transfer; its handoff is known at that
+next transfer (AgentTree.add_transfer). Between handoffs known so, a call whose arguments are
+not recorded may be new work, and breaks the cycle.
 """
 
 from __future__ import annotations
