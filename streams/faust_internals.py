@@ -40,6 +40,7 @@ __all__ = [
     "fetcher_summary",
     "fetcher_tasks",
     "flow_control_queues",
+    "freeze_commits",
     "group_coordinator",
     "heartbeat_rejoining",
     "partition_fetch_state",
@@ -50,6 +51,7 @@ __all__ = [
     "set_fetch_max_wait",
     "set_read_offset",
     "stop_waiting_for",
+    "stop_waiting_for_topics",
     "store_databases",
     "store_index_key",
     "store_write",
@@ -214,6 +216,36 @@ def stop_waiting_for(app: Any, events: Iterable[Any]) -> int:
     for event in waited_on:
         unacked.discard(event.message)
     return len(waited_on)
+
+
+def stop_waiting_for_topics(app: Any, topics: Iterable[str]) -> int:
+    """Make Faust stop waiting for every message of `topics` it handed out and is waiting on
+    (`stop_waiting_for`, for messages no agent holds: a stream's buffer, a batch refused).
+    Returns how many there were."""
+    names = set(topics)
+    unacked = unacked_messages(app)
+    waited_on = [message for message in unacked if message.tp.topic in names]
+    for message in waited_on:
+        unacked.discard(message)
+    return len(waited_on)
+
+
+def freeze_commits(app: Any, topics: Iterable[str]) -> None:
+    """Commit no offset of `topics` from now on. Faust commits the first run of offsets acked
+    past the last commit and, with none committed yet, skips any gap ahead of it: messages a
+    failure left unacked for good would be committed past once a later one is acked."""
+    consumer: Any = app.consumer
+    frozen: set[str] | None = getattr(consumer, "_spanguard_frozen_topics", None)
+    if frozen is None:
+        frozen = consumer._spanguard_frozen_topics = set()
+        new_offset = consumer._new_offset
+
+        def new_offset_unless_frozen(tp: Any) -> int | None:
+            offset: int | None = None if tp.topic in frozen else new_offset(tp)
+            return offset
+
+        consumer._new_offset = new_offset_unless_frozen
+    frozen.update(topics)
 
 
 def wanted_partitions(consumer: Any) -> set[Any]:

@@ -30,8 +30,10 @@ them and the next owner decides them again from the committed offsets and the ch
 On a stop, a batch cut short is dropped unwritten (`drop_unwritten`), what was decided before
 it is flushed, and the acks are awaited a bounded time (`flush_on_stop`).
 On a crash (a batch that raised, a flush that failed: `fail`), what is unwritten is dropped and
-its messages stay unacked with Faust, so no offset after them is committed: every later batch
-raises until the restart decides them again (health: crashed, then /livez red).
+its messages stay unacked: the stream's topics commit nothing more (Faust would commit past
+them once it acked a later message itself) and Faust no longer waits for their messages (a
+stop or a rebalance would wait for ever); every later batch raises until the restart decides
+them again (health: crashed, then /livez red).
 On give-up (the acks not in time on a stop, or fenced while awaiting them) the messages stay
 unacked, decided again after the restart.
 """
@@ -50,7 +52,12 @@ from faust.types import EventT
 
 from spanguard.streams.decoded_states import DecodedStates
 from spanguard.streams.delivery import Produced, Send, produce, send_all
-from spanguard.streams.faust_internals import stop_waiting_for, wrap_consumer_wait_empty
+from spanguard.streams.faust_internals import (
+    freeze_commits,
+    stop_waiting_for,
+    stop_waiting_for_topics,
+    wrap_consumer_wait_empty,
+)
 from spanguard.streams.fence import Lease
 from spanguard.streams.state_table import StateTable
 
@@ -157,6 +164,7 @@ class WriteBack:
         # acked, so no offset after them would be committed: every batch after it fails too,
         # loudly, until the restart decides them again (health: crashed, then /livez red).
         self.unackable: BaseException | None = None
+        self.source_topics: tuple[str, ...] = ()  # the topics its stream reads
         # The lease's last fenced epoch whose unwritten states this agent has dropped.
         self.dropped_epoch = lease.epoch
         # Records produced since the last flush whose acks it awaits before acking `held`.
@@ -190,6 +198,7 @@ class WriteBack:
         `within` seconds for one to fill) and guard each; on a stop, what was decided is
         flushed, on a failure nothing more is written."""
         failed = False
+        self.source_topics = tuple(getattr(stream.channel, "topics", None) or ())
         try:
             # The generator is never bound to a name: on a crash the traceback keeps this frame,
             # and a generator held by it would never close, so the restarted agent would wait
@@ -479,6 +488,8 @@ class WriteBack:
             if self.lease.epoch != self.dropped_epoch:
                 self.drop_fenced()
             self.draining = True
+            if self.unackable is not None:
+                self.let_go_after_failure()  # and those taken since
             try:
                 unwritten = self.held or self.flushing is not None
                 if not self.in_batch and unwritten and self.lease.held():
@@ -508,6 +519,20 @@ class WriteBack:
         self.unackable = self.unackable or exc
         self.drop_unwritten()
         self.worker.health.crashed(exc)
+        # Faust acks some of the later messages itself (a batch refused, a stream stopping),
+        # and would commit past these: the stream's topics commit nothing more, and Faust
+        # stops waiting for their messages (a stop or a rebalance would wait for ever).
+        freeze_commits(self.worker.app, self.source_topics)
+        self.let_go_after_failure()
+
+    def let_go_after_failure(self) -> None:
+        waited_on = stop_waiting_for_topics(self.worker.app, self.source_topics)
+        if waited_on:
+            log.warning(
+                "messages left unacked by the failure: not waited for, nor committed; decided"
+                " again after the restart",
+                extra={"messages": waited_on, "topics": list(self.source_topics)},
+            )
 
     def drop_unwritten(self) -> None:
         """A failure or a stop mid-batch: drop what was decided since the last flush (states,

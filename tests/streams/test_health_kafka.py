@@ -147,6 +147,32 @@ def test_the_rocksdb_crash_turns_readiness_red_and_liveness_after_dead_after(tmp
         topics.delete()
 
 
+def test_a_crashed_worker_stops_on_sigterm_and_commits_nothing_past_the_crash(tmp_path):
+    """The crash leaves the batch's messages unacked for good. Faust waits for every message it
+    handed out before a stop goes on (SIGTERM waited for the orchestrator's SIGKILL), and acks
+    some later ones itself (a batch refused, a stream stopping), whose commit would pass the
+    crashed ones. Nothing is committed past them: the next worker decides all 3 calls."""
+    ensure_broker()
+    topics = Topics()
+    worker = patched_worker(topics, tmp_path / "w", CRASH_ON_FLUSH)
+    restarted = None
+    try:
+        send_loop(topics.input, AgentRecorder(), 3)  # the 3rd trips; its flush crashes
+        wait_for_status(worker, "/readyz", 503, 30)
+        worker.stop(signal.SIGTERM, timeout=25)
+        log = worker.log_text()
+        assert "messages left unacked by the failure" in log
+        assert "wait_empty: Waiting for tasks" not in log, worker.log_tail()
+        assert "[^Worker]: Closing event loop" in log, worker.log_tail()
+        restarted = WorkerProcess(topics, tmp_path / "w2").start()
+        restarted.wait_for("spanguard_tool_calls_observed_total", 3)
+    finally:
+        stop_broken(worker)
+        if restarted is not None:
+            restarted.stop()
+        topics.delete()
+
+
 def test_a_span_agent_stuck_with_records_waiting_turns_liveness_red(tmp_path):
     ensure_broker()
     topics = Topics()
