@@ -153,6 +153,13 @@ PINGPONG = Expect("handoff_cycle", handoff="handoff to worker_a", at=2, agents=(
 ADK_PINGPONG = Expect(
     "handoff_cycle", handoff="handoff to triage", at=4, agents=("billing", "triage") * 2
 )
+ADK_NESTED_PINGPONG = Expect(
+    "handoff_cycle",
+    handoff="handoff to billing",
+    at=5,
+    agents=("triage", "billing") * 2,
+    then=("delegation_depth",),
+)
 DEPTH_6 = Expect("delegation_depth", agents=tuple(f"a{level}" for level in range(1, 7)), depth=6)
 # What the guard's default policy decides on each fixture, by (framework, instrumentation,
 # scenario); nothing where a fixture is not named. Google ADK without content capture records
@@ -199,20 +206,9 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
         agents=(*("triage-service",) * 3, "billing-service", "triage-service", "billing-service"),
         depth=6,
     ),
-    ("google_adk_a2a", "capture", "pingpong"): Expect(
-        "handoff_cycle",
-        handoff="handoff to billing",
-        at=5,
-        agents=("triage", "billing") * 2,
-        then=("delegation_depth",),
-    ),
-    ("google_adk_a2a", "off", "pingpong"): Expect(
-        "handoff_cycle",
-        handoff="handoff to billing",
-        at=6,
-        agents=("triage", "billing") * 2,
-        then=("delegation_depth",),
-    ),
+    ("google_adk_a2a", "capture", "pingpong"): ADK_NESTED_PINGPONG,
+    # Without content, one transfer later.
+    ("google_adk_a2a", "off", "pingpong"): replace(ADK_NESTED_PINGPONG, at=6),
 }
 
 
