@@ -256,6 +256,11 @@ def _summary(result: ReplayResult, elapsed: float) -> str:
         skipped += (
             f", {stats.priced_usage:,} usage spans priced, {stats.unpriced_usage:,} without a price"
         )
+    if stats.uncarried_requests:
+        skipped += (
+            f", {stats.uncarried_requests:,} A2A requests without their caller's trace"
+            " (a loop across services through them is not seen as one)"
+        )
     return (
         f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
         f" {stats.tool_calls:,} tool calls,"

@@ -338,6 +338,9 @@ COUNTER_HELP = {
     " for agent_fan_out, not placed in the tree",
     "agent_links_unkept": "spans of traces with agents whose parent span the agent tree could"
     " not keep (1024 a trace): a run above them is not seen as nesting the runs below",
+    "uncarried_requests": "requests to agent services that started a trace of their own (an"
+    " A2A server span without a parent): their callers' trace context did not come with them,"
+    " so a loop between agents through such a service is not seen as one",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",
@@ -392,6 +395,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.CONVERSATION_CONFLICTS: (Series("conversation_id_conflicts"),),
     GuardCount.AGENT_RUNS_UNPLACED: (Series("agent_runs_unplaced"),),
     GuardCount.AGENT_LINKS_UNKEPT: (Series("agent_links_unkept"),),
+    GuardCount.UNCARRIED_REQUESTS: (Series("uncarried_requests"),),
     # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
     # customer); the decisions and `spanguard explain` name the model of a trace.
     GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),

@@ -37,6 +37,7 @@ from spanguard.detection.conventions.events import (
     ResourceInfo,
     TokenUsage,
     ToolCall,
+    UncarriedRequest,
 )
 from spanguard.detection.conventions.keys import (
     AGENT_NAME,
@@ -130,6 +131,9 @@ COST_BUDGET = _COST_BUDGET.name
 MIN_RECENT_IDS = 32
 # Traces with agents whose spans' parents are kept (Guard._agent_traces): the newest so many.
 MAX_AGENT_TRACES = 4096
+# Services told about their uncarried requests: the first so many (service names come from
+# the spans, unbounded); the others are counted only.
+MAX_WARNED_SERVICES = 4096
 
 HASHING_HINT = (
     "or keep them private and still exact: hash them before they leave"
@@ -166,6 +170,8 @@ class GuardCount(CountedOutcome):
     AGENT_RUNS_UNPLACED = "agent_runs_unplaced"
     # Spans of traces with agents whose parent the tree could not keep (MAX_LINKS).
     AGENT_LINKS_UNKEPT = "agent_links_unkept"
+    # Requests to agent services that started a trace of their own (UncarriedRequest).
+    UNCARRIED_REQUESTS = "uncarried_requests"
 
 
 @dataclass
@@ -199,6 +205,9 @@ class GuardStats:
     cost_pico_usd: int = 0
     agent_runs_unplaced: int = 0
     agent_links_unkept: int = 0
+    # Requests to agent services without their caller's trace context (an A2A server span
+    # with no parent): each is a trace alone, a loop across services through it unseen.
+    uncarried_requests: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -355,6 +364,7 @@ class Guard:
         hands_on = conversations is not None and conversations.counts_usage
         self._hands_on_usage = hands_on or self.agent_budgets is not None
         self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
+        self._warned_uncarried: set[str] = set()  # services told about uncarried requests
         self._agent_traces: dict[bytes, None] = {}  # with agents: spans' parents kept
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -503,7 +513,7 @@ class Guard:
         self,
         trace_id: str,
         state: TraceState,
-        event: ToolCall | TokenUsage | AgentSeen | AgentRun,
+        event: ToolCall | TokenUsage | AgentSeen | AgentRun | UncarriedRequest,
         resource: ResourceInfo | None = None,
     ) -> Decision | None:
         """Apply one event to one trace's state (mutated in place).
@@ -511,6 +521,9 @@ class Guard:
         `resource` is needed only by a policy with per-agent rules."""
         if isinstance(event, AgentRun):
             return self._on_agent_run(trace_id, state, event, resource)
+        if isinstance(event, UncarriedRequest):
+            self._on_uncarried_request(state.service)
+            return None
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
         tree = state.agent_tree
@@ -710,9 +723,12 @@ class Guard:
             agent_traces[raw_trace_id] = None
             if len(agent_traces) > MAX_AGENT_TRACES:
                 del agent_traces[next(iter(agent_traces))]
-        if run.by_service and run.agent_name is None and resource is not None:
-            # A service's answer to a request (a2a-sdk's): only its service names the agent.
-            run.agent_name = resource.service
+        if run.by_service:
+            if run.agent_name is None and resource is not None:
+                # A service's answer to a request (a2a-sdk's): only its service names the agent.
+                run.agent_name = resource.service
+            if not run.parent_span_id:  # nothing above the handler: its caller's trace unknown
+                self._on_uncarried_request(state.service)
         if tree.unresolved is not None and run.agent_name:
             tree.saw_agent(run.agent_name)
         started = tree.started
@@ -1011,6 +1027,23 @@ class Guard:
             attributes.setdefault(AGENT_NAME, state.agent_name)
         attributes.setdefault(SERVICE_NAME, state.service)
         return self.policy.for_attributes(attributes)
+
+    def _on_uncarried_request(self, service: str) -> None:
+        """Count a request that came without its caller's trace; tell once per service."""
+        self.stats.uncarried_requests += 1
+        warned = self._warned_uncarried
+        if service in warned or len(warned) >= MAX_WARNED_SERVICES:
+            return
+        warned.add(service)
+        log.warning(
+            "service %.200r answers A2A requests that start a trace of their own: their"
+            " callers' trace context does not come with them, so each request is decided"
+            " alone and a loop between agents that runs through this service is not seen as"
+            " one (an agent budget over a window, where set, still stops it); where its"
+            " callers are agents, carry the context: OpenTelemetry's httpx instrumentation in the caller"
+            " and its Starlette or ASGI instrumentation here (docs/agents.md, across services)",
+            service,
+        )
 
     def _warn_missing_arguments(self, service: str, scope: str) -> None:
         if (service, scope) in self._warned:

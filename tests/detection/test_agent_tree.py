@@ -341,14 +341,49 @@ def test_only_a2a_sdks_handler_answering_a_message_is_a_run():
     from spanguard.detection.conventions.events import AgentRun
 
     spans = Spans("a2a-python-sdk")
+    dispatcher = 9  # the span above the handler's: the request came with its caller's trace
     for number, method in enumerate(("on_message_send", "on_message_send_stream", "on_get_task")):
-        spans.span(number, None, 1, 2, f"{A2A_HANDLER}.{method}")
+        spans.span(number, dispatcher, 1, 2, f"{A2A_HANDLER}.{method}")
     spans.span(3, None, 1, 2, "a2a.client.JsonRpcTransport.send_message")
-    spans.span(4, None, 1, 2, "on_message_send")
+    spans.span(4, dispatcher, 1, 2, "on_message_send")
     run, *others = (adapt_span(span, scope="a2a-python-sdk") for span in spans.scope.spans)
     assert isinstance(run, AgentRun) and run.by_service and run.agent_name is None
+    assert run.parent_span_id == span_id(dispatcher)
     assert others == [None] * 4
     assert adapt_span(spans.scope.spans[0], scope="other") is None
+
+
+DISPATCHER = "a2a.server.routes.jsonrpc_dispatcher.JsonRpcDispatcher"
+
+
+def test_an_a2a_request_starting_a_trace_is_one_whose_callers_trace_did_not_come():
+    from spanguard.detection.conventions.adapt import adapt_span
+    from spanguard.detection.conventions.events import AgentRun, UncarriedRequest
+
+    spans = Spans("a2a-python-sdk")
+    spans.span(0, None, 1, 9, f"{DISPATCHER}.handle_requests")
+    spans.span(1, 0, 2, 8, f"{DISPATCHER}._process_streaming_request")  # below the request's
+    # A root that answers no request (a2a-sdk ends its event queue's sinks outside any span).
+    spans.span(2, None, 2, 3, "a2a.server.events.event_queue_v2.EventQueueSource.remove_sink")
+    spans.span(3, None, 1, 2, "a2a.client.transports.jsonrpc.JsonRpcTransport.send_message")
+    spans.span(4, None, 1, 2, "a2a.server.request_handlers.jsonrpc_handler.JSONRPCHandler.x")  # 0.x
+    spans.span(5, None, 1, 2, f"{A2A_HANDLER}.on_message_send")  # a handler with nothing above
+    read = [adapt_span(span, scope="a2a-python-sdk") for span in spans.scope.spans]
+    assert [type(event).__name__ for event in read[:5]] == [
+        "UncarriedRequest",
+        "NoneType",
+        "NoneType",
+        "NoneType",
+        "UncarriedRequest",
+    ]
+    assert isinstance(read[0], UncarriedRequest) and read[0].span_id == span_id(0)
+    assert isinstance(read[5], AgentRun) and read[5].parent_span_id == b""
+    # The guard counts each such request (the root handler's run too) and places the run.
+    checked = guard()
+    assert records(checked.process(spans.request)) == []
+    assert checked.stats.uncarried_requests == 3
+    [state] = checked.states.values()
+    assert state.agent_tree is not None and state.agent_tree.started == 1
 
 
 def served(handler_first: bool) -> Spans:

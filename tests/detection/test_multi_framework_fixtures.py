@@ -366,3 +366,42 @@ def test_adk_over_a2a_transfers_name_their_agent_only_with_content(instrumentati
         ]  # fmt: skip
     else:
         assert arguments == [None, None, None]
+
+
+UNCARRIED_TOLD = "answers A2A requests that start a trace of their own"
+NOT_CARRIED = {(A2A, "sdk"), (ADK_A2A, "unpropagated"), (ADK_A2A, "unpropagated_off")}
+
+
+@pytest.mark.parametrize(
+    ("framework", "instrumentation", "scenario"),
+    [(A2A, variant, A2A_SCENARIO) for variant in A2A_VARIANTS]
+    + [(ADK_A2A, instrumentation, "pingpong") for instrumentation in ADK_A2A_INSTRUMENTATIONS],
+)
+def test_requests_without_their_callers_trace_are_counted_and_told_once_per_service(
+    framework, instrumentation, scenario
+):
+    """What the guard cannot join it says: each request a service answered in a trace of its
+    own is counted, and each such service is named once, on the shipped defaults."""
+    path = path_of(FIXTURES, framework, instrumentation, scenario)
+    started: Counter[str] = Counter()  # service: the requests that started a trace there
+    for resource in resources(path):
+        [service] = [
+            attribute["value"]["stringValue"]
+            for attribute in resource["resource"]["attributes"]
+            if attribute["key"] == SERVICE_NAME
+        ]
+        for scope_spans in resource["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                if span["name"].endswith("JsonRpcDispatcher.handle_requests") and not span.get(
+                    "parentSpanId"
+                ):
+                    started[service] += 1
+    assert bool(started) == ((framework, instrumentation) in NOT_CARRIED)
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "replay", str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    told = [line for line in result.stderr.splitlines() if UNCARRIED_TOLD in line]
+    assert sorted(line.split("service '")[1].split("'")[0] for line in told) == sorted(started)
+    counted = f"{sum(started.values()):,} A2A requests without their caller's trace"
+    assert (counted in result.stderr) == bool(started)

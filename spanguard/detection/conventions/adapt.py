@@ -22,6 +22,7 @@ from spanguard.detection.conventions.events import (
     ResourceInfo,
     TokenUsage,
     ToolCall,
+    UncarriedRequest,
 )
 from spanguard.detection.conventions.gateway import gateway_calls
 from spanguard.detection.conventions.keys import (
@@ -81,6 +82,7 @@ from spanguard.detection.conventions.kinds import (
     _other_kinds,
     _tool_span_name,
     is_a2a_handler,
+    is_a2a_request,
 )
 from spanguard.detection.conventions.turns import conversation_of, ends_with_user_message
 from spanguard.detection.conventions.values import (
@@ -239,7 +241,7 @@ def _adapt_one(
                     break
         if not through and span.name != "execute_tool":
             # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
-            return _a2a_handler_run(span) if scope == A2A_SCOPE else None
+            return _a2a_span(span) if scope == A2A_SCOPE else None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
@@ -525,12 +527,20 @@ def _agent_run(
     )
 
 
-def _a2a_handler_run(span: Any) -> AgentRun | None:
-    """An a2a-sdk request handler's span answering one message (`on_message_send`; not the
-    streamed one, keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the
-    span names the agent, only the service's resource does: the guard names the run after
-    its `service.name`."""
-    if not is_a2a_handler(span.name):
+def _a2a_span(span: Any) -> AgentRun | UncarriedRequest | None:
+    """What the guard reads of a2a-sdk's spans, which carry no attribute:
+
+    - its request handler answering one message (`on_message_send`; not the streamed one,
+      keys.A2A_HANDLER_METHODS): one run of the service's agent. Nothing on the span names
+      the agent, only the service's resource does: the guard names the run after its
+      `service.name`. Without a parent it is also a request whose caller's trace is unknown.
+    - any other span that starts answering a request (a dispatcher's), without a parent: the
+      request came without its caller's trace context (UncarriedRequest).
+    """
+    name = span.name
+    if not is_a2a_handler(name):
+        if not span.parent_span_id and is_a2a_request(name):
+            return UncarriedRequest(span.span_id)
         return None
     return AgentRun(
         span.span_id,

@@ -1,5 +1,5 @@
-"""What a span becomes: a ToolCall, a TokenUsage, an AgentSeen, an AgentRun (adapt.py makes
-them)."""
+"""What a span becomes: a ToolCall, a TokenUsage, an AgentSeen, an AgentRun, an
+UncarriedRequest (adapt.py makes them)."""
 
 from __future__ import annotations
 
@@ -217,6 +217,19 @@ class AgentRun:
         self.by_service = by_service
 
 
+@mypyc_attr(acyclic=True, free_list_len=1)
+@dataclass(slots=True, init=False)
+class UncarriedRequest:
+    """A request to an agent service that starts a trace of its own (an a2a-sdk server span
+    without a parent): its caller's trace context did not come with it, so whatever the
+    caller did is another trace, and a loop across the two services is not seen as one."""
+
+    span_id: bytes
+
+    def __init__(self, span_id: bytes) -> None:
+        self.span_id = span_id
+
+
 # What a span may be: one event, or (a LiteLLM proxy span) the tool calls its request answered
 # followed by its own event, if any.
-Event = ToolCall | TokenUsage | AgentSeen | AgentRun
+Event = ToolCall | TokenUsage | AgentSeen | AgentRun | UncarriedRequest

@@ -171,7 +171,7 @@ ADK_TRANSFER_TOOL: Final = "transfer_to_agent"
 ADK_TRANSFER_ARGUMENT: Final = "agent_name"
 # a2a-sdk's own spans (scope A2A_SCOPE) carry no attribute: the span that answers one request
 # is named `<module>.<handler class>.<method>` (its `trace_class`), and is one run of the agent
-# the service serves (conventions/adapt.py, _a2a_handler_run). The 1.x classes and the 0.x one.
+# the service serves (conventions/adapt.py, _a2a_span). The 1.x classes and the 0.x one.
 A2A_SCOPE: Final = "a2a-python-sdk"
 A2A_HANDLER_CLASSES: Final = frozenset(
     {"DefaultRequestHandlerV2", "LegacyRequestHandler", "DefaultRequestHandler"}
@@ -179,6 +179,12 @@ A2A_HANDLER_CLASSES: Final = frozenset(
 # Not `on_message_send_stream`: its span ends as the stream is handed back, before any of the
 # answer, so it holds nothing of the run (the agent's spans sit beside it, not inside).
 A2A_HANDLER_METHODS: Final = frozenset({"on_message_send"})
+# The classes whose spans start answering one request (the 1.x dispatchers and handlers, the
+# 0.x handlers): such a span without a parent is a request whose caller's trace did not come
+# with it (conventions/adapt.py, _a2a_span).
+A2A_REQUEST_CLASSES: Final = A2A_HANDLER_CLASSES | frozenset(
+    {"JsonRpcDispatcher", "RestDispatcher", "JSONRPCHandler", "RESTHandler"}
+)
 # OpenInference's handoff tool spans are named so ("handoff to billing").
 HANDOFF_TOOL_PREFIX: Final = "handoff to "
 # An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.

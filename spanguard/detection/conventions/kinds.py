@@ -7,6 +7,7 @@ from collections.abc import Container
 from spanguard.detection.conventions.keys import (
     A2A_HANDLER_CLASSES,
     A2A_HANDLER_METHODS,
+    A2A_REQUEST_CLASSES,
     AI_SDK_OPERATION,
     AI_SDK_TOOL_OPERATION,
     GENKIT_SUBTYPE,
@@ -86,3 +87,9 @@ def is_a2a_handler(name: str) -> bool:
     message, `<module>.<handler class>.on_message_send`: one run of the service's agent."""
     head, _, method = name.rpartition(".")
     return method in A2A_HANDLER_METHODS and head.rpartition(".")[2] in A2A_HANDLER_CLASSES
+
+
+def is_a2a_request(name: str) -> bool:
+    """Whether a span of a2a-sdk's scope is one of the spans that start answering a request
+    (`<module>.<dispatcher or handler class>.<method>`), whatever the method."""
+    return name.rpartition(".")[0].rpartition(".")[2] in A2A_REQUEST_CLASSES
