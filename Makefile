@@ -71,7 +71,12 @@ $(TS_AGENTS)/node_modules/.installed: $(TS_AGENTS)/package-lock.json
 	cd $(TS_AGENTS) && npm ci --no-audit --no-fund
 	@touch $@
 
-ts-agents: $(TS_AGENTS)/node_modules/.installed
+# VoltAgent's agent: a package of its own (it asks for the AI SDK 6 as `ai`, the others use 7).
+$(TS_AGENTS)/voltagent/node_modules/.installed: $(TS_AGENTS)/voltagent/package-lock.json
+	cd $(TS_AGENTS)/voltagent && npm ci --no-audit --no-fund
+	@touch $@
+
+ts-agents: $(TS_AGENTS)/node_modules/.installed $(TS_AGENTS)/voltagent/node_modules/.installed
 
 test-typescript: kafka-up $(TS_CLIENT)/node_modules/.installed
 	cd $(TS_CLIENT) && npm test

@@ -17,9 +17,10 @@ spanguard's ArgsHashingSpanProcessor, so only hashes leave); Google ADK adds `le
 Every (library, mode) runs in a process of its own: instrumentors patch globally and read their
 settings from the environment when they start.
 
-TypeScript frameworks (the Vercel AI SDK 6 and 7, Mastra, LangGraph.js and the OpenAI Agents SDK for JS
-under OpenInference JS) run the same scenarios under node: tests/support/ts_agents/generate.mjs,
-with its own package.json and lockfile (`--typescript` runs `npm ci` there first if needed).
+TypeScript frameworks (the Vercel AI SDK 6 and 7, Mastra, VoltAgent, LangGraph.js and the OpenAI Agents
+SDK for JS under OpenInference JS) run the same scenarios under node:
+tests/support/ts_agents/generate.mjs, with its own package.json and lockfile, and VoltAgent's in
+its voltagent/ folder (`--typescript` runs `npm ci` in both first if needed).
 
     python -m tests.support.instrumented_agents --typescript [LIBRARY...]
 
@@ -65,6 +66,8 @@ VENVS = Path(
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spanguard"
 )
 TS_AGENTS = ROOT / "tests" / "support" / "ts_agents"
+# Its packages, each with a lockfile: VoltAgent's asks for another major of the AI SDK as `ai`.
+TS_PACKAGES = (TS_AGENTS, TS_AGENTS / "voltagent")
 GO_AGENTS = ROOT / "tests" / "support" / "go_agents"
 GO_LIBRARIES = {"genkit": ("capture",)}  # Genkit has no setting that turns content off
 JAVA_AGENTS = ROOT / "tests" / "support" / "java_agents"
@@ -908,8 +911,9 @@ def typescript_ready() -> str | None:
     """None when the TypeScript agents can run here, else why not (one line)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "node and npm are not on PATH"
-    if not (TS_AGENTS / "node_modules").is_dir():
-        return f"{TS_AGENTS}/node_modules is missing (run `npm ci` there)"
+    for package in TS_PACKAGES:
+        if not (package / "node_modules").is_dir():
+            return f"{package}/node_modules is missing (run `npm ci` there)"
     return None
 
 
@@ -917,8 +921,9 @@ def generate_typescript(out: Path, names: list[str] | None = None) -> None:
     """Run the TypeScript agents (node) over SCENARIOS; `npm ci` first when never installed."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         raise RuntimeError("the TypeScript fixtures need node (>= 20) and npm on PATH")
-    if not (TS_AGENTS / "node_modules").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS_AGENTS, check=True)
+    for package in TS_PACKAGES:
+        if not (package / "node_modules").is_dir():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=package, check=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         file.write(scenarios_json())
     try:

@@ -74,6 +74,7 @@ from spanguard.detection.conventions.keys import (
     TRACELOOP_LLM_TYPES,
     TRACELOOP_REQUEST_TYPE,
     USAGE_KEYS,
+    VOLTAGENT_SCOPE,
     WANTED_KEYS,
 )
 from spanguard.detection.conventions.kinds import (
@@ -92,6 +93,12 @@ from spanguard.detection.conventions.values import (
     _first_text,
     _text,
     bounded_text,
+)
+from spanguard.detection.conventions.voltagent import (
+    voltagent_agent,
+    voltagent_arguments,
+    voltagent_result,
+    voltagent_run,
 )
 
 
@@ -241,7 +248,13 @@ def _adapt_one(
                     break
         if not through and span.name != "execute_tool":
             # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
-            return _a2a_span(span) if scope == A2A_SCOPE else None
+            if scope == A2A_SCOPE:
+                return _a2a_span(span)
+            # VoltAgent's agent runs carry keys of their own only.
+            if scope == VOLTAGENT_SCOPE:
+                matched = _match_attributes(attributes, attributes, reading) if match else None
+                return voltagent_run(span, bool(reading.usage), matched)
+            return None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
@@ -333,13 +346,19 @@ def _tool_call(
         return None
     if len(tool_name) > MAX_TEXT_CHARS:
         tool_name = bounded_text(tool_name)
-    if operation is not None and "tool.parameters" in present:
-        oi_kind = _other_kinds(attributes, present)[0]  # whether it is OpenInference's
-    arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
+    if scope == VOLTAGENT_SCOPE:
+        # Its `tool.parameters` is the tool's schema, the same for every call.
+        arguments, envelope_call_id = voltagent_arguments(attributes), None
+        result = voltagent_result(attributes)
+        agent_name = agent_name or voltagent_agent(attributes)
+    else:
+        if operation is not None and "tool.parameters" in present:
+            oi_kind = _other_kinds(attributes, present)[0]  # whether it is OpenInference's
+        arguments, envelope_call_id = _arguments(span, attributes, present, oi_kind, scope)
+        result = _result(span, attributes, present, scope)
     call_id = _call_id(attributes, present)
     if call_id is None and envelope_call_id:
         call_id = bounded_text(envelope_call_id)
-    result = _result(span, attributes, present, scope)
     to_agent = _handed_to(tool_name, arguments, result, scope)
     handoff = False
     if to_agent is not None:

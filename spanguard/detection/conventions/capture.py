@@ -29,6 +29,11 @@ CAPTURE_SETTINGS_EXACT: Final = {
         "spring.ai.tools.observations.include-content=true (it registers"
         " ToolCallingContentObservationFilter; off by default)",
     ),
+    "@voltagent/core": (
+        "VoltAgent's observability",
+        "VoltAgent always records a tool call's arguments (`input`) when it has any; a span"
+        " processor or the Collector must have dropped them",
+    ),
     "gen_ai": (
         "the Vercel AI SDK's OpenTelemetry integration (@ai-sdk/otel)",
         "telemetry: {recordInputs: true} (its default) in generateText / streamText",

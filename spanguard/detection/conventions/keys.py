@@ -47,7 +47,7 @@ TOOL_NAME_KEYS: Final = (
     "genkit:name",
     "spring.ai.tool.definition.name",
 )
-CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id")
+CALL_ID_KEYS: Final = ("gen_ai.tool.call.id", "tool.id", "ai.toolCall.id", "tool.call.id")
 # First present wins; `tool.parameters` is only read off non-OpenInference spans.
 ARGUMENT_KEYS: Final = (
     "gen_ai.tool.call.arguments",
@@ -124,6 +124,7 @@ CONVERSATION_KEYS: Final = (
     "session.id",
     "langfuse.session.id",
     "ai.telemetry.metadata.sessionId",
+    "conversation.id",  # VoltAgent's, on every span of a run given a conversationId
 )
 CONVERSATION_KEY_SET: Final = frozenset(CONVERSATION_KEYS)
 # A failed call: the span's status ERROR, or this attribute (OpenTelemetry's `error.type`).
@@ -185,6 +186,23 @@ A2A_HANDLER_METHODS: Final = frozenset({"on_message_send"})
 A2A_REQUEST_CLASSES: Final = A2A_HANDLER_CLASSES | frozenset(
     {"JsonRpcDispatcher", "RestDispatcher", "JSONRPCHandler", "RESTHandler"}
 )
+# VoltAgent's own spans (@voltagent/core 2.x, exported through the span processors its
+# VoltAgentObservability is given) carry none of the GenAI conventions' keys
+# (conventions/voltagent.py): a tool's span is named `tool.execution:<tool>` with `tool.name`,
+# its arguments and result as JSON in `input` and `output`; an agent's run is a span with
+# `entity.type` "agent" and no `span.type`, named by `entity.name` (a sub-agent's by
+# `subagent.name`: its spans' `entity.name` is the parent's), holding the run's usage.
+VOLTAGENT_SCOPE: Final = "@voltagent/core"
+VOLTAGENT_TOOL_PREFIX: Final = "tool.execution:"
+VOLTAGENT_INPUT: Final = "input"
+VOLTAGENT_OUTPUT: Final = "output"
+VOLTAGENT_SPAN_TYPE: Final = "span.type"
+VOLTAGENT_ENTITY_TYPE: Final = "entity.type"
+VOLTAGENT_ENTITY_NAME: Final = "entity.name"
+VOLTAGENT_SUBAGENT_NAME: Final = "subagent.name"
+VOLTAGENT_USAGE_INPUT: Final = "usage.prompt_tokens"
+VOLTAGENT_USAGE_OUTPUT: Final = "usage.completion_tokens"
+VOLTAGENT_MODEL: Final = "ai.model.name"
 # OpenInference's handoff tool spans are named so ("handoff to billing").
 HANDOFF_TOOL_PREFIX: Final = "handoff to "
 # An agent's own span: the GenAI conventions' operation, OpenInference's kind and agent name.

@@ -17,6 +17,7 @@ from spanguard.detection.conventions.keys import (
     SPRING_AI_KIND,
     SPRING_AI_OPERATION,
     TRACELOOP_KIND,
+    VOLTAGENT_TOOL_PREFIX,
 )
 from spanguard.detection.conventions.values import AttributeMap, bounded_text
 
@@ -66,7 +67,8 @@ def _is_tool_span(
     # pydantic-ai and strands name their tool spans but set no operation name.
     if "gen_ai.tool.name" in present:
         return name.startswith("execute_tool ") or name == "running tool"
-    return "tool.name" in present and name.startswith("Tool: ")
+    # VoltAgent names its tool spans `tool.execution:<tool>` (keys.VOLTAGENT_TOOL_PREFIX).
+    return "tool.name" in present and name.startswith(("Tool: ", VOLTAGENT_TOOL_PREFIX))
 
 
 def _is_spring_ai_tool(operation: str, attributes: AttributeMap) -> bool:

@@ -366,6 +366,22 @@ async function mastra(mode) {
   };
 }
 
+// -- VoltAgent, its own observability on the application's tracer provider -------------------
+
+async function voltagent() {
+  // Not a development run: VoltAgent would fetch its model registry (models.dev) at import.
+  process.env.NODE_ENV = 'production';
+  // ./voltagent has a lockfile of its own: VoltAgent asks for the AI SDK 6 as `ai`.
+  const { voltAgentRunner } = await import('./voltagent/agent.mjs');
+  return voltAgentRunner({
+    service: SERVICE,
+    question: QUESTION,
+    toolDocs: TOOL_DOCS,
+    toolParameters: TOOL_PARAMETERS,
+    generate: aiSdkGenerate,
+  });
+}
+
 // -- the libraries -------------------------------------------------------------------------
 
 // library -> {mode -> what the mode sets}, and how to make its agent. The modes are every
@@ -406,6 +422,11 @@ export const LIBRARIES = {
       'outputs-off': { tracingOptions: { hideOutput: true } },
     },
     make: mastra,
+  },
+  // VoltAgent records a call's arguments and results whatever is set: one mode.
+  voltagent: {
+    modes: { capture: {} },
+    make: voltagent,
   },
   'langgraphjs-openinference': {
     modes: { capture: {}, redacted: HIDE_INPUTS },
