@@ -253,12 +253,28 @@ class AgentTree:
         chain of parents says: spans end before the spans above them, so when `outer` has
         ended every span between the two has come, and a chain that stops at a span not
         come yet (one still running above both: parallel workers' graph) passes beside
-        `outer`. Where nothing above `inner` has come (spans between not exported), time
+        `outer`. Where nothing above `inner` has come, one service's runs are beside each
+        other (its library exports in the order its spans end); across services (spans
+        between not exported, or sent in another order) and for a2a-sdk's handler spans time
         says (PlacedRun.contains), and between two services' answers (`handler` runs) where
         the chain stops at a span not kept."""
         parent = inner.parent
         links = self.links
-        if parent == outer.span or parent not in links:
+        if parent == outer.span:
+            return outer.contains(inner)
+        if parent not in links:
+            if (
+                parent
+                and outer.service == inner.service != NO_SERVICE
+                and not (outer.handler or inner.handler)
+            ):
+                # One library exports a span after the spans below it, so a span between the
+                # two would have come before the later of them, and been kept (the trace had
+                # an agent once `inner` came): a parent not come yet is above or beside both.
+                # VoltAgent's sub-agents run at once, each below a tool span of its own that
+                # ends after them all: time would stack them. (An OTLP request groups spans by
+                # scope: a2a-sdk's handler may come before the agent's run inside it.)
+                return False
             return outer.contains(inner)
         span = outer.span
         for _ in range(MAX_WALK):

@@ -132,8 +132,9 @@ MIN_RECENT_IDS = 32
 # Traces with agents whose spans' parents are kept (Guard._agent_traces): the newest so many.
 MAX_AGENT_TRACES = 4096
 # Services told about their uncarried requests: the first so many (service names come from
-# the spans, unbounded); the others are counted only.
-MAX_WARNED_SERVICES = 4096
+# the spans, unbounded); the others are counted only. UNCARRIED is what they were told of.
+MAX_WARNED = 4096
+UNCARRIED = "uncarried requests"
 
 HASHING_HINT = (
     "or keep them private and still exact: hash them before they leave"
@@ -363,8 +364,7 @@ class Guard:
         # Whether a change of a trace's usage goes anywhere beyond its own budgets.
         hands_on = conversations is not None and conversations.counts_usage
         self._hands_on_usage = hands_on or self.agent_budgets is not None
-        self._warned: set[tuple[str, str]] = set()  # (service, scope) told about missing args
-        self._warned_uncarried: set[str] = set()  # services told about uncarried requests
+        self._warned: set[tuple[str, str]] = set()  # (service, scope or UNCARRIED) told once
         self._agent_traces: dict[bytes, None] = {}  # with agents: spans' parents kept
 
     def add_observer(self, observer: GuardObserver) -> None:
@@ -1031,10 +1031,10 @@ class Guard:
     def _on_uncarried_request(self, service: str) -> None:
         """Count a request that came without its caller's trace; tell once per service."""
         self.stats.uncarried_requests += 1
-        warned = self._warned_uncarried
-        if service in warned or len(warned) >= MAX_WARNED_SERVICES:
+        key = (service, UNCARRIED)
+        if key in self._warned or len(self._warned) >= MAX_WARNED:
             return
-        warned.add(service)
+        self._warned.add(key)
         log.warning(
             "service %.200r answers A2A requests that start a trace of their own: their"
             " callers' trace context does not come with them, so each request is decided"

@@ -579,9 +579,19 @@ def test_the_spans_between_agents_say_what_is_nested_not_time():
         spans.agent(run, node, f"worker_{worker}", base + 20 + worker, base + 120 - worker)
         spans.span(node, 1000, base + 20 + worker, base + 120 - worker)  # 1000: the graph
     assert records(guard(max_depth=2).process(spans.request)) == []
-    # Without the node spans (not exported), time says, as before.
+    # Without the node spans, in one service: a library exports a span after the spans below
+    # it, so a parent not come is above or beside both runs, never between: siblings (as
+    # VoltAgent's sub-agents run at once, each below a tool span that ends after them all).
     spans = Spans()
     for worker in reversed(range(8)):
+        spans.agent(100 + 2 * worker, 101 + 2 * worker, f"worker_{worker}",
+                    base + 20 + worker, base + 120 - worker)  # fmt: skip
+    assert records(guard(max_depth=2).process(spans.request)) == []
+    # Each worker in a service of its own (spans sent in another order, or not at all): time
+    # says.
+    spans = Spans()
+    for worker in reversed(range(8)):
+        spans.service(f"worker-{worker}-service")
         spans.agent(100 + 2 * worker, 101 + 2 * worker, f"worker_{worker}",
                     base + 20 + worker, base + 120 - worker)  # fmt: skip
     assert [d["rule"] for d in records(guard(max_depth=2).process(spans.request))] == [

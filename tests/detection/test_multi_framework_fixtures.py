@@ -1,7 +1,7 @@
 """Multi-agent runs made by LangGraph (langgraph-supervisor, under OpenInference and
-OpenLLMetry), Google ADK (sub-agents and agents as tools), A2A (two services, a2a-sdk) and
-Google ADK agents as services talking A2A (the trace carried across them or not), from
-scripted models (tests/fixtures/multi_agent/<framework>, made by tests/support/
+OpenLLMetry), Google ADK (sub-agents and agents as tools), A2A (two services, a2a-sdk),
+Google ADK agents as services talking A2A (the trace carried across them or not) and VoltAgent
+(a supervisor and its sub-agents, TypeScript), from scripted models (tests/fixtures/multi_agent/<framework>, made by tests/support/
 multi_frameworks.py), replayed by `spanguard replay` on the shipped defaults.
 
 Each fixture's agent tree is read here the way the conventions name agents (an `invoke_agent`
@@ -42,6 +42,9 @@ from tests.support.multi_frameworks import (
     EXPECTED,
     FIXTURES,
     FRAMEWORKS,
+    VOLTAGENT,
+    VOLTAGENT_SCENARIOS,
+    VOLTAGENT_VARIANT,
 )
 from tests.support.recorded_runs import replay_decisions, resources, spans
 
@@ -58,6 +61,7 @@ RUNS = (
         for instrumentation in ADK_A2A_INSTRUMENTATIONS
         for scenario in ADK_A2A_SCENARIOS
     ]
+    + [(VOLTAGENT, VOLTAGENT_VARIANT, scenario) for scenario in VOLTAGENT_SCENARIOS]
 )
 
 
@@ -105,7 +109,7 @@ def test_each_scenario_is_decided_as_expected(framework, instrumentation, scenar
     decision, *later = decisions
     assert tuple(d["rule"] for d in later) == expected.then
     assert (decision["rule"], decision["action"]) == (expected.rule, expected.action)
-    assert tuple(decision["agents"]) == expected.agents
+    assert tuple(decision.get("agents", ())) == expected.agents
     assert decision.get("depth") == expected.depth
     assert decision.get("sub_agents") == expected.sub_agents
     assert decision["tool_name"] == expected.handoff
@@ -147,6 +151,11 @@ def agent_tree(path: Path) -> tuple[Counter[str | None], int, int]:
         kind = values.get(OPENINFERENCE_KIND, {}).get("stringValue")
         if operation == "invoke_agent" or kind == "AGENT":
             agents[span["spanId"]] = values.get(AGENT_NAME, {}).get("stringValue")
+        elif values.get("entity.type", {}).get("stringValue") == "agent" and (
+            "span.type" not in values
+        ):  # VoltAgent's run: a sub-agent named by `subagent.name`
+            name = values.get("subagent.name") or values["entity.name"]
+            agents[span["spanId"]] = name["stringValue"]
     depths = []
     for span_id in agents:
         depth, parent = 1, by_id[span_id].get("parentSpanId")
@@ -225,6 +234,19 @@ TREES = {
     (ADK_A2A, "unpropagated_off", "handoff_chain"): (
         {"host": 1, "billing": 2, "refunds": 2}, 1, 0
     ),
+    # VoltAgent: the supervisor's run holds each sub-agent's, below its `delegate_task` span.
+    **{
+        (VOLTAGENT, VOLTAGENT_VARIANT, scenario): tree
+        for scenario, tree in {
+            "handoff_pingpong": ({"supervisor": 1, "worker_a": 8}, 2, 8),
+            "handoff_chain": ({"supervisor": 1, "worker_a": 1, "worker_b": 1}, 2, 2),
+            "handoff_with_work": ({"supervisor": 1, "worker_a": 4}, 2, 4),
+            "fan_out_50": ({"supervisor": 1, "worker_a": 25, "worker_b": 25}, 2, 50),
+            "fan_out_5": ({"supervisor": 1, "worker_a": 3, "worker_b": 2}, 2, 5),
+            "delegation_depth_6": ({f"a{level}": 1 for level in range(7)}, 7, 6),
+            "delegation_depth_2": ({"a0": 1, "a1": 1, "a2": 1}, 3, 2),
+        }.items()
+    },
 }  # fmt: skip
 
 
@@ -312,9 +334,15 @@ def summary(decision: dict) -> tuple:
 # Google ADK's row points its shared virtualenv at this checkout (pip install -e): under xdist
 # the tests that build or install this checkout share one worker.
 @pytest.mark.xdist_group("this_checkout_built")
-@pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A, ADK_A2A])
+@pytest.mark.parametrize("framework", [*FRAMEWORKS, A2A, ADK_A2A, VOLTAGENT])
 def test_the_fixtures_are_what_the_libraries_emit_now(framework, tmp_path):
     """Made again from the installed libraries: the same decisions, the same agent trees."""
+    if framework == VOLTAGENT:
+        from tests.support.instrumented_agents import typescript_ready
+
+        why_not = typescript_ready()
+        if why_not is not None:
+            pytest.skip(f"VoltAgent's agents not runnable here: {why_not}")
     if framework in ("google_adk", ADK_A2A):
         from tests.support.instrumented_agents import LIBRARIES, installed, make_venv
 

@@ -1,7 +1,8 @@
 """Span fixtures of multi-agent runs made by LangGraph (a supervisor with two workers), Google
-ADK (sub-agents and agents as tools), A2A (two a2a-sdk services) and Google ADK agents serving
-and calling each other over A2A on localhost, each under its own tracing, from scripted models
-(no network beyond localhost).
+ADK (sub-agents and agents as tools), A2A (two a2a-sdk services), Google ADK agents serving
+and calling each other over A2A on localhost and VoltAgent (a supervisor and its sub-agents,
+under node: tests/support/ts_agents/voltagent/multi.mjs), each under its own tracing, from
+scripted models (no network beyond localhost).
 
 The scripted model answers each turn, whichever agent asks, with the scenario's next step: hand
 the run to an agent (the framework's own handoff: langgraph-supervisor's `transfer_to_<agent>`,
@@ -26,6 +27,7 @@ import contextlib
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -207,6 +209,14 @@ EXPECTED: dict[tuple[str, str, str], Expect] = {
         depth=6,
     ),
     ("google_adk_a2a", "capture", "pingpong"): ADK_NESTED_PINGPONG,
+    # VoltAgent: the supervisor delegating the same task to worker_a, answered the same: its
+    # `delegate_task` call made a third time (a delegation is a call and return, no handoff).
+    # Its sub-agents run at once in a fan-out, each below a tool span of its own: siblings.
+    ("voltagent", "capture", "handoff_pingpong"): Expect("tool_loop", handoff="delegate_task"),
+    ("voltagent", "capture", "fan_out_50"): Expect(
+        "agent_fan_out", agents=("worker_a", "worker_b"), sub_agents=21
+    ),
+    ("voltagent", "capture", "delegation_depth_6"): DEPTH_6,
     # Without content, one transfer later.
     ("google_adk_a2a", "off", "pingpong"): replace(ADK_NESTED_PINGPONG, at=6),
 }
@@ -914,6 +924,31 @@ def python_for(framework: Framework) -> str:
 
 A2A = "a2a"
 A2A_SCENARIO = "pingpong"
+# VoltAgent (TypeScript): a supervisor and its sub-agents (`subAgents`, reached by its
+# `delegate_task` tool) under VoltAgent's own observability, made by node from
+# tests/support/ts_agents/voltagent/multi.mjs (its scenarios are written there); one variant:
+# VoltAgent records content whatever is set.
+VOLTAGENT = "voltagent"
+VOLTAGENT_VARIANT = "capture"
+VOLTAGENT_SCENARIOS = (
+    "handoff_pingpong",
+    "handoff_chain",
+    "handoff_with_work",
+    "fan_out_50",
+    "fan_out_5",
+    "delegation_depth_6",
+    "delegation_depth_2",
+)
+VOLTAGENT_AGENTS = ROOT / "tests" / "support" / "ts_agents" / "voltagent"
+
+
+def run_voltagent(out: Path) -> None:
+    """Every VoltAgent scenario, into out/<scenario>.json.gz (`npm ci` first if never done)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise RuntimeError("the VoltAgent fixtures need node (>= 20) and npm on PATH")
+    if not (VOLTAGENT_AGENTS / "node_modules").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=VOLTAGENT_AGENTS, check=True)
+    subprocess.run(["node", "multi.mjs", "--out", str(out)], cwd=VOLTAGENT_AGENTS, check=True)
 
 
 def generate(names: list[str], out: Path) -> None:
@@ -922,6 +957,9 @@ def generate(names: list[str], out: Path) -> None:
         if name == A2A:
             for variant in A2A_VARIANTS:
                 run_a2a(variant, out / A2A / variant / f"{A2A_SCENARIO}.json.gz")
+            continue
+        if name == VOLTAGENT:
+            run_voltagent(out / VOLTAGENT / VOLTAGENT_VARIANT)
             continue
         if name == ADK_A2A:
             python = python_for(FRAMEWORKS["google_adk"])
@@ -943,7 +981,9 @@ def generate(names: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "frameworks", nargs="*", help=f"default: all ({', '.join(FRAMEWORKS)}, {A2A}, {ADK_A2A})"
+        "frameworks",
+        nargs="*",
+        help=f"default: all ({', '.join(FRAMEWORKS)}, {A2A}, {ADK_A2A}, {VOLTAGENT})",
     )
     parser.add_argument("--out", type=Path, default=FIXTURES)
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "INSTRUMENTATION"),
@@ -969,10 +1009,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in generate_one(FRAMEWORKS[name], instrumentation, args.out):
             print(path.relative_to(args.out))
         return 0
-    unknown = set(args.frameworks) - {*FRAMEWORKS, A2A, ADK_A2A}
+    unknown = set(args.frameworks) - {*FRAMEWORKS, A2A, ADK_A2A, VOLTAGENT}
     if unknown:
         parser.error(f"unknown frameworks: {', '.join(sorted(unknown))}")
-    generate(args.frameworks or [*FRAMEWORKS, A2A, ADK_A2A], args.out)
+    generate(args.frameworks or [*FRAMEWORKS, A2A, ADK_A2A, VOLTAGENT], args.out)
     return 0
 
 

@@ -247,14 +247,7 @@ def _adapt_one(
                     through = True
                     break
         if not through and span.name != "execute_tool":
-            # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
-            if scope == A2A_SCOPE:
-                return _a2a_span(span)
-            # VoltAgent's agent runs carry keys of their own only.
-            if scope == VOLTAGENT_SCOPE:
-                matched = _match_attributes(attributes, attributes, reading) if match else None
-                return voltagent_run(span, bool(reading.usage), matched)
-            return None
+            return _ungated(span, reading, match, scope)
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
@@ -314,6 +307,21 @@ def _adapt_one(
         return other
     run = _agent_run(span, attributes, agent_name, match_attributes)
     return other if run is None else run if other is None else (run, other)
+
+
+def _ungated(
+    span: Any, reading: SpanReading, match: bool, scope: str
+) -> Event | tuple[Event, ...] | None:
+    """A span with no key the gate knows: an event only from the libraries whose spans say
+    what they are otherwise (checked by scope, the rest costs nothing more)."""
+    # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
+    if scope == A2A_SCOPE:
+        return _a2a_span(span)
+    # VoltAgent's agent runs carry keys of their own only.
+    if scope == VOLTAGENT_SCOPE:
+        matched = _match_attributes(span.attributes, span.attributes, reading) if match else None
+        return voltagent_run(span, bool(reading.usage), matched)
+    return None
 
 
 def _match_attributes(

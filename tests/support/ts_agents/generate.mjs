@@ -488,7 +488,9 @@ async function main() {
   const scenarios = JSON.parse(readFileSync(args.scenarios, 'utf8'));
   if (args.one) {
     await generateOne(args.one[0], args.one[1], scenarios, args.out);
-    return;
+    // Every file is written: a framework's timers (VoltAgent's observability) must not keep
+    // the process alive.
+    process.exit(0);
   }
   const names = args.libraries.length ? args.libraries : Object.keys(LIBRARIES);
   const unknown = names.filter((name) => !(name in LIBRARIES));
