@@ -247,7 +247,7 @@ def _adapt_one(
                     through = True
                     break
         if not through and span.name != "execute_tool":
-            return _ungated(span, reading, match, scope)
+            return _ungated(span, reading, match, scope) if scope in _UNGATED_SCOPES else None
     # Which keys are there: the map itself when it can only be asked for wanted keys (every
     # key asked below is a convention key, the usage and match keys come filtered by wanted).
     present: Any = attributes if reading.whole else reading.wanted.intersection(attributes)
@@ -309,19 +309,21 @@ def _adapt_one(
     return other if run is None else run if other is None else (run, other)
 
 
+# The libraries whose spans say what they are without a key the gate knows. Most spans end at
+# the gate (HTTP, databases): their scope is checked there, with no call.
+_UNGATED_SCOPES: Final = frozenset({A2A_SCOPE, VOLTAGENT_SCOPE})
+
+
 def _ungated(
     span: Any, reading: SpanReading, match: bool, scope: str
 ) -> Event | tuple[Event, ...] | None:
-    """A span with no key the gate knows: an event only from the libraries whose spans say
-    what they are otherwise (checked by scope, the rest costs nothing more)."""
+    """A span of a2a-sdk's or VoltAgent's with no key the gate knows."""
     # a2a-sdk's spans carry no attribute: its request handler's is told by its name.
     if scope == A2A_SCOPE:
         return _a2a_span(span)
     # VoltAgent's agent runs carry keys of their own only.
-    if scope == VOLTAGENT_SCOPE:
-        matched = _match_attributes(span.attributes, span.attributes, reading) if match else None
-        return voltagent_run(span, bool(reading.usage), matched)
-    return None
+    matched = _match_attributes(span.attributes, span.attributes, reading) if match else None
+    return voltagent_run(span, bool(reading.usage), matched)
 
 
 def _match_attributes(
