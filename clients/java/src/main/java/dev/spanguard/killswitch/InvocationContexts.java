@@ -7,6 +7,7 @@ import dev.langchain4j.observability.api.listener.AiServiceStartedListener;
 import dev.langchain4j.service.AiServices;
 import io.opentelemetry.api.trace.Span;
 import io.opentelemetry.context.Context;
+import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
@@ -18,7 +19,19 @@ import java.util.concurrent.ConcurrentHashMap;
  * a check there would find no trace, and a tool span would start a trace of its own.
  */
 final class InvocationContexts {
+  /** Ended invocations remembered for the hooks still running after them. */
+  static final int ENDED_KEPT = 1024;
+
   private final Map<UUID, Context> started = new ConcurrentHashMap<>();
+  // A kill thrown by one of a round's concurrent tools ends the invocation (its error listener)
+  // while the round's other hooks are still to run on their threads: they must still find the
+  // invocation's trace, and be refused, rather than run unguarded.
+  private final Map<UUID, Context> ended = new LinkedHashMap<>(16, 0.75f, false) {
+    @Override
+    protected boolean removeEldestEntry(Map.Entry<UUID, Context> eldest) {
+      return size() > ENDED_KEPT;
+    }
+  };
 
   /** Registers the listeners that remember each invocation's context until it ends. */
   <T> AiServices<T> registerOn(AiServices<T> builder) {
@@ -36,7 +49,12 @@ final class InvocationContexts {
 
   private void forget(InvocationContext invocation) {
     if (invocation != null && invocation.invocationId() != null) {
-      started.remove(invocation.invocationId());
+      Context context = started.remove(invocation.invocationId());
+      if (context != null) {
+        synchronized (ended) {
+          ended.put(invocation.invocationId(), context);
+        }
+      }
     }
   }
 
@@ -47,6 +65,12 @@ final class InvocationContexts {
         || invocation == null || invocation.invocationId() == null) {
       return current;
     }
-    return started.getOrDefault(invocation.invocationId(), current);
+    Context context = started.get(invocation.invocationId());
+    if (context == null) {
+      synchronized (ended) {
+        context = ended.get(invocation.invocationId());
+      }
+    }
+    return context != null ? context : current;
   }
 }
