@@ -26,6 +26,8 @@ import {
 } from '@opentelemetry/sdk-trace-base';
 import { z } from 'zod';
 
+import { aiSdkStream, generated, TOKENS_IN, TOKENS_OUT } from './scripted_model.mjs';
+
 const SERVICE = 'scripted-agent';
 const FINAL_ANSWER = 'That is all I could find.';
 const QUESTION = 'What is the refund policy?';
@@ -39,8 +41,6 @@ const TOOL_PARAMETERS = {
   read_doc: { doc_id: 'string' },
   get_job_status: { job_id: 'string' },
 };
-const TOKENS_IN = 120;
-const TOKENS_OUT = 20;
 
 /** The scenario's calls in order: the model's next request and the tool's next result. */
 class Script {
@@ -80,11 +80,6 @@ function jsonSchema(tool) {
 
 // -- the Vercel AI SDK ---------------------------------------------------------------------
 
-const V3_USAGE = {
-  inputTokens: { total: TOKENS_IN, noCache: TOKENS_IN, cacheRead: undefined, cacheWrite: undefined },
-  outputTokens: { total: TOKENS_OUT, text: TOKENS_OUT, reasoning: undefined },
-};
-
 /** The scripted model's next answer as AI SDK content parts (the V3 and V4 specs agree). */
 function aiSdkTurn(script) {
   const call = script.nextCall();
@@ -102,39 +97,7 @@ function aiSdkTurn(script) {
 
 /** A mock model's doGenerate: each call answers the script's next turn. */
 function aiSdkGenerate(script) {
-  return async () => {
-    const turn = aiSdkTurn(script);
-    return {
-      content: turn.parts,
-      finishReason: { unified: turn.finish, raw: turn.finish },
-      usage: V3_USAGE,
-      warnings: [],
-    };
-  };
-}
-
-function aiSdkStream(turn) {
-  const chunks = [{ type: 'stream-start', warnings: [] }];
-  for (const part of turn.parts) {
-    if (part.type === 'text') {
-      chunks.push({ type: 'text-start', id: 't' });
-      chunks.push({ type: 'text-delta', id: 't', delta: part.text });
-      chunks.push({ type: 'text-end', id: 't' });
-    } else {
-      chunks.push(part);
-    }
-  }
-  chunks.push({
-    type: 'finish',
-    finishReason: { unified: turn.finish, raw: turn.finish },
-    usage: V3_USAGE,
-  });
-  return new ReadableStream({
-    start(controller) {
-      for (const chunk of chunks) controller.enqueue(chunk);
-      controller.close();
-    },
-  });
+  return async () => generated(aiSdkTurn(script));
 }
 
 /** One AI SDK agent: generateText (or streamText) with tools, looping until the model answers. */

@@ -23,14 +23,12 @@ import {
   SimpleSpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 
+import { aiSdkStream, generated } from '../scripted_model.mjs';
+
 const SERVICE = 'scripted-multi-agent';
 const NOTHING_NEW = 'Nothing to add.';
 const FINAL = 'Done.';
 const DEPTH = 6; // agents below the supervisor in the delegation chain: a0 -> a1 -> ... -> a6
-const USAGE = {
-  inputTokens: { total: 120, noCache: 120, cacheRead: undefined, cacheWrite: undefined },
-  outputTokens: { total: 20, text: 20, reasoning: undefined },
-};
 
 const delegate = (agent, task) => ({ tool: 'delegate_task', args: { task, targetAgents: [agent] } });
 const fanOut = (workers) =>
@@ -94,30 +92,8 @@ function scriptedModel(MockModel, decide) {
     return { parts, finish };
   };
   return new MockModel({
-    doGenerate: async (options) => {
-      const { parts, finish } = answer(options);
-      return { content: parts, finishReason: { unified: finish, raw: finish }, usage: USAGE, warnings: [] };
-    },
-    doStream: async (options) => {
-      const { parts, finish } = answer(options);
-      const chunks = [{ type: 'stream-start', warnings: [] }];
-      for (const part of parts) {
-        if (part.type === 'text') {
-          chunks.push({ type: 'text-start', id: 't' }, { type: 'text-delta', id: 't', delta: part.text }, { type: 'text-end', id: 't' });
-        } else {
-          chunks.push(part);
-        }
-      }
-      chunks.push({ type: 'finish', finishReason: { unified: finish, raw: finish }, usage: USAGE });
-      return {
-        stream: new ReadableStream({
-          start(controller) {
-            for (const chunk of chunks) controller.enqueue(chunk);
-            controller.close();
-          },
-        }),
-      };
-    },
+    doGenerate: async (options) => generated(answer(options)),
+    doStream: async (options) => ({ stream: aiSdkStream(answer(options)) }),
   });
 }
 
