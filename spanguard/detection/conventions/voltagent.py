@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from spanguard.detection.conventions.decoding import _decode_value
+from spanguard.detection.conventions.decoding import _decode_value, _not_recorded
 from spanguard.detection.conventions.events import MISSING, AgentRun, TokenUsage
 from spanguard.detection.conventions.keys import (
-    PLACEHOLDERS,
     VOLTAGENT_ENTITY_NAME,
     VOLTAGENT_ENTITY_TYPE,
     VOLTAGENT_INPUT,
     VOLTAGENT_MODEL,
     VOLTAGENT_OUTPUT,
+    VOLTAGENT_SCOPE,
     VOLTAGENT_SPAN_TYPE,
     VOLTAGENT_SUBAGENT_NAME,
     VOLTAGENT_USAGE_INPUT,
@@ -38,9 +38,7 @@ def voltagent_value(attributes: AttributeMap, key: str) -> Any:
     if key not in attributes:
         return MISSING
     value = _decode_value(attributes[key])
-    if type(value) is str and value.strip() in PLACEHOLDERS:
-        return MISSING
-    return value
+    return MISSING if _not_recorded(value, VOLTAGENT_SCOPE) else value
 
 
 def voltagent_arguments(attributes: AttributeMap) -> Any:
