@@ -114,7 +114,6 @@ MAX_TRACES: Final = 4096
 MAX_AGENTS: Final = 512
 MAX_SIGNATURES: Final = 64  # args hashes decided on, per key
 MAX_LISTED: Final = 20  # traces and agents an incident names
-MAX_REPLAYED: Final = MAX_LISTED * 8  # calls of one summed row counted one by one
 RESYNC_EVENTS: Final = 64
 
 
@@ -386,27 +385,46 @@ class FleetWindow:
     ) -> list[FleetIncident]:
         """A trace's calls of one key in one span message, summed as the tool call topic's
         rows carry them (`summed`: calls, failures, empties, how the last one ended: 0
-        answered, 1 failed, 2 empty), replayed as calls, at most MAX_REPLAYED: the last one as
-        it ended, so the trace counts as failing or not as its last call did. The incidents
-        they opened or recovered, in order."""
+        answered, 1 failed, 2 empty). The calls before the last are counted, not judged: they
+        ended before it, and the trace fails or answers as its last call did, so an answer
+        before a failure is no sign of recovery nor a failure before an answer one of
+        failing. The incidents the last call opened or recovered."""
         calls, failures, empties, last = summed
-        failures -= last == 1
-        empties -= last == 2
-        found: list[FleetIncident] = []
-        for index in range(min(calls, MAX_REPLAYED) - 1):
-            failed = index < failures
-            empty = not failed and index < failures + empties
-            incident = self.count_call(
-                tool, server, trace_id, agent, end_time_unix_nano, failed, empty
-            )
-            if incident is not None:
-                found.append(incident)
+        if calls > 1:
+            self._count_earlier(
+                tool, server, end_time_unix_nano, calls - 1, failures - (last == 1),
+                empties - (last == 2),
+            )  # fmt: skip
         incident = self.count_call(
             tool, server, trace_id, agent, end_time_unix_nano, last == 1, last == 2
         )
-        if incident is not None:
-            found.append(incident)
-        return found
+        return [] if incident is None else [incident]
+
+    def _count_earlier(
+        self, tool: str, server: str, end_time_unix_nano: int, calls: int, failed: int, empty: int
+    ) -> None:
+        """A summed row's calls before its last one, in the step's figures only (the last
+        call counts the trace and its agent)."""
+        if not tool:
+            self.unnamed += calls
+            return
+        step = self._step_of(end_time_unix_nano)
+        if step < 0:
+            return
+        if step > self.now:
+            self.now = step
+            for each in self.keys.values():
+                self._expire(each)
+        key = self._key(tool, server)
+        if key is None:
+            self.overflow_calls += calls - 1  # `_key` counted one
+            key = self.overflow
+        at = _bucket_at(key, step)
+        if at >= 0:
+            buckets = key.buckets
+            buckets[at + _CALLS] += calls
+            buckets[at + _FAILURES] += failed
+            buckets[at + _EMPTIES] += empty
 
     def count_call(
         self,

@@ -149,6 +149,34 @@ def test_a_tool_failing_for_many_traces_is_one_incident_until_it_answers_again()
     assert feed(window, [call(t, 50, failed=True) for t in range(7)]) == []
 
 
+def test_a_summed_row_is_judged_by_its_last_call_and_counts_every_call():
+    """The tool call topic sums a trace's calls of one span message into a row: the calls
+    before the last ended before it, so an answer before a failure is no recovery, and a
+    failure before an answer is no failing trace."""
+    window = FleetWindow(POLICY)
+    [incident] = feed(window, [call(t, t, failed=True) for t in range(8)])
+    at = BASE_NS + 20 * SECOND
+    # Traces that answered once, then failed, in one message each: still failing.
+    for trace in range(100, 110):
+        assert window.observe_summed("search", "", f"trace-{trace}", "a", at, (2, 1, 0, 1)) == []
+    assert window.open_incidents() == [incident]
+    figures = window.key_figures("search")
+    assert figures is not None
+    assert (figures["calls"], figures["failures"], figures["traces"]) == (28, 18, 18)
+    # Traces whose last call answered recover it, whatever failed before.
+    found = [
+        window.observe_summed("search", "", f"trace-{trace}", "a", at, (5, 4, 0, 0))
+        for trace in range(200, 203)
+    ]
+    assert found == [[], [], [incident]] and window.open_incidents() == []
+    # Failures before an answer open nothing on a fresh tool.
+    fresh = FleetWindow(POLICY)
+    rows = [(f"trace-{t}", (3, 2, 0, 0)) for t in range(20)]
+    assert [fresh.observe_summed("lookup", "", t, "a", at, row) for t, row in rows] == [[]] * 20
+    fresh_figures = fresh.key_figures("lookup")
+    assert fresh_figures is not None and fresh_figures["failures"] == 40
+
+
 def test_a_server_of_its_own_is_a_tool_of_its_own():
     window = FleetWindow(POLICY)
     calls = [call(t, t, failed=True, server="a:1" if t % 2 else "b:2") for t in range(14)]
