@@ -2198,8 +2198,17 @@ def fleet_run(
         def incidents() -> list[dict[str, Any]]:
             return reader.where(lambda record: json.loads(record["value"]).get("scope") == "tool")
 
+        def tools_opened() -> set[str]:
+            """The failing tools with an incident opened (a recovery record is not one)."""
+            found = (json.loads(record["value"]) for record in incidents())
+            return {
+                incident.get("tool")
+                for incident in found
+                if incident.get("action") != "recovered" and incident.get("tool") in tools
+            }
+
         deadline = time.monotonic() + step + 15.0
-        while time.monotonic() < deadline and len(incidents()) < len(tools):
+        while time.monotonic() < deadline and len(tools_opened()) < len(tools):
             time.sleep(0.2)
         time.sleep(1.0)  # a second incident of a tool, were there one
         records = incidents()
