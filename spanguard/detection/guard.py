@@ -522,7 +522,11 @@ class Guard:
         if isinstance(event, AgentRun):
             return self._on_agent_run(trace_id, state, event, resource)
         if isinstance(event, UncarriedRequest):
-            self._on_uncarried_request(state.service)
+            keep = (self._defaults_plan or self._plan(self._defaults)).recent_ids
+            if state.recent_span_ids.seen(event.span_id, keep):
+                self.stats.duplicate_spans += 1  # exporter retry or Kafka redelivery
+            else:
+                self._on_uncarried_request(state.service)
             return None
         if event.agent_name and not state.agent_name:
             state.agent_name = event.agent_name
@@ -723,12 +727,9 @@ class Guard:
             agent_traces[raw_trace_id] = None
             if len(agent_traces) > MAX_AGENT_TRACES:
                 del agent_traces[next(iter(agent_traces))]
-        if run.by_service:
-            if run.agent_name is None and resource is not None:
-                # A service's answer to a request (a2a-sdk's): only its service names the agent.
-                run.agent_name = resource.service
-            if not run.parent_span_id:  # nothing above the handler: its caller's trace unknown
-                self._on_uncarried_request(state.service)
+        if run.by_service and run.agent_name is None and resource is not None:
+            # A service's answer to a request (a2a-sdk's): only its service names the agent.
+            run.agent_name = resource.service
         if tree.unresolved is not None and run.agent_name:
             tree.saw_agent(run.agent_name)
         started = tree.started
@@ -736,6 +737,8 @@ class Guard:
             if tree.started == started:
                 return None  # placed already: a redelivery
             self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
+        if run.by_service and not run.parent_span_id:
+            self._on_uncarried_request(state.service)  # nothing above the handler
         policy, plan = self._policy_and_plan(state, run, resource)
         fired = state.fired
         for rule, wanted in plan.agent_rules:

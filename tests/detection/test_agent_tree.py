@@ -384,6 +384,9 @@ def test_an_a2a_request_starting_a_trace_is_one_whose_callers_trace_did_not_come
     assert checked.stats.uncarried_requests == 3
     [state] = checked.states.values()
     assert state.agent_tree is not None and state.agent_tree.started == 1
+    # The same spans again (an exporter's retry, a redelivery): no request counted twice.
+    assert records(checked.process(spans.request)) == []
+    assert checked.stats.uncarried_requests == 3
 
 
 def served(handler_first: bool) -> Spans:
