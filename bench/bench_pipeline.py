@@ -2212,6 +2212,13 @@ def fleet_run(
             time.sleep(0.2)
         time.sleep(1.0)  # a second incident of a tool, were there one
         records = incidents()
+        if len(tools_opened()) < len(tools):  # what the worker counted, to tell why
+            counted = {
+                name: value
+                for name, value in (worker.metrics() or {}).items()
+                if "tool_call" in name or "tool_scope" in name or "dead_letter" in name
+            }
+            print(f"fleet: incidents missing; the worker's counts {counted}\n{worker.log_tail()}")
         metadata = admin.list_topics(timeout=10).topics
         tool_call_records = topic_records(
             topics.tool_calls, len(metadata[topics.tool_calls].partitions)
