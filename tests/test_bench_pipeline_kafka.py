@@ -42,7 +42,8 @@ def test_the_bench_runs_its_collector_scope_and_fleet_phases_in_miniature(capsys
     fleet = next(line for line in out.splitlines() if line.startswith("fleet decision time"))
     assert result["fleet_incidents_expected"] == 2
     assert result["fleet_incidents_crossed"] == 2, fleet  # every failing tool was posted
-    assert result["fleet_incidents_opened"] == 2, fleet
+    # (When one is missing, the bench prints the worker's counts and log before that line.)
+    assert result["fleet_incidents_opened"] == 2, out[max(0, out.index(fleet) - 6000) :]
     assert len(result["fleet_decision_ms"]) == 2, fleet
     assert result["fleet_tool_call_records"] > 0
     if compiled:
