@@ -261,6 +261,11 @@ def _summary(result: ReplayResult, elapsed: float) -> str:
             f", {stats.uncarried_requests:,} A2A requests without their caller's trace"
             " (a loop across services through them is not seen as one)"
         )
+    if stats.linked_runs:
+        skipped += (
+            f", {stats.linked_runs:,} agent runs linked to their caller's trace, not carried"
+            " (links are not followed)"
+        )
     return (
         f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
         f" {stats.tool_calls:,} tool calls,"

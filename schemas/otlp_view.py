@@ -29,9 +29,16 @@ __all__ = ["RequestView", "not_a_trace_request", "parse_view", "view_of"]
 _PACKAGE = "spanguard.otlpview"
 _ANY_VALUE = ".opentelemetry.proto.common.v1.AnyValue"
 _EVENT = ".opentelemetry.proto.trace.v1.Span.Event"
+# A root span's links to another trace (VoltAgent's agent runs link their caller's span): a
+# run whose caller's trace was linked, not carried (read on an agent's root span only).
+_LINK = ".opentelemetry.proto.trace.v1.Span.Link"
 _SCOPE = ".opentelemetry.proto.common.v1.InstrumentationScope"
 _STATUS = ".opentelemetry.proto.trace.v1.Status"
 _F = descriptor_pb2.FieldDescriptorProto
+_DEPENDENCIES = [
+    "opentelemetry/proto/common/v1/common.proto",
+    "opentelemetry/proto/trace/v1/trace.proto",
+]
 
 
 def _build() -> Any:
@@ -39,10 +46,7 @@ def _build() -> Any:
         name="spanguard/otlp_view.proto",
         package=_PACKAGE,
         syntax="proto3",
-        dependency=[
-            "opentelemetry/proto/common/v1/common.proto",
-            "opentelemetry/proto/trace/v1/trace.proto",
-        ],
+        dependency=_DEPENDENCIES,
     )
 
     def message(
@@ -89,6 +93,7 @@ def _build() -> Any:
             # When the call ended: the start of the detection-latency clock.
             ("end_time_unix_nano", 8, _F.TYPE_FIXED64, False, ""),
             ("events", 11, _F.TYPE_MESSAGE, True, _EVENT),
+            ("links", 13, _F.TYPE_MESSAGE, True, _LINK),
             # A failed call (code ERROR) is one result, whatever its error text.
             ("status", 15, _F.TYPE_MESSAGE, False, _STATUS),
         ],

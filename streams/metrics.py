@@ -341,6 +341,9 @@ COUNTER_HELP = {
     "uncarried_requests": "requests to agent services that started a trace of their own (an"
     " A2A server span without a parent): their callers' trace context did not come with them,"
     " so a loop between agents through such a service is not seen as one",
+    "linked_runs": "agent runs that started a trace of their own linked to their caller's span"
+    " (a span link, not a parent; VoltAgent's): links are not followed, so a loop between"
+    " agents through such a service is not seen as one",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",
@@ -396,6 +399,7 @@ EXPORTED: dict[CountedOutcome, tuple[Series, ...]] = {
     GuardCount.AGENT_RUNS_UNPLACED: (Series("agent_runs_unplaced"),),
     GuardCount.AGENT_LINKS_UNKEPT: (Series("agent_links_unkept"),),
     GuardCount.UNCARRIED_REQUESTS: (Series("uncarried_requests"),),
+    GuardCount.LINKED_RUNS: (Series("linked_runs"),),
     # No model label: model names come from the spans, unbounded (a typo, a fine-tune per
     # customer); the decisions and `spanguard explain` name the model of a trace.
     GuardCount.TOKENS_PRICED: (Series("usage_tokens", (("price", "priced"),)),),

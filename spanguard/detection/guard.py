@@ -132,9 +132,11 @@ MIN_RECENT_IDS = 32
 # Traces with agents whose spans' parents are kept (Guard._agent_traces): the newest so many.
 MAX_AGENT_TRACES = 4096
 # Services told about their uncarried requests: the first so many (service names come from
-# the spans, unbounded); the others are counted only. UNCARRIED is what they were told of.
+# the spans, unbounded); the others are counted only. UNCARRIED and LINKED are what they were
+# told of.
 MAX_WARNED = 4096
 UNCARRIED = "uncarried requests"
+LINKED = "linked runs"
 
 HASHING_HINT = (
     "or keep them private and still exact: hash them before they leave"
@@ -173,6 +175,8 @@ class GuardCount(CountedOutcome):
     AGENT_LINKS_UNKEPT = "agent_links_unkept"
     # Requests to agent services that started a trace of their own (UncarriedRequest).
     UNCARRIED_REQUESTS = "uncarried_requests"
+    # Agent runs that started a trace of their own linked to their caller's (AgentRun.linked).
+    LINKED_RUNS = "linked_runs"
 
 
 @dataclass
@@ -209,6 +213,9 @@ class GuardStats:
     # Requests to agent services without their caller's trace context (an A2A server span
     # with no parent): each is a trace alone, a loop across services through it unseen.
     uncarried_requests: int = 0
+    # Agent runs starting a trace of their own with a span link to their caller's trace
+    # (VoltAgent's): the link is not followed, each run is decided alone.
+    linked_runs: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 
     def count(self, outcome: GuardCount) -> int:
@@ -739,6 +746,8 @@ class Guard:
             self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
         if run.by_service and not run.parent_span_id:
             self._on_uncarried_request(state.service)  # nothing above the handler
+        elif run.linked:
+            self._on_linked_run(state.service)
         policy, plan = self._policy_and_plan(state, run, resource)
         fired = state.fired
         for rule, wanted in plan.agent_rules:
@@ -1045,6 +1054,23 @@ class Guard:
             " one (an agent budget over a window, where set, still stops it); where its"
             " callers are agents, carry the context: OpenTelemetry's httpx instrumentation in the caller"
             " and its Starlette or ASGI instrumentation here (docs/agents.md, across services)",
+            service,
+        )
+
+    def _on_linked_run(self, service: str) -> None:
+        """Count an agent run whose trace links to its caller's; tell once per service."""
+        self.stats.linked_runs += 1
+        key = (service, LINKED)
+        if key in self._warned or len(self._warned) >= MAX_WARNED:
+            return
+        self._warned.add(key)
+        log.warning(
+            "service %.200r starts each agent run in a trace of its own, linked to its caller's"
+            " span (a span link, not a parent): the guard does not follow links, so each run is"
+            " decided alone and a loop between agents that runs through this service is not"
+            " seen as one (an agent budget over a window, where set, still stops it); runs"
+            " that name one conversation id are joined where the policy turns the conversation"
+            " scope on (docs/agents.md, across services)",
             service,
         )
 

@@ -389,6 +389,57 @@ def test_an_a2a_request_starting_a_trace_is_one_whose_callers_trace_did_not_come
     assert checked.stats.uncarried_requests == 3
 
 
+def view_spans(spans: Spans) -> list:
+    """The spans as the guard reads them (schemas/otlp_view.py's view)."""
+    from spanguard.schemas.otlp_view import view_of
+
+    return list(view_of(spans.request).resource_spans[0].scope_spans[0].spans)
+
+
+def test_an_agent_run_starting_a_trace_linked_to_its_callers_is_counted_and_told_once(caplog):
+    """VoltAgent starts each agent run in a trace of its own, linked to the span current when
+    it started (an instrumented server's, in the caller's trace): the guard does not follow
+    links, so it counts such runs and tells each service once."""
+    from spanguard.detection.conventions.adapt import adapt_span
+    from spanguard.detection.conventions.events import AgentRun
+
+    def linked(spans: Spans, trace: bytes) -> None:
+        link = spans.scope.spans[-1].links.add()
+        link.trace_id, link.span_id = trace, span_id(7)
+
+    caller = bytes.fromhex("ab" * 16)
+    voltagent = Spans("@voltagent/core")
+    voltagent.span(0, None, 1, 9, "billing", entity__type="agent", entity__name="billing")
+    linked(voltagent, caller)
+    voltagent.span(2, 0, 2, 8, "sub", entity__type="agent", entity__name="billing")
+    linked(voltagent, caller)  # a run with a parent: the trace was carried
+    voltagent.span(3, None, 1, 9, "self", entity__type="agent", entity__name="billing")
+    linked(voltagent, TRACE)  # a link within its own trace
+    genai = Spans()
+    genai.agent(1, None, "triage", 1, 9)
+    linked(genai, caller)
+    read = [adapt_span(span, scope="@voltagent/core") for span in view_spans(voltagent)]
+    read.append(adapt_span(view_spans(genai)[0], scope="tests"))
+    assert all(isinstance(run, AgentRun) for run in read)
+    assert [run.linked for run in read] == [True, False, False, True]  # type: ignore[union-attr]
+    checked = guard()
+    with caplog.at_level("WARNING", logger="spanguard.core"):
+        assert records(checked.process(voltagent.request)) == []
+        assert records(checked.process(voltagent.request)) == []  # again: placed once
+    assert checked.stats.linked_runs == 1 and checked.stats.uncarried_requests == 0
+    told = [r.getMessage() for r in caplog.records if "linked to its caller" in r.getMessage()]
+    assert len(told) == 1 and "'multi-agent'" in told[0], told
+    # Another trace of the same service: counted, not told again.
+    for span in voltagent.scope.spans:
+        span.trace_id = caller[::-1]
+    with caplog.at_level("WARNING", logger="spanguard.core"):
+        checked.process(voltagent.request)
+    assert checked.stats.linked_runs == 2
+    assert [
+        r.getMessage() for r in caplog.records if "linked to its caller" in r.getMessage()
+    ] == told
+
+
 def served(handler_first: bool) -> Spans:
     """A service (Google ADK's `to_a2a`) answering a request: a2a-sdk's handler span, its
     agent's run inside it; exported in the order given."""

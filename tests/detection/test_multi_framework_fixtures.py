@@ -433,3 +433,35 @@ def test_requests_without_their_callers_trace_are_counted_and_told_once_per_serv
     assert sorted(line.split("service '")[1].split("'")[0] for line in told) == sorted(started)
     counted = f"{sum(started.values()):,} A2A requests without their caller's trace"
     assert (counted in result.stderr) == bool(started)
+
+
+LINKED_TOLD = "starts each agent run in a trace of its own, linked to its caller's span"
+
+
+@pytest.mark.parametrize("framework", sorted({name for name, _inst, _scenario in RUNS}))
+def test_runs_linked_to_their_callers_trace_are_counted_and_told_once_per_service(framework):
+    """VoltAgent starts each run in a trace of its own linked to the span current when it
+    started (the fixtures' request span): counted and told, not followed. No other framework's
+    fixture links a run to another trace."""
+    paths = [
+        path_of(FIXTURES, name, instrumentation, scenario)
+        for name, instrumentation, scenario in RUNS
+        if name == framework
+    ]
+    linked = 0  # root agent runs with a link to another trace, read from the fixtures
+    for path in paths:
+        for span in spans(path):
+            values = attributes(span)
+            run = values.get("entity.type", {}).get("stringValue") == "agent"
+            run = run or values.get(OPERATION, {}).get("stringValue") == "invoke_agent"
+            if run and not span.get("parentSpanId"):
+                linked += any(link["traceId"] != span["traceId"] for link in span.get("links", ()))
+    assert bool(linked) == (framework == VOLTAGENT)
+    result = subprocess.run(
+        [sys.executable, "-m", "spanguard.cli", "replay", *map(str, paths)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    told = [line for line in result.stderr.splitlines() if LINKED_TOLD in line]
+    assert len(told) == (1 if linked else 0), told
+    counted = f"{linked:,} agent runs linked to their caller's trace"
+    assert (counted in result.stderr) == bool(linked), result.stderr[-2000:]

@@ -84,6 +84,7 @@ from spanguard.detection.conventions.kinds import (
     _tool_span_name,
     is_a2a_handler,
     is_a2a_request,
+    linked_to_another_trace,
 )
 from spanguard.detection.conventions.turns import conversation_of, ends_with_user_message
 from spanguard.detection.conventions.values import (
@@ -553,6 +554,7 @@ def _agent_run(
         span.start_time_unix_nano,
         span.end_time_unix_nano,
         run_key,
+        linked=linked_to_another_trace(span),
     )
 
 

@@ -194,6 +194,9 @@ class AgentRun:
     # A service's answer to one request (a2a-sdk's request handler): the span names no agent,
     # the service's resource does (the guard sets `agent_name` from it).
     by_service: bool
+    # The trace's root run linked to a span of another trace (its caller's, as VoltAgent links
+    # a run to the span current when it started): the caller's trace was not carried.
+    linked: bool
 
     def __init__(
         self,
@@ -205,6 +208,7 @@ class AgentRun:
         end_time_unix_nano: int = 0,
         run_key: str | None = None,
         by_service: bool = False,
+        linked: bool = False,
     ) -> None:
         self.span_id = span_id
         self.parent_span_id = parent_span_id
@@ -215,6 +219,7 @@ class AgentRun:
         self.conversation_id = None
         self.run_key = run_key
         self.by_service = by_service
+        self.linked = linked
 
 
 @mypyc_attr(acyclic=True, free_list_len=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Container
+from typing import Any
 
 from spanguard.detection.conventions.keys import (
     A2A_HANDLER_CLASSES,
@@ -95,3 +96,13 @@ def is_a2a_request(name: str) -> bool:
     """Whether a span of a2a-sdk's scope is one of the spans that start answering a request
     (`<module>.<dispatcher or handler class>.<method>`), whatever the method."""
     return name.rpartition(".")[0].rpartition(".")[2] in A2A_REQUEST_CLASSES
+
+
+def linked_to_another_trace(span: Any) -> bool:
+    """A span without a parent that links to a span of another trace: its trace was started
+    for a caller whose own trace is linked, not carried (VoltAgent links an agent's run to the
+    span current when it started: an instrumented server's, in its caller's trace)."""
+    if span.parent_span_id:
+        return False
+    links = span.links
+    return any(links[index].trace_id != span.trace_id for index in range(len(links)))
