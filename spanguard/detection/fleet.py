@@ -390,41 +390,11 @@ class FleetWindow:
         before a failure is no sign of recovery nor a failure before an answer one of
         failing. The incidents the last call opened or recovered."""
         calls, failures, empties, last = summed
-        if calls > 1:
-            self._count_earlier(
-                tool, server, end_time_unix_nano, calls - 1, failures - (last == 1),
-                empties - (last == 2),
-            )  # fmt: skip
+        earlier = (calls - 1, failures - (last == 1), empties - (last == 2)) if calls > 1 else None
         incident = self.count_call(
-            tool, server, trace_id, agent, end_time_unix_nano, last == 1, last == 2
+            tool, server, trace_id, agent, end_time_unix_nano, last == 1, last == 2, earlier
         )
         return [] if incident is None else [incident]
-
-    def _count_earlier(
-        self, tool: str, server: str, end_time_unix_nano: int, calls: int, failed: int, empty: int
-    ) -> None:
-        """A summed row's calls before its last one, in the step's figures only (the last
-        call counts the trace and its agent)."""
-        if not tool:
-            self.unnamed += calls
-            return
-        step = self._step_of(end_time_unix_nano)
-        if step < 0:
-            return
-        if step > self.now:
-            self.now = step
-            for each in self.keys.values():
-                self._expire(each)
-        key = self._key(tool, server)
-        if key is None:
-            self.overflow_calls += calls - 1  # `_key` counted one
-            key = self.overflow
-        at = _bucket_at(key, step)
-        if at >= 0:
-            buckets = key.buckets
-            buckets[at + _CALLS] += calls
-            buckets[at + _FAILURES] += failed
-            buckets[at + _EMPTIES] += empty
 
     def count_call(
         self,
@@ -435,11 +405,14 @@ class FleetWindow:
         end_time_unix_nano: int,
         failed: bool,
         empty: bool,
+        earlier: tuple[int, int, int] | None = None,
     ) -> FleetIncident | None:
         """`observe` of a call given field by field: a summed row's calls are counted
-        without a FleetCall made for each."""
+        without a FleetCall made for each. `earlier`: the row's calls before this one
+        (calls, failures, empties), in the step's figures only (this call counts the trace
+        and its agent)."""
         if not tool:
-            self.unnamed += 1
+            self.unnamed += 1 if earlier is None else 1 + earlier[0]
             return None
         step = self._step_of(end_time_unix_nano)
         if step < 0:
@@ -450,8 +423,13 @@ class FleetWindow:
                 self._expire(each)
         key = self._key(tool, server)
         if key is None:
+            if earlier is not None:
+                self.overflow_calls += earlier[0]  # `_key` counted this call
+                _count_earlier(self.overflow, step, earlier)
             _count(self.overflow, step, failed, empty, trace_id, agent)
             return None
+        if earlier is not None:
+            _count_earlier(key, step, earlier)
         bad = (failed or empty) and end_time_unix_nano >= key.fresh_after
         _count(key, step, failed, empty, trace_id, agent)
         previous = key.traces.get(trace_id)
@@ -649,6 +627,16 @@ def _count(key: _Key, step: int, failed: bool, empty: bool, trace_id: str, agent
                 key.agents.popitem(last=False)
             key.agents[agent] = step
             key.agents.move_to_end(agent)
+
+
+def _count_earlier(key: _Key, step: int, earlier: tuple[int, int, int]) -> None:
+    """A summed row's calls before its last one, in the step's figures only."""
+    at = _bucket_at(key, step)
+    if at >= 0:
+        buckets = key.buckets
+        buckets[at + _CALLS] += earlier[0]
+        buckets[at + _FAILURES] += earlier[1]
+        buckets[at + _EMPTIES] += earlier[2]
 
 
 def _forget_oldest(key: _Key) -> None:
