@@ -1040,13 +1040,20 @@ class Guard:
         attributes.setdefault(SERVICE_NAME, state.service)
         return self.policy.for_attributes(attributes)
 
+    def _first_told(self, service: str, what: str) -> bool:
+        """Whether `service` is to be told of `what` now: the first time, while fewer than
+        MAX_WARNED were told (service names come from the spans, unbounded)."""
+        key = (service, what)
+        if key in self._warned or len(self._warned) >= MAX_WARNED:
+            return False
+        self._warned.add(key)
+        return True
+
     def _on_uncarried_request(self, service: str) -> None:
         """Count a request that came without its caller's trace; tell once per service."""
         self.stats.uncarried_requests += 1
-        key = (service, UNCARRIED)
-        if key in self._warned or len(self._warned) >= MAX_WARNED:
+        if not self._first_told(service, UNCARRIED):
             return
-        self._warned.add(key)
         log.warning(
             "service %.200r answers A2A requests that start a trace of their own: their"
             " callers' trace context does not come with them, so each request is decided"
@@ -1060,10 +1067,8 @@ class Guard:
     def _on_linked_run(self, service: str) -> None:
         """Count an agent run whose trace links to its caller's; tell once per service."""
         self.stats.linked_runs += 1
-        key = (service, LINKED)
-        if key in self._warned or len(self._warned) >= MAX_WARNED:
+        if not self._first_told(service, LINKED):
             return
-        self._warned.add(key)
         log.warning(
             "service %.200r starts each agent run in a trace of its own, linked to its caller's"
             " span (a span link, not a parent): the guard does not follow links, so each run is"
