@@ -11,8 +11,9 @@ import gzip
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -43,6 +44,9 @@ class ReplayResult:
     guard: Guard
     requests: int = 0
     skipped: int = 0  # broken lines and .pb files, each reported on stderr
+    # Every decision printed, by (rule, action): the trace's and its scopes' (conversation,
+    # agent, tool), which the guard's own counts leave out.
+    decided: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 @dataclass
@@ -206,6 +210,7 @@ def replay(
                     result.requests += 1
                     for decision in decisions:
                         out.write(decision.to_json() + "\n")
+                        result.decided[(decision.rule, decision.action)] += 1
             if item.error is not None:
                 result.skipped += 1
                 progress.clear()
@@ -249,7 +254,7 @@ def _summary(result: ReplayResult, elapsed: float) -> str:
     """The one line a replay ends with on stderr."""
     guard, stats = result.guard, result.guard.stats
     by_rule = ", ".join(
-        f"{rule}/{action}={n}" for (rule, action), n in sorted(stats.decisions.items())
+        f"{rule}/{action}={n}" for (rule, action), n in sorted(result.decided.items())
     )
     skipped = f", {result.skipped:,} broken inputs skipped" if result.skipped else ""
     if guard.pricer is not None:
@@ -262,14 +267,19 @@ def _summary(result: ReplayResult, elapsed: float) -> str:
             " (a loop across services through them is not seen as one)"
         )
     if stats.linked_runs:
+        followed = (
+            "followed into the conversation scope"
+            if guard.conversations is not None
+            else "not followed: the conversation scope is off"
+        )
         skipped += (
             f", {stats.linked_runs:,} agent runs linked to their caller's trace, not carried"
-            " (links are not followed)"
+            f" (links {followed})"
         )
     return (
         f"replay: {result.requests:,} requests{skipped}, {stats.spans:,} spans,"
         f" {stats.tool_calls:,} tool calls,"
-        f" {sum(stats.decisions.values())} decisions ({by_rule or 'none'}),"
+        f" {result.decided.total()} decisions ({by_rule or 'none'}),"
         f" {stats.missing_arguments:,} tool spans without arguments skipped,"
         f" {stats.duplicate_spans + stats.repeated_call_ids:,} repeats ignored"
         f" in {elapsed:.1f}s\n"
