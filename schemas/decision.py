@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_SIGNAL_TTL_SECONDS",
     "EVIDENCE_FIELDS",
     "KILL_SIGNAL_SCHEMA_VERSION",
+    "LINKED_CONVERSATION_PREFIX",
     "MAX_SIGNAL_BYTES",
     "MAX_TOOL_NAME_CHARS",
     "NO_EVIDENCE",
@@ -50,11 +51,13 @@ __all__ = [
     "SignatureCheck",
     "Spend",
     "ToolIdentity",
+    "caller_trace_of",
     "canonical_json",
     "decision_id",
     "key_id",
     "keyring",
     "kill_signals",
+    "linked_conversation",
     "pause_instructions",
     "read_signal",
     "schema_validator",
@@ -125,6 +128,9 @@ SignalScope = Literal["trace", "conversation", "agent", "tool"]
 ScopeKind = Literal["conversation", "agent", "tool"]
 # The trace id a scoped manual signal names: it stops no trace by its id.
 NO_TRACE_ID = "0" * 32
+# The conversation of the agent runs linked to one caller's trace: this, then its trace id.
+LINKED_CONVERSATION_PREFIX = "trace:"
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 # The agent a tool-scoped signal names: it is about every agent that calls the tool.
 FLEET_SERVICE = "(fleet)"
 # A conversation id a signal may carry (as a detection's).
@@ -603,6 +609,8 @@ def kill_signals(
     (the trace that tripped stops even where its killswitch does not know its conversation)
     and its conversation's, which refuses every later trace of the conversation until the
     decision's `scope_until` (the policy's `conversation.kill_ttl`) or an operator's release.
+    A conversation of runs linked to one caller's trace (`linked_conversation`) sends a third:
+    the caller's trace's, which stops the agent calling again.
     """
     if decision.action not in ("kill", "downgrade", "pause"):
         return []
@@ -621,7 +629,26 @@ def kill_signals(
         conversation_id=decided.conversation_id,
         expires_at=decided.until or signal.expires_at,
     )
-    return [signal, scoped]
+    caller = caller_trace_of(decided.conversation_id)
+    if caller is None or caller == signal.trace_id:
+        return [signal, scoped]
+    # Runs linked to one caller's trace: the caller is what calls again, stopped by its trace.
+    return [signal, scoped, replace(signal, trace_id=caller)]
+
+
+def linked_conversation(caller_trace_id: str) -> str:
+    """The conversation of the agent runs whose traces link to the trace `caller_trace_id`
+    (hex), as the guard's conversation scope names it where the runs name none."""
+    return LINKED_CONVERSATION_PREFIX + caller_trace_id
+
+
+def caller_trace_of(conversation_id: str | None) -> str | None:
+    """The caller's trace id of a conversation of linked runs (`linked_conversation`), else
+    None."""
+    if conversation_id is None or not conversation_id.startswith(LINKED_CONVERSATION_PREFIX):
+        return None
+    caller = conversation_id[len(LINKED_CONVERSATION_PREFIX) :]
+    return caller if _TRACE_ID.fullmatch(caller) else None
 
 
 def canonical_json(record: dict[str, Any]) -> bytes:

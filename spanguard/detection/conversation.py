@@ -7,7 +7,9 @@ twice are twelve identical calls that no trace alone counts to 4. The trace guar
 hands each counted call and each change of a trace's usage to the conversation sink
 (`ConversationSink`: a ConversationGuard, or the worker's recorder) as a compact
 record (`ConversationCall`, `ConversationUsage`: ids, the call's key and times, token and cost
-deltas; never arguments), keyed by the conversation id the trace's spans name. Pure Python, no
+deltas; never arguments), keyed by the conversation id the trace's spans name, or, for an agent
+run whose trace links to its caller's and names none, `trace:<the caller's trace id>` (the runs
+one caller started, each in a trace of its own, are one conversation). Pure Python, no
 I/O: replay and tests run it beside the guard with a dict for state; the worker feeds it
 from a repartition of these records by conversation id (streams/conversations.py).
 

@@ -101,6 +101,7 @@ from spanguard.schemas.decision import (
     Pause,
     PolicyInForce,
     decision_id,
+    linked_conversation,
 )
 from spanguard.schemas.otlp_view import parse_view, view_of
 from spanguard.schemas.policy import AgentPolicy, Policy
@@ -175,7 +176,7 @@ class GuardCount(CountedOutcome):
     AGENT_LINKS_UNKEPT = "agent_links_unkept"
     # Requests to agent services that started a trace of their own (UncarriedRequest).
     UNCARRIED_REQUESTS = "uncarried_requests"
-    # Agent runs that started a trace of their own linked to their caller's (AgentRun.linked).
+    # Agent runs that started a trace of their own linked to their caller's (AgentRun.caller_trace_id).
     LINKED_RUNS = "linked_runs"
 
 
@@ -746,8 +747,8 @@ class Guard:
             self.stats.agent_runs_unplaced += 1  # the tree is full (MAX_RUNS): counted only
         if run.by_service and not run.parent_span_id:
             self._on_uncarried_request(state.service)  # nothing above the handler
-        elif run.linked:
-            self._on_linked_run(state.service)
+        elif run.caller_trace_id is not None:
+            self._on_linked_run(trace_id, state, run, run.caller_trace_id)
         policy, plan = self._policy_and_plan(state, run, resource)
         fired = state.fired
         for rule, wanted in plan.agent_rules:
@@ -1060,24 +1061,67 @@ class Guard:
             " alone and a loop between agents that runs through this service is not seen as"
             " one (an agent budget over a window, where set, still stops it); where its"
             " callers are agents, carry the context: OpenTelemetry's httpx instrumentation in the caller"
-            " and its Starlette or ASGI instrumentation here (docs/agents.md, across services)",
+            " and its Starlette or ASGI instrumentation here (docs/agents.md, 'Multi-agent runs')",
             service,
         )
 
-    def _on_linked_run(self, service: str) -> None:
-        """Count an agent run whose trace links to its caller's; tell once per service."""
+    def _on_linked_run(
+        self, trace_id: str, state: TraceState, run: AgentRun, caller_trace_id: str
+    ) -> None:
+        """Count an agent run whose trace links to its caller's, and follow the link into the
+        conversation scope where one is given (a trace naming no conversation joins its
+        caller's); tell once per service."""
         self.stats.linked_runs += 1
-        if not self._first_told(service, LINKED):
+        conversations = self.conversations
+        if conversations is not None and state.conversation_id is None:
+            self._join_callers_conversation(trace_id, state, run, conversations, caller_trace_id)
+        if not self._first_told(state.service, LINKED):
             return
         log.warning(
             "service %.200r starts each agent run in a trace of its own, linked to its caller's"
-            " span (a span link, not a parent): the guard does not follow links, so each run is"
-            " decided alone and a loop between agents that runs through this service is not"
-            " seen as one (an agent budget over a window, where set, still stops it); runs"
-            " that name one conversation id are joined where the policy turns the conversation"
-            " scope on (docs/agents.md, across services)",
-            service,
+            " span (a span link, not a parent): each run is decided alone by the trace rules,"
+            " and a loop between agents that runs through this service is not seen as one by"
+            " them (an agent budget over a window, where set, still stops it); with the"
+            " conversation scope on, the runs linked to one caller's trace are one conversation,"
+            " %s (docs/agents.md, 'Multi-agent runs')",
+            state.service,
+            linked_conversation("<caller's trace id>"),
         )
+
+    def _join_callers_conversation(
+        self,
+        trace_id: str,
+        state: TraceState,
+        run: AgentRun,
+        conversations: ConversationSink,
+        caller_trace_id: str,
+    ) -> None:
+        """The trace joins the conversation of the runs linked to its caller's trace. The link
+        is on the run's root span, which ends last: the calls its window keeps and the usage
+        it counted so far are handed now, in the order they came (the usage under the run's
+        span)."""
+        conversation_id = state.conversation_id = linked_conversation(caller_trace_id)
+        service, agent_name = state.service, state.agent_name
+        for key, span_id, end_unix_nano in state.window_entries():
+            conversations.hand_call(
+                ConversationCall(
+                    conversation_id, trace_id, span_id, end_unix_nano, key, service, agent_name
+                )
+            )
+        tokens, cost = state.inference_tokens or 0, state.inference_cost or 0
+        if conversations.counts_usage and (tokens or cost):
+            conversations.hand_usage(
+                ConversationUsage(
+                    conversation_id,
+                    trace_id,
+                    run.span_id,
+                    run.end_time_unix_nano,
+                    tokens,
+                    cost,
+                    service,
+                    agent_name,
+                )
+            )
 
     def _warn_missing_arguments(self, service: str, scope: str) -> None:
         if (service, scope) in self._warned:

@@ -683,6 +683,21 @@ class TraceState:
         trim_window(self, len(self.window) - keep_from)
         self.cycle_runs = None
 
+    def window_entries(self) -> list[tuple[CallKey, bytes, int]]:
+        """The window's calls, oldest first: each call's key, span id (cut to 8 bytes) and end
+        time (nanoseconds, to the microsecond kept)."""
+        marks = self.window_marks
+        return [
+            (
+                key,
+                marks[start : start + 8],
+                int.from_bytes(marks[start + 8 : start + 16], "big") * 1000,
+            )
+            for key, start in zip(
+                self.window.last(len(self.window)), range(0, len(marks), MARK_BYTES), strict=True
+            )
+        ]
+
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
         """The window (or its `last` calls), oldest first: tool name, args hash, span id and
         end time of each call."""

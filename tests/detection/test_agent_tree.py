@@ -398,8 +398,8 @@ def view_spans(spans: Spans) -> list:
 
 def test_an_agent_run_starting_a_trace_linked_to_its_callers_is_counted_and_told_once(caplog):
     """VoltAgent starts each agent run in a trace of its own, linked to the span current when
-    it started (an instrumented server's, in the caller's trace): the guard does not follow
-    links, so it counts such runs and tells each service once."""
+    it started (an instrumented server's, in the caller's trace): the trace rules do not
+    follow links, so the guard counts such runs and tells each service once."""
     from spanguard.detection.conventions.adapt import adapt_span
     from spanguard.detection.conventions.events import AgentRun
 
@@ -415,13 +415,17 @@ def test_an_agent_run_starting_a_trace_linked_to_its_callers_is_counted_and_told
     linked(voltagent, caller)  # a run with a parent: the trace was carried
     voltagent.span(3, None, 1, 9, "self", entity__type="agent", entity__name="billing")
     linked(voltagent, TRACE)  # a link within its own trace
+    for number, bad in ((4, bytes(16)), (5, b"abc")):  # no valid trace id: no caller
+        voltagent.span(number, None, 1, 9, "bad", entity__type="agent", entity__name="billing")
+        linked(voltagent, bad)
     genai = Spans()
     genai.agent(1, None, "triage", 1, 9)
     linked(genai, caller)
     read = [adapt_span(span, scope="@voltagent/core") for span in view_spans(voltagent)]
     read.append(adapt_span(view_spans(genai)[0], scope="tests"))
     assert all(isinstance(run, AgentRun) for run in read)
-    assert [run.linked for run in read] == [True, False, False, True]  # type: ignore[union-attr]
+    callers = [run.caller_trace_id for run in read]  # type: ignore[union-attr]
+    assert callers == [caller.hex(), None, None, None, None, caller.hex()]
     checked = guard()
     with caplog.at_level("WARNING", logger="spanguard.core"):
         assert records(checked.process(voltagent.request)) == []

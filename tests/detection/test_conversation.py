@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -19,14 +20,16 @@ from spanguard.errors import PolicyError
 from spanguard.killswitch.signals import AgentKilled, SignalBook
 from spanguard.schemas.decision import (
     KillSignal,
+    caller_trace_of,
     keyring,
     kill_signals,
     read_signal,
     sign,
     validate,
 )
-from spanguard.schemas.otlp import encode_json_line
+from spanguard.schemas.otlp import ExportTraceServiceRequest, encode_json_line
 from spanguard.schemas.policy import Policy
+from tests.support.recorded_runs import per_trace, spans
 from tests.support.spans import AgentRecorder, encode
 
 from .test_rules import run
@@ -402,3 +405,79 @@ def test_the_conversation_a_span_names_is_the_same_read_again():
     assert first == "s-1" and blank is None
     assert len(long) <= 200 and "sha256:" in long
     assert "session.id" in CONVERSATION_KEY_SET
+
+
+# VoltAgent starting a trace per run, each linked to the span of the request it answers: one
+# request asking the same lookup six times, and one asking about four invoices.
+LINKED_RUNS = Path(__file__).parents[1] / "fixtures" / "multi_agent" / "voltagent" / "capture"
+CALLER_SPAN = "POST /agents/run"
+
+
+def linked_traces(scenario: str) -> tuple[str, list[tuple[str, ExportTraceServiceRequest]]]:
+    """The caller's trace id and the scenario's requests, one per trace, as they ended."""
+    path = LINKED_RUNS / f"{scenario}.json.gz"
+    (caller,) = {span["traceId"] for span in spans(path) if span["name"] == CALLER_SPAN}
+    return caller, per_trace(path)
+
+
+def test_runs_linked_to_one_callers_trace_are_one_conversation():
+    caller, traces = linked_traces("linked_runs_repeat")
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    decisions = [d for _trace, request in traces for d in guard.process(request)]
+    runs = [trace for trace, _request in traces if trace != caller]
+    # Each run looks inv-1 up once, with the same answer: the 3rd run completes the repeat, the
+    # window restarts at the kill, the 6th completes the next. No run alone is a loop.
+    assert [(d.rule, d.action, d.scope_kind, d.trace_id) for d in decisions] == [
+        ("tool_loop", "kill", "conversation", runs[2]),
+        ("tool_loop", "kill", "conversation", runs[5]),
+    ]
+    assert {d.scope.conversation_id for d in decisions} == {f"trace:{caller}"}
+    assert [d.scope.traces for d in decisions] == [3, 3]
+    assert guard.stats.linked_runs == len(runs) == 6
+    for decision in decisions:
+        validate(decision.to_dict(), "detection")
+    # The run that tripped, the caller's linked runs, and the caller itself: what calls again.
+    traced, scoped, callers = kill_signals(decisions[0])
+    assert traced.signal_id == scoped.signal_id == callers.signal_id
+    assert (traced.scope, traced.trace_id) == (None, runs[2])
+    assert (scoped.scope, scoped.conversation_id) == ("conversation", f"trace:{caller}")
+    assert (callers.scope, callers.trace_id) == (None, caller)
+    validate(callers.to_dict(), "kill-signal")
+    book = SignalBook()
+    assert all(book.deliver(signal) for signal in (traced, scoped, callers))
+    with pytest.raises(AgentKilled):
+        book.check(caller)
+    book.check(runs[0])  # an earlier run is not stopped by its trace
+
+
+def test_linked_runs_doing_new_work_each_time_are_not_decided():
+    _caller, traces = linked_traces("linked_runs_with_work")
+    guard = guard_for({"conversation": {"enabled": True, "action": "kill"}})
+    assert [d for _trace, request in traces for d in guard.process(request)] == []
+    assert guard.stats.linked_runs == 4
+
+
+def test_linked_runs_are_not_followed_with_the_scope_off_or_a_conversation_named():
+    caller, traces = linked_traces("linked_runs_repeat")
+    guard = Guard(Policy())  # the shipped default: the conversation scope off
+    assert [d for _trace, request in traces for d in guard.process(request)] == []
+    assert guard.stats.linked_runs == 6
+    assert all(state.conversation_id is None for state in guard.states.values())
+    # Runs that name a conversation of their own stay in it: the link is only a fallback.
+    guard = guard_for({"conversation": {"enabled": True}})
+    decisions = []
+    for _trace, request in traces:
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    span.attributes.add(key="conversation.id").value.string_value = "chat-7"
+        decisions += guard.process(request)
+    assert [(d.rule, d.scope.conversation_id) for d in decisions] == [("tool_loop", "chat-7")]
+    assert f"trace:{caller}" not in {s.conversation_id for s in guard.states.values()}
+
+
+def test_a_conversation_named_like_a_linked_one_stops_no_other_trace():
+    """Only `trace:` and a trace id of 32 hex digits names a caller's trace."""
+    for named in ("trace:", "trace:not-a-trace-id", "trace:" + "AB" * 16, "c"):
+        assert caller_trace_of(named) is None
+    assert caller_trace_of("trace:" + "ab" * 16) == "ab" * 16

@@ -204,6 +204,9 @@ TREES = {
             "transfer_with_work": ({"triage": 5, "billing": 4}, 1, 0),
             "delegation_depth_6": ({f"a{level}": 1 for level in range(7)}, 7, 6),
             "delegation_depth_2": ({"a0": 1, "a1": 1, "a2": 1}, 3, 2),
+            # A run per ask, each the root of a trace of its own.
+            "linked_runs_repeat": ({"billing": 6}, 1, 0),
+            "linked_runs_with_work": ({"billing": 4}, 1, 0),
         }.items()
     },
     # a2a-sdk: a run per request a service answers (its handler's span, named by the service);
@@ -245,6 +248,9 @@ TREES = {
             "fan_out_5": ({"supervisor": 1, "worker_a": 3, "worker_b": 2}, 2, 5),
             "delegation_depth_6": ({f"a{level}": 1 for level in range(7)}, 7, 6),
             "delegation_depth_2": ({"a0": 1, "a1": 1, "a2": 1}, 3, 2),
+            # A run per ask, each the root of a trace of its own.
+            "linked_runs_repeat": ({"billing": 6}, 1, 0),
+            "linked_runs_with_work": ({"billing": 4}, 1, 0),
         }.items()
     },
 }  # fmt: skip

@@ -24,7 +24,7 @@ from spanguard.killswitch.client import KillSwitch
 from spanguard.killswitch.signals import AgentKilled
 from spanguard.schemas.policy import Policy
 from spanguard.streams.conversations import conversation_partition, decode_records
-from tests.detection.test_conversation import turn
+from tests.detection.test_conversation import linked_traces, turn
 from tests.detection.test_rules import run
 from tests.support.kafka_harness import (
     BOOTSTRAP,
@@ -33,6 +33,7 @@ from tests.support.kafka_harness import (
     Collector,
     Topics,
     ensure_broker,
+    producer,
 )
 from tests.support.spans import AgentRecorder
 from tests.support.worker import running_worker, send_spans, start_worker, worker_starter
@@ -312,3 +313,69 @@ def test_sigkill_of_one_of_two_workers_decides_every_conversation_loop_once(tmp_
         for worker in workers:
             worker.stop()
         topics.delete()
+
+
+def test_runs_linked_to_one_callers_trace_are_one_conversation_in_the_worker(tmp_path):
+    """VoltAgent's runs, a trace each linked to the request that asked for it (the real
+    library's spans), partitioned by trace id: the worker joins them as the core does and its
+    kill stops the caller's trace too."""
+    policy = {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
+    caller, traces = linked_traces("linked_runs_repeat")
+    parsed = Policy.from_mapping(policy)
+    core = Guard(parsed, conversations=ConversationGuard(parsed))
+    expected = [d for _trace, request in traces for d in core.process(request)]
+    assert [d.action for d in expected] == ["kill", "kill"]  # the core's own answer
+
+    with (
+        running_worker(
+            tmp_path,
+            policy=yaml.safe_dump(policy),
+            collect=("kills", "detections", "conversations"),
+        ) as worker,
+        contextlib.ExitStack() as stack,
+    ):
+        topics = worker.topics
+        switch = stack.enter_context(
+            KillSwitch(BOOTSTRAP, topics.kills, signing_key=SIGNING_KEY, ack_topic=None)
+        )
+        out = producer()
+        runs = 0
+        for trace, request in traces:
+            out.produce(topics.input, key=trace.encode(), value=request.SerializeToString())
+            assert out.flush(10) == 0
+            if trace == caller:
+                continue
+            runs += 1  # each run's lookup on the conversation topic before the next run
+            wait_until(
+                lambda n=runs: calls_on(worker.collector, topics.conversations) >= n,
+                60,
+                f"run {runs}'s conversation record",
+                lambda: calls_on(worker.collector, topics.conversations),
+            )
+        wait_until(
+            lambda: len(records_of(worker.collector, topics.detections)) >= len(expected),
+            60,
+            "the conversation's decisions",
+        )
+        kills = [json.loads(m["value"]) for m in records_of(worker.collector, topics.kills)]
+        wait_until(lambda: switch.received >= len(kills), 30, "the killswitch's signals")
+        time.sleep(2.0)  # time for a duplicate to show up, were there one
+        detections = [
+            json.loads(m["value"]) for m in records_of(worker.collector, topics.detections)
+        ]
+        caller_stopped = refused(switch, caller)
+        metrics = worker.process.metrics() or {}
+
+    assert [(d["decision_id"], d["trace_id"], d["action"]) for d in detections] == [
+        (d.decision_id, d.trace_id, d.action) for d in expected
+    ]
+    assert {d["conversation_id"] for d in detections} == {f"trace:{caller}"}
+    # Each kill: the run that tripped, the conversation, and the caller's trace.
+    stopped = collections.Counter((k.get("scope", "trace"), k["trace_id"]) for k in kills)
+    assert stopped[("trace", caller)] == len(expected)
+    assert {trace for scope, trace in stopped if scope == "trace"} == {
+        caller,
+        *(d.trace_id for d in expected),
+    }
+    assert caller_stopped == "trace"
+    assert metrics["spanguard_linked_runs_total"] == runs == 6

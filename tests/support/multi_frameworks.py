@@ -938,6 +938,8 @@ VOLTAGENT_SCENARIOS = (
     "fan_out_5",
     "delegation_depth_6",
     "delegation_depth_2",
+    "linked_runs_repeat",
+    "linked_runs_with_work",
 )
 VOLTAGENT_AGENTS = ROOT / "tests" / "support" / "ts_agents" / "voltagent"
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from spanguard.schemas.decision import validate
+from spanguard.schemas.otlp import ExportTraceServiceRequest, decode_json_line
 
 
 def resources(path: Path) -> list[dict]:
@@ -39,3 +40,25 @@ def replay_decisions(files: dict[str, Path]) -> dict[str, list[dict]]:
         validate(record, "detection")
         decisions[owner[record["trace_id"]]].append(record)
     return decisions
+
+
+def per_trace(path: Path) -> list[tuple[str, ExportTraceServiceRequest]]:
+    """The run's request split into one request per trace (what the Collector's partitioning
+    by trace id makes of it), each with its resource and scope, in the order their traces
+    ended (the last span of each)."""
+    request = decode_json_line(gzip.decompress(path.read_bytes()))
+    split: dict[str, ExportTraceServiceRequest] = {}
+    ended: dict[str, int] = {}
+    for resource in request.resource_spans:
+        for scope in resource.scope_spans:
+            for span in scope.spans:
+                trace = span.trace_id.hex()
+                one = split.setdefault(trace, ExportTraceServiceRequest())
+                if not one.resource_spans or one.resource_spans[-1].resource != resource.resource:
+                    one.resource_spans.add(resource=resource.resource)
+                scopes = one.resource_spans[-1].scope_spans
+                if not scopes or scopes[-1].scope != scope.scope:
+                    scopes.add(scope=scope.scope)
+                scopes[-1].spans.append(span)
+                ended[trace] = max(ended.get(trace, 0), span.end_time_unix_nano)
+    return sorted(split.items(), key=lambda item: ended[item[0]])

@@ -82,9 +82,9 @@ from spanguard.detection.conventions.kinds import (
     _is_tool_span,
     _other_kinds,
     _tool_span_name,
+    caller_trace,
     is_a2a_handler,
     is_a2a_request,
-    linked_to_another_trace,
 )
 from spanguard.detection.conventions.turns import conversation_of, ends_with_user_message
 from spanguard.detection.conventions.values import (
@@ -554,7 +554,7 @@ def _agent_run(
         span.start_time_unix_nano,
         span.end_time_unix_nano,
         run_key,
-        linked=linked_to_another_trace(span),
+        caller_trace_id=caller_trace(span),
     )
 
 

@@ -194,9 +194,9 @@ class AgentRun:
     # A service's answer to one request (a2a-sdk's request handler): the span names no agent,
     # the service's resource does (the guard sets `agent_name` from it).
     by_service: bool
-    # The trace's root run linked to a span of another trace (its caller's, as VoltAgent links
-    # a run to the span current when it started): the caller's trace was not carried.
-    linked: bool
+    # The trace (hex) the trace's root run links to, its caller's (VoltAgent links a run to the
+    # span current when it started): the caller's trace was not carried. None: no such link.
+    caller_trace_id: str | None
 
     def __init__(
         self,
@@ -208,7 +208,7 @@ class AgentRun:
         end_time_unix_nano: int = 0,
         run_key: str | None = None,
         by_service: bool = False,
-        linked: bool = False,
+        caller_trace_id: str | None = None,
     ) -> None:
         self.span_id = span_id
         self.parent_span_id = parent_span_id
@@ -219,7 +219,7 @@ class AgentRun:
         self.conversation_id = None
         self.run_key = run_key
         self.by_service = by_service
-        self.linked = linked
+        self.caller_trace_id = caller_trace_id
 
 
 @mypyc_attr(acyclic=True, free_list_len=1)

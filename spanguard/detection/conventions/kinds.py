@@ -98,11 +98,17 @@ def is_a2a_request(name: str) -> bool:
     return name.rpartition(".")[0].rpartition(".")[2] in A2A_REQUEST_CLASSES
 
 
-def linked_to_another_trace(span: Any) -> bool:
-    """A span without a parent that links to a span of another trace: its trace was started
-    for a caller whose own trace is linked, not carried (VoltAgent links an agent's run to the
-    span current when it started: an instrumented server's, in its caller's trace)."""
+def caller_trace(span: Any) -> str | None:
+    """The trace (hex) a span without a parent links to, where it links to another: its trace
+    was started for a caller whose own trace is linked, not carried (VoltAgent links an agent's
+    run to the span current when it started: an instrumented server's, in its caller's trace).
+    None for a span with a parent or no such link (a link's trace id that is not a valid one,
+    16 bytes not all zero, is none)."""
     if span.parent_span_id:
-        return False
+        return None
     links = span.links
-    return any(links[index].trace_id != span.trace_id for index in range(len(links)))
+    for index in range(len(links)):
+        linked = bytes(links[index].trace_id)
+        if len(linked) == 16 and linked != span.trace_id and any(linked):
+            return linked.hex()
+    return None

@@ -26,7 +26,7 @@ from spanguard.detection.conventions.keys import (
     VOLTAGENT_USAGE_INPUT,
     VOLTAGENT_USAGE_OUTPUT,
 )
-from spanguard.detection.conventions.kinds import linked_to_another_trace
+from spanguard.detection.conventions.kinds import caller_trace
 from spanguard.detection.conventions.values import AttributeMap, _first_int, _text, bounded_text
 
 _USAGE_INPUT = (VOLTAGENT_USAGE_INPUT,)
@@ -81,7 +81,7 @@ def voltagent_run(
         match_attributes,
         span.start_time_unix_nano,
         span.end_time_unix_nano,
-        linked=linked_to_another_trace(span),
+        caller_trace_id=caller_trace(span),
     )
     if not usage_wanted:
         return run

@@ -5,9 +5,10 @@
 //
 //   node multi.mjs --out DIR
 //
-// writes DIR/<scenario>.json.gz (OTLP/JSON, one request a scenario), one trace each: VoltAgent
-// starts each run's trace at the supervisor's span, linked to the span current when it
-// started (here a request's span, as a server's would be).
+// writes DIR/<scenario>.json.gz (OTLP/JSON, one request a scenario): VoltAgent starts each
+// run's trace at its top agent's span, linked to the span current when it started (here a
+// request's span, as a server's would be). A scenario with `asks` runs one agent once per ask
+// within the request: a trace per run, each linked to the request's.
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -63,6 +64,11 @@ const SCENARIOS = {
   delegation_depth_6: { chain: DEPTH },
   // A healthy delegation: a0 -> a1 -> a2, which looks the item up.
   delegation_depth_2: { chain: 2 },
+  // A caller asking the billing agent the same thing again and again, a run (and a trace) per
+  // ask: the same lookup with the same answer each time.
+  linked_runs_repeat: { asks: Array(6).fill('Look up inv-1.') },
+  // The same caller asking about another invoice each time: work, not a loop.
+  linked_runs_with_work: { asks: ['inv-1', 'inv-2', 'inv-3', 'inv-4'].map((inv) => `Look up ${inv}.`) },
 };
 
 function textOf(prompt) {
@@ -129,6 +135,9 @@ async function build(voltagent, MockModel, spec, observability) {
     createTool({ name: 'issue_refund', description: 'Refund an invoice.', parameters: z.object({ invoice: z.string() }), execute: async ({ invoice }) => `refund of ${invoice} issued` }),
   ];
   const options = { instructions: 'Answer.', tools, observability };
+  if (spec.asks !== undefined) {
+    return new Agent({ ...options, name: 'billing', model: workerModel(MockModel, 'work') });
+  }
   if (spec.chain !== undefined) {
     // a<chain> looks the item up; each agent above it delegates to the one below.
     let below = new Agent({ ...options, name: `a${spec.chain}`, model: workerModel(MockModel, 'work') });
@@ -165,7 +174,9 @@ async function main() {
     const top = await build(voltagent, MockLanguageModelV3, spec, observability);
     // The request the run answers: VoltAgent links its run's trace to this span.
     await trace.getTracer('scripted-request').startActiveSpan('POST /agents/run', async (request) => {
-      await top.generateText('Please help.', { maxSteps: 100 });
+      for (const ask of spec.asks ?? ['Please help.']) {
+        await top.generateText(ask, { maxSteps: 100 });
+      }
       request.end();
     });
     await provider.forceFlush();
