@@ -1124,12 +1124,11 @@ class Guard:
             )
 
     def _warn_missing_arguments(self, service: str, scope: str) -> None:
-        if (service, scope) in self._warned:
+        if not self._first_told(service, scope):
             return
-        self._warned.add((service, scope))
         instrumentation, setting = capture_setting(scope)
         log.warning(
-            "tool spans of service %r from %s (scope %r) carry no arguments (capture off or"
+            "tool spans of service %.200r from %s (scope %.200r) carry no arguments (capture off or"
             " redacted), so they are not counted for tool_loop; to record them: %s; %s",
             service,
             instrumentation,

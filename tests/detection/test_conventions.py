@@ -18,7 +18,7 @@ from spanguard.detection.conventions.keys import (
     OTHER_OPERATIONS,
 )
 from spanguard.detection.conventions.turns import ends_with_user_message
-from spanguard.detection.guard import Guard
+from spanguard.detection.guard import MAX_WARNED, Guard
 from spanguard.schemas.otlp_view import view_of
 from spanguard.schemas.policy import Policy
 from tests.support.spans import AgentRecorder, encode, one_request_per_span, span_id_of
@@ -366,6 +366,22 @@ def test_redaction_placeholders_are_not_recorded_arguments(attributes, events, s
     instrumentation, setting = capture_setting(scope)
     [warning] = [r.getMessage() for r in caplog.records if "carry no arguments" in r.getMessage()]
     assert instrumentation in warning and setting in warning and repr(scope) in warning
+
+
+def test_the_missing_arguments_warnings_are_bounded_in_number_and_length(caplog):
+    """Scope and service names come from the spans: a flood of new ones is told up to
+    MAX_WARNED times, each name cut."""
+    agent = AgentRecorder()
+    scopes = [f"{n}-" + "s" * 1000 for n in range(MAX_WARNED + 50)]
+    for scope in scopes:
+        agent.span("execute_tool t", {"gen_ai.operation.name": "execute_tool"}, scope=scope)
+    guard = Guard()
+    with caplog.at_level("WARNING", logger="spanguard.core"):
+        assert guard.process(encode(agent.finished())) == []
+    told = [r.getMessage() for r in caplog.records if "carry no arguments" in r.getMessage()]
+    assert guard.stats.missing_arguments == len(scopes)
+    assert len(told) == MAX_WARNED
+    assert max(len(message) for message in told) < 1000
 
 
 def test_an_empty_object_is_a_call_without_arguments_outside_adk():
