@@ -683,41 +683,34 @@ class TraceState:
         trim_window(self, len(self.window) - keep_from)
         self.cycle_runs = None
 
-    def window_entries(self) -> list[tuple[CallKey, bytes, int]]:
-        """The window's calls, oldest first: each call's key, span id (cut to 8 bytes) and end
-        time (nanoseconds, to the microsecond kept)."""
+    def window_entries(self, last: int | None = None) -> list[tuple[CallKey, bytes, int]]:
+        """The window's calls (or its `last`), oldest first: each call's key, span id (cut to 8
+        bytes) and end time (nanoseconds, to the microsecond kept; 0: none)."""
         marks = self.window_marks
+        skip = 0 if last is None else max(len(self.window) - last, 0)
+        starts = range(skip * MARK_BYTES, len(marks), MARK_BYTES)
+        keys = self.window.last(len(self.window) - skip)
         return [
             (
                 key,
                 marks[start : start + 8],
                 int.from_bytes(marks[start + 8 : start + 16], "big") * 1000,
             )
-            for key, start in zip(
-                self.window.last(len(self.window)), range(0, len(marks), MARK_BYTES), strict=True
-            )
+            for key, start in zip(keys, starts, strict=True)
         ]
 
     def window_calls(self, last: int | None = None) -> list[dict[str, Any]]:
         """The window (or its `last` calls), oldest first: tool name, args hash, span id and
         end time of each call."""
-        calls = []
-        marks = self.window_marks
-        skip = 0 if last is None else max(len(self.window) - last, 0)
-        starts = range(skip * MARK_BYTES, len(marks), MARK_BYTES)
-        keys = self.window.last(len(self.window) - skip)
-        for (tool_name, digest, _result), start in zip(keys, starts, strict=True):
-            mark = marks[start : start + MARK_BYTES]
-            micros = int.from_bytes(mark[8:], "big")
-            calls.append(
-                {
-                    "tool_name": tool_name,
-                    "args_hash": digest,
-                    "span_id": mark[:8].hex() if mark[:8] != _NO_MARK[:8] else None,
-                    "ended_at": iso_from_micros(micros) if micros else None,
-                }
-            )
-        return calls
+        return [
+            {
+                "tool_name": tool_name,
+                "args_hash": digest,
+                "span_id": span_id.hex() if span_id != _NO_MARK[:8] else None,
+                "ended_at": iso_from_micros(ended // 1000) if ended else None,
+            }
+            for (tool_name, digest, _result), span_id, ended in self.window_entries(last)
+        ]
 
 
 def trim_window(state: TraceState, size: int) -> None:
