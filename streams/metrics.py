@@ -342,8 +342,8 @@ COUNTER_HELP = {
     " A2A server span without a parent): their callers' trace context did not come with them,"
     " so a loop between agents through such a service is not seen as one",
     "linked_runs": "agent runs that started a trace of their own linked to their caller's span"
-    " (a span link, not a parent; VoltAgent's): links are not followed, so a loop between"
-    " agents through such a service is not seen as one",
+    " (a span link, not a parent; VoltAgent's): the trace rules decide each run alone; only"
+    " the conversation scope, where on, joins the runs of one caller",
     "conversation_records": "the conversation scope's call and usage records, by what became"
     " of them (sent by the span agent, read by the conversation agent, dropped as seen before)",
     "conversation_decisions": "decisions the conversation agent took",

@@ -215,7 +215,8 @@ class GuardStats:
     # with no parent): each is a trace alone, a loop across services through it unseen.
     uncarried_requests: int = 0
     # Agent runs starting a trace of their own with a span link to their caller's trace
-    # (VoltAgent's): the link is not followed, each run is decided alone.
+    # (VoltAgent's): the trace rules decide each run alone; the conversation scope, where on,
+    # joins the runs of one caller.
     linked_runs: int = 0
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, action)
 

@@ -447,8 +447,9 @@ LINKED_TOLD = "starts each agent run in a trace of its own, linked to its caller
 @pytest.mark.parametrize("framework", sorted({name for name, _inst, _scenario in RUNS}))
 def test_runs_linked_to_their_callers_trace_are_counted_and_told_once_per_service(framework):
     """VoltAgent starts each run in a trace of its own linked to the span current when it
-    started (the fixtures' request span): counted and told, not followed. No other framework's
-    fixture links a run to another trace."""
+    started (the fixtures' request span): counted and told (on the shipped defaults, with the
+    conversation scope off, not followed). No other framework's fixture links a run to another
+    trace."""
     paths = [
         path_of(FIXTURES, name, instrumentation, scenario)
         for name, instrumentation, scenario in RUNS
