@@ -13,7 +13,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
@@ -36,18 +36,46 @@ from tests.support.kafka_harness import (
     producer,
 )
 from tests.support.spans import AgentRecorder
-from tests.support.worker import running_worker, send_spans, start_worker, worker_starter
+from tests.support.worker import (
+    RunningWorker,
+    running_worker,
+    send_spans,
+    start_worker,
+    worker_starter,
+)
 
 pytestmark = pytest.mark.kafka
 
 TURNS = 6  # each searching "refund policy" twice with the same empty result
 
 
+def core_guard(policy_text: dict) -> Guard:
+    """The pure core with the conversation scope, as replay runs it."""
+    policy = Policy.from_mapping(policy_text)
+    return Guard(policy, conversations=ConversationGuard(policy))
+
+
 def core_decisions(policy_text: dict, conversations: list[list[AgentRecorder]]) -> list:
     """What the pure core decides for these turns, each conversation's in order."""
-    policy = Policy.from_mapping(policy_text)
-    guard = Guard(policy, conversations=ConversationGuard(policy))
+    guard = core_guard(policy_text)
     return [d for turns in conversations for agent in turns for d in run(guard, agent.finished())]
+
+
+@contextlib.contextmanager
+def worker_and_switch(tmp_path, policy: dict) -> Iterator[tuple[RunningWorker, KillSwitch]]:
+    """A worker on `policy` collecting its kills, detections and conversation records, and an
+    agent's killswitch reading its signals (signed with its key)."""
+    with (
+        running_worker(
+            tmp_path,
+            policy=yaml.safe_dump(policy),
+            collect=("kills", "detections", "conversations"),
+        ) as worker,
+        KillSwitch(
+            BOOTSTRAP, worker.topics.kills, signing_key=SIGNING_KEY, ack_topic=None
+        ) as switch,
+    ):
+        yield worker, switch
 
 
 def wait_until(
@@ -92,19 +120,8 @@ def test_a_conversation_of_six_traces_is_decided_once_per_repeat(
     expected = core_decisions(policy, [turns])
     assert [d.action for d in expected] == expected_actions  # the core's own answer
 
-    with (
-        running_worker(
-            tmp_path,
-            policy=yaml.safe_dump(policy),
-            collect=("kills", "detections", "conversations"),
-        ) as worker,
-        contextlib.ExitStack() as stack,
-    ):
+    with worker_and_switch(tmp_path, policy) as (worker, switch):
         topics = worker.topics
-        # An agent's killswitch, as it reads the worker's signals (signed with its key).
-        switch = stack.enter_context(
-            KillSwitch(BOOTSTRAP, topics.kills, signing_key=SIGNING_KEY, ack_topic=None)
-        )
         for index, agent in enumerate(turns):
             send_spans(topics.input, agent)
             # In call order across traces, as the core reads them: the next turn waits for
@@ -321,23 +338,12 @@ def test_runs_linked_to_one_callers_trace_are_one_conversation_in_the_worker(tmp
     kill stops the caller's trace too."""
     policy = {"defaults": {"conversation": {"enabled": True, "action": "kill"}}}
     caller, traces = linked_traces("linked_runs_repeat")
-    parsed = Policy.from_mapping(policy)
-    core = Guard(parsed, conversations=ConversationGuard(parsed))
+    core = core_guard(policy)
     expected = [d for _trace, request in traces for d in core.process(request)]
     assert [d.action for d in expected] == ["kill", "kill"]  # the core's own answer
 
-    with (
-        running_worker(
-            tmp_path,
-            policy=yaml.safe_dump(policy),
-            collect=("kills", "detections", "conversations"),
-        ) as worker,
-        contextlib.ExitStack() as stack,
-    ):
+    with worker_and_switch(tmp_path, policy) as (worker, switch):
         topics = worker.topics
-        switch = stack.enter_context(
-            KillSwitch(BOOTSTRAP, topics.kills, signing_key=SIGNING_KEY, ack_topic=None)
-        )
         out = producer()
         runs = 0
         for trace, request in traces:
