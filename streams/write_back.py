@@ -44,7 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import faust
@@ -127,6 +127,10 @@ class _Flushing:
     epoch: int
     ack_timeout: float | None
     acks_in_background: bool
+    # Set once the flush has sent what it began with (the steps of the flush before it, its
+    # scope records): until then its records are not all known, so no other step may write
+    # or ack it, and no other flush may begin after it.
+    begun: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class WriteBack:
@@ -282,6 +286,9 @@ class WriteBack:
         `in_steps`: write only a step's worth of the states now (`write_step` writes the rest,
         a step at a time, between batches), so that a kill arriving meanwhile waits for one
         step, not for the encoding of every state changed in a commit interval."""
+        starting = self.flushing
+        if starting is not None and not starting.begun.is_set():
+            await starting.begun.wait()  # a flush begun on the timer, still sending
         epoch = self.lease.epoch
         previous = self.flushing
         if previous is not None and previous.epoch != epoch:
@@ -311,6 +318,8 @@ class WriteBack:
         except BaseException:
             self._abandon(flushing)
             raise
+        finally:
+            flushing.begun.set()
         await self._write_steps(FLUSH_STEP_SECONDS if in_steps else None)
 
     async def write_step(self) -> None:
@@ -323,7 +332,10 @@ class WriteBack:
         """Write the flush's states for about `seconds` (all of them with None) and send their
         changelog records; once the last is sent, its acks are awaited."""
         flushing = self.flushing
-        assert flushing is not None
+        if flushing is None or not flushing.begun.is_set():
+            # None: fenced while it began. Not begun: a batch's step or the timer's while the
+            # flush still sends what it began with; the flush writes its first step itself.
+            return
         if flushing.epoch != self.lease.epoch:
             return  # fenced since it began: the fence drops it with its messages (`drop_fenced`)
         try:

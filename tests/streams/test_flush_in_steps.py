@@ -212,3 +212,39 @@ def test_two_steps_under_way_at_once_ack_the_flush_once(
 
     asyncio.run(steps_at_once())
     assert first.message.acked and len(agent.worker.table.data) == TRACES
+
+
+def test_a_step_taken_while_a_flush_still_begins_leaves_the_writing_to_that_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timer's flush begins by sending the steps of the flush before it (or its scope
+    records) and awaits the producer; a batch ending meanwhile takes a step. That step must not
+    write and ack the flush whose records are not all known yet, nor leave it to fail when it
+    resumes (the agent crashed there: "messages left unacked by an earlier failure")."""
+    agent = span_agent_recording(tmp_path, Clock())
+    first, second = taken(agent, agent.worker.settings.input_topic, [b"m0", b"m1"])
+    table = agent.worker.table
+    send_pending = table.send_pending
+
+    async def slow_send_pending() -> None:
+        await asyncio.sleep(0.05)  # a producer under backpressure: the send yields
+        await send_pending()
+
+    async def step_while_a_flush_begins() -> None:
+        batch_writing(agent, first, range(TRACES), last_seen=1.0)
+        await agent.write_back.flush(acks_in_background=True, in_steps=True)
+        batch_writing(agent, second, range(TRACES, TRACES + 10), last_seen=2.0)
+        monkeypatch.setattr(write_back, "FLUSH_STEP_SECONDS", 10.0)  # a step writes the rest
+        monkeypatch.setattr(table, "send_pending", slow_send_pending)
+        await asyncio.gather(
+            agent.write_back.flush(acks_in_background=True, in_steps=True),
+            agent.write_back.write_step(),
+        )
+        assert agent.write_back.flushing is None and agent.write_back.unackable is None
+        assert not first.message.acked and not second.message.acked  # the changelog acks first
+        ack_changelog(agent)
+        await asyncio.wait_for(asyncio.gather(*agent.write_back.acking), 2)
+
+    asyncio.run(step_while_a_flush_begins())
+    assert first.message.acked and second.message.acked
+    assert len(agent.worker.table.data) == TRACES + 10
